@@ -1,0 +1,4 @@
+"""PySpark Python Data Source ``raftwal`` reading committed WAL segments.
+
+Imports only ``rpc`` (client) and ``wal_segments`` (segment reader).
+"""

@@ -1,0 +1,157 @@
+"""The balancer: a pure placement policy, ``plan(state, live_nodes) -> list[Command]``.
+
+The coordinator loop on the Raft leader calls it with the nodes it currently hears from
+and proposes the ``AssignPChannel`` commands it returns; the state machine validates them
+again (a plan computed on a stale view is simply rejected with UNMATCHED_CHANNEL_TERM).
+
+Rules, in order:
+1. A pchannel never assigned gets the least-loaded eligible node as owner and a replica set
+   of ``replica_count`` nodes (the owner plus the eligible nodes holding the fewest
+   replicas).
+2. A pchannel whose owner is not eligible (DOWN, frozen, or not heard from), that is
+   UNAVAILABLE, or that the caller reports stuck in ASSIGNING, moves at term + 1 to the
+   least-loaded eligible node **of its replica set**. The replica set never changes on a
+   move: the acknowledged WAL entries live on a majority of that set, and tail recovery
+   needs a majority of the same set to find them. A pchannel with no eligible replica
+   stays where it is (the coordinator reports it).
+3. When the policy allows rebalancing, pchannels move from the most to the least loaded
+   eligible node while the difference exceeds one, again only within replica sets.
+
+Moves per round are bounded (recovery by ``Limits.max_recovery_moves_per_round``,
+rebalancing by the policy's ``max_moves_per_round``). The output depends only on the
+inputs: nodes and pchannels are visited in sorted order and ties break by node id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rpc.protos import coordination_pb2 as pb
+from statemachine.types import DEFAULT_LIMITS, Limits
+
+_ACTIVE = (pb.PCHANNEL_STATE_ASSIGNING, pb.PCHANNEL_STATE_ASSIGNED)
+
+
+def eligible_nodes(state: pb.CoordinationState, live_nodes: Iterable[str]) -> list[str]:
+    """Registered, UP, unfrozen nodes that the coordinator hears from, sorted."""
+    live = set(live_nodes)
+    return sorted(
+        node_id
+        for node_id, node in state.nodes.items()
+        if node_id in live and node.state == pb.NODE_STATE_UP and not node.frozen
+    )
+
+
+def _assign(channel: pb.PChannel, node_id: str, replicas: list[str]) -> pb.Command:
+    return pb.Command(
+        assign_pchannel=pb.AssignPChannel(
+            pchannel=channel.name,
+            term=channel.term + 1,
+            node_id=node_id,
+            replica_node_ids=replicas,
+            access_mode=channel.access_mode or pb.ACCESS_MODE_READWRITE,
+        )
+    )
+
+
+def plan(
+    state: pb.CoordinationState,
+    live_nodes: Iterable[str],
+    stuck_pchannels: Iterable[str] = (),
+    limits: Limits = DEFAULT_LIMITS,
+) -> list[pb.Command]:
+    """The AssignPChannel commands that bring the placement back in line with the policy."""
+    eligible = eligible_nodes(state, live_nodes)
+    if not eligible:
+        return []
+    eligible_set = set(eligible)
+    stuck = set(stuck_pchannels)
+    owner_load = {node_id: 0 for node_id in eligible}
+    replica_load = {node_id: 0 for node_id in eligible}
+    names = sorted(state.pchannels)
+    for name in names:
+        channel = state.pchannels[name]
+        if channel.state == pb.PCHANNEL_STATE_DROPPED:
+            continue
+        if channel.state in _ACTIVE and channel.owner_node_id in owner_load:
+            owner_load[channel.owner_node_id] += 1
+        for node_id in channel.replica_node_ids:
+            if node_id in replica_load:
+                replica_load[node_id] += 1
+
+    def least_loaded(candidates: Iterable[str]) -> str | None:
+        pool = [c for c in candidates if c in eligible_set]
+        if not pool:
+            return None
+        return min(pool, key=lambda node_id: (owner_load[node_id], node_id))
+
+    commands: list[pb.Command] = []
+    moved: set[str] = set()
+    for name in names:
+        if len(commands) >= limits.max_recovery_moves_per_round:
+            break
+        channel = state.pchannels[name]
+        if channel.state == pb.PCHANNEL_STATE_DROPPED:
+            continue
+        if channel.term == 0:
+            owner = least_loaded(eligible)
+            assert owner is not None
+            wanted = min(channel.replica_count or limits.default_replica_count, len(eligible))
+            others = sorted(
+                (n for n in eligible if n != owner),
+                key=lambda node_id: (replica_load[node_id], node_id),
+            )
+            replicas = [owner, *others[: wanted - 1]]
+            for node_id in replicas:
+                replica_load[node_id] += 1
+        else:
+            needs_move = (
+                channel.owner_node_id not in eligible_set
+                or channel.state == pb.PCHANNEL_STATE_UNAVAILABLE
+                or channel.state == pb.PCHANNEL_STATE_UNINITIALIZED
+                or name in stuck
+            )
+            if not needs_move:
+                continue
+            owner = least_loaded(channel.replica_node_ids)
+            if owner is None:
+                continue
+            replicas = list(channel.replica_node_ids)
+            if channel.owner_node_id in owner_load and channel.state in _ACTIVE:
+                owner_load[channel.owner_node_id] -= 1
+        owner_load[owner] += 1
+        commands.append(_assign(channel, owner, replicas))
+        moved.add(name)
+
+    if not state.balance_policy.allow_rebalance:
+        return commands
+    budget = state.balance_policy.max_moves_per_round or limits.default_moves_per_round
+    owners = {
+        name: state.pchannels[name].owner_node_id
+        for name in names
+        if state.pchannels[name].state == pb.PCHANNEL_STATE_ASSIGNED and name not in moved
+    }
+    rebalanced = 0
+    while rebalanced < budget:
+        busiest = max(eligible, key=lambda node_id: (owner_load[node_id], node_id))
+        # A pchannel of the busiest node that can move to a less loaded replica.
+        best: tuple[str, str] | None = None
+        for name in names:
+            if owners.get(name) != busiest:
+                continue
+            channel = state.pchannels[name]
+            target = least_loaded(n for n in channel.replica_node_ids if n != busiest)
+            if target is None or owner_load[busiest] - owner_load[target] <= 1:
+                continue
+            if best is None or (owner_load[target], target) < (owner_load[best[1]], best[1]):
+                best = (name, target)
+        if best is None:
+            break
+        name, target = best
+        channel = state.pchannels[name]
+        commands.append(_assign(channel, target, list(channel.replica_node_ids)))
+        owner_load[busiest] -= 1
+        owner_load[target] += 1
+        del owners[name]
+        rebalanced += 1
+    return commands

@@ -1,0 +1,1054 @@
+"""``decide(state, command, ctx)``: validate a command against the state and say what happened.
+
+Returns the list of events the command produces (possibly empty: an idempotent repeat) or
+a ``Rejection``. Each event is stamped with the revision it will get (the state's revision
++ 1 + its position), so ids that are revisions (lease ids, broadcast ids, fencing tokens)
+are known while deciding. ``decide`` never changes the state.
+
+Determinism: every iteration over a protobuf map goes through ``sorted`` (map order is an
+implementation detail that may differ between processes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from rpc.protos import coordination_pb2 as pb
+from rpc.protos import errors_pb2
+from statemachine.types import DEFAULT_LIMITS, Context, Limits, Rejection
+from statemachine.validation import (
+    check_address,
+    check_enum,
+    check_key,
+    check_name,
+    check_range,
+    check_text,
+    check_unique,
+    first_error,
+    invalid,
+    show,
+)
+
+E = errors_pb2
+
+LOCK_MODES: dict[int, str] = {pb.LOCK_MODE_EXCLUSIVE: "EXCLUSIVE", pb.LOCK_MODE_SHARED: "SHARED"}
+ACCESS_MODES: dict[int, str] = {
+    pb.ACCESS_MODE_UNSPECIFIED: "UNSPECIFIED(=READWRITE)",
+    pb.ACCESS_MODE_READWRITE: "READWRITE",
+    pb.ACCESS_MODE_READONLY: "READONLY",
+}
+
+Outcome = list[pb.Event] | Rejection
+
+
+class _Emitter:
+    """Builds the events of one decision with consecutive revisions."""
+
+    __slots__ = ("events", "_next_revision", "_ctx")
+
+    def __init__(self, state: pb.CoordinationState, ctx: Context) -> None:
+        self.events: list[pb.Event] = []
+        self._next_revision = state.revision + 1
+        self._ctx = ctx
+
+    @property
+    def next_revision(self) -> int:
+        return self._next_revision
+
+    def emit(self, **body: object) -> pb.Event:
+        event = pb.Event(
+            revision=self._next_revision,
+            raft_index=self._ctx.raft_index,
+            time_ms=self._ctx.time_ms,
+            **body,  # type: ignore[arg-type]
+        )
+        self._next_revision += 1
+        self.events.append(event)
+        return event
+
+
+def _owner_error(owner: pb.OwnerDescription, limits: Limits) -> Rejection | None:
+    return first_error(
+        check_text("owner.role", owner.role, limits),
+        check_text("owner.address", owner.address, limits),
+        check_text("owner.text", owner.text, limits),
+    )
+
+
+def _pchannel_missing(name: str) -> Rejection:
+    return Rejection(E.CHANNEL_NOT_EXIST, f"pchannel {show(name)} does not exist")
+
+
+def _live_pchannel(state: pb.CoordinationState, name: str) -> pb.PChannel | Rejection:
+    if name not in state.pchannels:
+        return _pchannel_missing(name)
+    channel = state.pchannels[name]
+    if channel.state == pb.PCHANNEL_STATE_DROPPED:
+        return Rejection(E.CHANNEL_NOT_EXIST, f"pchannel {show(name)} was dropped")
+    return channel
+
+
+def _node_or_error(state: pb.CoordinationState, node_id: str, limits: Limits) -> Rejection | None:
+    bad = check_name("node_id", node_id, limits)
+    if bad:
+        return bad
+    if node_id not in state.nodes:
+        return Rejection(E.NOT_FOUND, f"node {show(node_id)} is not registered")
+    return None
+
+
+def _live_lease(state: pb.CoordinationState, lease_id: int, ctx: Context) -> pb.Lease | Rejection:
+    if lease_id <= 0:
+        return invalid(f"invalid lease_id ({lease_id}; expected a granted lease id >= 1)")
+    if lease_id not in state.leases:
+        return Rejection(E.NOT_FOUND, f"lease {lease_id} does not exist (revoked or expired)")
+    lease = state.leases[lease_id]
+    if lease.deadline_ms <= ctx.time_ms:
+        return Rejection(
+            E.NOT_FOUND,
+            f"lease {lease_id} expired at {lease.deadline_ms} ms (now {ctx.time_ms} ms)",
+        )
+    return lease
+
+
+def _conflict(
+    state: pb.CoordinationState, key: str, mode: int, holder_kind: int, holder_id: int
+) -> Rejection | None:
+    """RESOURCE_ACQUIRED when `key` cannot be taken in `mode` by the given holder."""
+    if key not in state.locks:
+        return None
+    lock = state.locks[key]
+    others = [h for h in lock.holders if not (h.kind == holder_kind and h.id == holder_id)]
+    if not others:
+        return None
+    if mode == pb.LOCK_MODE_EXCLUSIVE or lock.mode == pb.LOCK_MODE_EXCLUSIVE:
+        first = others[0]
+        kind = pb.HolderKind.Name(first.kind).removeprefix("HOLDER_KIND_").lower()
+        return Rejection(
+            E.RESOURCE_ACQUIRED,
+            f"resource key {show(key)} is held {LOCK_MODES[lock.mode]} by {kind} {first.id} "
+            f"(fencing token {first.fencing_token}); requested {LOCK_MODES[mode]}",
+        )
+    return None
+
+
+def _release_lease_locks(emitter: _Emitter, lease: pb.Lease) -> None:
+    for key in sorted(lease.locked_keys):
+        emitter.emit(
+            lock_released=pb.LockReleased(
+                key=key, holder_kind=pb.HOLDER_KIND_LEASE, holder_id=lease.id
+            )
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Nodes
+# --------------------------------------------------------------------------------------
+
+
+def _register_node(state, cmd: pb.RegisterNode, ctx, limits) -> Outcome:
+    bad = first_error(
+        check_name("node_id", cmd.node_id, limits),
+        check_address("address", cmd.address, limits),
+    )
+    if bad:
+        return bad
+    existing = state.nodes.get(cmd.node_id)
+    if (
+        existing is not None
+        and existing.address == cmd.address
+        and existing.state == pb.NODE_STATE_UP
+    ):
+        return []
+    emitter = _Emitter(state, ctx)
+    emitter.emit(node_registered=pb.NodeRegistered(node_id=cmd.node_id, address=cmd.address))
+    return emitter.events
+
+
+def _node_flag(
+    field: str, target: Callable[[pb.Node], bool], event_field: str, event_type: type
+) -> Callable[..., Outcome]:
+    """Commands that set one property of a node: idempotent when it already holds."""
+
+    def decide_flag(state, cmd, ctx, limits) -> Outcome:
+        bad = _node_or_error(state, cmd.node_id, limits)
+        if bad:
+            return bad
+        if target(state.nodes[cmd.node_id]):
+            return []
+        emitter = _Emitter(state, ctx)
+        emitter.emit(**{event_field: event_type(node_id=cmd.node_id)})
+        return emitter.events
+
+    decide_flag.__name__ = f"_{field}"
+    return decide_flag
+
+
+# --------------------------------------------------------------------------------------
+# PChannels
+# --------------------------------------------------------------------------------------
+
+
+def _create_pchannels(state, cmd: pb.CreatePChannels, ctx, limits) -> Outcome:
+    bad = _owner_error(cmd.owner, limits)
+    if bad:
+        return bad
+    replica_count = cmd.replica_count or limits.default_replica_count
+    bad = check_range("replica_count", replica_count, 1, limits.max_replicas)
+    if bad:
+        return bad
+    names = list(cmd.names)
+    if names:
+        if cmd.count or cmd.prefix:
+            return invalid(
+                f"give either names ({len(names)} given) or prefix+count "
+                f"(got prefix {show(cmd.prefix)}, count {cmd.count}), not both"
+            )
+        bad = check_range("number of names", len(names), 1, limits.max_pchannels_per_request)
+        if bad:
+            return bad
+        for name in names:
+            bad = check_name("pchannel name", name, limits)
+            if bad:
+                return bad
+        bad = check_unique("pchannel name", names)
+        if bad:
+            return bad
+        for name in names:
+            if name in state.pchannels:
+                return Rejection(E.ALREADY_EXISTS, f"pchannel {show(name)} already exists")
+    else:
+        bad = first_error(
+            check_name("prefix", cmd.prefix, limits),
+            check_range("count", cmd.count, 1, limits.max_pchannels_per_request),
+        )
+        if bad:
+            return bad
+        # Room for the "_<k>" suffix.
+        suffix_chars = len(str(len(state.pchannels) + cmd.count)) + 1
+        if len(cmd.prefix) + suffix_chars > limits.name_max_chars:
+            return invalid(
+                f"prefix too long ({len(cmd.prefix)} chars; expected at most "
+                f"{limits.name_max_chars - suffix_chars} to leave room for _<k>)"
+            )
+        # The smallest unused k: at most count + len(pchannels) candidates are needed.
+        for k in range(cmd.count + len(state.pchannels)):
+            candidate = f"{cmd.prefix}_{k}"
+            if candidate not in state.pchannels:
+                names.append(candidate)
+                if len(names) == cmd.count:
+                    break
+    emitter = _Emitter(state, ctx)
+    for name in names:
+        emitter.emit(
+            pchannel_created=pb.PChannelCreated(
+                name=name, owner=cmd.owner, replica_count=replica_count
+            )
+        )
+    return emitter.events
+
+
+def _assign_pchannel(state, cmd: pb.AssignPChannel, ctx, limits) -> Outcome:
+    bad = first_error(
+        check_name("pchannel", cmd.pchannel, limits),
+        check_enum("access_mode", cmd.access_mode, ACCESS_MODES),
+    )
+    if bad:
+        return bad
+    channel = _live_pchannel(state, cmd.pchannel)
+    if isinstance(channel, Rejection):
+        return channel
+    if cmd.term != channel.term + 1:
+        return Rejection(
+            E.UNMATCHED_CHANNEL_TERM,
+            f"assign {cmd.pchannel} at term {cmd.term}; expected term {channel.term + 1} "
+            f"(current term {channel.term} + 1)",
+            current_term=channel.term,
+        )
+    bad = _node_or_error(state, cmd.node_id, limits)
+    if bad:
+        return bad
+    if state.nodes[cmd.node_id].state != pb.NODE_STATE_UP:
+        return invalid(f"node {cmd.node_id} is DOWN; expected an UP node as owner")
+    replicas = list(cmd.replica_node_ids)
+    if cmd.node_id not in replicas:
+        replicas.insert(0, cmd.node_id)
+    bad = check_range("replica set size", len(replicas), 1, limits.max_replicas)
+    if bad:
+        return bad
+    bad = check_unique("replica node id", replicas)
+    if bad:
+        return bad
+    for node_id in replicas:
+        bad = _node_or_error(state, node_id, limits)
+        if bad:
+            return bad
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        pchannel_assigned=pb.PChannelAssigned(
+            pchannel=cmd.pchannel,
+            term=cmd.term,
+            node_id=cmd.node_id,
+            replica_node_ids=replicas,
+            access_mode=cmd.access_mode or pb.ACCESS_MODE_READWRITE,
+        )
+    )
+    return emitter.events
+
+
+def _pchannel_ready(state, cmd: pb.PChannelReady, ctx, limits) -> Outcome:
+    bad = first_error(
+        check_name("pchannel", cmd.pchannel, limits),
+        check_name("node_id", cmd.node_id, limits),
+    )
+    if bad:
+        return bad
+    if cmd.start_lsn < 1:
+        return invalid(f"invalid start_lsn ({cmd.start_lsn}; expected >= 1)")
+    channel = _live_pchannel(state, cmd.pchannel)
+    if isinstance(channel, Rejection):
+        return channel
+    if cmd.term != channel.term or cmd.node_id != channel.owner_node_id:
+        return Rejection(
+            E.UNMATCHED_CHANNEL_TERM,
+            f"ready {cmd.pchannel} at term {cmd.term} by {show(cmd.node_id)}; the pchannel is "
+            f"at term {channel.term} owned by {show(channel.owner_node_id)}",
+            current_term=channel.term,
+        )
+    if channel.state == pb.PCHANNEL_STATE_ASSIGNED:
+        if channel.history and channel.history[-1].start_lsn == cmd.start_lsn:
+            return []
+        return invalid(
+            f"pchannel {cmd.pchannel} is already ready at term {cmd.term} with start_lsn "
+            f"{channel.history[-1].start_lsn if channel.history else 0} (got {cmd.start_lsn})"
+        )
+    if channel.state != pb.PCHANNEL_STATE_ASSIGNING:
+        return Rejection(
+            E.UNMATCHED_CHANNEL_TERM,
+            f"pchannel {cmd.pchannel} is {pb.PChannelState.Name(channel.state)} at term "
+            f"{channel.term}; expected ASSIGNING",
+            current_term=channel.term,
+        )
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        pchannel_became_ready=pb.PChannelBecameReady(
+            pchannel=cmd.pchannel, term=cmd.term, node_id=cmd.node_id, start_lsn=cmd.start_lsn
+        )
+    )
+    return emitter.events
+
+
+def _mark_pchannel_unavailable(state, cmd: pb.MarkPChannelUnavailable, ctx, limits) -> Outcome:
+    bad = check_name("pchannel", cmd.pchannel, limits)
+    if bad:
+        return bad
+    channel = _live_pchannel(state, cmd.pchannel)
+    if isinstance(channel, Rejection):
+        return channel
+    if cmd.term != channel.term:
+        return Rejection(
+            E.UNMATCHED_CHANNEL_TERM,
+            f"mark {cmd.pchannel} unavailable at term {cmd.term}; current term is {channel.term}",
+            current_term=channel.term,
+        )
+    if channel.state == pb.PCHANNEL_STATE_UNAVAILABLE:
+        return []
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        pchannel_marked_unavailable=pb.PChannelMarkedUnavailable(
+            pchannel=cmd.pchannel, term=cmd.term
+        )
+    )
+    return emitter.events
+
+
+def _drop_pchannel(state, cmd: pb.DropPChannel, ctx, limits) -> Outcome:
+    bad = check_name("pchannel", cmd.pchannel, limits)
+    if bad:
+        return bad
+    if cmd.pchannel not in state.pchannels:
+        return _pchannel_missing(cmd.pchannel)
+    if state.pchannels[cmd.pchannel].state == pb.PCHANNEL_STATE_DROPPED:
+        return []
+    live = sorted(
+        name
+        for name, vchannel in state.vchannels.items()
+        if vchannel.pchannel == cmd.pchannel and vchannel.state == pb.VCHANNEL_STATE_NORMAL
+    )
+    if live:
+        return invalid(
+            f"pchannel {cmd.pchannel} has {len(live)} live vchannels "
+            f"({', '.join(live[:5])}{', ...' if len(live) > 5 else ''}); expected none: drop them first"
+        )
+    emitter = _Emitter(state, ctx)
+    emitter.emit(pchannel_dropped=pb.PChannelDropped(pchannel=cmd.pchannel))
+    return emitter.events
+
+
+# --------------------------------------------------------------------------------------
+# VChannels
+# --------------------------------------------------------------------------------------
+
+
+def _create_vchannel(state, cmd: pb.CreateVChannel, ctx, limits) -> Outcome:
+    bad = first_error(
+        check_name("vchannel name", cmd.name, limits),
+        check_name("pchannel", cmd.pchannel, limits),
+        _owner_error(cmd.owner, limits),
+    )
+    if bad:
+        return bad
+    if cmd.name in state.vchannels:
+        return Rejection(E.ALREADY_EXISTS, f"vchannel {show(cmd.name)} already exists")
+    channel = _live_pchannel(state, cmd.pchannel)
+    if isinstance(channel, Rejection):
+        return channel
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        vchannel_created=pb.VChannelCreated(
+            name=cmd.name, id=state.next_vchannel_id, pchannel=cmd.pchannel, owner=cmd.owner
+        )
+    )
+    return emitter.events
+
+
+def _drop_vchannel(state, cmd: pb.DropVChannel, ctx, limits) -> Outcome:
+    bad = check_name("vchannel name", cmd.name, limits)
+    if bad:
+        return bad
+    if cmd.name not in state.vchannels:
+        return Rejection(E.CHANNEL_NOT_EXIST, f"vchannel {show(cmd.name)} does not exist")
+    if state.vchannels[cmd.name].state == pb.VCHANNEL_STATE_DROPPED:
+        return []
+    emitter = _Emitter(state, ctx)
+    emitter.emit(vchannel_dropped=pb.VChannelDropped(name=cmd.name))
+    return emitter.events
+
+
+# --------------------------------------------------------------------------------------
+# Segment manifest
+# --------------------------------------------------------------------------------------
+
+
+def _commit_segment(state, cmd: pb.CommitSegment, ctx, limits) -> Outcome:
+    bad = check_name("pchannel", cmd.pchannel, limits)
+    if bad:
+        return bad
+    channel = _live_pchannel(state, cmd.pchannel)
+    if isinstance(channel, Rejection):
+        return channel
+    if cmd.term != channel.term:
+        return Rejection(
+            E.UNMATCHED_CHANNEL_TERM,
+            f"commit segment of {cmd.pchannel} at term {cmd.term}; current term is {channel.term}",
+            current_term=channel.term,
+        )
+    if cmd.first_lsn < 1 or cmd.last_lsn < cmd.first_lsn:
+        return invalid(
+            f"invalid LSN range [{cmd.first_lsn}, {cmd.last_lsn}]; expected 1 <= first <= last"
+        )
+    expected_count = cmd.last_lsn - cmd.first_lsn + 1
+    if cmd.count != expected_count:
+        return invalid(
+            f"invalid count ({cmd.count}; expected {expected_count} for LSNs "
+            f"[{cmd.first_lsn}, {cmd.last_lsn}])"
+        )
+    if not (1 <= cmd.first_term <= cmd.last_term <= cmd.term):
+        return invalid(
+            f"invalid term range [{cmd.first_term}, {cmd.last_term}]; expected "
+            f"1 <= first_term <= last_term <= {cmd.term}"
+        )
+    if cmd.first_time_tick < 0 or cmd.last_time_tick < cmd.first_time_tick:
+        return invalid(
+            f"invalid time tick range [{cmd.first_time_tick}, {cmd.last_time_tick}]; "
+            "expected 0 <= first <= last"
+        )
+    if cmd.bytes < 0:
+        return invalid(f"invalid bytes ({cmd.bytes}; expected >= 0)")
+    replicas = list(cmd.replica_node_ids)
+    bad = first_error(
+        check_range("replica count", len(replicas), 1, limits.max_replicas),
+        check_unique("replica node id", replicas),
+    )
+    if bad:
+        return bad
+    for node_id in replicas:
+        bad = _node_or_error(state, node_id, limits)
+        if bad:
+            return bad
+    manifest = state.manifests.get(cmd.pchannel)
+    through = manifest.committed_through_lsn if manifest is not None else 0
+    if manifest is not None and cmd.first_lsn <= through:
+        # An exact repeat (an owner retrying after an unknown outcome) is accepted quietly.
+        # Segments are sorted and contiguous: find the one starting at first_lsn by bisection.
+        segments = manifest.segments
+        low, high = 0, len(segments)
+        while low < high:
+            middle = (low + high) // 2
+            if segments[middle].first_lsn < cmd.first_lsn:
+                low = middle + 1
+            else:
+                high = middle
+        if low < len(segments):
+            segment = segments[low]
+            if (
+                segment.first_lsn == cmd.first_lsn
+                and segment.last_lsn == cmd.last_lsn
+                and segment.digest == cmd.digest
+            ):
+                return []
+    if cmd.first_lsn <= through:
+        return invalid(
+            f"segment [{cmd.first_lsn}, {cmd.last_lsn}] of {cmd.pchannel} overlaps the committed "
+            f"range ending at {through}; expected first_lsn {through + 1}"
+        )
+    if cmd.first_lsn != through + 1:
+        return invalid(
+            f"segment [{cmd.first_lsn}, {cmd.last_lsn}] of {cmd.pchannel} leaves a gap after "
+            f"{through}; expected first_lsn {through + 1}"
+        )
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        segment_committed=pb.SegmentCommitted(
+            segment=pb.Segment(
+                pchannel=cmd.pchannel,
+                segment_id=cmd.first_lsn,
+                first_lsn=cmd.first_lsn,
+                last_lsn=cmd.last_lsn,
+                first_term=cmd.first_term,
+                last_term=cmd.last_term,
+                first_time_tick=cmd.first_time_tick,
+                last_time_tick=cmd.last_time_tick,
+                count=cmd.count,
+                bytes=cmd.bytes,
+                digest=cmd.digest,
+                replica_node_ids=replicas,
+                committed_revision=emitter.next_revision,
+                commit_term=cmd.term,
+            )
+        )
+    )
+    return emitter.events
+
+
+def _delete_segments_before(state, cmd: pb.DeleteSegmentsBefore, ctx, limits) -> Outcome:
+    bad = check_name("pchannel", cmd.pchannel, limits)
+    if bad:
+        return bad
+    if cmd.before_lsn < 1:
+        return invalid(f"invalid before_lsn ({cmd.before_lsn}; expected >= 1)")
+    if cmd.pchannel not in state.pchannels:
+        return _pchannel_missing(cmd.pchannel)
+    manifest = state.manifests.get(cmd.pchannel)
+    if manifest is None or not manifest.segments:
+        return []
+    # Never delete what a consumer group on one of this pchannel's vchannels still needs.
+    bound = cmd.before_lsn
+    for group_name in sorted(state.consumer_groups):
+        group = state.consumer_groups[group_name]
+        for vchannel_name in sorted(group.positions):
+            vchannel = state.vchannels.get(vchannel_name)
+            if vchannel is None or vchannel.pchannel != cmd.pchannel:
+                continue
+            if vchannel.state != pb.VCHANNEL_STATE_NORMAL:
+                continue
+            bound = min(bound, group.positions[vchannel_name].lsn + 1)
+    deleted = [s for s in manifest.segments if s.last_lsn < bound]
+    if not deleted:
+        return []
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        segments_deleted=pb.SegmentsDeleted(
+            pchannel=cmd.pchannel,
+            segment_ids=[s.segment_id for s in deleted],
+            deleted_before_lsn=deleted[-1].last_lsn + 1,
+        )
+    )
+    return emitter.events
+
+
+# --------------------------------------------------------------------------------------
+# Broadcasts
+# --------------------------------------------------------------------------------------
+
+
+def _same_broadcast(task: pb.BroadcastTask, cmd: pb.CreateBroadcast) -> bool:
+    return (
+        task.message == cmd.message
+        and task.msg_type == cmd.msg_type
+        and [v.vchannel for v in task.vchannels] == list(cmd.vchannels)
+        and [(k.key, k.mode) for k in task.resource_keys]
+        == [(k.key, k.mode) for k in cmd.resource_keys]
+    )
+
+
+def _create_broadcast(state, cmd: pb.CreateBroadcast, ctx, limits) -> Outcome:
+    if len(cmd.message) > limits.broadcast_message_max_bytes:
+        return invalid(
+            f"broadcast message too large ({len(cmd.message)} bytes; expected at most "
+            f"{limits.broadcast_message_max_bytes})"
+        )
+    if cmd.msg_type:
+        bad = check_name("msg_type", cmd.msg_type, limits)
+        if bad:
+            return bad
+    vchannels = list(cmd.vchannels)
+    bad = first_error(
+        check_range("number of vchannels", len(vchannels), 1, limits.max_broadcast_vchannels),
+        check_range("number of resource keys", len(cmd.resource_keys), 0, limits.max_resource_keys),
+    )
+    if bad:
+        return bad
+    for name in vchannels:
+        bad = check_name("vchannel", name, limits)
+        if bad:
+            return bad
+    bad = check_unique("vchannel", vchannels)
+    if bad:
+        return bad
+    for resource in cmd.resource_keys:
+        bad = first_error(
+            check_key("resource key", resource.key, limits),
+            check_enum("resource key mode", resource.mode, LOCK_MODES),
+        )
+        if bad:
+            return bad
+    bad = check_unique("resource key", [k.key for k in cmd.resource_keys])
+    if bad:
+        return bad
+    if cmd.idempotency_key:
+        bad = check_key("idempotency_key", cmd.idempotency_key, limits)
+        if bad:
+            return bad
+        existing_id = state.broadcast_idempotency.get(cmd.idempotency_key)
+        if existing_id is not None:
+            if _same_broadcast(state.broadcasts[existing_id], cmd):
+                return []
+            return Rejection(
+                E.ALREADY_EXISTS,
+                f"idempotency key {show(cmd.idempotency_key)} belongs to broadcast "
+                f"{existing_id} with a different message, vchannels or keys",
+            )
+    for name in vchannels:
+        vchannel = state.vchannels.get(name)
+        if vchannel is None or vchannel.state != pb.VCHANNEL_STATE_NORMAL:
+            return Rejection(E.CHANNEL_NOT_EXIST, f"vchannel {show(name)} does not exist")
+    emitter = _Emitter(state, ctx)
+    broadcast_id = emitter.next_revision
+    for resource in cmd.resource_keys:
+        bad = _conflict(state, resource.key, resource.mode, pb.HOLDER_KIND_BROADCAST, broadcast_id)
+        if bad:
+            return bad
+    emitter.emit(
+        broadcast_created=pb.BroadcastCreated(
+            task=pb.BroadcastTask(
+                id=broadcast_id,
+                message=cmd.message,
+                msg_type=cmd.msg_type,
+                resource_keys=cmd.resource_keys,
+                state=pb.BROADCAST_STATE_PENDING,
+                vchannels=[pb.BroadcastVChannel(vchannel=name) for name in vchannels],
+                idempotency_key=cmd.idempotency_key,
+                created_revision=broadcast_id,
+            )
+        )
+    )
+    for resource in sorted(cmd.resource_keys, key=lambda k: k.key):
+        emitter.emit(
+            lock_acquired=pb.LockAcquired(
+                key=resource.key,
+                mode=resource.mode,
+                holder_kind=pb.HOLDER_KIND_BROADCAST,
+                holder_id=broadcast_id,
+                fencing_token=emitter.next_revision,
+            )
+        )
+    return emitter.events
+
+
+def _broadcast_target(
+    state: pb.CoordinationState, broadcast_id: int, vchannel: str, limits: Limits
+) -> tuple[pb.BroadcastTask, pb.BroadcastVChannel] | Rejection:
+    bad = check_name("vchannel", vchannel, limits)
+    if bad:
+        return bad
+    if broadcast_id not in state.broadcasts:
+        return Rejection(E.NOT_FOUND, f"broadcast {broadcast_id} does not exist")
+    task = state.broadcasts[broadcast_id]
+    for target in task.vchannels:
+        if target.vchannel == vchannel:
+            return task, target
+    return invalid(
+        f"vchannel {show(vchannel)} is not a target of broadcast {broadcast_id} "
+        f"(targets: {', '.join(v.vchannel for v in task.vchannels[:5])})"
+    )
+
+
+def _record_broadcast_appended(state, cmd: pb.RecordBroadcastAppended, ctx, limits) -> Outcome:
+    found = _broadcast_target(state, cmd.broadcast_id, cmd.vchannel, limits)
+    if isinstance(found, Rejection):
+        return found
+    _, target = found
+    if cmd.lsn < 1 or cmd.time_tick < 0:
+        return invalid(
+            f"invalid position (lsn {cmd.lsn}, time tick {cmd.time_tick}; "
+            "expected lsn >= 1 and time tick >= 0)"
+        )
+    if target.appended:
+        if target.appended_lsn == cmd.lsn and target.appended_time_tick == cmd.time_tick:
+            return []
+        return Rejection(
+            E.IGNORED_OPERATION,
+            f"broadcast {cmd.broadcast_id} was already appended to {cmd.vchannel} at lsn "
+            f"{target.appended_lsn} (got lsn {cmd.lsn})",
+        )
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        broadcast_appended=pb.BroadcastAppended(
+            broadcast_id=cmd.broadcast_id,
+            vchannel=cmd.vchannel,
+            lsn=cmd.lsn,
+            time_tick=cmd.time_tick,
+        )
+    )
+    return emitter.events
+
+
+def _ack_broadcast(state, cmd: pb.AckBroadcast, ctx, limits) -> Outcome:
+    found = _broadcast_target(state, cmd.broadcast_id, cmd.vchannel, limits)
+    if isinstance(found, Rejection):
+        return found
+    task, target = found
+    if cmd.checkpoint < 0:
+        return invalid(f"invalid checkpoint ({cmd.checkpoint}; expected >= 0)")
+    if target.acked:
+        return []
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        broadcast_acked=pb.BroadcastAcked(
+            broadcast_id=cmd.broadcast_id, vchannel=cmd.vchannel, checkpoint=cmd.checkpoint
+        )
+    )
+    if all(v.acked or v.vchannel == cmd.vchannel for v in task.vchannels):
+        for resource in sorted(task.resource_keys, key=lambda k: k.key):
+            emitter.emit(
+                lock_released=pb.LockReleased(
+                    key=resource.key,
+                    holder_kind=pb.HOLDER_KIND_BROADCAST,
+                    holder_id=task.id,
+                )
+            )
+        emitter.emit(
+            broadcast_tombstoned=pb.BroadcastTombstoned(
+                broadcast_id=task.id, tombstoned_at_ms=ctx.time_ms
+            )
+        )
+    return emitter.events
+
+
+def _clear_broadcasts(state, cmd: pb.ClearBroadcasts, ctx, limits) -> Outcome:
+    bad = check_range("retention_ms", cmd.retention_ms, 0, limits.broadcast_retention_max_ms)
+    if bad:
+        return bad
+    emitter = _Emitter(state, ctx)
+    for broadcast_id in sorted(state.broadcasts):
+        if len(emitter.events) >= limits.max_events_per_sweep:
+            break
+        task = state.broadcasts[broadcast_id]
+        if task.state != pb.BROADCAST_STATE_TOMBSTONE:
+            continue
+        if task.tombstoned_at_ms + cmd.retention_ms <= ctx.time_ms:
+            emitter.emit(broadcast_cleared=pb.BroadcastCleared(broadcast_id=broadcast_id))
+    return emitter.events
+
+
+# --------------------------------------------------------------------------------------
+# Leases and locks
+# --------------------------------------------------------------------------------------
+
+
+def _grant_lease(state, cmd: pb.GrantLease, ctx, limits) -> Outcome:
+    bad = first_error(
+        check_range("ttl_ms", cmd.ttl_ms, limits.lease_ttl_min_ms, limits.lease_ttl_max_ms),
+        check_text("holder", cmd.holder, limits),
+    )
+    if bad:
+        return bad
+    if len(state.leases) >= limits.max_leases:
+        return invalid(
+            f"too many live leases ({len(state.leases)}; expected fewer than {limits.max_leases})"
+        )
+    emitter = _Emitter(state, ctx)
+    lease_id = emitter.next_revision
+    emitter.emit(
+        lease_granted=pb.LeaseGranted(
+            lease=pb.Lease(
+                id=lease_id,
+                ttl_ms=cmd.ttl_ms,
+                holder=cmd.holder,
+                granted_revision=lease_id,
+                deadline_ms=ctx.time_ms + cmd.ttl_ms,
+            )
+        )
+    )
+    return emitter.events
+
+
+def _keep_alive_lease(state, cmd: pb.KeepAliveLease, ctx, limits) -> Outcome:
+    lease = _live_lease(state, cmd.lease_id, ctx)
+    if isinstance(lease, Rejection):
+        return lease
+    deadline = ctx.time_ms + lease.ttl_ms
+    if deadline <= lease.deadline_ms:
+        return []
+    emitter = _Emitter(state, ctx)
+    emitter.emit(lease_renewed=pb.LeaseRenewed(lease_id=lease.id, deadline_ms=deadline))
+    return emitter.events
+
+
+def _revoke_lease(state, cmd: pb.RevokeLease, ctx, limits) -> Outcome:
+    if cmd.lease_id <= 0:
+        return invalid(f"invalid lease_id ({cmd.lease_id}; expected a granted lease id >= 1)")
+    if cmd.lease_id not in state.leases:
+        return Rejection(E.NOT_FOUND, f"lease {cmd.lease_id} does not exist (revoked or expired)")
+    lease = state.leases[cmd.lease_id]
+    emitter = _Emitter(state, ctx)
+    _release_lease_locks(emitter, lease)
+    emitter.emit(lease_revoked=pb.LeaseRevoked(lease_id=lease.id))
+    return emitter.events
+
+
+def _expire_leases(state, cmd: pb.ExpireLeases, ctx, limits) -> Outcome:
+    emitter = _Emitter(state, ctx)
+    expired = 0
+    for lease_id in sorted(state.leases):
+        if expired >= limits.max_events_per_sweep:
+            break
+        lease = state.leases[lease_id]
+        if lease.deadline_ms <= ctx.time_ms:
+            _release_lease_locks(emitter, lease)
+            emitter.emit(lease_expired=pb.LeaseExpired(lease_id=lease_id))
+            expired += 1
+    return emitter.events
+
+
+def _extend_leases(state, cmd: pb.ExtendLeases, ctx, limits) -> Outcome:
+    emitter = _Emitter(state, ctx)
+    for lease_id in sorted(state.leases):
+        lease = state.leases[lease_id]
+        deadline = ctx.time_ms + lease.ttl_ms
+        if deadline > lease.deadline_ms:
+            emitter.emit(lease_renewed=pb.LeaseRenewed(lease_id=lease_id, deadline_ms=deadline))
+    return emitter.events
+
+
+def _lock(state, cmd: pb.Lock, ctx, limits) -> Outcome:
+    bad = first_error(
+        check_key("key", cmd.key, limits),
+        check_enum("mode", cmd.mode, LOCK_MODES),
+    )
+    if bad:
+        return bad
+    lease = _live_lease(state, cmd.lease_id, ctx)
+    if isinstance(lease, Rejection):
+        return lease
+    if cmd.key in lease.locked_keys:
+        held = state.locks[cmd.key]
+        if held.mode == cmd.mode:
+            return []
+        return invalid(
+            f"lease {lease.id} already holds {show(cmd.key)} {LOCK_MODES[held.mode]} "
+            f"(requested {LOCK_MODES[cmd.mode]}); expected an unlock first"
+        )
+    if len(lease.locked_keys) >= limits.max_keys_per_lease:
+        return invalid(
+            f"lease {lease.id} holds too many keys ({len(lease.locked_keys)}; expected at most "
+            f"{limits.max_keys_per_lease})"
+        )
+    bad = _conflict(state, cmd.key, cmd.mode, pb.HOLDER_KIND_LEASE, lease.id)
+    if bad:
+        return bad
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        lock_acquired=pb.LockAcquired(
+            key=cmd.key,
+            mode=cmd.mode,
+            holder_kind=pb.HOLDER_KIND_LEASE,
+            holder_id=lease.id,
+            fencing_token=emitter.next_revision,
+        )
+    )
+    return emitter.events
+
+
+def _unlock(state, cmd: pb.Unlock, ctx, limits) -> Outcome:
+    bad = check_key("key", cmd.key, limits)
+    if bad:
+        return bad
+    if cmd.lease_id not in state.leases:
+        return Rejection(E.NOT_FOUND, f"lease {cmd.lease_id} does not exist (revoked or expired)")
+    lease = state.leases[cmd.lease_id]
+    if cmd.key not in lease.locked_keys:
+        return []
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        lock_released=pb.LockReleased(
+            key=cmd.key, holder_kind=pb.HOLDER_KIND_LEASE, holder_id=lease.id
+        )
+    )
+    return emitter.events
+
+
+# --------------------------------------------------------------------------------------
+# Consumer positions and balance policy
+# --------------------------------------------------------------------------------------
+
+
+def _consumer_target(state, group: str, vchannel: str, limits) -> Rejection | None:
+    bad = first_error(
+        check_name("group", group, limits),
+        check_name("vchannel", vchannel, limits),
+    )
+    if bad:
+        return bad
+    if vchannel not in state.vchannels:
+        return Rejection(E.CHANNEL_NOT_EXIST, f"vchannel {show(vchannel)} does not exist")
+    return None
+
+
+def _stored_fence(state: pb.CoordinationState, group: str, vchannel: str) -> int:
+    stored = state.consumer_groups.get(group)
+    if stored is None or vchannel not in stored.positions:
+        return 0
+    return stored.positions[vchannel].fence
+
+
+def _commit_consumer_position(state, cmd: pb.CommitConsumerPosition, ctx, limits) -> Outcome:
+    bad = _consumer_target(state, cmd.group, cmd.vchannel, limits)
+    if bad:
+        return bad
+    if cmd.lsn < 0 or cmd.fence < 0:
+        return invalid(f"invalid position (lsn {cmd.lsn}, fence {cmd.fence}; expected >= 0)")
+    fence = _stored_fence(state, cmd.group, cmd.vchannel)
+    if cmd.fence < fence:
+        return Rejection(
+            E.CHANNEL_FENCED,
+            f"consumer {cmd.group}/{cmd.vchannel} fence {cmd.fence} was superseded by {fence}",
+            current_term=fence,
+        )
+    if cmd.fence > fence:
+        return invalid(
+            f"consumer {cmd.group}/{cmd.vchannel} fence {cmd.fence} was never issued; "
+            f"expected {fence}"
+        )
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        consumer_position_committed=pb.ConsumerPositionCommitted(
+            group=cmd.group, vchannel=cmd.vchannel, lsn=cmd.lsn, fence=cmd.fence
+        )
+    )
+    return emitter.events
+
+
+def _bump_consumer_fence(state, cmd: pb.BumpConsumerFence, ctx, limits) -> Outcome:
+    bad = _consumer_target(state, cmd.group, cmd.vchannel, limits)
+    if bad:
+        return bad
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        consumer_fence_bumped=pb.ConsumerFenceBumped(
+            group=cmd.group,
+            vchannel=cmd.vchannel,
+            fence=_stored_fence(state, cmd.group, cmd.vchannel) + 1,
+        )
+    )
+    return emitter.events
+
+
+def _set_balance_policy(state, cmd: pb.SetBalancePolicy, ctx, limits) -> Outcome:
+    bad = check_range(
+        "max_moves_per_round", cmd.max_moves_per_round, 0, limits.max_moves_per_round_limit
+    )
+    if bad:
+        return bad
+    policy = state.balance_policy
+    if (
+        policy.allow_rebalance == cmd.allow_rebalance
+        and policy.max_moves_per_round == cmd.max_moves_per_round
+    ):
+        return []
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        balance_policy_set=pb.BalancePolicySet(
+            allow_rebalance=cmd.allow_rebalance, max_moves_per_round=cmd.max_moves_per_round
+        )
+    )
+    return emitter.events
+
+
+def _barrier(state, cmd: pb.Barrier, ctx, limits) -> Outcome:
+    return []
+
+
+_DECIDERS: dict[str, Callable[..., Outcome]] = {
+    "register_node": _register_node,
+    "mark_node_down": _node_flag(
+        "mark_node_down",
+        lambda n: n.state == pb.NODE_STATE_DOWN,
+        "node_marked_down",
+        pb.NodeMarkedDown,
+    ),
+    "mark_node_up": _node_flag(
+        "mark_node_up", lambda n: n.state == pb.NODE_STATE_UP, "node_marked_up", pb.NodeMarkedUp
+    ),
+    "freeze_node": _node_flag("freeze_node", lambda n: n.frozen, "node_frozen", pb.NodeFrozen),
+    "unfreeze_node": _node_flag(
+        "unfreeze_node", lambda n: not n.frozen, "node_unfrozen", pb.NodeUnfrozen
+    ),
+    "create_pchannels": _create_pchannels,
+    "assign_pchannel": _assign_pchannel,
+    "pchannel_ready": _pchannel_ready,
+    "mark_pchannel_unavailable": _mark_pchannel_unavailable,
+    "drop_pchannel": _drop_pchannel,
+    "create_vchannel": _create_vchannel,
+    "drop_vchannel": _drop_vchannel,
+    "commit_segment": _commit_segment,
+    "delete_segments_before": _delete_segments_before,
+    "create_broadcast": _create_broadcast,
+    "record_broadcast_appended": _record_broadcast_appended,
+    "ack_broadcast": _ack_broadcast,
+    "clear_broadcasts": _clear_broadcasts,
+    "grant_lease": _grant_lease,
+    "keep_alive_lease": _keep_alive_lease,
+    "revoke_lease": _revoke_lease,
+    "expire_leases": _expire_leases,
+    "extend_leases": _extend_leases,
+    "lock": _lock,
+    "unlock": _unlock,
+    "commit_consumer_position": _commit_consumer_position,
+    "bump_consumer_fence": _bump_consumer_fence,
+    "set_balance_policy": _set_balance_policy,
+    "barrier": _barrier,
+}
+
+COMMAND_KINDS: tuple[str, ...] = tuple(_DECIDERS)
+
+
+def decide(
+    state: pb.CoordinationState,
+    command: pb.Command,
+    ctx: Context,
+    limits: Limits = DEFAULT_LIMITS,
+) -> Outcome:
+    """Validate `command` against `state`; return its events or a Rejection."""
+    kind = command.WhichOneof("body")
+    if kind is None:
+        return invalid("command has no body (got an empty oneof; expected one command)")
+    decider = _DECIDERS.get(kind)
+    if decider is None:
+        return invalid(f"unsupported command {kind!r}")
+    return decider(state, getattr(command, kind), ctx, limits)
+
+
+def command_kinds() -> Iterable[str]:
+    return COMMAND_KINDS

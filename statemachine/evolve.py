@@ -1,0 +1,274 @@
+"""``evolve(state, event)``: the only way the coordination state changes.
+
+Each event must carry exactly the next revision; anything else is a broken invariant and
+stops the process (an ``AssertionError``), because a replica that skipped or repeated an
+event has diverged. Events were validated by ``decide``: evolve trusts their content and
+only asserts what would mean a bug. The state is updated in place and returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rpc.protos import coordination_pb2 as pb
+from statemachine.types import DEFAULT_LIMITS
+
+
+def _node_registered(state: pb.CoordinationState, e: pb.NodeRegistered, revision: int) -> None:
+    node = state.nodes[e.node_id]
+    node.node_id = e.node_id
+    node.address = e.address
+    node.state = pb.NODE_STATE_UP
+    node.registered_revision = revision
+
+
+def _node_marked_down(state, e: pb.NodeMarkedDown, revision) -> None:
+    state.nodes[e.node_id].state = pb.NODE_STATE_DOWN
+
+
+def _node_marked_up(state, e: pb.NodeMarkedUp, revision) -> None:
+    state.nodes[e.node_id].state = pb.NODE_STATE_UP
+
+
+def _node_frozen(state, e: pb.NodeFrozen, revision) -> None:
+    state.nodes[e.node_id].frozen = True
+
+
+def _node_unfrozen(state, e: pb.NodeUnfrozen, revision) -> None:
+    state.nodes[e.node_id].frozen = False
+
+
+def _pchannel_created(state, e: pb.PChannelCreated, revision) -> None:
+    assert e.name not in state.pchannels, f"pchannel {e.name} created twice"
+    channel = state.pchannels[e.name]
+    channel.name = e.name
+    channel.state = pb.PCHANNEL_STATE_UNINITIALIZED
+    channel.owner.CopyFrom(e.owner)
+    channel.replica_count = e.replica_count
+    channel.created_revision = revision
+    state.manifests[e.name].SetInParent()
+
+
+def _pchannel_assigned(state, e: pb.PChannelAssigned, revision) -> None:
+    channel = state.pchannels[e.pchannel]
+    assert e.term == channel.term + 1, f"{e.pchannel}: term {channel.term} -> {e.term}"
+    channel.term = e.term
+    channel.owner_node_id = e.node_id
+    del channel.replica_node_ids[:]
+    channel.replica_node_ids.extend(e.replica_node_ids)
+    channel.state = pb.PCHANNEL_STATE_ASSIGNING
+    channel.access_mode = e.access_mode
+    channel.history.add(term=e.term, node_id=e.node_id)
+    overflow = len(channel.history) - DEFAULT_LIMITS.max_history_entries
+    if overflow > 0:
+        del channel.history[:overflow]
+
+
+def _pchannel_became_ready(state, e: pb.PChannelBecameReady, revision) -> None:
+    channel = state.pchannels[e.pchannel]
+    assert channel.term == e.term and channel.owner_node_id == e.node_id
+    channel.state = pb.PCHANNEL_STATE_ASSIGNED
+    current = channel.history[-1]
+    current.start_lsn = e.start_lsn
+    # The previous owner's term ends where this one starts (if it ever wrote anything).
+    for previous in reversed(channel.history[:-1]):
+        if previous.start_lsn > 0:
+            if previous.end_lsn == 0:
+                previous.end_lsn = e.start_lsn - 1
+            break
+
+
+def _pchannel_marked_unavailable(state, e: pb.PChannelMarkedUnavailable, revision) -> None:
+    state.pchannels[e.pchannel].state = pb.PCHANNEL_STATE_UNAVAILABLE
+
+
+def _pchannel_dropped(state, e: pb.PChannelDropped, revision) -> None:
+    channel = state.pchannels[e.pchannel]
+    channel.state = pb.PCHANNEL_STATE_DROPPED
+    channel.owner_node_id = ""
+
+
+def _vchannel_created(state, e: pb.VChannelCreated, revision) -> None:
+    assert e.name not in state.vchannels, f"vchannel {e.name} created twice"
+    assert e.id == state.next_vchannel_id
+    vchannel = state.vchannels[e.name]
+    vchannel.name = e.name
+    vchannel.id = e.id
+    vchannel.pchannel = e.pchannel
+    vchannel.state = pb.VCHANNEL_STATE_NORMAL
+    vchannel.owner.CopyFrom(e.owner)
+    vchannel.created_revision = revision
+    state.next_vchannel_id = e.id + 1
+
+
+def _vchannel_dropped(state, e: pb.VChannelDropped, revision) -> None:
+    state.vchannels[e.name].state = pb.VCHANNEL_STATE_DROPPED
+
+
+def _segment_committed(state, e: pb.SegmentCommitted, revision) -> None:
+    manifest = state.manifests[e.segment.pchannel]
+    assert e.segment.first_lsn == manifest.committed_through_lsn + 1, "segment gap/overlap"
+    manifest.segments.append(e.segment)
+    manifest.committed_through_lsn = e.segment.last_lsn
+
+
+def _segments_deleted(state, e: pb.SegmentsDeleted, revision) -> None:
+    manifest = state.manifests[e.pchannel]
+    count = len(e.segment_ids)
+    assert [s.segment_id for s in manifest.segments[:count]] == list(e.segment_ids)
+    del manifest.segments[:count]
+    manifest.deleted_before_lsn = e.deleted_before_lsn
+
+
+def _broadcast_created(state, e: pb.BroadcastCreated, revision) -> None:
+    task = e.task
+    assert task.id == revision
+    state.broadcasts[task.id].CopyFrom(task)
+    if task.idempotency_key:
+        state.broadcast_idempotency[task.idempotency_key] = task.id
+
+
+def _broadcast_target(state, broadcast_id: int, vchannel: str) -> pb.BroadcastVChannel:
+    for target in state.broadcasts[broadcast_id].vchannels:
+        if target.vchannel == vchannel:
+            return target
+    raise AssertionError(f"broadcast {broadcast_id} has no target {vchannel}")
+
+
+def _broadcast_appended(state, e: pb.BroadcastAppended, revision) -> None:
+    target = _broadcast_target(state, e.broadcast_id, e.vchannel)
+    target.appended = True
+    target.appended_lsn = e.lsn
+    target.appended_time_tick = e.time_tick
+
+
+def _broadcast_acked(state, e: pb.BroadcastAcked, revision) -> None:
+    target = _broadcast_target(state, e.broadcast_id, e.vchannel)
+    target.acked = True
+    target.acked_checkpoint = e.checkpoint
+
+
+def _broadcast_tombstoned(state, e: pb.BroadcastTombstoned, revision) -> None:
+    task = state.broadcasts[e.broadcast_id]
+    task.state = pb.BROADCAST_STATE_TOMBSTONE
+    task.tombstoned_at_ms = e.tombstoned_at_ms
+
+
+def _broadcast_cleared(state, e: pb.BroadcastCleared, revision) -> None:
+    task = state.broadcasts[e.broadcast_id]
+    if task.idempotency_key:
+        del state.broadcast_idempotency[task.idempotency_key]
+    del state.broadcasts[e.broadcast_id]
+
+
+def _lock_acquired(state, e: pb.LockAcquired, revision) -> None:
+    assert e.fencing_token == revision
+    existed = e.key in state.locks
+    lock = state.locks[e.key]
+    if not existed:
+        lock.key = e.key
+        lock.mode = e.mode
+    assert lock.mode == e.mode, f"lock {e.key}: {lock.mode} held, {e.mode} acquired"
+    lock.holders.add(kind=e.holder_kind, id=e.holder_id, fencing_token=e.fencing_token)
+    if e.holder_kind == pb.HOLDER_KIND_LEASE:
+        keys = state.leases[e.holder_id].locked_keys
+        keys.append(e.key)
+        keys.sort()
+
+
+def _lock_released(state, e: pb.LockReleased, revision) -> None:
+    lock = state.locks[e.key]
+    for index, holder in enumerate(lock.holders):
+        if holder.kind == e.holder_kind and holder.id == e.holder_id:
+            del lock.holders[index]
+            break
+    else:
+        raise AssertionError(f"lock {e.key} not held by {e.holder_kind}:{e.holder_id}")
+    if not lock.holders:
+        del state.locks[e.key]
+    if e.holder_kind == pb.HOLDER_KIND_LEASE:
+        keys = state.leases[e.holder_id].locked_keys
+        keys.remove(e.key)
+
+
+def _lease_granted(state, e: pb.LeaseGranted, revision) -> None:
+    assert e.lease.id == revision
+    state.leases[e.lease.id].CopyFrom(e.lease)
+
+
+def _lease_renewed(state, e: pb.LeaseRenewed, revision) -> None:
+    state.leases[e.lease_id].deadline_ms = e.deadline_ms
+
+
+def _lease_ended(state, e: pb.LeaseRevoked | pb.LeaseExpired, revision) -> None:
+    assert not state.leases[e.lease_id].locked_keys, "a lease ended while holding keys"
+    del state.leases[e.lease_id]
+
+
+def _consumer_position_committed(state, e: pb.ConsumerPositionCommitted, revision) -> None:
+    position = state.consumer_groups[e.group].positions[e.vchannel]
+    position.group = e.group
+    position.vchannel = e.vchannel
+    position.lsn = e.lsn
+    position.fence = e.fence
+
+
+def _consumer_fence_bumped(state, e: pb.ConsumerFenceBumped, revision) -> None:
+    position = state.consumer_groups[e.group].positions[e.vchannel]
+    position.group = e.group
+    position.vchannel = e.vchannel
+    assert e.fence == position.fence + 1
+    position.fence = e.fence
+
+
+def _balance_policy_set(state, e: pb.BalancePolicySet, revision) -> None:
+    state.balance_policy.allow_rebalance = e.allow_rebalance
+    state.balance_policy.max_moves_per_round = e.max_moves_per_round
+
+
+_EVOLVERS: dict[str, Callable[..., None]] = {
+    "node_registered": _node_registered,
+    "node_marked_down": _node_marked_down,
+    "node_marked_up": _node_marked_up,
+    "node_frozen": _node_frozen,
+    "node_unfrozen": _node_unfrozen,
+    "pchannel_created": _pchannel_created,
+    "pchannel_assigned": _pchannel_assigned,
+    "pchannel_became_ready": _pchannel_became_ready,
+    "pchannel_marked_unavailable": _pchannel_marked_unavailable,
+    "pchannel_dropped": _pchannel_dropped,
+    "vchannel_created": _vchannel_created,
+    "vchannel_dropped": _vchannel_dropped,
+    "segment_committed": _segment_committed,
+    "segments_deleted": _segments_deleted,
+    "broadcast_created": _broadcast_created,
+    "broadcast_appended": _broadcast_appended,
+    "broadcast_acked": _broadcast_acked,
+    "broadcast_tombstoned": _broadcast_tombstoned,
+    "broadcast_cleared": _broadcast_cleared,
+    "lock_acquired": _lock_acquired,
+    "lock_released": _lock_released,
+    "lease_granted": _lease_granted,
+    "lease_renewed": _lease_renewed,
+    "lease_revoked": _lease_ended,
+    "lease_expired": _lease_ended,
+    "consumer_position_committed": _consumer_position_committed,
+    "consumer_fence_bumped": _consumer_fence_bumped,
+    "balance_policy_set": _balance_policy_set,
+}
+
+EVENT_KINDS: tuple[str, ...] = tuple(_EVOLVERS)
+
+
+def evolve(state: pb.CoordinationState, event: pb.Event) -> pb.CoordinationState:
+    """Fold one event into `state` (in place) and return it."""
+    if event.revision != state.revision + 1:
+        raise AssertionError(
+            f"event revision {event.revision} does not follow state revision {state.revision}"
+        )
+    kind = event.WhichOneof("body")
+    if kind is None:
+        raise AssertionError(f"event at revision {event.revision} has no body")
+    _EVOLVERS[kind](state, getattr(event, kind), event.revision)
+    state.revision = event.revision
+    return state

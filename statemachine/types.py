@@ -1,0 +1,75 @@
+"""Small value types shared by the pure core: the apply context, rejections and limits.
+
+Nothing here may read a clock or the environment: the proposer stamps the time on the
+command and the Raft layer supplies the log index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rpc.protos import errors_pb2
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What a command carries besides its body: stamped by the proposer and by Raft."""
+
+    # Proposer wall time in ms since the epoch, never below the last applied one.
+    time_ms: int
+    # Raft log index of the entry that carried the command.
+    raft_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A command the state machine refused. A value, not an exception."""
+
+    code: int  # an errors_pb2.ErrorCode value
+    message: str
+    current_term: int = 0
+
+    def to_error_info(self) -> errors_pb2.ErrorInfo:
+        info = errors_pb2.ErrorInfo(message=self.message, current_term=self.current_term)
+        info.code = self.code  # type: ignore[assignment]
+        return info
+
+    @property
+    def code_name(self) -> str:
+        return errors_pb2.ErrorCode.Name(self.code)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Cluster-wide limits of the coordination state machine.
+
+    They are part of the replicated logic: every node of a cluster must run with the same
+    values (they are constants of a raftwal version, not per-node configuration), or the
+    replicas would decide differently.
+    """
+
+    name_max_chars: int = 128
+    address_max_chars: int = 256
+    resource_key_max_chars: int = 256
+    text_max_chars: int = 256
+    request_id_max_chars: int = 128
+    max_pchannels_per_request: int = 1024
+    max_replicas: int = 7
+    default_replica_count: int = 3
+    max_history_entries: int = 64
+    broadcast_message_max_bytes: int = 1024 * 1024
+    max_broadcast_vchannels: int = 1024
+    max_resource_keys: int = 64
+    lease_ttl_min_ms: int = 1
+    lease_ttl_max_ms: int = 3_600_000
+    max_leases: int = 65_536
+    max_keys_per_lease: int = 1024
+    max_events_per_sweep: int = 1024
+    broadcast_retention_max_ms: int = 30 * 24 * 3_600_000
+    max_moves_per_round_limit: int = 1024
+    default_moves_per_round: int = 16
+    max_recovery_moves_per_round: int = 256
+    dedup_window: int = 4096
+
+
+DEFAULT_LIMITS = Limits()

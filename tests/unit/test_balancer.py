@@ -1,0 +1,190 @@
+"""The balancer policy: placement, failover moves within replica sets, bounded rebalancing,
+and determinism. Plans are applied through the real state machine to check they are valid.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rpc.protos import coordination_pb2 as pb
+from rpc.protos import errors_pb2
+from statemachine import apply_command, copy_state, new_state, snapshot_state
+from statemachine.balancer import eligible_nodes, plan
+
+NOW = 1_700_000_000_000
+
+
+def run(state: pb.CoordinationState, command: pb.Command) -> pb.CommandResult:
+    command.proposed_at_ms = NOW
+    return apply_command(state, command.SerializeToString(), state.last_raft_index + 1)
+
+
+def cluster(nodes: int = 3, pchannels: int = 6) -> pb.CoordinationState:
+    state = new_state()
+    for k in range(1, nodes + 1):
+        run(
+            state,
+            pb.Command(
+                register_node=pb.RegisterNode(node_id=f"n{k}", address=f"127.0.0.1:{7200 + k}")
+            ),
+        )
+    run(state, pb.Command(create_pchannels=pb.CreatePChannels(prefix="p", count=pchannels)))
+    return state
+
+
+def apply_plan(state: pb.CoordinationState, commands: list[pb.Command]) -> None:
+    for command in commands:
+        result = run(state, command)
+        assert result.rejection.code == errors_pb2.OK, result.rejection.message
+
+
+def make_ready(state: pb.CoordinationState) -> None:
+    for name in sorted(state.pchannels):
+        channel = state.pchannels[name]
+        if channel.state == pb.PCHANNEL_STATE_ASSIGNING:
+            ready = pb.PChannelReady(
+                pchannel=name, term=channel.term, node_id=channel.owner_node_id, start_lsn=1
+            )
+            assert run(state, pb.Command(pchannel_ready=ready)).rejection.code == errors_pb2.OK
+
+
+def owners(state: pb.CoordinationState) -> dict[str, int]:
+    load: dict[str, int] = {}
+    for channel in state.pchannels.values():
+        load[channel.owner_node_id] = load.get(channel.owner_node_id, 0) + 1
+    return load
+
+
+def test_initial_placement_spreads_owners_and_replicas():
+    state = cluster(3, 6)
+    commands = plan(state, ["n1", "n2", "n3"])
+    assert len(commands) == 6
+    apply_plan(state, commands)
+    assert owners(state) == {"n1": 2, "n2": 2, "n3": 2}
+    for channel in state.pchannels.values():
+        assert len(channel.replica_node_ids) == 3
+        assert channel.replica_node_ids[0] == channel.owner_node_id
+        assert channel.term == 1
+    # Nothing more to do once placed.
+    make_ready(state)
+    assert plan(state, ["n1", "n2", "n3"]) == []
+
+
+def test_replica_count_capped_by_eligible_nodes():
+    state = cluster(2, 1)
+    apply_plan(state, plan(state, ["n1", "n2"]))
+    assert len(state.pchannels["p_0"].replica_node_ids) == 2
+
+
+def test_down_owner_moves_within_replica_set_with_term_bump():
+    state = cluster(3, 6)
+    apply_plan(state, plan(state, ["n1", "n2", "n3"]))
+    make_ready(state)
+    before = copy_state(state)
+    run(state, pb.Command(mark_node_down=pb.MarkNodeDown(node_id="n2")))
+    commands = plan(state, ["n1", "n3"])
+    moved = {c.assign_pchannel.pchannel for c in commands}
+    assert moved == {n for n, c in before.pchannels.items() if c.owner_node_id == "n2"}
+    apply_plan(state, commands)
+    for name in moved:
+        channel = state.pchannels[name]
+        assert channel.owner_node_id in ("n1", "n3")
+        assert channel.term == before.pchannels[name].term + 1
+        assert list(channel.replica_node_ids) == list(before.pchannels[name].replica_node_ids)
+
+
+def test_unheard_and_frozen_owners_move_too():
+    state = cluster(3, 3)
+    apply_plan(state, plan(state, ["n1", "n2", "n3"]))
+    make_ready(state)
+    run(state, pb.Command(freeze_node=pb.FreezeNode(node_id="n1")))
+    commands = plan(state, ["n1", "n2", "n3"])
+    assert {c.assign_pchannel.node_id for c in commands} <= {"n2", "n3"}
+    assert len(commands) == 1
+    # n3 silent (not live) though still UP in the state: moves as well.
+    apply_plan(state, commands)
+    make_ready(state)
+    commands = plan(state, ["n1", "n2"])
+    assert commands and all(c.assign_pchannel.node_id == "n2" for c in commands)
+
+
+def test_no_eligible_replica_means_no_move():
+    state = cluster(3, 1)
+    apply_plan(state, [c for c in plan(state, ["n1"])])
+    assert list(state.pchannels["p_0"].replica_node_ids) == ["n1"]
+    run(state, pb.Command(register_node=pb.RegisterNode(node_id="n9", address="127.0.0.1:9")))
+    assert plan(state, ["n9"]) == []
+
+
+def test_stuck_assigning_is_retried_with_a_new_term():
+    state = cluster(3, 1)
+    apply_plan(state, plan(state, ["n1", "n2", "n3"]))
+    assert state.pchannels["p_0"].state == pb.PCHANNEL_STATE_ASSIGNING
+    assert plan(state, ["n1", "n2", "n3"]) == []
+    commands = plan(state, ["n1", "n2", "n3"], stuck_pchannels=["p_0"])
+    assert len(commands) == 1 and commands[0].assign_pchannel.term == 2
+
+
+def test_rebalance_only_when_allowed_and_bounded():
+    state = cluster(3, 6)
+    apply_plan(state, plan(state, ["n1", "n2", "n3"]))
+    make_ready(state)
+    # Everything piles onto n1 while n2 and n3 are frozen, then they come back.
+    run(state, pb.Command(freeze_node=pb.FreezeNode(node_id="n2")))
+    run(state, pb.Command(freeze_node=pb.FreezeNode(node_id="n3")))
+    apply_plan(state, plan(state, ["n1", "n2", "n3"]))
+    make_ready(state)
+    assert owners(state) == {"n1": 6}
+    run(state, pb.Command(unfreeze_node=pb.UnfreezeNode(node_id="n2")))
+    run(state, pb.Command(unfreeze_node=pb.UnfreezeNode(node_id="n3")))
+    assert plan(state, ["n1", "n2", "n3"]) == []
+    policy = pb.SetBalancePolicy(allow_rebalance=True, max_moves_per_round=1)
+    run(state, pb.Command(set_balance_policy=policy))
+    commands = plan(state, ["n1", "n2", "n3"])
+    assert len(commands) == 1
+    policy.max_moves_per_round = 10
+    run(state, pb.Command(set_balance_policy=policy))
+    apply_plan(state, plan(state, ["n1", "n2", "n3"]))
+    make_ready(state)
+    assert sorted(owners(state).values()) == [2, 2, 2]
+
+
+def test_eligible_nodes_sorted_and_filtered():
+    state = cluster(3, 1)
+    run(state, pb.Command(mark_node_down=pb.MarkNodeDown(node_id="n3")))
+    assert eligible_nodes(state, ["n3", "n2", "n1", "zz"]) == ["n1", "n2"]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_plan_is_deterministic_and_always_valid(seed):
+    rng = random.Random(seed)
+    state = cluster(rng.randint(1, 5), rng.randint(1, 12))
+    nodes = sorted(state.nodes)
+    for step in range(30):
+        live = [n for n in nodes if rng.random() < 0.8]
+        if rng.random() < 0.2:
+            target = rng.choice(nodes)
+            kind = rng.choice(["freeze_node", "unfreeze_node", "mark_node_down", "mark_node_up"])
+            message = {
+                "freeze_node": pb.FreezeNode,
+                "unfreeze_node": pb.UnfreezeNode,
+                "mark_node_down": pb.MarkNodeDown,
+                "mark_node_up": pb.MarkNodeUp,
+            }[kind]
+            run(state, pb.Command(**{kind: message(node_id=target)}))
+        first = plan(state, live)
+        second = plan(copy_state(state), list(reversed(live)))
+        assert [c.SerializeToString() for c in first] == [c.SerializeToString() for c in second], (
+            seed
+        )
+        snapshot = snapshot_state(state)
+        apply_plan(state, first)
+        assert snapshot != snapshot_state(state) or not first
+        make_ready(state)
+        eligible = set(eligible_nodes(state, live))
+        for channel in state.pchannels.values():
+            if channel.term and channel.owner_node_id not in eligible:
+                # Only acceptable when no replica of it is eligible.
+                assert not eligible & set(channel.replica_node_ids), (seed, step, channel)
