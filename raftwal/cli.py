@@ -8,6 +8,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from raftwal import __version__
 
@@ -28,6 +29,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--json", action="store_true", help="print events as JSON lines")
     demo.set_defaults(handler=_run_demo)
+
+    node = commands.add_parser("node", help="run one raftwal node in the foreground")
+    node.add_argument("--config", required=True, type=Path, help="cluster TOML file")
+    node.add_argument("--id", required=True, help="this node's id in the config")
+    node.set_defaults(handler=_run_node)
+
+    dev = commands.add_parser("dev", help="a local cluster on 127.0.0.1")
+    dev_commands = dev.add_subparsers(dest="dev_command", metavar="ACTION", required=True)
+    dev_up = dev_commands.add_parser("up", help="start local nodes in the background")
+    dev_up.add_argument("--nodes", type=int, default=3)
+    dev_up.add_argument("--dir", type=Path, default=Path(".raftwal-dev"))
+    dev_up.add_argument("--timeout-s", type=float, default=60.0)
+    dev_up.add_argument("--json", action="store_true")
+    dev_up.set_defaults(handler=_dev_up)
+    dev_down = dev_commands.add_parser("down", help="stop the local nodes")
+    dev_down.add_argument("--dir", type=Path, default=Path(".raftwal-dev"))
+    dev_down.set_defaults(handler=_dev_down)
+
+    try:
+        from raftwal.cli_client import register
+    except ImportError:  # the client commands ship with the SDK
+        register = None
+    if register is not None:
+        register(commands)
     return parser
 
 
@@ -35,6 +60,59 @@ def _run_demo(args: argparse.Namespace) -> int:
     from raftwal.demo import run_demo
 
     return run_demo(json_output=args.json)
+
+
+def _run_node(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from raftwal.config import ConfigError, load_config
+    from raftwal.node import run_node
+
+    try:
+        config = load_config(args.config)
+        config.node(args.id)
+        asyncio.run(run_node(config, args.id))
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _dev_up(args: argparse.Namespace) -> int:
+    import json
+
+    from raftwal import dev
+
+    if not 1 <= args.nodes <= 9:
+        print(f"error: invalid --nodes ({args.nodes}; expected 1..9)", file=sys.stderr)
+        return 2
+    try:
+        cluster = dev.up(args.dir, args.nodes, args.timeout_s)
+    except (RuntimeError, TimeoutError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    members = [
+        {"id": n.id, "grpc": n.grpc_address, "raft": n.raft_address, "pid": cluster.pid(n.id)}
+        for n in cluster.config.nodes
+    ]
+    if args.json:
+        print(json.dumps({"dir": str(cluster.directory), "nodes": members}))
+    else:
+        print(f"raftwal dev cluster up ({len(members)} nodes, state in {cluster.directory})")
+        for member in members:
+            print(
+                f"  {member['id']}  grpc {member['grpc']}  raft {member['raft']}  pid {member['pid']}"
+            )
+        print(f"endpoints: {','.join(m['grpc'] for m in members)}")
+    return 0
+
+
+def _dev_down(args: argparse.Namespace) -> int:
+    from raftwal import dev
+
+    pids = dev.down(args.dir)
+    print(f"stopped {len(pids)} node process(es)" + (f": {pids}" if pids else ""))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,138 @@
+"""The event store: every applied coordination event, by revision, in ``events.db`` (SQLite).
+
+The Raft log is compacted by snapshots; the event store keeps the history beyond that, for
+``WatchEvents(from_revision)`` and for audits, within a retention window. Contract:
+
+- ``append`` is called by the apply thread with the events of one command, in revision
+  order. Re-appending a revision (the Raft layer re-applies the entries after its last
+  snapshot on restart) must find identical bytes; it replaces them.
+- Writes use SQLite's WAL mode with ``synchronous=NORMAL``: cheap, and safe against a
+  process crash. They become durable against power loss at ``make_durable``, which the
+  Raft layer calls before it writes a snapshot, so that history older than the snapshot
+  is never only in the (then truncated) Raft journal.
+- ``read(from_revision)`` raises ``Compacted`` when retention removed that revision.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from pathlib import Path
+
+import sqlite_utils
+
+from rpc.protos import coordination_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+class Compacted(Exception):
+    """The requested revision is older than the retained history."""
+
+    def __init__(self, requested: int, first_retained: int) -> None:
+        self.requested = requested
+        self.first_retained = first_retained
+        super().__init__(
+            f"revision {requested} was compacted (history starts at revision {first_retained})"
+        )
+
+
+class EventStore:
+    """Append-only history of events keyed by revision. Thread-safe."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._path = path
+        self._lock = threading.Lock()
+        connection = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db = sqlite_utils.Database(connection)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        if "events" not in self._db.table_names():
+            self._db["events"].create(
+                {"revision": int, "raft_index": int, "time_ms": int, "kind": str, "body": bytes},
+                pk="revision",
+            )
+        if "meta" not in self._db.table_names():
+            self._db["meta"].create({"key": str, "value": int}, pk="key")
+        self._conn = connection
+
+    # -- writes (apply thread) ----------------------------------------------------------
+
+    def append(self, events: list[pb.Event]) -> None:
+        if not events:
+            return
+        rows = [
+            (
+                event.revision,
+                event.raft_index,
+                event.time_ms,
+                event.WhichOneof("body"),
+                event.SerializeToString(deterministic=True),
+            )
+            for event in events
+        ]
+        with self._lock:
+            self._conn.execute("BEGIN")
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO events (revision, raft_index, time_ms, kind, body) "
+                "VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+            self._conn.execute("COMMIT")
+
+    def make_durable(self) -> None:
+        """Force everything appended so far to stable storage (checkpoint + fsync)."""
+        # In WAL mode with synchronous=NORMAL a checkpoint fsyncs the WAL, copies it into
+        # the database file and fsyncs that: afterwards every committed row is durable.
+        with self._lock:
+            self._conn.execute("PRAGMA wal_checkpoint(FULL)")
+
+    def compact(self, before_revision: int) -> int:
+        """Delete history below `before_revision` (retention); returns rows deleted."""
+        with self._lock:
+            current = self._first_retained_locked()
+            if before_revision <= current:
+                return 0
+            cursor = self._conn.execute("DELETE FROM events WHERE revision < ?", (before_revision,))
+            self._conn.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('compacted_before', ?)",
+                (before_revision,),
+            )
+            return cursor.rowcount
+
+    # -- reads (any thread) -------------------------------------------------------------
+
+    def _first_retained_locked(self) -> int:
+        row = self._conn.execute("SELECT value FROM meta WHERE key = 'compacted_before'").fetchone()
+        return int(row[0]) if row else 1
+
+    def first_retained(self) -> int:
+        with self._lock:
+            return self._first_retained_locked()
+
+    def last_revision(self) -> int:
+        with self._lock:
+            row = self._conn.execute("SELECT MAX(revision) FROM events").fetchone()
+        return int(row[0] or 0)
+
+    def count(self) -> int:
+        with self._lock:
+            return int(self._conn.execute("SELECT COUNT(*) FROM events").fetchone()[0])
+
+    def read(self, from_revision: int, limit: int = 1000) -> list[pb.Event]:
+        """Up to `limit` events with revision >= from_revision, in order."""
+        with self._lock:
+            first = self._first_retained_locked()
+            if from_revision < first:
+                raise Compacted(from_revision, first)
+            rows = self._conn.execute(
+                "SELECT body FROM events WHERE revision >= ? ORDER BY revision LIMIT ?",
+                (from_revision, limit),
+            ).fetchall()
+        return [pb.Event.FromString(row[0]) for row in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

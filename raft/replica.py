@@ -1,0 +1,128 @@
+"""The coordination state machine as a Raft application: apply, snapshot, restore, read.
+
+``CoordinationReplica`` is what the Raft peer drives on every node: ``apply`` runs
+``statemachine.apply_command`` for each committed entry (on the peer's thread, in log
+order) and records the events in the event store; ``take_snapshot``/``restore_snapshot``
+are the versioned snapshot codec (the deterministic ``CoordinationState`` bytes, never a
+pickle). Readers on other threads go through ``read``, which holds the same lock as apply,
+so they never see a half-applied command.
+
+Listeners are told of every applied command ``(revision, raft_index)`` from the apply
+thread; they must be quick and must not block (the node hands them to its event loop).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from raft.events import Compacted, EventStore
+from rpc.protos import coordination_pb2 as pb
+from statemachine import apply_command, new_state, restore_state, snapshot_state, state_digest
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Listener = Callable[[int, int], None]
+
+# Recent events kept in memory for live watchers (older ones are read from events.db).
+RECENT_EVENTS = 20_000
+
+
+class CoordinationReplica:
+    def __init__(self, data_dir: Path) -> None:
+        self._lock = threading.RLock()
+        self._state = new_state()
+        self._store = EventStore(data_dir / "events.db")
+        self._recent: collections.deque[pb.Event] = collections.deque(maxlen=RECENT_EVENTS)
+        self._listeners: list[Listener] = []
+
+    @property
+    def store(self) -> EventStore:
+        return self._store
+
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    # -- Raft application callbacks (peer thread) ----------------------------------------
+
+    def apply(self, command_bytes: bytes, raft_index: int) -> bytes:
+        with self._lock:
+            if raft_index <= self._state.last_raft_index:
+                # The Raft layer must never apply an index twice; if it does, the replicas
+                # may diverge, so stop loudly rather than continue.
+                raise AssertionError(
+                    f"raft index {raft_index} applied twice (state is at "
+                    f"{self._state.last_raft_index})"
+                )
+            result = apply_command(self._state, command_bytes, raft_index)
+            events = list(result.events)
+            if events:
+                self._store.append(events)
+                self._recent.extend(events)
+            revision = self._state.revision
+        for listener in self._listeners:
+            listener(revision, raft_index)
+        return result.SerializeToString()
+
+    def take_snapshot(self) -> bytes:
+        with self._lock:
+            # History up to the snapshot must survive the journal compaction that follows.
+            self._store.make_durable()
+            return snapshot_state(self._state)
+
+    def restore_snapshot(self, data: bytes) -> None:
+        state = restore_state(data)
+        with self._lock:
+            self._state = state
+            self._recent.clear()
+            revision, raft_index = state.revision, state.last_raft_index
+        stored = self._store.last_revision()
+        if stored < revision:
+            log.error(
+                "event store ends at revision %d but the snapshot is at %d: history between "
+                "them is missing (events.db lost or replaced)",
+                stored,
+                revision,
+            )
+        for listener in self._listeners:
+            listener(revision, raft_index)
+
+    # -- reads (any thread) ---------------------------------------------------------------
+
+    def read(self, reader: Callable[[pb.CoordinationState], T]) -> T:
+        """Run `reader` on the applied state under the apply lock; it must not keep
+        references into the state (copy what it returns)."""
+        with self._lock:
+            return reader(self._state)
+
+    def applied(self) -> tuple[int, int]:
+        """(revision, raft index) of the applied state."""
+        with self._lock:
+            return self._state.revision, self._state.last_raft_index
+
+    def digest(self) -> tuple[int, int, str]:
+        """(revision, raft index, sha256 of the snapshot bytes) for replica comparison."""
+        with self._lock:
+            return self._state.revision, self._state.last_raft_index, state_digest(self._state)
+
+    def events_from(self, from_revision: int, limit: int = 1000) -> list[pb.Event]:
+        """Events with revision >= from_revision (memory first, then events.db)."""
+        with self._lock:
+            if self._recent and self._recent[0].revision <= from_revision:
+                start = from_revision - self._recent[0].revision
+                out = []
+                for index in range(start, min(start + limit, len(self._recent))):
+                    out.append(self._recent[index])
+                return out
+        return self._store.read(from_revision, limit)
+
+    def close(self) -> None:
+        self._store.close()
+
+
+__all__ = ["Compacted", "CoordinationReplica"]

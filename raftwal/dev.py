@@ -1,0 +1,240 @@
+"""A local cluster on loopback for trying raftwal and for tests: ``raftwal dev up|down``.
+
+``up`` picks free ports on 127.0.0.1, writes ``<dir>/raftwal.toml`` and starts one
+``raftwal node`` process per node in the background (logs in ``<dir>/<id>.log``), waits
+until a leader is elected and every node is registered, and records the members with
+their pids in ``<dir>/cluster.json`` (which the other CLI commands read for their default
+endpoints). ``down`` stops those processes by pid (SIGTERM, then SIGKILL after a grace
+period). Nothing else is ever signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from raftwal.config import ClusterConfig, NodeConfig, render_config
+from rpc.protos import coordinator_pb2 as api
+from rpc.protos import coordinator_pb2_grpc
+
+CLUSTER_FILE = "cluster.json"
+CONFIG_FILE = "raftwal.toml"
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct ports that were free a moment ago (bound all at once, then closed)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@dataclass
+class LocalCluster:
+    """A set of node processes started from one config, by pid."""
+
+    directory: Path
+    config: ClusterConfig
+    processes: dict[str, subprocess.Popen[bytes] | None]
+    env: dict[str, str]
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [n.grpc_address for n in self.config.nodes]
+
+    def node(self, node_id: str) -> NodeConfig:
+        return self.config.node(node_id)
+
+    def pid(self, node_id: str) -> int | None:
+        process = self.processes.get(node_id)
+        return process.pid if process is not None else None
+
+    def start_node(self, node_id: str) -> None:
+        log_file = open(self.directory / f"{node_id}.log", "ab")  # noqa: SIM115 (owned by child)
+        command = [
+            sys.executable,
+            "-m",
+            "raftwal.cli",
+            "--log-level",
+            self.env.get("RAFTWAL_LOG_LEVEL", "INFO"),
+            "node",
+            "--config",
+            str(self.directory / CONFIG_FILE),
+            "--id",
+            node_id,
+        ]
+        self.processes[node_id] = subprocess.Popen(
+            command,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=True,
+        )
+        log_file.close()
+
+    def kill(self, node_id: str, signum: int = signal.SIGKILL) -> None:
+        process = self.processes.get(node_id)
+        if process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signum)
+        if signum in (signal.SIGKILL, signal.SIGTERM):
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+            self.processes[node_id] = None
+
+    def stop_all(self, grace_s: float = 5.0) -> None:
+        for process in self.processes.values():
+            if process is not None and process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.terminate()
+        deadline = time.monotonic() + grace_s
+        for node_id, process in list(self.processes.items()):
+            if process is None:
+                continue
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+            self.processes[node_id] = None
+
+    def write_cluster_file(self) -> None:
+        members = [
+            {
+                "id": node.id,
+                "grpc": node.grpc_address,
+                "raft": node.raft_address,
+                "pid": self.pid(node.id),
+                "data_dir": str(node.data_dir),
+            }
+            for node in self.config.nodes
+        ]
+        (self.directory / CLUSTER_FILE).write_text(json.dumps({"nodes": members}, indent=2))
+
+
+def make_config(directory: Path, nodes: int, host: str = "127.0.0.1") -> ClusterConfig:
+    ports = free_ports(nodes * 2, host)
+    members = tuple(
+        NodeConfig(
+            id=f"n{k + 1}",
+            host=host,
+            grpc_port=ports[2 * k],
+            raft_port=ports[2 * k + 1],
+            data_dir=(directory / f"n{k + 1}").resolve(),
+        )
+        for k in range(nodes)
+    )
+    return ClusterConfig(nodes=members)
+
+
+def wait_ready(endpoints: list[str], nodes: int, timeout_s: float) -> api.ClusterStatusResponse:
+    """Poll ClusterStatus until a leader is known and every node is registered UP."""
+    deadline = time.monotonic() + timeout_s
+    last_error = "no answer yet"
+    while time.monotonic() < deadline:
+        for endpoint in endpoints:
+            try:
+                with grpc.insecure_channel(endpoint) as channel:
+                    stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+                    status = stub.ClusterStatus(api.ClusterStatusRequest(), timeout=2.0)
+                up = [n for n in status.nodes if n.state == 1]
+                if status.leader_node_id and len(up) >= nodes:
+                    return status
+                last_error = f"leader {status.leader_node_id or '-'}, {len(up)}/{nodes} nodes up"
+            except grpc.RpcError as error:
+                last_error = f"{endpoint}: {error.code().name}"
+        time.sleep(0.2)
+    raise TimeoutError(f"cluster not ready after {timeout_s:.0f} s ({last_error})")
+
+
+def up(
+    directory: Path,
+    nodes: int = 3,
+    timeout_s: float = 60.0,
+    env: dict[str, str] | None = None,
+    config: ClusterConfig | None = None,
+) -> LocalCluster:
+    directory = directory.resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    existing = directory / CLUSTER_FILE
+    if existing.exists():
+        alive = [m for m in json.loads(existing.read_text())["nodes"] if _alive(m.get("pid"))]
+        if alive:
+            raise RuntimeError(
+                f"a dev cluster is already running from {directory} (pids "
+                f"{', '.join(str(m['pid']) for m in alive)}); run `raftwal dev down` first"
+            )
+    config = config or make_config(directory, nodes)
+    (directory / CONFIG_FILE).write_text(render_config(config))
+    process_env = dict(os.environ if env is None else env)
+    cluster = LocalCluster(directory, config, {}, process_env)
+    for node in config.nodes:
+        cluster.start_node(node.id)
+    cluster.write_cluster_file()
+    try:
+        wait_ready(cluster.endpoints, len(config.nodes), timeout_s)
+    except TimeoutError:
+        cluster.stop_all()
+        raise
+    return cluster
+
+
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie of ours still answers kill(0); check its state where /proc exists.
+    stat = Path(f"/proc/{pid}/stat")
+    if stat.exists():
+        with contextlib.suppress(OSError, IndexError):
+            return stat.read_text().split(")")[-1].split()[0] != "Z"
+    return True
+
+
+def down(directory: Path, grace_s: float = 10.0) -> list[int]:
+    """Stop the processes recorded in `directory`/cluster.json; returns the pids stopped."""
+    path = directory / CLUSTER_FILE
+    if not path.exists():
+        return []
+    members = json.loads(path.read_text())["nodes"]
+    pids = [m["pid"] for m in members if _alive(m.get("pid"))]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    for member in members:
+        member["pid"] = None
+    path.write_text(json.dumps({"nodes": members}, indent=2))
+    return pids

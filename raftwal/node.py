@@ -1,0 +1,448 @@
+"""One raftwal node = one process: the composition root.
+
+``Node`` wires the Raft peer (``raft.peer.RaftPeer``) to the coordination replica
+(``raft.replica.CoordinationReplica``), serves the gRPC services (Coordinator, NodeManager,
+Cluster, health, reflection) on ``grpc_port``, heartbeats the Raft leader, and runs the
+coordinator loop while it leads. It implements ``rpc.coordinator_servicer.
+CoordinationBackend`` for the public servicer:
+
+- ``propose`` stamps the request id and the proposer's wall time, proposes through the
+  local peer when it leads and otherwise forwards the command bytes to the leader's
+  ``Cluster.Propose`` (a client never needs to know who leads); NOT_LEADER is answered only
+  while no leader is known.
+- linearizable reads propose a ``Barrier`` and wait until this node has applied it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from raft.errors import NotLeader, Overloaded, PeerClosed, UnknownOutcome
+from raft.events import Compacted
+from raft.peer import RaftPeer, RaftTuning
+from raft.replica import CoordinationReplica
+from raftwal.config import ClusterConfig, NodeConfig, check_transport_security
+from raftwal.coordinator import Coordinator
+from raftwal.internal import ClusterServicer, NodeManagerServicer
+from rpc.coordinator_servicer import CompactedHistory, CoordinatorServicer
+from rpc.errors import RaftwalError, error_info, from_rpc_error
+from rpc.protos import coordination_pb2 as pb
+from rpc.protos import coordinator_pb2 as api
+from rpc.protos import coordinator_pb2_grpc, errors_pb2
+
+log = logging.getLogger(__name__)
+E = errors_pb2
+T = TypeVar("T")
+
+SERVICE_NAMES = (
+    api.DESCRIPTOR.services_by_name["Coordinator"].full_name,
+    api.DESCRIPTOR.services_by_name["NodeManager"].full_name,
+    api.DESCRIPTOR.services_by_name["Cluster"].full_name,
+)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class AppliedNotifier:
+    """asyncio view of the replica's progress: who waits for the next applied command."""
+
+    def __init__(self) -> None:
+        self.revision = 0
+        self.raft_index = 0
+        self._changed = asyncio.Event()
+
+    def advance(self, revision: int, raft_index: int) -> None:
+        self.revision = max(self.revision, revision)
+        self.raft_index = max(self.raft_index, raft_index)
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def wait_change(self, timeout_s: float) -> None:
+        changed = self._changed
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), timeout_s)
+
+    async def wait_index(self, raft_index: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self.raft_index < raft_index:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            await self.wait_change(remaining)
+        return True
+
+
+class Node:
+    def __init__(self, config: ClusterConfig, node_id: str) -> None:
+        self.config = config
+        self.me: NodeConfig = config.node(node_id)
+        check_transport_security(config, self.me)
+        self.max_wait_ms = config.max_wait_ms
+        self.incarnation = now_ms()
+        data_dir = self.me.data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.replica = CoordinationReplica(data_dir)
+        self.notifier = AppliedNotifier()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stopping = asyncio.Event()
+        self.peer: RaftPeer | None = None
+        self.coordinator = Coordinator(self)
+        self._server: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        loop = self._loop
+        self.replica.add_listener(
+            lambda revision, index: loop.call_soon_threadsafe(
+                self.notifier.advance, revision, index
+            )
+        )
+        partners = [n.raft_address for n in self.config.nodes if n.id != self.me.id]
+        self.peer = RaftPeer(
+            self_address=self.me.raft_address,
+            partner_addresses=partners,
+            data_dir=self.me.data_dir / "raft",
+            apply=self.replica.apply,
+            take_snapshot=self.replica.take_snapshot,
+            restore_snapshot=self.replica.restore_snapshot,
+            password=self.config.secret,
+            tuning=RaftTuning(
+                election_timeout_min_s=self.config.raft_min_timeout_ms / 1000,
+                election_timeout_max_s=self.config.raft_max_timeout_ms / 1000,
+                snapshot_every_entries=self.config.raft_snapshot_entries,
+            ),
+            on_fatal=self._on_fatal,
+        )
+        revision, index = self.replica.applied()
+        self.notifier.advance(revision, index)
+        options = [
+            ("grpc.max_receive_message_length", self.config.grpc_max_message_bytes),
+            ("grpc.max_send_message_length", self.config.grpc_max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        server = grpc.aio.server(options=options)
+        coordinator_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self), server)
+        coordinator_pb2_grpc.add_NodeManagerServicer_to_server(NodeManagerServicer(self), server)
+        coordinator_pb2_grpc.add_ClusterServicer_to_server(ClusterServicer(self), server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        bound = server.add_insecure_port(self.me.grpc_address)
+        if bound == 0:
+            raise OSError(f"cannot listen on {self.me.grpc_address}")
+        await server.start()
+        self._server = server
+        for name in ("", *SERVICE_NAMES):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._health = health_servicer
+        self._tasks = [
+            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+            asyncio.create_task(self.coordinator.run(), name="coordinator"),
+            asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
+        ]
+        log.info(
+            "node %s serving gRPC on %s, Raft on %s (pid %d)",
+            self.me.id,
+            self.me.grpc_address,
+            self.me.raft_address,
+            os.getpid(),
+        )
+
+    def _on_fatal(self, error: Exception) -> None:
+        # The peer stopped (fsync failure, apply bug, unsafe truncation): this process must
+        # not serve anything more. Exit at once; a restart recovers from the durable journal.
+        log.critical("node %s: fatal Raft error, exiting: %s", self.me.id, error)
+        logging.shutdown()
+        os._exit(70)
+
+    async def run_until_stopped(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._stopping.set)
+        await self.start()
+        await self._stopping.wait()
+        await self.stop()
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if getattr(self, "_health", None) is not None:
+            await self._health.enter_graceful_shutdown()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._server is not None:
+            await self._server.stop(grace=1.0)
+        for channel in self._channels.values():
+            await channel.close()
+        if self.peer is not None:
+            self.peer.close()
+        self.replica.close()
+
+    # -- cluster plumbing ---------------------------------------------------------------
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(
+                address,
+                options=[
+                    ("grpc.max_receive_message_length", self.config.grpc_max_message_bytes),
+                    ("grpc.max_send_message_length", self.config.grpc_max_message_bytes),
+                ],
+            )
+            self._channels[address] = channel
+        return channel
+
+    def leader(self) -> NodeConfig | None:
+        assert self.peer is not None
+        address = self.peer.leader_address()
+        if address is None:
+            return None
+        return self.config.node_by_raft_address(address)
+
+    def is_leader(self) -> bool:
+        return self.peer is not None and self.peer.is_leader()
+
+    def _require_peer(self) -> RaftPeer:
+        if self.peer is None or self._stopping.is_set():
+            raise RaftwalError(error_info(E.ON_SHUTDOWN, f"node {self.me.id} is shutting down"))
+        return self.peer
+
+    # -- CoordinationBackend ------------------------------------------------------------
+
+    async def propose(self, command: pb.Command) -> pb.CommandResult:
+        if not command.proposed_at_ms:
+            command.proposed_at_ms = now_ms()
+        result = await self.propose_bytes(command.SerializeToString())
+        if result.raft_index and not await self.notifier.wait_index(
+            result.raft_index, self.config.propose_timeout_ms / 1000
+        ):
+            # Committed, but this node has not applied it yet: reads here would be stale.
+            log.warning("node %s lags behind raft index %d", self.me.id, result.raft_index)
+        return result
+
+    async def propose_bytes(self, data: bytes, forward: bool = True) -> pb.CommandResult:
+        peer = self._require_peer()
+        timeout_s = self.config.propose_timeout_ms / 1000
+        try:
+            reply = await peer.propose_async(data, timeout_s)
+            return pb.CommandResult.FromString(reply)
+        except NotLeader as error:
+            leader = (
+                self.config.node_by_raft_address(error.leader_address)
+                if error.leader_address
+                else None
+            )
+            if leader is None or leader.id == self.me.id or not forward:
+                raise RaftwalError(
+                    error_info(
+                        E.NOT_LEADER,
+                        f"node {self.me.id} is not the Raft leader and knows no leader yet"
+                        if leader is None
+                        else f"node {self.me.id} is not the Raft leader",
+                        leader_hint=leader.grpc_address if leader is not None else "",
+                    )
+                ) from None
+            return await self._forward(leader, data, timeout_s)
+        except UnknownOutcome as error:
+            raise RaftwalError(
+                error_info(
+                    E.UNKNOWN,
+                    f"outcome unknown ({error}); retry with the same request id",
+                )
+            ) from None
+        except (Overloaded, PeerClosed) as error:
+            raise RaftwalError(error_info(E.ON_SHUTDOWN, f"cannot propose now: {error}")) from None
+
+    async def _forward(self, leader: NodeConfig, data: bytes, timeout_s: float) -> pb.CommandResult:
+        stub = coordinator_pb2_grpc.ClusterStub(self.channel(leader.grpc_address))
+        try:
+            reply = await stub.Propose(
+                api.ProposeRequest(command=data, timeout_ms=int(timeout_s * 1000)),
+                timeout=timeout_s + 1,
+            )
+        except grpc.aio.AioRpcError as error:
+            info = from_rpc_error(error)
+            if info.code == E.NOT_LEADER and not info.leader_hint:
+                info.leader_hint = leader.grpc_address
+            if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                info = error_info(E.UNKNOWN, "forwarded proposal timed out; outcome unknown")
+            raise RaftwalError(info) from None
+        return pb.CommandResult.FromString(reply.result)
+
+    async def read(
+        self, reader: Callable[[pb.CoordinationState], T], linearizable: bool
+    ) -> tuple[T, int]:
+        if linearizable:
+            barrier = await self.propose(pb.Command(barrier=pb.Barrier()))
+            if barrier.rejection.code != E.OK:
+                raise RaftwalError(barrier.rejection)
+            if not await self.notifier.wait_index(
+                barrier.raft_index, self.config.propose_timeout_ms / 1000
+            ):
+                raise RaftwalError(
+                    error_info(E.ON_SHUTDOWN, f"node {self.me.id} is too far behind the leader")
+                )
+
+        def with_revision(state: pb.CoordinationState) -> tuple[T, int]:
+            return reader(state), state.revision
+
+        return self.replica.read(with_revision)
+
+    async def wait_change(self, timeout_s: float) -> None:
+        await self.notifier.wait_change(timeout_s)
+
+    def events_from(self, from_revision: int, limit: int) -> list[pb.Event]:
+        try:
+            return self.replica.events_from(from_revision, limit)
+        except Compacted as error:
+            raise CompactedHistory(error.requested, error.first_retained) from None
+
+    def applied_revision(self) -> int:
+        return self.replica.applied()[0]
+
+    # -- status -------------------------------------------------------------------------
+
+    def member_status(self) -> api.MemberStatus:
+        assert self.peer is not None
+        status = self.peer.status()
+        revision, applied_index, digest = self.replica.digest()
+        return api.MemberStatus(
+            node_id=self.me.id,
+            grpc_address=self.me.grpc_address,
+            raft_address=self.me.raft_address,
+            is_leader=self.peer.is_leader(),
+            reachable=True,
+            raft_term=self.peer.raft_term(),
+            commit_index=self.peer.commit_index(),
+            applied_index=applied_index,
+            revision=revision,
+            state_digest=digest,
+            pid=os.getpid(),
+            durable_index=int(status.get("durable_index", 0) or 0),
+        )
+
+    async def cluster_status(self, linearizable: bool) -> api.ClusterStatusResponse:
+        def reader(state: pb.CoordinationState) -> api.ClusterStatusResponse:
+            response = api.ClusterStatusResponse(
+                nodes=[state.nodes[k] for k in sorted(state.nodes)],
+                pchannels=[
+                    state.pchannels[k]
+                    for k in sorted(state.pchannels)
+                    if state.pchannels[k].state != pb.PCHANNEL_STATE_DROPPED
+                ],
+                balance_policy=state.balance_policy,
+                leases=len(state.leases),
+                locks=len(state.locks),
+                pending_broadcasts=sum(
+                    1 for t in state.broadcasts.values() if t.state == pb.BROADCAST_STATE_PENDING
+                ),
+            )
+            return response
+
+        response, revision = await self.read(reader, linearizable)
+        response.revision = revision
+        members = await asyncio.gather(*(self._collect_member(node) for node in self.config.nodes))
+        response.members.extend(members)
+        leader = self.leader()
+        if leader is not None:
+            response.leader_node_id = leader.id
+            response.leader_address = leader.grpc_address
+        response.warnings.extend(self._warnings(response))
+        return response
+
+    async def _collect_member(self, node: NodeConfig) -> api.MemberStatus:
+        if node.id == self.me.id:
+            return self.member_status()
+        stub = coordinator_pb2_grpc.NodeManagerStub(self.channel(node.grpc_address))
+        try:
+            reply = await stub.CollectStatus(api.CollectStatusRequest(), timeout=1.0)
+            return reply.member
+        except grpc.aio.AioRpcError:
+            return api.MemberStatus(
+                node_id=node.id,
+                grpc_address=node.grpc_address,
+                raft_address=node.raft_address,
+                reachable=False,
+            )
+
+    def _warnings(self, response: api.ClusterStatusResponse) -> list[str]:
+        warnings = []
+        if not response.leader_node_id:
+            warnings.append("no Raft leader is known")
+        for member in response.members:
+            if not member.reachable:
+                warnings.append(f"member {member.node_id} ({member.grpc_address}) is unreachable")
+        for node in response.nodes:
+            if node.state == pb.NODE_STATE_DOWN:
+                warnings.append(f"node {node.node_id} is DOWN")
+        for channel in response.pchannels:
+            if channel.state == pb.PCHANNEL_STATE_ASSIGNING:
+                warnings.append(f"pchannel {channel.name} is ASSIGNING at term {channel.term}")
+            elif channel.state == pb.PCHANNEL_STATE_UNAVAILABLE:
+                warnings.append(f"pchannel {channel.name} is UNAVAILABLE")
+        by_revision: dict[int, set[str]] = {}
+        for member in response.members:
+            if member.reachable:
+                by_revision.setdefault(member.revision, set()).add(member.state_digest)
+        for revision, seen in sorted(by_revision.items()):
+            if len(seen) > 1:
+                warnings.append(f"replicas disagree at revision {revision}: digests {sorted(seen)}")
+        return warnings
+
+    # -- background loops ---------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.config.heartbeat_interval_ms / 1000
+        request = api.HeartbeatRequest(
+            node_id=self.me.id, address=self.me.grpc_address, incarnation=self.incarnation
+        )
+        while not self._stopping.is_set():
+            leader = self.leader() if self.peer is not None else None
+            if leader is not None:
+                if leader.id == self.me.id:
+                    self.coordinator.record_heartbeat(request)
+                else:
+                    stub = coordinator_pb2_grpc.ClusterStub(self.channel(leader.grpc_address))
+                    try:
+                        await stub.Heartbeat(request, timeout=max(interval, 0.5))
+                    except grpc.aio.AioRpcError as error:
+                        log.debug("heartbeat to %s failed: %s", leader.id, error.code())
+            await asyncio.sleep(interval)
+
+    async def _housekeeping_loop(self) -> None:
+        """Event-store retention (local to each node)."""
+        while not self._stopping.is_set():
+            await asyncio.sleep(30)
+            revision = self.applied_revision()
+            floor = revision - self.config.event_retention_revisions
+            if floor > 1:
+                deleted = await asyncio.to_thread(self.replica.store.compact, floor)
+                if deleted:
+                    log.info("event store: deleted %d events below revision %d", deleted, floor)
+
+
+async def run_node(config: ClusterConfig, node_id: str) -> None:
+    node = Node(config, node_id)
+    await node.run_until_stopped()

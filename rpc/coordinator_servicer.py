@@ -1,0 +1,576 @@
+"""The public ``Coordinator`` gRPC service: validate, propose, map outcomes to statuses.
+
+No business logic lives here: the state machine decides, this module only checks the
+request's shape (sizes, enum values, waits), turns it into commands for the
+``CoordinationBackend`` (which the node wires to Raft), and answers with the result or a
+gRPC status carrying an ``ErrorInfo``. Waiting calls (Lock/Broadcast with a wait,
+WaitResourceKey, streams) are bounded by the backend's ``max_wait_ms`` and by the client's
+lifetime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol, TypeVar
+
+import grpc
+
+from rpc.errors import RaftwalError, error_info, to_status
+from rpc.protos import coordination_pb2 as pb
+from rpc.protos import coordinator_pb2 as api
+from rpc.protos import coordinator_pb2_grpc, errors_pb2
+from statemachine.evolve import EVENT_KINDS
+
+log = logging.getLogger(__name__)
+E = errors_pb2
+T = TypeVar("T")
+
+MAX_NAMES_PER_REQUEST = 1024
+REQUEST_ID_MAX_CHARS = 128
+# Upper bound of attempts for a waiting Lock/Broadcast (each attempt waits for a change).
+MAX_WAIT_ATTEMPTS = 10_000
+# Streams wake up at least this often to notice cancelled clients and shutdown.
+STREAM_POLL_S = 1.0
+EVENT_BATCH = 500
+
+
+class CompactedHistory(Exception):
+    """Raised by ``CoordinationBackend.events_from`` for a revision no longer retained."""
+
+    def __init__(self, requested: int, first_retained: int) -> None:
+        self.requested = requested
+        self.first_retained = first_retained
+        super().__init__(
+            f"revision {requested} was compacted (history starts at revision {first_retained})"
+        )
+
+
+class CoordinationBackend(Protocol):
+    """What the servicer needs from the node. Errors: ``RaftwalError`` (NOT_LEADER,
+    ON_SHUTDOWN, UNKNOWN for an unknown outcome...) from ``propose``/``read``."""
+
+    max_wait_ms: int
+
+    async def propose(self, command: pb.Command) -> pb.CommandResult:
+        """Replicate `command` (request id and time are stamped here if missing) and return
+        its result; rejections come back inside the result, not as exceptions."""
+        ...
+
+    async def read(
+        self, reader: Callable[[pb.CoordinationState], T], linearizable: bool
+    ) -> tuple[T, int]:
+        """(reader(state), revision). Linearizable reads reflect every write acknowledged
+        before the call; serializable ones this node's applied state."""
+        ...
+
+    async def wait_change(self, timeout_s: float) -> None:
+        """Return when this node applies a new command, or after `timeout_s`."""
+        ...
+
+    def events_from(self, from_revision: int, limit: int) -> list[pb.Event]:
+        """Events with revision >= from_revision; raises CompactedHistory."""
+        ...
+
+    def applied_revision(self) -> int: ...
+
+    async def cluster_status(self, linearizable: bool) -> api.ClusterStatusResponse: ...
+
+
+def _fail(code: int, message: str) -> RaftwalError:
+    return RaftwalError(error_info(code, message))
+
+
+def _check_request_id(request_id: str) -> None:
+    if len(request_id) > REQUEST_ID_MAX_CHARS:
+        raise _fail(
+            E.INVALID_ARGUMENT,
+            f"request_id too long ({len(request_id)} chars; expected at most "
+            f"{REQUEST_ID_MAX_CHARS})",
+        )
+
+
+def _check_count(field: str, count: int, low: int = 1, high: int = MAX_NAMES_PER_REQUEST) -> None:
+    if count < low or count > high:
+        raise _fail(
+            E.INVALID_ARGUMENT, f"invalid number of {field} ({count}; expected {low}..{high})"
+        )
+
+
+def _check_wait(field: str, value: int, max_wait_ms: int) -> None:
+    if value < 0 or value > max_wait_ms:
+        raise _fail(E.INVALID_ARGUMENT, f"invalid {field} ({value}; expected 0..{max_wait_ms})")
+
+
+def _raise_rejection(result: pb.CommandResult) -> pb.CommandResult:
+    if result.rejection.code != E.OK:
+        raise RaftwalError(result.rejection)
+    return result
+
+
+def _new_request_id(given: str) -> str:
+    _check_request_id(given)
+    return given or uuid.uuid4().hex
+
+
+def assignment_view(state: pb.CoordinationState) -> api.AssignmentDiscovery:
+    """The full assignment (without version) as clients see it."""
+    view = api.AssignmentDiscovery()
+    vchannels: dict[str, list[str]] = {}
+    for name in sorted(state.vchannels):
+        vchannel = state.vchannels[name]
+        if vchannel.state == pb.VCHANNEL_STATE_NORMAL:
+            vchannels.setdefault(vchannel.pchannel, []).append(name)
+    for node_id in sorted(state.nodes):
+        node = state.nodes[node_id]
+        view.nodes.add(node_id=node_id, address=node.address, state=node.state)
+    for name in sorted(state.pchannels):
+        channel = state.pchannels[name]
+        if channel.state == pb.PCHANNEL_STATE_DROPPED:
+            continue
+        owner = state.nodes.get(channel.owner_node_id)
+        view.channels.add(
+            pchannel=name,
+            term=channel.term,
+            owner_node_id=channel.owner_node_id,
+            owner_address=owner.address if owner is not None else "",
+            state=channel.state,
+            access_mode=channel.access_mode,
+            replica_node_ids=channel.replica_node_ids,
+            vchannels=vchannels.get(name, []),
+        )
+    return view
+
+
+class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
+    def __init__(self, backend: CoordinationBackend) -> None:
+        self._backend = backend
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    async def _call(self, context: grpc.aio.ServicerContext, work: Awaitable[T]) -> T:
+        try:
+            return await work
+        except RaftwalError as error:
+            await context.abort_with_status(to_status(error.info))
+        except CompactedHistory as error:
+            await context.abort_with_status(to_status(error_info(E.COMPACTED, str(error))))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The node must survive whatever a request triggers: report, never crash.
+            log.exception("internal error while serving a Coordinator request")
+            await context.abort_with_status(
+                to_status(error_info(E.INNER, "internal error (see the node's log)"))
+            )
+        raise AssertionError("unreachable: abort_with_status raises")
+
+    async def _propose(self, request_id: str, **body: object) -> pb.CommandResult:
+        command = pb.Command(request_id=request_id, **body)  # type: ignore[arg-type]
+        return _raise_rejection(await self._backend.propose(command))
+
+    async def _propose_waiting(
+        self, request_id: str, wait_ms: int, **body: object
+    ) -> pb.CommandResult:
+        """Propose; while the answer is RESOURCE_ACQUIRED and time remains, wait for the
+        state to change and try again (each attempt its own request id)."""
+        deadline = time.monotonic() + wait_ms / 1000
+        for attempt in range(MAX_WAIT_ATTEMPTS):
+            attempt_id = request_id if attempt == 0 else f"{request_id}.{attempt}"
+            command = pb.Command(request_id=attempt_id, **body)  # type: ignore[arg-type]
+            result = await self._backend.propose(command)
+            remaining = deadline - time.monotonic()
+            if result.rejection.code != E.RESOURCE_ACQUIRED or remaining <= 0:
+                return _raise_rejection(result)
+            await self._backend.wait_change(min(remaining, STREAM_POLL_S))
+        raise _fail(E.RESOURCE_ACQUIRED, f"gave up after {MAX_WAIT_ATTEMPTS} attempts")
+
+    # -- channels ---------------------------------------------------------------------
+
+    async def CreateChannels(self, request, context):
+        async def work() -> api.CreateChannelsResponse:
+            request_id = _new_request_id(request.request_id)
+            _check_count("names", len(request.names), 0)
+            result = await self._propose(
+                request_id,
+                create_pchannels=pb.CreatePChannels(
+                    names=request.names,
+                    prefix=request.prefix,
+                    count=request.count,
+                    owner=request.owner,
+                    replica_count=request.replica_count,
+                ),
+            )
+            return api.CreateChannelsResponse(
+                pchannels=result.pchannel_names, revision=result.revision
+            )
+
+        return await self._call(context, work())
+
+    async def DropChannels(self, request, context):
+        async def work() -> api.DropChannelsResponse:
+            request_id = _new_request_id(request.request_id)
+            _check_count("pchannels", len(request.pchannels))
+            revision = 0
+            for index, name in enumerate(request.pchannels):
+                result = await self._propose(
+                    f"{request_id}.{index}", drop_pchannel=pb.DropPChannel(pchannel=name)
+                )
+                revision = result.revision
+            return api.DropChannelsResponse(revision=revision)
+
+        return await self._call(context, work())
+
+    def _channels_reader(
+        self, names: list[str], include_dropped: bool
+    ) -> Callable[[pb.CoordinationState], tuple[list[pb.PChannel], list[pb.VChannel]]]:
+        def reader(state: pb.CoordinationState) -> tuple[list[pb.PChannel], list[pb.VChannel]]:
+            wanted = names or sorted(state.pchannels)
+            pchannels: list[pb.PChannel] = []
+            for name in wanted:
+                channel = state.pchannels.get(name)
+                if channel is None:
+                    raise _fail(E.CHANNEL_NOT_EXIST, f"pchannel {name[:64]!r} does not exist")
+                if channel.state == pb.PCHANNEL_STATE_DROPPED and not (include_dropped or names):
+                    continue
+                copy = pb.PChannel()
+                copy.CopyFrom(channel)
+                pchannels.append(copy)
+            selected = {c.name for c in pchannels}
+            vchannels = []
+            for name in sorted(state.vchannels):
+                vchannel = state.vchannels[name]
+                if vchannel.pchannel in selected and (
+                    include_dropped or vchannel.state == pb.VCHANNEL_STATE_NORMAL
+                ):
+                    copy_v = pb.VChannel()
+                    copy_v.CopyFrom(vchannel)
+                    vchannels.append(copy_v)
+            return pchannels, vchannels
+
+        return reader
+
+    async def DescribeChannels(self, request, context):
+        async def work() -> api.DescribeChannelsResponse:
+            _check_count("pchannels", len(request.pchannels), 0)
+            linearizable = _linearizable(request.consistency)
+            (pchannels, vchannels), revision = await self._backend.read(
+                self._channels_reader(list(request.pchannels), False), linearizable
+            )
+            return api.DescribeChannelsResponse(
+                pchannels=pchannels, vchannels=vchannels, revision=revision
+            )
+
+        return await self._call(context, work())
+
+    async def ListChannels(self, request, context):
+        async def work() -> api.ListChannelsResponse:
+            linearizable = _linearizable(request.consistency)
+            (pchannels, vchannels), revision = await self._backend.read(
+                self._channels_reader([], request.include_dropped), linearizable
+            )
+            return api.ListChannelsResponse(
+                pchannels=pchannels, vchannels=vchannels, revision=revision
+            )
+
+        return await self._call(context, work())
+
+    async def CreateVChannel(self, request, context):
+        async def work() -> api.CreateVChannelResponse:
+            request_id = _new_request_id(request.request_id)
+            result = await self._propose(
+                request_id,
+                create_vchannel=pb.CreateVChannel(
+                    name=request.name, pchannel=request.pchannel, owner=request.owner
+                ),
+            )
+
+            def reader(state: pb.CoordinationState) -> pb.VChannel:
+                copy = pb.VChannel()
+                if request.name in state.vchannels:
+                    copy.CopyFrom(state.vchannels[request.name])
+                return copy
+
+            vchannel, _ = await self._backend.read(reader, linearizable=False)
+            return api.CreateVChannelResponse(vchannel=vchannel, revision=result.revision)
+
+        return await self._call(context, work())
+
+    async def DropVChannel(self, request, context):
+        async def work() -> api.DropVChannelResponse:
+            request_id = _new_request_id(request.request_id)
+            result = await self._propose(
+                request_id, drop_vchannel=pb.DropVChannel(name=request.name)
+            )
+            return api.DropVChannelResponse(revision=result.revision)
+
+        return await self._call(context, work())
+
+    async def WatchAssignments(self, request, context) -> AsyncIterator[api.AssignmentDiscovery]:
+        last_sent: bytes | None = None
+        while True:
+            view, revision = await self._call(
+                context, self._backend.read(assignment_view, linearizable=False)
+            )
+            encoded = view.SerializeToString(deterministic=True)
+            if encoded != last_sent:
+                view.version = revision
+                last_sent = encoded
+                yield view
+            await self._backend.wait_change(STREAM_POLL_S)
+
+    # -- leases and locks -------------------------------------------------------------
+
+    async def GrantLease(self, request, context):
+        async def work() -> api.GrantLeaseResponse:
+            request_id = _new_request_id(request.request_id)
+            result = await self._propose(
+                request_id,
+                grant_lease=pb.GrantLease(ttl_ms=request.ttl_ms, holder=request.holder),
+            )
+            return api.GrantLeaseResponse(
+                lease_id=result.lease_id,
+                ttl_ms=request.ttl_ms,
+                deadline_ms=result.lease_deadline_ms,
+                revision=result.revision,
+            )
+
+        return await self._call(context, work())
+
+    async def KeepAlive(self, request_iterator, context) -> AsyncIterator[api.KeepAliveResponse]:
+        async for request in request_iterator:
+            result = await self._call(
+                context,
+                self._propose(
+                    uuid.uuid4().hex,
+                    keep_alive_lease=pb.KeepAliveLease(lease_id=request.lease_id),
+                ),
+            )
+            now_ms = int(time.time() * 1000)
+            yield api.KeepAliveResponse(
+                lease_id=result.lease_id,
+                ttl_ms=max(0, result.lease_deadline_ms - now_ms),
+                deadline_ms=result.lease_deadline_ms,
+                revision=result.revision,
+            )
+
+    async def RevokeLease(self, request, context):
+        async def work() -> api.RevokeLeaseResponse:
+            request_id = _new_request_id(request.request_id)
+            result = await self._propose(
+                request_id, revoke_lease=pb.RevokeLease(lease_id=request.lease_id)
+            )
+            return api.RevokeLeaseResponse(revision=result.revision)
+
+        return await self._call(context, work())
+
+    async def Lock(self, request, context):
+        async def work() -> api.LockResponse:
+            request_id = _new_request_id(request.request_id)
+            _check_wait("wait_timeout_ms", request.wait_timeout_ms, self._backend.max_wait_ms)
+            result = await self._propose_waiting(
+                request_id,
+                request.wait_timeout_ms,
+                lock=pb.Lock(key=request.key, mode=request.mode, lease_id=request.lease_id),
+            )
+            return api.LockResponse(
+                key=request.key, fencing_token=result.fencing_token, revision=result.revision
+            )
+
+        return await self._call(context, work())
+
+    async def Unlock(self, request, context):
+        async def work() -> api.UnlockResponse:
+            request_id = _new_request_id(request.request_id)
+            result = await self._propose(
+                request_id, unlock=pb.Unlock(key=request.key, lease_id=request.lease_id)
+            )
+            return api.UnlockResponse(revision=result.revision)
+
+        return await self._call(context, work())
+
+    # -- broadcasts -------------------------------------------------------------------
+
+    async def _broadcast_task(self, broadcast_id: int) -> pb.BroadcastTask | None:
+        def reader(state: pb.CoordinationState) -> pb.BroadcastTask | None:
+            task = state.broadcasts.get(broadcast_id)
+            if task is None:
+                return None
+            copy = pb.BroadcastTask()
+            copy.CopyFrom(task)
+            return copy
+
+        task, _ = await self._backend.read(reader, linearizable=False)
+        return task
+
+    async def Broadcast(self, request, context):
+        async def work() -> api.BroadcastResponse:
+            request_id = _new_request_id(request.request_id)
+            _check_wait("lock_timeout_ms", request.lock_timeout_ms, self._backend.max_wait_ms)
+            result = await self._propose_waiting(
+                request_id,
+                request.lock_timeout_ms,
+                create_broadcast=pb.CreateBroadcast(
+                    message=request.message,
+                    msg_type=request.msg_type,
+                    vchannels=request.vchannels,
+                    resource_keys=request.resource_keys,
+                    idempotency_key=request.idempotency_key,
+                ),
+            )
+            task = await self._broadcast_task(result.broadcast_id)
+            return api.BroadcastResponse(
+                broadcast_id=result.broadcast_id,
+                vchannels=task.vchannels if task is not None else [],
+                revision=result.revision,
+            )
+
+        return await self._call(context, work())
+
+    async def Ack(self, request, context):
+        async def work() -> api.AckResponse:
+            request_id = _new_request_id(request.request_id)
+            result = await self._propose(
+                request_id,
+                ack_broadcast=pb.AckBroadcast(
+                    broadcast_id=request.broadcast_id,
+                    vchannel=request.vchannel,
+                    checkpoint=request.checkpoint,
+                ),
+            )
+            task = await self._broadcast_task(request.broadcast_id)
+            state = task.state if task is not None else pb.BROADCAST_STATE_DONE
+            return api.AckResponse(revision=result.revision, state=state)
+
+        return await self._call(context, work())
+
+    async def WaitResourceKey(self, request, context):
+        async def work() -> api.WaitResourceKeyResponse:
+            if not request.key or len(request.key) > 256:
+                raise _fail(
+                    E.INVALID_ARGUMENT,
+                    f"invalid key ({len(request.key)} chars; expected 1..256)",
+                )
+            if request.mode not in (api.WAIT_MODE_ONCE, api.WAIT_MODE_ALL):
+                raise _fail(E.INVALID_ARGUMENT, f"invalid mode ({request.mode}; expected ONCE|ALL)")
+            _check_wait("timeout_ms", request.timeout_ms, self._backend.max_wait_ms)
+            return await self._wait_resource_key(request)
+
+        return await self._call(context, work())
+
+    async def _wait_resource_key(
+        self, request: api.WaitResourceKeyRequest
+    ) -> api.WaitResourceKeyResponse:
+        def holder(state: pb.CoordinationState) -> int:
+            lock = state.locks.get(request.key)
+            if lock is None:
+                return 0
+            for entry in lock.holders:
+                if entry.kind == pb.HOLDER_KIND_BROADCAST:
+                    return entry.id
+            return 0
+
+        broadcast_id, revision = await self._backend.read(holder, linearizable=True)
+        if broadcast_id == 0:
+            return api.WaitResourceKeyResponse(revision=revision)
+        deadline = time.monotonic() + request.timeout_ms / 1000
+        while True:
+            task = await self._broadcast_task(broadcast_id)
+            revision = self._backend.applied_revision()
+            if task is None:
+                return api.WaitResourceKeyResponse(
+                    broadcast_id=broadcast_id, state=pb.BROADCAST_STATE_DONE, revision=revision
+                )
+            done = task.state != pb.BROADCAST_STATE_PENDING
+            if request.mode == api.WAIT_MODE_ONCE:
+                done = done or any(v.acked for v in task.vchannels)
+            remaining = deadline - time.monotonic()
+            if done or remaining <= 0:
+                return api.WaitResourceKeyResponse(
+                    broadcast_id=broadcast_id, state=task.state, revision=revision
+                )
+            await self._backend.wait_change(min(remaining, STREAM_POLL_S))
+
+    # -- history, status, policy ------------------------------------------------------
+
+    async def WatchEvents(self, request, context) -> AsyncIterator[api.WatchEventsResponse]:
+        kinds = set(request.kinds)
+        unknown = sorted(kinds - set(EVENT_KINDS))
+        if unknown or len(request.kinds) > len(EVENT_KINDS) or request.from_revision < 0:
+            await context.abort_with_status(
+                to_status(
+                    error_info(
+                        E.INVALID_ARGUMENT,
+                        f"invalid watch (from_revision {request.from_revision}, unknown kinds "
+                        f"{unknown[:5]}; expected from_revision >= 0 and kinds among "
+                        f"{', '.join(EVENT_KINDS[:4])}, ...)",
+                    )
+                )
+            )
+        next_revision = request.from_revision or self._backend.applied_revision() + 1
+        while True:
+            try:
+                events = self._backend.events_from(next_revision, EVENT_BATCH)
+            except CompactedHistory as error:
+                await context.abort_with_status(to_status(error_info(E.COMPACTED, str(error))))
+            if events:
+                next_revision = events[-1].revision + 1
+                selected = [e for e in events if not kinds or e.WhichOneof("body") in kinds]
+                if selected:
+                    yield api.WatchEventsResponse(
+                        events=selected, applied_revision=self._backend.applied_revision()
+                    )
+                continue
+            await self._backend.wait_change(STREAM_POLL_S)
+
+    async def ClusterStatus(self, request, context):
+        async def work() -> api.ClusterStatusResponse:
+            return await self._backend.cluster_status(_linearizable(request.consistency))
+
+        return await self._call(context, work())
+
+    async def SetBalancePolicy(self, request, context):
+        async def work() -> api.SetBalancePolicyResponse:
+            request_id = _new_request_id(request.request_id)
+            _check_count("freeze_node_ids", len(request.freeze_node_ids), 0)
+            _check_count("unfreeze_node_ids", len(request.unfreeze_node_ids), 0)
+            result = await self._propose(
+                request_id,
+                set_balance_policy=pb.SetBalancePolicy(
+                    allow_rebalance=request.allow_rebalance,
+                    max_moves_per_round=request.max_moves_per_round,
+                ),
+            )
+            revision = result.revision
+            for index, node_id in enumerate(request.freeze_node_ids):
+                result = await self._propose(
+                    f"{request_id}.f{index}", freeze_node=pb.FreezeNode(node_id=node_id)
+                )
+                revision = result.revision
+            for index, node_id in enumerate(request.unfreeze_node_ids):
+                result = await self._propose(
+                    f"{request_id}.u{index}", unfreeze_node=pb.UnfreezeNode(node_id=node_id)
+                )
+                revision = result.revision
+
+            def reader(state: pb.CoordinationState) -> pb.BalancePolicy:
+                copy = pb.BalancePolicy()
+                copy.CopyFrom(state.balance_policy)
+                return copy
+
+            policy, _ = await self._backend.read(reader, linearizable=False)
+            return api.SetBalancePolicyResponse(policy=policy, revision=revision)
+
+        return await self._call(context, work())
+
+
+def _linearizable(consistency: int) -> bool:
+    if consistency not in (api.CONSISTENCY_LINEARIZABLE, api.CONSISTENCY_SERIALIZABLE):
+        raise _fail(
+            E.INVALID_ARGUMENT,
+            f"invalid consistency ({consistency}; expected LINEARIZABLE|SERIALIZABLE)",
+        )
+    return consistency == api.CONSISTENCY_LINEARIZABLE

@@ -1,0 +1,112 @@
+"""The mapping between raftwal's ErrorInfo and gRPC statuses, shared by servers and clients.
+
+A raftwal error travels as a standard rich gRPC status (``grpc-status-details-bin``: a
+``google.rpc.Status`` whose details hold one ``raftwal.v1.ErrorInfo``), so clients in any
+language can read the code, the message and the leader/owner hints. The gRPC status code
+is chosen so that generic clients also behave sensibly (UNAVAILABLE is retryable,
+FAILED_PRECONDITION is not, ...).
+"""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, status_pb2
+from grpc_status import rpc_status
+
+from rpc.protos import errors_pb2
+
+E = errors_pb2
+
+GRPC_CODE_FOR: dict[int, grpc.StatusCode] = {
+    E.OK: grpc.StatusCode.OK,
+    E.CHANNEL_NOT_EXIST: grpc.StatusCode.NOT_FOUND,
+    E.CHANNEL_FENCED: grpc.StatusCode.FAILED_PRECONDITION,
+    E.ON_SHUTDOWN: grpc.StatusCode.UNAVAILABLE,
+    E.INVALID_REQUEST_SEQ: grpc.StatusCode.FAILED_PRECONDITION,
+    E.UNMATCHED_CHANNEL_TERM: grpc.StatusCode.FAILED_PRECONDITION,
+    E.IGNORED_OPERATION: grpc.StatusCode.FAILED_PRECONDITION,
+    E.INNER: grpc.StatusCode.INTERNAL,
+    E.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    E.TRANSACTION_EXPIRED: grpc.StatusCode.FAILED_PRECONDITION,
+    E.INVALID_TRANSACTION_STATE: grpc.StatusCode.FAILED_PRECONDITION,
+    E.UNRECOVERABLE: grpc.StatusCode.INTERNAL,
+    E.RESOURCE_ACQUIRED: grpc.StatusCode.ABORTED,
+    E.NOT_LEADER: grpc.StatusCode.UNAVAILABLE,
+    E.NOT_OWNER: grpc.StatusCode.UNAVAILABLE,
+    E.COMPACTED: grpc.StatusCode.OUT_OF_RANGE,
+    E.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    E.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    E.UNKNOWN: grpc.StatusCode.UNKNOWN,
+}
+
+
+def error_info(
+    code: int,
+    message: str,
+    *,
+    leader_hint: str = "",
+    current_term: int = 0,
+    owner_hint: str = "",
+) -> errors_pb2.ErrorInfo:
+    info = errors_pb2.ErrorInfo(
+        message=message,
+        leader_hint=leader_hint,
+        current_term=current_term,
+        owner_hint=owner_hint,
+    )
+    info.code = code  # type: ignore[assignment]
+    return info
+
+
+def to_status(info: errors_pb2.ErrorInfo) -> grpc.Status:
+    """A grpc.Status carrying `info` as its single detail (for ``context.abort_with_status``)."""
+    grpc_code = GRPC_CODE_FOR.get(info.code, grpc.StatusCode.UNKNOWN)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    message = f"{E.ErrorCode.Name(info.code)}: {info.message}"
+    status = status_pb2.Status(
+        code=getattr(code_pb2, grpc_code.name), message=message, details=[detail]
+    )
+    return rpc_status.to_status(status)
+
+
+def from_rpc_error(error: grpc.RpcError) -> errors_pb2.ErrorInfo:
+    """The ErrorInfo of a failed call; synthesized from the plain status when there is none
+    (transport failures, deadlines, servers that are not raftwal)."""
+    status = None
+    try:
+        status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    except ValueError:
+        status = None
+    if status is not None:
+        for detail in status.details:
+            if detail.Is(errors_pb2.ErrorInfo.DESCRIPTOR):
+                info = errors_pb2.ErrorInfo()
+                detail.Unpack(info)
+                return info
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    details = error.details() if hasattr(error, "details") else str(error)
+    mapped = {
+        grpc.StatusCode.INVALID_ARGUMENT: E.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND: E.NOT_FOUND,
+        grpc.StatusCode.ALREADY_EXISTS: E.ALREADY_EXISTS,
+        grpc.StatusCode.UNAVAILABLE: E.ON_SHUTDOWN,
+    }.get(code, E.UNKNOWN)
+    return error_info(mapped, f"{code.name if code else 'UNKNOWN'}: {details}")
+
+
+class RaftwalError(Exception):
+    """An error answered by raftwal (or a transport failure), with its ErrorInfo."""
+
+    def __init__(self, info: errors_pb2.ErrorInfo) -> None:
+        self.info = info
+        super().__init__(f"{E.ErrorCode.Name(info.code)}: {info.message}")
+
+    @property
+    def code(self) -> int:
+        return self.info.code
+
+    @property
+    def code_name(self) -> str:
+        return E.ErrorCode.Name(self.info.code)

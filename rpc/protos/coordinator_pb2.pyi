@@ -1,0 +1,516 @@
+from rpc.protos import coordination_pb2 as _coordination_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Consistency(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONSISTENCY_LINEARIZABLE: _ClassVar[Consistency]
+    CONSISTENCY_SERIALIZABLE: _ClassVar[Consistency]
+
+class WaitMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WAIT_MODE_ONCE: _ClassVar[WaitMode]
+    WAIT_MODE_ALL: _ClassVar[WaitMode]
+CONSISTENCY_LINEARIZABLE: Consistency
+CONSISTENCY_SERIALIZABLE: Consistency
+WAIT_MODE_ONCE: WaitMode
+WAIT_MODE_ALL: WaitMode
+
+class CreateChannelsRequest(_message.Message):
+    __slots__ = ("request_id", "names", "prefix", "count", "owner", "replica_count")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_COUNT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    names: _containers.RepeatedScalarFieldContainer[str]
+    prefix: str
+    count: int
+    owner: _coordination_pb2.OwnerDescription
+    replica_count: int
+    def __init__(self, request_id: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., prefix: _Optional[str] = ..., count: _Optional[int] = ..., owner: _Optional[_Union[_coordination_pb2.OwnerDescription, _Mapping]] = ..., replica_count: _Optional[int] = ...) -> None: ...
+
+class CreateChannelsResponse(_message.Message):
+    __slots__ = ("pchannels", "revision")
+    PCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    pchannels: _containers.RepeatedScalarFieldContainer[str]
+    revision: int
+    def __init__(self, pchannels: _Optional[_Iterable[str]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class DropChannelsRequest(_message.Message):
+    __slots__ = ("request_id", "pchannels")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    pchannels: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., pchannels: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DropChannelsResponse(_message.Message):
+    __slots__ = ("revision",)
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    def __init__(self, revision: _Optional[int] = ...) -> None: ...
+
+class DescribeChannelsRequest(_message.Message):
+    __slots__ = ("pchannels", "consistency")
+    PCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_FIELD_NUMBER: _ClassVar[int]
+    pchannels: _containers.RepeatedScalarFieldContainer[str]
+    consistency: Consistency
+    def __init__(self, pchannels: _Optional[_Iterable[str]] = ..., consistency: _Optional[_Union[Consistency, str]] = ...) -> None: ...
+
+class DescribeChannelsResponse(_message.Message):
+    __slots__ = ("pchannels", "vchannels", "revision")
+    PCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    VCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    pchannels: _containers.RepeatedCompositeFieldContainer[_coordination_pb2.PChannel]
+    vchannels: _containers.RepeatedCompositeFieldContainer[_coordination_pb2.VChannel]
+    revision: int
+    def __init__(self, pchannels: _Optional[_Iterable[_Union[_coordination_pb2.PChannel, _Mapping]]] = ..., vchannels: _Optional[_Iterable[_Union[_coordination_pb2.VChannel, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class ListChannelsRequest(_message.Message):
+    __slots__ = ("consistency", "include_dropped")
+    CONSISTENCY_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    consistency: Consistency
+    include_dropped: bool
+    def __init__(self, consistency: _Optional[_Union[Consistency, str]] = ..., include_dropped: _Optional[bool] = ...) -> None: ...
+
+class ListChannelsResponse(_message.Message):
+    __slots__ = ("pchannels", "vchannels", "revision")
+    PCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    VCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    pchannels: _containers.RepeatedCompositeFieldContainer[_coordination_pb2.PChannel]
+    vchannels: _containers.RepeatedCompositeFieldContainer[_coordination_pb2.VChannel]
+    revision: int
+    def __init__(self, pchannels: _Optional[_Iterable[_Union[_coordination_pb2.PChannel, _Mapping]]] = ..., vchannels: _Optional[_Iterable[_Union[_coordination_pb2.VChannel, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class CreateVChannelRequest(_message.Message):
+    __slots__ = ("request_id", "name", "pchannel", "owner")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    name: str
+    pchannel: str
+    owner: _coordination_pb2.OwnerDescription
+    def __init__(self, request_id: _Optional[str] = ..., name: _Optional[str] = ..., pchannel: _Optional[str] = ..., owner: _Optional[_Union[_coordination_pb2.OwnerDescription, _Mapping]] = ...) -> None: ...
+
+class CreateVChannelResponse(_message.Message):
+    __slots__ = ("vchannel", "revision")
+    VCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    vchannel: _coordination_pb2.VChannel
+    revision: int
+    def __init__(self, vchannel: _Optional[_Union[_coordination_pb2.VChannel, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class DropVChannelRequest(_message.Message):
+    __slots__ = ("request_id", "name")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    name: str
+    def __init__(self, request_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class DropVChannelResponse(_message.Message):
+    __slots__ = ("revision",)
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    def __init__(self, revision: _Optional[int] = ...) -> None: ...
+
+class WatchAssignmentsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeAssignment(_message.Message):
+    __slots__ = ("node_id", "address", "state")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    state: _coordination_pb2.NodeState
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[_coordination_pb2.NodeState, str]] = ...) -> None: ...
+
+class ChannelAssignment(_message.Message):
+    __slots__ = ("pchannel", "term", "owner_node_id", "owner_address", "state", "access_mode", "replica_node_ids", "vchannels")
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    OWNER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ACCESS_MODE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    VCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    pchannel: str
+    term: int
+    owner_node_id: str
+    owner_address: str
+    state: _coordination_pb2.PChannelState
+    access_mode: _coordination_pb2.AccessMode
+    replica_node_ids: _containers.RepeatedScalarFieldContainer[str]
+    vchannels: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., owner_node_id: _Optional[str] = ..., owner_address: _Optional[str] = ..., state: _Optional[_Union[_coordination_pb2.PChannelState, str]] = ..., access_mode: _Optional[_Union[_coordination_pb2.AccessMode, str]] = ..., replica_node_ids: _Optional[_Iterable[str]] = ..., vchannels: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AssignmentDiscovery(_message.Message):
+    __slots__ = ("version", "channels", "nodes")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    channels: _containers.RepeatedCompositeFieldContainer[ChannelAssignment]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeAssignment]
+    def __init__(self, version: _Optional[int] = ..., channels: _Optional[_Iterable[_Union[ChannelAssignment, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[NodeAssignment, _Mapping]]] = ...) -> None: ...
+
+class GrantLeaseRequest(_message.Message):
+    __slots__ = ("request_id", "ttl_ms", "holder")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    ttl_ms: int
+    holder: str
+    def __init__(self, request_id: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., holder: _Optional[str] = ...) -> None: ...
+
+class GrantLeaseResponse(_message.Message):
+    __slots__ = ("lease_id", "ttl_ms", "deadline_ms", "revision")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    ttl_ms: int
+    deadline_ms: int
+    revision: int
+    def __init__(self, lease_id: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class KeepAliveRequest(_message.Message):
+    __slots__ = ("lease_id",)
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    def __init__(self, lease_id: _Optional[int] = ...) -> None: ...
+
+class KeepAliveResponse(_message.Message):
+    __slots__ = ("lease_id", "ttl_ms", "deadline_ms", "revision")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    ttl_ms: int
+    deadline_ms: int
+    revision: int
+    def __init__(self, lease_id: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class RevokeLeaseRequest(_message.Message):
+    __slots__ = ("request_id", "lease_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    lease_id: int
+    def __init__(self, request_id: _Optional[str] = ..., lease_id: _Optional[int] = ...) -> None: ...
+
+class RevokeLeaseResponse(_message.Message):
+    __slots__ = ("revision",)
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    def __init__(self, revision: _Optional[int] = ...) -> None: ...
+
+class LockRequest(_message.Message):
+    __slots__ = ("request_id", "key", "mode", "lease_id", "wait_timeout_ms")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    key: str
+    mode: _coordination_pb2.LockMode
+    lease_id: int
+    wait_timeout_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., key: _Optional[str] = ..., mode: _Optional[_Union[_coordination_pb2.LockMode, str]] = ..., lease_id: _Optional[int] = ..., wait_timeout_ms: _Optional[int] = ...) -> None: ...
+
+class LockResponse(_message.Message):
+    __slots__ = ("key", "fencing_token", "revision")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    fencing_token: int
+    revision: int
+    def __init__(self, key: _Optional[str] = ..., fencing_token: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class UnlockRequest(_message.Message):
+    __slots__ = ("request_id", "key", "lease_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    key: str
+    lease_id: int
+    def __init__(self, request_id: _Optional[str] = ..., key: _Optional[str] = ..., lease_id: _Optional[int] = ...) -> None: ...
+
+class UnlockResponse(_message.Message):
+    __slots__ = ("revision",)
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    def __init__(self, revision: _Optional[int] = ...) -> None: ...
+
+class BroadcastRequest(_message.Message):
+    __slots__ = ("request_id", "message", "msg_type", "vchannels", "resource_keys", "idempotency_key", "lock_timeout_ms")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MSG_TYPE_FIELD_NUMBER: _ClassVar[int]
+    VCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_KEYS_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    LOCK_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    message: bytes
+    msg_type: str
+    vchannels: _containers.RepeatedScalarFieldContainer[str]
+    resource_keys: _containers.RepeatedCompositeFieldContainer[_coordination_pb2.ResourceKey]
+    idempotency_key: str
+    lock_timeout_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., message: _Optional[bytes] = ..., msg_type: _Optional[str] = ..., vchannels: _Optional[_Iterable[str]] = ..., resource_keys: _Optional[_Iterable[_Union[_coordination_pb2.ResourceKey, _Mapping]]] = ..., idempotency_key: _Optional[str] = ..., lock_timeout_ms: _Optional[int] = ...) -> None: ...
+
+class BroadcastResponse(_message.Message):
+    __slots__ = ("broadcast_id", "vchannels", "revision")
+    BROADCAST_ID_FIELD_NUMBER: _ClassVar[int]
+    VCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    broadcast_id: int
+    vchannels: _containers.RepeatedCompositeFieldContainer[_coordination_pb2.BroadcastVChannel]
+    revision: int
+    def __init__(self, broadcast_id: _Optional[int] = ..., vchannels: _Optional[_Iterable[_Union[_coordination_pb2.BroadcastVChannel, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class AckRequest(_message.Message):
+    __slots__ = ("request_id", "broadcast_id", "vchannel", "checkpoint")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    BROADCAST_ID_FIELD_NUMBER: _ClassVar[int]
+    VCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    broadcast_id: int
+    vchannel: str
+    checkpoint: int
+    def __init__(self, request_id: _Optional[str] = ..., broadcast_id: _Optional[int] = ..., vchannel: _Optional[str] = ..., checkpoint: _Optional[int] = ...) -> None: ...
+
+class AckResponse(_message.Message):
+    __slots__ = ("revision", "state")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    state: _coordination_pb2.BroadcastState
+    def __init__(self, revision: _Optional[int] = ..., state: _Optional[_Union[_coordination_pb2.BroadcastState, str]] = ...) -> None: ...
+
+class WaitResourceKeyRequest(_message.Message):
+    __slots__ = ("key", "mode", "timeout_ms")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    mode: WaitMode
+    timeout_ms: int
+    def __init__(self, key: _Optional[str] = ..., mode: _Optional[_Union[WaitMode, str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class WaitResourceKeyResponse(_message.Message):
+    __slots__ = ("broadcast_id", "state", "revision")
+    BROADCAST_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    broadcast_id: int
+    state: _coordination_pb2.BroadcastState
+    revision: int
+    def __init__(self, broadcast_id: _Optional[int] = ..., state: _Optional[_Union[_coordination_pb2.BroadcastState, str]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ("from_revision", "kinds")
+    FROM_REVISION_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    from_revision: int
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, from_revision: _Optional[int] = ..., kinds: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WatchEventsResponse(_message.Message):
+    __slots__ = ("events", "applied_revision")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[_coordination_pb2.Event]
+    applied_revision: int
+    def __init__(self, events: _Optional[_Iterable[_Union[_coordination_pb2.Event, _Mapping]]] = ..., applied_revision: _Optional[int] = ...) -> None: ...
+
+class ClusterStatusRequest(_message.Message):
+    __slots__ = ("consistency",)
+    CONSISTENCY_FIELD_NUMBER: _ClassVar[int]
+    consistency: Consistency
+    def __init__(self, consistency: _Optional[_Union[Consistency, str]] = ...) -> None: ...
+
+class MemberStatus(_message.Message):
+    __slots__ = ("node_id", "grpc_address", "raft_address", "is_leader", "reachable", "raft_term", "commit_index", "applied_index", "revision", "state_digest", "pid", "durable_index")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    IS_LEADER_FIELD_NUMBER: _ClassVar[int]
+    REACHABLE_FIELD_NUMBER: _ClassVar[int]
+    RAFT_TERM_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    STATE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    grpc_address: str
+    raft_address: str
+    is_leader: bool
+    reachable: bool
+    raft_term: int
+    commit_index: int
+    applied_index: int
+    revision: int
+    state_digest: str
+    pid: int
+    durable_index: int
+    def __init__(self, node_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., raft_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., reachable: _Optional[bool] = ..., raft_term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ..., pid: _Optional[int] = ..., durable_index: _Optional[int] = ...) -> None: ...
+
+class ClusterStatusResponse(_message.Message):
+    __slots__ = ("leader_node_id", "leader_address", "members", "nodes", "pchannels", "revision", "balance_policy", "warnings", "leases", "locks", "pending_broadcasts")
+    LEADER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    PCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    BALANCE_POLICY_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    LOCKS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_BROADCASTS_FIELD_NUMBER: _ClassVar[int]
+    leader_node_id: str
+    leader_address: str
+    members: _containers.RepeatedCompositeFieldContainer[MemberStatus]
+    nodes: _containers.RepeatedCompositeFieldContainer[_coordination_pb2.Node]
+    pchannels: _containers.RepeatedCompositeFieldContainer[_coordination_pb2.PChannel]
+    revision: int
+    balance_policy: _coordination_pb2.BalancePolicy
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    leases: int
+    locks: int
+    pending_broadcasts: int
+    def __init__(self, leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[_coordination_pb2.Node, _Mapping]]] = ..., pchannels: _Optional[_Iterable[_Union[_coordination_pb2.PChannel, _Mapping]]] = ..., revision: _Optional[int] = ..., balance_policy: _Optional[_Union[_coordination_pb2.BalancePolicy, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., leases: _Optional[int] = ..., locks: _Optional[int] = ..., pending_broadcasts: _Optional[int] = ...) -> None: ...
+
+class SetBalancePolicyRequest(_message.Message):
+    __slots__ = ("request_id", "allow_rebalance", "max_moves_per_round", "freeze_node_ids", "unfreeze_node_ids")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_REBALANCE_FIELD_NUMBER: _ClassVar[int]
+    MAX_MOVES_PER_ROUND_FIELD_NUMBER: _ClassVar[int]
+    FREEZE_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    UNFREEZE_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    allow_rebalance: bool
+    max_moves_per_round: int
+    freeze_node_ids: _containers.RepeatedScalarFieldContainer[str]
+    unfreeze_node_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., allow_rebalance: _Optional[bool] = ..., max_moves_per_round: _Optional[int] = ..., freeze_node_ids: _Optional[_Iterable[str]] = ..., unfreeze_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SetBalancePolicyResponse(_message.Message):
+    __slots__ = ("policy", "revision")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    policy: _coordination_pb2.BalancePolicy
+    revision: int
+    def __init__(self, policy: _Optional[_Union[_coordination_pb2.BalancePolicy, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class AssignRequest(_message.Message):
+    __slots__ = ("pchannel", "term", "replica_node_ids")
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    pchannel: str
+    term: int
+    replica_node_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., replica_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AssignResponse(_message.Message):
+    __slots__ = ("accepted",)
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    def __init__(self, accepted: _Optional[bool] = ...) -> None: ...
+
+class RemoveRequest(_message.Message):
+    __slots__ = ("pchannel", "term")
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    pchannel: str
+    term: int
+    def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ...) -> None: ...
+
+class RemoveResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CollectStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CollectStatusResponse(_message.Message):
+    __slots__ = ("node_id", "member", "serving_terms")
+    class ServingTermsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    SERVING_TERMS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    member: MemberStatus
+    serving_terms: _containers.ScalarMap[str, int]
+    def __init__(self, node_id: _Optional[str] = ..., member: _Optional[_Union[MemberStatus, _Mapping]] = ..., serving_terms: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("node_id", "address", "incarnation")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    incarnation: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("leader_node_id", "revision")
+    LEADER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    leader_node_id: str
+    revision: int
+    def __init__(self, leader_node_id: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class ProposeRequest(_message.Message):
+    __slots__ = ("command", "timeout_ms")
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    command: bytes
+    timeout_ms: int
+    def __init__(self, command: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class ProposeResponse(_message.Message):
+    __slots__ = ("result",)
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    result: bytes
+    def __init__(self, result: _Optional[bytes] = ...) -> None: ...
