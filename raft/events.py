@@ -96,17 +96,66 @@ class EventStore:
             if before_revision <= current:
                 return 0
             cursor = self._conn.execute("DELETE FROM events WHERE revision < ?", (before_revision,))
-            self._conn.execute(
-                "INSERT OR REPLACE INTO meta (key, value) VALUES ('compacted_before', ?)",
-                (before_revision,),
-            )
+            self._set_meta("compacted_before", before_revision)
             return cursor.rowcount
+
+    def mark_gap(self, through_revision: int) -> None:
+        """The state jumped to `through_revision` without its events (a snapshot installed
+        by the leader on a lagging follower): revisions after the last stored one up to
+        `through_revision` are missing. Until ``fill_gap`` closes it, history starts after
+        the gap, so readers get ``Compacted`` instead of a history with a hole."""
+        with self._lock:
+            last = self._conn.execute("SELECT MAX(revision) FROM events").fetchone()[0] or 0
+            if through_revision <= last:
+                return
+            self._set_meta("gap_from", last + 1)
+            self._set_meta("gap_to", through_revision)
+
+    def gap(self) -> tuple[int, int] | None:
+        """(first, last) missing revision, or None."""
+        with self._lock:
+            return self._gap_locked()
+
+    def fill_gap(self, events: list[pb.Event]) -> bool:
+        """Store events fetched from a peer for the gap; True once the gap is closed."""
+        with self._lock:
+            gap = self._gap_locked()
+            if gap is None:
+                return True
+            first, last = gap
+            wanted = [e for e in events if first <= e.revision <= last]
+            expected = list(range(first, first + len(wanted)))
+            if [e.revision for e in wanted] != expected:
+                raise ValueError(f"events for the gap are not contiguous from revision {first}")
+        self.append(wanted)
+        with self._lock:
+            if wanted and wanted[-1].revision >= last:
+                self._conn.execute("DELETE FROM meta WHERE key IN ('gap_from', 'gap_to')")
+                return True
+            if wanted:
+                self._set_meta("gap_from", wanted[-1].revision + 1)
+            return False
 
     # -- reads (any thread) -------------------------------------------------------------
 
+    def _set_meta(self, key: str, value: int) -> None:
+        self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    def _meta(self, key: str) -> int | None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return int(row[0]) if row else None
+
+    def _gap_locked(self) -> tuple[int, int] | None:
+        first, last = self._meta("gap_from"), self._meta("gap_to")
+        if first is None or last is None:
+            return None
+        return first, last
+
     def _first_retained_locked(self) -> int:
-        row = self._conn.execute("SELECT value FROM meta WHERE key = 'compacted_before'").fetchone()
-        return int(row[0]) if row else 1
+        gap = self._gap_locked()
+        if gap is not None:
+            return gap[1] + 1
+        return self._meta("compacted_before") or 1
 
     def first_retained(self) -> int:
         with self._lock:

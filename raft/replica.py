@@ -83,12 +83,16 @@ class CoordinationReplica:
             revision, raft_index = state.revision, state.last_raft_index
         stored = self._store.last_revision()
         if stored < revision:
-            log.error(
-                "event store ends at revision %d but the snapshot is at %d: history between "
-                "them is missing (events.db lost or replaced)",
+            # A snapshot installed by the leader (this node lagged past its log), or a lost
+            # events.db: the node backfills the missing history from a peer; meanwhile
+            # reads of it answer COMPACTED rather than skip it.
+            log.warning(
+                "event store ends at revision %d but the snapshot is at %d: history gap "
+                "marked for backfill",
                 stored,
                 revision,
             )
+            self._store.mark_gap(revision)
         for listener in self._listeners:
             listener(revision, raft_index)
 

@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 E = errors_pb2
 T = TypeVar("T")
 
+MAX_COMMAND_BYTES = 2 * 1024 * 1024
+
 SERVICE_NAMES = (
     api.DESCRIPTOR.services_by_name["Coordinator"].full_name,
     api.DESCRIPTOR.services_by_name["NodeManager"].full_name,
@@ -127,6 +129,9 @@ class Node:
                 election_timeout_min_s=self.config.raft_min_timeout_ms / 1000,
                 election_timeout_max_s=self.config.raft_max_timeout_ms / 1000,
                 snapshot_every_entries=self.config.raft_snapshot_entries,
+                # Room for the largest valid command (a broadcast of 1 MiB plus envelope).
+                max_command_bytes=MAX_COMMAND_BYTES,
+                max_append_entries_bytes=4 * MAX_COMMAND_BYTES,
             ),
             on_fatal=self._on_fatal,
         )
@@ -234,7 +239,15 @@ class Node:
     async def propose(self, command: pb.Command) -> pb.CommandResult:
         if not command.proposed_at_ms:
             command.proposed_at_ms = now_ms()
-        result = await self.propose_bytes(command.SerializeToString())
+        data = command.SerializeToString()
+        if len(data) > MAX_COMMAND_BYTES:
+            raise RaftwalError(
+                error_info(
+                    E.INVALID_ARGUMENT,
+                    f"command too large ({len(data)} bytes; expected at most {MAX_COMMAND_BYTES})",
+                )
+            )
+        result = await self.propose_bytes(data)
         if result.raft_index and not await self.notifier.wait_index(
             result.raft_index, self.config.propose_timeout_ms / 1000
         ):
@@ -413,6 +426,25 @@ class Node:
 
     # -- background loops ---------------------------------------------------------------
 
+    async def _backfill_history(self) -> None:
+        gap = self.replica.store.gap()
+        if gap is None:
+            return
+        first, last = gap
+        for node in self.config.nodes:
+            if node.id == self.me.id:
+                continue
+            try:
+                if await _backfill_history_from(
+                    self.channel(node.grpc_address), self.replica.store, first, last
+                ):
+                    log.info("history %d..%d backfilled from %s", first, last, node.id)
+                    return
+            except (grpc.aio.AioRpcError, ValueError) as error:
+                log.info(
+                    "backfill of history %d..%d from %s failed: %s", first, last, node.id, error
+                )
+
     async def _heartbeat_loop(self) -> None:
         interval = self.config.heartbeat_interval_ms / 1000
         request = api.HeartbeatRequest(
@@ -432,15 +464,38 @@ class Node:
             await asyncio.sleep(interval)
 
     async def _housekeeping_loop(self) -> None:
-        """Event-store retention (local to each node)."""
+        """Event-store backfill and retention (local to each node)."""
+        last_retention = time.monotonic()
         while not self._stopping.is_set():
-            await asyncio.sleep(30)
+            await asyncio.sleep(2)
+            if self.replica.store.gap() is not None:
+                await self._backfill_history()
+            if time.monotonic() - last_retention < 30:
+                continue
+            last_retention = time.monotonic()
             revision = self.applied_revision()
             floor = revision - self.config.event_retention_revisions
             if floor > 1:
                 deleted = await asyncio.to_thread(self.replica.store.compact, floor)
                 if deleted:
                     log.info("event store: deleted %d events below revision %d", deleted, floor)
+
+
+async def _backfill_history_from(
+    channel: grpc.aio.Channel, store: object, first: int, last: int
+) -> bool:
+    """Copy events [first, last] from a peer's WatchEvents into `store` (bounded)."""
+    stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+    stream = stub.WatchEvents(api.WatchEventsRequest(from_revision=first), timeout=30)
+    try:
+        async for batch in stream:
+            if store.fill_gap(list(batch.events)):  # type: ignore[attr-defined]
+                return True
+            if batch.events and batch.events[-1].revision >= last:
+                return True
+    finally:
+        stream.cancel()
+    return False
 
 
 async def run_node(config: ClusterConfig, node_id: str) -> None:

@@ -24,6 +24,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
 from statemachine.evolve import EVENT_KINDS
+from statemachine.types import DEFAULT_LIMITS as LIMITS
 
 log = logging.getLogger(__name__)
 E = errors_pb2
@@ -410,6 +411,16 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         async def work() -> api.BroadcastResponse:
             request_id = _new_request_id(request.request_id)
             _check_wait("lock_timeout_ms", request.lock_timeout_ms, self._backend.max_wait_ms)
+            # Cheap shape checks before anything is replicated (the state machine checks
+            # the same limits again, authoritatively).
+            _check_count("vchannels", len(request.vchannels), 1, LIMITS.max_broadcast_vchannels)
+            _check_count("resource_keys", len(request.resource_keys), 0, LIMITS.max_resource_keys)
+            if len(request.message) > LIMITS.broadcast_message_max_bytes:
+                raise _fail(
+                    E.INVALID_ARGUMENT,
+                    f"broadcast message too large ({len(request.message)} bytes; expected at "
+                    f"most {LIMITS.broadcast_message_max_bytes})",
+                )
             result = await self._propose_waiting(
                 request_id,
                 request.lock_timeout_ms,
