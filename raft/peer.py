@@ -1,0 +1,782 @@
+"""RaftPeer: a durable pysyncobj peer that replicates opaque command bytes.
+
+Lives here: `RaftPeer` (propose / propose_async, leadership and index queries, status,
+close), its tuning knobs (`RaftTuning`) and the durability events tests observe
+(`DurabilityEvent`). The peer owns `data_dir/`: `journal.log`, `journal.meta` and
+`snapshot.bin`. It drives pysyncobj's tick itself (autoTick off) so that it can sync the
+journal at the right points:
+
+- before every poll (after pysyncobj appended this tick's commands, and after it pushed them
+  to the followers): the leader's group commit, so it never counts itself toward a commit
+  index for an entry that is not durable;
+- after every poll: the follower's group commit, then the held-back AppendEntries
+  acknowledgements leave (see `AckGate`).
+
+`raft/DURABILITY.md` gives the route with the pysyncobj source lines it relies on.
+
+Contract with the application (the three callables):
+- `apply(command, raft_index) -> bytes` runs on the peer's tick thread (the recovery replay
+  inside the constructor runs on the constructing thread), in log order, once per committed
+  entry, and only after the entry is durable in this peer's journal. Indexes
+  strictly increase but have gaps (pysyncobj's own no-op entries are not passed on). After a
+  restart the peer first calls `restore_snapshot` (if there is a snapshot) and then `apply`
+  for every committed entry after it: the application's state is rebuilt, not trusted.
+- `take_snapshot() -> bytes` runs on the tick thread between two applies; its bytes must
+  reflect exactly the entries applied so far. `restore_snapshot(bytes)` replaces the whole
+  state (at start, or when a leader installs a snapshot on a lagging follower).
+- None of them may block for long (heartbeats stop meanwhile), read clocks or randomness,
+  or raise: an exception is a bug, and it stops the peer (`FatalPeerError`, `on_fatal`).
+
+Must never: pickle application data, acknowledge an entry before it is durable on a
+majority (leader included), forward proposals silently (a follower answers `NotLeader`),
+run an unbounded queue, wait or retry, or bind a non-loopback address without a password.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import heapq
+import ipaddress
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjException
+from pysyncobj.node import TCPNode
+
+from raft._pysyncobj_glue import (
+    STATE_NAMES,
+    AckGate,
+    RaftwalSyncObj,
+    Wakeup,
+    check_pysyncobj_version,
+    install_log_filter,
+)
+from raft.errors import (
+    FatalPeerError,
+    NotLeader,
+    Overloaded,
+    PeerClosed,
+    RaftError,
+    UnknownOutcome,
+)
+from raft.journal import DurableJournal
+from raft.snapshot import (
+    SNAPSHOT_FILE_NAME,
+    align_journal_with_snapshot,
+    encode_snapshot,
+    read_snapshot_file,
+    remove_stale_temp_files,
+    write_snapshot_tmp,
+)
+
+logger = logging.getLogger(__name__)
+
+_LEADER_STATE = 2
+# After this many consecutive failed ticks (pysyncobj raised something unexpected) the
+# peer stops instead of spinning on the same error.
+_MAX_CONSECUTIVE_TICK_FAILURES = 50
+
+
+@dataclass(frozen=True)
+class RaftTuning:
+    """Knobs, with defaults tuned for a three-node cluster on a low-latency network.
+
+    Latency: a proposal wakes the tick thread at once and is pushed to the followers in the
+    same tick, so an idle cluster answers in about one fsync plus one round trip; under load,
+    everything proposed during one tick forms one batch, one fsync per node.
+    """
+
+    # Poll timeout of the tick loop: the granularity of timers (heartbeats, elections,
+    # proposal timeouts). Network events and proposals wake it earlier.
+    tick_period_s: float = 0.02
+    # Leader heartbeat period; must be < election_timeout_min_s / 3 (pysyncobj checks).
+    heartbeat_period_s: float = 0.05
+    election_timeout_min_s: float = 0.4
+    election_timeout_max_s: float = 1.2
+    # A connection with no traffic for this long is dead; >= election_timeout_max_s.
+    connection_timeout_s: float = 2.0
+    connection_retry_s: float = 0.5
+    # A leader that heard from no majority for this long steps down (pysyncobj default 30 s
+    # would keep a partitioned leader accepting proposals that time out).
+    leader_fallback_timeout_s: float = 2.0
+    max_command_bytes: int = 1 << 20
+    # Kept above max_command_bytes so pysyncobj never takes its chunked single-entry path
+    # (syncobj.py lines 1275-1296), whose last-chunk test is wrong for some sizes.
+    max_append_entries_bytes: int = 4 << 20
+    max_pending_proposals: int = 10_000
+    max_timeout_s: float = 300.0
+    snapshot_every_entries: int = 10_000
+    snapshot_max_interval_s: float = 600.0
+    socket_buffer_bytes: int = 1 << 18
+    bind_retries: int = 10
+    bind_retry_s: float = 0.1
+    close_timeout_s: float = 10.0
+
+    def validate(self) -> None:
+        def check(ok: bool, name: str, value: object, expected: str) -> None:
+            if not ok:
+                raise ValueError(f"invalid {name} ({value!r}; expected {expected})")
+
+        check(0 < self.tick_period_s <= 1, "tick_period_s", self.tick_period_s, "0 < x <= 1")
+        check(
+            0 < self.heartbeat_period_s * 3 < self.election_timeout_min_s,
+            "heartbeat_period_s",
+            self.heartbeat_period_s,
+            f"0 < x < election_timeout_min_s / 3 = {self.election_timeout_min_s / 3}",
+        )
+        check(
+            self.election_timeout_max_s > self.election_timeout_min_s,
+            "election_timeout_max_s",
+            self.election_timeout_max_s,
+            f"> election_timeout_min_s = {self.election_timeout_min_s}",
+        )
+        check(
+            self.connection_timeout_s >= self.election_timeout_max_s,
+            "connection_timeout_s",
+            self.connection_timeout_s,
+            f">= election_timeout_max_s = {self.election_timeout_max_s}",
+        )
+        check(
+            self.leader_fallback_timeout_s > self.heartbeat_period_s,
+            "leader_fallback_timeout_s",
+            self.leader_fallback_timeout_s,
+            f"> heartbeat_period_s = {self.heartbeat_period_s}",
+        )
+        check(self.connection_retry_s >= 0, "connection_retry_s", self.connection_retry_s, ">= 0")
+        check(self.max_command_bytes > 0, "max_command_bytes", self.max_command_bytes, "> 0")
+        check(
+            self.max_append_entries_bytes > self.max_command_bytes + 1024,
+            "max_append_entries_bytes",
+            self.max_append_entries_bytes,
+            f"> max_command_bytes + 1024 = {self.max_command_bytes + 1024}",
+        )
+        check(
+            self.max_pending_proposals > 0,
+            "max_pending_proposals",
+            self.max_pending_proposals,
+            "> 0",
+        )
+        check(self.max_timeout_s > 0, "max_timeout_s", self.max_timeout_s, "> 0")
+        check(
+            self.snapshot_every_entries >= 2,
+            "snapshot_every_entries",
+            self.snapshot_every_entries,
+            ">= 2",
+        )
+        check(
+            self.snapshot_max_interval_s > 0,
+            "snapshot_max_interval_s",
+            self.snapshot_max_interval_s,
+            "> 0",
+        )
+        check(self.bind_retries > 0, "bind_retries", self.bind_retries, "> 0")
+        check(self.bind_retry_s > 0, "bind_retry_s", self.bind_retry_s, "> 0")
+        check(self.close_timeout_s > 0, "close_timeout_s", self.close_timeout_s, "> 0")
+
+
+@dataclass(frozen=True)
+class DurabilityEvent:
+    """Emitted on the tick thread, in the order things happen (for ordering tests).
+
+    kind: "synced" (every entry <= index is durable here), "ack_sent" (this follower is
+    about to tell the leader it holds every entry <= index), "commit" (this leader just
+    advanced its commit index to index).
+    """
+
+    node: str
+    kind: str
+    index: int
+
+
+@dataclass
+class _Pending:
+    future: concurrent.futures.Future[bytes]
+    timeout_s: float
+
+
+def _host_of(address: str) -> str:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"invalid address {address!r} (expected host:port)")
+    return host.strip("[]")
+
+
+def is_loopback_address(address: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and localhost (with any port)."""
+    host = _host_of(address)
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class RaftPeer:
+    """One member of a Raft cluster replicating opaque command bytes (see module doc)."""
+
+    def __init__(
+        self,
+        self_address: str,
+        partner_addresses: Sequence[str],
+        data_dir: Path,
+        apply: Callable[[bytes, int], bytes],
+        take_snapshot: Callable[[], bytes],
+        restore_snapshot: Callable[[bytes], None],
+        *,
+        password: str | None = None,
+        tuning: RaftTuning | None = None,
+        durable: bool = True,
+        bind_address: str | None = None,
+        on_fatal: Callable[[FatalPeerError], None] | None = None,
+        durability_observer: Callable[[DurabilityEvent], None] | None = None,
+    ) -> None:
+        """Open (or create) `data_dir`, recover, bind and start ticking.
+
+        On return the peer has restored its snapshot and applied every entry its durable
+        commit index covers. `durable=False` skips every fsync: unsafe, for benchmarks only.
+        Raises ValueError for bad arguments (including a non-loopback address without a
+        password), JournalCorrupted / SnapshotCorrupted for unreadable state, OSError when
+        the port cannot be bound.
+        """
+        check_pysyncobj_version()
+        install_log_filter()
+        tuning = tuning or RaftTuning()
+        tuning.validate()
+        partners = [address for address in partner_addresses if address != self_address]
+        for address in [self_address, *partners]:
+            _host_of(address)
+        if password is None:
+            remote = [a for a in [self_address, *partners] if not is_loopback_address(a)]
+            if remote:
+                raise ValueError(
+                    f"refusing to start: {', '.join(remote)} is not a loopback address and no "
+                    "password is set; pysyncobj unpickles whatever peers send, so a cluster "
+                    "reachable beyond this host needs a cluster secret"
+                )
+        elif not password:
+            raise ValueError("invalid password (empty; expected a non-empty cluster secret)")
+
+        self._self_address = self_address
+        self._data_dir = Path(data_dir)
+        self._apply = apply
+        self._take_snapshot = take_snapshot
+        self._restore_snapshot = restore_snapshot
+        self._tuning = tuning
+        self._durable = durable
+        self._on_fatal = on_fatal
+        self._observer = durability_observer
+
+        self._lock = threading.Lock()
+        self._pending: dict[int, _Pending] = {}
+        self._deadlines: list[tuple[float, int]] = []
+        self._proposal_ids = itertools.count(1)
+        self._closed = False
+        self._stop = threading.Event()
+        self._fatal: FatalPeerError | None = None
+        self._tick_failures = 0
+        self._tick_errors_total = 0
+        self._safety_net_syncs = 0
+        self._snapshot_index = 0
+        self._snapshots_written = 0
+        self._sent_marker: tuple[int, int, int] = (-1, -1, -1)
+        self._thread: threading.Thread | None = None
+
+        self._data_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temp_files(self._data_dir)
+        snapshot_path = self._data_dir / SNAPSHOT_FILE_NAME
+        # Verify the snapshot before pysyncobj sees it: pysyncobj swallows load failures
+        # (syncobj.py line 1510) and would then stall with nothing applied.
+        snapshot = read_snapshot_file(snapshot_path, durable=durable)
+        self._journal = DurableJournal(
+            self._data_dir,
+            durable=durable,
+            on_synced=self._on_synced,
+            before_truncate=self._before_truncate,
+            on_commit_index=self._on_commit_index,
+        )
+        self._started_syncobj: RaftwalSyncObj | None = None
+        self._started_wakeup: Wakeup | None = None
+        try:
+            if snapshot is not None:
+                align_journal_with_snapshot(self._journal, snapshot)
+                self._snapshot_index = snapshot.raft_index
+            self._gate = AckGate(durable=durable, on_ack_sent=self._on_ack_sent)
+            conf = self._make_conf(tuning, password, bind_address or self_address, snapshot_path)
+            try:
+                syncobj = RaftwalSyncObj(
+                    self_address, partners, conf, self._apply_entry, self._gate
+                )
+            except SyncObjException as exc:
+                raise OSError(f"cannot bind the raft port of {self_address}: {exc}") from exc
+            self._syncobj = self._started_syncobj = syncobj
+            syncobj.raftwal_install_journal(self._journal, self._snapshot_index)
+            self._gate.attach(self._journal, syncobj.raftwal_transport())
+            self._wakeup = self._started_wakeup = Wakeup(syncobj._poller)
+            syncobj.addOnTickCallback(self._before_poll)
+            # The first tick loads the snapshot and applies the committed journal suffix;
+            # run it here so a failure surfaces from the constructor, not on a thread.
+            self._tick_once(0.0)
+            if self._fatal is not None:
+                raise self._fatal
+        except BaseException:
+            self._shutdown_syncobj()
+            self._journal.close()
+            raise
+        self._thread = threading.Thread(
+            target=self._run, name=f"raft-tick-{self_address}", daemon=True
+        )
+        self._thread.start()
+        logger.info(
+            "raft peer %s started (partners %s, durable=%s, commit %d, applied %d)",
+            self_address,
+            ", ".join(partners) or "none",
+            durable,
+            self.commit_index(),
+            self.last_applied_index(),
+        )
+
+    def _make_conf(
+        self, tuning: RaftTuning, password: str | None, bind_address: str, snapshot_path: Path
+    ) -> SyncObjConf:
+        return SyncObjConf(
+            autoTick=False,
+            password=password,
+            # pysyncobj binds 0.0.0.0 unless told otherwise (transport.py line 273), which
+            # would expose a loopback-only, password-less peer to the network.
+            bindAddress=bind_address,
+            journalFile=None,  # replaced by DurableJournal right after construction
+            fullDumpFile=str(snapshot_path),
+            serializer=self._serialize,
+            deserializer=self._deserialize,
+            appendEntriesUseBatch=True,
+            appendEntriesPeriod=tuning.heartbeat_period_s,
+            appendEntriesBatchSizeBytes=tuning.max_append_entries_bytes,
+            raftMinTimeout=tuning.election_timeout_min_s,
+            raftMaxTimeout=tuning.election_timeout_max_s,
+            connectionTimeout=tuning.connection_timeout_s,
+            connectionRetryTime=tuning.connection_retry_s,
+            leaderFallbackTimeout=tuning.leader_fallback_timeout_s,
+            commandsWaitLeader=False,
+            commandsQueueSize=tuning.max_pending_proposals,
+            logCompactionMinEntries=tuning.snapshot_every_entries,
+            logCompactionMinTime=tuning.snapshot_max_interval_s,
+            sendBufferSize=tuning.socket_buffer_bytes,
+            recvBufferSize=tuning.socket_buffer_bytes,
+            bindRetryTime=tuning.bind_retry_s,
+            maxBindRetries=tuning.bind_retries,
+            onStateChanged=self._on_state_changed,
+            dynamicMembershipChange=False,
+        )
+
+    # ---------------------------------------------------------------- proposing
+
+    def propose(self, command: bytes, timeout_s: float) -> concurrent.futures.Future[bytes]:
+        """Replicate `command`; the future resolves to what `apply` returned on this node.
+
+        Fails (through the future) with NotLeader at once on a non-leader, Overloaded when
+        the pending-proposal bound is hit, UnknownOutcome when no outcome is known within
+        `timeout_s` or leadership is lost after the append (the command may still commit),
+        PeerClosed after close() or a fatal error. Raises TypeError / ValueError for bad
+        arguments. Done-callbacks run on the tick thread: keep them short.
+        """
+        if type(command) is not bytes:
+            raise TypeError(f"command must be bytes (got {type(command).__name__})")
+        if len(command) > self._tuning.max_command_bytes:
+            raise ValueError(
+                f"command too large ({len(command)} bytes; expected <= "
+                f"{self._tuning.max_command_bytes})"
+            )
+        if not 0 < timeout_s <= self._tuning.max_timeout_s:
+            raise ValueError(
+                f"invalid timeout_s ({timeout_s!r}; expected 0 < x <= {self._tuning.max_timeout_s})"
+            )
+        future: concurrent.futures.Future[bytes] = concurrent.futures.Future()
+        # Running futures cannot be cancelled: a proposal cannot be taken back.
+        future.set_running_or_notify_cancel()
+        if self._closed or self._fatal is not None:
+            future.set_exception(PeerClosed(f"raft peer {self._self_address} is not running"))
+            return future
+        if not self.is_leader():
+            future.set_exception(NotLeader(self.leader_address()))
+            return future
+        with self._lock:
+            # Checked again under the lock that _fail_all_pending takes: a proposal either
+            # registers before close()/a fatal error fails everything pending, or sees it.
+            if self._closed or self._fatal is not None:
+                future.set_exception(PeerClosed(f"raft peer {self._self_address} is not running"))
+                return future
+            if len(self._pending) >= self._tuning.max_pending_proposals:
+                future.set_exception(
+                    Overloaded(
+                        f"{len(self._pending)} proposals pending (max_pending_proposals="
+                        f"{self._tuning.max_pending_proposals})"
+                    )
+                )
+                return future
+            proposal_id = next(self._proposal_ids)
+            self._pending[proposal_id] = _Pending(future, timeout_s)
+            heapq.heappush(self._deadlines, (time.monotonic() + timeout_s, proposal_id))
+        self._syncobj.raftwal_apply(
+            command, callback=functools.partial(self._on_command_result, proposal_id)
+        )
+        self._wakeup.notify()
+        return future
+
+    async def propose_async(self, command: bytes, timeout_s: float) -> bytes:
+        """`propose`, awaited: the result crosses from the tick thread to the running loop
+        with `loop.call_soon_threadsafe`. Cancelling the await does not cancel the proposal.
+        """
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bytes] = loop.create_future()
+
+        def deliver(done: concurrent.futures.Future[bytes]) -> None:
+            def settle() -> None:
+                if waiter.done():
+                    return  # the awaiting task was cancelled
+                exception = done.exception()
+                if exception is not None:
+                    waiter.set_exception(exception)
+                else:
+                    waiter.set_result(done.result())
+
+            try:
+                loop.call_soon_threadsafe(settle)
+            except RuntimeError:
+                logger.debug("event loop closed before a proposal outcome arrived")
+
+        self.propose(command, timeout_s).add_done_callback(deliver)
+        return await waiter
+
+    def _on_command_result(self, proposal_id: int, result: Any, error: int) -> None:
+        with self._lock:
+            pending = self._pending.pop(proposal_id, None)
+        if pending is None:
+            return  # already timed out (UnknownOutcome) or failed at close
+        if error == FAIL_REASON.SUCCESS:
+            pending.future.set_result(result)
+            return
+        pending.future.set_exception(self._error_for(error))
+
+    def _error_for(self, error: int) -> RaftError:
+        leader = self.leader_address()
+        if error == FAIL_REASON.QUEUE_FULL:
+            return Overloaded("pysyncobj command queue is full")
+        if error in (FAIL_REASON.MISSING_LEADER, FAIL_REASON.NOT_LEADER):
+            return NotLeader(leader)
+        if error == FAIL_REASON.DISCARDED:
+            # A new leader overwrote the entry: it is not and will never be applied.
+            return NotLeader(leader, f"entry discarded by a new leader (leader hint: {leader})")
+        if error in (FAIL_REASON.LEADER_CHANGED, FAIL_REASON.UNKNOWN_OUTCOME):
+            return UnknownOutcome(f"outcome unknown (pysyncobj reason {error})")
+        return RaftError(f"proposal refused (pysyncobj reason {error})")
+
+    def _expire_proposals(self) -> None:
+        now = time.monotonic()
+        expired: list[_Pending] = []
+        with self._lock:
+            while self._deadlines and self._deadlines[0][0] <= now:
+                _deadline, proposal_id = heapq.heappop(self._deadlines)
+                pending = self._pending.pop(proposal_id, None)
+                if pending is not None:
+                    expired.append(pending)
+            # Deadlines of answered proposals linger in the heap; rebuild before it grows
+            # far beyond the pending bound.
+            if len(self._deadlines) > 2 * self._tuning.max_pending_proposals:
+                self._deadlines = [d for d in self._deadlines if d[1] in self._pending]
+                heapq.heapify(self._deadlines)
+        for pending in expired:
+            pending.future.set_exception(
+                UnknownOutcome(
+                    f"no outcome within {pending.timeout_s}s; the command may still commit"
+                )
+            )
+
+    def _fail_all_pending(self, error: RaftError) -> None:
+        with self._lock:
+            pending = list(self._pending.values())
+            self._pending.clear()
+            self._deadlines.clear()
+        for item in pending:
+            item.future.set_exception(error)
+
+    # ------------------------------------------------------------------ queries
+
+    def is_leader(self) -> bool:
+        return bool(self._syncobj._isLeader())
+
+    def leader_address(self) -> str | None:
+        leader = self._syncobj._getLeader()
+        return None if leader is None else str(leader.id)
+
+    def raft_term(self) -> int:
+        return int(self._syncobj.raftCurrentTerm)
+
+    def commit_index(self) -> int:
+        return int(self._syncobj.raftCommitIndex)
+
+    def last_applied_index(self) -> int:
+        return int(self._syncobj.raftLastApplied)
+
+    def synced_index(self) -> int:
+        """Every journal entry at or below this index is durable on this node."""
+        return self._journal.synced_index
+
+    def wait_for_leader(self, timeout_s: float) -> str | None:
+        """Poll (bounded by `timeout_s`) until some leader is known; its address or None."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            leader = self.leader_address()
+            if leader is not None or time.monotonic() >= deadline or self._fatal is not None:
+                return leader
+            time.sleep(0.01)
+
+    def request_snapshot(self) -> None:
+        """Ask for a snapshot + journal compaction at the next tick."""
+        self._syncobj.forceLogCompaction()
+        self._wakeup.notify()
+
+    def status(self) -> dict[str, Any]:
+        """A point-in-time view for health checks and tests (plain JSON-able values)."""
+        syncobj = self._syncobj
+        partners: dict[str, bool] = {}
+        for node in syncobj.otherNodes:
+            partners[str(node.id)] = bool(syncobj.isNodeConnected(node))
+        with self._lock:
+            pending = len(self._pending)
+        return {
+            "self_address": self._self_address,
+            "state": STATE_NAMES.get(syncobj.raftwal_state(), "unknown"),
+            "leader": self.leader_address(),
+            "term": self.raft_term(),
+            "commit_index": self.commit_index(),
+            "last_applied": self.last_applied_index(),
+            "journal_first_index": self._journal.first_index,
+            "journal_last_index": self._journal.last_index,
+            "synced_index": self._journal.synced_index,
+            # Same value under the name the node's ClusterStatus uses (MemberStatus).
+            "durable_index": self._journal.synced_index,
+            "journal_syncs": self._journal.sync_count,
+            "snapshot_index": self._snapshot_index,
+            "snapshots_written": self._snapshots_written,
+            "pending_proposals": pending,
+            "partners_connected": partners,
+            "durable": self._durable,
+            "safety_net_syncs": self._safety_net_syncs,
+            "tick_errors": self._tick_errors_total,
+            "fatal_error": None if self._fatal is None else str(self._fatal),
+            "closed": self._closed,
+        }
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self) -> None:
+        """Stop ticking, flush and close the journal. Pending proposals fail with
+        UnknownOutcome (they may still commit through the other peers). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._wakeup.notify()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self._tuning.close_timeout_s)
+            if thread.is_alive():
+                logger.error(
+                    "raft tick thread of %s did not stop within %.1fs",
+                    self._self_address,
+                    self._tuning.close_timeout_s,
+                )
+        self._fail_all_pending(UnknownOutcome("raft peer closed; the command may still commit"))
+
+    def __enter__(self) -> RaftPeer:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ tick thread
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and self._fatal is None:
+            self._tick_once(self._tuning.tick_period_s)
+        self._shutdown_syncobj()
+        if self._fatal is not None:
+            self._fail_all_pending(PeerClosed(f"raft peer stopped: {self._fatal}"))
+            if self._on_fatal is not None:
+                self._on_fatal(self._fatal)
+
+    def _tick_once(self, poll_timeout_s: float) -> None:
+        try:
+            # Follower group commit: everything appended during the last poll becomes
+            # durable with one sync, then the held-back acknowledgements leave.
+            self._gate.flush()
+            self._journal.sync()
+            self._expire_proposals()
+            self._syncobj.doTick(poll_timeout_s)
+            self._tick_failures = 0
+        except FatalPeerError as exc:
+            self._set_fatal(exc)
+        except AssertionError as exc:
+            # A broken invariant (ours or pysyncobj's): stop loudly, never limp on.
+            logger.exception("raft invariant broken")
+            self._set_fatal(FatalPeerError(f"invariant broken: {exc}"))
+        except Exception as exc:
+            # pysyncobj's own tick loop logs and retries too (syncobj.py line 594); bounded
+            # here, and visible in status()["tick_errors"].
+            self._tick_failures += 1
+            self._tick_errors_total += 1
+            logger.exception("raft tick failed (%d in a row)", self._tick_failures)
+            if self._tick_failures >= _MAX_CONSECUTIVE_TICK_FAILURES:
+                self._set_fatal(
+                    FatalPeerError(f"{self._tick_failures} consecutive tick failures: {exc}")
+                )
+            else:
+                time.sleep(min(self._tuning.tick_period_s, 0.05))
+
+    def _before_poll(self) -> None:
+        """Runs inside pysyncobj's tick after _checkCommandsToApply, before the poll."""
+        syncobj = self._syncobj
+        if syncobj._isLeader():
+            # Push what this tick appended (or a raised commit index) now instead of at the
+            # next heartbeat; followers write while the leader fsyncs below.
+            marker = (syncobj.raftCurrentTerm, self._journal.last_index, syncobj.raftCommitIndex)
+            if marker != self._sent_marker:
+                self._sent_marker = marker
+                syncobj.raftwal_send_append_entries()
+        # Leader group commit: the commit index is computed at the start of the next tick
+        # (syncobj.py line 653), where the leader counts itself for every entry it holds.
+        self._journal.sync()
+        self._gate.flush()
+
+    def _shutdown_syncobj(self) -> None:
+        if self._started_syncobj is not None:
+            try:
+                self._started_syncobj._doDestroy()  # transport.destroy(), journal._destroy()
+            except (OSError, RaftError) as exc:
+                logger.error("error while closing raft peer %s: %s", self._self_address, exc)
+        if self._started_wakeup is not None:
+            self._started_wakeup.close()
+
+    def _set_fatal(self, error: FatalPeerError) -> None:
+        if self._fatal is None:
+            self._fatal = error
+            logger.critical("raft peer %s stops: %s", self._self_address, error)
+
+    # ------------------------------------------------- pysyncobj callbacks
+
+    def _apply_entry(self, command: bytes, raft_index: int) -> bytes:
+        if self._durable and raft_index > self._journal.synced_index:
+            # Not expected: every path that appends syncs before the next apply. Kept as a
+            # safety net so "applied => durable here" holds regardless; counted in status.
+            self._safety_net_syncs += 1
+            logger.warning("entry %d applied before its journal sync; syncing now", raft_index)
+            self._journal.sync()
+        try:
+            result = self._apply(command, raft_index)
+        except Exception as exc:
+            error = FatalPeerError(f"apply failed at raft index {raft_index}: {exc!r}")
+            self._set_fatal(error)
+            raise error from exc
+        if type(result) is not bytes:
+            error = FatalPeerError(
+                f"apply returned {type(result).__name__} at raft index {raft_index} "
+                "(expected bytes)"
+            )
+            self._set_fatal(error)
+            raise error
+        return result
+
+    def _serialize(self, tmp_file_name: str, data: tuple[Any, Any, Any]) -> None:
+        last_entry, prev_entry, cluster = data
+        try:
+            app_state = self._take_snapshot()
+        except Exception as exc:
+            error = FatalPeerError(f"take_snapshot failed: {exc!r}")
+            self._set_fatal(error)
+            raise error from exc
+        cluster_addresses = tuple(sorted(str(node.id) for node in cluster))
+        last = (bytes(last_entry[0]), int(last_entry[1]), int(last_entry[2]))
+        prev = (bytes(prev_entry[0]), int(prev_entry[1]), int(prev_entry[2]))
+        blob = encode_snapshot(last, prev, cluster_addresses, app_state)
+        try:
+            write_snapshot_tmp(Path(tmp_file_name), blob, durable=self._durable)
+        except OSError:
+            # pysyncobj swallows serializer errors silently (serializer.py line 98); log
+            # here, and it retries at the next compaction trigger.
+            logger.exception("writing snapshot at index %d failed", last[1])
+            raise
+        self._snapshot_index = last[1]
+        self._snapshots_written += 1
+        logger.info("snapshot at raft index %d written (%d bytes)", last[1], len(blob))
+
+    def _deserialize(self, file_name: str) -> tuple[Any, Any, Any]:
+        # pysyncobj catches everything raised here (syncobj.py line 1510) and carries on
+        # with an empty state: mark the peer fatal first so the tick loop stops.
+        try:
+            snapshot = read_snapshot_file(Path(file_name), durable=self._durable)
+            if snapshot is None:
+                raise FatalPeerError(f"snapshot {file_name} vanished before it was loaded")
+            self._restore_snapshot(snapshot.app_state)
+        except Exception as exc:
+            error = FatalPeerError(f"loading snapshot {file_name} failed: {exc!r}")
+            self._set_fatal(error)
+            raise error from exc
+        self._snapshot_index = snapshot.raft_index
+        logger.info("snapshot at raft index %d restored", snapshot.raft_index)
+        return (
+            snapshot.last_entry,
+            snapshot.prev_entry,
+            {TCPNode(address) for address in snapshot.cluster},
+        )
+
+    def _before_truncate(self, first_removed_index: int) -> None:
+        applied = self._syncobj.raftLastApplied
+        if first_removed_index <= applied:
+            # pysyncobj would only log CRITICAL here (syncobj.py line 1000) and continue with
+            # a state machine that has diverged from the cluster. Stop instead.
+            error = FatalPeerError(
+                f"leader asked to truncate from index {first_removed_index}, at or below the "
+                f"last applied index {applied}: committed entries would be lost"
+            )
+            self._set_fatal(error)
+            raise error
+
+    def _on_state_changed(self, old_state: int, new_state: int) -> None:
+        # pysyncobj calls this before it bumps the term of a new candidacy, so the term is
+        # only meaningful (and only logged) once leadership is won.
+        if new_state == _LEADER_STATE:
+            logger.info(
+                "raft peer %s: became leader (term %d)",
+                self._self_address,
+                self._syncobj.raftCurrentTerm,
+            )
+        else:
+            logger.info(
+                "raft peer %s: %s -> %s",
+                self._self_address,
+                STATE_NAMES.get(old_state, old_state),
+                STATE_NAMES.get(new_state, new_state),
+            )
+
+    def _emit(self, kind: str, index: int) -> None:
+        if self._observer is not None:
+            self._observer(DurabilityEvent(self._self_address, kind, index))
+
+    def _on_synced(self, index: int) -> None:
+        self._emit("synced", index)
+
+    def _on_ack_sent(self, index: int) -> None:
+        self._emit("ack_sent", index)
+
+    def _on_commit_index(self, index: int) -> None:
+        if hasattr(self, "_syncobj") and self._syncobj._isLeader():
+            self._emit("commit", index)
