@@ -1,6 +1,7 @@
 """A local cluster on loopback for trying raftwal and for tests: ``raftwal dev up|down``.
 
-``up`` picks free ports on 127.0.0.1, writes ``<dir>/raftwal.toml`` and starts one
+``up`` picks free ports on 127.0.0.1, writes ``<dir>/raftwal.toml`` (and a random Raft
+transport secret in ``<dir>/secret``, mode 0600) and starts one
 ``raftwal node`` process per node in the background (logs in ``<dir>/<id>.log``), waits
 until a leader is elected and every node is registered, and records the members with
 their pids in ``<dir>/cluster.json`` (which the other CLI commands read for their default
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -29,6 +31,7 @@ from rpc.protos import coordinator_pb2_grpc
 
 CLUSTER_FILE = "cluster.json"
 CONFIG_FILE = "raftwal.toml"
+SECRET_FILE = "secret"
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -186,7 +189,13 @@ def up(
                 f"{', '.join(str(m['pid']) for m in alive)}); run `raftwal dev down` first"
             )
     config = config or make_config(directory, nodes)
-    (directory / CONFIG_FILE).write_text(render_config(config))
+    # Even on loopback the Raft transport gets a secret: pysyncobj unpickles what peers
+    # send, so without one any local user could run code in the nodes.
+    secret_path = directory / SECRET_FILE
+    if not secret_path.exists():
+        secret_path.touch(mode=0o600)
+        secret_path.write_text(secrets.token_hex(32))
+    (directory / CONFIG_FILE).write_text(render_config(config, secret_file=SECRET_FILE))
     process_env = dict(os.environ if env is None else env)
     cluster = LocalCluster(directory, config, {}, process_env)
     for node in config.nodes:
