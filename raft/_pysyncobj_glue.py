@@ -21,7 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.monotonic import monotonic as monotonicTime
 from pysyncobj.poller import POLL_EVENT_TYPE
+from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
@@ -142,7 +144,26 @@ class DurableTransport(TCPTransport):
 
     def send_now(self, node: Any, message: Any) -> bool:
         self._raftwal_gate.before_send(message)
+        self._refresh_idle_connection(node)
         return bool(super().send(node, message))
+
+    def _refresh_idle_connection(self, node: Any) -> None:
+        """Count a send as activity on a connection that only ever sends.
+
+        pysyncobj drops a connection whose last *read* is older than connectionTimeout,
+        and checks that inside send (tcp_connection.py lines 227-233, called from
+        __trySendBuffer), discarding the message. Two followers never talk until an
+        election, so the first RequestVote between them was always dropped and every
+        failover needed a second election round (about one election timeout more). A
+        dead peer is still detected: its RST disconnects at once, and a silent one shows
+        up as no reply within connectionTimeout of this send.
+        """
+        connection = self._connections.get(node)
+        if connection is None or connection.state != CONNECTION_STATE.CONNECTED:
+            return
+        connection._TcpConnection__lastReadTime = max(  # noqa: SLF001 (pysyncobj private)
+            connection._TcpConnection__lastReadTime, monotonicTime()
+        )
 
 
 class Wakeup:
