@@ -25,9 +25,16 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     demo = commands.add_parser(
-        "demo", help="run the scripted demo scenario and print what happened"
+        "demo", help="start a three-node cluster on loopback and show it working"
     )
-    demo.add_argument("--json", action="store_true", help="print events as JSON lines")
+    demo.add_argument(
+        "--state-machine",
+        action="store_true",
+        help="run the scripted scenario against the pure state machine only (no processes)",
+    )
+    demo.add_argument(
+        "--json", action="store_true", help="with --state-machine: events as JSON lines"
+    )
     demo.set_defaults(handler=_run_demo)
 
     node = commands.add_parser("node", help="run one raftwal node in the foreground")
@@ -57,9 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from raftwal.demo import run_demo
+    from raftwal.demo import run_cluster_demo, run_demo
 
-    return run_demo(json_output=args.json)
+    if args.state_machine:
+        return run_demo(json_output=args.json)
+    return run_cluster_demo()
 
 
 def _run_node(args: argparse.Namespace) -> int:

@@ -1,29 +1,268 @@
-"""The demo scenario: what the coordination state machine decides, step by step.
+"""The demo (`./run demo`): a three-node raftwal cluster on loopback, used as a user would.
 
-It drives the real pure core (``statemachine.apply_command`` with serialized commands and
-the real balancer) through the life of a small cluster: nodes join, pchannels are placed,
-vchannels created, a lease takes a lock with a fencing token, a broadcast holds resource
-keys until every vchannel acks, a node fails and its pchannels move with a term bump, and
-the old owner's late segment commit is fenced. Every event is printed with its revision.
-The cluster demo (three processes on loopback) replaces this as the Raft and WAL layers
-land.
+It starts three `raftwal node` processes with `raftwal dev up` (free ports on 127.0.0.1,
+state in a temporary directory), then through the gRPC API: creates pchannels and watches
+the leader's balancer place them, creates vchannels, takes a lease and an EXCLUSIVE lock
+(fencing token), runs a broadcast that holds a resource key until every vchannel acks,
+kills the Raft leader with SIGKILL in the middle of a stream of writes and measures how
+long until a write succeeds again, watches the dead node's pchannels move to a survivor
+with a term bump, restarts the node and checks that all three replicas hold the same
+state (digest), and replays the event history from revision 1. Everything it started is
+stopped by pid at the end.
+
+`raftwal demo --state-machine` runs the older scripted scenario against the pure state
+machine alone (no processes).
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import tempfile
+import time
+from pathlib import Path
 
+import grpc
 from google.protobuf import json_format
 from rich.console import Console
 from rich.table import Table
 
+from raftwal import dev
+from rpc.errors import from_rpc_error
 from rpc.protos import coordination_pb2 as pb
-from rpc.protos import errors_pb2
+from rpc.protos import coordinator_pb2 as api
+from rpc.protos import coordinator_pb2_grpc, errors_pb2
 from statemachine import apply_command, new_state, state_digest
 from statemachine.balancer import plan
 from statemachine.invariants import check
 
-START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: the demo's scripted clock.
+RETRYABLE = (errors_pb2.NOT_LEADER, errors_pb2.ON_SHUTDOWN, errors_pb2.UNKNOWN)
+
+
+class _Client:
+    """Plain gRPC with bounded retries across the endpoints (the SDK does this for apps)."""
+
+    def __init__(self, endpoints: list[str]) -> None:
+        self._channels = [grpc.insecure_channel(e) for e in endpoints]
+        self._stubs = [coordinator_pb2_grpc.CoordinatorStub(c) for c in self._channels]
+
+    def call(self, method: str, request, timeout_s: float = 20.0):
+        deadline = time.monotonic() + timeout_s
+        attempt = 0
+        while True:
+            stub = self._stubs[attempt % len(self._stubs)]
+            attempt += 1
+            try:
+                return getattr(stub, method)(request, timeout=3.0)
+            except grpc.RpcError as error:
+                info = from_rpc_error(error)
+                retryable = (
+                    error.code()
+                    in (
+                        grpc.StatusCode.UNAVAILABLE,
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                    )
+                    or info.code in RETRYABLE
+                )
+                if not retryable or time.monotonic() > deadline or attempt > 400:
+                    raise
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+
+
+def _pchannel_table(title: str, pchannels: list[pb.PChannel]) -> Table:
+    table = Table(title=title)
+    for column in ("pchannel", "term", "owner", "replicas", "state"):
+        table.add_column(column)
+    for channel in pchannels:
+        table.add_row(
+            channel.name,
+            str(channel.term),
+            channel.owner_node_id,
+            ",".join(channel.replica_node_ids),
+            pb.PChannelState.Name(channel.state).removeprefix("PCHANNEL_STATE_"),
+        )
+    return table
+
+
+def _wait_assigned(client: _Client, names: list[str], timeout_s: float) -> list[pb.PChannel]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        described = client.call("DescribeChannels", api.DescribeChannelsRequest(pchannels=names))
+        channels = list(described.pchannels)
+        if all(c.state == pb.PCHANNEL_STATE_ASSIGNED for c in channels):
+            return channels
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pchannels not assigned after {timeout_s} s")
+        time.sleep(0.2)
+
+
+def run_cluster_demo(directory: Path | None = None) -> int:
+    console = Console(highlight=False)
+    temp = None
+    if directory is None:
+        temp = tempfile.TemporaryDirectory(prefix="raftwal-demo-")
+        directory = Path(temp.name)
+    console.rule("raftwal: three nodes on 127.0.0.1")
+    started = time.monotonic()
+    cluster = dev.up(directory, 3, timeout_s=60)
+    client = _Client(cluster.endpoints)
+    try:
+        status = client.call("ClusterStatus", api.ClusterStatusRequest())
+        console.print(
+            f"cluster up in {time.monotonic() - started:.1f} s, leader [bold]"
+            f"{status.leader_node_id}[/bold], Raft term {max(m.raft_term for m in status.members)}"
+        )
+        for member in status.members:
+            console.print(
+                f"  {member.node_id}  grpc {member.grpc_address}  raft {member.raft_address}  "
+                f"pid {member.pid}"
+            )
+
+        console.rule("pchannels, placed by the leader's balancer")
+        created = client.call("CreateChannels", api.CreateChannelsRequest(prefix="wal", count=4))
+        names = list(created.pchannels)
+        console.print(_pchannel_table("after placement", _wait_assigned(client, names, 20)))
+        for vchannel, pchannel in (("orders", "wal_0"), ("payments", "wal_1"), ("audit", "wal_2")):
+            client.call(
+                "CreateVChannel", api.CreateVChannelRequest(name=vchannel, pchannel=pchannel)
+            )
+        console.print("vchannels orders, payments, audit created")
+
+        console.rule("a lease, a lock and a broadcast")
+        lease = client.call("GrantLease", api.GrantLeaseRequest(ttl_ms=10_000, holder="demo"))
+        lock = client.call(
+            "Lock",
+            api.LockRequest(key="db/orders", mode=pb.LOCK_MODE_EXCLUSIVE, lease_id=lease.lease_id),
+        )
+        console.print(f"lease {lease.lease_id} holds db/orders, fencing token {lock.fencing_token}")
+        ddl = api.BroadcastRequest(
+            message=b"CREATE INDEX ON orders",
+            msg_type="ddl",
+            vchannels=["orders", "payments"],
+            resource_keys=[pb.ResourceKey(key="db/orders", mode=pb.LOCK_MODE_EXCLUSIVE)],
+            idempotency_key="ddl-1",
+        )
+        try:
+            client.call("Broadcast", ddl)
+        except grpc.RpcError as error:
+            info = from_rpc_error(error)
+            console.print(
+                f"broadcast while the lock is held: [red]{errors_pb2.ErrorCode.Name(info.code)}"
+                f"[/red] {info.message}"
+            )
+        client.call("Unlock", api.UnlockRequest(key="db/orders", lease_id=lease.lease_id))
+        broadcast = client.call("Broadcast", ddl)
+        again = client.call("Broadcast", ddl)
+        console.print(
+            f"broadcast {broadcast.broadcast_id} created after unlock; the same idempotency key "
+            f"again returns broadcast {again.broadcast_id}"
+        )
+        for vchannel in ("orders", "payments"):
+            acked = client.call(
+                "Ack",
+                api.AckRequest(
+                    broadcast_id=broadcast.broadcast_id, vchannel=vchannel, checkpoint=1
+                ),
+            )
+        console.print(
+            f"acked on both vchannels: {pb.BroadcastState.Name(acked.state)}, db/orders released"
+        )
+
+        console.rule("kill -9 the Raft leader during writes")
+        leader = client.call("ClusterStatus", api.ClusterStatusRequest()).leader_node_id
+        owned = [c.name for c in _wait_assigned(client, names, 10) if c.owner_node_id == leader]
+        for k in range(20):
+            client.call(
+                "CreateVChannel", api.CreateVChannelRequest(name=f"pre-{k}", pchannel="wal_3")
+            )
+        cluster.kill(leader, signal.SIGKILL)
+        killed_at = time.monotonic()
+        client.call("CreateVChannel", api.CreateVChannelRequest(name="post-kill", pchannel="wal_3"))
+        failover_s = time.monotonic() - killed_at
+        status = client.call("ClusterStatus", api.ClusterStatusRequest())
+        console.print(
+            f"killed leader {leader}; first write acknowledged {failover_s:.2f} s later; "
+            f"new leader {status.leader_node_id}"
+        )
+        console.print(
+            f"{leader} owned {', '.join(owned) or 'no pchannel'}; after node_timeout the leader "
+            "marks it DOWN and moves them within their replica sets at term + 1"
+        )
+        if owned:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                moved = client.call(
+                    "DescribeChannels", api.DescribeChannelsRequest(pchannels=owned)
+                ).pchannels
+                if all(
+                    c.owner_node_id != leader and c.state == pb.PCHANNEL_STATE_ASSIGNED
+                    for c in moved
+                ):
+                    break
+                time.sleep(0.3)
+            console.print(_pchannel_table("after failover", list(moved)))
+
+        console.rule("restart the killed node; compare the replicas")
+        cluster.start_node(leader)
+        deadline = time.monotonic() + 30
+        while True:
+            status = client.call("ClusterStatus", api.ClusterStatusRequest())
+            reachable = [m for m in status.members if m.reachable]
+            if len(reachable) == 3 and len({(m.revision, m.state_digest) for m in reachable}) == 1:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError("replicas did not converge after the restart")
+            time.sleep(0.3)
+        table = Table(title="replicas")
+        for column in ("node", "leader", "raft term", "commit index", "revision", "state digest"):
+            table.add_column(column)
+        for member in status.members:
+            table.add_row(
+                member.node_id,
+                "*" if member.is_leader else "",
+                str(member.raft_term),
+                str(member.commit_index),
+                str(member.revision),
+                member.state_digest[:16],
+            )
+        console.print(table)
+        console.print("every replica holds the same state at the same revision")
+
+        stream = coordinator_pb2_grpc.CoordinatorStub(
+            grpc.insecure_channel(cluster.endpoints[0])
+        ).WatchEvents(api.WatchEventsRequest(from_revision=1), timeout=20, wait_for_ready=True)
+        kinds: dict[str, int] = {}
+        count = 0
+        for batch in stream:
+            for event in batch.events:
+                kind = event.WhichOneof("body") or "?"
+                kinds[kind] = kinds.get(kind, 0) + 1
+                count += 1
+            if count >= status.revision:
+                stream.cancel()
+                break
+        console.print(
+            f"WatchEvents from revision 1 replays {count} events: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])[:6])
+        )
+    finally:
+        client.close()
+        cluster.stop_all()
+        if temp is not None:
+            temp.cleanup()
+    console.rule("done: all node processes stopped")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# The pure state-machine scenario (no processes): `raftwal demo --state-machine`.
+# ---------------------------------------------------------------------------------------
+
+START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: the scenario's scripted clock.
 
 
 class _Scenario:
@@ -64,6 +303,7 @@ class _Scenario:
 
 
 def run_demo(json_output: bool = False) -> int:
+    """The scripted scenario against the pure state machine and balancer."""
     console = Console(highlight=False)
     s = _Scenario(console, json_output)
     for k in (1, 2, 3):
@@ -136,19 +376,12 @@ def run_demo(json_output: bool = False) -> int:
         ),
     )
     if not json_output:
-        table = Table(title=f"pchannels at revision {s.state.revision}")
-        for column in ("pchannel", "term", "owner", "replicas", "state"):
-            table.add_column(column)
-        for name in sorted(s.state.pchannels):
-            channel = s.state.pchannels[name]
-            table.add_row(
-                name,
-                str(channel.term),
-                channel.owner_node_id,
-                ",".join(channel.replica_node_ids),
-                pb.PChannelState.Name(channel.state).removeprefix("PCHANNEL_STATE_"),
+        console.print(
+            _pchannel_table(
+                f"pchannels at revision {s.state.revision}",
+                [s.state.pchannels[name] for name in sorted(s.state.pchannels)],
             )
-        console.print(table)
+        )
         console.print(f"state digest {state_digest(s.state)[:16]}, invariants hold")
     return 0
 
