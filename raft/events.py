@@ -4,7 +4,7 @@ The Raft log is compacted by snapshots; the event store keeps the history beyond
 ``WatchEvents(from_revision)`` and for audits, within a retention window. Contract:
 
 - ``append`` is called by the apply thread with the events of one command, in revision
-  order. Re-appending a revision (the Raft layer re-applies the entries after its last
+  order; a writer thread stores them in batches. Re-appending a revision (the Raft layer re-applies the entries after its last
   snapshot on restart) must find identical bytes; it replaces them.
 - Writes use SQLite's WAL mode with ``synchronous=NORMAL``: cheap, and safe against a
   process crash. They become durable against power loss at ``make_durable``, which the
@@ -38,6 +38,11 @@ class Compacted(Exception):
         )
 
 
+# Events queued for the writer thread at most (the replica keeps more than this many
+# recent events in memory, so a reader never misses one that is queued but not stored).
+MAX_PENDING_EVENTS = 10_000
+
+
 class EventStore:
     """Append-only history of events keyed by revision. Thread-safe."""
 
@@ -57,10 +62,21 @@ class EventStore:
         if "meta" not in self._db.table_names():
             self._db["meta"].create({"key": str, "value": int}, pk="key")
         self._conn = connection
+        self._pending: list[tuple[int, int, int, str | None, bytes]] = []
+        self._pending_changed = threading.Condition()
+        self._writing = False
+        self._closed = False
+        self._failure: Exception | None = None
+        self._writer = threading.Thread(target=self._write_loop, name="events-writer", daemon=True)
+        self._writer.start()
 
     # -- writes (apply thread) ----------------------------------------------------------
 
     def append(self, events: list[pb.Event]) -> None:
+        """Queue the events of one command; a writer thread stores them in batches (one
+        SQLite transaction per batch), off the Raft apply thread. Blocks while
+        MAX_PENDING_EVENTS are queued (backpressure). Raises if the writer failed: the
+        apply must not go on with a history that is not being recorded."""
         if not events:
             return
         rows = [
@@ -73,6 +89,37 @@ class EventStore:
             )
             for event in events
         ]
+        with self._pending_changed:
+            while len(self._pending) >= MAX_PENDING_EVENTS and self._failure is None:
+                self._pending_changed.wait(1.0)
+            if self._failure is not None:
+                raise RuntimeError(f"event store writer failed: {self._failure}")
+            if self._closed:
+                raise RuntimeError("event store is closed")
+            self._pending.extend(rows)
+            self._pending_changed.notify_all()
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._pending_changed:
+                while not self._pending and not self._closed:
+                    self._pending_changed.wait()
+                if not self._pending:
+                    return
+                rows, self._pending = self._pending, []
+                self._writing = True
+            try:
+                self._write_rows(rows)
+            except sqlite3.Error as error:
+                log.critical("event store write failed: %s", error)
+                with self._pending_changed:
+                    self._failure = error
+            finally:
+                with self._pending_changed:
+                    self._writing = False
+                    self._pending_changed.notify_all()
+
+    def _write_rows(self, rows: list[tuple[int, int, int, str | None, bytes]]) -> None:
         with self._lock:
             self._conn.execute("BEGIN")
             self._conn.executemany(
@@ -82,10 +129,19 @@ class EventStore:
             )
             self._conn.execute("COMMIT")
 
+    def flush(self) -> None:
+        """Wait until every queued event is stored (bounded by the writer's progress)."""
+        with self._pending_changed:
+            while (self._pending or self._writing) and self._failure is None:
+                self._pending_changed.wait(1.0)
+            if self._failure is not None:
+                raise RuntimeError(f"event store writer failed: {self._failure}")
+
     def make_durable(self) -> None:
         """Force everything appended so far to stable storage (checkpoint + fsync)."""
         # In WAL mode with synchronous=NORMAL a checkpoint fsyncs the WAL, copies it into
         # the database file and fsyncs that: afterwards every committed row is durable.
+        self.flush()
         with self._lock:
             self._conn.execute("PRAGMA wal_checkpoint(FULL)")
 
@@ -128,6 +184,7 @@ class EventStore:
             if [e.revision for e in wanted] != expected:
                 raise ValueError(f"events for the gap are not contiguous from revision {first}")
         self.append(wanted)
+        self.flush()
         with self._lock:
             if wanted and wanted[-1].revision >= last:
                 self._conn.execute("DELETE FROM meta WHERE key IN ('gap_from', 'gap_to')")
@@ -162,6 +219,7 @@ class EventStore:
             return self._first_retained_locked()
 
     def last_revision(self) -> int:
+        self.flush()
         with self._lock:
             row = self._conn.execute("SELECT MAX(revision) FROM events").fetchone()
         return int(row[0] or 0)
@@ -183,5 +241,9 @@ class EventStore:
         return [pb.Event.FromString(row[0]) for row in rows]
 
     def close(self) -> None:
+        with self._pending_changed:
+            self._closed = True
+            self._pending_changed.notify_all()
+        self._writer.join(timeout=30)
         with self._lock:
             self._conn.close()
