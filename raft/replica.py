@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from raft.events import Compacted, EventStore
 from rpc.protos import coordination_pb2 as pb
-from statemachine import apply_command, new_state, restore_state, snapshot_state, state_digest
+from statemachine import apply_log_entry, new_state, restore_state, snapshot_state, state_digest
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ class CoordinationReplica:
     # -- Raft application callbacks (peer thread) ----------------------------------------
 
     def apply(self, command_bytes: bytes, raft_index: int) -> bytes:
+        """Apply one log entry (a serialized LogEntry); returns a serialized LogEntryResult."""
         with self._lock:
             if raft_index <= self._state.last_raft_index:
                 # The Raft layer must never apply an index twice; if it does, the replicas
@@ -59,15 +60,17 @@ class CoordinationReplica:
                     f"raft index {raft_index} applied twice (state is at "
                     f"{self._state.last_raft_index})"
                 )
-            result = apply_command(self._state, command_bytes, raft_index)
-            events = list(result.events)
+            results = apply_log_entry(self._state, command_bytes, raft_index)
+            events = [event for result in results for event in result.events]
             if events:
                 self._store.append(events)
                 self._recent.extend(events)
             revision = self._state.revision
         for listener in self._listeners:
             listener(revision, raft_index)
-        return result.SerializeToString()
+        return pb.LogEntryResult(
+            results=[result.SerializeToString() for result in results]
+        ).SerializeToString()
 
     def take_snapshot(self) -> bytes:
         with self._lock:

@@ -35,6 +35,7 @@ from raft.replica import CoordinationReplica
 from raftwal.config import ClusterConfig, NodeConfig, check_transport_security
 from raftwal.coordinator import Coordinator
 from raftwal.internal import ClusterServicer, NodeManagerServicer
+from raftwal.proposals import ProposalBatcher
 from rpc.coordinator_servicer import CompactedHistory, CoordinatorServicer
 from rpc.errors import RaftwalError, error_info, from_rpc_error
 from rpc.protos import coordination_pb2 as pb
@@ -103,6 +104,7 @@ class Node:
         self._stopping = asyncio.Event()
         self.peer: RaftPeer | None = None
         self.coordinator = Coordinator(self)
+        self.batcher = ProposalBatcher(self._propose_entry)
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -255,11 +257,15 @@ class Node:
             log.warning("node %s lags behind raft index %d", self.me.id, result.raft_index)
         return result
 
-    async def propose_bytes(self, data: bytes, forward: bool = True) -> pb.CommandResult:
+    async def _propose_entry(self, entry: bytes) -> bytes:
         peer = self._require_peer()
+        return await peer.propose_async(entry, self.config.propose_timeout_ms / 1000)
+
+    async def propose_bytes(self, data: bytes, forward: bool = True) -> pb.CommandResult:
+        self._require_peer()
         timeout_s = self.config.propose_timeout_ms / 1000
         try:
-            reply = await peer.propose_async(data, timeout_s)
+            reply = await self.batcher.propose(data)
             return pb.CommandResult.FromString(reply)
         except NotLeader as error:
             leader = (
@@ -285,7 +291,7 @@ class Node:
                     f"outcome unknown ({error}); retry with the same request id",
                 )
             ) from None
-        except (Overloaded, PeerClosed) as error:
+        except (Overloaded, PeerClosed, OverflowError) as error:
             raise RaftwalError(error_info(E.ON_SHUTDOWN, f"cannot propose now: {error}")) from None
 
     async def _forward(self, leader: NodeConfig, data: bytes, timeout_s: float) -> pb.CommandResult:

@@ -14,7 +14,7 @@ every node applies the same commands and must compute byte-identical events
 (``tests/unit/test_purity.py`` enforces the imports).
 """
 
-from statemachine.apply import apply_command, apply_events
+from statemachine.apply import apply_command, apply_events, apply_log_entry
 from statemachine.decider import decide
 from statemachine.evolve import evolve
 from statemachine.state import (
@@ -35,6 +35,7 @@ __all__ = [
     "Rejection",
     "apply_command",
     "apply_events",
+    "apply_log_entry",
     "copy_state",
     "decide",
     "evolve",

@@ -145,3 +145,29 @@ def apply_events(state: pb.CoordinationState, events: Iterable[pb.Event]) -> pb.
     for event in events:
         evolve(state, event)
     return state
+
+
+def apply_log_entry(
+    state: pb.CoordinationState,
+    entry_bytes: bytes,
+    raft_index: int,
+    limits: Limits = DEFAULT_LIMITS,
+) -> list[pb.CommandResult]:
+    """Apply every command of one Raft log entry, in order; one result per command.
+
+    All commands of a batch share the entry's raft index. An undecodable entry yields one
+    INVALID_ARGUMENT result, identically on every node.
+    """
+    try:
+        entry = pb.LogEntry.FromString(entry_bytes)
+    except DecodeError:
+        entry = pb.LogEntry()
+    kind = entry.WhichOneof("body")
+    if kind == "command":
+        commands: list[bytes] = [entry.command]
+    elif kind == "batch":
+        commands = list(entry.batch.commands)
+    else:
+        # Not a LogEntry we understand: apply_command rejects the bytes as a command.
+        commands = [entry_bytes]
+    return [apply_command(state, command, raft_index, limits) for command in commands]

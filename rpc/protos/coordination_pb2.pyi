@@ -1075,3 +1075,23 @@ class CommandResult(_message.Message):
     pchannel_names: _containers.RepeatedScalarFieldContainer[str]
     lease_deadline_ms: int
     def __init__(self, rejection: _Optional[_Union[_errors_pb2.ErrorInfo, _Mapping]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., revision: _Optional[int] = ..., raft_index: _Optional[int] = ..., deduplicated: _Optional[bool] = ..., broadcast_id: _Optional[int] = ..., lease_id: _Optional[int] = ..., fencing_token: _Optional[int] = ..., consumer_fence: _Optional[int] = ..., pchannel_names: _Optional[_Iterable[str]] = ..., lease_deadline_ms: _Optional[int] = ...) -> None: ...
+
+class LogEntry(_message.Message):
+    __slots__ = ("command", "batch")
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    command: bytes
+    batch: CommandBatch
+    def __init__(self, command: _Optional[bytes] = ..., batch: _Optional[_Union[CommandBatch, _Mapping]] = ...) -> None: ...
+
+class CommandBatch(_message.Message):
+    __slots__ = ("commands",)
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    commands: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, commands: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class LogEntryResult(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, results: _Optional[_Iterable[bytes]] = ...) -> None: ...
