@@ -106,16 +106,21 @@ class NodeManagerServicer(coordinator_pb2_grpc.NodeManagerServicer):
     async def _become_ready(self, pchannel: str, term: int) -> None:
         node = self._node
 
-        def current(state: pb.CoordinationState) -> tuple[int, str, int]:
+        def current(state: pb.CoordinationState) -> tuple[int, str, int, int]:
             channel = state.pchannels.get(pchannel)
             if channel is None:
-                return 0, "", 0
-            return channel.term, channel.owner_node_id, channel.state
+                return 0, "", 0, 0
+            # Placeholder start LSN until tail recovery computes the real one: just after
+            # whatever earlier terms started or committed.
+            floor = state.manifests[pchannel].committed_through_lsn
+            for entry in channel.history[:-1]:
+                floor = max(floor, entry.start_lsn, entry.end_lsn)
+            return channel.term, channel.owner_node_id, channel.state, floor + 1
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ASSIGN_APPLY_WAIT_S
         while True:
-            (seen_term, owner, state), _ = await node.read(current, linearizable=False)
+            (seen_term, owner, state, start_lsn), _ = await node.read(current, linearizable=False)
             if seen_term >= term or loop.time() >= deadline:
                 break
             await node.wait_change(deadline - loop.time())
@@ -131,7 +136,7 @@ class NodeManagerServicer(coordinator_pb2_grpc.NodeManagerServicer):
         command = pb.Command(
             request_id=f"ready:{pchannel}:{term}",
             pchannel_ready=pb.PChannelReady(
-                pchannel=pchannel, term=term, node_id=node.me.id, start_lsn=1
+                pchannel=pchannel, term=term, node_id=node.me.id, start_lsn=start_lsn
             ),
         )
         try:

@@ -62,6 +62,8 @@ def _remember(
     """Keep `result` for retries of `request_id`. Called before the events are attached:
     they can be large (a broadcast carries its message) and they are in the event history;
     a deduplicated reply carries the revision and the replies."""
+    if limits.dedup_window <= 0:
+        return
     stored = result.SerializeToString(deterministic=True)
     state.recent_results[request_id] = stored
     ring = state.recent_request_ids
@@ -105,7 +107,9 @@ def apply_command(
             state.last_raft_index = max(state.last_raft_index, raft_index)
             return previous
 
-    time_ms = max(command.proposed_at_ms, state.last_time_ms)
+    time_ms = state.last_time_ms
+    if 0 < command.proposed_at_ms <= limits.max_time_ms:
+        time_ms = max(command.proposed_at_ms, time_ms)
     ctx = Context(time_ms=time_ms, raft_index=raft_index)
     if len(request_id) > limits.request_id_max_chars:
         outcome: list[pb.Event] | Rejection = invalid(
@@ -113,10 +117,10 @@ def apply_command(
             f"{limits.request_id_max_chars})"
         )
         request_id = ""
-    elif command.proposed_at_ms <= 0:
+    elif not 0 < command.proposed_at_ms <= limits.max_time_ms:
         outcome = invalid(
-            f"missing proposed_at_ms ({command.proposed_at_ms}; expected the proposer's "
-            "wall time in ms)"
+            f"invalid proposed_at_ms ({command.proposed_at_ms}; expected the proposer's "
+            f"wall time in ms, 1..{limits.max_time_ms})"
         )
     else:
         outcome = decide(state, command, ctx, limits)
@@ -128,7 +132,7 @@ def apply_command(
         events = outcome
         result.rejection.code = errors_pb2.OK
         for event in events:
-            evolve(state, event)
+            evolve(state, event, limits)
         _reply(state, command, events, result)
     state.last_time_ms = time_ms
     state.last_raft_index = max(state.last_raft_index, raft_index)

@@ -329,6 +329,19 @@ def _pchannel_ready(state, cmd: pb.PChannelReady, ctx, limits) -> Outcome:
             f"{channel.term}; expected ASSIGNING",
             current_term=channel.term,
         )
+    # A new term's log starts after everything earlier terms wrote: after the previous
+    # ready term's start and after every committed segment.
+    floor = 0
+    manifest = state.manifests.get(cmd.pchannel)
+    if manifest is not None:
+        floor = manifest.committed_through_lsn
+    for entry in channel.history[:-1]:
+        floor = max(floor, entry.start_lsn, entry.end_lsn)
+    if cmd.start_lsn <= floor:
+        return invalid(
+            f"invalid start_lsn for {cmd.pchannel} at term {cmd.term} ({cmd.start_lsn}; "
+            f"expected > {floor}, after what earlier terms wrote and committed)"
+        )
     emitter = _Emitter(state, ctx)
     emitter.emit(
         pchannel_became_ready=pb.PChannelBecameReady(

@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rpc.protos import coordination_pb2 as pb
-from statemachine.types import DEFAULT_LIMITS
+from statemachine.types import DEFAULT_LIMITS, Limits
 
 
-def _node_registered(state: pb.CoordinationState, e: pb.NodeRegistered, revision: int) -> None:
+def _node_registered(
+    state: pb.CoordinationState, e: pb.NodeRegistered, revision: int, limits: Limits
+) -> None:
     node = state.nodes[e.node_id]
     node.node_id = e.node_id
     node.address = e.address
@@ -22,23 +24,23 @@ def _node_registered(state: pb.CoordinationState, e: pb.NodeRegistered, revision
     node.registered_revision = revision
 
 
-def _node_marked_down(state, e: pb.NodeMarkedDown, revision) -> None:
+def _node_marked_down(state, e: pb.NodeMarkedDown, revision, limits: Limits) -> None:
     state.nodes[e.node_id].state = pb.NODE_STATE_DOWN
 
 
-def _node_marked_up(state, e: pb.NodeMarkedUp, revision) -> None:
+def _node_marked_up(state, e: pb.NodeMarkedUp, revision, limits: Limits) -> None:
     state.nodes[e.node_id].state = pb.NODE_STATE_UP
 
 
-def _node_frozen(state, e: pb.NodeFrozen, revision) -> None:
+def _node_frozen(state, e: pb.NodeFrozen, revision, limits: Limits) -> None:
     state.nodes[e.node_id].frozen = True
 
 
-def _node_unfrozen(state, e: pb.NodeUnfrozen, revision) -> None:
+def _node_unfrozen(state, e: pb.NodeUnfrozen, revision, limits: Limits) -> None:
     state.nodes[e.node_id].frozen = False
 
 
-def _pchannel_created(state, e: pb.PChannelCreated, revision) -> None:
+def _pchannel_created(state, e: pb.PChannelCreated, revision, limits: Limits) -> None:
     assert e.name not in state.pchannels, f"pchannel {e.name} created twice"
     channel = state.pchannels[e.name]
     channel.name = e.name
@@ -49,7 +51,7 @@ def _pchannel_created(state, e: pb.PChannelCreated, revision) -> None:
     state.manifests[e.name].SetInParent()
 
 
-def _pchannel_assigned(state, e: pb.PChannelAssigned, revision) -> None:
+def _pchannel_assigned(state, e: pb.PChannelAssigned, revision, limits: Limits) -> None:
     channel = state.pchannels[e.pchannel]
     assert e.term == channel.term + 1, f"{e.pchannel}: term {channel.term} -> {e.term}"
     channel.term = e.term
@@ -59,12 +61,12 @@ def _pchannel_assigned(state, e: pb.PChannelAssigned, revision) -> None:
     channel.state = pb.PCHANNEL_STATE_ASSIGNING
     channel.access_mode = e.access_mode
     channel.history.add(term=e.term, node_id=e.node_id)
-    overflow = len(channel.history) - DEFAULT_LIMITS.max_history_entries
+    overflow = len(channel.history) - limits.max_history_entries
     if overflow > 0:
         del channel.history[:overflow]
 
 
-def _pchannel_became_ready(state, e: pb.PChannelBecameReady, revision) -> None:
+def _pchannel_became_ready(state, e: pb.PChannelBecameReady, revision, limits: Limits) -> None:
     channel = state.pchannels[e.pchannel]
     assert channel.term == e.term and channel.owner_node_id == e.node_id
     channel.state = pb.PCHANNEL_STATE_ASSIGNED
@@ -78,17 +80,19 @@ def _pchannel_became_ready(state, e: pb.PChannelBecameReady, revision) -> None:
             break
 
 
-def _pchannel_marked_unavailable(state, e: pb.PChannelMarkedUnavailable, revision) -> None:
+def _pchannel_marked_unavailable(
+    state, e: pb.PChannelMarkedUnavailable, revision, limits: Limits
+) -> None:
     state.pchannels[e.pchannel].state = pb.PCHANNEL_STATE_UNAVAILABLE
 
 
-def _pchannel_dropped(state, e: pb.PChannelDropped, revision) -> None:
+def _pchannel_dropped(state, e: pb.PChannelDropped, revision, limits: Limits) -> None:
     channel = state.pchannels[e.pchannel]
     channel.state = pb.PCHANNEL_STATE_DROPPED
     channel.owner_node_id = ""
 
 
-def _vchannel_created(state, e: pb.VChannelCreated, revision) -> None:
+def _vchannel_created(state, e: pb.VChannelCreated, revision, limits: Limits) -> None:
     assert e.name not in state.vchannels, f"vchannel {e.name} created twice"
     assert e.id == state.next_vchannel_id
     vchannel = state.vchannels[e.name]
@@ -101,18 +105,18 @@ def _vchannel_created(state, e: pb.VChannelCreated, revision) -> None:
     state.next_vchannel_id = e.id + 1
 
 
-def _vchannel_dropped(state, e: pb.VChannelDropped, revision) -> None:
+def _vchannel_dropped(state, e: pb.VChannelDropped, revision, limits: Limits) -> None:
     state.vchannels[e.name].state = pb.VCHANNEL_STATE_DROPPED
 
 
-def _segment_committed(state, e: pb.SegmentCommitted, revision) -> None:
+def _segment_committed(state, e: pb.SegmentCommitted, revision, limits: Limits) -> None:
     manifest = state.manifests[e.segment.pchannel]
     assert e.segment.first_lsn == manifest.committed_through_lsn + 1, "segment gap/overlap"
     manifest.segments.append(e.segment)
     manifest.committed_through_lsn = e.segment.last_lsn
 
 
-def _segments_deleted(state, e: pb.SegmentsDeleted, revision) -> None:
+def _segments_deleted(state, e: pb.SegmentsDeleted, revision, limits: Limits) -> None:
     manifest = state.manifests[e.pchannel]
     count = len(e.segment_ids)
     assert [s.segment_id for s in manifest.segments[:count]] == list(e.segment_ids)
@@ -120,7 +124,7 @@ def _segments_deleted(state, e: pb.SegmentsDeleted, revision) -> None:
     manifest.deleted_before_lsn = e.deleted_before_lsn
 
 
-def _broadcast_created(state, e: pb.BroadcastCreated, revision) -> None:
+def _broadcast_created(state, e: pb.BroadcastCreated, revision, limits: Limits) -> None:
     task = e.task
     assert task.id == revision
     state.broadcasts[task.id].CopyFrom(task)
@@ -135,33 +139,33 @@ def _broadcast_target(state, broadcast_id: int, vchannel: str) -> pb.BroadcastVC
     raise AssertionError(f"broadcast {broadcast_id} has no target {vchannel}")
 
 
-def _broadcast_appended(state, e: pb.BroadcastAppended, revision) -> None:
+def _broadcast_appended(state, e: pb.BroadcastAppended, revision, limits: Limits) -> None:
     target = _broadcast_target(state, e.broadcast_id, e.vchannel)
     target.appended = True
     target.appended_lsn = e.lsn
     target.appended_time_tick = e.time_tick
 
 
-def _broadcast_acked(state, e: pb.BroadcastAcked, revision) -> None:
+def _broadcast_acked(state, e: pb.BroadcastAcked, revision, limits: Limits) -> None:
     target = _broadcast_target(state, e.broadcast_id, e.vchannel)
     target.acked = True
     target.acked_checkpoint = e.checkpoint
 
 
-def _broadcast_tombstoned(state, e: pb.BroadcastTombstoned, revision) -> None:
+def _broadcast_tombstoned(state, e: pb.BroadcastTombstoned, revision, limits: Limits) -> None:
     task = state.broadcasts[e.broadcast_id]
     task.state = pb.BROADCAST_STATE_TOMBSTONE
     task.tombstoned_at_ms = e.tombstoned_at_ms
 
 
-def _broadcast_cleared(state, e: pb.BroadcastCleared, revision) -> None:
+def _broadcast_cleared(state, e: pb.BroadcastCleared, revision, limits: Limits) -> None:
     task = state.broadcasts[e.broadcast_id]
     if task.idempotency_key:
         del state.broadcast_idempotency[task.idempotency_key]
     del state.broadcasts[e.broadcast_id]
 
 
-def _lock_acquired(state, e: pb.LockAcquired, revision) -> None:
+def _lock_acquired(state, e: pb.LockAcquired, revision, limits: Limits) -> None:
     assert e.fencing_token == revision
     existed = e.key in state.locks
     lock = state.locks[e.key]
@@ -176,7 +180,7 @@ def _lock_acquired(state, e: pb.LockAcquired, revision) -> None:
         keys.sort()
 
 
-def _lock_released(state, e: pb.LockReleased, revision) -> None:
+def _lock_released(state, e: pb.LockReleased, revision, limits: Limits) -> None:
     lock = state.locks[e.key]
     for index, holder in enumerate(lock.holders):
         if holder.kind == e.holder_kind and holder.id == e.holder_id:
@@ -191,21 +195,23 @@ def _lock_released(state, e: pb.LockReleased, revision) -> None:
         keys.remove(e.key)
 
 
-def _lease_granted(state, e: pb.LeaseGranted, revision) -> None:
+def _lease_granted(state, e: pb.LeaseGranted, revision, limits: Limits) -> None:
     assert e.lease.id == revision
     state.leases[e.lease.id].CopyFrom(e.lease)
 
 
-def _lease_renewed(state, e: pb.LeaseRenewed, revision) -> None:
+def _lease_renewed(state, e: pb.LeaseRenewed, revision, limits: Limits) -> None:
     state.leases[e.lease_id].deadline_ms = e.deadline_ms
 
 
-def _lease_ended(state, e: pb.LeaseRevoked | pb.LeaseExpired, revision) -> None:
+def _lease_ended(state, e: pb.LeaseRevoked | pb.LeaseExpired, revision, limits: Limits) -> None:
     assert not state.leases[e.lease_id].locked_keys, "a lease ended while holding keys"
     del state.leases[e.lease_id]
 
 
-def _consumer_position_committed(state, e: pb.ConsumerPositionCommitted, revision) -> None:
+def _consumer_position_committed(
+    state, e: pb.ConsumerPositionCommitted, revision, limits: Limits
+) -> None:
     position = state.consumer_groups[e.group].positions[e.vchannel]
     position.group = e.group
     position.vchannel = e.vchannel
@@ -213,7 +219,7 @@ def _consumer_position_committed(state, e: pb.ConsumerPositionCommitted, revisio
     position.fence = e.fence
 
 
-def _consumer_fence_bumped(state, e: pb.ConsumerFenceBumped, revision) -> None:
+def _consumer_fence_bumped(state, e: pb.ConsumerFenceBumped, revision, limits: Limits) -> None:
     position = state.consumer_groups[e.group].positions[e.vchannel]
     position.group = e.group
     position.vchannel = e.vchannel
@@ -221,7 +227,7 @@ def _consumer_fence_bumped(state, e: pb.ConsumerFenceBumped, revision) -> None:
     position.fence = e.fence
 
 
-def _balance_policy_set(state, e: pb.BalancePolicySet, revision) -> None:
+def _balance_policy_set(state, e: pb.BalancePolicySet, revision, limits: Limits) -> None:
     state.balance_policy.allow_rebalance = e.allow_rebalance
     state.balance_policy.max_moves_per_round = e.max_moves_per_round
 
@@ -260,8 +266,11 @@ _EVOLVERS: dict[str, Callable[..., None]] = {
 EVENT_KINDS: tuple[str, ...] = tuple(_EVOLVERS)
 
 
-def evolve(state: pb.CoordinationState, event: pb.Event) -> pb.CoordinationState:
-    """Fold one event into `state` (in place) and return it."""
+def evolve(
+    state: pb.CoordinationState, event: pb.Event, limits: Limits = DEFAULT_LIMITS
+) -> pb.CoordinationState:
+    """Fold one event into `state` (in place) and return it. `limits` must be the ones the
+    events were decided with (they bound what the state keeps, e.g. assignment history)."""
     if event.revision != state.revision + 1:
         raise AssertionError(
             f"event revision {event.revision} does not follow state revision {state.revision}"
@@ -269,6 +278,6 @@ def evolve(state: pb.CoordinationState, event: pb.Event) -> pb.CoordinationState
     kind = event.WhichOneof("body")
     if kind is None:
         raise AssertionError(f"event at revision {event.revision} has no body")
-    _EVOLVERS[kind](state, getattr(event, kind), event.revision)
+    _EVOLVERS[kind](state, getattr(event, kind), event.revision, limits)
     state.revision = event.revision
     return state

@@ -70,6 +70,9 @@ class Limits:
     default_moves_per_round: int = 16
     max_recovery_moves_per_round: int = 256
     dedup_window: int = 4096
+    # Proposer times beyond year 9999 are rejected: deadlines (time + ttl) must stay far
+    # inside int64, and one absurd clock must never poison the state machine's clock.
+    max_time_ms: int = 253_402_300_799_999
 
 
 DEFAULT_LIMITS = Limits()

@@ -44,8 +44,12 @@ def make_ready(state: pb.CoordinationState) -> None:
     for name in sorted(state.pchannels):
         channel = state.pchannels[name]
         if channel.state == pb.PCHANNEL_STATE_ASSIGNING:
+            # Each term's log starts after the previous term's (10 LSNs per term here).
             ready = pb.PChannelReady(
-                pchannel=name, term=channel.term, node_id=channel.owner_node_id, start_lsn=1
+                pchannel=name,
+                term=channel.term,
+                node_id=channel.owner_node_id,
+                start_lsn=10 * channel.term,
             )
             assert run(state, pb.Command(pchannel_ready=ready)).rejection.code == errors_pb2.OK
 
