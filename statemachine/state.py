@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 
+from google.protobuf.message import DecodeError
+
 from rpc.protos import coordination_pb2 as pb
 
 STATE_FORMAT_VERSION = 1
@@ -28,7 +30,12 @@ def snapshot_state(state: pb.CoordinationState) -> bytes:
 
 def restore_state(data: bytes) -> pb.CoordinationState:
     """Inverse of ``snapshot_state``; refuses a snapshot of an unknown format version."""
-    state = pb.CoordinationState.FromString(data)
+    try:
+        state = pb.CoordinationState.FromString(data)
+    except DecodeError as error:
+        raise ValueError(
+            f"undecodable coordination snapshot ({len(data)} bytes: {error})"
+        ) from None
     if state.format_version != STATE_FORMAT_VERSION:
         raise ValueError(
             f"unsupported coordination snapshot format {state.format_version} "
