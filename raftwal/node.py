@@ -421,13 +421,18 @@ class Node:
                 warnings.append(f"pchannel {channel.name} is ASSIGNING at term {channel.term}")
             elif channel.state == pb.PCHANNEL_STATE_UNAVAILABLE:
                 warnings.append(f"pchannel {channel.name} is UNAVAILABLE")
-        by_revision: dict[int, set[str]] = {}
+        # The digest covers apply metadata too (raft index, clock, dedup window), so only
+        # replicas at the same applied raft index must agree.
+        by_index: dict[int, set[str]] = {}
         for member in response.members:
             if member.reachable:
-                by_revision.setdefault(member.revision, set()).add(member.state_digest)
-        for revision, seen in sorted(by_revision.items()):
+                by_index.setdefault(member.applied_index, set()).add(member.state_digest)
+        for index, seen in sorted(by_index.items()):
             if len(seen) > 1:
-                warnings.append(f"replicas disagree at revision {revision}: digests {sorted(seen)}")
+                warnings.append(
+                    f"replicas DIVERGED at raft index {index}: state digests "
+                    f"{', '.join(d[:16] for d in sorted(seen))}"
+                )
         return warnings
 
     # -- background loops ---------------------------------------------------------------
