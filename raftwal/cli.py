@@ -54,12 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     dev_down.add_argument("--dir", type=Path, default=Path(".raftwal-dev"))
     dev_down.set_defaults(handler=_dev_down)
 
-    try:
-        from raftwal.cli_client import register
-    except ImportError:  # the client commands ship with the SDK
-        register = None
-    if register is not None:
-        register(commands)
+    from raftwal.cli_client import register
+
+    register(commands)
     return parser
 
 

@@ -143,6 +143,12 @@ class Node:
             ("grpc.max_receive_message_length", self.config.grpc_max_message_bytes),
             ("grpc.max_send_message_length", self.config.grpc_max_message_bytes),
             ("grpc.so_reuseport", 0),
+            # Clients may ping idle streams (watches, keep-alives) to notice a frozen node;
+            # the server pings too, so half-open connections of vanished clients close.
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
         ]
         server = grpc.aio.server(options=options)
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self), server)

@@ -522,6 +522,11 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 )
             )
         next_revision = request.from_revision or self._backend.applied_revision() + 1
+        # The first response has no events: it tells the client where the watch starts
+        # (from_revision 0 = "from now") before anything happens.
+        yield api.WatchEventsResponse(
+            applied_revision=self._backend.applied_revision(), next_revision=next_revision
+        )
         while True:
             try:
                 events = self._backend.events_from(next_revision, EVENT_BATCH)
@@ -530,10 +535,13 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             if events:
                 next_revision = events[-1].revision + 1
                 selected = [e for e in events if not kinds or e.WhichOneof("body") in kinds]
-                if selected:
-                    yield api.WatchEventsResponse(
-                        events=selected, applied_revision=self._backend.applied_revision()
-                    )
+                # With a kinds filter a batch may select nothing: the response (with no
+                # events) still reports progress, so a client resumes from next_revision.
+                yield api.WatchEventsResponse(
+                    events=selected,
+                    applied_revision=self._backend.applied_revision(),
+                    next_revision=next_revision,
+                )
                 continue
             await self._backend.wait_change(STREAM_POLL_S)
 

@@ -64,7 +64,7 @@ def to_status(info: errors_pb2.ErrorInfo) -> grpc.Status:
     grpc_code = GRPC_CODE_FOR.get(info.code, grpc.StatusCode.UNKNOWN)
     detail = any_pb2.Any()
     detail.Pack(info)
-    message = f"{E.ErrorCode.Name(info.code)}: {info.message}"
+    message = f"{code_name(info.code)}: {info.message}"
     status = status_pb2.Status(
         code=getattr(code_pb2, grpc_code.name), message=message, details=[detail]
     )
@@ -96,12 +96,21 @@ def from_rpc_error(error: grpc.RpcError) -> errors_pb2.ErrorInfo:
     return error_info(mapped, f"{code.name if code else 'UNKNOWN'}: {details}")
 
 
+def code_name(code: int) -> str:
+    """The enum name of `code`, or CODE_<n> for a code this version does not know (a newer
+    server may send one)."""
+    try:
+        return E.ErrorCode.Name(code)
+    except ValueError:
+        return f"CODE_{code}"
+
+
 class RaftwalError(Exception):
     """An error answered by raftwal (or a transport failure), with its ErrorInfo."""
 
     def __init__(self, info: errors_pb2.ErrorInfo) -> None:
         self.info = info
-        super().__init__(f"{E.ErrorCode.Name(info.code)}: {info.message}")
+        super().__init__(f"{code_name(info.code)}: {info.message}")
 
     @property
     def code(self) -> int:
@@ -109,4 +118,4 @@ class RaftwalError(Exception):
 
     @property
     def code_name(self) -> str:
-        return E.ErrorCode.Name(self.info.code)
+        return code_name(self.info.code)

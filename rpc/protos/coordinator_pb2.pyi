@@ -345,12 +345,14 @@ class WatchEventsRequest(_message.Message):
     def __init__(self, from_revision: _Optional[int] = ..., kinds: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WatchEventsResponse(_message.Message):
-    __slots__ = ("events", "applied_revision")
+    __slots__ = ("events", "applied_revision", "next_revision")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     APPLIED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    NEXT_REVISION_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[_coordination_pb2.Event]
     applied_revision: int
-    def __init__(self, events: _Optional[_Iterable[_Union[_coordination_pb2.Event, _Mapping]]] = ..., applied_revision: _Optional[int] = ...) -> None: ...
+    next_revision: int
+    def __init__(self, events: _Optional[_Iterable[_Union[_coordination_pb2.Event, _Mapping]]] = ..., applied_revision: _Optional[int] = ..., next_revision: _Optional[int] = ...) -> None: ...
 
 class ClusterStatusRequest(_message.Message):
     __slots__ = ("consistency",)

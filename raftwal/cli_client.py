@@ -1,0 +1,552 @@
+"""The client sub-commands of the ``raftwal`` CLI: ``status``, ``channel``, ``vchannel``,
+``events`` and ``lock``, all speaking to a cluster through the asyncio SDK (``rpc.client``).
+
+``register(commands)`` adds them to the main parser (``raftwal/cli.py``). Endpoints come
+from ``--endpoints``, else ``RAFTWAL_ENDPOINTS``, else the dev cluster file written by
+``raftwal dev up`` (``<--dev-dir>/cluster.json``). Humans get rich tables; ``--json``
+prints protobuf messages as JSON (``json_format.MessageToDict``): one object per command,
+or one line per event for streams. A raftwal error prints ``error: CODE: message`` on
+stderr and exits 1, without a traceback. Nothing here decides anything: it only calls
+the SDK and formats what comes back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from rich.console import Console
+from rich.table import Table
+
+from rpc.client import CoordinatorClient, RaftwalError
+from rpc.protos import coordination_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+CLUSTER_FILE = "cluster.json"
+ENDPOINTS_ENV = "RAFTWAL_ENDPOINTS"
+# `events` without --follow stops when the stream is idle this long before reaching the
+# revision it set out to print (a node that cannot serve the tail must not hang the CLI).
+EVENTS_IDLE_S = 10.0
+# Unlocking and revoking on the way out of `lock` is bounded like any call, but tighter:
+# the user asked to stop.
+RELEASE_TIMEOUT_S = 5.0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class CliError(Exception):
+    """A problem with what the user asked (no endpoints, a bad flag value): exit 2."""
+
+
+@dataclass
+class Target:
+    endpoints: list[str]
+    # gRPC address -> pid, from the dev cluster file (local nodes only).
+    local_pids: dict[str, int] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------
+# Parser
+# ---------------------------------------------------------------------------------------
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add the client sub-commands to the ``raftwal`` parser's sub-parsers."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--endpoints",
+        help=f"comma-separated gRPC addresses host:port (default: ${ENDPOINTS_ENV}, else the "
+        f"dev cluster file <dev-dir>/{CLUSTER_FILE})",
+    )
+    common.add_argument(
+        "--dev-dir",
+        type=Path,
+        default=Path(".raftwal-dev"),
+        help="directory of `raftwal dev up` (default: .raftwal-dev)",
+    )
+    common.add_argument(
+        "--timeout-s", type=float, default=10.0, help="bound on each call, retries included"
+    )
+    common.add_argument("--json", action="store_true", help="print JSON for machines")
+
+    status = commands.add_parser("status", parents=[common], help="cluster members and state")
+    status.add_argument(
+        "--serializable",
+        action="store_true",
+        help="read the answering node's state without going through the Raft log",
+    )
+    status.set_defaults(handler=_handler(_status))
+
+    channel = commands.add_parser("channel", help="physical channels (pchannels)")
+    channel_commands = channel.add_subparsers(dest="channel_command", metavar="ACTION")
+    channel_commands.required = True
+    create = channel_commands.add_parser("create", parents=[common], help="create pchannels")
+    create.add_argument("--count", type=int, required=True, help="how many to create")
+    create.add_argument("--prefix", default="pchannel", help="names are <prefix>_<k>")
+    create.add_argument("--replicas", type=int, default=0, help="replica set size (0: default)")
+    create.set_defaults(handler=_handler(_channel_create))
+    listing = channel_commands.add_parser("list", parents=[common], help="list pchannels")
+    listing.add_argument("--include-dropped", action="store_true")
+    listing.set_defaults(handler=_handler(_channel_list))
+    drop = channel_commands.add_parser("drop", parents=[common], help="drop pchannels")
+    drop.add_argument("names", nargs="+", metavar="NAME")
+    drop.set_defaults(handler=_handler(_channel_drop))
+
+    vchannel = commands.add_parser("vchannel", help="virtual channels (vchannels)")
+    vchannel_commands = vchannel.add_subparsers(dest="vchannel_command", metavar="ACTION")
+    vchannel_commands.required = True
+    vcreate = vchannel_commands.add_parser("create", parents=[common], help="create a vchannel")
+    vcreate.add_argument("name", metavar="NAME")
+    vcreate.add_argument("--pchannel", required=True, help="the pchannel to multiplex it on")
+    vcreate.set_defaults(handler=_handler(_vchannel_create))
+    vlist = vchannel_commands.add_parser("list", parents=[common], help="list vchannels")
+    vlist.add_argument("--include-dropped", action="store_true")
+    vlist.set_defaults(handler=_handler(_vchannel_list))
+    vdrop = vchannel_commands.add_parser("drop", parents=[common], help="drop a vchannel")
+    vdrop.add_argument("name", metavar="NAME")
+    vdrop.set_defaults(handler=_handler(_vchannel_drop))
+
+    events = commands.add_parser("events", parents=[common], help="the coordination history")
+    events.add_argument(
+        "--from-revision", type=int, default=1, help="first revision (1: all retained history)"
+    )
+    events.add_argument("--follow", action="store_true", help="keep printing new events")
+    events.add_argument(
+        "--kinds", default="", help="comma-separated event kinds, e.g. lock_acquired,lease_granted"
+    )
+    events.set_defaults(handler=_handler(_events))
+
+    lock = commands.add_parser(
+        "lock",
+        parents=[common],
+        help="hold a lock until Ctrl-C/SIGTERM (grants a lease and keeps it alive)",
+    )
+    lock.add_argument("name", metavar="NAME", help="the lock key")
+    lock.add_argument("--ttl-ms", type=int, required=True, help="lease time to live")
+    lock.add_argument("--shared", action="store_true", help="take a shared lock")
+    lock.add_argument(
+        "--wait-ms", type=int, default=0, help="wait this long for a held lock (0: fail at once)"
+    )
+    lock.set_defaults(handler=_handler(_lock))
+
+
+# ---------------------------------------------------------------------------------------
+# Plumbing
+# ---------------------------------------------------------------------------------------
+
+
+def resolve_target(endpoints: str | None, dev_dir: Path) -> Target:
+    """Where to connect: explicit endpoints, the environment, or the dev cluster file."""
+    explicit = endpoints or os.environ.get(ENDPOINTS_ENV, "")
+    if explicit:
+        listed = [e.strip() for e in explicit.split(",") if e.strip()]
+        if not listed:
+            raise CliError(f"invalid --endpoints ({explicit!r}; expected host:port[,...])")
+        return Target(listed)
+    path = dev_dir / CLUSTER_FILE
+    if not path.is_file():
+        raise CliError(
+            f"no endpoints: pass --endpoints host:port[,...], set {ENDPOINTS_ENV}, or start a "
+            f"local cluster with `raftwal dev up` (no {path})"
+        )
+    try:
+        nodes = json.loads(path.read_text())["nodes"]
+        target = Target([str(node["grpc"]) for node in nodes])
+        target.local_pids = {
+            str(node["grpc"]): int(node["pid"]) for node in nodes if node.get("pid")
+        }
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise CliError(f"cannot read endpoints from {path} ({error})") from None
+    if not target.endpoints:
+        raise CliError(f"no nodes in {path}")
+    return target
+
+
+Command = Callable[[argparse.Namespace, CoordinatorClient, Target], Awaitable[int]]
+
+
+def _handler(command: Command) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            target = resolve_target(args.endpoints, args.dev_dir)
+            return asyncio.run(_with_client(command, args, target))
+        except CliError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return EXIT_USAGE
+        except RaftwalError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return EXIT_ERROR
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+
+    return run
+
+
+async def _with_client(command: Command, args: argparse.Namespace, target: Target) -> int:
+    async with CoordinatorClient(target.endpoints, timeout_s=args.timeout_s) as client:
+        return await command(args, client, target)
+
+
+def _to_dict(message: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+
+
+def _print_json(message: Message | dict[str, Any]) -> None:
+    data = message if isinstance(message, dict) else _to_dict(message)
+    print(json.dumps(data, sort_keys=True), flush=True)
+
+
+def _enum_name(enum: Any, value: int, prefix: str) -> str:
+    try:
+        return str(enum.Name(value)).removeprefix(prefix)
+    except ValueError:
+        return str(value)
+
+
+def _pchannel_state(value: int) -> str:
+    return _enum_name(pb.PChannelState, value, "PCHANNEL_STATE_")
+
+
+# Tables written to a pipe or file are not cut to 80 columns (an elided address is useless).
+PIPE_WIDTH = 200
+
+
+def _console() -> Console:
+    return Console(highlight=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
+
+
+# ---------------------------------------------------------------------------------------
+# status
+# ---------------------------------------------------------------------------------------
+
+
+async def _status(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
+    status = await client.cluster_status(linearizable=not args.serializable)
+    if args.json:
+        data = _to_dict(status)
+        for member in data.get("members", []):
+            if not int(member.get("pid") or 0):
+                member["pid"] = target.local_pids.get(member.get("grpc_address", ""), 0)
+        _print_json(data)
+        return 0
+    console = _console()
+    console.print(
+        f"leader [bold]{status.leader_node_id or '-'}[/] ({status.leader_address or 'unknown'})"
+        f"  revision {status.revision}  leases {status.leases}  locks {status.locks}"
+        f"  pending broadcasts {status.pending_broadcasts}"
+        f"  rebalance {'on' if status.balance_policy.allow_rebalance else 'off'}"
+    )
+    members = Table(title="members")
+    for column in ("", "id", "gRPC", "Raft", "pid", "reachable", "term", "commit", "applied"):
+        members.add_column(column)
+    members.add_column("durable")
+    members.add_column("revision")
+    for member in status.members:
+        pid = member.pid or target.local_pids.get(member.grpc_address, 0)
+        members.add_row(
+            "*" if member.is_leader or member.node_id == status.leader_node_id else "",
+            member.node_id,
+            member.grpc_address,
+            member.raft_address,
+            str(pid) if pid else "-",
+            "yes" if member.reachable else "[red]no[/]",
+            str(member.raft_term),
+            str(member.commit_index),
+            str(member.applied_index),
+            str(member.durable_index),
+            str(member.revision),
+        )
+    console.print(members)
+    nodes = Table(title="nodes")
+    for column in ("id", "address", "state", "frozen", "registered"):
+        nodes.add_column(column)
+    for node in status.nodes:
+        state = _enum_name(pb.NodeState, node.state, "NODE_STATE_")
+        nodes.add_row(
+            node.node_id,
+            node.address,
+            state if state == "UP" else f"[red]{state}[/]",
+            "yes" if node.frozen else "",
+            str(node.registered_revision),
+        )
+    console.print(nodes)
+    console.print(_pchannel_table(status.pchannels))
+    for warning in status.warnings:
+        console.print(f"[yellow]warning:[/] {warning}", markup=True)
+    return 0
+
+
+def _pchannel_table(pchannels: Sequence[pb.PChannel]) -> Table:
+    table = Table(title="pchannels")
+    for column in ("name", "term", "owner", "state", "access", "replicas"):
+        table.add_column(column)
+    for channel in pchannels:
+        state = _pchannel_state(channel.state)
+        table.add_row(
+            channel.name,
+            str(channel.term),
+            channel.owner_node_id or "-",
+            state if state == "ASSIGNED" else f"[yellow]{state}[/]",
+            _enum_name(pb.AccessMode, channel.access_mode, "ACCESS_MODE_"),
+            ",".join(channel.replica_node_ids),
+        )
+    return table
+
+
+def _vchannel_table(vchannels: Sequence[pb.VChannel]) -> Table:
+    table = Table(title="vchannels")
+    for column in ("name", "id", "pchannel", "state"):
+        table.add_column(column)
+    for vchannel in vchannels:
+        table.add_row(
+            vchannel.name,
+            str(vchannel.id),
+            vchannel.pchannel,
+            _enum_name(pb.VChannelState, vchannel.state, "VCHANNEL_STATE_"),
+        )
+    return table
+
+
+# ---------------------------------------------------------------------------------------
+# channel / vchannel
+# ---------------------------------------------------------------------------------------
+
+
+async def _channel_create(
+    args: argparse.Namespace, client: CoordinatorClient, target: Target
+) -> int:
+    response = await client.create_channels(
+        count=args.count, prefix=args.prefix, replica_count=args.replicas
+    )
+    if args.json:
+        _print_json(response)
+    else:
+        _console().print(
+            f"created {len(response.pchannels)} pchannel(s) at revision {response.revision}: "
+            + ", ".join(response.pchannels)
+        )
+    return 0
+
+
+async def _channel_list(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
+    response = await client.list_channels(include_dropped=args.include_dropped)
+    if args.json:
+        _print_json(response)
+        return 0
+    console = _console()
+    console.print(_pchannel_table(response.pchannels))
+    console.print(_vchannel_table(response.vchannels))
+    console.print(f"revision {response.revision}")
+    return 0
+
+
+async def _channel_drop(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
+    response = await client.drop_channels(args.names)
+    if args.json:
+        _print_json(response)
+    else:
+        _console().print(
+            f"dropped {', '.join(args.names)} (revision {response.revision})", markup=False
+        )
+    return 0
+
+
+async def _vchannel_create(
+    args: argparse.Namespace, client: CoordinatorClient, target: Target
+) -> int:
+    response = await client.create_vchannel(args.name, args.pchannel)
+    if args.json:
+        _print_json(response)
+    else:
+        _console().print(
+            f"created vchannel {response.vchannel.name} (id {response.vchannel.id}) on "
+            f"{response.vchannel.pchannel} at revision {response.revision}",
+            markup=False,
+        )
+    return 0
+
+
+async def _vchannel_list(
+    args: argparse.Namespace, client: CoordinatorClient, target: Target
+) -> int:
+    response = await client.list_channels(include_dropped=args.include_dropped)
+    if args.json:
+        # Same shape as ListChannelsResponse's JSON (int64 as a string, as MessageToDict).
+        vchannels = [_to_dict(v) for v in response.vchannels]
+        _print_json({"vchannels": vchannels, "revision": str(response.revision)})
+        return 0
+    _console().print(_vchannel_table(response.vchannels))
+    return 0
+
+
+async def _vchannel_drop(
+    args: argparse.Namespace, client: CoordinatorClient, target: Target
+) -> int:
+    response = await client.drop_vchannel(args.name)
+    if args.json:
+        _print_json(response)
+    else:
+        _console().print(
+            f"dropped vchannel {args.name} (revision {response.revision})", markup=False
+        )
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# events
+# ---------------------------------------------------------------------------------------
+
+
+async def _events(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if args.from_revision < 0:
+        raise CliError(f"invalid --from-revision ({args.from_revision}; expected >= 0)")
+    console = _console()
+    if args.follow:
+        async for event in client.watch_events(args.from_revision, kinds):
+            _print_event(console, event, args.json)
+        return 0
+    # Without --follow: print what exists now and stop. The watch is unfiltered so that the
+    # end is visible even when no selected event reaches it; kinds filter locally.
+    end = (await client.list_channels(linearizable=True)).revision
+    if end < max(args.from_revision, 1):
+        return 0
+    stream = client.watch_events(args.from_revision or end + 1, ())
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(anext(stream), EVENTS_IDLE_S)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                print(
+                    f"warning: no event for {EVENTS_IDLE_S:g} s before revision {end}; stopping",
+                    file=sys.stderr,
+                )
+                break
+            if not kinds or event.WhichOneof("body") in kinds:
+                _print_event(console, event, args.json)
+            if event.revision >= end:
+                break
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+    return 0
+
+
+def _print_event(console: Console, event: pb.Event, as_json: bool) -> None:
+    if as_json:
+        _print_json(event)
+        return
+    kind = event.WhichOneof("body") or "?"
+    body = json.dumps(_to_dict(getattr(event, kind)) if kind != "?" else {}, separators=(",", ":"))
+    when = datetime.fromtimestamp(event.time_ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+    console.print(f"{event.revision:>8}  {when}  {kind:<28} {body}", markup=False)
+
+
+# ---------------------------------------------------------------------------------------
+# lock
+# ---------------------------------------------------------------------------------------
+
+
+async def _lock(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
+    if args.ttl_ms <= 0:
+        raise CliError(f"invalid --ttl-ms ({args.ttl_ms}; expected > 0)")
+    if args.wait_ms < 0:
+        raise CliError(f"invalid --wait-ms ({args.wait_ms}; expected >= 0)")
+    mode = "shared" if args.shared else "exclusive"
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    holder = f"raftwal-cli@{socket.gethostname()}:{os.getpid()}"
+    lease = await client.grant_lease(args.ttl_ms, holder=holder)
+    lost = False
+    try:
+        locked = await _unless_stopped(
+            client.lock(args.name, lease.lease_id, mode, args.wait_ms), stop
+        )
+        if locked is None:
+            # Interrupted while waiting: revoking the lease (below) also releases a lock
+            # that the cancelled call may have taken after all.
+            return EXIT_INTERRUPTED
+        async with client.lease_keeper(lease.lease_id) as keeper:
+            if args.json:
+                _print_json(
+                    {
+                        "key": locked.key,
+                        "mode": mode,
+                        "fencing_token": locked.fencing_token,
+                        "lease_id": lease.lease_id,
+                        "ttl_ms": args.ttl_ms,
+                        "revision": locked.revision,
+                    }
+                )
+            else:
+                print(
+                    f"locked {locked.key} ({mode}) fencing_token={locked.fencing_token} "
+                    f"lease={lease.lease_id} ttl_ms={args.ttl_ms}; Ctrl-C to release",
+                    flush=True,
+                )
+            stopped = asyncio.ensure_future(stop.wait())
+            lost_waiter = asyncio.ensure_future(keeper.wait_lost())
+            try:
+                await asyncio.wait({stopped, lost_waiter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopped.cancel()
+                lost_waiter.cancel()
+            if keeper.lost_error is not None:
+                lost = True
+                print(f"error: lease lost: {keeper.lost_error}", file=sys.stderr)
+        if not lost:
+            await _bounded(client.unlock(args.name, lease.lease_id), "unlock")
+    finally:
+        await _bounded(client.revoke_lease(lease.lease_id), "revoke the lease")
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    if not lost and not args.json:
+        print(f"released {args.name}", flush=True)
+    return EXIT_ERROR if lost else 0
+
+
+async def _unless_stopped(call: Awaitable[Any], stop: asyncio.Event) -> Any:
+    """`call`'s result, or None when `stop` is set first (the call is then cancelled)."""
+    work = asyncio.ensure_future(call)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+    return None if work.cancelled() else work.result()
+
+
+async def _bounded(call: Awaitable[Any], what: str) -> None:
+    """Best effort on the way out: a failure is reported, never raised over the real
+    outcome (the lease expires by itself after its ttl anyway)."""
+    try:
+        await asyncio.wait_for(call, RELEASE_TIMEOUT_S)
+    except (RaftwalError, TimeoutError) as error:
+        print(f"warning: could not {what}: {error}", file=sys.stderr)
+    except asyncio.CancelledError:
+        raise
