@@ -75,11 +75,12 @@ from rich.table import Table
 
 from raftwal import dev
 from raftwal.dev import free_ports
+from rpc.client import AlreadyExistsError, CoordinatorClient
+from rpc.errors import RaftwalError
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
-from rpc.protos import coordinator_pb2_grpc
 
-ERRORS: ErrorTypes = (*TRANSPORT_ERRORS, grpc.RpcError)
+ERRORS: ErrorTypes = (*TRANSPORT_ERRORS, grpc.RpcError, RaftwalError, asyncio.TimeoutError)
 
 # Targets from the issue.
 TARGET_THROUGHPUT_RATIO = 1.0
@@ -159,73 +160,54 @@ class System(Protocol):
 # -- raftwal ------------------------------------------------------------------------------
 
 
-def _local_channel(endpoint: str) -> grpc.aio.Channel:
-    # A private subchannel pool: each benchmark client gets its own TCP connection, like
-    # an independent SDK instance (and like etcd's one keep-alive connection per client).
-    return grpc.aio.insecure_channel(endpoint, options=[("grpc.use_local_subchannel_pool", 1)])
-
-
-class RaftwalStubClient:
-    """The slice of the SDK this benchmark needs, on raw grpc.aio stubs. rpc/client.py
-    (the SDK) did not exist when this was written; switching is `make_raftwal_client`."""
+class RaftwalSdkClient:
+    """The same slice over the SDK (rpc.client.CoordinatorClient) pinned to one endpoint,
+    with one attempt per call: the harness does its own timing, retries and failover
+    probing, and followers forward writes to the leader themselves."""
 
     def __init__(self, endpoint: str, name: str) -> None:
-        self._channel = _local_channel(endpoint)
-        self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
+        self._sdk = CoordinatorClient(
+            [endpoint],
+            timeout_s=REQUEST_TIMEOUT_S,
+            attempt_timeout_s=REQUEST_TIMEOUT_S,
+            max_attempts=1,
+            # A private subchannel pool: each benchmark client gets its own TCP connection,
+            # like an independent application (and like etcd's one connection per client).
+            channel_options=[("grpc.use_local_subchannel_pool", 1)],
+        )
         self.name = name
         self.lease_id = 0
 
     async def grant_lease(self, ttl_ms: int) -> int:
-        reply = await self._stub.GrantLease(
-            api.GrantLeaseRequest(ttl_ms=ttl_ms, holder=self.name), timeout=REQUEST_TIMEOUT_S
-        )
+        reply = await self._sdk.grant_lease(ttl_ms, holder=self.name)
         self.lease_id = reply.lease_id
         return reply.lease_id
 
     async def revoke_lease(self) -> None:
-        await self._stub.RevokeLease(
-            api.RevokeLeaseRequest(lease_id=self.lease_id), timeout=REQUEST_TIMEOUT_S
-        )
+        await self._sdk.revoke_lease(self.lease_id)
 
     async def lock(self, key: str, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
-        await self._stub.Lock(
-            api.LockRequest(key=key, mode=pb.LOCK_MODE_EXCLUSIVE, lease_id=self.lease_id),
-            timeout=timeout_s,
-        )
+        await asyncio.wait_for(self._sdk.lock(key, self.lease_id), timeout_s)
 
     async def unlock(self, key: str) -> None:
-        await self._stub.Unlock(
-            api.UnlockRequest(key=key, lease_id=self.lease_id), timeout=REQUEST_TIMEOUT_S
-        )
+        await self._sdk.unlock(key, self.lease_id)
 
     async def describe_channel(self, pchannel: str) -> None:
-        await self._stub.DescribeChannels(
-            api.DescribeChannelsRequest(
-                pchannels=[pchannel], consistency=api.CONSISTENCY_LINEARIZABLE
-            ),
-            timeout=REQUEST_TIMEOUT_S,
-        )
+        await self._sdk.describe_channels([pchannel], linearizable=True)
 
     async def create_channel(self, pchannel: str) -> None:
-        try:
-            await self._stub.CreateChannels(
-                api.CreateChannelsRequest(names=[pchannel]), timeout=REQUEST_TIMEOUT_S
-            )
-        except grpc.aio.AioRpcError as error:
-            if error.code() != grpc.StatusCode.ALREADY_EXISTS:
-                raise
+        with contextlib.suppress(AlreadyExistsError):
+            await self._sdk.create_channels(names=[pchannel])
 
     async def cluster_status(self, timeout_s: float = 2.0) -> api.ClusterStatusResponse:
-        return await self._stub.ClusterStatus(
-            api.ClusterStatusRequest(consistency=api.CONSISTENCY_SERIALIZABLE), timeout=timeout_s
-        )
+        return await asyncio.wait_for(self._sdk.cluster_status(linearizable=False), timeout_s)
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._sdk.close()
 
 
-def make_raftwal_client(endpoint: str, name: str) -> RaftwalStubClient:
-    return RaftwalStubClient(endpoint, name)
+def make_raftwal_client(endpoint: str, name: str) -> RaftwalSdkClient:
+    return RaftwalSdkClient(endpoint, name)
 
 
 READ_PCHANNEL = "bench_read"
@@ -235,7 +217,7 @@ PROBE_KEY = "bench/failover"
 class RaftwalBenchClient:
     """Writes alternate Lock and Unlock of one key held by this client's own lease."""
 
-    def __init__(self, sdk: RaftwalStubClient, key: str) -> None:
+    def __init__(self, sdk: RaftwalSdkClient, key: str) -> None:
         self._sdk = sdk
         self._key = key
         self._held = False
@@ -272,7 +254,7 @@ class RaftwalSystem:
     def __init__(self, directory: Path) -> None:
         self._directory = directory
         self._cluster: dev.LocalCluster | None = None
-        self._status_clients: dict[str, RaftwalStubClient] = {}
+        self._status_clients: dict[str, RaftwalSdkClient] = {}
 
     @property
     def cluster(self) -> dev.LocalCluster:
@@ -312,8 +294,8 @@ class RaftwalSystem:
                 return "not running"
             try:
                 return await self._status_clients[member].cluster_status()
-            except grpc.aio.AioRpcError as error:
-                return error.code().name
+            except (grpc.aio.AioRpcError, RaftwalError, TimeoutError) as error:
+                return getattr(error, "code_name", type(error).__name__)
 
         members = self.members()
         answers = await asyncio.gather(*(one(m) for m in members))
