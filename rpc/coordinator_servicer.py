@@ -174,19 +174,43 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         return _raise_rejection(await self._backend.propose(command))
 
     async def _propose_waiting(
-        self, request_id: str, wait_ms: int, **body: object
+        self, request_id: str, wait_ms: int, keys: list[str], **body: object
     ) -> pb.CommandResult:
-        """Propose; while the answer is RESOURCE_ACQUIRED and time remains, wait for the
-        state to change and try again (each attempt its own request id)."""
+        """Propose; while the answer is RESOURCE_ACQUIRED and time remains, wait until one
+        of `keys` changes hands in this node's applied state and try again (each attempt
+        its own request id). Waiting on the keys, not on any change, keeps many waiters
+        from re-proposing on every unrelated write."""
         deadline = time.monotonic() + wait_ms / 1000
+
+        def holders(state: pb.CoordinationState) -> bytes:
+            held = pb.CoordinationState()
+            for key in keys:
+                if key in state.locks:
+                    held.locks[key].CopyFrom(state.locks[key])
+            return held.SerializeToString(deterministic=True)
+
         for attempt in range(MAX_WAIT_ATTEMPTS):
             attempt_id = request_id if attempt == 0 else f"{request_id}.{attempt}"
             command = pb.Command(request_id=attempt_id, **body)  # type: ignore[arg-type]
             result = await self._backend.propose(command)
-            remaining = deadline - time.monotonic()
-            if result.rejection.code != E.RESOURCE_ACQUIRED or remaining <= 0:
+            if result.rejection.code != E.RESOURCE_ACQUIRED:
                 return _raise_rejection(result)
-            await self._backend.wait_change(min(remaining, STREAM_POLL_S))
+            seen, _ = await self._backend.read(holders, linearizable=False)
+            # Retry when the keys change hands, and at least once per poll interval (the
+            # release may have been applied here before `seen` was read).
+            poll_until = time.monotonic() + STREAM_POLL_S
+            while seen:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return _raise_rejection(result)
+                if time.monotonic() >= poll_until:
+                    break
+                await self._backend.wait_change(min(remaining, poll_until - time.monotonic()))
+                now, _ = await self._backend.read(holders, linearizable=False)
+                if now != seen:
+                    break
+            if deadline - time.monotonic() <= 0:
+                return _raise_rejection(result)
         raise _fail(E.RESOURCE_ACQUIRED, f"gave up after {MAX_WAIT_ATTEMPTS} attempts")
 
     # -- channels ---------------------------------------------------------------------
@@ -375,6 +399,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             result = await self._propose_waiting(
                 request_id,
                 request.wait_timeout_ms,
+                [request.key],
                 lock=pb.Lock(key=request.key, mode=request.mode, lease_id=request.lease_id),
             )
             return api.LockResponse(
@@ -424,6 +449,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             result = await self._propose_waiting(
                 request_id,
                 request.lock_timeout_ms,
+                [k.key for k in request.resource_keys],
                 create_broadcast=pb.CreateBroadcast(
                     message=request.message,
                     msg_type=request.msg_type,
