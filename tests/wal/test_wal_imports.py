@@ -1,0 +1,32 @@
+"""Import direction (DESIGN.md section 1): wal_segments never imports raft or raftwal,
+and of our packages only rpc.protos (wire records)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import wal_segments
+
+OURS = {"raft", "raftwal", "rpc", "statemachine", "spark_connector"}
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def test_wal_segments_imports_only_allowed_packages():
+    package = Path(wal_segments.__file__).parent
+    modules = sorted(package.glob("*.py"))
+    assert len(modules) >= 5
+    for module in modules:
+        for name in _imports(module):
+            top = name.split(".")[0]
+            if top in OURS:
+                assert name == "rpc.protos" or name.startswith("rpc.protos."), (module, name)
