@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from statemachine.validation import NAME_CHARSET
+from wal_segments.fsync_policy import parse_fsync_policy
 
 
 class ConfigError(ValueError):
@@ -76,6 +77,12 @@ class ClusterConfig:
     # Raft snapshot after this many log entries.
     raft_snapshot_entries: int = 20_000
     grpc_max_message_bytes: int = 32 * 1024 * 1024
+    # WAL: fsync before acknowledging (`always`), every N ms (`interval:<ms>`) or `never`
+    # (UNSAFE: acknowledged entries can be lost on power loss).
+    wal_fsync_policy: str = "always"
+    # The owner seals the open segment past this size or age.
+    segment_max_bytes: int = 64 * 1024 * 1024
+    segment_max_age_ms: int = 600_000
     extra: Mapping[str, object] = field(default_factory=dict)
 
     def node(self, node_id: str) -> NodeConfig:
@@ -169,6 +176,13 @@ def parse_config(
                 raise ConfigError(
                     f"invalid {env_name} ({environ[env_name]!r}; expected an integer)"
                 ) from None
+    policy = cluster_table.get("wal_fsync_policy", config.wal_fsync_policy)
+    policy = environ.get("RAFTWAL_WAL_FSYNC_POLICY", policy)
+    try:
+        parse_fsync_policy(str(policy))
+    except ValueError as error:
+        raise ConfigError(f"invalid cluster.wal_fsync_policy: {error}") from None
+    overrides["wal_fsync_policy"] = str(policy)
     secret = environ.get("RAFTWAL_SECRET") or None
     secret_file = cluster_table.get("secret_file")
     if secret is None and secret_file:
@@ -216,6 +230,7 @@ def render_config(config: ClusterConfig, secret_file: str | None = None) -> str:
         lines.append(f'secret_file = "{secret_file}"')
     for name in sorted(_TIMINGS):
         lines.append(f"{name} = {getattr(config, name)}")
+    lines.append(f'wal_fsync_policy = "{config.wal_fsync_policy}"')
     for node in config.nodes:
         lines += [
             "",

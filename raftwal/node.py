@@ -36,11 +36,21 @@ from raftwal.config import ClusterConfig, NodeConfig, check_transport_security
 from raftwal.coordinator import Coordinator
 from raftwal.internal import ClusterServicer, NodeManagerServicer
 from raftwal.proposals import ProposalBatcher
+from raftwal.streaming import (
+    GrpcReplicaTransport,
+    NodeDataView,
+    ReplicationServicer,
+    StreamingNodeServicer,
+    reconcile_loop,
+)
 from rpc.coordinator_servicer import CompactedHistory, CoordinatorServicer
 from rpc.errors import RaftwalError, error_info, from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
-from rpc.protos import coordinator_pb2_grpc, errors_pb2
+from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2, streaming_pb2_grpc
+from wal_segments.fsync_policy import parse_fsync_policy
+from wal_segments.owner import OwnerConfig
+from wal_segments.plane import DataPlane
 
 log = logging.getLogger(__name__)
 E = errors_pb2
@@ -52,6 +62,8 @@ SERVICE_NAMES = (
     api.DESCRIPTOR.services_by_name["Coordinator"].full_name,
     api.DESCRIPTOR.services_by_name["NodeManager"].full_name,
     api.DESCRIPTOR.services_by_name["Cluster"].full_name,
+    streaming_pb2.DESCRIPTOR.services_by_name["StreamingNode"].full_name,
+    streaming_pb2.DESCRIPTOR.services_by_name["Replication"].full_name,
 )
 
 
@@ -107,6 +119,19 @@ class Node:
         self.batcher = ProposalBatcher(self._propose_entry)
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.data_view = NodeDataView(self)
+        self.plane = DataPlane(
+            node_id=self.me.id,
+            data_dir=data_dir,
+            policy=parse_fsync_policy(config.wal_fsync_policy),
+            owner_config=OwnerConfig(
+                segment_max_bytes=config.segment_max_bytes,
+                segment_max_age_ms=config.segment_max_age_ms,
+            ),
+            transport=GrpcReplicaTransport(self),
+            proposer=self.data_view,
+            view=self.data_view,
+        )
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -154,6 +179,12 @@ class Node:
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self), server)
         coordinator_pb2_grpc.add_NodeManagerServicer_to_server(NodeManagerServicer(self), server)
         coordinator_pb2_grpc.add_ClusterServicer_to_server(ClusterServicer(self), server)
+        streaming_pb2_grpc.add_StreamingNodeServicer_to_server(
+            StreamingNodeServicer(self, self.plane, self.data_view), server
+        )
+        streaming_pb2_grpc.add_ReplicationServicer_to_server(
+            ReplicationServicer(self, self.plane), server
+        )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection(
@@ -171,6 +202,9 @@ class Node:
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(self.coordinator.run(), name="coordinator"),
             asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
+            asyncio.create_task(
+                reconcile_loop(self, self.plane, self.data_view, self._stopping), name="reconcile"
+            ),
         ]
         log.info(
             "node %s serving gRPC on %s, Raft on %s (pid %d)",
@@ -204,6 +238,7 @@ class Node:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.plane.close()
         if self._server is not None:
             await self._server.stop(grace=1.0)
         for channel in self._channels.values():
@@ -469,6 +504,8 @@ class Node:
         )
         while not self._stopping.is_set():
             leader = self.leader() if self.peer is not None else None
+            request.serving_terms.clear()
+            request.serving_terms.update(self.plane.serving_terms())
             if leader is not None:
                 if leader.id == self.me.id:
                     self.coordinator.record_heartbeat(request)

@@ -25,6 +25,7 @@ from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
 from statemachine.evolve import EVENT_KINDS
 from statemachine.types import DEFAULT_LIMITS as LIMITS
+from statemachine.validation import check_name
 
 log = logging.getLogger(__name__)
 E = errors_pb2
@@ -608,6 +609,72 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
             policy, _ = await self._backend.read(reader, linearizable=False)
             return api.SetBalancePolicyResponse(policy=policy, revision=revision)
+
+        return await self._call(context, work())
+
+
+    async def ListSegments(self, request, context):
+        async def work() -> api.ListSegmentsResponse:
+            _check_count("pchannels", len(request.pchannels), 0)
+            names = list(dict.fromkeys(request.pchannels))
+            for name in names:
+                bad = check_name("pchannel", name, LIMITS)
+                if bad is not None:
+                    raise _fail(E.INVALID_ARGUMENT, bad.message)
+            as_of = request.as_of_revision
+            if as_of < 0:
+                raise _fail(E.INVALID_ARGUMENT, f"invalid as_of_revision ({as_of}; expected >= 0)")
+
+            def reader(state: pb.CoordinationState) -> tuple[list[pb.Segment], bool, list[str]]:
+                wanted = names or sorted(state.manifests)
+                missing = [n for n in wanted if n not in state.pchannels]
+                segments: list[pb.Segment] = []
+                retention = False
+                for name in wanted:
+                    manifest = state.manifests.get(name)
+                    if manifest is None:
+                        continue
+                    retention = retention or manifest.deleted_before_lsn > 0
+                    for segment in manifest.segments:
+                        copy = pb.Segment()
+                        copy.CopyFrom(segment)
+                        segments.append(copy)
+                return segments, retention, missing
+
+            (segments, retention, missing), revision = await self._backend.read(
+                reader, linearizable=True
+            )
+            if missing:
+                raise _fail(E.CHANNEL_NOT_EXIST, f"pchannel {missing[0]!r} does not exist")
+            if not as_of:
+                return api.ListSegmentsResponse(segments=segments, revision=revision)
+            if as_of > revision:
+                raise _fail(
+                    E.INVALID_ARGUMENT,
+                    f"as_of_revision {as_of} is in the future (current revision {revision})",
+                )
+            if retention:
+                # A segment deleted after `as_of` cannot be read any more: the snapshot is
+                # no longer repeatable.
+                wanted = set(names)
+                cursor = as_of + 1
+                while cursor <= revision:
+                    events = self._backend.events_from(cursor, EVENT_BATCH)
+                    if not events:
+                        break
+                    for event in events:
+                        if event.WhichOneof("body") == "segments_deleted" and (
+                            not wanted or event.segments_deleted.pchannel in wanted
+                        ):
+                            raise _fail(
+                                E.COMPACTED,
+                                f"segments of {event.segments_deleted.pchannel} committed by "
+                                f"revision {as_of} were deleted at revision {event.revision}",
+                            )
+                    cursor = events[-1].revision + 1
+            return api.ListSegmentsResponse(
+                segments=[s for s in segments if s.committed_revision <= as_of], revision=as_of
+            )
 
         return await self._call(context, work())
 

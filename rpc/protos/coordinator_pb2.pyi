@@ -414,6 +414,22 @@ class ClusterStatusResponse(_message.Message):
     pending_broadcasts: int
     def __init__(self, leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[_coordination_pb2.Node, _Mapping]]] = ..., pchannels: _Optional[_Iterable[_Union[_coordination_pb2.PChannel, _Mapping]]] = ..., revision: _Optional[int] = ..., balance_policy: _Optional[_Union[_coordination_pb2.BalancePolicy, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., leases: _Optional[int] = ..., locks: _Optional[int] = ..., pending_broadcasts: _Optional[int] = ...) -> None: ...
 
+class ListSegmentsRequest(_message.Message):
+    __slots__ = ("pchannels", "as_of_revision")
+    PCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_REVISION_FIELD_NUMBER: _ClassVar[int]
+    pchannels: _containers.RepeatedScalarFieldContainer[str]
+    as_of_revision: int
+    def __init__(self, pchannels: _Optional[_Iterable[str]] = ..., as_of_revision: _Optional[int] = ...) -> None: ...
+
+class ListSegmentsResponse(_message.Message):
+    __slots__ = ("segments", "revision")
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    segments: _containers.RepeatedCompositeFieldContainer[_coordination_pb2.Segment]
+    revision: int
+    def __init__(self, segments: _Optional[_Iterable[_Union[_coordination_pb2.Segment, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+
 class SetBalancePolicyRequest(_message.Message):
     __slots__ = ("request_id", "allow_rebalance", "max_moves_per_round", "freeze_node_ids", "unfreeze_node_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -486,14 +502,23 @@ class CollectStatusResponse(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., member: _Optional[_Union[MemberStatus, _Mapping]] = ..., serving_terms: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "address", "incarnation")
+    __slots__ = ("node_id", "address", "incarnation", "serving_terms")
+    class ServingTermsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SERVING_TERMS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     incarnation: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    serving_terms: _containers.ScalarMap[str, int]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., serving_terms: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("leader_node_id", "revision")

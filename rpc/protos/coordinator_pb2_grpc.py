@@ -124,6 +124,11 @@ class CoordinatorStub:
                 request_serializer=rpc_dot_protos_dot_coordinator__pb2.SetBalancePolicyRequest.SerializeToString,
                 response_deserializer=rpc_dot_protos_dot_coordinator__pb2.SetBalancePolicyResponse.FromString,
                 _registered_method=True)
+        self.ListSegments = channel.unary_unary(
+                '/raftwal.v1.Coordinator/ListSegments',
+                request_serializer=rpc_dot_protos_dot_coordinator__pb2.ListSegmentsRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_coordinator__pb2.ListSegmentsResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -237,6 +242,12 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSegments(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -329,6 +340,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.SetBalancePolicy,
                     request_deserializer=rpc_dot_protos_dot_coordinator__pb2.SetBalancePolicyRequest.FromString,
                     response_serializer=rpc_dot_protos_dot_coordinator__pb2.SetBalancePolicyResponse.SerializeToString,
+            ),
+            'ListSegments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSegments,
+                    request_deserializer=rpc_dot_protos_dot_coordinator__pb2.ListSegmentsRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_coordinator__pb2.ListSegmentsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -817,6 +833,33 @@ class Coordinator:
             '/raftwal.v1.Coordinator/SetBalancePolicy',
             rpc_dot_protos_dot_coordinator__pb2.SetBalancePolicyRequest.SerializeToString,
             rpc_dot_protos_dot_coordinator__pb2.SetBalancePolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSegments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Coordinator/ListSegments',
+            rpc_dot_protos_dot_coordinator__pb2.ListSegmentsRequest.SerializeToString,
+            rpc_dot_protos_dot_coordinator__pb2.ListSegmentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,1029 @@
+"""The data plane's gRPC side and its wiring to the coordination plane.
+
+- `NodeDataView`: the node's cached view of assignments, vchannels and manifests (refreshed
+  when the node applies new commands) and the `Proposer` the owners use (PChannelReady,
+  CommitSegment, reassignment after a restart). This is where the two planes meet.
+- `GrpcReplicaTransport`: the owner's client side of the `Replication` service.
+- `ReplicationServicer`: the replica side (Append stream, Fence, Fetch).
+- `StreamingNodeServicer`: the public service (Produce, Consume, transactions,
+  GetLatestTimeTick, ReadSegment). Servicers validate, call the data plane, and map
+  outcomes to gRPC statuses with an ErrorInfo; a bad request never reaches a file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import grpc
+
+from rpc.errors import RaftwalError, error_info, to_status
+from rpc.protos import coordination_pb2 as pb
+from rpc.protos import errors_pb2, streaming_pb2_grpc
+from rpc.protos import streaming_pb2 as wire
+from statemachine.types import DEFAULT_LIMITS as LIMITS
+from statemachine.validation import check_name
+from wal_segments.format import (
+    MAX_KEY_BYTES,
+    TXN_FLAGS,
+    EntryFlags,
+    MsgType,
+    msg_type_code,
+    msg_type_name,
+)
+from wal_segments.log import BadBatch, Fenced, LogError, Mismatch
+from wal_segments.owner import Message, WalError
+from wal_segments.plane import Assignment, DataPlane
+from wal_segments.segment import SegmentCorrupted, SegmentReader
+
+if TYPE_CHECKING:
+    from raftwal.node import Node
+
+log = logging.getLogger(__name__)
+E = errors_pb2
+
+MAX_MESSAGES_PER_BATCH = 10_000
+MAX_PAYLOAD_BYTES = 8 << 20
+MAX_PRODUCER_ID_CHARS = 128
+MAX_INFLIGHT_PER_STREAM = 64
+CONSUME_POLL_S = 1.0
+DEFAULT_CONSUME_BATCH = 1000
+MAX_CONSUME_BATCH = 10_000
+CONSUME_CHUNK_BYTES = 4 << 20
+DEFAULT_TXN_KEEPALIVE_MS = 10_000
+MAX_TXN_KEEPALIVE_MS = 600_000
+MAX_TXN_BYTES = 16 << 20
+MAX_OPEN_TXNS = 10_000
+RESERVED_PROPERTY_PREFIX = "rw."
+#: message types a producer may not write (the WAL writes them itself)
+CONTROL_MSG_TYPES = frozenset(
+    {
+        int(MsgType.TERM_START),
+        int(MsgType.SEAL),
+        int(MsgType.TXN_BEGIN),
+        int(MsgType.TXN_COMMIT),
+        int(MsgType.TXN_ROLLBACK),
+    }
+)
+_STATE_NAMES = {
+    pb.PCHANNEL_STATE_ASSIGNING: "ASSIGNING",
+    pb.PCHANNEL_STATE_ASSIGNED: "ASSIGNED",
+}
+
+
+def _fail(code: int, message: str, **hints: object) -> RaftwalError:
+    return RaftwalError(error_info(code, message, **hints))  # type: ignore[arg-type]
+
+
+# -- the coordination view -------------------------------------------------------------------
+
+
+@dataclass
+class _VChannel:
+    name: str
+    id: int
+    pchannel: str
+    normal: bool
+
+
+@dataclass
+class _View:
+    revision: int = -1
+    assignments: dict[str, Assignment] = field(default_factory=dict)
+    vchannels: dict[str, _VChannel] = field(default_factory=dict)
+    vchannel_names: dict[int, str] = field(default_factory=dict)
+    addresses: dict[str, str] = field(default_factory=dict)
+    committed_through: dict[str, int] = field(default_factory=dict)
+    pchannels: set[str] = field(default_factory=set)
+
+
+class NodeDataView:
+    """CoordinationView + Proposer over the node's applied state."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+        self.view = _View()
+
+    def refresh(self) -> None:
+        def reader(state: pb.CoordinationState) -> _View:
+            view = _View(revision=state.revision)
+            for name, channel in state.pchannels.items():
+                if channel.state == pb.PCHANNEL_STATE_DROPPED:
+                    continue
+                view.pchannels.add(name)
+                if channel.state in _STATE_NAMES:
+                    view.assignments[name] = Assignment(
+                        pchannel=name,
+                        term=channel.term,
+                        owner_node_id=channel.owner_node_id,
+                        state=_STATE_NAMES[channel.state],
+                        replica_node_ids=tuple(channel.replica_node_ids),
+                    )
+            for name, vchannel in state.vchannels.items():
+                view.vchannels[name] = _VChannel(
+                    name, vchannel.id, vchannel.pchannel, vchannel.state == pb.VCHANNEL_STATE_NORMAL
+                )
+                view.vchannel_names[vchannel.id] = name
+            for node_id, node in state.nodes.items():
+                view.addresses[node_id] = node.address
+            for name, manifest in state.manifests.items():
+                view.committed_through[name] = manifest.committed_through_lsn
+            return view
+
+        if self._node.applied_revision() != self.view.revision:
+            self.view = self._node.replica.read(reader)
+
+    # CoordinationView
+
+    def assignments(self) -> dict[str, Assignment]:
+        return self.view.assignments
+
+    async def reassign_to_self(self, pchannel: str, term: int) -> None:
+        assignment = self.view.assignments.get(pchannel)
+        replicas = list(assignment.replica_node_ids) if assignment else []
+        result = await self._node.propose(
+            pb.Command(
+                request_id=f"reassign:{pchannel}:{term + 1}:{self._node.me.id}",
+                assign_pchannel=pb.AssignPChannel(
+                    pchannel=pchannel,
+                    term=term + 1,
+                    node_id=self._node.me.id,
+                    replica_node_ids=replicas,
+                ),
+            )
+        )
+        if result.rejection.code != E.OK:
+            log.info("reassign %s to self rejected: %s", pchannel, result.rejection.message)
+
+    # Proposer
+
+    async def pchannel_ready(self, pchannel: str, term: int, start_lsn: int) -> int:
+        result = await self._node.propose(
+            pb.Command(
+                request_id=f"ready:{pchannel}:{term}:{start_lsn}",
+                pchannel_ready=pb.PChannelReady(
+                    pchannel=pchannel, term=term, node_id=self._node.me.id, start_lsn=start_lsn
+                ),
+            )
+        )
+        return result.rejection.code
+
+    async def commit_segment(self, pchannel: str, term: int, fields: dict[str, object]) -> int:
+        result = await self._node.propose(
+            pb.Command(
+                request_id=f"commit:{pchannel}:{term}:{fields['first_lsn']}:{fields['digest']}",
+                commit_segment=pb.CommitSegment(pchannel=pchannel, term=term, **fields),  # type: ignore[arg-type]
+            )
+        )
+        if result.rejection.code == E.OK:
+            self.view.committed_through[pchannel] = max(
+                self.view.committed_through.get(pchannel, 0),
+                int(fields["last_lsn"]),  # type: ignore[call-overload]
+            )
+        return result.rejection.code
+
+    def committed_through(self, pchannel: str) -> int:
+        return self.view.committed_through.get(pchannel, 0)
+
+    def still_assigned(self, pchannel: str, term: int) -> bool:
+        assignment = self.view.assignments.get(pchannel)
+        if assignment is None:
+            return pchannel not in self.view.pchannels and self.view.revision < 0
+        return assignment.term == term and assignment.owner_node_id == self._node.me.id
+
+    # helpers for the servicers
+
+    def owner_hint(self, pchannel: str) -> tuple[str, int]:
+        assignment = self.view.assignments.get(pchannel)
+        if assignment is None:
+            return "", 0
+        return self.view.addresses.get(assignment.owner_node_id, ""), assignment.term
+
+
+# -- transport -------------------------------------------------------------------------------
+
+
+class _GrpcAppendStream:
+    def __init__(self, stub: streaming_pb2_grpc.ReplicationStub) -> None:
+        self._call = stub.Append()
+
+    async def write(self, request: wire.AppendRequest) -> None:
+        await self._call.write(request)
+
+    async def responses(self) -> AsyncIterator[wire.AppendResponse]:
+        while True:
+            response = await self._call.read()
+            if response is grpc.aio.EOF:
+                return
+            yield response
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class GrpcReplicaTransport:
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    def _stub(self, node_id: str) -> streaming_pb2_grpc.ReplicationStub:
+        address = self._node.config.node(node_id).grpc_address
+        return streaming_pb2_grpc.ReplicationStub(self._node.channel(address))
+
+    def open_append(self, node_id: str) -> _GrpcAppendStream:
+        return _GrpcAppendStream(self._stub(node_id))
+
+    async def fence(self, node_id: str, request: wire.FenceRequest) -> wire.FenceResponse:
+        try:
+            return await self._stub(node_id).Fence(request, timeout=2.0)
+        except grpc.aio.AioRpcError as error:
+            from rpc.errors import from_rpc_error
+
+            info = from_rpc_error(error)
+            if info.code == E.CHANNEL_FENCED:
+                raise WalError(
+                    E.CHANNEL_FENCED, info.message, current_term=info.current_term
+                ) from None
+            raise
+
+    async def fetch(self, node_id: str, request: wire.FetchRequest) -> wire.FetchResponse:
+        return await self._stub(node_id).Fetch(request, timeout=10.0)
+
+
+# -- replica side ----------------------------------------------------------------------------
+
+
+class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
+    def __init__(self, node: Node, plane: DataPlane) -> None:
+        self._node = node
+        self._plane = plane
+
+    def _check_pchannel(self, pchannel: str) -> None:
+        bad = check_name("pchannel", pchannel, LIMITS)
+        if bad is not None:
+            raise _fail(E.INVALID_ARGUMENT, bad.message)
+
+    async def Fence(self, request, context):
+        try:
+            self._check_pchannel(request.pchannel)
+            if request.term < 1:
+                raise _fail(E.INVALID_ARGUMENT, f"invalid term ({request.term}; expected >= 1)")
+            wal = await self._plane.log(request.pchannel)
+            position = await wal.fence(request.term)
+        except Fenced as error:
+            await context.abort_with_status(
+                to_status(error_info(E.CHANNEL_FENCED, str(error), current_term=error.fenced_term))
+            )
+        except RaftwalError as error:
+            await context.abort_with_status(to_status(error.info))
+        except (LogError, SegmentCorrupted, OSError) as error:
+            await context.abort_with_status(to_status(error_info(E.INNER, str(error))))
+        return wire.FenceResponse(
+            fenced_term=wal.fenced_term,
+            last_lsn=position.last_lsn,
+            last_term=position.last_term,
+            last_time_tick=position.last_time_tick,
+            node_id=self._node.me.id,
+        )
+
+    async def Fetch(self, request, context):
+        try:
+            self._check_pchannel(request.pchannel)
+            wal = await self._plane.log(request.pchannel)
+        except RaftwalError as error:
+            await context.abort_with_status(to_status(error.info))
+        except (LogError, SegmentCorrupted, OSError) as error:
+            await context.abort_with_status(to_status(error_info(E.INNER, str(error))))
+        if request.term < wal.fenced_term:
+            return wire.FetchResponse(status=wire.APPEND_STATUS_FENCED, fenced_term=wal.fenced_term)
+        if request.prev_lsn < 0 or request.prev_term < 0:
+            await context.abort_with_status(
+                to_status(error_info(E.INVALID_ARGUMENT, "negative prev_lsn or prev_term"))
+            )
+        prev = request.prev_lsn
+        try:
+            wal.check_match(prev, request.prev_term)
+        except Mismatch as error:
+            return wire.FetchResponse(
+                status=wire.APPEND_STATUS_MISMATCH,
+                last_lsn=wal.last_lsn,
+                last_term=wal.last_term,
+                conflict_term=error.conflict_term,
+                conflict_first_lsn=error.conflict_first_lsn,
+            )
+        max_bytes = min(max(request.max_bytes, 1 << 16), 16 << 20)
+        frames = wal.read_frames(prev + 1, max_bytes)
+        return wire.FetchResponse(
+            status=wire.APPEND_STATUS_OK,
+            frames=frames,
+            last_lsn=wal.last_lsn,
+            last_term=wal.last_term,
+        )
+
+    async def Append(self, request_iterator, context):
+        """Requests are written in order; durability is awaited concurrently and answers go
+        back in request order (pipelining)."""
+        answers: asyncio.Queue[asyncio.Future[wire.AppendResponse] | None] = asyncio.Queue(
+            maxsize=256
+        )
+
+        async def handle(request: wire.AppendRequest) -> asyncio.Future[wire.AppendResponse]:
+            future: asyncio.Future[wire.AppendResponse] = asyncio.get_running_loop().create_future()
+            try:
+                bad = check_name("pchannel", request.pchannel, LIMITS)
+                if bad is not None:
+                    raise BadBatch(bad.message)
+                wal = await self._plane.log(request.pchannel)
+                if request.frames:
+                    result = await wal.append(
+                        request.term, request.prev_lsn, request.prev_term, request.frames
+                    )
+                else:
+                    # A heartbeat: log matching only.
+                    if request.term < wal.fenced_term:
+                        raise Fenced(request.term, wal.fenced_term)
+                    prev = request.prev_lsn
+                    wal.check_match(prev, request.prev_term)
+                    result = None
+                    matched = prev
+            except Fenced as error:
+                future.set_result(
+                    wire.AppendResponse(
+                        request_id=request.request_id,
+                        status=wire.APPEND_STATUS_FENCED,
+                        fenced_term=error.fenced_term,
+                    )
+                )
+                return future
+            except Mismatch as error:
+                future.set_result(
+                    wire.AppendResponse(
+                        request_id=request.request_id,
+                        status=wire.APPEND_STATUS_MISMATCH,
+                        last_lsn=wal.last_lsn,
+                        last_term=wal.last_term,
+                        conflict_term=error.conflict_term,
+                        conflict_first_lsn=error.conflict_first_lsn,
+                    )
+                )
+                return future
+            except (BadBatch, LogError, SegmentCorrupted, OSError, ValueError) as error:
+                future.set_result(
+                    wire.AppendResponse(
+                        request_id=request.request_id,
+                        status=wire.APPEND_STATUS_ERROR,
+                        error=error_info(E.INNER, str(error)[:500]),
+                    )
+                )
+                return future
+
+            async def durable() -> None:
+                try:
+                    if result is not None:
+                        await wal.wait_durable(result)
+                        durable_lsn = result.last_lsn
+                    else:
+                        durable_lsn = matched
+                    committed = min(request.committed_lsn, durable_lsn)
+                    if committed > wal.committed_lsn:
+                        wal.committed_lsn = committed
+                    future.set_result(
+                        wire.AppendResponse(
+                            request_id=request.request_id,
+                            status=wire.APPEND_STATUS_OK,
+                            durable_lsn=durable_lsn,
+                            last_lsn=wal.last_lsn,
+                            last_term=wal.last_term,
+                        )
+                    )
+                except (LogError, OSError, ValueError) as error:
+                    future.set_result(
+                        wire.AppendResponse(
+                            request_id=request.request_id,
+                            status=wire.APPEND_STATUS_ERROR,
+                            error=error_info(E.INNER, str(error)[:500]),
+                        )
+                    )
+
+            asyncio.ensure_future(durable())
+            return future
+
+        async def reader() -> None:
+            try:
+                async for request in request_iterator:
+                    await answers.put(await handle(request))
+            finally:
+                await answers.put(None)
+
+        task = asyncio.create_task(reader())
+        try:
+            while True:
+                future = await answers.get()
+                if future is None:
+                    break
+                yield await future
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+# -- transactions ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Txn:
+    txn_id: int
+    vchannel: str
+    vchannel_id: int
+    pchannel: str
+    term: int
+    keepalive_ms: int
+    deadline: float
+    messages: list[Message] = field(default_factory=list)
+    bytes: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+# -- the public service ----------------------------------------------------------------------
+
+
+class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
+    def __init__(self, node: Node, plane: DataPlane, view: NodeDataView) -> None:
+        self._node = node
+        self._plane = plane
+        self._view = view
+        self._txns: dict[int, _Txn] = {}
+        self._txn_counter = itertools.count(1)
+
+    # plumbing
+
+    async def _abort(self, context: grpc.aio.ServicerContext, error: BaseException) -> None:
+        if isinstance(error, (RaftwalError, WalError)):
+            info = error.info
+        else:
+            log.exception("internal error in StreamingNode", exc_info=error)
+            info = error_info(E.INNER, f"internal error: {error!r}"[:300])
+        await context.abort_with_status(to_status(info))
+
+    def _owner(self, pchannel: str):  # type: ignore[no-untyped-def]
+        owner = self._plane.owner(pchannel)
+        if owner is None or not owner.serving:
+            if owner is not None and owner.state == "fenced":
+                raise _fail(
+                    E.CHANNEL_FENCED,
+                    f"pchannel {pchannel} was fenced at term {owner.term}",
+                    current_term=owner.fenced_by,
+                    owner_hint=self._view.owner_hint(pchannel)[0],
+                )
+            if pchannel not in self._view.view.pchannels:
+                raise _fail(E.CHANNEL_NOT_EXIST, f"pchannel {pchannel!r} does not exist")
+            hint, term = self._view.owner_hint(pchannel)
+            if hint == self._node.me.grpc_address:
+                hint = ""
+            raise _fail(
+                E.NOT_OWNER,
+                f"node {self._node.me.id} does not serve pchannel {pchannel} now"
+                + (f" (owner {hint} at term {term})" if hint else " (recovering or unassigned)"),
+                owner_hint=hint,
+                current_term=term,
+            )
+        return owner
+
+    def _vchannel(self, name: str, pchannel: str | None = None) -> _VChannel:
+        bad = check_name("vchannel", name, LIMITS)
+        if bad is not None:
+            raise _fail(E.INVALID_ARGUMENT, bad.message)
+        vchannel = self._view.view.vchannels.get(name)
+        if vchannel is None or not vchannel.normal:
+            raise _fail(E.CHANNEL_NOT_EXIST, f"vchannel {name!r} does not exist or was dropped")
+        if pchannel is not None and vchannel.pchannel != pchannel:
+            raise _fail(
+                E.INVALID_ARGUMENT,
+                f"vchannel {name!r} is on pchannel {vchannel.pchannel!r} (got {pchannel!r})",
+            )
+        return vchannel
+
+    def _message(self, message: wire.Message, pchannel: str | None) -> tuple[Message, str]:
+        vchannel = self._vchannel(message.vchannel, pchannel)
+        name = message.msg_type or "message"
+        try:
+            code = msg_type_code(name)
+        except ValueError as error:
+            raise _fail(E.INVALID_ARGUMENT, str(error)) from None
+        if code in CONTROL_MSG_TYPES:
+            raise _fail(E.INVALID_ARGUMENT, f"msg_type {name!r} is reserved for the WAL itself")
+        if len(message.payload) > MAX_PAYLOAD_BYTES:
+            raise _fail(
+                E.INVALID_ARGUMENT,
+                f"payload too large ({len(message.payload)} bytes; expected <= {MAX_PAYLOAD_BYTES})",
+            )
+        if len(message.key) > MAX_KEY_BYTES:
+            raise _fail(
+                E.INVALID_ARGUMENT,
+                f"key too large ({len(message.key)} bytes; expected <= {MAX_KEY_BYTES})",
+            )
+        for key, value in message.properties.items():
+            if "\x00" in key or "\x00" in value or key.startswith(RESERVED_PROPERTY_PREFIX):
+                raise _fail(
+                    E.INVALID_ARGUMENT,
+                    f"invalid property {key[:64]!r} (expected no NUL and no "
+                    f"{RESERVED_PROPERTY_PREFIX!r} prefix)",
+                )
+        return (
+            Message(
+                vchannel_id=vchannel.id,
+                msg_type=code,
+                key=message.key,
+                payload=message.payload,
+                properties=dict(message.properties),
+            ),
+            vchannel.pchannel,
+        )
+
+    # Produce
+
+    async def _produce_one(self, request: wire.ProduceRequest) -> wire.ProduceResult:
+        try:
+            bad = check_name("pchannel", request.pchannel, LIMITS)
+            if bad is not None:
+                raise _fail(E.INVALID_ARGUMENT, bad.message)
+            if not 1 <= len(request.messages) <= MAX_MESSAGES_PER_BATCH:
+                raise _fail(
+                    E.INVALID_ARGUMENT,
+                    f"invalid batch size ({len(request.messages)}; expected "
+                    f"1..{MAX_MESSAGES_PER_BATCH})",
+                )
+            if len(request.producer_id) > MAX_PRODUCER_ID_CHARS or request.sequence < 0:
+                raise _fail(
+                    E.INVALID_ARGUMENT,
+                    f"invalid producer ({request.producer_id[:32]!r}, sequence "
+                    f"{request.sequence}; expected <= {MAX_PRODUCER_ID_CHARS} chars and "
+                    "sequence >= 0)",
+                )
+            if request.expected_last_lsn < -1:
+                raise _fail(
+                    E.INVALID_ARGUMENT,
+                    f"invalid expected_last_lsn ({request.expected_last_lsn}; expected >= -1)",
+                )
+            owner = self._owner(request.pchannel)
+            messages = [self._message(m, request.pchannel)[0] for m in request.messages]
+            positions, duplicate = await owner.write(
+                messages,
+                producer_id=request.producer_id,
+                sequence=request.sequence if request.producer_id else 0,
+                expected_last_lsn=request.expected_last_lsn,
+            )
+            return wire.ProduceResult(
+                request_id=request.request_id,
+                positions=[wire.Position(lsn=lsn, time_tick=tick) for lsn, tick in positions],
+                term=owner.term,
+                duplicate=duplicate,
+            )
+        except (RaftwalError, WalError) as error:
+            return wire.ProduceResult(request_id=request.request_id, error=error.info)
+        except (LogError, OSError, ValueError) as error:
+            return wire.ProduceResult(
+                request_id=request.request_id, error=error_info(E.INNER, str(error)[:300])
+            )
+
+    async def Produce(self, request_iterator, context):
+        results: asyncio.Queue[wire.ProduceResult | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(MAX_INFLIGHT_PER_STREAM)
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def run(request: wire.ProduceRequest) -> None:
+            try:
+                results.put_nowait(await self._produce_one(request))
+            finally:
+                slots.release()
+
+        async def reader() -> None:
+            try:
+                async for request in request_iterator:
+                    await slots.acquire()
+                    task = asyncio.create_task(run(request))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    # Let the task take its place in the owner's write order now.
+                    await asyncio.sleep(0)
+                while tasks:
+                    await asyncio.gather(*list(tasks), return_exceptions=True)
+            finally:
+                results.put_nowait(None)
+
+        reading = asyncio.create_task(reader())
+        try:
+            while True:
+                result = await results.get()
+                if result is None:
+                    break
+                yield result
+        finally:
+            reading.cancel()
+            for task in list(tasks):
+                task.cancel()
+
+    # Consume
+
+    async def Consume(self, request, context):
+        try:
+            if bool(request.vchannel) == bool(request.pchannel):
+                raise _fail(E.INVALID_ARGUMENT, "expected exactly one of vchannel or pchannel")
+            vchannel_id = 0
+            if request.vchannel:
+                vchannel = self._vchannel(request.vchannel)
+                pchannel, vchannel_id = vchannel.pchannel, vchannel.id
+            else:
+                pchannel = request.pchannel
+                bad = check_name("pchannel", pchannel, LIMITS)
+                if bad is not None:
+                    raise _fail(E.INVALID_ARGUMENT, bad.message)
+            if request.policy not in (
+                wire.DELIVER_POLICY_UNSPECIFIED,
+                wire.DELIVER_POLICY_ALL,
+                wire.DELIVER_POLICY_LATEST,
+                wire.DELIVER_POLICY_START_FROM,
+                wire.DELIVER_POLICY_START_AFTER,
+            ):
+                raise _fail(E.INVALID_ARGUMENT, f"invalid deliver policy ({request.policy})")
+            if request.lsn < 0:
+                raise _fail(E.INVALID_ARGUMENT, f"invalid lsn ({request.lsn}; expected >= 0)")
+            types = set()
+            for name in request.msg_types:
+                try:
+                    types.add(msg_type_code(name))
+                except ValueError as error:
+                    raise _fail(E.INVALID_ARGUMENT, str(error)) from None
+            batch_limit = request.max_batch_entries or DEFAULT_CONSUME_BATCH
+            if not 1 <= batch_limit <= MAX_CONSUME_BATCH:
+                raise _fail(
+                    E.INVALID_ARGUMENT,
+                    f"invalid max_batch_entries ({batch_limit}; expected 1..{MAX_CONSUME_BATCH})",
+                )
+            owner = self._owner(pchannel)
+        except (RaftwalError, WalError) as error:
+            await self._abort(context, error)
+            return
+        wal = owner.log
+        policy = request.policy or wire.DELIVER_POLICY_ALL
+        if policy == wire.DELIVER_POLICY_ALL:
+            next_lsn = wal.first_lsn
+        elif policy == wire.DELIVER_POLICY_LATEST:
+            next_lsn = owner.committed_lsn + 1
+        elif policy == wire.DELIVER_POLICY_START_FROM:
+            next_lsn = max(request.lsn, 1)
+        else:
+            next_lsn = request.lsn + 1
+        if next_lsn < wal.first_lsn:
+            await self._abort(
+                context,
+                _fail(E.COMPACTED, f"lsn {next_lsn} was deleted (log starts at {wal.first_lsn})"),
+            )
+            return
+        after = request.after_time_tick if request.HasField("after_time_tick") else None
+        from_tick = request.from_time_tick if request.HasField("from_time_tick") else None
+        include_control = request.include_control
+        names = self._view.view.vchannel_names
+        while True:
+            if not owner.serving:
+                error = (
+                    _fail(
+                        E.CHANNEL_FENCED,
+                        f"pchannel {pchannel} moved on from term {owner.term}",
+                        current_term=owner.fenced_by,
+                        owner_hint=self._view.owner_hint(pchannel)[0],
+                    )
+                    if owner.state == "fenced"
+                    else _fail(
+                        E.NOT_OWNER,
+                        f"node {self._node.me.id} stopped serving {pchannel}",
+                        owner_hint=self._view.owner_hint(pchannel)[0],
+                    )
+                )
+                await self._abort(context, error)
+                return
+            committed = owner.committed_lsn
+            if next_lsn > committed:
+                await wal.wait_appended(CONSUME_POLL_S)
+                # The commit point moves after the append: give it a moment.
+                if owner.committed_lsn < next_lsn:
+                    await owner.wait_commit_change(CONSUME_POLL_S)
+                continue
+            try:
+                entries = wal.entries(next_lsn, CONSUME_CHUNK_BYTES, committed)
+            except (LogError, OSError, KeyError, SegmentCorrupted) as error:
+                await self._abort(context, _fail(E.INNER, f"read failed: {error}"))
+                return
+            if not entries:
+                await owner.wait_commit_change(CONSUME_POLL_S)
+                continue
+            # A transaction is delivered whole: hold back an incomplete one at the end.
+            cut = len(entries)
+            for index in range(len(entries) - 1, -1, -1):
+                flags = entries[index].flags
+                if not flags & TXN_FLAGS or flags & (
+                    EntryFlags.TXN_COMMIT | EntryFlags.TXN_ROLLBACK
+                ):
+                    break
+                cut = index
+            if cut == 0:
+                # Only an incomplete txn is committed so far: wait for the rest.
+                await owner.wait_commit_change(CONSUME_POLL_S)
+                if owner.committed_lsn == committed:
+                    await wal.wait_appended(CONSUME_POLL_S)
+                continue
+            entries = entries[:cut]
+            out = []
+            for entry in entries:
+                if (
+                    entry.flags & (EntryFlags.TERM_START | EntryFlags.SEAL_MARKER)
+                    and not include_control
+                ):
+                    continue
+                if vchannel_id and entry.vchannel_id != vchannel_id:
+                    continue
+                if after is not None and entry.time_tick <= after:
+                    continue
+                if from_tick is not None and entry.time_tick < from_tick:
+                    continue
+                if types and entry.msg_type not in types:
+                    continue
+                out.append(
+                    wire.WalEntry(
+                        pchannel=pchannel,
+                        vchannel=names.get(entry.vchannel_id, ""),
+                        lsn=entry.lsn,
+                        term=entry.term,
+                        time_tick=entry.time_tick,
+                        msg_type=msg_type_name(entry.msg_type),
+                        key=entry.key,
+                        payload=entry.payload,
+                        properties=entry.properties,
+                        txn_id=entry.txn_id,
+                        broadcast_id=entry.broadcast_id,
+                        flags=entry.flags,
+                    )
+                )
+            next_lsn = entries[-1].lsn + 1
+            for start in range(0, len(out), batch_limit):
+                yield wire.ConsumeResponse(
+                    entries=out[start : start + batch_limit],
+                    committed_lsn=committed,
+                    term=owner.term,
+                )
+
+    # Transactions
+
+    def _expire_txns(self) -> None:
+        now = time.monotonic()
+        for txn_id in [t for t, txn in self._txns.items() if txn.deadline < now]:
+            del self._txns[txn_id]
+
+    def _txn(self, vchannel: str, txn_id: int) -> _Txn:
+        self._expire_txns()
+        txn = self._txns.get(txn_id)
+        if txn is None or txn.vchannel != vchannel:
+            raise _fail(
+                E.TRANSACTION_EXPIRED,
+                f"transaction {txn_id} on {vchannel!r} is unknown or expired",
+            )
+        owner = self._owner(txn.pchannel)
+        if owner.term != txn.term:
+            del self._txns[txn_id]
+            raise _fail(
+                E.TRANSACTION_EXPIRED,
+                f"transaction {txn_id} began at term {txn.term}; the pchannel moved to term "
+                f"{owner.term}",
+            )
+        txn.deadline = time.monotonic() + txn.keepalive_ms / 1000
+        return txn
+
+    async def _unary(self, context, work):  # type: ignore[no-untyped-def]
+        try:
+            return await work
+        except (RaftwalError, WalError) as error:
+            await self._abort(context, error)
+        except (LogError, OSError) as error:
+            await self._abort(context, _fail(E.INNER, str(error)[:300]))
+
+    async def BeginTxn(self, request, context):
+        async def work() -> wire.BeginTxnResponse:
+            vchannel = self._vchannel(request.vchannel)
+            keepalive = request.keepalive_ms or DEFAULT_TXN_KEEPALIVE_MS
+            if not 1 <= keepalive <= MAX_TXN_KEEPALIVE_MS:
+                raise _fail(
+                    E.INVALID_ARGUMENT,
+                    f"invalid keepalive_ms ({keepalive}; expected 1..{MAX_TXN_KEEPALIVE_MS})",
+                )
+            owner = self._owner(vchannel.pchannel)
+            self._expire_txns()
+            if len(self._txns) >= MAX_OPEN_TXNS:
+                raise _fail(
+                    E.INVALID_TRANSACTION_STATE, f"too many open transactions ({MAX_OPEN_TXNS})"
+                )
+            txn_id = (owner.term << 32) | next(self._txn_counter)
+            self._txns[txn_id] = _Txn(
+                txn_id=txn_id,
+                vchannel=vchannel.name,
+                vchannel_id=vchannel.id,
+                pchannel=vchannel.pchannel,
+                term=owner.term,
+                keepalive_ms=keepalive,
+                deadline=time.monotonic() + keepalive / 1000,
+            )
+            return wire.BeginTxnResponse(txn_id=txn_id, pchannel=vchannel.pchannel, term=owner.term)
+
+        return await self._unary(context, work())
+
+    async def AppendTxn(self, request, context):
+        async def work() -> wire.AppendTxnResponse:
+            txn = self._txn(request.vchannel, request.txn_id)
+            if not 1 <= len(request.messages) <= MAX_MESSAGES_PER_BATCH:
+                raise _fail(E.INVALID_ARGUMENT, f"invalid message count ({len(request.messages)})")
+            messages = []
+            for message in request.messages:
+                if message.vchannel and message.vchannel != txn.vchannel:
+                    raise _fail(
+                        E.INVALID_ARGUMENT,
+                        f"message for {message.vchannel!r} in a txn on {txn.vchannel!r}",
+                    )
+                copy = wire.Message()
+                copy.CopyFrom(message)
+                copy.vchannel = txn.vchannel
+                messages.append(self._message(copy, txn.pchannel)[0])
+            size = sum(len(m.payload) + len(m.key) + 100 for m in messages)
+            if txn.bytes + size > MAX_TXN_BYTES:
+                raise _fail(
+                    E.INVALID_ARGUMENT,
+                    f"transaction too large ({txn.bytes + size} bytes; expected <= {MAX_TXN_BYTES})",
+                )
+            async with txn.lock:
+                txn.messages.extend(messages)
+                txn.bytes += size
+            return wire.AppendTxnResponse(
+                buffered_messages=len(txn.messages), buffered_bytes=txn.bytes
+            )
+
+        return await self._unary(context, work())
+
+    async def CommitTxn(self, request, context):
+        async def work() -> wire.CommitTxnResponse:
+            txn = self._txn(request.vchannel, request.txn_id)
+            del self._txns[txn.txn_id]
+            owner = self._owner(txn.pchannel)
+            body = [
+                Message(
+                    vchannel_id=m.vchannel_id,
+                    msg_type=m.msg_type,
+                    key=m.key,
+                    payload=m.payload,
+                    properties=m.properties,
+                    flags=int(EntryFlags.TXN_BODY),
+                    txn_id=txn.txn_id,
+                )
+                for m in txn.messages
+            ]
+            batch = [
+                Message(
+                    vchannel_id=txn.vchannel_id,
+                    msg_type=int(MsgType.TXN_BEGIN),
+                    flags=int(EntryFlags.TXN_BEGIN),
+                    txn_id=txn.txn_id,
+                ),
+                *body,
+                Message(
+                    vchannel_id=txn.vchannel_id,
+                    msg_type=int(MsgType.TXN_COMMIT),
+                    flags=int(EntryFlags.TXN_COMMIT),
+                    txn_id=txn.txn_id,
+                ),
+            ]
+            positions, _ = await owner.write(batch)
+            return wire.CommitTxnResponse(
+                positions=[wire.Position(lsn=lsn, time_tick=tick) for lsn, tick in positions]
+            )
+
+        return await self._unary(context, work())
+
+    async def RollbackTxn(self, request, context):
+        async def work() -> wire.RollbackTxnResponse:
+            txn = self._txn(request.vchannel, request.txn_id)
+            del self._txns[txn.txn_id]
+            return wire.RollbackTxnResponse()
+
+        return await self._unary(context, work())
+
+    async def KeepAliveTxn(self, request, context):
+        async def work() -> wire.KeepAliveTxnResponse:
+            txn = self._txn(request.vchannel, request.txn_id)
+            return wire.KeepAliveTxnResponse(expires_in_ms=txn.keepalive_ms)
+
+        return await self._unary(context, work())
+
+    async def GetLatestTimeTick(self, request, context):
+        async def work() -> wire.GetLatestTimeTickResponse:
+            bad = check_name("pchannel", request.pchannel, LIMITS)
+            if bad is not None:
+                raise _fail(E.INVALID_ARGUMENT, bad.message)
+            owner = self._owner(request.pchannel)
+            return wire.GetLatestTimeTickResponse(
+                time_tick=owner.log.last_time_tick,
+                last_lsn=owner.log.last_lsn,
+                committed_lsn=owner.committed_lsn,
+                term=owner.term,
+            )
+
+        return await self._unary(context, work())
+
+    # Segment reads
+
+    async def ReadSegment(self, request, context):
+        try:
+            bad = check_name("pchannel", request.pchannel, LIMITS)
+            if bad is not None:
+                raise _fail(E.INVALID_ARGUMENT, bad.message)
+            if request.segment_id < 1 or request.from_lsn < 0 or request.to_lsn < 0:
+                raise _fail(E.INVALID_ARGUMENT, "invalid segment_id or lsn range (expected >= 1)")
+            chunk = request.max_chunk_bytes or (4 << 20)
+            if not 4096 <= chunk <= (16 << 20):
+                raise _fail(
+                    E.INVALID_ARGUMENT,
+                    f"invalid max_chunk_bytes ({chunk}; expected 4096..16777216)",
+                )
+            wal = await self._plane.log(request.pchannel)
+            path = wal.segment_path(request.segment_id)
+            committed = self._view.committed_through(request.pchannel)
+            if path is None or not any(
+                s.first_lsn == request.segment_id and s.last_lsn <= committed
+                for s in wal.sealed_segments()
+            ):
+                raise _fail(
+                    E.NOT_FOUND,
+                    f"node {self._node.me.id} holds no committed segment {request.segment_id} "
+                    f"of {request.pchannel}",
+                )
+            reader = await asyncio.to_thread(SegmentReader.open, path)
+        except (RaftwalError, WalError) as error:
+            await self._abort(context, error)
+            return
+        except SegmentCorrupted as error:
+            await self._abort(context, _fail(E.UNRECOVERABLE, f"node {self._node.me.id}: {error}"))
+            return
+        try:
+            low = request.from_lsn or reader.first_lsn
+            high = request.to_lsn or reader.last_lsn
+            low, high = max(low, reader.first_lsn), min(high, reader.last_lsn)
+            first = True
+            lsn = low
+            while lsn <= high:
+                # Split at frame boundaries: find how many frames fit in `chunk` bytes.
+                start, _ = reader.byte_range((lsn, lsn))
+                stop_lsn = lsn
+                step = max(1, chunk // 256)
+                while stop_lsn < high:
+                    candidate = min(high, stop_lsn + step)
+                    _, end = reader.byte_range((lsn, candidate))
+                    if end - start > chunk:
+                        if step == 1:
+                            break
+                        step = max(1, step // 2)
+                        continue
+                    stop_lsn = candidate
+                _, end = reader.byte_range((lsn, stop_lsn))
+                data = bytes(memoryview(reader._buffer)[start:end])  # noqa: SLF001
+                response = wire.ReadSegmentResponse(
+                    frames=data, first_lsn=lsn, last_lsn=stop_lsn, node_id=self._node.me.id
+                )
+                if first:
+                    response.segment_digest = reader.digest
+                    response.segment_count = reader.entry_count
+                    first = False
+                yield response
+                lsn = stop_lsn + 1
+        finally:
+            reader.close()
+
+
+# -- reconciliation loop ---------------------------------------------------------------------
+
+
+async def reconcile_loop(
+    node: Node, plane: DataPlane, view: NodeDataView, stopping: asyncio.Event
+) -> None:
+    """Keep owners in line with the applied state: on every applied change, and at least
+    every second (so a stopped owner is noticed without a state change)."""
+    while not stopping.is_set():
+        try:
+            view.refresh()
+            await plane.reconcile()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - logged; the next round retries
+            log.exception("data plane reconcile failed")
+        await node.wait_change(1.0)

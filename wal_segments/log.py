@@ -1,0 +1,664 @@
+"""One pchannel's log on one node: the sequence of segment files and the replica rules.
+
+What lives here: `PChannelLog`, used both by the pchannel's owner (for its own copy) and
+by the replicas. It holds:
+- the segments `<dir>/<first_lsn>.seg`, contiguous from the first retained LSN; the last
+  one is open for appends. **Segment boundaries are a function of the log's content**:
+  a segment ends right after an entry flagged SEAL_MARKER, so every replica holding the
+  same entries rolls at the same LSN and a committed segment is the same file everywhere.
+- the **fenced term**, persisted in `catalog.db` before it is reported: an append whose
+  term is below it is refused (FENCED).
+- **log matching** (Raft): an append carries the (lsn, term) of the entry before it; the
+  log accepts it only when it holds exactly that entry. Entries it already has with the
+  same term are skipped (a resend), and a divergent suffix (same LSN, another term) is
+  truncated, never an entry that `committed_lsn` covers.
+- group-commit fsync per open segment (`fsync_policy.GroupCommit`).
+
+Mutations run on the event loop that owns the log, one at a time (an asyncio lock, held
+only while writing, never while waiting for an fsync); durability is awaited outside it.
+
+What must never happen here: an import of `raft` or `raftwal`; an append below the fenced
+term; truncating at or below the committed LSN; an unverified batch written to disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import logging
+import os
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from wal_segments.catalog import Catalog, SegmentRow
+from wal_segments.format import (
+    ENTRY_HEADER,
+    ENTRY_HEADER_SIZE,
+    BatchMeta,
+    Entry,
+    EntryFlags,
+    FormatError,
+    iter_batch,
+    scan_batch,
+)
+from wal_segments.fsync_policy import FsyncPolicy, GroupCommit
+from wal_segments.segment import (
+    Fdatasync,
+    SegmentCorrupted,
+    SegmentWriter,
+    _default_fdatasync,
+    fsync_directory,
+    list_segment_files,
+    open_segment,
+)
+
+logger = logging.getLogger(__name__)
+
+SEAL_FLAG = int(EntryFlags.SEAL_MARKER)
+_FLAGS_WORD = 10  # index of `flags` in ENTRY_HEADER's fields
+
+
+class LogError(Exception):
+    """Base class of this module's errors."""
+
+
+class Fenced(LogError):
+    def __init__(self, term: int, fenced_term: int) -> None:
+        super().__init__(f"term {term} is fenced (fenced term {fenced_term})")
+        self.term = term
+        self.fenced_term = fenced_term
+
+
+class Mismatch(LogError):
+    """Log matching failed: no entry (prev_lsn, prev_term) here. Carries the fast back-up
+    hint of Raft: the term found at prev_lsn (or of the last entry) and its first LSN."""
+
+    def __init__(self, prev_lsn: int, prev_term: int, conflict_term: int, conflict_first: int):
+        super().__init__(
+            f"no entry (lsn {prev_lsn}, term {prev_term}); found term {conflict_term} "
+            f"from lsn {conflict_first}"
+        )
+        self.conflict_term = conflict_term
+        self.conflict_first_lsn = conflict_first
+
+
+class BadBatch(LogError):
+    """A batch that fails verification or breaks the log's rules (never written)."""
+
+
+@dataclass(slots=True)
+class _Segment:
+    first_lsn: int
+    last_lsn: int
+    path: Path
+    sealed: bool
+    header_len: int
+    #: absolute frame offsets, loaded lazily for sealed segments
+    offsets: array | None = None
+    summary: object | None = None
+    read_fd: int | None = None
+
+    @property
+    def count(self) -> int:
+        return self.last_lsn - self.first_lsn + 1
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """What an append wrote: `last_lsn` is the log's end after it (entries skipped as
+    resends count as present); `sync_offset` (with `writer`) is what to wait durable."""
+
+    last_lsn: int
+    writer: SegmentWriter | None
+    sync_offset: int
+    sealed: bool = False
+
+
+@dataclass
+class LogPosition:
+    last_lsn: int
+    last_term: int
+    last_time_tick: int
+
+
+@dataclass
+class _Waiter:
+    lsn: int
+    future: asyncio.Future[None] = field(repr=False)
+
+
+class PChannelLog:
+    """A pchannel's segments in `directory`. Create with `await PChannelLog.open(...)`."""
+
+    def __init__(
+        self,
+        directory: Path,
+        pchannel: str,
+        catalog: Catalog,
+        policy: FsyncPolicy,
+        *,
+        fdatasync: Fdatasync = _default_fdatasync,
+    ) -> None:
+        self.directory = directory
+        self.pchannel = pchannel
+        self.catalog = catalog
+        self.policy = policy
+        self._fdatasync = fdatasync
+        self._segments: list[_Segment] = []
+        self._firsts: list[int] = []
+        self._writer: SegmentWriter | None = None
+        self._group: GroupCommit | None = None
+        self._lock = asyncio.Lock()
+        self.fenced_term = 0
+        self.last_lsn = 0
+        self.last_term = 0
+        self.last_time_tick = -1
+        #: highest LSN known committed (from the owner); truncation never goes below it
+        self.committed_lsn = 0
+        #: called with the new last LSN after every append (consumers tail this)
+        self._appended = asyncio.Event()
+        self.closed = False
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        directory: Path,
+        pchannel: str,
+        catalog: Catalog,
+        policy: FsyncPolicy,
+        *,
+        fdatasync: Fdatasync = _default_fdatasync,
+    ) -> PChannelLog:
+        log = cls(directory, pchannel, catalog, policy, fdatasync=fdatasync)
+        await asyncio.to_thread(log._recover)
+        return log
+
+    def _recover(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for leftover in self.directory.glob("*.seg.tmp"):
+            leftover.unlink()
+        self.fenced_term = self.catalog.fenced_term(self.pchannel)
+        committed = self.catalog.committed_first_lsns(self.pchannel)
+        files = list_segment_files(self.directory)
+        expected_first: int | None = None
+        for index, (first_lsn, path) in enumerate(files):
+            last_file = index == len(files) - 1
+            recovered = open_segment(path, repair=True, fdatasync=self._fdatasync)
+            if recovered.header.pchannel != self.pchannel:
+                raise SegmentCorrupted(
+                    path, 0, f"segment of pchannel {recovered.header.pchannel!r} in this directory"
+                )
+            if expected_first is not None and first_lsn != expected_first:
+                raise SegmentCorrupted(
+                    path, 0, f"segment starts at lsn {first_lsn}; expected {expected_first}"
+                )
+            if not recovered.sealed and not last_file:
+                # A crash while sealing (the footer was torn, the next segment was already
+                # created empty) or while rolling: finish the seal.
+                writer, _ = SegmentWriter.resume(path, fdatasync=self._fdatasync)
+                if writer.entry_count:
+                    writer.seal()
+                    recovered = open_segment(path, repair=False)
+                else:
+                    writer.close()
+            if recovered.entry_count == 0 and (not last_file or recovered.sealed):
+                path.unlink()
+                continue
+            segment = _Segment(
+                first_lsn=first_lsn,
+                last_lsn=recovered.last_lsn,
+                path=path,
+                sealed=recovered.sealed,
+                header_len=recovered.header_len,
+                offsets=recovered.frame_offsets,
+                summary=recovered.summary,
+            )
+            self._segments.append(segment)
+            self._firsts.append(first_lsn)
+            expected_first = recovered.last_lsn + 1
+            if recovered.truncated is not None:
+                logger.warning(
+                    "%s: torn tail of %s truncated at offset %d",
+                    self.pchannel,
+                    path.name,
+                    recovered.truncated.offset,
+                )
+        if self._segments:
+            tail = self._segments[-1]
+            if not tail.sealed:
+                self._writer, _ = SegmentWriter.resume(tail.path, fdatasync=self._fdatasync)
+                tail.offsets = None  # the writer holds them
+            self.last_lsn = tail.last_lsn
+            if tail.count:
+                header = self._header_at(self.last_lsn)
+                self.last_term, self.last_time_tick = header[3], header[4]
+        self.committed_lsn = max(
+            (s.last_lsn for s in self._segments if s.first_lsn in committed), default=0
+        )
+
+    async def close(self) -> None:
+        async with self._lock:
+            self.closed = True
+            if self._group is not None:
+                with contextlib.suppress(OSError):
+                    await self._group.close()
+                self._group = None
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+            for segment in self._segments:
+                if segment.read_fd is not None:
+                    os.close(segment.read_fd)
+                    segment.read_fd = None
+            self._appended.set()
+
+    # -- reading positions -------------------------------------------------------------------
+
+    @property
+    def first_lsn(self) -> int:
+        return self._segments[0].first_lsn if self._segments else self.last_lsn + 1
+
+    def position(self) -> LogPosition:
+        return LogPosition(self.last_lsn, self.last_term, self.last_time_tick)
+
+    def _segment_of(self, lsn: int) -> _Segment:
+        index = bisect.bisect_right(self._firsts, lsn) - 1
+        if index < 0 or lsn > self._segments[index].last_lsn:
+            raise KeyError(f"{self.pchannel}: lsn {lsn} is not in the log")
+        return self._segments[index]
+
+    def _offsets(self, segment: _Segment) -> array:
+        if segment is self._segments[-1] and self._writer is not None:
+            return self._writer._frame_offsets  # noqa: SLF001 - the open segment's index
+        if segment.offsets is None:
+            segment.offsets = open_segment(segment.path, repair=False).frame_offsets
+        return segment.offsets
+
+    def _fd(self, segment: _Segment) -> int:
+        if segment.read_fd is None:
+            segment.read_fd = os.open(segment.path, os.O_RDONLY)
+        return segment.read_fd
+
+    def _header_at(self, lsn: int) -> tuple[int, ...]:
+        segment = self._segment_of(lsn)
+        offset = self._offsets(segment)[lsn - segment.first_lsn]
+        data = os.pread(self._fd(segment), ENTRY_HEADER_SIZE, offset)
+        return ENTRY_HEADER.unpack(data)
+
+    def term_at(self, lsn: int) -> int:
+        """The term of the entry at `lsn`; 0 for lsn 0 (before the log)."""
+        if lsn == 0:
+            return 0
+        if lsn == self.last_lsn:
+            return self.last_term
+        return self._header_at(lsn)[3]
+
+    def first_lsn_of_term(self, term: int, upto_lsn: int) -> int:
+        """The first LSN <= upto_lsn holding `term` (terms never decrease along a log)."""
+        low, high = self.first_lsn, upto_lsn
+        while low < high:
+            middle = (low + high) // 2
+            if self.term_at(middle) < term:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def last_lsn_of_term_at_most(self, term: int) -> int:
+        """The last LSN whose term is <= `term` (0 when none)."""
+        low, high = self.first_lsn - 1, self.last_lsn
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self.term_at(middle) <= term:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+    def check_match(self, prev_lsn: int, prev_term: int) -> None:
+        """Raise Mismatch (with Raft's fast back-up hint) unless this log holds the entry
+        (prev_lsn, prev_term); entries before the retained log count as matching."""
+        if prev_lsn > self.last_lsn or (
+            prev_lsn >= self.first_lsn and self.term_at(prev_lsn) != prev_term
+        ):
+            probe = min(prev_lsn, self.last_lsn)
+            conflict_term = self.term_at(probe) if probe >= self.first_lsn else 0
+            conflict_first = (
+                self.first_lsn_of_term(conflict_term, probe) if conflict_term else self.first_lsn
+            )
+            raise Mismatch(prev_lsn, prev_term, conflict_term, conflict_first)
+
+    # -- fencing -----------------------------------------------------------------------------
+
+    async def fence(self, term: int) -> LogPosition:
+        """Promise to refuse appends below `term` (durably), then report the log's end.
+        Raises Fenced when `term` is below the fenced term already."""
+        async with self._lock:
+            if term < self.fenced_term:
+                raise Fenced(term, self.fenced_term)
+            if term > self.fenced_term:
+                self.fenced_term = await asyncio.to_thread(
+                    self.catalog.raise_fenced_term, self.pchannel, term
+                )
+            return self.position()
+
+    async def _raise_fence(self, term: int) -> None:
+        if term > self.fenced_term:
+            self.fenced_term = await asyncio.to_thread(
+                self.catalog.raise_fenced_term, self.pchannel, term
+            )
+
+    # -- appending ---------------------------------------------------------------------------
+
+    async def append(
+        self, term: int, prev_lsn: int, prev_term: int, frames: bytes, meta: BatchMeta | None = None
+    ) -> AppendResult:
+        """Append encoded frames written at (or copied by an owner at) `term` after the entry
+        (prev_lsn, prev_term). Raises Fenced, Mismatch or BadBatch; never writes a batch that
+        fails verification. Returns where the log ends and what to wait durable."""
+        async with self._lock:
+            if self.closed:
+                raise LogError(f"{self.pchannel}: log is closed")
+            if term < self.fenced_term:
+                raise Fenced(term, self.fenced_term)
+            await self._raise_fence(term)
+            self.check_match(prev_lsn, prev_term)
+            if prev_lsn < self.first_lsn - 1:
+                raise BadBatch(
+                    f"prev_lsn {prev_lsn} is before the retained log (first lsn {self.first_lsn})"
+                )
+            if meta is None:
+                try:
+                    meta = scan_batch(frames, expected_first_lsn=prev_lsn + 1)
+                except FormatError as error:
+                    raise BadBatch(f"invalid frames: {error}") from None
+            if meta.first_lsn != prev_lsn + 1:
+                raise BadBatch(f"frames start at lsn {meta.first_lsn}; expected {prev_lsn + 1}")
+            if meta.last_term > term:
+                raise BadBatch(f"frames of term {meta.last_term} above the sender's term {term}")
+            if meta.first_term < prev_term:
+                raise BadBatch(f"frames of term {meta.first_term} below prev_term {prev_term}")
+            seal_rows = self._seal_positions(frames, meta)
+            if seal_rows and seal_rows[-1] != meta.count - 1:
+                raise BadBatch("a seal marker must be the last entry of a batch")
+            # Skip what is already here with the same term (a resend), truncate a conflict.
+            start_row = 0
+            while start_row < meta.count and prev_lsn + 1 + start_row <= self.last_lsn:
+                lsn = prev_lsn + 1 + start_row
+                theirs = _term_of_frame(frames, meta.frame_offsets[start_row])
+                if self.term_at(lsn) != theirs:
+                    await self._truncate_after_locked(lsn - 1)
+                    break
+                start_row += 1
+            if start_row == meta.count:
+                return AppendResult(self.last_lsn, None, 0)
+            if start_row:
+                offset = meta.frame_offsets[start_row]
+                frames = frames[offset:]
+                meta = scan_batch(frames, expected_first_lsn=prev_lsn + 1 + start_row)
+            return await self._write_locked(frames, meta)
+
+    async def append_local(self, frames: bytes, meta: BatchMeta, term: int) -> AppendResult:
+        """The owner's own append of a batch it encoded at `term` (continues the log)."""
+        async with self._lock:
+            if self.closed:
+                raise LogError(f"{self.pchannel}: log is closed")
+            if term < self.fenced_term:
+                raise Fenced(term, self.fenced_term)
+            if meta.first_lsn != self.last_lsn + 1:
+                raise BadBatch(
+                    f"batch starts at lsn {meta.first_lsn}; expected {self.last_lsn + 1}"
+                )
+            await self._raise_fence(term)
+            return await self._write_locked(frames, meta)
+
+    def _seal_positions(self, frames: bytes, meta: BatchMeta) -> list[int]:
+        rows = []
+        for row, offset in enumerate(meta.frame_offsets):
+            flags = ENTRY_HEADER.unpack_from(frames, offset)[_FLAGS_WORD]
+            if flags & SEAL_FLAG:
+                rows.append(row)
+        return rows
+
+    async def _write_locked(self, frames: bytes, meta: BatchMeta) -> AppendResult:
+        if meta.first_time_tick <= self.last_time_tick:
+            raise BadBatch(
+                f"time tick {meta.first_time_tick} not above the log's {self.last_time_tick}"
+            )
+        writer = self._writer
+        if writer is None:
+            writer = await asyncio.to_thread(
+                SegmentWriter.create,
+                self.directory,
+                self.pchannel,
+                meta.first_lsn,
+                meta.first_term,
+                fdatasync=self._fdatasync,
+            )
+            self._writer = writer
+            segment = _Segment(
+                first_lsn=meta.first_lsn,
+                last_lsn=meta.first_lsn - 1,
+                path=writer.path,
+                sealed=False,
+                header_len=writer.header_len,
+            )
+            self._segments.append(segment)
+            self._firsts.append(meta.first_lsn)
+        if self._group is None:
+            self._group = GroupCommit(writer, self.policy)
+            self._group.start()
+        end = writer.append_encoded(frames, meta)
+        segment = self._segments[-1]
+        segment.last_lsn = meta.last_lsn
+        self.last_lsn = meta.last_lsn
+        self.last_term = meta.last_term
+        self.last_time_tick = meta.last_time_tick
+        sealed = False
+        last_flags = ENTRY_HEADER.unpack_from(frames, meta.frame_offsets[-1])[_FLAGS_WORD]
+        if last_flags & SEAL_FLAG:
+            await self._seal_locked()
+            sealed = True
+        self._notify()
+        return AppendResult(meta.last_lsn, None if sealed else writer, end, sealed)
+
+    async def _seal_locked(self) -> None:
+        writer, group = self._writer, self._group
+        assert writer is not None
+        if group is not None:
+            await group.close()
+        sealed = await asyncio.to_thread(writer.seal)
+        segment = self._segments[-1]
+        segment.sealed = True
+        segment.offsets = array("q", writer._frame_offsets)  # noqa: SLF001
+        segment.summary = sealed.summary
+        self._writer, self._group = None, None
+        summary = sealed.summary
+        await asyncio.to_thread(
+            self.catalog.upsert_segment,
+            SegmentRow(
+                pchannel=self.pchannel,
+                first_lsn=summary.first_lsn,
+                last_lsn=summary.last_lsn,
+                first_term=summary.first_term,
+                last_term=summary.last_term,
+                first_time_tick=summary.first_time_tick,
+                last_time_tick=summary.last_time_tick,
+                count=summary.entry_count,
+                bytes=sealed.size_bytes,
+                digest=summary.digest,
+                state="sealed",
+            ),
+        )
+
+    async def wait_durable(self, result: AppendResult) -> None:
+        """Return once `result`'s entries are durable (per the fsync policy). Raises when
+        they were truncated meanwhile or the sync failed."""
+        if result.writer is None or result.sealed:
+            return
+        group = self._group
+        if result.writer is not self._writer or group is None:
+            # Sealed since (seal syncs everything) or truncated away.
+            if result.last_lsn > self.last_lsn:
+                raise LogError(f"{self.pchannel}: entries up to {result.last_lsn} were truncated")
+            return
+        await group.sync_through(result.sync_offset)
+        if result.last_lsn > self.last_lsn:
+            raise LogError(f"{self.pchannel}: entries up to {result.last_lsn} were truncated")
+
+    # -- truncation --------------------------------------------------------------------------
+
+    async def truncate_after(self, lsn: int) -> None:
+        async with self._lock:
+            await self._truncate_after_locked(lsn)
+
+    async def _truncate_after_locked(self, lsn: int) -> None:
+        if lsn >= self.last_lsn:
+            return
+        if lsn < self.committed_lsn:
+            logger.critical(
+                "%s: refusing to truncate after lsn %d below the committed lsn %d",
+                self.pchannel,
+                lsn,
+                self.committed_lsn,
+            )
+            raise BadBatch(
+                f"truncation after lsn {lsn} would drop committed entries (committed "
+                f"{self.committed_lsn})"
+            )
+        logger.warning("%s: truncating divergent suffix after lsn %d", self.pchannel, lsn)
+        if self._group is not None:
+            await self._group.close()
+            self._group = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        while self._segments and self._segments[-1].first_lsn > lsn:
+            segment = self._segments.pop()
+            self._firsts.pop()
+            if segment.read_fd is not None:
+                os.close(segment.read_fd)
+            segment.path.unlink()
+        await asyncio.to_thread(self.catalog.delete_segments_from, self.pchannel, lsn + 1)
+        fsync_directory(self.directory)
+        if self._segments:
+            tail = self._segments[-1]
+            if tail.read_fd is not None:
+                os.close(tail.read_fd)
+                tail.read_fd = None
+            if tail.sealed and tail.last_lsn > lsn:
+                writer, _ = SegmentWriter.resume(tail.path, unseal=True, fdatasync=self._fdatasync)
+                tail.sealed = False
+            elif not tail.sealed:
+                writer, _ = SegmentWriter.resume(tail.path, fdatasync=self._fdatasync)
+            else:
+                writer = None
+            if writer is not None:
+                writer.truncate_after(lsn)
+                self._writer = writer
+                tail.offsets = None
+                tail.summary = None
+            tail.last_lsn = min(tail.last_lsn, lsn)
+        self.last_lsn = lsn
+        if lsn >= self.first_lsn and self._segments:
+            header = self._header_at(lsn)
+            self.last_term, self.last_time_tick = header[3], header[4]
+        else:
+            self.last_term, self.last_time_tick = 0, self.last_time_tick
+        self._notify()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def read_frames(self, from_lsn: int, max_bytes: int, to_lsn: int | None = None) -> bytes:
+        return self.read_frames_range(from_lsn, max_bytes, to_lsn)[0]
+
+    def read_frames_range(
+        self, from_lsn: int, max_bytes: int, to_lsn: int | None = None
+    ) -> tuple[bytes, int]:
+        """(frames, last lsn in them): raw frames from `from_lsn` on, within one segment, at most `max_bytes` (but at
+        least one frame), up to `to_lsn` (default: the log's end). Empty when from_lsn is
+        past the end."""
+        last = self.last_lsn if to_lsn is None else min(to_lsn, self.last_lsn)
+        if from_lsn > last:
+            return b"", from_lsn - 1
+        segment = self._segment_of(from_lsn)
+        offsets = self._offsets(segment)
+        row = from_lsn - segment.first_lsn
+        last_row = min(last, segment.last_lsn) - segment.first_lsn
+        start = offsets[row]
+        limit = start + max_bytes
+
+        def end_of(r: int) -> int:
+            return offsets[r + 1] if r + 1 < len(offsets) else self._segment_end(segment)
+
+        # offsets[j] (j in row+1..last_row) is where row j-1 ends: the rows that fit.
+        fitting = bisect.bisect_right(offsets, limit, row + 1, last_row + 1)
+        stop = fitting - 2
+        if fitting == last_row + 1 and end_of(last_row) <= limit:
+            stop = last_row
+        stop = max(stop, row)
+        end = end_of(stop)
+        return os.pread(self._fd(segment), end - start, start), segment.first_lsn + stop
+
+    def _segment_end(self, segment: _Segment) -> int:
+        if segment is self._segments[-1] and self._writer is not None:
+            return self._writer.end_offset
+        summary = segment.summary
+        if summary is None:
+            segment.summary = open_segment(segment.path, repair=False).summary
+            summary = segment.summary
+        return summary.data_end  # type: ignore[attr-defined]
+
+    def entries(self, from_lsn: int, max_bytes: int, to_lsn: int | None = None) -> list[Entry]:
+        data = self.read_frames(from_lsn, max_bytes, to_lsn)
+        if not data:
+            return []
+        return list(iter_batch(data))
+
+    def iter_entries(
+        self, from_lsn: int, to_lsn: int, chunk_bytes: int = 1 << 20
+    ) -> Iterator[Entry]:
+        lsn = from_lsn
+        while lsn <= to_lsn:
+            chunk = self.entries(lsn, chunk_bytes, to_lsn)
+            if not chunk:
+                return
+            yield from chunk
+            lsn = chunk[-1].lsn + 1
+
+    def sealed_segments(self) -> list[_Segment]:
+        return [s for s in self._segments if s.sealed]
+
+    def segment_path(self, first_lsn: int) -> Path | None:
+        index = bisect.bisect_left(self._firsts, first_lsn)
+        if index < len(self._firsts) and self._firsts[index] == first_lsn:
+            return self._segments[index].path
+        return None
+
+    def open_segment_first_lsn(self) -> int | None:
+        if self._segments and not self._segments[-1].sealed:
+            return self._segments[-1].first_lsn
+        return None
+
+    def open_segment_bytes(self) -> int:
+        return self._writer.end_offset if self._writer is not None else 0
+
+    # -- tailing -----------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        event, self._appended = self._appended, asyncio.Event()
+        event.set()
+
+    async def wait_appended(self, timeout_s: float) -> None:
+        event = self._appended
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout_s)
+
+
+def _term_of_frame(frames: bytes | memoryview, offset: int) -> int:
+    return ENTRY_HEADER.unpack_from(frames, offset)[3]

@@ -1,0 +1,916 @@
+"""The owner of a pchannel at one term: tail recovery, the write path, replication, seal
+and commit (DESIGN.md section 6).
+
+What lives here: `ChannelOwner`. Created when the coordination state assigns a pchannel to
+this node at term T, it
+1. **recovers the tail**: fences every replica at T (each persists it and reports its last
+   (lsn, term)), waits for a majority (itself included), adopts the most up-to-date log
+   (highest last term, then highest LSN) by fetching the missing suffix, drops a trailing
+   transaction that has no commit entry (it was never acknowledged), seals the inherited
+   open segment with a seal marker and appends a term-start entry at T, replicates to a
+   majority (which commits everything before it), and proposes `PChannelReady`. Recovery
+   waits as long as it takes; it stops only when the assignment is superseded.
+2. **writes**: assigns LSNs and hybrid-logical-clock time ticks (strictly increasing per
+   pchannel, across terms), appends locally, forwards the same bytes to every replica over
+   one Append stream each (pipelined), and acknowledges a batch once a majority of the
+   replica set holds it durably. `committed_lsn` is that majority point.
+3. **seals** the open segment at `segment_max_bytes` / `segment_max_age_ms` by writing a
+   seal marker (so replicas roll at the same LSN) and proposes `CommitSegment` once the
+   marker is committed.
+
+An owner that meets a higher term (a replica answers FENCED, or its own log was fenced)
+stops: every pending and later write fails with CHANNEL_FENCED; it never acknowledges
+again.
+
+What must never happen here: an import of `raft` or `raftwal` (the coordination plane is
+reached through the `Proposer` protocol); acknowledging a write before a majority holds it
+durably; acknowledging anything after a higher term was seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rpc.protos import errors_pb2
+from rpc.protos import streaming_pb2 as wire
+from wal_segments.format import (
+    TXN_FLAGS,
+    Entry,
+    EntryFlags,
+    MsgType,
+    encode_batch,
+    iter_batch,
+)
+from wal_segments.log import BadBatch, Fenced, LogError, Mismatch, PChannelLog
+
+logger = logging.getLogger(__name__)
+E = errors_pb2
+
+TICK_LOGICAL_BITS = 18
+PRODUCER_ID_PROPERTY = "rw.producer"
+PRODUCER_SEQ_PROPERTY = "rw.seq"
+PRODUCER_COUNT_PROPERTY = "rw.count"
+PRODUCER_HISTORY = 8
+
+
+class WalError(Exception):
+    """A data-plane error with its ErrorInfo (mapped to a gRPC status by the servicers)."""
+
+    def __init__(
+        self, code: int, message: str, *, current_term: int = 0, owner_hint: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.info = errors_pb2.ErrorInfo(
+            message=message, current_term=current_term, owner_hint=owner_hint
+        )
+        self.info.code = code  # type: ignore[assignment]
+
+
+def fenced_error(pchannel: str, term: int, by_term: int) -> WalError:
+    return WalError(
+        E.CHANNEL_FENCED,
+        f"pchannel {pchannel} at term {term} was fenced by term {by_term}",
+        current_term=by_term,
+    )
+
+
+# -- protocols: what the owner needs from the rest of the node ------------------------------
+
+
+class AppendStream(Protocol):
+    """One bidi Append stream to a replica."""
+
+    async def write(self, request: wire.AppendRequest) -> None: ...
+
+    def responses(self) -> AsyncIterator[wire.AppendResponse]: ...
+
+    def cancel(self) -> None: ...
+
+
+class ReplicaTransport(Protocol):
+    """Node-to-node calls to another replica (gRPC Replication service). Errors: any
+    exception means "unreachable now"; the owner retries with backoff."""
+
+    def open_append(self, node_id: str) -> AppendStream: ...
+
+    async def fence(self, node_id: str, request: wire.FenceRequest) -> wire.FenceResponse: ...
+
+    async def fetch(self, node_id: str, request: wire.FetchRequest) -> wire.FetchResponse: ...
+
+
+class Proposer(Protocol):
+    """Coordination-plane commands the owner proposes. Each returns the rejection code (OK
+    = accepted) or raises on an unknown outcome (the owner retries: both are idempotent)."""
+
+    async def pchannel_ready(self, pchannel: str, term: int, start_lsn: int) -> int: ...
+
+    async def commit_segment(self, pchannel: str, term: int, fields: dict[str, object]) -> int: ...
+
+    def committed_through(self, pchannel: str) -> int: ...
+
+    def still_assigned(self, pchannel: str, term: int) -> bool: ...
+
+
+@dataclass(frozen=True)
+class OwnerConfig:
+    segment_max_bytes: int = 64 << 20
+    segment_max_age_ms: int = 10 * 60_000
+    replication_chunk_bytes: int = 4 << 20
+    #: appended but not yet committed bytes; producers wait beyond it (backpressure)
+    max_uncommitted_bytes: int = 64 << 20
+    #: bytes of recent batches kept in memory for replication
+    recent_cache_bytes: int = 64 << 20
+    retry_min_s: float = 0.05
+    retry_max_s: float = 1.0
+    rpc_timeout_s: float = 2.0
+    #: how far back recovery scans for idempotent producers' last sequences
+    producer_scan_bytes: int = 16 << 20
+
+
+@dataclass(slots=True)
+class Message:
+    """One message to write (validated by the caller)."""
+
+    vchannel_id: int
+    msg_type: int
+    key: bytes = b""
+    payload: bytes = b""
+    properties: dict[str, str] = field(default_factory=dict)
+    flags: int = 0
+    txn_id: int = 0
+    broadcast_id: int = 0
+
+
+@dataclass(slots=True)
+class _ProducerBatch:
+    sequence: int
+    first_lsn: int
+    last_lsn: int
+    done: asyncio.Future[list[tuple[int, int]]] | None = None
+
+
+@dataclass(slots=True)
+class _Replica:
+    node_id: str
+    match_lsn: int = 0
+    next_lsn: int = 0
+    last_error: str = ""
+    task: asyncio.Task[None] | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def hybrid_tick(previous: int, wall_ms: int) -> int:
+    """The next time tick: physical ms in the high bits, a logical counter in the low 18,
+    strictly above `previous` whatever the wall clock does."""
+    return max(previous + 1, wall_ms << TICK_LOGICAL_BITS)
+
+
+class ChannelOwner:
+    def __init__(
+        self,
+        *,
+        pchannel: str,
+        term: int,
+        node_id: str,
+        replica_node_ids: Sequence[str],
+        log: PChannelLog,
+        transport: ReplicaTransport,
+        proposer: Proposer,
+        config: OwnerConfig,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
+        self.pchannel = pchannel
+        self.term = term
+        self.node_id = node_id
+        self.replica_ids = list(dict.fromkeys([node_id, *replica_node_ids]))
+        self.majority = len(self.replica_ids) // 2 + 1
+        self.log = log
+        self.transport = transport
+        self.proposer = proposer
+        self.config = config
+        self._wall_ms = wall_ms
+        self.state = "recovering"
+        self.fenced_by = 0
+        self.start_lsn = 0
+        self.committed_lsn = 0
+        self._self_durable = 0
+        self._replicas = {n: _Replica(n) for n in self.replica_ids if n != node_id}
+        self._progress = asyncio.Event()
+        self._write_lock = asyncio.Lock()
+        self._recent: OrderedDict[int, tuple[int, int, bytes]] = OrderedDict()
+        self._recent_bytes = 0
+        self._producers: dict[str, list[_ProducerBatch]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._segment_opened_at = time.monotonic()
+        self.commit_failures = 0
+        self.last_commit_error = ""
+        self.ready = asyncio.Event()
+
+    # -- status ------------------------------------------------------------------------------
+
+    def _notify_progress(self) -> None:
+        event, self._progress = self._progress, asyncio.Event()
+        event.set()
+
+    async def wait_commit_change(self, timeout_s: float) -> None:
+        """Return when the commit point moves or the owner stops, or after `timeout_s`."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._progress.wait(), timeout_s)
+
+    @property
+    def serving(self) -> bool:
+        return self.state == "serving"
+
+    def replica_positions(self) -> dict[str, int]:
+        positions = {self.node_id: self._self_durable}
+        positions.update({r.node_id: r.match_lsn for r in self._replicas.values()})
+        return positions
+
+    def _check_serving(self) -> None:
+        if self.state == "fenced":
+            raise fenced_error(self.pchannel, self.term, self.fenced_by)
+        if self.state != "serving":
+            raise WalError(
+                E.ON_SHUTDOWN if self.state == "closed" else E.NOT_OWNER,
+                f"pchannel {self.pchannel} at term {self.term} is {self.state}",
+                current_term=self.term,
+            )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._run(), name=f"owner:{self.pchannel}"))
+
+    async def _run(self) -> None:
+        try:
+            await self._recover()
+        except asyncio.CancelledError:
+            raise
+        except WalError as error:
+            logger.info("%s: recovery at term %d ended: %s", self.pchannel, self.term, error)
+            if self.state == "recovering":
+                self.state = "closed"
+            return
+        except (LogError, OSError) as error:
+            logger.error("%s: recovery at term %d failed: %s", self.pchannel, self.term, error)
+            self.state = "closed"
+            return
+        self._tasks.append(asyncio.create_task(self._commit_loop(), name=f"commit:{self.pchannel}"))
+
+    async def close(self, state: str = "closed") -> None:
+        if self.state not in ("fenced", "closed"):
+            self.state = state
+        self._notify_progress()
+        for replica in self._replicas.values():
+            if replica.task is not None:
+                replica.task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in [*self._tasks, *(r.task for r in self._replicas.values() if r.task)]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def _fence(self, by_term: int) -> None:
+        if self.state in ("fenced", "closed"):
+            return
+        logger.warning(
+            "%s: owner at term %d fenced by term %d; stops acknowledging",
+            self.pchannel,
+            self.term,
+            by_term,
+        )
+        self.state = "fenced"
+        self.fenced_by = by_term
+        self._notify_progress()
+        for replica in self._replicas.values():
+            if replica.task is not None:
+                replica.task.cancel()
+
+    # -- recovery ----------------------------------------------------------------------------
+
+    async def _backoff(self, attempt: int) -> None:
+        await asyncio.sleep(min(self.config.retry_max_s, self.config.retry_min_s * 2**attempt))
+
+    def _check_current(self) -> None:
+        if self.state in ("fenced", "closed"):
+            raise WalError(E.CHANNEL_FENCED, f"{self.pchannel} owner at term {self.term} stopped")
+        if not self.proposer.still_assigned(self.pchannel, self.term):
+            raise WalError(
+                E.CHANNEL_FENCED, f"assignment of {self.pchannel} at term {self.term} superseded"
+            )
+
+    async def _fence_replica(self, node_id: str) -> wire.FenceResponse:
+        attempt = 0
+        request = wire.FenceRequest(
+            pchannel=self.pchannel, term=self.term, owner_node_id=self.node_id
+        )
+        while True:
+            self._check_current()
+            try:
+                reply = await asyncio.wait_for(
+                    self.transport.fence(node_id, request), self.config.rpc_timeout_s
+                )
+            except WalError as error:
+                if error.info.code == E.CHANNEL_FENCED:
+                    self._fence(error.info.current_term)
+                    raise
+                logger.debug("%s: fence %s failed: %s", self.pchannel, node_id, error)
+            except (TimeoutError, OSError, Exception) as error:  # noqa: BLE001 - retried
+                logger.debug("%s: fence %s failed: %r", self.pchannel, node_id, error)
+            else:
+                return reply
+            await self._backoff(attempt)
+            attempt += 1
+
+    async def _recover(self) -> None:
+        position = await self.log.fence(self.term)
+        positions: dict[str, wire.FenceResponse] = {
+            self.node_id: wire.FenceResponse(
+                fenced_term=self.term,
+                last_lsn=position.last_lsn,
+                last_term=position.last_term,
+                last_time_tick=position.last_time_tick,
+                node_id=self.node_id,
+            )
+        }
+        pending = {asyncio.create_task(self._fence_replica(n)): n for n in self._replicas}
+        try:
+            while len(positions) < self.majority:
+                if not pending:
+                    raise WalError(E.ON_SHUTDOWN, "no majority to fence")
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    node = pending.pop(task)
+                    positions[node] = task.result()
+        finally:
+            # Late fences still help: let them finish in the background, bounded by _check_current.
+            for task in pending:
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        for node, reply in positions.items():
+            if node in self._replicas:
+                self._replicas[node].next_lsn = reply.last_lsn + 1
+        best = max(positions.values(), key=lambda r: (r.last_term, r.last_lsn))
+        if best.node_id != self.node_id and (best.last_term, best.last_lsn) > (
+            self.log.last_term,
+            self.log.last_lsn,
+        ):
+            await self._adopt(best.node_id, best.last_lsn)
+        self._check_current()
+        await self._drop_partial_txn()
+        await self._rebuild_producers()
+        # Seal the inherited open segment, then start this term's segment.
+        async with self._write_lock:
+            if self.log.open_segment_first_lsn() is not None:
+                await self._append_control(MsgType.SEAL, int(EntryFlags.SEAL_MARKER))
+            result_lsn = await self._append_control(MsgType.TERM_START, int(EntryFlags.TERM_START))
+        self.start_lsn = result_lsn
+        self._segment_opened_at = time.monotonic()
+        for replica in self._replicas.values():
+            replica.task = asyncio.create_task(self._replicate(replica))
+        await self._wait_committed(self.start_lsn, recovering=True)
+        attempt = 0
+        while True:
+            self._check_current()
+            try:
+                code = await self.proposer.pchannel_ready(self.pchannel, self.term, self.start_lsn)
+            except Exception as error:  # noqa: BLE001 - unknown outcome: retried (idempotent)
+                logger.info("%s: PChannelReady failed (%r); retrying", self.pchannel, error)
+                await self._backoff(attempt)
+                attempt += 1
+                continue
+            if code != E.OK:
+                raise WalError(code, f"PChannelReady({self.pchannel}, {self.term}) rejected")
+            break
+        self.state = "serving"
+        self.ready.set()
+        logger.info(
+            "%s: serving at term %d from lsn %d (committed %d)",
+            self.pchannel,
+            self.term,
+            self.start_lsn,
+            self.committed_lsn,
+        )
+
+    async def _adopt(self, source: str, source_last_lsn: int) -> None:
+        """Copy the suffix this log lacks from `source`, backing up on a mismatch."""
+        attempt = 0
+        while self.log.last_lsn < source_last_lsn:
+            self._check_current()
+            request = wire.FetchRequest(
+                pchannel=self.pchannel,
+                term=self.term,
+                prev_lsn=self.log.last_lsn,
+                prev_term=self.log.last_term,
+                max_bytes=self.config.replication_chunk_bytes,
+            )
+            try:
+                reply = await asyncio.wait_for(
+                    self.transport.fetch(source, request), self.config.rpc_timeout_s * 5
+                )
+            except Exception as error:  # noqa: BLE001 - retried while the assignment holds
+                logger.info("%s: fetch from %s failed: %r", self.pchannel, source, error)
+                await self._backoff(attempt)
+                attempt += 1
+                continue
+            if reply.status == wire.APPEND_STATUS_FENCED:
+                self._fence(reply.fenced_term)
+                raise fenced_error(self.pchannel, self.term, reply.fenced_term)
+            if reply.status == wire.APPEND_STATUS_MISMATCH:
+                keep = self._backup_point(
+                    reply.conflict_term, reply.conflict_first_lsn, reply.last_lsn
+                )
+                await self.log.truncate_after(min(keep, self.log.last_lsn - 1))
+                continue
+            if reply.status != wire.APPEND_STATUS_OK or not reply.frames:
+                await self._backoff(attempt)
+                attempt += 1
+                continue
+            result = await self.log.append(
+                self.term, request.prev_lsn, request.prev_term, reply.frames
+            )
+            await self.log.wait_durable(result)
+
+    def _backup_point(self, conflict_term: int, conflict_first: int, their_last: int) -> int:
+        """The LSN after which two logs may still match, from a MISMATCH hint (Raft's fast
+        back-up): our last entry of `conflict_term` when we have that term, otherwise just
+        before the first entry they hold at that term."""
+        if conflict_term == 0:
+            return 0
+        ours = self.log.last_lsn_of_term_at_most(conflict_term)
+        if ours and self.log.term_at(ours) == conflict_term:
+            return min(ours, their_last)
+        return max(0, min(conflict_first - 1, their_last))
+
+    async def _drop_partial_txn(self) -> None:
+        """A transaction at the very end of the log without its commit entry was never
+        acknowledged (the commit entry is written with the body, in one batch): drop it so
+        that it can never become visible."""
+        last = self.log.last_lsn
+        if last < self.log.first_lsn:
+            return
+        start = None
+        lsn = last
+        scanned = 0
+        while lsn >= self.log.first_lsn and scanned < 1_000_000:
+            header = _header(self.log, lsn)
+            flags = header[10]
+            if not flags & TXN_FLAGS or flags & (EntryFlags.TXN_COMMIT | EntryFlags.TXN_ROLLBACK):
+                break
+            start = lsn
+            if flags & EntryFlags.TXN_BEGIN:
+                break
+            lsn -= 1
+            scanned += 1
+        if start is not None:
+            logger.warning(
+                "%s: dropping an uncommitted transaction tail at lsn %d..%d",
+                self.pchannel,
+                start,
+                last,
+            )
+            await self.log.truncate_after(start - 1)
+
+    async def _rebuild_producers(self) -> None:
+        """Recover idempotent producers' recent sequences from the log's tail."""
+        last = self.log.last_lsn
+        lsn = last
+        scanned_bytes = 0
+        chunks: list[list[Entry]] = []
+        # Walk back segment-chunk by chunk: read forward from an LSN guess.
+        start = max(self.log.first_lsn, last - 200_000)
+        if start > last:
+            return
+        lsn = start
+        while lsn <= last and scanned_bytes < self.config.producer_scan_bytes * 4:
+            data = self.log.read_frames(lsn, 4 << 20)
+            if not data:
+                break
+            scanned_bytes += len(data)
+            entries = list(iter_batch(data))
+            chunks.append([e for e in entries if e.properties.get(PRODUCER_ID_PROPERTY)])
+            lsn = entries[-1].lsn + 1
+        for chunk in chunks:
+            for entry in chunk:
+                try:
+                    producer = entry.properties[PRODUCER_ID_PROPERTY]
+                    sequence = int(entry.properties[PRODUCER_SEQ_PROPERTY])
+                    count = int(entry.properties[PRODUCER_COUNT_PROPERTY])
+                except (KeyError, ValueError):
+                    continue
+                self._remember(producer, _ProducerBatch(sequence, entry.lsn - count + 1, entry.lsn))
+
+    def _remember(self, producer: str, batch: _ProducerBatch) -> None:
+        history = self._producers.setdefault(producer, [])
+        history.append(batch)
+        if len(history) > PRODUCER_HISTORY:
+            del history[0]
+
+    async def _append_control(self, msg_type: int, flags: int) -> int:
+        lsn = self.log.last_lsn + 1
+        tick = hybrid_tick(self.log.last_time_tick, self._wall_ms())
+        batch = encode_batch(
+            [Entry(lsn=lsn, term=self.term, time_tick=tick, msg_type=msg_type, flags=flags)]
+        )
+        await self._write_locked(batch.data, batch.meta)
+        return lsn
+
+    # -- writing -----------------------------------------------------------------------------
+
+    async def _write_locked(self, frames: bytes, meta) -> None:  # type: ignore[no-untyped-def]
+        prev_lsn = meta.first_lsn - 1
+        prev_term = self.log.term_at(prev_lsn) if prev_lsn >= self.log.first_lsn else 0
+        try:
+            result = await self.log.append_local(frames, meta, self.term)
+        except Fenced as error:
+            self._fence(error.fenced_term)
+            raise fenced_error(self.pchannel, self.term, error.fenced_term) from None
+        self._cache(meta.first_lsn, meta.last_lsn, prev_term, frames)
+        for replica in self._replicas.values():
+            replica.wake.set()
+        if result.sealed:
+            self._segment_opened_at = time.monotonic()
+        task = asyncio.create_task(self._local_durable(result))
+        task.add_done_callback(_log_failure)
+
+    async def _local_durable(self, result) -> None:  # type: ignore[no-untyped-def]
+        try:
+            await self.log.wait_durable(result)
+        except (LogError, OSError, ValueError) as error:
+            logger.error("%s: local durability failed: %r", self.pchannel, error)
+            self._fence(self.term)  # stop acknowledging: the local copy is unreliable
+            return
+        if result.last_lsn > self._self_durable:
+            self._self_durable = result.last_lsn
+            self._update_commit()
+
+    def _cache(self, first_lsn: int, last_lsn: int, prev_term: int, frames: bytes) -> None:
+        self._recent[first_lsn] = (last_lsn, prev_term, frames)
+        self._recent_bytes += len(frames)
+        while self._recent_bytes > self.config.recent_cache_bytes and len(self._recent) > 1:
+            _, (_, _, old) = self._recent.popitem(last=False)
+            self._recent_bytes -= len(old)
+
+    def _update_commit(self) -> None:
+        matches = sorted(
+            [self._self_durable, *(r.match_lsn for r in self._replicas.values())], reverse=True
+        )
+        point = matches[self.majority - 1]
+        # Only entries of this term commit by counting (Raft): the term start comes first.
+        if point >= self.start_lsn > 0 and point > self.committed_lsn:
+            self.committed_lsn = point
+            self.log.committed_lsn = max(self.log.committed_lsn, point)
+            self._notify_progress()
+
+    async def _wait_committed(self, lsn: int, recovering: bool = False) -> None:
+        while self.committed_lsn < lsn:
+            if self.state == "fenced":
+                raise fenced_error(self.pchannel, self.term, self.fenced_by)
+            if self.state == "closed" or (not recovering and self.state != "serving"):
+                raise WalError(E.ON_SHUTDOWN, f"owner of {self.pchannel} is {self.state}")
+            if recovering:
+                self._check_current()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), 0.5)
+
+    async def write(
+        self,
+        messages: Sequence[Message],
+        *,
+        producer_id: str = "",
+        sequence: int = 0,
+        expected_last_lsn: int = 0,
+    ) -> tuple[list[tuple[int, int]], bool]:
+        """Write `messages` as one batch; returns ([(lsn, time_tick)], duplicate) once a
+        majority holds them durably. Raises WalError."""
+        self._check_serving()
+        if producer_id and sequence > 0:
+            for batch in self._producers.get(producer_id, ()):
+                if batch.sequence == sequence:
+                    if batch.last_lsn - batch.first_lsn + 1 != len(messages):
+                        raise WalError(
+                            E.INVALID_REQUEST_SEQ,
+                            f"producer {producer_id} sequence {sequence} was a batch of "
+                            f"{batch.last_lsn - batch.first_lsn + 1} messages (got {len(messages)})",
+                        )
+                    if batch.done is not None:
+                        return await asyncio.shield(batch.done), True
+                    await self._wait_committed(batch.last_lsn)
+                    entries = self.log.entries(batch.first_lsn, 1 << 30, batch.last_lsn)
+                    return [(e.lsn, e.time_tick) for e in entries], True
+            history = self._producers.get(producer_id)
+            if history and sequence < history[-1].sequence:
+                raise WalError(
+                    E.INVALID_REQUEST_SEQ,
+                    f"producer {producer_id} sequence {sequence} is older than the retained "
+                    f"window (newest {history[-1].sequence})",
+                )
+        # Backpressure: bounded uncommitted data.
+        await self._wait_room()
+        async with self._write_lock:
+            self._check_serving()
+            if expected_last_lsn:
+                actual = self.log.last_lsn
+                want = 0 if expected_last_lsn == -1 else expected_last_lsn
+                if actual != want:
+                    raise WalError(
+                        E.UNMATCHED_CHANNEL_TERM,
+                        f"expected_last_lsn {expected_last_lsn} does not hold (last lsn {actual})",
+                        current_term=self.term,
+                    )
+            estimate = sum(100 + len(m.key) + len(m.payload) for m in messages)
+            if (
+                self.log.open_segment_first_lsn() is not None
+                and self.log.open_segment_bytes() + estimate > self.config.segment_max_bytes
+            ):
+                # Seal first: a batch (a transaction in particular) never spans segments.
+                await self._append_control(MsgType.SEAL, int(EntryFlags.SEAL_MARKER))
+            first_lsn = self.log.last_lsn + 1
+            tick = self.log.last_time_tick
+            wall = self._wall_ms()
+            entries = []
+            for index, message in enumerate(messages):
+                tick = hybrid_tick(tick, wall)
+                properties = message.properties
+                if producer_id and index == len(messages) - 1:
+                    properties = {
+                        **properties,
+                        PRODUCER_ID_PROPERTY: producer_id,
+                        PRODUCER_SEQ_PROPERTY: str(sequence),
+                        PRODUCER_COUNT_PROPERTY: str(len(messages)),
+                    }
+                entries.append(
+                    Entry(
+                        lsn=first_lsn + index,
+                        term=self.term,
+                        time_tick=tick,
+                        msg_type=message.msg_type,
+                        vchannel_id=message.vchannel_id,
+                        flags=message.flags,
+                        txn_id=message.txn_id,
+                        broadcast_id=message.broadcast_id,
+                        key=message.key,
+                        payload=message.payload,
+                        properties=properties,
+                    )
+                )
+            batch = encode_batch(entries)
+            await self._write_locked(batch.data, batch.meta)
+            positions = [(e.lsn, e.time_tick) for e in entries]
+            record = None
+            if producer_id and sequence > 0:
+                record = _ProducerBatch(
+                    sequence,
+                    first_lsn,
+                    first_lsn + len(entries) - 1,
+                    asyncio.get_running_loop().create_future(),
+                )
+                self._remember(producer_id, record)
+        try:
+            await self._wait_committed(positions[-1][0])
+        except WalError as error:
+            if record is not None and record.done is not None and not record.done.done():
+                record.done.set_exception(error)
+                record.done.exception()  # retrieved: no "never retrieved" warning
+            raise
+        if record is not None and record.done is not None:
+            record.done.set_result(positions)
+            record.done = None
+        return positions, False
+
+    async def _wait_room(self) -> None:
+        while (
+            self.log.last_lsn > self.committed_lsn
+            and self._recent_bytes_uncommitted() > self.config.max_uncommitted_bytes
+        ):
+            self._check_serving()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), 0.5)
+
+    def _recent_bytes_uncommitted(self) -> int:
+        total = 0
+        for _first, (last, _, frames) in reversed(self._recent.items()):
+            if last <= self.committed_lsn:
+                break
+            total += len(frames)
+        return total
+
+    # -- replication -------------------------------------------------------------------------
+
+    def _frames_from(self, lsn: int) -> tuple[int, bytes, int]:
+        """(prev_term, frames, last lsn) starting at `lsn`: a cached batch when it starts
+        there, otherwise read back from the log (catch-up)."""
+        cached = self._recent.get(lsn)
+        if cached is not None:
+            return cached[1], cached[2], cached[0]
+        prev_term = self.log.term_at(lsn - 1) if lsn - 1 >= self.log.first_lsn else 0
+        frames, last = self.log.read_frames_range(lsn, self.config.replication_chunk_bytes)
+        return prev_term, frames, last
+
+    async def _replicate(self, replica: _Replica) -> None:
+        attempt = 0
+        while self.state in ("recovering", "serving"):
+            stream = None
+            try:
+                stream = self.transport.open_append(replica.node_id)
+                await self._pump(replica, stream)
+                attempt = 0
+            except asyncio.CancelledError:
+                if stream is not None:
+                    stream.cancel()
+                raise
+            except _Resync:
+                attempt = 0
+            except Exception as error:  # noqa: BLE001 - a replica being down is normal
+                replica.last_error = repr(error)
+                logger.debug("%s: replication to %s: %r", self.pchannel, replica.node_id, error)
+                attempt += 1
+            finally:
+                if stream is not None:
+                    stream.cancel()
+            if self.state in ("recovering", "serving") and attempt:
+                await self._backoff(min(attempt, 5))
+
+    async def _pump(self, replica: _Replica, stream: AppendStream) -> None:
+        if replica.next_lsn <= 0 or replica.next_lsn > self.log.last_lsn + 1:
+            replica.next_lsn = self.log.last_lsn + 1
+        replica.next_lsn = max(replica.next_lsn, replica.match_lsn + 1, self.log.first_lsn)
+        inflight: asyncio.Queue[int] = asyncio.Queue()
+        window = 64
+        sent = asyncio.Semaphore(window)
+
+        async def send() -> None:
+            request_id = 0
+            # Always send at least one request so that the replica reports where it is.
+            first = True
+            while True:
+                if replica.next_lsn > self.log.last_lsn and not first:
+                    replica.wake.clear()
+                    if replica.next_lsn > self.log.last_lsn:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(replica.wake.wait(), 1.0)
+                        if replica.next_lsn > self.log.last_lsn:
+                            # Idle: a heartbeat carrying the committed LSN.
+                            pass
+                await sent.acquire()
+                lsn = replica.next_lsn
+                if lsn <= self.log.last_lsn:
+                    prev_term, frames, last = self._frames_from(lsn)
+                else:
+                    prev_term = self.log.term_at(lsn - 1) if lsn - 1 >= self.log.first_lsn else 0
+                    frames, last = b"", lsn - 1
+                request_id += 1
+                await stream.write(
+                    wire.AppendRequest(
+                        pchannel=self.pchannel,
+                        term=self.term,
+                        prev_lsn=lsn - 1,
+                        prev_term=prev_term,
+                        frames=frames,
+                        committed_lsn=self.committed_lsn,
+                        request_id=request_id,
+                        owner_node_id=self.node_id,
+                    )
+                )
+                replica.next_lsn = last + 1
+                first = False
+                inflight.put_nowait(request_id)
+
+        sender = asyncio.create_task(send())
+        try:
+            async for response in stream.responses():
+                sent.release()
+                if response.status == wire.APPEND_STATUS_OK:
+                    if response.durable_lsn > replica.match_lsn:
+                        replica.match_lsn = response.durable_lsn
+                        self._update_commit()
+                    replica.last_error = ""
+                elif response.status == wire.APPEND_STATUS_FENCED:
+                    self._fence(response.fenced_term)
+                    return
+                elif response.status == wire.APPEND_STATUS_MISMATCH:
+                    keep = self._backup_point(
+                        response.conflict_term, response.conflict_first_lsn, response.last_lsn
+                    )
+                    replica.next_lsn = min(keep, response.last_lsn) + 1
+                    replica.match_lsn = min(replica.match_lsn, keep)
+                    raise _Resync()
+                else:
+                    replica.last_error = response.error.message
+                    raise RuntimeError(f"replica {replica.node_id}: {response.error.message}")
+                if sender.done():
+                    sender.result()
+        finally:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await sender
+            # Whatever was in flight is resent from the last match.
+            replica.next_lsn = replica.match_lsn + 1
+        raise ConnectionError(f"append stream to {replica.node_id} ended")
+
+    # -- sealing and committing segments ------------------------------------------------------
+
+    async def seal_now(self) -> None:
+        async with self._write_lock:
+            self._check_serving()
+            if self.log.open_segment_first_lsn() is not None:
+                await self._append_control(MsgType.SEAL, int(EntryFlags.SEAL_MARKER))
+
+    async def _commit_loop(self) -> None:
+        attempt = 0
+        while self.state == "serving":
+            try:
+                if (
+                    self.log.open_segment_first_lsn() is not None
+                    and time.monotonic() - self._segment_opened_at
+                    > self.config.segment_max_age_ms / 1000
+                ):
+                    await self.seal_now()
+                await self._commit_ready_segments()
+                attempt = 0
+                await asyncio.sleep(0.2)
+            except asyncio.CancelledError:
+                raise
+            except WalError as error:
+                if error.info.code == E.CHANNEL_FENCED:
+                    return
+                self.commit_failures += 1
+                self.last_commit_error = str(error)
+                await self._backoff(attempt)
+                attempt += 1
+            except Exception as error:  # noqa: BLE001 - counted, visible in status, retried
+                self.commit_failures += 1
+                self.last_commit_error = repr(error)
+                logger.warning("%s: segment commit failed: %r", self.pchannel, error)
+                await self._backoff(attempt)
+                attempt += 1
+
+    async def _commit_ready_segments(self) -> None:
+        through = self.proposer.committed_through(self.pchannel)
+        for segment in self.log.sealed_segments():
+            if segment.last_lsn <= through:
+                continue
+            if segment.first_lsn != through + 1 or segment.last_lsn > self.committed_lsn:
+                return
+            summary = segment.summary
+            if summary is None:
+                return
+            replicas = [
+                node for node, lsn in self.replica_positions().items() if lsn >= segment.last_lsn
+            ]
+            fields = {
+                "first_lsn": summary.first_lsn,  # type: ignore[attr-defined]
+                "last_lsn": summary.last_lsn,  # type: ignore[attr-defined]
+                "first_term": summary.first_term,  # type: ignore[attr-defined]
+                "last_term": summary.last_term,  # type: ignore[attr-defined]
+                "first_time_tick": summary.first_time_tick,  # type: ignore[attr-defined]
+                "last_time_tick": summary.last_time_tick,  # type: ignore[attr-defined]
+                "count": summary.entry_count,  # type: ignore[attr-defined]
+                "bytes": segment.path.stat().st_size,
+                "digest": summary.digest,  # type: ignore[attr-defined]
+                "replica_node_ids": sorted(replicas),
+            }
+            code = await self.proposer.commit_segment(self.pchannel, self.term, fields)
+            if code == E.UNMATCHED_CHANNEL_TERM:
+                self._fence(self.term + 1)
+                raise fenced_error(self.pchannel, self.term, self.term + 1)
+            if code != E.OK:
+                raise WalError(
+                    code, f"CommitSegment [{segment.first_lsn}, {segment.last_lsn}] rejected"
+                )
+            await asyncio.to_thread(
+                self.log.catalog.mark_committed, self.pchannel, segment.first_lsn
+            )
+            through = segment.last_lsn
+
+
+class _Resync(Exception):
+    """The replica's log diverged: reconnect from the new next LSN."""
+
+
+def _header(log: PChannelLog, lsn: int) -> tuple[int, ...]:
+    return log._header_at(lsn)  # noqa: SLF001
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("background task failed: %r", task.exception())
+
+
+__all__ = [
+    "BadBatch",
+    "ChannelOwner",
+    "Message",
+    "Mismatch",
+    "OwnerConfig",
+    "Proposer",
+    "ReplicaTransport",
+    "WalError",
+    "hybrid_tick",
+]

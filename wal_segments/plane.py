@@ -1,0 +1,189 @@
+"""The node's data plane: every pchannel log this node holds, the owners it runs, and the
+reconciliation that keeps them in line with the coordination state.
+
+What lives here: `DataPlane` (one per node process). It opens `data_dir/wal/<pchannel>/`
+logs on demand, answers the replica side of replication (append, fence, fetch), starts a
+`ChannelOwner` when the coordination state assigns a pchannel to this node at a new term
+(ASSIGNING), stops owners whose term was superseded, and re-runs recovery at a new term
+when this node is recorded as the ready owner but does not serve (a restart): it asks the
+coordination plane to reassign the pchannel to itself at term + 1.
+
+The coordination plane is reached only through `CoordinationView` and `Proposer`
+(`typing.Protocol`s wired by the composition root in `raftwal/`).
+
+What must never happen here: an import of `raft` or `raftwal`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from wal_segments.catalog import Catalog
+from wal_segments.fsync_policy import FsyncPolicy
+from wal_segments.log import PChannelLog
+from wal_segments.owner import ChannelOwner, OwnerConfig, Proposer, ReplicaTransport
+
+logger = logging.getLogger(__name__)
+
+#: pchannel state names as in the coordination protos (kept as strings here)
+ASSIGNING = "ASSIGNING"
+ASSIGNED = "ASSIGNED"
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    pchannel: str
+    term: int
+    owner_node_id: str
+    state: str
+    replica_node_ids: tuple[str, ...]
+
+
+class CoordinationView(Protocol):
+    """What the data plane reads of the coordination state (this node's applied copy)."""
+
+    def assignments(self) -> dict[str, Assignment]: ...
+
+    async def reassign_to_self(self, pchannel: str, term: int) -> None:
+        """Propose AssignPChannel(pchannel, term + 1, this node, same replicas)."""
+        ...
+
+
+class DataPlane:
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        data_dir: Path,
+        policy: FsyncPolicy,
+        owner_config: OwnerConfig,
+        transport: ReplicaTransport,
+        proposer: Proposer,
+        view: CoordinationView,
+    ) -> None:
+        self.node_id = node_id
+        self.wal_dir = data_dir / "wal"
+        self.wal_dir.mkdir(parents=True, exist_ok=True)
+        self.catalog = Catalog(data_dir / "catalog.db")
+        self.policy = policy
+        self.owner_config = owner_config
+        self.transport = transport
+        self.proposer = proposer
+        self.view = view
+        self.logs: dict[str, PChannelLog] = {}
+        self._opening: dict[str, asyncio.Future[PChannelLog]] = {}
+        self.owners: dict[str, ChannelOwner] = {}
+        self.broken: dict[str, str] = {}
+        self._reassigning: dict[str, int] = {}
+        self._closed = False
+
+    async def log(self, pchannel: str) -> PChannelLog:
+        log = self.logs.get(pchannel)
+        if log is not None:
+            return log
+        future = self._opening.get(pchannel)
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
+            self._opening[pchannel] = future
+            try:
+                log = await PChannelLog.open(
+                    self.wal_dir / pchannel, pchannel, self.catalog, self.policy
+                )
+            except BaseException as error:
+                # A malformed segment is reported for this pchannel; others keep working.
+                self.broken[pchannel] = str(error)
+                future.set_exception(error)
+                future.exception()
+                del self._opening[pchannel]
+                raise
+            self.logs[pchannel] = log
+            future.set_result(log)
+            del self._opening[pchannel]
+            return log
+        return await asyncio.shield(future)
+
+    def serving_terms(self) -> dict[str, int]:
+        return {p: o.term for p, o in self.owners.items() if o.serving}
+
+    def owner(self, pchannel: str) -> ChannelOwner | None:
+        return self.owners.get(pchannel)
+
+    async def reconcile(self) -> None:
+        """Bring owners in line with the applied coordination state (idempotent)."""
+        if self._closed:
+            return
+        assignments = self.view.assignments()
+        for pchannel, owner in list(self.owners.items()):
+            current = assignments.get(pchannel)
+            if (
+                current is None
+                or current.term != owner.term
+                or current.owner_node_id != self.node_id
+            ):
+                logger.info(
+                    "%s: stopping owner at term %d (state %s)", pchannel, owner.term, owner.state
+                )
+                del self.owners[pchannel]
+                await owner.close("closed")
+        for pchannel, assignment in sorted(assignments.items()):
+            if assignment.owner_node_id != self.node_id or pchannel in self.broken:
+                continue
+            existing = self.owners.get(pchannel)
+            if existing is not None and existing.term == assignment.term:
+                if existing.state in ("fenced", "closed") and assignment.state == ASSIGNED:
+                    # Ready at this term but this owner stopped: take a new term.
+                    await self._reassign(pchannel, assignment.term)
+                continue
+            if assignment.state == ASSIGNING:
+                await self._start_owner(assignment)
+            elif assignment.state == ASSIGNED:
+                # Recorded as the ready owner but not serving (restarted): new term.
+                await self._reassign(pchannel, assignment.term)
+
+    async def _start_owner(self, assignment: Assignment) -> None:
+        try:
+            log = await self.log(assignment.pchannel)
+        except Exception as error:  # noqa: BLE001 - reported in status, other pchannels go on
+            logger.error("%s: cannot open the log: %s", assignment.pchannel, error)
+            return
+        owner = ChannelOwner(
+            pchannel=assignment.pchannel,
+            term=assignment.term,
+            node_id=self.node_id,
+            replica_node_ids=assignment.replica_node_ids,
+            log=log,
+            transport=self.transport,
+            proposer=self.proposer,
+            config=self.owner_config,
+        )
+        self.owners[assignment.pchannel] = owner
+        logger.info("%s: recovering as owner at term %d", assignment.pchannel, assignment.term)
+        owner.start()
+
+    async def _reassign(self, pchannel: str, term: int) -> None:
+        if self._reassigning.get(pchannel) == term:
+            return
+        self._reassigning[pchannel] = term
+        logger.info(
+            "%s: owner at term %d is not serving here; asking for term %d", pchannel, term, term + 1
+        )
+        try:
+            await self.view.reassign_to_self(pchannel, term)
+        except Exception as error:  # noqa: BLE001 - retried on the next reconcile
+            logger.info("%s: reassign failed: %r", pchannel, error)
+            self._reassigning.pop(pchannel, None)
+
+    async def close(self) -> None:
+        self._closed = True
+        for owner in list(self.owners.values()):
+            await owner.close("closed")
+        self.owners.clear()
+        for log in list(self.logs.values()):
+            with contextlib.suppress(Exception):
+                await log.close()
+        self.catalog.close()
