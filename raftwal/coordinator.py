@@ -23,11 +23,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import grpc
+
 from raftwal.internal import call_assign
-from rpc.errors import RaftwalError
+from rpc.errors import RaftwalError, from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
-from rpc.protos import errors_pb2
+from rpc.protos import errors_pb2, streaming_pb2_grpc
+from rpc.protos import streaming_pb2 as wire
 from statemachine.balancer import plan
 
 if TYPE_CHECKING:
@@ -37,6 +40,11 @@ log = logging.getLogger(__name__)
 E = errors_pb2
 
 CLEAR_BROADCASTS_EVERY_S = 10.0
+# Broadcast delivery: appends in flight at once, and the retry backoff bounds.
+MAX_BROADCAST_APPENDS_IN_FLIGHT = 16
+BROADCAST_RETRY_MIN_S = 0.2
+BROADCAST_RETRY_MAX_S = 30.0
+BROADCAST_APPEND_TIMEOUT_S = 10.0
 RESEND_ASSIGN_EVERY_S = 2.0
 
 
@@ -57,6 +65,12 @@ class Coordinator:
         self._last_clear = 0.0
         self._background: set[asyncio.Task[bool]] = set()
         self.failures = 0
+        # Broadcast delivery, per (broadcast id, vchannel): in flight, next retry time,
+        # failed attempts and the last error (shown by ClusterStatus on the leader).
+        self._broadcast_inflight: set[tuple[int, str]] = set()
+        self._broadcast_retry_at: dict[tuple[int, str], float] = {}
+        self.broadcast_failures: dict[tuple[int, str], tuple[int, str]] = {}
+        self._broadcast_tasks: set[asyncio.Task[None]] = set()
 
     def _send_assign(self, address: str, pchannel: str, term: int) -> None:
         # Bounded by call_assign's deadline; the set keeps the task referenced until done.
@@ -183,6 +197,7 @@ class Coordinator:
                 self._assign_sent[(assign.pchannel, assign.term)] = now
                 address = state.nodes[assign.node_id].address
                 self._send_assign(address, assign.pchannel, assign.term)
+        self._drive_broadcasts(state, now)
         for name, term in sorted(assigning):
             if name in moved:
                 continue
@@ -195,3 +210,85 @@ class Coordinator:
                 continue
             self._assign_sent[(name, term)] = now
             self._send_assign(owner.address, name, term)
+
+    # -- broadcast delivery ------------------------------------------------------------
+
+    def _drive_broadcasts(self, state: pb.CoordinationState, now: float) -> None:
+        """Append every PENDING broadcast to each target vchannel not yet appended, through
+        the owner of its pchannel (idempotent there per (broadcast, vchannel)), then record
+        the position in Raft. Retries back off exponentially per target, bounded; failures
+        are counted and shown in ClusterStatus."""
+        live = {key for key in self._broadcast_retry_at if key[0] in state.broadcasts}
+        for key in list(self._broadcast_retry_at):
+            if key not in live:
+                self._broadcast_retry_at.pop(key, None)
+                self.broadcast_failures.pop(key, None)
+        for task_id in sorted(state.broadcasts):
+            task = state.broadcasts[task_id]
+            if task.state != pb.BROADCAST_STATE_PENDING:
+                continue
+            for target in task.vchannels:
+                key = (task_id, target.vchannel)
+                if target.appended or key in self._broadcast_inflight:
+                    continue
+                if len(self._broadcast_inflight) >= MAX_BROADCAST_APPENDS_IN_FLIGHT:
+                    return
+                if now < self._broadcast_retry_at.get(key, 0.0):
+                    continue
+                vchannel = state.vchannels.get(target.vchannel)
+                channel = state.pchannels.get(vchannel.pchannel) if vchannel else None
+                if (
+                    vchannel is None
+                    or channel is None
+                    or channel.state != pb.PCHANNEL_STATE_ASSIGNED
+                ):
+                    self._broadcast_failed(key, "vchannel missing or its pchannel not ready", now)
+                    continue
+                owner = state.nodes.get(channel.owner_node_id)
+                if owner is None:
+                    continue
+                request = wire.AppendBroadcastRequest(
+                    pchannel=vchannel.pchannel,
+                    vchannel=target.vchannel,
+                    broadcast_id=task_id,
+                    msg_type=task.msg_type,
+                    message=task.message,
+                )
+                self._broadcast_inflight.add(key)
+                work = asyncio.create_task(self._append_broadcast(key, owner.address, request))
+                self._broadcast_tasks.add(work)
+                work.add_done_callback(self._broadcast_tasks.discard)
+
+    def _broadcast_failed(self, key: tuple[int, str], error: str, now: float) -> None:
+        count = self.broadcast_failures.get(key, (0, ""))[0] + 1
+        self.broadcast_failures[key] = (count, error[:200])
+        delay = min(BROADCAST_RETRY_MAX_S, BROADCAST_RETRY_MIN_S * 2 ** min(count, 10))
+        self._broadcast_retry_at[key] = now + delay
+        if count in (3, 10) or count % 50 == 0:
+            log.warning("broadcast %d to %s failed %d times: %s", key[0], key[1], count, error)
+
+    async def _append_broadcast(
+        self, key: tuple[int, str], address: str, request: wire.AppendBroadcastRequest
+    ) -> None:
+        try:
+            stub = streaming_pb2_grpc.ReplicationStub(self._node.channel(address))
+            reply = await stub.AppendBroadcast(request, timeout=BROADCAST_APPEND_TIMEOUT_S)
+            result = await self._propose(
+                record_broadcast_appended=pb.RecordBroadcastAppended(
+                    broadcast_id=request.broadcast_id,
+                    vchannel=request.vchannel,
+                    lsn=reply.position.lsn,
+                    time_tick=reply.position.time_tick,
+                )
+            )
+            if result.rejection.code not in (E.OK, E.IGNORED_OPERATION):
+                self._broadcast_failed(key, result.rejection.message, time.monotonic())
+            else:
+                self.broadcast_failures.pop(key, None)
+                self._broadcast_retry_at.pop(key, None)
+        except grpc.aio.AioRpcError as error:
+            self._broadcast_failed(key, from_rpc_error(error).message, time.monotonic())
+        except RaftwalError as error:
+            self._broadcast_failed(key, error.info.message, time.monotonic())
+        finally:
+            self._broadcast_inflight.discard(key)

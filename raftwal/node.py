@@ -257,6 +257,12 @@ class Node:
                 options=[
                     ("grpc.max_receive_message_length", self.config.grpc_max_message_bytes),
                     ("grpc.max_send_message_length", self.config.grpc_max_message_bytes),
+                    # A restarted peer must be reachable again within a second: gRPC's
+                    # default reconnect backoff grows to minutes, which would stall tail
+                    # recovery and heartbeats long after the peer is back.
+                    ("grpc.initial_reconnect_backoff_ms", 100),
+                    ("grpc.min_reconnect_backoff_ms", 100),
+                    ("grpc.max_reconnect_backoff_ms", 1000),
                 ],
             )
             self._channels[address] = channel
@@ -462,6 +468,16 @@ class Node:
                 warnings.append(f"pchannel {channel.name} is ASSIGNING at term {channel.term}")
             elif channel.state == pb.PCHANNEL_STATE_UNAVAILABLE:
                 warnings.append(f"pchannel {channel.name} is UNAVAILABLE")
+        if self.is_leader():
+            for (task_id, vchannel), (count, error) in sorted(
+                self.coordinator.broadcast_failures.items()
+            ):
+                if count >= 3:
+                    warnings.append(
+                        f"broadcast {task_id} to {vchannel} failing ({count} attempts): {error}"
+                    )
+        for pchannel, error in sorted(self.plane.problems().items()):
+            warnings.append(f"pchannel {pchannel}: {error}")
         # The digest covers apply metadata too (raft index, clock, dedup window), so only
         # replicas at the same applied raft index must agree.
         by_index: dict[int, set[str]] = {}

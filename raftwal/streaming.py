@@ -291,6 +291,58 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
             node_id=self._node.me.id,
         )
 
+    async def AppendBroadcast(self, request, context):
+        try:
+            bad = check_name("pchannel", request.pchannel, LIMITS) or check_name(
+                "vchannel", request.vchannel, LIMITS
+            )
+            if bad is not None:
+                raise _fail(E.INVALID_ARGUMENT, bad.message)
+            if request.broadcast_id < 1:
+                raise _fail(E.INVALID_ARGUMENT, f"invalid broadcast_id ({request.broadcast_id})")
+            vchannel = self._node.data_view.view.vchannels.get(request.vchannel)
+            if vchannel is None or vchannel.pchannel != request.pchannel:
+                raise _fail(
+                    E.CHANNEL_NOT_EXIST,
+                    f"vchannel {request.vchannel!r} is not on pchannel {request.pchannel!r}",
+                )
+            owner = self._plane.owner(request.pchannel)
+            if owner is None or not owner.serving:
+                hint, term = self._node.data_view.owner_hint(request.pchannel)
+                raise _fail(
+                    E.NOT_OWNER,
+                    f"node {self._node.me.id} does not serve {request.pchannel}",
+                    owner_hint=hint,
+                    current_term=term,
+                )
+            properties = {}
+            try:
+                code = msg_type_code(request.msg_type or "ddl")
+            except ValueError:
+                code = int(MsgType.DDL)
+                properties["rw.msg_type"] = request.msg_type[:128]
+            message = Message(
+                vchannel_id=vchannel.id,
+                msg_type=code,
+                payload=request.message,
+                properties=properties,
+                flags=int(EntryFlags.BROADCAST),
+                broadcast_id=request.broadcast_id,
+            )
+            positions, duplicate = await owner.write(
+                [message],
+                producer_id=f"rw.broadcast.{request.broadcast_id}.{request.vchannel}",
+                sequence=1,
+            )
+        except (RaftwalError, WalError) as error:
+            await context.abort_with_status(to_status(error.info))
+        except (LogError, OSError) as error:
+            await context.abort_with_status(to_status(error_info(E.INNER, str(error)[:300])))
+        lsn, tick = positions[0]
+        return wire.AppendBroadcastResponse(
+            position=wire.Position(lsn=lsn, time_tick=tick), duplicate=duplicate
+        )
+
     async def Fetch(self, request, context):
         try:
             self._check_pchannel(request.pchannel)
@@ -389,6 +441,16 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                         durable_lsn = result.last_lsn
                     else:
                         durable_lsn = matched
+                    if wal.fenced_term > request.term:
+                        # A newer owner fenced this log meanwhile: never confirm to the old.
+                        future.set_result(
+                            wire.AppendResponse(
+                                request_id=request.request_id,
+                                status=wire.APPEND_STATUS_FENCED,
+                                fenced_term=wal.fenced_term,
+                            )
+                        )
+                        return
                     committed = min(request.committed_lsn, durable_lsn)
                     if committed > wal.committed_lsn:
                         wal.committed_lsn = committed

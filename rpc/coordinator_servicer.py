@@ -612,7 +612,6 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
         return await self._call(context, work())
 
-
     async def ListSegments(self, request, context):
         async def work() -> api.ListSegmentsResponse:
             _check_count("pchannels", len(request.pchannels), 0)

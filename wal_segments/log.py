@@ -115,6 +115,8 @@ class AppendResult:
     writer: SegmentWriter | None
     sync_offset: int
     sealed: bool = False
+    #: the log's truncation count when the append was written
+    generation: int = 0
 
 
 @dataclass
@@ -161,6 +163,10 @@ class PChannelLog:
         #: called with the new last LSN after every append (consumers tail this)
         self._appended = asyncio.Event()
         self.closed = False
+        #: truncations so far, and (generation, lsn kept) of the recent ones: an append
+        #: whose entries were truncated afterwards must never be reported durable.
+        self._generation = 0
+        self._truncations: list[tuple[int, int]] = []
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -188,7 +194,11 @@ class PChannelLog:
         expected_first: int | None = None
         for index, (first_lsn, path) in enumerate(files):
             last_file = index == len(files) - 1
-            recovered = open_segment(path, repair=True, fdatasync=self._fdatasync)
+            # verify_blocks: without it a sealed file's frames are never checked, and a
+            # corrupt byte inside one would be served (and replicated) as if it were good.
+            recovered = open_segment(
+                path, repair=True, verify_blocks=True, fdatasync=self._fdatasync
+            )
             if recovered.header.pchannel != self.pchannel:
                 raise SegmentCorrupted(
                     path, 0, f"segment of pchannel {recovered.header.pchannel!r} in this directory"
@@ -234,7 +244,9 @@ class PChannelLog:
                 self._writer, _ = SegmentWriter.resume(tail.path, fdatasync=self._fdatasync)
                 tail.offsets = None  # the writer holds them
             self.last_lsn = tail.last_lsn
-            if tail.count:
+            # The tail may be empty (a crash right after it was created, or a torn tail that
+            # held its only entries): the last entry then lives in the previous segment.
+            if self.last_lsn >= self.first_lsn:
                 header = self._header_at(self.last_lsn)
                 self.last_term, self.last_time_tick = header[3], header[4]
         self.committed_lsn = max(
@@ -383,9 +395,7 @@ class PChannelLog:
                 raise BadBatch(f"frames of term {meta.last_term} above the sender's term {term}")
             if meta.first_term < prev_term:
                 raise BadBatch(f"frames of term {meta.first_term} below prev_term {prev_term}")
-            seal_rows = self._seal_positions(frames, meta)
-            if seal_rows and seal_rows[-1] != meta.count - 1:
-                raise BadBatch("a seal marker must be the last entry of a batch")
+            self._check_seal_positions(frames, meta)
             # Skip what is already here with the same term (a resend), truncate a conflict.
             start_row = 0
             while start_row < meta.count and prev_lsn + 1 + start_row <= self.last_lsn:
@@ -396,7 +406,7 @@ class PChannelLog:
                     break
                 start_row += 1
             if start_row == meta.count:
-                return AppendResult(self.last_lsn, None, 0)
+                return AppendResult(self.last_lsn, None, 0, generation=self._generation)
             if start_row:
                 offset = meta.frame_offsets[start_row]
                 frames = frames[offset:]
@@ -414,8 +424,15 @@ class PChannelLog:
                 raise BadBatch(
                     f"batch starts at lsn {meta.first_lsn}; expected {self.last_lsn + 1}"
                 )
+            self._check_seal_positions(frames, meta)
             await self._raise_fence(term)
             return await self._write_locked(frames, meta)
+
+    def _check_seal_positions(self, frames: bytes, meta: BatchMeta) -> None:
+        # Every seal marker, not only the batch's last one: the segment rolls only after
+        # the last entry, so an earlier marker would end up in the middle of a segment.
+        if any(row != meta.count - 1 for row in self._seal_positions(frames, meta)):
+            raise BadBatch("a seal marker must be the last entry of a batch")
 
     def _seal_positions(self, frames: bytes, meta: BatchMeta) -> list[int]:
         rows = []
@@ -465,7 +482,9 @@ class PChannelLog:
             await self._seal_locked()
             sealed = True
         self._notify()
-        return AppendResult(meta.last_lsn, None if sealed else writer, end, sealed)
+        return AppendResult(
+            meta.last_lsn, None if sealed else writer, end, sealed, generation=self._generation
+        )
 
     async def _seal_locked(self) -> None:
         writer, group = self._writer, self._group
@@ -497,18 +516,14 @@ class PChannelLog:
         )
 
     async def wait_durable(self, result: AppendResult) -> None:
-        """Return once `result`'s entries are durable (per the fsync policy). Raises when
-        they were truncated meanwhile or the sync failed."""
-        if result.writer is None or result.sealed:
-            return
-        group = self._group
-        if result.writer is not self._writer or group is None:
-            # Sealed since (seal syncs everything) or truncated away.
-            if result.last_lsn > self.last_lsn:
-                raise LogError(f"{self.pchannel}: entries up to {result.last_lsn} were truncated")
-            return
-        await group.sync_through(result.sync_offset)
-        if result.last_lsn > self.last_lsn:
+        """Return once `result`'s entries are durable (per the fsync policy). Raises
+        LogError when any of them was truncated meanwhile (even if other entries took
+        their LSNs since), or the sync failed."""
+        if not (result.writer is None or result.sealed or result.writer is not self._writer):
+            group = self._group
+            if group is not None:
+                await group.sync_through(result.sync_offset)
+        if self._truncated_since(result.generation, result.last_lsn):
             raise LogError(f"{self.pchannel}: entries up to {result.last_lsn} were truncated")
 
     # -- truncation --------------------------------------------------------------------------
@@ -517,9 +532,19 @@ class PChannelLog:
         async with self._lock:
             await self._truncate_after_locked(lsn)
 
+    def _truncated_since(self, generation: int, last_lsn: int) -> bool:
+        if generation == self._generation:
+            return False
+        if self._truncations and self._truncations[0][0] > generation + 1:
+            return True  # older than the record kept: assume the worst
+        return any(g > generation and kept < last_lsn for g, kept in self._truncations)
+
     async def _truncate_after_locked(self, lsn: int) -> None:
         if lsn >= self.last_lsn:
             return
+        self._generation += 1
+        self._truncations.append((self._generation, lsn))
+        del self._truncations[:-64]
         if lsn < self.committed_lsn:
             logger.critical(
                 "%s: refusing to truncate after lsn %d below the committed lsn %d",
@@ -544,7 +569,12 @@ class PChannelLog:
             if segment.read_fd is not None:
                 os.close(segment.read_fd)
             segment.path.unlink()
-        await asyncio.to_thread(self.catalog.delete_segments_from, self.pchannel, lsn + 1)
+        forget_from = lsn + 1
+        if self._segments and self._segments[-1].sealed and self._segments[-1].last_lsn > lsn:
+            # The sealed segment holding lsn + 1 is unsealed and truncated below: its row
+            # (sealed, with the old range and digest) goes too.
+            forget_from = self._segments[-1].first_lsn
+        await asyncio.to_thread(self.catalog.delete_segments_from, self.pchannel, forget_from)
         fsync_directory(self.directory)
         if self._segments:
             tail = self._segments[-1]

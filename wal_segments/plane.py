@@ -81,6 +81,9 @@ class DataPlane:
         self.broken: dict[str, str] = {}
         self._reassigning: dict[str, int] = {}
         self._closed = False
+        # Reconcile runs from the loop and from NodeManager.Assign: one at a time, or two
+        # owners could start for the same assignment.
+        self._reconcile_lock = asyncio.Lock()
 
     async def log(self, pchannel: str) -> PChannelLog:
         log = self.logs.get(pchannel)
@@ -107,6 +110,16 @@ class DataPlane:
             return log
         return await asyncio.shield(future)
 
+    def problems(self) -> dict[str, str]:
+        """Problems worth a warning in ClusterStatus: unreadable logs, failing commits."""
+        problems = {p: f"log cannot be opened: {e}" for p, e in self.broken.items()}
+        for pchannel, owner in self.owners.items():
+            if owner.commit_failures >= 3:
+                problems[pchannel] = (
+                    f"segment commit failing ({owner.commit_failures}): {owner.last_commit_error}"
+                )
+        return problems
+
     def serving_terms(self) -> dict[str, int]:
         return {p: o.term for p, o in self.owners.items() if o.serving}
 
@@ -115,6 +128,10 @@ class DataPlane:
 
     async def reconcile(self) -> None:
         """Bring owners in line with the applied coordination state (idempotent)."""
+        async with self._reconcile_lock:
+            await self._reconcile_locked()
+
+    async def _reconcile_locked(self) -> None:
         if self._closed:
             return
         assignments = self.view.assignments()

@@ -381,3 +381,25 @@ class FetchResponse(_message.Message):
     conflict_first_lsn: int
     fenced_term: int
     def __init__(self, status: _Optional[_Union[AppendStatus, str]] = ..., frames: _Optional[bytes] = ..., last_lsn: _Optional[int] = ..., last_term: _Optional[int] = ..., conflict_term: _Optional[int] = ..., conflict_first_lsn: _Optional[int] = ..., fenced_term: _Optional[int] = ...) -> None: ...
+
+class AppendBroadcastRequest(_message.Message):
+    __slots__ = ("pchannel", "vchannel", "broadcast_id", "msg_type", "message")
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    VCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    BROADCAST_ID_FIELD_NUMBER: _ClassVar[int]
+    MSG_TYPE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    pchannel: str
+    vchannel: str
+    broadcast_id: int
+    msg_type: str
+    message: bytes
+    def __init__(self, pchannel: _Optional[str] = ..., vchannel: _Optional[str] = ..., broadcast_id: _Optional[int] = ..., msg_type: _Optional[str] = ..., message: _Optional[bytes] = ...) -> None: ...
+
+class AppendBroadcastResponse(_message.Message):
+    __slots__ = ("position", "duplicate")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    position: Position
+    duplicate: bool
+    def __init__(self, position: _Optional[_Union[Position, _Mapping]] = ..., duplicate: _Optional[bool] = ...) -> None: ...

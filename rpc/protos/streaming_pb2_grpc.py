@@ -455,6 +455,11 @@ class ReplicationStub:
                 request_serializer=rpc_dot_protos_dot_streaming__pb2.AppendRequest.SerializeToString,
                 response_deserializer=rpc_dot_protos_dot_streaming__pb2.AppendResponse.FromString,
                 _registered_method=True)
+        self.AppendBroadcast = channel.unary_unary(
+                '/raftwal.v1.Replication/AppendBroadcast',
+                request_serializer=rpc_dot_protos_dot_streaming__pb2.AppendBroadcastRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_streaming__pb2.AppendBroadcastResponse.FromString,
+                _registered_method=True)
         self.Fence = channel.unary_unary(
                 '/raftwal.v1.Replication/Fence',
                 request_serializer=rpc_dot_protos_dot_streaming__pb2.FenceRequest.SerializeToString,
@@ -471,6 +476,12 @@ class ReplicationServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Append(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AppendBroadcast(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -495,6 +506,11 @@ def add_ReplicationServicer_to_server(servicer, server):
                     servicer.Append,
                     request_deserializer=rpc_dot_protos_dot_streaming__pb2.AppendRequest.FromString,
                     response_serializer=rpc_dot_protos_dot_streaming__pb2.AppendResponse.SerializeToString,
+            ),
+            'AppendBroadcast': grpc.unary_unary_rpc_method_handler(
+                    servicer.AppendBroadcast,
+                    request_deserializer=rpc_dot_protos_dot_streaming__pb2.AppendBroadcastRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_streaming__pb2.AppendBroadcastResponse.SerializeToString,
             ),
             'Fence': grpc.unary_unary_rpc_method_handler(
                     servicer.Fence,
@@ -534,6 +550,33 @@ class Replication:
             '/raftwal.v1.Replication/Append',
             rpc_dot_protos_dot_streaming__pb2.AppendRequest.SerializeToString,
             rpc_dot_protos_dot_streaming__pb2.AppendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendBroadcast(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Replication/AppendBroadcast',
+            rpc_dot_protos_dot_streaming__pb2.AppendBroadcastRequest.SerializeToString,
+            rpc_dot_protos_dot_streaming__pb2.AppendBroadcastResponse.FromString,
             options,
             channel_credentials,
             insecure,
