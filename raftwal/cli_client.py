@@ -1,5 +1,7 @@
 """The client sub-commands of the ``raftwal`` CLI: ``status``, ``channel``, ``vchannel``,
-``events`` and ``lock``, all speaking to a cluster through the asyncio SDK (``rpc.client``).
+``events`` and ``lock``, all speaking to a cluster through the asyncio SDK (``rpc.client``),
+and ``produce``, ``consume`` and ``segments`` through the data-plane SDK
+(``rpc.streaming_client``).
 
 ``register(commands)`` adds them to the main parser (``raftwal/cli.py``). Endpoints come
 from ``--endpoints``, else ``RAFTWAL_ENDPOINTS``, else the dev cluster file written by
@@ -21,7 +23,8 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,6 +37,8 @@ from rich.table import Table
 
 from rpc.client import CoordinatorClient, RaftwalError
 from rpc.protos import coordination_pb2 as pb
+from rpc.protos import streaming_pb2 as wire
+from rpc.streaming_client import Consumer, Position, Producer, StreamingClient, list_segments
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +50,10 @@ EVENTS_IDLE_S = 10.0
 # Unlocking and revoking on the way out of `lock` is bounded like any call, but tighter:
 # the user asked to stop.
 RELEASE_TIMEOUT_S = 5.0
+# `produce` reads stdin in chunks of about this many bytes (one message per line).
+STDIN_CHUNK_BYTES = 1 << 20
+# Largest generated payload for `produce --size` (the server's message limit is 8 MiB).
+MAX_GENERATED_SIZE = 8 << 20
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -144,6 +153,62 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--wait-ms", type=int, default=0, help="wait this long for a held lock (0: fail at once)"
     )
     lock.set_defaults(handler=_handler(_lock))
+
+    produce = commands.add_parser(
+        "produce",
+        parents=[common],
+        help="send messages to a vchannel: --count generated ones, else one per stdin line",
+        description="Send messages through the batching, idempotent producer. With --count, "
+        "N generated payloads of --size bytes; otherwise one message per line of stdin "
+        "(without its newline). Prints the count, the rate and the last position. "
+        "--timeout-s bounds the retries of each message.",
+    )
+    produce.add_argument("--vchannel", required=True, help="the vchannel to write to")
+    produce.add_argument("--count", type=int, help="send this many generated messages")
+    produce.add_argument(
+        "--size", type=int, default=100, help="payload bytes of generated messages (default 100)"
+    )
+    produce.add_argument("--key", default="", help="message key")
+    produce.add_argument("--msg-type", default="message", help="message type (default message)")
+    produce.add_argument("--linger-ms", type=float, default=2.0, help="batching delay")
+    produce.add_argument(
+        "--max-batch-messages", type=int, default=500, help="messages per Produce batch"
+    )
+    produce.set_defaults(handler=_handler(_produce))
+
+    consume = commands.add_parser(
+        "consume",
+        parents=[common],
+        help="print committed entries of a vchannel",
+        description="Print committed entries of a vchannel in LSN order (JSON: one WalEntry "
+        "per line, bytes in base64). Starts after the latest committed entry unless "
+        "--from-beginning or --from-lsn; stops after --limit entries or when no entry "
+        "arrives for --timeout-s seconds.",
+    )
+    consume.add_argument("--vchannel", required=True, help="the vchannel to read")
+    start = consume.add_mutually_exclusive_group()
+    start.add_argument("--from-beginning", action="store_true", help="the whole retained log")
+    start.add_argument("--from-lsn", type=int, help="start at this LSN")
+    consume.add_argument("--limit", type=int, default=0, help="stop after N entries (0: no limit)")
+    consume.add_argument(
+        "--msg-types", default="", help="comma-separated message types to deliver (default all)"
+    )
+    consume.set_defaults(handler=_handler(_consume))
+
+    segments = commands.add_parser(
+        "segments", parents=[common], help="committed WAL segments (the manifest)"
+    )
+    segments.add_argument(
+        "--pchannel",
+        action="append",
+        default=[],
+        metavar="P",
+        help="only this pchannel (repeatable; default all)",
+    )
+    segments.add_argument(
+        "--as-of-revision", type=int, default=0, help="the manifest as of a revision (0: now)"
+    )
+    segments.set_defaults(handler=_handler(_segments))
 
 
 # ---------------------------------------------------------------------------------------
@@ -550,3 +615,173 @@ async def _bounded(call: Awaitable[Any], what: str) -> None:
         print(f"warning: could not {what}: {error}", file=sys.stderr)
     except asyncio.CancelledError:
         raise
+
+
+# ---------------------------------------------------------------------------------------
+# produce / consume / segments
+# ---------------------------------------------------------------------------------------
+
+
+def _generated_payload(index: int, size: int) -> bytes:
+    """`size` bytes ending with the message's index in decimal (zero-padded), so that a
+    reader can tell generated messages apart and check their order."""
+    digits = str(index).encode()
+    return digits.rjust(size, b"0")[-size:] if size else b""
+
+
+async def _stdin_chunks() -> AsyncIterator[list[bytes]]:
+    """Lines of stdin without their newline, read in bounded chunks off the event loop."""
+    while True:
+        lines = await asyncio.to_thread(sys.stdin.buffer.readlines, STDIN_CHUNK_BYTES)
+        if not lines:
+            return
+        yield [line.rstrip(b"\r\n") for line in lines]
+
+
+async def _produce(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
+    if args.count is not None and args.count < 0:
+        raise CliError(f"invalid --count ({args.count}; expected >= 0)")
+    if not 0 <= args.size <= MAX_GENERATED_SIZE:
+        raise CliError(f"invalid --size ({args.size}; expected 0..{MAX_GENERATED_SIZE})")
+    futures: list[asyncio.Future[Position]] = []
+    started = time.monotonic()
+    async with (
+        StreamingClient(client) as streaming,
+        Producer(
+            streaming,
+            linger_ms=args.linger_ms,
+            max_batch_messages=args.max_batch_messages,
+            retry_timeout_s=args.timeout_s,
+        ) as producer,
+    ):
+
+        async def submit(payload: bytes) -> None:
+            futures.append(
+                await producer.submit(
+                    args.vchannel, payload, key=args.key.encode(), msg_type=args.msg_type
+                )
+            )
+
+        if args.count is not None:
+            for index in range(args.count):
+                await submit(_generated_payload(index, args.size))
+        else:
+            async for lines in _stdin_chunks():
+                for line in lines:
+                    await submit(line)
+        await producer.flush()
+        stats = producer.stats
+    seconds = time.monotonic() - started
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    positions = [f.result() for f in futures if f.exception() is None]
+    last = max(positions, key=lambda p: p.lsn) if positions else None
+    rate = len(positions) / seconds if seconds > 0 else 0.0
+    if args.json:
+        _print_json(
+            {
+                "vchannel": args.vchannel,
+                "count": len(positions),
+                "failed": len(errors),
+                "seconds": round(seconds, 6),
+                "msgs_per_s": round(rate, 1),
+                "batches": stats.batches_acknowledged,
+                "retries": stats.retries,
+                "last": last._asdict() if last else None,
+            }
+        )
+    else:
+        where = (
+            f"last position {last.pchannel} lsn {last.lsn} time_tick {last.time_tick}"
+            if last
+            else "nothing written"
+        )
+        _console().print(
+            f"sent {len(positions)} message(s) to {args.vchannel} in {seconds:.2f} s "
+            f"({rate:,.0f} msgs/s, {stats.batches_acknowledged} batches); {where}",
+            markup=False,
+        )
+    if errors:
+        print(f"error: {len(errors)} message(s) failed; first: {errors[0]}", file=sys.stderr)
+        return EXIT_ERROR
+    return 0
+
+
+def _payload_text(payload: bytes) -> str:
+    try:
+        return payload.decode()
+    except UnicodeDecodeError:
+        return repr(payload)
+
+
+async def _consume(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
+    if args.limit < 0:
+        raise CliError(f"invalid --limit ({args.limit}; expected >= 0)")
+    if args.from_lsn is not None and args.from_lsn < 0:
+        raise CliError(f"invalid --from-lsn ({args.from_lsn}; expected >= 0)")
+    msg_types = [t.strip() for t in args.msg_types.split(",") if t.strip()]
+    console = _console()
+    printed = 0
+    async with (
+        StreamingClient(client) as streaming,
+        Consumer(
+            streaming,
+            args.vchannel,
+            from_lsn=args.from_lsn,
+            latest=not args.from_beginning and args.from_lsn is None,
+            msg_types=msg_types,
+        ) as consumer,
+    ):
+        while not args.limit or printed < args.limit:
+            try:
+                entry = await asyncio.wait_for(anext(consumer), args.timeout_s)
+            except (StopAsyncIteration, TimeoutError):
+                break
+            _print_entry(console, entry, args.json)
+            printed += 1
+    if not args.json:
+        print(f"{printed} entr{'y' if printed == 1 else 'ies'}", file=sys.stderr)
+    return 0
+
+
+def _print_entry(console: Console, entry: wire.WalEntry, as_json: bool) -> None:
+    if as_json:
+        _print_json(entry)
+        return
+    extra = f" txn={entry.txn_id}" if entry.txn_id else ""
+    console.print(
+        f"{entry.lsn:>10}  {entry.time_tick:>20}  {entry.vchannel:<16} {entry.msg_type:<12}"
+        f"{extra} {_payload_text(entry.payload)}",
+        markup=False,
+    )
+
+
+async def _segments(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
+    if args.as_of_revision < 0:
+        raise CliError(f"invalid --as-of-revision ({args.as_of_revision}; expected >= 0)")
+    response = await list_segments(client, args.pchannel, args.as_of_revision)
+    if args.json:
+        _print_json(response)
+        return 0
+    table = Table(title="segments")
+    for column in ("pchannel", "segment", "lsns", "count", "bytes", "terms", "replicas", "rev"):
+        table.add_column(column)
+    for segment in response.segments:
+        terms = (
+            str(segment.first_term)
+            if segment.first_term == segment.last_term
+            else f"{segment.first_term}..{segment.last_term}"
+        )
+        table.add_row(
+            segment.pchannel,
+            str(segment.segment_id),
+            f"{segment.first_lsn}..{segment.last_lsn}",
+            str(segment.count),
+            str(segment.bytes),
+            terms,
+            ",".join(segment.replica_node_ids),
+            str(segment.committed_revision),
+        )
+    console = _console()
+    console.print(table)
+    console.print(f"{len(response.segments)} segment(s) at revision {response.revision}")
+    return 0

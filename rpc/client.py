@@ -1075,3 +1075,8 @@ def __getattr__(name: str) -> Any:
 
         return Client
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# The data-plane SDK (producer, consumer, transactions); rpc/streaming_client.py imports
+# this module's names at its own end, so either may be imported first.
+from rpc.streaming_client import Consumer, Producer, Txn  # noqa: E402, F401
