@@ -6,8 +6,10 @@ again (a plan computed on a stale view is simply rejected with UNMATCHED_CHANNEL
 
 Rules, in order:
 1. A pchannel never assigned gets the least-loaded eligible node as owner and a replica set
-   of ``replica_count`` nodes (the owner plus the eligible nodes holding the fewest
-   replicas).
+   of ``replica_count`` nodes: the owner plus the nodes holding the fewest replicas, taken
+   first among the eligible nodes and then among the other UP, unfrozen nodes (a node a
+   new leader has not heard from yet is still a replica: it catches up when it is back).
+   The replica set never grows later, so it must not be cut short by a passing silence.
 2. A pchannel whose owner is not eligible (DOWN, frozen, or not heard from), that is
    UNAVAILABLE, or that the caller reports stuck in ASSIGNING, moves at term + 1 to the
    least-loaded eligible node **of its replica set**. The replica set never changes on a
@@ -96,14 +98,23 @@ def plan(
         if channel.term == 0:
             owner = least_loaded(eligible)
             assert owner is not None
-            wanted = min(channel.replica_count or limits.default_replica_count, len(eligible))
+            members = sorted(
+                node_id
+                for node_id, node in state.nodes.items()
+                if node.state == pb.NODE_STATE_UP and not node.frozen
+            )
+            wanted = min(channel.replica_count or limits.default_replica_count, len(members))
             others = sorted(
-                (n for n in eligible if n != owner),
-                key=lambda node_id: (replica_load[node_id], node_id),
+                (n for n in members if n != owner),
+                key=lambda node_id: (
+                    node_id not in eligible_set,
+                    replica_load.get(node_id, 0),
+                    node_id,
+                ),
             )
             replicas = [owner, *others[: wanted - 1]]
             for node_id in replicas:
-                replica_load[node_id] += 1
+                replica_load[node_id] = replica_load.get(node_id, 0) + 1
         else:
             needs_move = (
                 channel.owner_node_id not in eligible_set

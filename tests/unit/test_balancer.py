@@ -114,10 +114,23 @@ def test_unheard_and_frozen_owners_move_too():
     assert commands and all(c.assign_pchannel.node_id == "n2" for c in commands)
 
 
+def test_first_replica_set_is_full_even_when_members_are_unheard():
+    # n2 and n3 are UP in the state but not heard from yet (a new leader): the owner is a
+    # live node, and the replica set still gets replica_count members, live ones first.
+    state = cluster(3, 1)
+    apply_plan(state, plan(state, ["n1"]))
+    assert state.pchannels["p_0"].owner_node_id == "n1"
+    assert list(state.pchannels["p_0"].replica_node_ids) == ["n1", "n2", "n3"]
+    # A DOWN node is never chosen.
+    state = cluster(3, 1)
+    run(state, pb.Command(mark_node_down=pb.MarkNodeDown(node_id="n3")))
+    apply_plan(state, plan(state, ["n1", "n2"]))
+    assert list(state.pchannels["p_0"].replica_node_ids) == ["n1", "n2"]
+
+
 def test_no_eligible_replica_means_no_move():
     state = cluster(3, 1)
     apply_plan(state, [c for c in plan(state, ["n1"])])
-    assert list(state.pchannels["p_0"].replica_node_ids) == ["n1"]
     run(state, pb.Command(register_node=pb.RegisterNode(node_id="n9", address="127.0.0.1:9")))
     assert plan(state, ["n9"]) == []
 
