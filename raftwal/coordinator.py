@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 E = errors_pb2
 
 CLEAR_BROADCASTS_EVERY_S = 10.0
+# A suspected node (see record_heartbeat) is judged within this window after the report.
+SUSPECT_WINDOW_S = 5.0
 # Broadcast delivery: appends in flight at once, and the retry backoff bounds.
 MAX_BROADCAST_APPENDS_IN_FLIGHT = 16
 BROADCAST_RETRY_MIN_S = 0.2
@@ -65,6 +67,9 @@ class Coordinator:
         self._last_clear = 0.0
         self._background: set[asyncio.Task[bool]] = set()
         self.failures = 0
+        # node id -> when a peer reported its streams broke (a crash): such a node is
+        # marked DOWN once its own heartbeats are late, not after the full node_timeout.
+        self._suspected: dict[str, float] = {}
         # Broadcast delivery, per (broadcast id, vchannel): in flight, next retry time,
         # failed attempts and the last error (shown by ClusterStatus on the leader).
         self._broadcast_inflight: set[tuple[int, str]] = set()
@@ -79,9 +84,18 @@ class Coordinator:
         task.add_done_callback(self._background.discard)
 
     def record_heartbeat(self, request: api.HeartbeatRequest) -> None:
+        now = time.monotonic()
         self._heartbeats[request.node_id] = _Heartbeat(
-            address=request.address, incarnation=request.incarnation, seen_at=time.monotonic()
+            address=request.address, incarnation=request.incarnation, seen_at=now
         )
+        for node_id in request.suspect_node_ids[:16]:
+            self._suspected[node_id] = now
+
+    def _suspect_grace_s(self) -> float:
+        """How late a suspected node's heartbeat may be: a few intervals, never more than
+        the node timeout."""
+        config = self._node.config
+        return min(config.node_timeout_ms, max(3 * config.heartbeat_interval_ms, 600)) / 1000
 
     async def run(self) -> None:
         interval = self._node.config.coordinator_tick_ms / 1000
@@ -149,7 +163,12 @@ class Coordinator:
             beat = self._heartbeats.get(node_id)
             if beat is None:
                 self._heartbeats[node_id] = _Heartbeat(address="", incarnation=0, seen_at=now)
-            elif now - beat.seen_at > timeout_s:
+            elif now - beat.seen_at > timeout_s or (
+                now - self._suspected.get(node_id, -1e9) < SUSPECT_WINDOW_S
+                and now - beat.seen_at > self._suspect_grace_s()
+                and self._leading_since is not None
+                and now - self._leading_since > self._suspect_grace_s()
+            ):
                 log.warning(
                     "node %s silent for %.1f s: marking it DOWN", node_id, now - beat.seen_at
                 )

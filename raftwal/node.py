@@ -57,6 +57,8 @@ E = errors_pb2
 T = TypeVar("T")
 
 MAX_COMMAND_BYTES = 2 * 1024 * 1024
+# A suspicion (HeartbeatRequest.suspect_node_ids) is repeated this long.
+SUSPECT_KEEP_S = 3.0
 
 SERVICE_NAMES = (
     api.DESCRIPTOR.services_by_name["Coordinator"].full_name,
@@ -120,6 +122,9 @@ class Node:
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.data_view = NodeDataView(self)
+        # node id -> monotonic time it was suspected (see HeartbeatRequest.suspect_node_ids)
+        self._suspects: dict[str, float] = {}
+        self._heartbeat_now = asyncio.Event()
         self.plane = DataPlane(
             node_id=self.me.id,
             data_dir=data_dir,
@@ -494,6 +499,13 @@ class Node:
 
     # -- background loops ---------------------------------------------------------------
 
+    def suspect(self, node_id: str) -> None:
+        """A peer's stream to this node broke abruptly: tell the leader at once."""
+        if node_id == self.me.id or node_id not in {n.id for n in self.config.nodes}:
+            return
+        self._suspects[node_id] = time.monotonic()
+        self._heartbeat_now.set()
+
     async def _backfill_history(self) -> None:
         gap = self.replica.store.gap()
         if gap is None:
@@ -522,6 +534,10 @@ class Node:
             leader = self.leader() if self.peer is not None else None
             request.serving_terms.clear()
             request.serving_terms.update(self.plane.serving_terms())
+            now = time.monotonic()
+            self._suspects = {n: t for n, t in self._suspects.items() if now - t < SUSPECT_KEEP_S}
+            del request.suspect_node_ids[:]
+            request.suspect_node_ids.extend(sorted(self._suspects))
             if leader is not None:
                 if leader.id == self.me.id:
                     self.coordinator.record_heartbeat(request)
@@ -531,7 +547,9 @@ class Node:
                         await stub.Heartbeat(request, timeout=max(interval, 0.5))
                     except grpc.aio.AioRpcError as error:
                         log.debug("heartbeat to %s failed: %s", leader.id, error.code())
-            await asyncio.sleep(interval)
+            self._heartbeat_now.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._heartbeat_now.wait(), interval)
 
     async def _housekeeping_loop(self) -> None:
         """Event-store backfill and retention (local to each node)."""

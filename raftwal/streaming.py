@@ -475,9 +475,13 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
             asyncio.ensure_future(durable())
             return future
 
+        owner_ids: set[str] = set()
+
         async def reader() -> None:
             try:
                 async for request in request_iterator:
+                    if request.owner_node_id and len(owner_ids) < 8:
+                        owner_ids.add(request.owner_node_id[:64])
                     await answers.put(await handle(request))
             finally:
                 await answers.put(None)
@@ -489,6 +493,12 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                 if future is None:
                     break
                 yield await future
+        except asyncio.CancelledError:
+            # The owner's end went away: a crash looks like this (a deliberate close does
+            # too, but then the owner's heartbeats stay on time and nothing happens).
+            for owner_id in owner_ids:
+                self._node.suspect(owner_id)
+            raise
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -502,7 +502,7 @@ class CollectStatusResponse(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., member: _Optional[_Union[MemberStatus, _Mapping]] = ..., serving_terms: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "address", "incarnation", "serving_terms")
+    __slots__ = ("node_id", "address", "incarnation", "serving_terms", "suspect_node_ids")
     class ServingTermsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -514,11 +514,13 @@ class HeartbeatRequest(_message.Message):
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SERVING_TERMS_FIELD_NUMBER: _ClassVar[int]
+    SUSPECT_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     incarnation: int
     serving_terms: _containers.ScalarMap[str, int]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., serving_terms: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    suspect_node_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., serving_terms: _Optional[_Mapping[str, int]] = ..., suspect_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("leader_node_id", "revision")
