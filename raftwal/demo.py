@@ -143,7 +143,7 @@ async def _wal_demo(console: Console, cluster: dev.LocalCluster) -> None:
             f"{route.pchannel} now at term {new_route.term} on {new_route.owner_node_id or new_route.owner_address}"
         )
         seen: dict[bytes, int] = {}
-        consumer = client.consumer("orders")
+        consumer = client.consumer("orders", msg_types=["message"])
         async for entry in consumer:
             seen[entry.payload] = entry.lsn
             if len(seen) >= len(acked):

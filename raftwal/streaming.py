@@ -17,7 +17,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 E = errors_pb2
 
 MAX_MESSAGES_PER_BATCH = 10_000
+_EMPTY: dict[str, str] = {}
 MAX_PAYLOAD_BYTES = 8 << 20
 MAX_PRODUCER_ID_CHARS = 128
 MAX_INFLIGHT_PER_STREAM = 64
@@ -393,7 +394,11 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                 wal = await self._plane.log(request.pchannel)
                 if request.frames:
                     result = await wal.append(
-                        request.term, request.prev_lsn, request.prev_term, request.frames
+                        request.term,
+                        request.prev_lsn,
+                        request.prev_term,
+                        request.frames,
+                        batch_crc=request.frames_crc if request.HasField("frames_crc") else None,
                     )
                 else:
                     # A heartbeat: log matching only.
@@ -492,7 +497,16 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                 future = await answers.get()
                 if future is None:
                     break
-                yield await future
+                response = await future
+                # Answers that are ready already are folded into one: the newest OK stands
+                # for every request before it (the owner frees its window by request id).
+                while response.status == wire.APPEND_STATUS_OK and not answers.empty():
+                    following = answers._queue[0]  # noqa: SLF001 - peek, asyncio has no API
+                    if following is None or not following.done():
+                        break
+                    answers.get_nowait()
+                    response = following.result()
+                yield response
         except asyncio.CancelledError:
             # The owner's end went away: a crash looks like this (a deliberate close does
             # too, but then the owner's heartbeats stay on time and nothing happens).
@@ -618,6 +632,68 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             vchannel.pchannel,
         )
 
+    def _compact_messages(self, request: wire.ProduceRequest) -> list[Message]:
+        vchannel_id = self._vchannel(request.batch_vchannel, request.pchannel).id
+        name = request.batch_msg_type or "message"
+        try:
+            code = msg_type_code(name)
+        except ValueError as error:
+            raise _fail(E.INVALID_ARGUMENT, str(error)) from None
+        if code in CONTROL_MSG_TYPES:
+            raise _fail(E.INVALID_ARGUMENT, f"msg_type {name!r} is reserved for the WAL itself")
+        payloads = list(request.payloads)
+        largest = max(map(len, payloads))
+        if largest > MAX_PAYLOAD_BYTES:
+            raise _fail(
+                E.INVALID_ARGUMENT,
+                f"payload too large ({largest} bytes; expected <= {MAX_PAYLOAD_BYTES})",
+            )
+        return [(vchannel_id, code, b"", payload, _EMPTY, 0, 0, 0) for payload in payloads]  # type: ignore[misc]
+
+    def _messages(self, batch, pchannel: str) -> list[Message]:  # type: ignore[no-untyped-def]
+        """`_message` for a whole batch, validating each vchannel and type name once."""
+        vchannel_ids: dict[str, int] = {}
+        type_codes: dict[str, int] = {}
+        out = []
+        empty: dict[str, str] = {}
+        for message in batch:
+            vchannel_id = vchannel_ids.get(message.vchannel)
+            if vchannel_id is None:
+                vchannel_id = vchannel_ids[message.vchannel] = self._vchannel(
+                    message.vchannel, pchannel
+                ).id
+            code = type_codes.get(message.msg_type)
+            if code is None:
+                name = message.msg_type or "message"
+                try:
+                    code = msg_type_code(name)
+                except ValueError as error:
+                    raise _fail(E.INVALID_ARGUMENT, str(error)) from None
+                if code in CONTROL_MSG_TYPES:
+                    raise _fail(
+                        E.INVALID_ARGUMENT, f"msg_type {name!r} is reserved for the WAL itself"
+                    )
+                type_codes[message.msg_type] = code
+            payload, key = message.payload, message.key
+            if len(payload) > MAX_PAYLOAD_BYTES or len(key) > MAX_KEY_BYTES:
+                self._message(message, pchannel)  # raises with the precise message
+            properties = empty
+            if len(message.properties):
+                properties = dict(message.properties)
+                for name, value in properties.items():
+                    if (
+                        "\x00" in name
+                        or "\x00" in value
+                        or name.startswith(RESERVED_PROPERTY_PREFIX)
+                    ):
+                        raise _fail(
+                            E.INVALID_ARGUMENT,
+                            f"invalid property {name[:64]!r} (expected no NUL and no "
+                            f"{RESERVED_PROPERTY_PREFIX!r} prefix)",
+                        )
+            out.append(Message(vchannel_id, code, key, payload, properties))
+        return out
+
     # Produce
 
     async def _produce_one(self, request: wire.ProduceRequest) -> wire.ProduceResult:
@@ -625,11 +701,17 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             bad = check_name("pchannel", request.pchannel, LIMITS)
             if bad is not None:
                 raise _fail(E.INVALID_ARGUMENT, bad.message)
-            if not 1 <= len(request.messages) <= MAX_MESSAGES_PER_BATCH:
+            compact = len(request.payloads) > 0
+            count = len(request.payloads) if compact else len(request.messages)
+            if compact and len(request.messages):
                 raise _fail(
                     E.INVALID_ARGUMENT,
-                    f"invalid batch size ({len(request.messages)}; expected "
-                    f"1..{MAX_MESSAGES_PER_BATCH})",
+                    "both messages and payloads set (expected exactly one of them)",
+                )
+            if not 1 <= count <= MAX_MESSAGES_PER_BATCH:
+                raise _fail(
+                    E.INVALID_ARGUMENT,
+                    f"invalid batch size ({count}; expected 1..{MAX_MESSAGES_PER_BATCH})",
                 )
             if len(request.producer_id) > MAX_PRODUCER_ID_CHARS or request.sequence < 0:
                 raise _fail(
@@ -644,19 +726,28 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                     f"invalid expected_last_lsn ({request.expected_last_lsn}; expected >= -1)",
                 )
             owner = self._owner(request.pchannel)
-            messages = [self._message(m, request.pchannel)[0] for m in request.messages]
+            if compact:
+                messages = self._compact_messages(request)
+            else:
+                messages = self._messages(request.messages, request.pchannel)
             positions, duplicate = await owner.write(
                 messages,
                 producer_id=request.producer_id,
                 sequence=request.sequence if request.producer_id else 0,
                 expected_last_lsn=request.expected_last_lsn,
             )
-            return wire.ProduceResult(
+            result = wire.ProduceResult(
                 request_id=request.request_id,
-                positions=[wire.Position(lsn=lsn, time_tick=tick) for lsn, tick in positions],
                 term=owner.term,
                 duplicate=duplicate,
+                first_lsn=positions[0][0],
+                time_ticks=[tick for _, tick in positions],
             )
+            if not compact:
+                result.positions.extend(
+                    [wire.Position(lsn=lsn, time_tick=tick) for lsn, tick in positions]
+                )
+            return result
         except (RaftwalError, WalError) as error:
             return wire.ProduceResult(request_id=request.request_id, error=error.info)
         except (LogError, OSError, ValueError) as error:
@@ -836,7 +927,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                         msg_type=msg_type_name(entry.msg_type),
                         key=entry.key,
                         payload=entry.payload,
-                        properties=entry.properties,
+                        properties=_visible(entry.properties) if entry.properties else None,
                         txn_id=entry.txn_id,
                         broadcast_id=entry.broadcast_id,
                         flags=entry.flags,
@@ -1080,6 +1171,16 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 lsn = stop_lsn + 1
         finally:
             reader.close()
+
+
+_INTERNAL_PROPERTIES = ("rw.producer", "rw.seq", "rw.count")
+
+
+def _visible(properties: Mapping[str, str]) -> Mapping[str, str]:
+    """A message's properties without the WAL's own idempotent-producer bookkeeping."""
+    if not any(name in properties for name in _INTERNAL_PROPERTIES):
+        return properties
+    return {k: v for k, v in properties.items() if k not in _INTERNAL_PROPERTIES}
 
 
 # -- reconciliation loop ---------------------------------------------------------------------

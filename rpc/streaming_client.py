@@ -1,8 +1,8 @@
 """raftwal's asyncio SDK for the data plane (``raftwal.v1.StreamingNode``, ``grpc.aio``).
 
 - ``AssignmentCache``: the client's routing table. It follows ``Coordinator.WatchAssignments``
-  (through ``CoordinatorClient.watch_assignments``, which reconnects to another endpoint when
-  a stream breaks), maps vchannel -> pchannel and pchannel -> owner address, and
+  (moving to another endpoint when the stream breaks, or stays silent while an owner is
+  failing), maps vchannel -> pchannel and pchannel -> owner address, and
   ``owner(pchannel, timeout_s)`` waits until the pchannel is ASSIGNED. A NOT_OWNER /
   CHANNEL_FENCED answer or a broken stream is reported back (``report_failure``): the owner
   that failed is held back for a moment and an ``owner_hint`` is tried first.
@@ -36,7 +36,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -46,7 +46,7 @@ import grpc
 from rpc.errors import error_info, from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
-from rpc.protos import errors_pb2, streaming_pb2_grpc
+from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,14 @@ __all__ = [
 SERVER_PRODUCER_HISTORY = 8
 # Server limits (raftwal/streaming.py): messages per Produce batch, Consume batch entries.
 MAX_BATCH_MESSAGES = 10_000
-MAX_BATCH_BYTES = 64 << 20
 MAX_CONSUME_BATCH = 10_000
+# Upper bound of the max_batch_bytes option: well under a node's gRPC message limit
+# (grpc_max_message_bytes, 32 MiB by default); a larger request would break the whole
+# Produce stream it travels on, not just fail its batch.
+MAX_BATCH_BYTES = 16 << 20
+# One message larger than this is refused by submit() for the same reason (the server
+# itself refuses payloads over 8 MiB and keys over 1 MiB).
+MAX_MESSAGE_BYTES = 10 << 20
 MAX_LINGER_MS = 60_000
 MAX_PRODUCER_ID_CHARS = 128
 # Property keys with this prefix are written by the WAL itself (producer id and sequence).
@@ -83,9 +89,16 @@ MAX_NOT_EXIST_RETRIES = 5
 # the same owner again (the failure may have been transient: a stream reset, a node that
 # was still finishing its recovery).
 SUSPECT_HOLD_S = 0.3
-# While a consumer's stream is quiet, check this often whether the pchannel moved (an owner
-# stopped with SIGSTOP never closes its streams).
+# While a consumer's stream is quiet or a producer's batch unanswered, check this often
+# whether the pchannel moved (an owner stopped with SIGSTOP never closes its streams).
 ROUTE_CHECK_S = 1.0
+# While an owner failure is pending, an assignment watch silent this long is moved to another
+# endpoint (its node may be stopped). About the coordinator's node timeout (3 s).
+WATCH_STALE_S = 3.0
+# A consumer whose stream has been quiet this long asks the owner for its position (bounded
+# by CONSUMER_PROBE_TIMEOUT_S) to find out whether the owner is still there.
+CONSUMER_PROBE_S = 5.0
+CONSUMER_PROBE_TIMEOUT_S = 2.0
 DEFAULT_ATTEMPT_TIMEOUT_S = 10.0
 DEFAULT_RETRY_TIMEOUT_S = 30.0
 DEFAULT_MAX_ATTEMPTS = 60
@@ -148,7 +161,7 @@ class ProducerStats:
     recoveries: int = 0
 
 
-def _invalid(message: str) -> Exception:
+def _invalid(message: str) -> InvalidArgumentError:
     return InvalidArgumentError(error_info(E.INVALID_ARGUMENT, message))
 
 
@@ -203,7 +216,7 @@ def _elapsed_text(started: float) -> str:
     return f"{time.monotonic() - started:.1f} s"
 
 
-def _unavailable(message: str, info: errors_pb2.ErrorInfo | None) -> Exception:
+def _unavailable(message: str, info: errors_pb2.ErrorInfo | None) -> UnavailableError:
     last = error_for(info) if info is not None else None
     code = info.code if info is not None else E.ON_SHUTDOWN
     detail = f"; last error: {code_name(info.code)}: {info.message}" if info is not None else ""
@@ -225,13 +238,24 @@ class _Suspect:
 class AssignmentCache:
     """The latest ``AssignmentDiscovery`` of the cluster, kept by a background watch.
 
-    Use it from one event loop. The watch starts on first use; when it gives up (the
-    coordinator client's retry budget ran out) it is restarted by the next lookup, at most
-    once per backoff delay, so a lookup fails only after its own timeout.
+    Use it from one event loop. The watch runs its own ``WatchAssignments`` stream (any
+    node answers from its applied state): on a failure it moves to the next endpoint after
+    a jittered backoff and never applies a version older than the one it has; after the
+    coordinator client's ``max_attempts`` / ``timeout_s`` without a message it stops, and
+    the next lookup restarts it (at most once per backoff delay). A node stopped with
+    SIGSTOP never ends its streams, so while an owner failure is reported and the watch has
+    been silent for ``WATCH_STALE_S`` the watch moves to the next endpoint too.
     """
 
-    def __init__(self, coordinator: CoordinatorClient) -> None:
+    def __init__(
+        self,
+        coordinator: CoordinatorClient,
+        channel_for: Callable[[str], grpc.aio.Channel] | None = None,
+    ) -> None:
         self._coordinator = coordinator
+        self._channel_for = channel_for
+        self._endpoints = list(coordinator.endpoints)
+        self._target_index = 0
         self._routes: dict[str, Route] = {}
         self._vchannels: dict[str, str] = {}
         # vchannel -> pchannel learnt from ListChannels (the watch may lag behind it).
@@ -244,8 +268,12 @@ class AssignmentCache:
         self._error: RaftwalError | None = None
         self._restart_after = 0.0
         self._restart_backoff = _Backoff(coordinator.backoff_initial_s, coordinator.backoff_max_s)
+        # When the current watch stream last proved alive (a message, or its start).
+        self._last_heard = 0.0
         self._closed = False
         self.version = -1
+        #: WatchAssignments streams opened (the first one included)
+        self.watch_streams = 0
 
     # -- the watch ------------------------------------------------------------------
 
@@ -257,18 +285,83 @@ class AssignmentCache:
         now = time.monotonic()
         if self._task is not None and now < self._restart_after:
             return
+        self._last_heard = now
         self._task = asyncio.create_task(self._watch(), name="raftwal-assignments")
 
+    def _move_watch(self) -> None:
+        """Abandon the current watch stream for the next endpoint."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self._task = None
+        self._target_index += 1
+        self._ensure_watching()
+
+    def refresh_if_stale(self, pchannel: str) -> bool:
+        """A caller has waited on `pchannel`'s owner for a while: when the watch has been
+        silent for WATCH_STALE_S (its node may be stopped: such a stream never ends), move
+        it to the next endpoint, which answers with the current assignment at once. True
+        when it moved."""
+        silent_s = time.monotonic() - self._last_heard
+        if silent_s <= WATCH_STALE_S or len(self._endpoints) < 2 or self._closed:
+            return False
+        log.info(
+            "assignment watch silent for %.1f s while %s has no answering owner; moving it "
+            "to the next endpoint",
+            silent_s,
+            pchannel,
+        )
+        self._move_watch()
+        return True
+
+    def _stub(self, target: str) -> coordinator_pb2_grpc.CoordinatorStub:
+        if self._channel_for is not None:
+            return coordinator_pb2_grpc.CoordinatorStub(self._channel_for(target))
+        return self._coordinator._stub(target)
+
     async def _watch(self) -> None:
+        coordinator = self._coordinator
+        backoff = _Backoff(coordinator.backoff_initial_s, coordinator.backoff_max_s)
+        failures = 0
+        outage_started: float | None = None
         try:
-            async for discovery in self._coordinator.watch_assignments():
-                self._error = None
-                self._restart_backoff.reset()
-                self._apply(discovery)
-        except RaftwalError as error:
-            log.warning("WatchAssignments gave up: %s", error)
-            self._error = error
-            self._restart_after = time.monotonic() + self._restart_backoff.next_delay(1.0)
+            while True:
+                target = self._endpoints[self._target_index % len(self._endpoints)]
+                call = self._stub(target).WatchAssignments(api.WatchAssignmentsRequest())
+                self.watch_streams += 1
+                info = error_info(E.ON_SHUTDOWN, f"{target} ended the WatchAssignments stream")
+                try:
+                    async for discovery in call:
+                        self._last_heard = time.monotonic()
+                        failures, outage_started = 0, None
+                        backoff.reset()
+                        self._restart_backoff.reset()
+                        self._error = None
+                        if discovery.version > self.version:
+                            self._apply(discovery)
+                except grpc.aio.AioRpcError as error:
+                    info, retryable = classify(error)
+                    if not retryable:
+                        self._error = error_for(info)
+                        log.warning("WatchAssignments at %s refused: %s", target, self._error)
+                        return
+                finally:
+                    call.cancel()
+                now = time.monotonic()
+                if outage_started is None:
+                    outage_started = now
+                failures += 1
+                self._target_index += 1
+                elapsed = now - outage_started
+                log.debug("WatchAssignments at %s failed: %s", target, info.message)
+                if failures >= coordinator.max_attempts or elapsed >= coordinator.timeout_s:
+                    self._error = _unavailable(
+                        f"WatchAssignments gave up after {failures} failure(s) in {elapsed:.1f} s",
+                        info,
+                    )
+                    log.warning("%s", self._error)
+                    self._restart_after = now + self._restart_backoff.next_delay(1.0)
+                    return
+                await asyncio.sleep(backoff.next_delay(coordinator.timeout_s - elapsed))
         except RuntimeError as error:
             # The coordinator client was closed under the watch.
             self._error = OnShutdownError(error_info(E.ON_SHUTDOWN, str(error)))
@@ -408,6 +501,8 @@ class AssignmentCache:
             route, hold_s = self._candidate(pchannel)
             if route is not None:
                 return route
+            if pchannel in self._suspects and self.refresh_if_stale(pchannel):
+                event = self._changed
             if not confirmed and self.version >= 0 and pchannel not in self._routes:
                 # Unknown to a live watch: a dropped or misspelt pchannel fails at once.
                 confirmed = True
@@ -432,7 +527,7 @@ class AssignmentCache:
                     f"(assignment {state}, version {self.version})",
                     last,
                 )
-            await self._wait(event, min(remaining, hold_s))
+            await self._wait(event, min(remaining, hold_s, WATCH_STALE_S))
 
 
 # ---------------------------------------------------------------------------------------
@@ -461,7 +556,7 @@ class StreamingClient:
             )
             self._owns_coordinator = True
         self._channel_options = list(channel_options)
-        self.router = AssignmentCache(self.coordinator)
+        self.router = AssignmentCache(self.coordinator, self._channel)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, streaming_pb2_grpc.StreamingNodeStub] = {}
         self._closed = False
@@ -481,12 +576,12 @@ class StreamingClient:
     def closed(self) -> bool:
         return self._closed
 
-    def stub(self, address: str) -> streaming_pb2_grpc.StreamingNodeStub:
-        """The StreamingNode stub of `address` (channels are opened lazily and bounded)."""
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        """The channel to `address` (opened lazily, at most MAX_CHANNELS of them)."""
         if self._closed:
             raise RuntimeError("StreamingClient is closed")
-        stub = self._stubs.get(address)
-        if stub is None:
+        channel = self._channels.get(address)
+        if channel is None:
             if len(self._channels) >= MAX_CHANNELS:
                 raise UnavailableError(
                     error_info(
@@ -497,7 +592,13 @@ class StreamingClient:
                 )
             channel = grpc.aio.insecure_channel(address, options=self._channel_options)
             self._channels[address] = channel
-            stub = streaming_pb2_grpc.StreamingNodeStub(channel)
+        return channel
+
+    def stub(self, address: str) -> streaming_pb2_grpc.StreamingNodeStub:
+        """The StreamingNode stub of `address`."""
+        stub = self._stubs.get(address)
+        if stub is None:
+            stub = streaming_pb2_grpc.StreamingNodeStub(self._channel(address))
             self._stubs[address] = stub
         return stub
 
@@ -712,13 +813,25 @@ class Producer:
     """Idempotent, batching producer (see the module docstring).
 
     ``send`` waits for the message's position; ``submit`` only waits for room in the
-    bounded queue and returns a future, so a loop of ``submit`` calls (or many concurrent
-    ``send`` calls) fills batches. Positions of one pchannel are acknowledged in LSN order
-    of submission. A send fails with a typed error when the server refuses its batch for a
-    reason retrying cannot fix (INVALID_ARGUMENT, ...), and with UnavailableError when the
-    batch could not be acknowledged within ``retry_timeout_s`` or ``max_attempts`` (its
-    outcome is then unknown; later unacknowledged batches of that pchannel fail too, so that
-    nothing is written out of order behind it).
+    bounded queue (``max_pending_messages`` / ``max_pending_bytes`` unacknowledged) and
+    returns a future, so a loop of ``submit`` calls (or many concurrent ``send`` calls)
+    fills batches. On one pchannel, positions follow submission order.
+
+    Failures: a send fails with a typed error when the server refuses its batch for a reason
+    retrying cannot fix (INVALID_ARGUMENT, ...). What the client can check (reserved or NUL
+    properties, size) is refused by ``submit`` itself; anything else the server refuses
+    (an unknown ``msg_type``, ...) fails the whole batch the message travelled in: use
+    ``max_batch_messages=1`` where one message must never affect another. A send fails with
+    UnavailableError when its batch could not be acknowledged within ``retry_timeout_s`` of
+    the send or ``max_attempts`` attempts: its outcome is then unknown, and the later
+    unacknowledged batches of that pchannel fail too, so that nothing is written out of
+    order behind it. The server keeps gaps in a producer's sequences legal, so ordering
+    after a failure relies on it failing a pchannel's batches from the first failed one on
+    (as NOT_OWNER, CHANNEL_FENCED and shutdowns do); a retried batch the server no longer
+    recognises fails with InvalidRequestSeqError rather than being written out of order.
+
+    A ``producer_id`` may be reused by a later Producer: sequences start at the wall clock
+    in microseconds, above those an earlier one used.
     """
 
     def __init__(
@@ -856,6 +969,10 @@ class Producer:
         if pchannel is None:
             pchannel = await self._client.router.pchannel_of(vchannel)
         size = message.ByteSize()
+        if size > MAX_MESSAGE_BYTES:
+            raise _invalid(
+                f"message too large ({size} bytes serialized; expected <= {MAX_MESSAGE_BYTES})"
+            )
         while self._unacked_messages > 0 and (
             self._unacked_messages >= self.max_pending_messages
             or self._unacked_bytes + size > self.max_pending_bytes
@@ -972,6 +1089,8 @@ class Producer:
         """Seconds until the lane has something to do without being woken."""
         now = time.monotonic()
         timers = [b.sent_at + self.attempt_timeout_s - now for b in lane.inflight]
+        if lane.inflight:
+            timers.append(ROUTE_CHECK_S)
         if lane.pending:
             oldest = lane.pending[0]
             timers.append(oldest.deadline - now)
@@ -982,6 +1101,7 @@ class Producer:
     def _collect(self, lane: _Lane) -> None:
         """Apply the answers that arrived; a retryable failure marks the lane for recovery."""
         now = time.monotonic()
+        route = self._client.router.route(lane.pchannel)
         for batch in list(lane.inflight):
             attempt = batch.attempt
             if attempt is None:
@@ -997,6 +1117,22 @@ class Producer:
                             f"{lane.pchannel} within {self.attempt_timeout_s:g} s",
                         ),
                     )
+                elif route is not None and route.assigned and route.term > batch.term:
+                    # A silent owner (stopped, partitioned) never fails its streams: move
+                    # on as soon as the pchannel is served at a newer term.
+                    self._mark_failed(
+                        lane,
+                        batch,
+                        error_info(
+                            E.CHANNEL_FENCED,
+                            f"{lane.pchannel} moved to {route.owner_address} at term "
+                            f"{route.term} while batch {batch.sequence} waited at "
+                            f"{batch.address} (term {batch.term})",
+                            current_term=route.term,
+                        ),
+                    )
+                elif now - batch.sent_at > WATCH_STALE_S:
+                    self._client.router.refresh_if_stale(lane.pchannel)
                 continue
             try:
                 result = attempt.result()
@@ -1015,14 +1151,14 @@ class Producer:
                 else:
                     self._fail_batch(lane, batch, error_for(result.error))
                 continue
-            if len(result.positions) != len(batch.items):
+            if len(result.time_ticks) != len(batch.items):
                 self._fail_batch(
                     lane,
                     batch,
                     InnerError(
                         error_info(
                             E.INNER,
-                            f"{batch.address} answered {len(result.positions)} positions for a "
+                            f"{batch.address} answered {len(result.time_ticks)} positions for a "
                             f"batch of {len(batch.items)} messages",
                         )
                     ),
@@ -1034,11 +1170,9 @@ class Producer:
             self.stats.messages_acknowledged += len(batch.items)
             if result.duplicate:
                 self.stats.duplicates += 1
-            for item, position in zip(batch.items, result.positions, strict=True):
+            for index, (item, tick) in enumerate(zip(batch.items, result.time_ticks, strict=True)):
                 if not item.future.done():
-                    item.future.set_result(
-                        Position(lane.pchannel, position.lsn, position.time_tick)
-                    )
+                    item.future.set_result(Position(lane.pchannel, result.first_lsn + index, tick))
             self._release(batch.items)
 
     def _mark_failed(self, lane: _Lane, batch: _Batch, info: errors_pb2.ErrorInfo) -> None:
@@ -1156,12 +1290,30 @@ class Producer:
             size += item.size
         sequence = lane.next_sequence
         lane.next_sequence += 1
-        request = wire.ProduceRequest(
-            pchannel=lane.pchannel,
-            messages=[item.message for item in items],
-            producer_id=self.producer_id,
-            sequence=sequence,
-        )
+        first = items[0].message
+        if all(
+            item.message.vchannel == first.vchannel
+            and item.message.msg_type == first.msg_type
+            and not item.message.key
+            and not item.message.properties
+            for item in items
+        ):
+            # Plain messages of one vchannel: the compact form, cheaper on both ends.
+            request = wire.ProduceRequest(
+                pchannel=lane.pchannel,
+                batch_vchannel=first.vchannel,
+                batch_msg_type=first.msg_type,
+                payloads=[item.message.payload for item in items],
+                producer_id=self.producer_id,
+                sequence=sequence,
+            )
+        else:
+            request = wire.ProduceRequest(
+                pchannel=lane.pchannel,
+                messages=[item.message for item in items],
+                producer_id=self.producer_id,
+                sequence=sequence,
+            )
         deadline = min(item.deadline for item in items)
         return _Batch(sequence, items, request, size, deadline)
 
@@ -1243,8 +1395,8 @@ class Consumer:
     """Committed entries of one vchannel, in LSN order, as an async iterator.
 
     Where to start: ``from_lsn`` (that LSN and after), ``start_after`` (after that LSN),
-    ``latest`` (only entries committed after the consumer connects), else the whole
-    retained log. After a broken stream or an owner move it resumes after the last
+    ``latest`` (only entries committed after the consumer first connects: ``start()``,
+    ``async with`` or the first ``__anext__``), else the whole retained log. After a broken stream or an owner move it resumes after the last
     delivered LSN at the (new) owner, so no entry is skipped or delivered twice. Gives up
     with UnavailableError after ``max_attempts`` consecutive failures or ``retry_timeout_s``
     without progress; non-retryable answers (COMPACTED, INVALID_ARGUMENT, ...) raise their
@@ -1310,6 +1462,8 @@ class Consumer:
         self._failures = 0
         self._not_exist = 0
         self._outage_started: float | None = None
+        self._last_response_at = 0.0
+        self._last_probe_at = 0.0
         self._closed = False
         #: streams opened (the first one included): 1 + reconnections
         self.connections = 0
@@ -1328,6 +1482,13 @@ class Consumer:
         return self
 
     async def __aenter__(self) -> Consumer:
+        return await self.start()
+
+    async def start(self) -> Consumer:
+        """Connect now rather than on the first ``__anext__`` (``latest`` is pinned here).
+        Raises what connecting raises (after the bounded retries)."""
+        while self._read_task is None and not self._closed:
+            await self._connect()
         return self
 
     async def __aexit__(
@@ -1378,14 +1539,15 @@ class Consumer:
             if self._closed:
                 raise StopAsyncIteration
             if not done:
-                self._check_moved()
+                if not self._check_moved():
+                    await self._probe()
                 continue
             await self._take(self._read_task)
 
-    def _check_moved(self) -> None:
+    def _check_moved(self) -> bool:
         """Reconnect when the routing table has a newer serving owner than our stream's."""
         if self._pchannel is None or self._route is None:
-            return
+            return False
         current = self._client.router.route(self._pchannel)
         if current is not None and current.assigned and current.term > self._route.term:
             log.info(
@@ -1395,6 +1557,32 @@ class Consumer:
                 current.term,
             )
             self._disconnect()
+            return True
+        return False
+
+    async def _probe(self) -> None:
+        """After CONSUMER_PROBE_S of silence, ask the owner for its position: an owner that
+        cannot answer (stopped, partitioned) or no longer owns the pchannel is left."""
+        now = time.monotonic()
+        if (
+            self._pchannel is None
+            or self._route is None
+            or now - max(self._last_response_at, self._last_probe_at) < CONSUMER_PROBE_S
+        ):
+            return
+        self._last_probe_at = now
+        address, term = self._route.owner_address, self._route.term
+        try:
+            await self._client.stub(address).GetLatestTimeTick(
+                wire.GetLatestTimeTickRequest(pchannel=self._pchannel),
+                timeout=min(self.attempt_timeout_s, CONSUMER_PROBE_TIMEOUT_S),
+            )
+        except grpc.aio.AioRpcError as error:
+            info, retryable = _classify_data(error)
+            if retryable:
+                log.info("owner %s of %s failed a probe: %s", address, self._pchannel, info.message)
+                self._client.router.refresh_if_stale(self._pchannel)
+                await self._failed(info, True, address, term)
 
     async def _take(self, task: asyncio.Task[Any]) -> None:
         address = self._route.owner_address if self._route else ""
@@ -1418,6 +1606,7 @@ class Consumer:
             )
             return
         self._progress()
+        self._last_response_at = time.monotonic()
         if self._route is not None and response.term > self._route.term:
             self._route = Route(
                 self._route.pchannel, response.term, address, state=pb.PCHANNEL_STATE_ASSIGNED
@@ -1469,6 +1658,7 @@ class Consumer:
             self._route = route
             self._call = stub.Consume(self._request())
             self._read_task = asyncio.ensure_future(self._call.read())
+            self._last_response_at = time.monotonic()
             self.connections += 1
         except grpc.aio.AioRpcError as error:
             info, retryable = _classify_data(error)
@@ -1705,6 +1895,7 @@ class Txn:
     async def _keep_alive(self) -> None:
         interval_s = max(0.01, self.keepalive_ms / 3000)
         request = wire.KeepAliveTxnRequest(vchannel=self.vchannel, txn_id=self.txn_id)
+        renewed = time.monotonic()
         while self.state == "open":
             await asyncio.sleep(interval_s)
             try:
@@ -1712,6 +1903,7 @@ class Txn:
                     request, timeout=min(self.attempt_timeout_s, interval_s * 2)
                 )
                 self.keepalives += 1
+                renewed = time.monotonic()
             except grpc.aio.AioRpcError as error:
                 info = from_rpc_error(error)
                 if _has_error_info(error):
@@ -1720,9 +1912,18 @@ class Txn:
                     log.warning("txn %d keepalive refused: %s", self.txn_id, self.keepalive_error)
                     return
                 log.debug("txn %d keepalive failed: %s", self.txn_id, info.message)
+                if time.monotonic() - renewed > self.keepalive_ms / 1000:
+                    # Unrenewed for keepalive_ms: the owner has expired the txn by now.
+                    self.keepalive_error = _unavailable(
+                        f"txn {self.txn_id} could not be renewed within keepalive_ms "
+                        f"{self.keepalive_ms} at {self._address}",
+                        info,
+                    )
+                    log.warning("%s", self.keepalive_error)
+                    return
 
 
-def _state_error(message: str) -> Exception:
+def _state_error(message: str) -> InvalidTransactionStateError:
     return InvalidTransactionStateError(error_info(E.INVALID_TRANSACTION_STATE, message))
 
 

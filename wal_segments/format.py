@@ -432,11 +432,55 @@ _SMALL_BODY_BYTES = 4096
 assert _HEADER_AFTER_CRC.size + _CRC_FIELD.size == ENTRY_HEADER_SIZE
 
 
+#: (lsn, term, time_tick, msg_type, vchannel_id, flags, txn_id, broadcast_id, key, payload,
+#: properties): an entry as a plain tuple, for hot paths that should not build `Entry`s.
+EntryRow = tuple[int, int, int, int, int, int, int, int, bytes, bytes, Mapping[str, str]]
+
+
 def encode_batch(entries: Sequence[Entry]) -> EncodedBatch:
     """Frames for `entries` (contiguous LSNs, non-decreasing terms, strictly increasing time
     ticks) in one buffer. The owner writes this buffer locally and forwards the same bytes
     to the replicas. Raises ValueError naming the first invalid field."""
-    if not entries:
+    return encode_rows(
+        [
+            (
+                e.lsn,
+                e.term,
+                e.time_tick,
+                e.msg_type,
+                e.vchannel_id,
+                e.flags,
+                e.txn_id,
+                e.broadcast_id,
+                e.key,
+                e.payload,
+                e.properties,
+            )
+            for e in entries
+        ]
+    )
+
+
+def _row_entry(row: EntryRow) -> Entry:
+    lsn, term, tick, msg_type, vchannel_id, flags, txn_id, broadcast_id, key, payload, props = row
+    return Entry(
+        lsn=lsn,
+        term=term,
+        time_tick=tick,
+        msg_type=msg_type,
+        vchannel_id=vchannel_id,
+        flags=flags,
+        txn_id=txn_id,
+        broadcast_id=broadcast_id,
+        key=key,
+        payload=payload,
+        properties=props,
+    )
+
+
+def encode_rows(rows: Sequence[EntryRow]) -> EncodedBatch:
+    """`encode_batch` for entries given as `EntryRow` tuples (same rules, same bytes)."""
+    if not rows:
         raise ValueError("empty batch (expected at least one entry)")
     parts: list[bytes] = []
     append = parts.append
@@ -445,11 +489,21 @@ def encode_batch(entries: Sequence[Entry]) -> EncodedBatch:
     pack_crc = _CRC_FIELD.pack
     names = MSG_TYPE_NAMES
     offset = 0
-    previous: Entry | None = None
-    for entry in entries:
-        lsn, term, tick, msg_type = entry.lsn, entry.term, entry.time_tick, entry.msg_type
-        vchannel_id, txn_id, broadcast_id = entry.vchannel_id, entry.txn_id, entry.broadcast_id
-        flags, key, payload = entry.flags, entry.key, entry.payload
+    previous: EntryRow | None = None
+    for row in rows:
+        (
+            lsn,
+            term,
+            tick,
+            msg_type,
+            vchannel_id,
+            flags,
+            txn_id,
+            broadcast_id,
+            key,
+            payload,
+            properties,
+        ) = row
         # One cheap test for the common case; validate_entry words the error.
         if (
             lsn < 1
@@ -467,13 +521,13 @@ def encode_batch(entries: Sequence[Entry]) -> EncodedBatch:
             or len(key) > MAX_KEY_BYTES
             or len(payload) > MAX_PAYLOAD_BYTES
         ):
-            validate_entry(entry)
-            raise AssertionError(f"validate_entry accepted {entry!r}")  # pragma: no cover
+            validate_entry(_row_entry(row))
+            raise AssertionError(f"validate_entry accepted {row!r}")  # pragma: no cover
         if previous is not None and (
-            lsn != previous.lsn + 1 or term < previous.term or tick <= previous.time_tick
+            lsn != previous[0] + 1 or term < previous[1] or tick <= previous[2]
         ):
-            _check_order(previous.lsn, previous.term, previous.time_tick, entry)
-        props = encode_properties(entry.properties) if entry.properties else b""
+            _check_order(previous[0], previous[1], previous[2], _row_entry(row))
+        props = encode_properties(properties) if properties else b""
         if len(props) > MAX_PROPERTIES_BYTES:
             raise ValueError(
                 f"properties too long ({len(props)} bytes; expected 0..{MAX_PROPERTIES_BYTES})"
@@ -510,17 +564,17 @@ def encode_batch(entries: Sequence[Entry]) -> EncodedBatch:
             append(_ZERO_PADS[pad])
         offsets.append(offset)
         offset += ENTRY_HEADER_SIZE + body_len + pad
-        previous = entry
+        previous = row
     data = b"".join(parts)
-    first, last = entries[0], entries[-1]
+    first, last = rows[0], rows[-1]
     meta = BatchMeta(
-        count=len(entries),
-        first_lsn=first.lsn,
-        last_lsn=last.lsn,
-        first_term=first.term,
-        last_term=last.term,
-        first_time_tick=first.time_tick,
-        last_time_tick=last.time_tick,
+        count=len(rows),
+        first_lsn=first[0],
+        last_lsn=last[0],
+        first_term=first[1],
+        last_term=last[1],
+        first_time_tick=first[2],
+        last_time_tick=last[2],
         size_bytes=len(data),
         frame_offsets=offsets,
     )
@@ -550,10 +604,12 @@ def check_frame(
     expected_lsn: int | None,
     last_term: int,
     last_time_tick: int,
+    verify_crc: bool = True,
 ) -> tuple[HeaderFields, int] | str:
     """Verify the frame at `offset` (which must end by `end`): plausible header, in bounds,
-    crc, and ordered after (expected_lsn - 1, last_term, last_time_tick). Returns (header
-    fields, frame end) or the reason it is bad. Never raises for bad bytes."""
+    crc (unless the caller verified a checksum over the whole buffer), and ordered after
+    (expected_lsn - 1, last_term, last_time_tick). Returns (header fields, frame end) or
+    the reason it is bad. Never raises for bad bytes."""
     if end - offset < ENTRY_HEADER_SIZE:
         return f"incomplete frame header ({end - offset} of {ENTRY_HEADER_SIZE} bytes)"
     fields = ENTRY_HEADER.unpack_from(data, offset)
@@ -590,7 +646,7 @@ def check_frame(
     frame_end = align_up(offset + ENTRY_HEADER_SIZE + key_len + payload_len + properties_len)
     if frame_end > end:
         return f"frame extends past the end ({frame_end} > {end})"
-    if crc32c(memoryview(data)[offset + FRAME_CRC_SIZE : frame_end]) != crc:
+    if verify_crc and crc32c(memoryview(data)[offset + FRAME_CRC_SIZE : frame_end]) != crc:
         return "frame crc mismatch"
     return fields, frame_end
 
@@ -652,10 +708,16 @@ def scan_batch(
     expected_first_lsn: int | None = None,
     last_term: int = 0,
     last_time_tick: int = -1,
+    batch_crc: int | None = None,
 ) -> BatchMeta:
     """Verify a received batch frame by frame (crc, contiguity, order) without building
     entries, and return its metadata; FormatError at the first bad frame. A replica calls
-    this on the bytes the owner forwarded before `SegmentWriter.append_encoded`."""
+    this on the bytes the owner forwarded before `SegmentWriter.append_encoded`. With
+    `batch_crc` (crc32c of the whole buffer, computed by the sender) one C-speed check
+    replaces the per-frame crcs; the frames' own crcs are still written to disk."""
+    if batch_crc is not None and crc32c(data) != batch_crc:
+        raise FormatError(0, "batch crc mismatch")
+    verify = batch_crc is None
     view = memoryview(data)
     if not len(view):
         raise FormatError(0, "empty batch")
@@ -664,7 +726,7 @@ def scan_batch(
     first: HeaderFields | None = None
     fields: HeaderFields | None = None
     while offset < len(view):
-        checked = check_frame(view, offset, len(view), expected, term, tick)
+        checked = check_frame(view, offset, len(view), expected, term, tick, verify)
         if isinstance(checked, str):
             raise FormatError(offset, checked)
         fields, frame_end = checked

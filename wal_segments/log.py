@@ -41,6 +41,7 @@ from wal_segments.format import (
     Entry,
     EntryFlags,
     FormatError,
+    crc32c,
     iter_batch,
     scan_batch,
 )
@@ -368,7 +369,14 @@ class PChannelLog:
     # -- appending ---------------------------------------------------------------------------
 
     async def append(
-        self, term: int, prev_lsn: int, prev_term: int, frames: bytes, meta: BatchMeta | None = None
+        self,
+        term: int,
+        prev_lsn: int,
+        prev_term: int,
+        frames: bytes,
+        meta: BatchMeta | None = None,
+        *,
+        batch_crc: int | None = None,
     ) -> AppendResult:
         """Append encoded frames written at (or copied by an owner at) `term` after the entry
         (prev_lsn, prev_term). Raises Fenced, Mismatch or BadBatch; never writes a batch that
@@ -386,7 +394,7 @@ class PChannelLog:
                 )
             if meta is None:
                 try:
-                    meta = scan_batch(frames, expected_first_lsn=prev_lsn + 1)
+                    meta = scan_batch(frames, expected_first_lsn=prev_lsn + 1, batch_crc=batch_crc)
                 except FormatError as error:
                     raise BadBatch(f"invalid frames: {error}") from None
             if meta.first_lsn != prev_lsn + 1:
@@ -410,7 +418,12 @@ class PChannelLog:
             if start_row:
                 offset = meta.frame_offsets[start_row]
                 frames = frames[offset:]
-                meta = scan_batch(frames, expected_first_lsn=prev_lsn + 1 + start_row)
+                # Already verified above: only the metadata of the remaining suffix.
+                meta = scan_batch(
+                    frames,
+                    expected_first_lsn=prev_lsn + 1 + start_row,
+                    batch_crc=crc32c(frames),
+                )
             return await self._write_locked(frames, meta)
 
     async def append_local(self, frames: bytes, meta: BatchMeta, term: int) -> AppendResult:

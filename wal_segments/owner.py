@@ -34,19 +34,24 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
 from wal_segments.format import (
+    ENTRY_HEADER,
+    ENTRY_HEADER_SIZE,
     TXN_FLAGS,
     Entry,
     EntryFlags,
     MsgType,
+    align_up,
+    crc32c,
+    decode_properties,
     encode_batch,
-    iter_batch,
+    encode_rows,
 )
 from wal_segments.log import BadBatch, Fenced, LogError, Mismatch, PChannelLog
 
@@ -58,6 +63,8 @@ PRODUCER_ID_PROPERTY = "rw.producer"
 PRODUCER_SEQ_PROPERTY = "rw.seq"
 PRODUCER_COUNT_PROPERTY = "rw.count"
 PRODUCER_HISTORY = 8
+#: how many entries back recovery looks for idempotent producers' sequences
+PRODUCER_SCAN_ENTRIES = 200_000
 
 
 class WalError(Exception):
@@ -130,19 +137,20 @@ class OwnerConfig:
     retry_min_s: float = 0.05
     retry_max_s: float = 1.0
     rpc_timeout_s: float = 2.0
-    #: how far back recovery scans for idempotent producers' last sequences
-    producer_scan_bytes: int = 16 << 20
 
 
-@dataclass(slots=True)
-class Message:
-    """One message to write (validated by the caller)."""
+_NO_PROPERTIES: dict[str, str] = {}
+
+
+class Message(NamedTuple):
+    """One message to write (validated by the caller). A tuple, so that hot paths can
+    build plain tuples in this field order."""
 
     vchannel_id: int
     msg_type: int
     key: bytes = b""
     payload: bytes = b""
-    properties: dict[str, str] = field(default_factory=dict)
+    properties: Mapping[str, str] = _NO_PROPERTIES
     flags: int = 0
     txn_id: int = 0
     broadcast_id: int = 0
@@ -204,7 +212,8 @@ class ChannelOwner:
         self._replicas = {n: _Replica(n) for n in self.replica_ids if n != node_id}
         self._progress = asyncio.Event()
         self._write_lock = asyncio.Lock()
-        self._recent: OrderedDict[int, tuple[int, int, bytes]] = OrderedDict()
+        #: first lsn -> (last lsn, prev term, frames, crc32c of frames, ends a segment)
+        self._recent: OrderedDict[int, tuple[int, int, bytes, int, bool]] = OrderedDict()
         self._recent_bytes = 0
         self._producers: dict[str, list[_ProducerBatch]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -478,33 +487,38 @@ class ChannelOwner:
             await self.log.truncate_after(start - 1)
 
     async def _rebuild_producers(self) -> None:
-        """Recover idempotent producers' recent sequences from the log's tail."""
+        """Recover idempotent producers' recent sequences from the log's tail: the last
+        `PRODUCER_SCAN_ENTRIES` entries, walking frame headers and decoding properties only
+        where there are some (recovery time matters: this runs during a failover)."""
         last = self.log.last_lsn
-        lsn = last
-        scanned_bytes = 0
-        chunks: list[list[Entry]] = []
-        # Walk back segment-chunk by chunk: read forward from an LSN guess.
-        start = max(self.log.first_lsn, last - 200_000)
-        if start > last:
-            return
-        lsn = start
-        while lsn <= last and scanned_bytes < self.config.producer_scan_bytes * 4:
-            data = self.log.read_frames(lsn, 4 << 20)
+        lsn = max(self.log.first_lsn, last - PRODUCER_SCAN_ENTRIES)
+        unpack = ENTRY_HEADER.unpack_from
+        while lsn <= last:
+            data, chunk_last = self.log.read_frames_range(lsn, 4 << 20)
             if not data:
                 break
-            scanned_bytes += len(data)
-            entries = list(iter_batch(data))
-            chunks.append([e for e in entries if e.properties.get(PRODUCER_ID_PROPERTY)])
-            lsn = entries[-1].lsn + 1
-        for chunk in chunks:
-            for entry in chunk:
-                try:
-                    producer = entry.properties[PRODUCER_ID_PROPERTY]
-                    sequence = int(entry.properties[PRODUCER_SEQ_PROPERTY])
-                    count = int(entry.properties[PRODUCER_COUNT_PROPERTY])
-                except (KeyError, ValueError):
-                    continue
-                self._remember(producer, _ProducerBatch(sequence, entry.lsn - count + 1, entry.lsn))
+            view = memoryview(data)
+            offset, size = 0, len(data)
+            while offset < size:
+                fields = unpack(data, offset)
+                properties_len, entry_lsn = fields[1], fields[2]
+                body = offset + ENTRY_HEADER_SIZE + fields[11] + fields[12]
+                if properties_len:
+                    try:
+                        properties = decode_properties(view[body : body + properties_len])
+                        producer = properties.get(PRODUCER_ID_PROPERTY)
+                        if producer:
+                            sequence = int(properties[PRODUCER_SEQ_PROPERTY])
+                            count = int(properties[PRODUCER_COUNT_PROPERTY])
+                            self._remember(
+                                producer,
+                                _ProducerBatch(sequence, entry_lsn - count + 1, entry_lsn),
+                            )
+                    except (KeyError, ValueError):
+                        pass
+                offset = align_up(body + properties_len)
+            lsn = chunk_last + 1
+            await asyncio.sleep(0)
 
     def _remember(self, producer: str, batch: _ProducerBatch) -> None:
         history = self._producers.setdefault(producer, [])
@@ -531,7 +545,7 @@ class ChannelOwner:
         except Fenced as error:
             self._fence(error.fenced_term)
             raise fenced_error(self.pchannel, self.term, error.fenced_term) from None
-        self._cache(meta.first_lsn, meta.last_lsn, prev_term, frames)
+        self._cache(meta.first_lsn, meta.last_lsn, prev_term, frames, result.sealed)
         for replica in self._replicas.values():
             replica.wake.set()
         if result.sealed:
@@ -550,11 +564,13 @@ class ChannelOwner:
             self._self_durable = result.last_lsn
             self._update_commit()
 
-    def _cache(self, first_lsn: int, last_lsn: int, prev_term: int, frames: bytes) -> None:
-        self._recent[first_lsn] = (last_lsn, prev_term, frames)
+    def _cache(
+        self, first_lsn: int, last_lsn: int, prev_term: int, frames: bytes, sealed: bool
+    ) -> None:
+        self._recent[first_lsn] = (last_lsn, prev_term, frames, crc32c(frames), sealed)
         self._recent_bytes += len(frames)
         while self._recent_bytes > self.config.recent_cache_bytes and len(self._recent) > 1:
-            _, (_, _, old) = self._recent.popitem(last=False)
+            _, (_, _, old, _, _) = self._recent.popitem(last=False)
             self._recent_bytes -= len(old)
 
     def _update_commit(self) -> None:
@@ -624,7 +640,7 @@ class ChannelOwner:
                         f"expected_last_lsn {expected_last_lsn} does not hold (last lsn {actual})",
                         current_term=self.term,
                     )
-            estimate = sum(100 + len(m.key) + len(m.payload) for m in messages)
+            estimate = sum(100 + len(m[2]) + len(m[3]) for m in messages)
             if (
                 self.log.open_segment_first_lsn() is not None
                 and self.log.open_segment_bytes() + estimate > self.config.segment_max_bytes
@@ -633,42 +649,46 @@ class ChannelOwner:
                 await self._append_control(MsgType.SEAL, int(EntryFlags.SEAL_MARKER))
             first_lsn = self.log.last_lsn + 1
             tick = self.log.last_time_tick
-            wall = self._wall_ms()
-            entries = []
+            wall_tick = self._wall_ms() << TICK_LOGICAL_BITS
+            term = self.term
+            rows = []
+            last_index = len(messages) - 1
             for index, message in enumerate(messages):
-                tick = hybrid_tick(tick, wall)
-                properties = message.properties
-                if producer_id and index == len(messages) - 1:
+                vchannel_id, msg_type, key, payload, properties, flags, txn_id, broadcast_id = (
+                    message
+                )
+                tick = tick + 1 if tick >= wall_tick else wall_tick
+                if producer_id and index == last_index:
                     properties = {
                         **properties,
                         PRODUCER_ID_PROPERTY: producer_id,
                         PRODUCER_SEQ_PROPERTY: str(sequence),
                         PRODUCER_COUNT_PROPERTY: str(len(messages)),
                     }
-                entries.append(
-                    Entry(
-                        lsn=first_lsn + index,
-                        term=self.term,
-                        time_tick=tick,
-                        msg_type=message.msg_type,
-                        vchannel_id=message.vchannel_id,
-                        flags=message.flags,
-                        txn_id=message.txn_id,
-                        broadcast_id=message.broadcast_id,
-                        key=message.key,
-                        payload=message.payload,
-                        properties=properties,
+                rows.append(
+                    (
+                        first_lsn + index,
+                        term,
+                        tick,
+                        msg_type,
+                        vchannel_id,
+                        flags,
+                        txn_id,
+                        broadcast_id,
+                        key,
+                        payload,
+                        properties,
                     )
                 )
-            batch = encode_batch(entries)
+            batch = encode_rows(rows)
             await self._write_locked(batch.data, batch.meta)
-            positions = [(e.lsn, e.time_tick) for e in entries]
+            positions = [(row[0], row[2]) for row in rows]
             record = None
             if producer_id and sequence > 0:
                 record = _ProducerBatch(
                     sequence,
                     first_lsn,
-                    first_lsn + len(entries) - 1,
+                    first_lsn + len(rows) - 1,
                     asyncio.get_running_loop().create_future(),
                 )
                 self._remember(producer_id, record)
@@ -695,7 +715,7 @@ class ChannelOwner:
 
     def _recent_bytes_uncommitted(self) -> int:
         total = 0
-        for _first, (last, _, frames) in reversed(self._recent.items()):
+        for _first, (last, _, frames, _, _) in reversed(self._recent.items()):
             if last <= self.committed_lsn:
                 break
             total += len(frames)
@@ -703,15 +723,33 @@ class ChannelOwner:
 
     # -- replication -------------------------------------------------------------------------
 
-    def _frames_from(self, lsn: int) -> tuple[int, bytes, int]:
-        """(prev_term, frames, last lsn) starting at `lsn`: a cached batch when it starts
-        there, otherwise read back from the log (catch-up)."""
+    def _frames_from(self, lsn: int) -> tuple[int, bytes, int, int]:
+        """(prev_term, frames, last lsn, crc32c of frames) starting at `lsn`. Batches still
+        in memory are sent as they are, several consecutive ones joined into one request
+        when a replica is behind (fewer, larger messages under load; never across a
+        segment end, since a seal marker must end its request). Otherwise the frames are
+        read back from the log (catch-up)."""
         cached = self._recent.get(lsn)
-        if cached is not None:
-            return cached[1], cached[2], cached[0]
-        prev_term = self.log.term_at(lsn - 1) if lsn - 1 >= self.log.first_lsn else 0
-        frames, last = self.log.read_frames_range(lsn, self.config.replication_chunk_bytes)
-        return prev_term, frames, last
+        if cached is None:
+            prev_term = self.log.term_at(lsn - 1) if lsn - 1 >= self.log.first_lsn else 0
+            frames, last = self.log.read_frames_range(lsn, self.config.replication_chunk_bytes)
+            return prev_term, frames, last, crc32c(frames)
+        last, prev_term, frames, crc, sealed = cached
+        parts = None
+        size = len(frames)
+        while not sealed and size < self.config.replication_chunk_bytes:
+            following = self._recent.get(last + 1)
+            if following is None:
+                break
+            if parts is None:
+                parts = [frames]
+            last, _, more, _, sealed = following
+            parts.append(more)
+            size += len(more)
+        if parts is None:
+            return prev_term, frames, last, crc
+        joined = b"".join(parts)
+        return prev_term, joined, last, crc32c(joined)
 
     async def _replicate(self, replica: _Replica) -> None:
         attempt = 0
@@ -760,8 +798,9 @@ class ChannelOwner:
                             pass
                 await sent.acquire()
                 lsn = replica.next_lsn
+                crc = None
                 if lsn <= self.log.last_lsn:
-                    prev_term, frames, last = self._frames_from(lsn)
+                    prev_term, frames, last, crc = self._frames_from(lsn)
                 else:
                     prev_term = self.log.term_at(lsn - 1) if lsn - 1 >= self.log.first_lsn else 0
                     frames, last = b"", lsn - 1
@@ -776,6 +815,7 @@ class ChannelOwner:
                         committed_lsn=self.committed_lsn,
                         request_id=request_id,
                         owner_node_id=self.node_id,
+                        frames_crc=crc,
                     )
                 )
                 replica.next_lsn = last + 1
@@ -783,9 +823,15 @@ class ChannelOwner:
                 inflight.put_nowait(request_id)
 
         sender = asyncio.create_task(send())
+        answered = 0
         try:
             async for response in stream.responses():
-                sent.release()
+                # A replica may answer several requests at once (the newest stands for all
+                # before it): free one window slot per request covered.
+                covered = max(1, response.request_id - answered)
+                answered = max(answered, response.request_id)
+                for _ in range(covered):
+                    sent.release()
                 if response.status == wire.APPEND_STATUS_OK:
                     if response.durable_lsn > replica.match_lsn:
                         replica.match_lsn = response.durable_lsn

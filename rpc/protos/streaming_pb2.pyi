@@ -99,34 +99,44 @@ class Position(_message.Message):
     def __init__(self, lsn: _Optional[int] = ..., time_tick: _Optional[int] = ...) -> None: ...
 
 class ProduceRequest(_message.Message):
-    __slots__ = ("request_id", "pchannel", "messages", "producer_id", "sequence", "expected_last_lsn")
+    __slots__ = ("request_id", "pchannel", "messages", "producer_id", "sequence", "expected_last_lsn", "batch_vchannel", "batch_msg_type", "payloads")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_LAST_LSN_FIELD_NUMBER: _ClassVar[int]
+    BATCH_VCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    BATCH_MSG_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PAYLOADS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     pchannel: str
     messages: _containers.RepeatedCompositeFieldContainer[Message]
     producer_id: str
     sequence: int
     expected_last_lsn: int
-    def __init__(self, request_id: _Optional[int] = ..., pchannel: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., expected_last_lsn: _Optional[int] = ...) -> None: ...
+    batch_vchannel: str
+    batch_msg_type: str
+    payloads: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, request_id: _Optional[int] = ..., pchannel: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., expected_last_lsn: _Optional[int] = ..., batch_vchannel: _Optional[str] = ..., batch_msg_type: _Optional[str] = ..., payloads: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ProduceResult(_message.Message):
-    __slots__ = ("request_id", "positions", "error", "term", "duplicate")
+    __slots__ = ("request_id", "positions", "error", "term", "duplicate", "first_lsn", "time_ticks")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_LSN_FIELD_NUMBER: _ClassVar[int]
+    TIME_TICKS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     positions: _containers.RepeatedCompositeFieldContainer[Position]
     error: _errors_pb2.ErrorInfo
     term: int
     duplicate: bool
-    def __init__(self, request_id: _Optional[int] = ..., positions: _Optional[_Iterable[_Union[Position, _Mapping]]] = ..., error: _Optional[_Union[_errors_pb2.ErrorInfo, _Mapping]] = ..., term: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+    first_lsn: int
+    time_ticks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[int] = ..., positions: _Optional[_Iterable[_Union[Position, _Mapping]]] = ..., error: _Optional[_Union[_errors_pb2.ErrorInfo, _Mapping]] = ..., term: _Optional[int] = ..., duplicate: _Optional[bool] = ..., first_lsn: _Optional[int] = ..., time_ticks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ConsumeRequest(_message.Message):
     __slots__ = ("vchannel", "pchannel", "policy", "lsn", "after_time_tick", "from_time_tick", "msg_types", "include_control", "max_batch_entries")
@@ -285,7 +295,7 @@ class ReadSegmentResponse(_message.Message):
     def __init__(self, frames: _Optional[bytes] = ..., first_lsn: _Optional[int] = ..., last_lsn: _Optional[int] = ..., segment_digest: _Optional[int] = ..., segment_count: _Optional[int] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class AppendRequest(_message.Message):
-    __slots__ = ("pchannel", "term", "prev_lsn", "prev_term", "frames", "committed_lsn", "request_id", "owner_node_id")
+    __slots__ = ("pchannel", "term", "prev_lsn", "prev_term", "frames", "committed_lsn", "request_id", "owner_node_id", "frames_crc")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     PREV_LSN_FIELD_NUMBER: _ClassVar[int]
@@ -294,6 +304,7 @@ class AppendRequest(_message.Message):
     COMMITTED_LSN_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_CRC_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
     term: int
     prev_lsn: int
@@ -302,7 +313,8 @@ class AppendRequest(_message.Message):
     committed_lsn: int
     request_id: int
     owner_node_id: str
-    def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., prev_lsn: _Optional[int] = ..., prev_term: _Optional[int] = ..., frames: _Optional[bytes] = ..., committed_lsn: _Optional[int] = ..., request_id: _Optional[int] = ..., owner_node_id: _Optional[str] = ...) -> None: ...
+    frames_crc: int
+    def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., prev_lsn: _Optional[int] = ..., prev_term: _Optional[int] = ..., frames: _Optional[bytes] = ..., committed_lsn: _Optional[int] = ..., request_id: _Optional[int] = ..., owner_node_id: _Optional[str] = ..., frames_crc: _Optional[int] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
     __slots__ = ("request_id", "status", "durable_lsn", "last_lsn", "last_term", "fenced_term", "conflict_term", "conflict_first_lsn", "error")

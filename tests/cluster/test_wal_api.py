@@ -5,6 +5,7 @@ with an ErrorInfo (never a crash), GetLatestTimeTick, and ListSegments as of a r
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -259,7 +260,12 @@ def test_list_segments_as_of_revision_is_repeatable(env) -> None:
                 pchannel=pchannel, messages=[_message("api_a", b"s" * 1000 + b"%d" % index)]
             ),
         )
+    # Segments are committed through Raft shortly after their seal marker commits.
+    deadline = time.monotonic() + 15
     first = list_segments(client, pchannel)
+    while not first.segments and time.monotonic() < deadline:
+        time.sleep(0.2)
+        first = list_segments(client, pchannel)
     assert first.segments, "16 KiB segments should have been sealed and committed"
     for index in range(40):
         _produce(

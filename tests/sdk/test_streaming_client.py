@@ -1,16 +1,19 @@
 """The data-plane SDK (rpc/streaming_client.py) and the produce/consume/segments CLI against
 a real three-node cluster on 127.0.0.1: batching, idempotent retries, an owner killed with
--9 during a produce loop (every acknowledged message consumed exactly once, in order, by a
-consumer that lives through the failover), transactions all-or-nothing, the segment
-manifest. Every test checks what was acknowledged against what readers see."""
+-9 or stopped with SIGSTOP during a produce loop (every acknowledged message consumed
+exactly once, in order, by a consumer that lives through the failover), transactions
+all-or-nothing, the segment manifest. Every test checks what was acknowledged against what
+readers see. Nothing here is random (no seed to print): payloads are numbered."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -22,6 +25,7 @@ import pytest
 
 from raftwal import dev
 from rpc.client import CoordinatorClient, InvalidArgumentError, RaftwalError
+from rpc.protos import coordination_pb2 as pb
 from rpc.protos import streaming_pb2 as wire
 from rpc.streaming_client import (
     Consumer,
@@ -352,33 +356,82 @@ async def test_cli_produce_consume_round_trip(wal_cluster: dev.LocalCluster) -> 
 
 
 # ---------------------------------------------------------------------------------------
-# Failover (last: it kills a node, then restarts it)
+# Failover (last: they stop a node, then bring it back and wait for it)
 # ---------------------------------------------------------------------------------------
 
 
-async def test_owner_killed_during_produce_loses_and_repeats_nothing(
-    wal_cluster: dev.LocalCluster,
+async def _wait_all_up(client: StreamingClient, nodes: int = 3, stable_s: float = 1.5) -> None:
+    """Wait until every node is UP and reachable (linearizable status), continuously for
+    `stable_s`: a node restarted quickly may still be marked DOWN a moment later."""
+    deadline = time.monotonic() + TEST_TIMEOUT_S
+    healthy_since: float | None = None
+    while time.monotonic() < deadline:
+        healthy = False
+        with contextlib.suppress(RaftwalError):
+            status = await client.coordinator.cluster_status(linearizable=True)
+            up = [n for n in status.nodes if n.state == pb.NODE_STATE_UP]
+            healthy = len(up) >= nodes and sum(m.reachable for m in status.members) >= nodes
+        now = time.monotonic()
+        healthy_since = (healthy_since or now) if healthy else None
+        if healthy_since is not None and now - healthy_since >= stable_s:
+            return
+        await asyncio.sleep(0.25)
+    raise AssertionError("the cluster did not get all its nodes back")
+
+
+async def _replicated_vchannel(client: StreamingClient, prefix: str) -> tuple[str, str]:
+    """A fresh vchannel whose pchannel is replicated on all three nodes. The coordinator
+    places a new pchannel on the nodes UP at that moment and never adds one back later, so
+    a pchannel made while a node was DOWN could not survive losing another one."""
+    replicas: list[str] = []
+    for _ in range(3):
+        await _wait_all_up(client)
+        pchannel, vchannel = await _new_vchannel(client, prefix)
+        await client.router.owner(pchannel, TEST_TIMEOUT_S)  # replicas are set on assignment
+        described = None
+        for _ in range(40):  # bounded: the describing node may still be applying
+            described = await client.coordinator.describe_channels([pchannel])
+            replicas = [
+                node
+                for channel in described.pchannels
+                if channel.name == pchannel
+                for node in channel.replica_node_ids
+            ]
+            if replicas:
+                break
+            await asyncio.sleep(0.25)
+        if len(replicas) == 3:
+            return pchannel, vchannel
+    raise AssertionError(
+        f"setup: new pchannels get replicas {replicas}, expected 3 nodes ({described})"
+    )
+
+
+@pytest.mark.parametrize("how", ["kill -9", "SIGSTOP"])
+async def test_owner_lost_during_produce_loses_and_repeats_nothing(
+    wal_cluster: dev.LocalCluster, how: str
 ) -> None:
     count = 3000
     payloads = [b"k%05d" % i for i in range(count)]
     async with StreamingClient(wal_cluster.endpoints) as client:
-        pchannel, vchannel = await _new_vchannel(client, "kill")
+        pchannel, vchannel = await _replicated_vchannel(client, "lost")
         async with Producer(client) as producer:
             await producer.send(vchannel, b"k-start")
             owner = await client.router.owner(pchannel, TEST_TIMEOUT_S)
             victim = owner.owner_node_id
-            live = Consumer(client, vchannel)
+            live = await Consumer(client, vchannel).start()
             live_task = asyncio.create_task(_collect(live, count + 1))
             futures = []
-            killed_at = -1
+            stopped = False
             try:
                 for index, payload in enumerate(payloads):
                     futures.append(await producer.submit(vchannel, payload))
                     if index % 25 == 0:
                         await asyncio.sleep(0.005)
                     if index == count // 3:
-                        killed_at = index
-                        await asyncio.to_thread(wal_cluster.kill, victim)
+                        stopped = True
+                        signum = signal.SIGKILL if how == "kill -9" else signal.SIGSTOP
+                        await asyncio.to_thread(wal_cluster.kill, victim, signum)
                 await asyncio.wait_for(producer.flush(), TEST_TIMEOUT_S)
                 stats = producer.stats
                 failures = [f.exception() for f in futures if f.exception() is not None]
@@ -388,14 +441,18 @@ async def test_owner_killed_during_produce_loses_and_repeats_nothing(
             finally:
                 live_task.cancel()
                 await live.close()
-                # Bring the node back for whatever runs next (not waited for).
-                if killed_at >= 0:
+                if stopped and how == "kill -9":
                     wal_cluster.start_node(victim)
-        after = await asyncio.wait_for(_consume(client, vchannel, count + 1), TEST_TIMEOUT_S)
+                elif stopped:
+                    wal_cluster.kill(victim, signal.SIGCONT)
         moved = client.router.route(pchannel)
-    assert moved is not None and moved.term > owner.term
+        if stopped:
+            await _wait_all_up(client)
+        # Read back after the old owner returned (a stopped one resumes fenced).
+        after = await asyncio.wait_for(_consume(client, vchannel, count + 1), TEST_TIMEOUT_S)
+    assert moved is not None and moved.term > owner.term and moved.owner_node_id != victim
     assert stats.recoveries >= 1, stats
-    assert live.connections >= 2, "the live consumer resumed on the new owner"
+    assert live.connections >= 2, "the live consumer resumed at the new owner"
     acknowledged = [p.lsn for p in positions]
     assert acknowledged == sorted(set(acknowledged)), "acknowledged in submission order"
     for name, entries in (("live", seen_live), ("after", after)):
