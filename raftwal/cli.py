@@ -55,8 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     dev_down.set_defaults(handler=_dev_down)
 
     from raftwal.cli_client import register
+    from raftwal.cli_spark import register as register_spark
 
     register(commands)
+    register_spark(commands)
     return parser
 
 

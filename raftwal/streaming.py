@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import itertools
 import logging
@@ -34,6 +35,7 @@ from wal_segments.format import (
     TXN_FLAGS,
     EntryFlags,
     MsgType,
+    crc32c,
     msg_type_code,
     msg_type_name,
 )
@@ -1142,33 +1144,44 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             low = request.from_lsn or reader.first_lsn
             high = request.to_lsn or reader.last_lsn
             low, high = max(low, reader.first_lsn), min(high, reader.last_lsn)
+            offsets = reader.frame_offsets()
+            count = reader.entry_count
+
+            def frame_start(row: int) -> int:
+                return reader.data_end if row >= count else int(offsets[row])
+
+            row, stop_row = low - reader.first_lsn, high - reader.first_lsn + 1
             first = True
-            lsn = low
-            while lsn <= high:
-                # Split at frame boundaries: find how many frames fit in `chunk` bytes.
-                start, _ = reader.byte_range((lsn, lsn))
-                stop_lsn = lsn
-                step = max(1, chunk // 256)
-                while stop_lsn < high:
-                    candidate = min(high, stop_lsn + step)
-                    _, end = reader.byte_range((lsn, candidate))
-                    if end - start > chunk:
-                        if step == 1:
-                            break
-                        step = max(1, step // 2)
-                        continue
-                    stop_lsn = candidate
-                _, end = reader.byte_range((lsn, stop_lsn))
-                data = bytes(memoryview(reader._buffer)[start:end])  # noqa: SLF001
+            view = memoryview(reader._buffer)  # noqa: SLF001
+            while row < stop_row:
+                # Split at frame boundaries: the most frames whose bytes fit in `chunk` (at
+                # least one), found by bisecting the footer index.
+                begin = frame_start(row)
+                limit = begin + chunk
+                following = bisect.bisect_right(offsets, limit, row + 1, stop_row)
+                end_row = following
+                if following == stop_row and frame_start(stop_row) > limit:
+                    end_row = stop_row - 1
+                elif following < stop_row:
+                    end_row = following - 1
+                end_row = max(end_row, row + 1)
+                end = frame_start(end_row)
+                data = bytes(view[begin:end])
                 response = wire.ReadSegmentResponse(
-                    frames=data, first_lsn=lsn, last_lsn=stop_lsn, node_id=self._node.me.id
+                    frames=data,
+                    first_lsn=reader.first_lsn + row,
+                    last_lsn=reader.first_lsn + end_row - 1,
+                    node_id=self._node.me.id,
+                    frames_crc=crc32c(data),
                 )
+                if request.with_offsets:
+                    response.frame_offsets = reader.row_offsets(row, end_row, begin)
                 if first:
                     response.segment_digest = reader.digest
                     response.segment_count = reader.entry_count
                     first = False
                 yield response
-                lsn = stop_lsn + 1
+                row = end_row
         finally:
             reader.close()
 

@@ -806,6 +806,31 @@ class SegmentReader:
     def _frame_offset(self, row: int) -> int:
         return self.summary.data_end if row == self.entry_count else int(self._index[row].as_py())
 
+    @property
+    def buffer(self) -> pa.Buffer:
+        """The whole verified file."""
+        return self._buffer
+
+    @property
+    def index(self) -> pa.Array:
+        """The footer index (uint64 frame offsets, one per row)."""
+        return self._index
+
+    @property
+    def data_end(self) -> int:
+        """File offset just past the last frame."""
+        return self.summary.data_end
+
+    def frame_offsets(self) -> memoryview:
+        """The footer index as a read-only sequence of ints: row -> file offset of the frame
+        (verified by the footer crc; `columnar.decode_headers` checks it chains)."""
+        return memoryview(self._index.buffers()[1]).cast("B").cast("Q")
+
+    def row_offsets(self, start: int, stop: int, base: int) -> bytes:
+        """Offsets of rows [start, stop) minus `base`, as little-endian uint64 bytes."""
+        shifted = pc.subtract(self._index.slice(start, stop - start), pa.scalar(base, pa.uint64()))
+        return shifted.buffers()[1].to_pybytes()[: 8 * (stop - start)]
+
     def byte_range(self, lsn_range: tuple[int, int] | None = None) -> tuple[int, int]:
         """[start, end) file offsets of the frames in `lsn_range` (raw bytes to stream)."""
         start, stop = self._rows(lsn_range)

@@ -265,34 +265,40 @@ class GetLatestTimeTickResponse(_message.Message):
     def __init__(self, time_tick: _Optional[int] = ..., last_lsn: _Optional[int] = ..., committed_lsn: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class ReadSegmentRequest(_message.Message):
-    __slots__ = ("pchannel", "segment_id", "from_lsn", "to_lsn", "max_chunk_bytes")
+    __slots__ = ("pchannel", "segment_id", "from_lsn", "to_lsn", "max_chunk_bytes", "with_offsets")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_LSN_FIELD_NUMBER: _ClassVar[int]
     TO_LSN_FIELD_NUMBER: _ClassVar[int]
     MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WITH_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
     segment_id: int
     from_lsn: int
     to_lsn: int
     max_chunk_bytes: int
-    def __init__(self, pchannel: _Optional[str] = ..., segment_id: _Optional[int] = ..., from_lsn: _Optional[int] = ..., to_lsn: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
+    with_offsets: bool
+    def __init__(self, pchannel: _Optional[str] = ..., segment_id: _Optional[int] = ..., from_lsn: _Optional[int] = ..., to_lsn: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., with_offsets: _Optional[bool] = ...) -> None: ...
 
 class ReadSegmentResponse(_message.Message):
-    __slots__ = ("frames", "first_lsn", "last_lsn", "segment_digest", "segment_count", "node_id")
+    __slots__ = ("frames", "first_lsn", "last_lsn", "segment_digest", "segment_count", "node_id", "frames_crc", "frame_offsets")
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     FIRST_LSN_FIELD_NUMBER: _ClassVar[int]
     LAST_LSN_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_DIGEST_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_COUNT_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_CRC_FIELD_NUMBER: _ClassVar[int]
+    FRAME_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     frames: bytes
     first_lsn: int
     last_lsn: int
     segment_digest: int
     segment_count: int
     node_id: str
-    def __init__(self, frames: _Optional[bytes] = ..., first_lsn: _Optional[int] = ..., last_lsn: _Optional[int] = ..., segment_digest: _Optional[int] = ..., segment_count: _Optional[int] = ..., node_id: _Optional[str] = ...) -> None: ...
+    frames_crc: int
+    frame_offsets: bytes
+    def __init__(self, frames: _Optional[bytes] = ..., first_lsn: _Optional[int] = ..., last_lsn: _Optional[int] = ..., segment_digest: _Optional[int] = ..., segment_count: _Optional[int] = ..., node_id: _Optional[str] = ..., frames_crc: _Optional[int] = ..., frame_offsets: _Optional[bytes] = ...) -> None: ...
 
 class AppendRequest(_message.Message):
     __slots__ = ("pchannel", "term", "prev_lsn", "prev_term", "frames", "committed_lsn", "request_id", "owner_node_id", "frames_crc")

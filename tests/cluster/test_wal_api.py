@@ -5,6 +5,7 @@ with an ErrorInfo (never a crash), GetLatestTimeTick, and ListSegments as of a r
 from __future__ import annotations
 
 import os
+import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from tests.cluster.conftest import Api
 from tests.cluster.wal_helpers import list_segments, setup_channels, wait_assigned
+from wal_segments.format import crc32c
 
 pytestmark = pytest.mark.cluster
 E = errors_pb2
@@ -285,3 +287,51 @@ def test_list_segments_as_of_revision_is_repeatable(env) -> None:
     with pytest.raises(grpc.RpcError) as raised:
         client.call("ListSegments", api.ListSegmentsRequest(pchannels=["no_such_pchannel"]))
     assert from_rpc_error(raised.value).code == E.CHANNEL_NOT_EXIST
+
+
+def test_read_segment_chunks_at_frame_boundaries_with_crcs_and_offsets(env) -> None:
+    _, client, pchannel, _ = env
+    deadline = time.monotonic() + 15
+    listed = list_segments(client, pchannel)
+    while not listed.segments and time.monotonic() < deadline:
+        time.sleep(0.2)
+        listed = list_segments(client, pchannel)
+    segment = listed.segments[0]
+    node_addresses = {n.node_id: n.address for n in client.status().nodes}
+    for node_id in segment.replica_node_ids:
+        for low, high, chunk_bytes in (
+            (0, 0, 4096),
+            (segment.first_lsn + 1, segment.last_lsn - 1, 5000),
+        ):
+            with grpc.insecure_channel(node_addresses[node_id]) as channel:
+                chunks = list(
+                    streaming_pb2_grpc.StreamingNodeStub(channel).ReadSegment(
+                        wire.ReadSegmentRequest(
+                            pchannel=pchannel,
+                            segment_id=segment.segment_id,
+                            from_lsn=low,
+                            to_lsn=high,
+                            max_chunk_bytes=chunk_bytes,
+                            with_offsets=True,
+                        ),
+                        timeout=10,
+                    )
+                )
+            assert len(chunks) > 1, "small chunks should split the segment"
+            assert chunks[0].segment_digest == segment.digest
+            assert chunks[0].first_lsn == (low or segment.first_lsn)
+            assert chunks[-1].last_lsn == (high or segment.last_lsn)
+            running = 0
+            for previous, chunk in zip([None, *chunks], chunks, strict=False):
+                if previous is not None:
+                    assert chunk.first_lsn == previous.last_lsn + 1
+                count = chunk.last_lsn - chunk.first_lsn + 1
+                assert crc32c(chunk.frames) == chunk.frames_crc
+                offsets = struct.unpack(f"<{count}Q", chunk.frame_offsets)
+                assert offsets[0] == 0 and list(offsets) == sorted(set(offsets))
+                assert offsets[-1] < len(chunk.frames)
+                # A chunk exceeds the bound only when it is a single frame.
+                assert len(chunk.frames) <= chunk_bytes or count == 1
+                running = crc32c(chunk.frames, running)
+            if not low:
+                assert running == segment.digest

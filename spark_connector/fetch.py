@@ -1,0 +1,373 @@
+"""Executor side: one input partition's rows as Arrow RecordBatches.
+
+What lives here: `read_slice`, which gets the frames of a `SegmentSlice` (the local file
+when `preferLocal` finds a verified copy, else `ReadSegment` from each replica in turn),
+decodes them vectorially (`wal_segments.columnar`: no Python object per row) and applies the
+row filters, and `RowFilter`, the filters a read pushes down.
+
+What must never happen here: a wrong or missing row without an error. Every byte is
+verified before it is decoded: a local file by its block crcs and the committed digest, a
+remote chunk by its crc (computed by the replica from its verified file) and, for a whole
+segment, the committed digest over all chunks. A replica that is down, lacks the segment or
+sends bad bytes is skipped for the next one; when none serves it, the error names the
+pchannel, the segment and what every replica answered.
+
+Transactions: only entries of committed transactions appear. A transaction is written as
+one contiguous batch [begin, body..., commit], so it lies inside one segment; a partition
+that splits a segment emits the transactions whose begin entry falls in its range, and reads
+past its end until their commit. Entries of a transaction without a commit entry (which
+the WAL never seals, but a reader does not rely on that) are not shown.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rpc.protos import streaming_pb2 as wire
+from rpc.protos import streaming_pb2_grpc
+from spark_connector.options import HIDDEN_MSG_TYPES, ReadOptions
+from spark_connector.plan import SegmentSlice, channel, describe, metadata
+from wal_segments import columnar
+from wal_segments.format import TXN_FLAGS, EntryFlags, FormatError, crc32c
+from wal_segments.segment import SegmentCorrupted, SegmentReader, segment_file_name
+
+log = logging.getLogger(__name__)
+
+#: Properties the WAL keeps for idempotent producers; never shown to readers.
+INTERNAL_PROPERTIES = pa.array(["rw.producer", "rw.seq", "rw.count"], pa.string())
+#: Rows fetched per step when a split partition reads on to finish a transaction.
+TXN_TAIL_STEP = 65_536
+CHUNK_BYTES = 8 << 20
+#: What Spark's Python data source path accepts: the declared schema exactly, which has
+#: every top-level field nullable (the data itself has nulls only in txn_id/broadcast_id).
+SPARK_SCHEMA = pa.schema([field.with_nullable(True) for field in columnar.SCHEMA])
+
+
+@dataclass(frozen=True)
+class RowFilter:
+    """Row predicates applied vectorially after decoding (all optional, AND-ed)."""
+
+    vchannel_ids: frozenset[int] | None = None
+    #: allowed message-type codes; None = everything but HIDDEN_MSG_TYPES
+    msg_types: frozenset[int] | None = None
+    min_time_tick: int | None = None  # inclusive
+    max_time_tick: int | None = None  # exclusive
+
+    @staticmethod
+    def from_options(options: ReadOptions, vchannel_ids: Mapping[str, int]) -> RowFilter:
+        return RowFilter(
+            vchannel_ids=(
+                frozenset(vchannel_ids[v] for v in options.vchannels) if options.vchannels else None
+            ),
+            msg_types=options.msg_types,
+            min_time_tick=options.from_time_tick,
+            max_time_tick=options.to_time_tick,
+        )
+
+
+class SegmentUnreadable(RuntimeError):
+    """No replica served a verified copy of a segment."""
+
+
+@dataclass
+class _Frames:
+    """Verified frames of consecutive LSNs: `buffer` holds them, `offsets` (uint64) locate
+    each frame; `lower_bound`/`start_offset` say where frames may start."""
+
+    buffer: pa.Buffer
+    offsets: pa.Array
+    first_lsn: int
+    end_offset: int
+    lower_bound: int
+    start_offset: int | None
+    source: str
+
+    def headers(self) -> columnar.HeaderColumns:
+        try:
+            return columnar.decode_headers(
+                self.buffer,
+                self.offsets,
+                first_lsn=self.first_lsn,
+                lower_bound=self.lower_bound,
+                end_offset=self.end_offset,
+                start_offset=self.start_offset,
+            )
+        except FormatError as error:
+            raise SegmentCorrupted(self.source, error.offset, error.reason) from None
+
+
+# -- fetching -------------------------------------------------------------------------------
+
+
+def _local_frames(part: SegmentSlice, options: ReadOptions, low: int, high: int) -> _Frames | None:
+    """Frames from a local copy whose digest matches the committed one, or None."""
+    for node_id, _ in part.replicas:
+        directory = options.local_data_dirs.get(node_id)
+        if directory is None:
+            continue
+        path = Path(directory) / "wal" / part.pchannel / segment_file_name(part.segment_id)
+        if not path.exists():
+            continue
+        try:
+            reader = SegmentReader.open(path)
+        except (OSError, SegmentCorrupted) as error:
+            log.warning("%s: local copy %s unusable (%s); trying others", part.label, path, error)
+            continue
+        if (
+            reader.digest != part.digest
+            or reader.first_lsn != part.first_lsn
+            or reader.last_lsn != part.last_lsn
+        ):
+            log.warning("%s: local copy %s differs from the committed digest", part.label, path)
+            reader.close()
+            continue
+        start = low - reader.first_lsn
+        stop = high - reader.first_lsn + 1
+        offsets = reader.frame_offsets()
+        end = reader.data_end if stop >= reader.entry_count else int(offsets[stop])
+        offsets.release()
+        return _Frames(
+            buffer=reader.buffer,
+            offsets=reader.index.slice(start, stop - start),
+            first_lsn=low,
+            end_offset=end,
+            lower_bound=reader.header_len,
+            start_offset=reader.header_len if start == 0 else None,
+            source=f"{path} (node {node_id})",
+        )
+    return None
+
+
+def _remote_frames(
+    part: SegmentSlice, options: ReadOptions, low: int, high: int, failures: list[str]
+) -> _Frames | None:
+    """Frames from the first replica that serves them verified; failures are appended."""
+    # Spread whole-segment reads over the replicas instead of all hitting the first one.
+    count = len(part.replicas)
+    start = part.segment_id % count
+    order = part.replicas[start:] + part.replicas[:start]
+    whole = low == part.first_lsn and high == part.last_lsn
+    for node_id, address in order:
+        name = f"replica {node_id} ({address})"
+        try:
+            with channel(address, options) as chan:
+                stub = streaming_pb2_grpc.StreamingNodeStub(chan)
+                stream = stub.ReadSegment(
+                    wire.ReadSegmentRequest(
+                        pchannel=part.pchannel,
+                        segment_id=part.segment_id,
+                        from_lsn=low,
+                        to_lsn=high,
+                        max_chunk_bytes=CHUNK_BYTES,
+                        with_offsets=True,
+                    ),
+                    timeout=options.timeout_s,
+                    metadata=metadata(options),
+                )
+                frames: list[bytes] = []
+                offset_parts: list[pa.Array] = []
+                size = 0
+                running = 0
+                expected_lsn = low
+                problem = None
+                for index, chunk in enumerate(stream):
+                    if index == 0 and chunk.segment_digest != part.digest:
+                        problem = (
+                            f"digest {chunk.segment_digest:#010x} differs from the committed "
+                            f"{part.digest:#010x}"
+                        )
+                        break
+                    n = chunk.last_lsn - chunk.first_lsn + 1
+                    if (
+                        chunk.first_lsn != expected_lsn
+                        or n < 1
+                        or len(chunk.frame_offsets) != 8 * n
+                    ):
+                        problem = f"chunk at lsn {chunk.first_lsn} out of sequence or malformed"
+                        break
+                    if crc32c(chunk.frames) != chunk.frames_crc:
+                        problem = f"chunk at lsn {chunk.first_lsn} failed its crc in transfer"
+                        break
+                    if whole:
+                        running = crc32c(chunk.frames, running)
+                    relative = pa.Array.from_buffers(
+                        pa.uint64(), n, [None, pa.py_buffer(chunk.frame_offsets)]
+                    )
+                    offset_parts.append(pc.add(relative, pa.scalar(size, pa.uint64())))
+                    frames.append(chunk.frames)
+                    size += len(chunk.frames)
+                    expected_lsn = chunk.last_lsn + 1
+                if problem is None and expected_lsn != high + 1:
+                    problem = f"stream ended at lsn {expected_lsn - 1}, expected {high}"
+                if problem is None and whole and running != part.digest:
+                    problem = (
+                        f"bytes hash to {running:#010x}, not the committed digest "
+                        f"{part.digest:#010x}"
+                    )
+                if problem is not None:
+                    failures.append(f"{name}: {problem}")
+                    continue
+        except grpc.RpcError as error:
+            failures.append(f"{name}: {describe(error)}")
+            continue
+        buffer = pa.py_buffer(b"".join(frames))
+        if buffer.address % 8:
+            aligned = pa.allocate_buffer(buffer.size)
+            memoryview(aligned).cast("B")[:] = memoryview(buffer).cast("B")
+            buffer = aligned
+        return _Frames(
+            buffer=buffer,
+            offsets=pa.concat_arrays(offset_parts),
+            first_lsn=low,
+            end_offset=size,
+            lower_bound=0,
+            start_offset=0,
+            source=f"{part.label} from {name}",
+        )
+    return None
+
+
+def _frames(part: SegmentSlice, options: ReadOptions, low: int, high: int) -> _Frames:
+    if options.prefer_local:
+        local = _local_frames(part, options, low, high)
+        if local is not None:
+            return local
+    failures: list[str] = []
+    remote = _remote_frames(part, options, low, high, failures)
+    if remote is None:
+        raise SegmentUnreadable(
+            f"{part.label} (lsn {low}..{high}) could not be read from any replica: "
+            + "; ".join(failures)
+        )
+    return remote
+
+
+# -- decoding and filtering -----------------------------------------------------------------
+
+
+def _hide_internal_properties(batch: pa.RecordBatch) -> pa.RecordBatch:
+    properties = batch.column("properties")
+    keys = properties.keys
+    if len(keys) == 0:
+        return batch
+    keep = pc.invert(pc.is_in(keys, value_set=INTERNAL_PROPERTIES))
+    if pc.all(keep).as_py():
+        return batch
+    kept_before = pa.concat_arrays(
+        [pa.array([0], pa.int32()), pc.cumulative_sum(keep.cast(pa.int32()))]
+    )
+    old_offsets = properties.offsets
+    if properties.offset:
+        old_offsets = pc.subtract(old_offsets, old_offsets[0])
+    new_offsets = pc.take(kept_before, old_offsets)
+    rebuilt = pa.MapArray.from_arrays(
+        new_offsets,
+        pc.filter(keys, keep),
+        pc.filter(properties.items, keep),
+        type=properties.type,
+    )
+    index = batch.schema.get_field_index("properties")
+    return batch.set_column(index, batch.schema.field(index), rebuilt)
+
+
+def _u64(value: int) -> pa.Scalar:
+    return pa.scalar(value, pa.uint64())
+
+
+def _mask(
+    headers: columnar.HeaderColumns, row_filter: RowFilter, high: int
+) -> tuple[pa.Array, bool]:
+    """(rows to keep, whether the frames end inside an unfinished transaction)."""
+    lsn = headers.lsn
+    keep = pc.less_equal(lsn, pa.scalar(high, pa.int64()))
+    txn_bits = pc.bit_wise_and(headers.flags, _u64(TXN_FLAGS))
+    unfinished = False
+    if pc.max(txn_bits).as_py():
+        # Transactions whose begin lies in this partition's range, and that commit in the
+        # frames at hand (a split partition reads on until they do).
+        begins = pc.filter(
+            headers.txn_id,
+            pc.and_(pc.equal(txn_bits, _u64(int(EntryFlags.TXN_BEGIN))), keep),
+        )
+        commits = pc.filter(headers.txn_id, pc.equal(txn_bits, _u64(int(EntryFlags.TXN_COMMIT))))
+        committed = pc.filter(begins, pc.is_in(begins, value_set=commits))
+        unfinished = len(committed) < len(begins)
+        in_txn = pc.not_equal(txn_bits, _u64(0))
+        keep = pc.if_else(in_txn, pc.is_in(headers.txn_id, value_set=committed), keep)
+    if row_filter.msg_types is not None:
+        allowed = pa.array(sorted(row_filter.msg_types), pa.uint64())
+        keep = pc.and_(keep, pc.is_in(headers.msg_type, value_set=allowed))
+    else:
+        hidden = pa.array(sorted(HIDDEN_MSG_TYPES), pa.uint64())
+        keep = pc.and_(keep, pc.invert(pc.is_in(headers.msg_type, value_set=hidden)))
+    if row_filter.vchannel_ids is not None:
+        ids = pa.array(sorted(row_filter.vchannel_ids), pa.int64())
+        keep = pc.and_(keep, pc.is_in(headers.vchannel_id, value_set=ids))
+    if row_filter.min_time_tick is not None:
+        keep = pc.and_(
+            keep,
+            pc.greater_equal(headers.time_tick, pa.scalar(row_filter.min_time_tick, pa.int64())),
+        )
+    if row_filter.max_time_tick is not None:
+        keep = pc.and_(
+            keep, pc.less(headers.time_tick, pa.scalar(row_filter.max_time_tick, pa.int64()))
+        )
+    return keep, unfinished
+
+
+def read_slice(
+    part: SegmentSlice,
+    options: ReadOptions,
+    vchannel_names: Mapping[int, str],
+    row_filter: RowFilter,
+) -> Iterator[pa.RecordBatch]:
+    """The partition's rows, filtered, as RecordBatches of `columnar.SCHEMA`."""
+    started = time.monotonic()
+    high = part.to_lsn
+    fetch_high = high
+    while True:
+        frames = _frames(part, options, part.from_lsn, fetch_high)
+        headers = frames.headers()
+        keep, unfinished = _mask(headers, row_filter, high)
+        if not unfinished or fetch_high >= part.last_lsn:
+            break
+        # A transaction begun in range commits further on: read on (bounded by the segment).
+        fetch_high = min(part.last_lsn, fetch_high + TXN_TAIL_STEP)
+    if unfinished:
+        # The WAL never seals a transaction without its commit; if a segment holds one
+        # anyway, it is not committed and stays invisible, as it would to a consumer.
+        log.warning("%s: a transaction begun by lsn %d has no commit; not shown", part.label, high)
+    try:
+        batch = columnar.to_record_batch(
+            frames.buffer,
+            headers,
+            pchannel=part.pchannel,
+            segment_id=part.segment_id,
+            vchannel_names=vchannel_names,
+            source=frames.source,
+        )
+    except FormatError as error:
+        raise SegmentCorrupted(frames.source, error.offset, error.reason) from None
+    if not pc.all(keep).as_py():
+        batch = batch.filter(keep)
+    batch = _hide_internal_properties(batch)
+    batch = pa.RecordBatch.from_arrays(batch.columns, schema=SPARK_SCHEMA)
+    log.debug(
+        "%s lsn %d..%d: %d rows from %s in %.3f s",
+        part.label,
+        part.from_lsn,
+        high,
+        batch.num_rows,
+        frames.source,
+        time.monotonic() - started,
+    )
+    if batch.num_rows:
+        yield batch

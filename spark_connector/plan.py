@@ -1,0 +1,217 @@
+"""Driver side: read the committed manifest once and cut it into input partitions.
+
+What lives here: `SegmentSlice` (one input partition: a committed segment, or an LSN range
+of a large one, with the replicas that hold it), `Snapshot` (the manifest at one revision,
+the vchannel names and the node addresses) and `plan`, which prunes segments by the read's
+pchannels, LSN and time-tick bounds and splits the rest by `maxRecordsPerPartition`.
+
+What must never happen here: a silent gap. A read at a revision whose segments retention
+removed fails (COMPACTED from the cluster); a read is one consistent revision, never a mix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+
+from rpc.errors import code_name, from_rpc_error
+from rpc.protos import coordination_pb2 as pb
+from rpc.protos import coordinator_pb2 as api
+from rpc.protos import coordinator_pb2_grpc
+from spark_connector.options import ReadOptions
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SegmentSlice:
+    """One input partition (pickled per task: keep it small)."""
+
+    pchannel: str
+    segment_id: int
+    #: the segment as committed
+    first_lsn: int
+    last_lsn: int
+    digest: int
+    #: this partition's inclusive LSN range inside the segment
+    from_lsn: int
+    to_lsn: int
+    #: (node_id, grpc address) of every replica holding the segment
+    replicas: tuple[tuple[str, str], ...]
+
+    @property
+    def whole(self) -> bool:
+        return self.from_lsn == self.first_lsn and self.to_lsn == self.last_lsn
+
+    @property
+    def label(self) -> str:
+        return f"pchannel {self.pchannel} segment {self.segment_id}"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    revision: int
+    segments: tuple[pb.Segment, ...]
+    vchannel_names: Mapping[int, str]
+    vchannel_ids: Mapping[str, int]
+    #: vchannel name -> its pchannel (dropped vchannels included)
+    vchannel_pchannels: Mapping[str, str]
+    addresses: Mapping[str, str]
+
+
+class ConnectorError(RuntimeError):
+    """A read that cannot be served as asked (the message says which part and why)."""
+
+
+def channel(endpoint: str, options: ReadOptions) -> grpc.Channel:
+    settings = [("grpc.max_receive_message_length", 64 << 20)]
+    if options.tls_ca_file:
+        with open(options.tls_ca_file, "rb") as handle:
+            credentials = grpc.ssl_channel_credentials(root_certificates=handle.read())
+        return grpc.secure_channel(endpoint, credentials, options=settings)
+    return grpc.insecure_channel(endpoint, options=settings)
+
+
+def metadata(options: ReadOptions) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {options.token}"),) if options.token else ()
+
+
+def describe(error: grpc.RpcError) -> str:
+    info = from_rpc_error(error)
+    return f"{code_name(info.code)}: {info.message}"
+
+
+def _retryable(error: grpc.RpcError) -> bool:
+    return error.code() in (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNKNOWN,
+    )
+
+
+def _on_any(options: ReadOptions, call: Callable[[coordinator_pb2_grpc.CoordinatorStub], T]) -> T:
+    """`call` on the first endpoint that answers; a definite error (not an outage) is
+    raised at once, since another node would answer the same."""
+    failures: list[str] = []
+    for endpoint in options.endpoints:
+        with channel(endpoint, options) as chan:
+            try:
+                return call(coordinator_pb2_grpc.CoordinatorStub(chan))
+            except grpc.RpcError as error:
+                if not _retryable(error):
+                    raise ConnectorError(f"{endpoint}: {describe(error)}") from None
+                failures.append(f"{endpoint}: {describe(error)}")
+    raise ConnectorError("no endpoint answered: " + "; ".join(failures))
+
+
+def snapshot(options: ReadOptions) -> Snapshot:
+    """The committed manifest at one revision (`asOfRevision`, or the current one)."""
+    meta = metadata(options)
+    timeout = options.timeout_s
+
+    def list_segments(stub: coordinator_pb2_grpc.CoordinatorStub) -> Any:
+        return stub.ListSegments(
+            api.ListSegmentsRequest(
+                pchannels=sorted(options.pchannels or ()), as_of_revision=options.as_of_revision
+            ),
+            timeout=timeout,
+            metadata=meta,
+        )
+
+    def list_channels(stub: coordinator_pb2_grpc.CoordinatorStub) -> Any:
+        return stub.ListChannels(
+            api.ListChannelsRequest(include_dropped=True), timeout=timeout, metadata=meta
+        )
+
+    def cluster(stub: coordinator_pb2_grpc.CoordinatorStub) -> Any:
+        return stub.ClusterStatus(api.ClusterStatusRequest(), timeout=timeout, metadata=meta)
+
+    listed = _on_any(options, list_segments)
+    channels = _on_any(options, list_channels)
+    status = _on_any(options, cluster)
+    names = {v.id: v.name for v in channels.vchannels}
+    if options.pchannels:
+        known = {p.name for p in channels.pchannels}
+        missing = sorted(options.pchannels - known)
+        if missing:
+            raise ConnectorError(f"unknown pchannel(s) {', '.join(missing)}")
+    if options.vchannels:
+        missing = sorted(options.vchannels - set(names.values()))
+        if missing:
+            raise ConnectorError(f"unknown vchannel(s) {', '.join(missing)}")
+    return Snapshot(
+        revision=listed.revision,
+        segments=tuple(listed.segments),
+        vchannel_names=names,
+        vchannel_ids={name: vid for vid, name in names.items()},
+        vchannel_pchannels={v.name: v.pchannel for v in channels.vchannels},
+        addresses={n.node_id: n.address for n in status.nodes},
+    )
+
+
+def _pchannels_of(options: ReadOptions, snap: Snapshot) -> set[str] | None:
+    wanted: set[str] | None = set(options.pchannels) if options.pchannels else None
+    if options.vchannels:
+        by_vchannel = {snap.vchannel_pchannels[v] for v in options.vchannels}
+        wanted = by_vchannel if wanted is None else wanted & by_vchannel
+    return wanted
+
+
+def plan(
+    options: ReadOptions,
+    snap: Snapshot,
+    *,
+    lsn_bounds: Callable[[str], tuple[int | None, int | None]] | None = None,
+    tick_bounds: tuple[int | None, int | None] = (None, None),
+) -> list[SegmentSlice]:
+    """Input partitions for `snap`, pruned by pchannels/vchannels, LSN bounds (half-open,
+    per pchannel) and time-tick bounds (half-open)."""
+    wanted = _pchannels_of(options, snap)
+    bounds = lsn_bounds or options.lsn_bounds
+    low_tick, high_tick = tick_bounds
+    slices: list[SegmentSlice] = []
+    for segment in snap.segments:
+        if wanted is not None and segment.pchannel not in wanted:
+            continue
+        low, high = bounds(segment.pchannel)
+        first = max(segment.first_lsn, low or 1)
+        last = min(segment.last_lsn, (high - 1) if high is not None else segment.last_lsn)
+        if first > last:
+            continue
+        if low_tick is not None and segment.last_time_tick < low_tick:
+            continue
+        if high_tick is not None and segment.first_time_tick >= high_tick:
+            continue
+        replicas = tuple(
+            (node_id, snap.addresses[node_id])
+            for node_id in segment.replica_node_ids
+            if node_id in snap.addresses
+        )
+        if not replicas:
+            raise ConnectorError(
+                f"pchannel {segment.pchannel} segment {segment.segment_id}: no known address "
+                f"for its replicas {list(segment.replica_node_ids)}"
+            )
+        step = options.max_records_per_partition
+        for start in range(first, last + 1, step):
+            slices.append(
+                SegmentSlice(
+                    pchannel=segment.pchannel,
+                    segment_id=segment.segment_id,
+                    first_lsn=segment.first_lsn,
+                    last_lsn=segment.last_lsn,
+                    digest=segment.digest,
+                    from_lsn=start,
+                    to_lsn=min(last, start + step - 1),
+                    replicas=replicas,
+                )
+            )
+    return slices
+
+
+def count_rows(slices: Iterable[SegmentSlice]) -> int:
+    return sum(s.to_lsn - s.from_lsn + 1 for s in slices)
