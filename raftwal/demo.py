@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import tempfile
 import time
@@ -101,7 +102,7 @@ def _wait_assigned(client: _Client, names: list[str], timeout_s: float) -> list[
         time.sleep(0.2)
 
 
-async def _wal_demo(console: Console, cluster: dev.LocalCluster) -> None:
+async def _wal_demo(console: Console, cluster: dev.LocalCluster) -> dict[bytes, int]:
     """Produce to `orders` one message at a time (the SDK batches them), kill -9 the owner
     of its pchannel in the middle, keep producing, then consume everything from the
     beginning and check it against what was acknowledged."""
@@ -157,6 +158,86 @@ async def _wal_demo(console: Console, cluster: dev.LocalCluster) -> None:
         if lost:
             raise AssertionError(f"acknowledged messages missing: {lost[:5]}")
     cluster.start_node(owner)
+    return acked
+
+
+def _spark_demo(
+    console: Console, client: _Client, cluster: dev.LocalCluster, acked: dict[bytes, int]
+) -> None:
+    """Read the committed segments with Spark at one revision and check the `orders` rows
+    against the acknowledged messages those segments cover."""
+    from pyspark.sql import functions as F
+
+    import spark_connector
+    from raftwal.cli_spark import session
+
+    # Sealed segments are committed through Raft just after their seal: wait until the
+    # manifest stops growing (bounded), then read exactly that revision.
+    deadline = time.monotonic() + 15
+    previous, stable_since = -1, time.monotonic()
+    while True:
+        listed = client.call("ListSegments", api.ListSegmentsRequest(pchannels=["wal_0"]))
+        count = len(listed.segments)
+        if count != previous:
+            previous, stable_since = count, time.monotonic()
+        if time.monotonic() - stable_since >= 1.0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    through = max((s.last_lsn for s in listed.segments), default=0)
+    started = time.monotonic()
+    spark = session("local[2]", "raftwal demo")
+    try:
+        console.print(f"SparkSession local[2] up in {time.monotonic() - started:.1f} s")
+        spark_connector.register(spark)
+        df = (
+            spark.read.format("raftwal")
+            .option("endpoints", ",".join(cluster.endpoints))
+            .option("asOfRevision", str(listed.revision))
+            .load()
+        )
+        started = time.monotonic()
+        summary = (
+            df.groupBy("vchannel", "msg_type")
+            .agg(
+                F.count(F.lit(1)).alias("rows"),
+                F.countDistinct("segment_id").alias("segments"),
+                F.min("lsn").alias("first_lsn"),
+                F.max("lsn").alias("last_lsn"),
+            )
+            .orderBy("vchannel", "msg_type")
+            .collect()
+        )
+        table = Table(title=f"committed segments at revision {listed.revision}, read by Spark")
+        for column in ("vchannel", "msg_type", "rows", "segments", "lsns"):
+            table.add_column(column)
+        for row in summary:
+            table.add_row(
+                row.vchannel,
+                row.msg_type,
+                f"{row.rows:,}",
+                str(row.segments),
+                f"{row.first_lsn}..{row.last_lsn}",
+            )
+        console.print(table)
+        orders = {
+            bytes(r.payload): r.lsn
+            for r in df.where("vchannel = 'orders' AND msg_type = 'message'")
+            .select("payload", "lsn")
+            .collect()
+        }
+        expected = {p: lsn for p, lsn in acked.items() if lsn <= through}
+        console.print(
+            f"orders: {len(orders):,} rows in {time.monotonic() - started:.1f} s, exactly the "
+            f"{len(expected):,} acknowledged messages up to lsn {through} (the segments "
+            "committed so far; the open segment is not read)"
+        )
+        if orders != expected:
+            missing = len(set(expected) - set(orders))
+            raise AssertionError(
+                f"Spark rows differ from the acknowledged messages ({missing} missing)"
+            )
+    finally:
+        spark.stop()
 
 
 def run_cluster_demo(directory: Path | None = None) -> int:
@@ -167,7 +248,11 @@ def run_cluster_demo(directory: Path | None = None) -> int:
         directory = Path(temp.name)
     console.rule("raftwal: three nodes on 127.0.0.1")
     started = time.monotonic()
-    cluster = dev.up(directory, 3, timeout_s=60)
+    # Small segments, so that the demo's few thousand messages fill several and Spark has
+    # committed segments to read (the default is 64 MiB).
+    environ = dict(os.environ)
+    environ.setdefault("RAFTWAL_SEGMENT_MAX_BYTES", str(64 * 1024))
+    cluster = dev.up(directory, 3, timeout_s=60, env=environ)
     client = _Client(cluster.endpoints)
     try:
         status = client.call("ClusterStatus", api.ClusterStatusRequest())
@@ -232,7 +317,7 @@ def run_cluster_demo(directory: Path | None = None) -> int:
         )
 
         console.rule("the WAL: produce, kill -9 the owner mid-produce, consume")
-        asyncio.run(_wal_demo(console, cluster))
+        acked = asyncio.run(_wal_demo(console, cluster))
 
         console.rule("kill -9 the Raft leader during writes")
         leader = client.call("ClusterStatus", api.ClusterStatusRequest()).leader_node_id
@@ -311,6 +396,9 @@ def run_cluster_demo(directory: Path | None = None) -> int:
             f"WatchEvents from revision 1 replays {count} events: "
             + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])[:6])
         )
+
+        console.rule("Spark reads the committed segments (spark.read.format('raftwal'))")
+        _spark_demo(console, client, cluster, acked)
     finally:
         client.close()
         cluster.stop_all()
