@@ -795,9 +795,15 @@ def encode_footer(
         summary.digest,
         0,
     )
-    index = array("Q", frame_offsets)
+    # Offsets are non-negative, so a signed 64-bit index has the same bytes: no copy.
+    index = (
+        frame_offsets
+        if isinstance(frame_offsets, array) and frame_offsets.typecode in ("q", "Q")
+        else array("Q", frame_offsets)
+    )
     crcs = array("I", block_crcs)
     if struct.pack("=I", 1) != struct.pack("<I", 1):  # pragma: no cover - big-endian hosts
+        index = array("Q", index)
         index.byteswap()
         crcs.byteswap()
     body = fixed + index.tobytes() + crcs.tobytes()
