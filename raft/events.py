@@ -15,6 +15,7 @@ The Raft log is compacted by snapshots; the event store keeps the history beyond
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import threading
@@ -227,6 +228,14 @@ class EventStore:
     def count(self) -> int:
         with self._lock:
             return int(self._conn.execute("SELECT COUNT(*) FROM events").fetchone()[0])
+
+    def size_bytes(self) -> int:
+        """Bytes of events.db on disk, its SQLite write-ahead log included (for metrics)."""
+        total = 0
+        for path in (self._path, self._path.with_name(f"{self._path.name}-wal")):
+            with contextlib.suppress(FileNotFoundError):
+                total += path.stat().st_size
+        return total
 
     def read(self, from_revision: int, limit: int = 1000) -> list[pb.Event]:
         """Up to `limit` events with revision >= from_revision, in order."""

@@ -1,16 +1,61 @@
 """The ``raftwal`` command line: argparse front end, human output with rich, ``--json`` for
 machines. Each sub-command lives in its own module and registers itself here.
+
+Logging is set up here for every command: ``--log-level`` and ``--log-format`` (``text``,
+the default, or ``json``: one object per line with ts, level, logger, message, node_id in
+a node process, and exc_info as a string; default from ``RAFTWAL_LOG_FORMAT``). Python
+warnings go through logging too, so that a JSON log holds nothing but JSON lines.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 from raftwal import __version__
+
+LOG_FORMATS = ("text", "json")
+LOG_FORMAT_ENV = "RAFTWAL_LOG_FORMAT"
+TEXT_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per record: ts (UTC, ISO 8601, ms), level, logger, message, node_id
+    (when the process is a node), exc_info and stack_info (formatted, when present)."""
+
+    def __init__(self, node_id: str | None = None) -> None:
+        super().__init__()
+        self._node_id = node_id
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, str] = {
+            "ts": datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if self._node_id is not None:
+            entry["node_id"] = self._node_id
+        if record.exc_info:
+            entry["exc_info"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            entry["stack_info"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_logging(level: str, log_format: str, node_id: str | None = None) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        JsonLogFormatter(node_id) if log_format == "json" else logging.Formatter(TEXT_LOG_FORMAT)
+    )
+    logging.basicConfig(level=level.upper(), handlers=[handler])
+    logging.captureWarnings(True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"raftwal {__version__}")
     parser.add_argument(
         "--log-level", default="WARNING", help="logging level (DEBUG, INFO, WARNING, ...)"
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=os.environ.get(LOG_FORMAT_ENV, "text"),
+        help=f"log lines as text or as JSON objects (default: ${LOG_FORMAT_ENV}, else text); "
+        "`dev up` passes it on to the nodes",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -87,20 +139,26 @@ def _run_node(args: argparse.Namespace) -> int:
 
 
 def _dev_up(args: argparse.Namespace) -> int:
-    import json
-
     from raftwal import dev
 
     if not 1 <= args.nodes <= 9:
         print(f"error: invalid --nodes ({args.nodes}; expected 1..9)", file=sys.stderr)
         return 2
+    env = dict(os.environ)
+    env[LOG_FORMAT_ENV] = args.log_format
     try:
-        cluster = dev.up(args.dir, args.nodes, args.timeout_s)
+        cluster = dev.up(args.dir, args.nodes, args.timeout_s, env=env)
     except (RuntimeError, TimeoutError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     members = [
-        {"id": n.id, "grpc": n.grpc_address, "raft": n.raft_address, "pid": cluster.pid(n.id)}
+        {
+            "id": n.id,
+            "grpc": n.grpc_address,
+            "raft": n.raft_address,
+            "metrics": f"http://{n.host}:{n.metrics_port}/metrics" if n.metrics_port else None,
+            "pid": cluster.pid(n.id),
+        }
         for n in cluster.config.nodes
     ]
     if args.json:
@@ -109,7 +167,8 @@ def _dev_up(args: argparse.Namespace) -> int:
         print(f"raftwal dev cluster up ({len(members)} nodes, state in {cluster.directory})")
         for member in members:
             print(
-                f"  {member['id']}  grpc {member['grpc']}  raft {member['raft']}  pid {member['pid']}"
+                f"  {member['id']}  grpc {member['grpc']}  raft {member['raft']}  "
+                f"metrics {member['metrics'] or '-'}  pid {member['pid']}"
             )
         print(f"endpoints: {','.join(m['grpc'] for m in members)}")
     return 0
@@ -126,9 +185,12 @@ def _dev_down(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    if args.log_format not in LOG_FORMATS:
+        # Only the environment default can get here (argparse checks the flag's value).
+        parser.error(
+            f"invalid ${LOG_FORMAT_ENV} ({args.log_format!r}; expected {' or '.join(LOG_FORMATS)})"
+        )
+    configure_logging(args.log_level, args.log_format, args.id if args.command == "node" else None)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

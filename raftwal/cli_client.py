@@ -33,10 +33,13 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.message import Message
 from rich.console import Console
+from rich.markup import escape
+from rich.panel import Panel
 from rich.table import Table
 
 from rpc.client import CoordinatorClient, RaftwalError
 from rpc.protos import coordination_pb2 as pb
+from rpc.protos import coordinator_pb2 as api
 from rpc.protos import streaming_pb2 as wire
 from rpc.streaming_client import Consumer, Position, Producer, StreamingClient, list_segments
 
@@ -313,6 +316,12 @@ async def _status(args: argparse.Namespace, client: CoordinatorClient, target: T
         _print_json(data)
         return 0
     console = _console()
+    if status.warnings:
+        console.print(
+            f"[bold red]UNHEALTHY[/]: {len(status.warnings)} warning(s), listed at the end"
+        )
+    else:
+        console.print("[bold green]healthy[/]: no warnings")
     console.print(
         f"leader [bold]{status.leader_node_id or '-'}[/] ({status.leader_address or 'unknown'})"
         f"  revision {status.revision}  leases {status.leases}  locks {status.locks}"
@@ -354,9 +363,43 @@ async def _status(args: argparse.Namespace, client: CoordinatorClient, target: T
         )
     console.print(nodes)
     console.print(_pchannel_table(status.pchannels))
-    for warning in status.warnings:
-        console.print(f"[yellow]warning:[/] {warning}", markup=True)
+    replication = _replication_table(status.members)
+    if replication.row_count:
+        console.print(replication)
+    if status.warnings:
+        console.print(
+            Panel(
+                "\n".join(f"[bold red]![/] {escape(w)}" for w in status.warnings),
+                title=f"[bold red]{len(status.warnings)} warning(s)[/]",
+                border_style="red",
+                title_align="left",
+                expand=False,
+            )
+        )
     return 0
+
+
+def _replication_table(members: Sequence[api.MemberStatus]) -> Table:
+    """One row per (owned pchannel, replica): where each replica is as its owner sees it."""
+    table = Table(title="replication (as each owner sees it)")
+    for column in ("pchannel", "owner", "term", "state", "committed", "replica", "durable"):
+        table.add_column(column)
+    table.add_column("behind")
+    for member in members:
+        for owner in member.owners:
+            for replica in owner.replicas:
+                behind = max(0, owner.committed_lsn - replica.durable_lsn)
+                table.add_row(
+                    owner.pchannel,
+                    member.node_id,
+                    str(owner.term),
+                    owner.state if owner.state == "serving" else f"[yellow]{owner.state}[/]",
+                    str(owner.committed_lsn),
+                    replica.node_id,
+                    str(replica.durable_lsn),
+                    str(behind) if not behind else f"[yellow]{behind}[/]",
+                )
+    return table
 
 
 def _pchannel_table(pchannels: Sequence[pb.PChannel]) -> Table:

@@ -10,6 +10,7 @@ id = "n1"
 host = "127.0.0.1"
 grpc_port = 7201
 raft_port = 7301
+metrics_port = 9201                   # Prometheus /metrics on host (0 or absent: off)
 data_dir = "/var/lib/raftwal/n1"
 ```
 
@@ -83,6 +84,9 @@ class ClusterConfig:
     # The owner seals the open segment past this size or age.
     segment_max_bytes: int = 64 * 1024 * 1024
     segment_max_age_ms: int = 600_000
+    # ClusterStatus flags a replica whose durable LSN is this many entries behind its
+    # owner's committed LSN (a healthy replica under load stays within a few batches).
+    replica_lag_warn_entries: int = 10_000
     extra: Mapping[str, object] = field(default_factory=dict)
 
     def node(self, node_id: str) -> NodeConfig:

@@ -173,6 +173,12 @@ class Coordinator:
                     "node %s silent for %.1f s: marking it DOWN", node_id, now - beat.seen_at
                 )
                 await self._propose(mark_node_down=pb.MarkNodeDown(node_id=node_id))
+                # Only a heartbeat after this one registers it again (and counts it live):
+                # the last one, before it went silent, must not undo the verdict.
+                self._heartbeats[node_id] = _Heartbeat(
+                    address="", incarnation=0, seen_at=beat.seen_at
+                )
+                self._suspected.pop(node_id, None)
 
         # 2. Leases and broadcasts, judged by the leader's wall clock.
         wall_ms = int(time.time() * 1000)
@@ -279,6 +285,7 @@ class Coordinator:
                 work.add_done_callback(self._broadcast_tasks.discard)
 
     def _broadcast_failed(self, key: tuple[int, str], error: str, now: float) -> None:
+        self._node.metrics.broadcast_delivery_failures.inc()
         count = self.broadcast_failures.get(key, (0, ""))[0] + 1
         self.broadcast_failures[key] = (count, error[:200])
         delay = min(BROADCAST_RETRY_MAX_S, BROADCAST_RETRY_MIN_S * 2 ** min(count, 10))

@@ -1,8 +1,9 @@
 """A local cluster on loopback for trying raftwal and for tests: ``raftwal dev up|down``.
 
-``up`` picks free ports on 127.0.0.1, writes ``<dir>/raftwal.toml`` (and a random Raft
-transport secret in ``<dir>/secret``, mode 0600) and starts one
-``raftwal node`` process per node in the background (logs in ``<dir>/<id>.log``), waits
+``up`` picks free ports on 127.0.0.1 (gRPC, Raft and Prometheus metrics per node), writes
+``<dir>/raftwal.toml`` (and a random Raft transport secret in ``<dir>/secret``, mode 0600)
+and starts one ``raftwal node`` process per node in the background (logs in
+``<dir>/<id>.log``, in the format ``RAFTWAL_LOG_FORMAT`` names: text or json), waits
 until a leader is elected and every node is registered, and records the members with
 their pids in ``<dir>/cluster.json`` (which the other CLI commands read for their default
 endpoints). ``down`` stops those processes by pid (SIGTERM, then SIGKILL after a grace
@@ -76,6 +77,8 @@ class LocalCluster:
             "raftwal.cli",
             "--log-level",
             self.env.get("RAFTWAL_LOG_LEVEL", "INFO"),
+            "--log-format",
+            self.env.get("RAFTWAL_LOG_FORMAT", "text"),
             "node",
             "--config",
             str(self.directory / CONFIG_FILE),
@@ -128,6 +131,7 @@ class LocalCluster:
                 "id": node.id,
                 "grpc": node.grpc_address,
                 "raft": node.raft_address,
+                "metrics_port": node.metrics_port,
                 "pid": self.pid(node.id),
                 "data_dir": str(node.data_dir),
             }
@@ -137,13 +141,14 @@ class LocalCluster:
 
 
 def make_config(directory: Path, nodes: int, host: str = "127.0.0.1") -> ClusterConfig:
-    ports = free_ports(nodes * 2, host)
+    ports = free_ports(nodes * 3, host)
     members = tuple(
         NodeConfig(
             id=f"n{k + 1}",
             host=host,
-            grpc_port=ports[2 * k],
-            raft_port=ports[2 * k + 1],
+            grpc_port=ports[3 * k],
+            raft_port=ports[3 * k + 1],
+            metrics_port=ports[3 * k + 2],
             data_dir=(directory / f"n{k + 1}").resolve(),
         )
         for k in range(nodes)

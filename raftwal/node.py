@@ -2,8 +2,9 @@
 
 ``Node`` wires the Raft peer (``raft.peer.RaftPeer``) to the coordination replica
 (``raft.replica.CoordinationReplica``), serves the gRPC services (Coordinator, NodeManager,
-Cluster, health, reflection) on ``grpc_port``, heartbeats the Raft leader, and runs the
-coordinator loop while it leads. It implements ``rpc.coordinator_servicer.
+Cluster, health, reflection) on ``grpc_port``, heartbeats the Raft leader, runs the
+coordinator loop while it leads, and serves Prometheus metrics on ``metrics_port`` when one
+is configured (``raftwal.metrics``). It implements ``rpc.coordinator_servicer.
 CoordinationBackend`` for the public servicer:
 
 - ``propose`` stamps the request id and the proposer's wall time, proposes through the
@@ -35,6 +36,7 @@ from raft.replica import CoordinationReplica
 from raftwal.config import ClusterConfig, NodeConfig, check_transport_security
 from raftwal.coordinator import Coordinator
 from raftwal.internal import ClusterServicer, NodeManagerServicer
+from raftwal.metrics import NodeMetrics
 from raftwal.proposals import ProposalBatcher
 from raftwal.streaming import (
     GrpcReplicaTransport,
@@ -49,7 +51,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2, streaming_pb2_grpc
 from wal_segments.fsync_policy import parse_fsync_policy
-from wal_segments.owner import OwnerConfig
+from wal_segments.owner import ChannelOwner, OwnerConfig
 from wal_segments.plane import DataPlane
 
 log = logging.getLogger(__name__)
@@ -112,6 +114,7 @@ class Node:
         data_dir = self.me.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         self.replica = CoordinationReplica(data_dir)
+        self.metrics = NodeMetrics(self)
         self.notifier = AppliedNotifier()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -136,6 +139,7 @@ class Node:
             transport=GrpcReplicaTransport(self),
             proposer=self.data_view,
             view=self.data_view,
+            observer=self.metrics,
         )
 
     # -- lifecycle --------------------------------------------------------------------
@@ -203,6 +207,8 @@ class Node:
         for name in ("", *SERVICE_NAMES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._health = health_servicer
+        if self.me.metrics_port:
+            self.metrics.serve(self.me.host, self.me.metrics_port)
         self._tasks = [
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(self.coordinator.run(), name="coordinator"),
@@ -236,6 +242,7 @@ class Node:
 
     async def stop(self) -> None:
         self._stopping.set()
+        await asyncio.to_thread(self.metrics.stop)
         if getattr(self, "_health", None) is not None:
             await self._health.enter_graceful_shutdown()
         for task in self._tasks:
@@ -301,7 +308,9 @@ class Node:
                     f"command too large ({len(data)} bytes; expected at most {MAX_COMMAND_BYTES})",
                 )
             )
-        result = await self.propose_bytes(data)
+        result = await self.metrics.observe_proposal(
+            command.WhichOneof("body") or "none", self.propose_bytes(data)
+        )
         if result.raft_index and not await self.notifier.wait_index(
             result.raft_index, self.config.propose_timeout_ms / 1000
         ):
@@ -412,6 +421,7 @@ class Node:
             state_digest=digest,
             pid=os.getpid(),
             durable_index=int(status.get("durable_index", 0) or 0),
+            owners=[_owner_status(o) for _, o in sorted(self.plane.owners.items())],
         )
 
     async def cluster_status(self, linearizable: bool) -> api.ClusterStatusResponse:
@@ -483,6 +493,19 @@ class Node:
                     )
         for pchannel, error in sorted(self.plane.problems().items()):
             warnings.append(f"pchannel {pchannel}: {error}")
+        lag_limit = self.config.replica_lag_warn_entries
+        for member in response.members:
+            for owner in member.owners:
+                if owner.state != "serving":
+                    continue
+                for replica in owner.replicas:
+                    lag = owner.committed_lsn - replica.durable_lsn
+                    if lag > lag_limit:
+                        warnings.append(
+                            f"replica {replica.node_id} of pchannel {owner.pchannel} is lagging: "
+                            f"{lag} entries behind committed lsn {owner.committed_lsn} (owner "
+                            f"{member.node_id} at term {owner.term}; warning above {lag_limit})"
+                        )
         # The digest covers apply metadata too (raft index, clock, dedup window), so only
         # replicas at the same applied raft index must agree.
         by_index: dict[int, set[str]] = {}
@@ -567,6 +590,20 @@ class Node:
                 deleted = await asyncio.to_thread(self.replica.store.compact, floor)
                 if deleted:
                     log.info("event store: deleted %d events below revision %d", deleted, floor)
+
+
+def _owner_status(owner: ChannelOwner) -> api.OwnerStatus:
+    return api.OwnerStatus(
+        pchannel=owner.pchannel,
+        term=owner.term,
+        state=owner.state,
+        last_lsn=owner.log.last_lsn,
+        committed_lsn=owner.committed_lsn,
+        replicas=[
+            api.ReplicaPosition(node_id=node_id, durable_lsn=lsn)
+            for node_id, lsn in sorted(owner.replica_positions().items())
+        ],
+    )
 
 
 async def _backfill_history_from(

@@ -125,6 +125,15 @@ class Proposer(Protocol):
     def still_assigned(self, pchannel: str, term: int) -> bool: ...
 
 
+class WriteObserver(Protocol):
+    """Told of every write batch the owner acknowledges (the node's metrics). Runs on the
+    event loop: it must be quick and must not raise."""
+
+    def batch_acknowledged(
+        self, pchannel: str, messages: int, wal_bytes: int, latency_s: float
+    ) -> None: ...
+
+
 @dataclass(frozen=True)
 class OwnerConfig:
     segment_max_bytes: int = 64 << 20
@@ -193,6 +202,7 @@ class ChannelOwner:
         proposer: Proposer,
         config: OwnerConfig,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        observer: WriteObserver | None = None,
     ) -> None:
         self.pchannel = pchannel
         self.term = term
@@ -204,6 +214,7 @@ class ChannelOwner:
         self.proposer = proposer
         self.config = config
         self._wall_ms = wall_ms
+        self.observer = observer
         self.state = "recovering"
         self.fenced_by = 0
         self.start_lsn = 0
@@ -605,6 +616,7 @@ class ChannelOwner:
     ) -> tuple[list[tuple[int, int]], bool]:
         """Write `messages` as one batch; returns ([(lsn, time_tick)], duplicate) once a
         majority holds them durably. Raises WalError."""
+        started = time.perf_counter()
         self._check_serving()
         if producer_id and sequence > 0:
             for batch in self._producers.get(producer_id, ()):
@@ -702,6 +714,10 @@ class ChannelOwner:
         if record is not None and record.done is not None:
             record.done.set_result(positions)
             record.done = None
+        if self.observer is not None:
+            self.observer.batch_acknowledged(
+                self.pchannel, len(rows), len(batch.data), time.perf_counter() - started
+            )
         return positions, False
 
     async def _wait_room(self) -> None:
@@ -958,5 +974,6 @@ __all__ = [
     "Proposer",
     "ReplicaTransport",
     "WalError",
+    "WriteObserver",
     "hybrid_tick",
 ]

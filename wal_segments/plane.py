@@ -26,7 +26,13 @@ from typing import Protocol
 from wal_segments.catalog import Catalog
 from wal_segments.fsync_policy import FsyncPolicy
 from wal_segments.log import PChannelLog
-from wal_segments.owner import ChannelOwner, OwnerConfig, Proposer, ReplicaTransport
+from wal_segments.owner import (
+    ChannelOwner,
+    OwnerConfig,
+    Proposer,
+    ReplicaTransport,
+    WriteObserver,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +71,7 @@ class DataPlane:
         transport: ReplicaTransport,
         proposer: Proposer,
         view: CoordinationView,
+        observer: WriteObserver | None = None,
     ) -> None:
         self.node_id = node_id
         self.wal_dir = data_dir / "wal"
@@ -75,6 +82,7 @@ class DataPlane:
         self.transport = transport
         self.proposer = proposer
         self.view = view
+        self.observer = observer
         self.logs: dict[str, PChannelLog] = {}
         self._opening: dict[str, asyncio.Future[PChannelLog]] = {}
         self.owners: dict[str, ChannelOwner] = {}
@@ -177,6 +185,7 @@ class DataPlane:
             transport=self.transport,
             proposer=self.proposer,
             config=self.owner_config,
+            observer=self.observer,
         )
         self.owners[assignment.pchannel] = owner
         logger.info("%s: recovering as owner at term %d", assignment.pchannel, assignment.term)

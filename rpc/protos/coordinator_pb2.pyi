@@ -361,7 +361,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self, consistency: _Optional[_Union[Consistency, str]] = ...) -> None: ...
 
 class MemberStatus(_message.Message):
-    __slots__ = ("node_id", "grpc_address", "raft_address", "is_leader", "reachable", "raft_term", "commit_index", "applied_index", "revision", "state_digest", "pid", "durable_index")
+    __slots__ = ("node_id", "grpc_address", "raft_address", "is_leader", "reachable", "raft_term", "commit_index", "applied_index", "revision", "state_digest", "pid", "durable_index", "owners")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -374,6 +374,7 @@ class MemberStatus(_message.Message):
     STATE_DIGEST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     DURABLE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    OWNERS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     grpc_address: str
     raft_address: str
@@ -386,7 +387,32 @@ class MemberStatus(_message.Message):
     state_digest: str
     pid: int
     durable_index: int
-    def __init__(self, node_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., raft_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., reachable: _Optional[bool] = ..., raft_term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ..., pid: _Optional[int] = ..., durable_index: _Optional[int] = ...) -> None: ...
+    owners: _containers.RepeatedCompositeFieldContainer[OwnerStatus]
+    def __init__(self, node_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., raft_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., reachable: _Optional[bool] = ..., raft_term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ..., pid: _Optional[int] = ..., durable_index: _Optional[int] = ..., owners: _Optional[_Iterable[_Union[OwnerStatus, _Mapping]]] = ...) -> None: ...
+
+class OwnerStatus(_message.Message):
+    __slots__ = ("pchannel", "term", "state", "last_lsn", "committed_lsn", "replicas")
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LAST_LSN_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_LSN_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    pchannel: str
+    term: int
+    state: str
+    last_lsn: int
+    committed_lsn: int
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaPosition]
+    def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., state: _Optional[str] = ..., last_lsn: _Optional[int] = ..., committed_lsn: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaPosition, _Mapping]]] = ...) -> None: ...
+
+class ReplicaPosition(_message.Message):
+    __slots__ = ("node_id", "durable_lsn")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_LSN_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    durable_lsn: int
+    def __init__(self, node_id: _Optional[str] = ..., durable_lsn: _Optional[int] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
     __slots__ = ("leader_node_id", "leader_address", "members", "nodes", "pchannels", "revision", "balance_policy", "warnings", "leases", "locks", "pending_broadcasts")

@@ -1,0 +1,417 @@
+"""Prometheus metrics of one node process, served over HTTP on ``metrics_port``.
+
+What lives here: ``NodeMetrics``, which owns this node's own ``CollectorRegistry`` (never
+prometheus_client's global default registry, so that nothing else in the process leaks into
+a node's page and two nodes in one process would not mix), and the ``/metrics`` endpoint.
+
+Two kinds of metrics:
+
+- **Read at scrape time** (``_NodeCollector``): the Raft peer's term and indexes, the
+  applied coordination state (nodes, pchannels, leases, locks, pending broadcasts,
+  committed segments from the manifests), the event store's size, and for every pchannel
+  this node owns its committed LSN and each replica's durable LSN. Nothing has to keep
+  these up to date, so they cannot drift from what ClusterStatus reports.
+- **Counted when they happen** (counters and a histogram): proposals and their rejections
+  by code (``observe_proposal``, wrapped around ``Node.propose``), acknowledged WAL write
+  batches with their latency (``batch_acknowledged``, the owner's ``WriteObserver``), and
+  broadcast delivery failures (the leader's coordinator).
+
+What must never happen here: a scrape that changes anything or waits on the event loop or
+on Raft (it only reads, under the replica's apply lock for the state); an unbounded label
+(labels are pchannel names, node ids, command kinds and error codes, all bounded by the
+configuration and the state machine's limits; never broadcast ids, request ids or LSNs).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Awaitable, Iterable, Iterator
+from typing import TYPE_CHECKING, NamedTuple
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from raftwal import __version__
+from rpc.errors import RaftwalError
+from rpc.protos import coordination_pb2 as pb
+from rpc.protos import errors_pb2
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from raftwal.node import Node
+
+log = logging.getLogger(__name__)
+E = errors_pb2
+
+# Produce -> acknowledgement latency buckets (seconds): an fsync is ~0.1-10 ms, a majority
+# round trip on a LAN ~0.2-2 ms; the tail covers backpressure and failover waits.
+WAL_LATENCY_BUCKETS_S = (
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+
+
+def error_code_name(code: int) -> str:
+    """`CHANNEL_FENCED` for the ErrorCode value, the number for one this build lacks."""
+    try:
+        return str(E.ErrorCode.Name(code))
+    except ValueError:
+        return str(code)
+
+
+def _enum_names(enum: object, prefix: str) -> dict[int, str]:
+    return {
+        value: name.removeprefix(prefix)
+        for name, value in enum.items()  # type: ignore[attr-defined]
+    }
+
+
+NODE_STATES = _enum_names(pb.NodeState, "NODE_STATE_")
+PCHANNEL_STATES = _enum_names(pb.PChannelState, "PCHANNEL_STATE_")
+
+
+class NodeMetrics:
+    """The metrics of one node: its registry, its event metrics and its endpoint."""
+
+    def __init__(self, node: Node) -> None:
+        self.registry = CollectorRegistry()
+        self._node = node
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+        self.proposals = Counter(
+            "raftwal_proposals",
+            "Coordination commands this node proposed (client requests it received, its "
+            "coordinator loop, read barriers), by command kind.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.proposal_rejections = Counter(
+            "raftwal_proposal_rejections",
+            "Proposed commands the state machine rejected (committed, not applied), by kind "
+            "and ErrorInfo code.",
+            ["kind", "code"],
+            registry=self.registry,
+        )
+        self.proposal_failures = Counter(
+            "raftwal_proposal_failures",
+            "Proposals that got no outcome from Raft (NOT_LEADER without a leader, UNKNOWN "
+            "after a timeout, ON_SHUTDOWN), by kind and ErrorInfo code.",
+            ["kind", "code"],
+            registry=self.registry,
+        )
+        self.wal_batches = Counter(
+            "raftwal_wal_append_batches",
+            "Write batches this node's owners acknowledged (durable on a majority), by "
+            "pchannel; idempotent retries answered from memory are not counted.",
+            ["pchannel"],
+            registry=self.registry,
+        )
+        self.wal_messages = Counter(
+            "raftwal_wal_append_messages",
+            "Messages in acknowledged write batches, by pchannel.",
+            ["pchannel"],
+            registry=self.registry,
+        )
+        self.wal_bytes = Counter(
+            "raftwal_wal_append_bytes",
+            "Encoded WAL bytes (frames) of acknowledged write batches, by pchannel.",
+            ["pchannel"],
+            registry=self.registry,
+        )
+        self.wal_latency = Histogram(
+            "raftwal_wal_append_latency_seconds",
+            "Time from the owner receiving a write batch to acknowledging it (backpressure, "
+            "local append, replication to a majority), by pchannel.",
+            ["pchannel"],
+            buckets=WAL_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.broadcast_delivery_failures = Counter(
+            "raftwal_broadcast_delivery_failures",
+            "Failed attempts of the leader to append a pending broadcast to a target "
+            "vchannel (each is retried with backoff).",
+            registry=self.registry,
+        )
+        self.registry.register(_NodeCollector(node))
+
+    # -- events ---------------------------------------------------------------------------
+
+    async def observe_proposal(
+        self, kind: str, outcome: Awaitable[pb.CommandResult]
+    ) -> pb.CommandResult:
+        """Await a proposal's `outcome`, counting it, its rejection or its failure."""
+        self.proposals.labels(kind).inc()
+        try:
+            result = await outcome
+        except RaftwalError as error:
+            self.proposal_failures.labels(kind, error_code_name(error.info.code)).inc()
+            raise
+        if result.rejection.code != E.OK:
+            self.proposal_rejections.labels(kind, error_code_name(result.rejection.code)).inc()
+        return result
+
+    def batch_acknowledged(
+        self, pchannel: str, messages: int, wal_bytes: int, latency_s: float
+    ) -> None:
+        """`wal_segments.owner.WriteObserver`: one write batch was acknowledged."""
+        self.wal_batches.labels(pchannel).inc()
+        self.wal_messages.labels(pchannel).inc(messages)
+        self.wal_bytes.labels(pchannel).inc(wal_bytes)
+        self.wal_latency.labels(pchannel).observe(latency_s)
+
+    # -- endpoint -------------------------------------------------------------------------
+
+    def serve(self, host: str, port: int) -> None:
+        """Serve ``/metrics`` on host:port from a daemon thread. Raises OSError when the
+        port cannot be bound."""
+        try:
+            self._server, self._thread = start_http_server(port, host, registry=self.registry)
+        except OSError as error:
+            raise OSError(f"cannot serve metrics on {host}:{port}: {error}") from error
+        log.info("node %s serving metrics on http://%s:%d/metrics", self._node.me.id, host, port)
+
+    def stop(self) -> None:
+        """Stop the endpoint (blocks up to the server's poll interval, 0.5 s)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
+class _NodeCollector(Collector):
+    """Reads the node's current state at every scrape (see the module docstring)."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    def collect(self) -> Iterator[Metric]:
+        node = self._node
+        info = GaugeMetricFamily(
+            "raftwal_node_info",
+            "This node's id and raftwal version (always 1).",
+            labels=["node_id", "version"],
+        )
+        info.add_metric([node.me.id, __version__], 1)
+        yield info
+        yield from self._raft()
+        yield from self._state()
+        yield from self._event_store()
+        yield from self._wal()
+
+    def _raft(self) -> Iterator[Metric]:
+        node = self._node
+        peer = node.peer
+        if peer is None:
+            return
+        status = peer.status()
+        commit_index = int(status["commit_index"])
+        # The peer's applied index counts pysyncobj's own no-op entries too (the
+        # coordination state's last_raft_index skips them), so an idle node shows no lag.
+        applied_index = int(status["last_applied"])
+        gauges = (
+            ("raftwal_raft_term", "Current Raft term.", status["term"]),
+            ("raftwal_raft_is_leader", "1 when this node is the Raft leader.", node.is_leader()),
+            ("raftwal_raft_commit_index", "Raft commit index known here.", commit_index),
+            (
+                "raftwal_raft_applied_index",
+                "Raft index of the last log entry applied on this node.",
+                applied_index,
+            ),
+            (
+                "raftwal_raft_apply_lag_entries",
+                "Raft commit index minus the applied index on this node.",
+                max(0, commit_index - applied_index),
+            ),
+            (
+                "raftwal_raft_durable_index",
+                "Raft journal entries fsynced on this node.",
+                status["durable_index"],
+            ),
+            (
+                "raftwal_raft_pending_proposals",
+                "Proposals waiting for their Raft outcome on this node.",
+                status["pending_proposals"],
+            ),
+            (
+                "raftwal_raft_snapshot_index",
+                "Raft index of the newest snapshot on this node.",
+                status["snapshot_index"],
+            ),
+        )
+        for name, documentation, value in gauges:
+            yield GaugeMetricFamily(name, documentation, value=float(value))
+        partners = GaugeMetricFamily(
+            "raftwal_raft_partner_connected",
+            "1 when the Raft transport to the partner (its Raft address) is connected.",
+            labels=["partner"],
+        )
+        for address, connected in sorted(status["partners_connected"].items()):
+            partners.add_metric([address], float(connected))
+        yield partners
+
+    def _state(self) -> Iterator[Metric]:
+        node = self._node
+        view = node.replica.read(_StateView.of)
+        yield GaugeMetricFamily(
+            "raftwal_state_revision",
+            "Revision of this node's applied coordination state.",
+            value=view.revision,
+        )
+        yield GaugeMetricFamily(
+            "raftwal_leases", "Leases granted and not expired or revoked.", value=view.leases
+        )
+        yield GaugeMetricFamily(
+            "raftwal_locks",
+            "Lock keys held (exclusive or shared, by leases or broadcasts).",
+            value=view.locks,
+        )
+        yield GaugeMetricFamily(
+            "raftwal_broadcasts_pending",
+            "Broadcasts not yet appended to and acknowledged by every target vchannel.",
+            value=view.pending_broadcasts,
+        )
+        yield _count_by("raftwal_nodes", "Registered nodes by state.", NODE_STATES, view.nodes)
+        yield _count_by("raftwal_pchannels", "pchannels by state.", PCHANNEL_STATES, view.pchannels)
+        segments = GaugeMetricFamily(
+            "raftwal_segments_committed",
+            "Committed WAL segments in the manifest, by pchannel.",
+            labels=["pchannel"],
+        )
+        segment_bytes = GaugeMetricFamily(
+            "raftwal_segments_committed_bytes",
+            "Bytes of the committed WAL segments in the manifest, by pchannel.",
+            labels=["pchannel"],
+        )
+        for name, (count, size) in sorted(view.segments.items()):
+            segments.add_metric([name], count)
+            segment_bytes.add_metric([name], size)
+        yield segments
+        yield segment_bytes
+        if node.is_leader():
+            yield GaugeMetricFamily(
+                "raftwal_broadcast_targets_failing",
+                "On the leader: (broadcast, vchannel) targets whose last delivery attempt "
+                "failed and that are waiting for a retry.",
+                value=len(node.coordinator.broadcast_failures),
+            )
+
+    def _event_store(self) -> Iterator[Metric]:
+        store = self._node.replica.store
+        yield GaugeMetricFamily(
+            "raftwal_event_store_events",
+            "Events retained in this node's event store (events.db).",
+            value=store.count(),
+        )
+        yield GaugeMetricFamily(
+            "raftwal_event_store_bytes",
+            "Size of events.db on disk, its SQLite write-ahead log included.",
+            value=store.size_bytes(),
+        )
+
+    def _wal(self) -> Iterator[Metric]:
+        # A copy: owners are added and removed on the event loop thread.
+        owners = sorted(dict(self._node.plane.owners).items())
+        serving = GaugeMetricFamily(
+            "raftwal_wal_owner_serving",
+            "1 for a pchannel this node owns and serves writes for, 0 while its owner "
+            "recovers or after it was fenced.",
+            labels=["pchannel"],
+        )
+        term = GaugeMetricFamily(
+            "raftwal_wal_owner_term", "Term of this node's owner, by pchannel.", labels=["pchannel"]
+        )
+        last = GaugeMetricFamily(
+            "raftwal_wal_last_lsn", "Last LSN appended by this node's owner.", labels=["pchannel"]
+        )
+        committed = GaugeMetricFamily(
+            "raftwal_wal_committed_lsn",
+            "LSN durable on a majority of the replica set (acknowledged writes end there).",
+            labels=["pchannel"],
+        )
+        durable = GaugeMetricFamily(
+            "raftwal_wal_replica_durable_lsn",
+            "LSN each replica reported durable to this node's owner (the owner included).",
+            labels=["pchannel", "replica"],
+        )
+        lag = GaugeMetricFamily(
+            "raftwal_wal_replica_lag_entries",
+            "Committed LSN minus the replica's durable LSN (0 when it holds everything "
+            "committed), as this node's owner sees it.",
+            labels=["pchannel", "replica"],
+        )
+        for pchannel, owner in owners:
+            committed_lsn = owner.committed_lsn
+            serving.add_metric([pchannel], float(owner.serving))
+            term.add_metric([pchannel], owner.term)
+            last.add_metric([pchannel], owner.log.last_lsn)
+            committed.add_metric([pchannel], committed_lsn)
+            for replica, lsn in sorted(owner.replica_positions().items()):
+                durable.add_metric([pchannel, replica], lsn)
+                lag.add_metric([pchannel, replica], max(0, committed_lsn - lsn))
+        yield from (serving, term, last, committed, durable, lag)
+
+
+class _StateView(NamedTuple):
+    """What a scrape copies out of the applied state (under the replica's apply lock)."""
+
+    revision: int
+    leases: int
+    locks: int
+    pending_broadcasts: int
+    nodes: list[int]
+    pchannels: list[int]
+    # pchannel -> (committed segments, their bytes)
+    segments: dict[str, tuple[int, int]]
+
+    @classmethod
+    def of(cls, state: pb.CoordinationState) -> _StateView:
+        return cls(
+            revision=state.revision,
+            leases=len(state.leases),
+            locks=len(state.locks),
+            pending_broadcasts=sum(
+                1 for t in state.broadcasts.values() if t.state == pb.BROADCAST_STATE_PENDING
+            ),
+            nodes=[n.state for n in state.nodes.values()],
+            pchannels=[c.state for c in state.pchannels.values()],
+            segments={
+                name: (len(m.segments), sum(s.bytes for s in m.segments))
+                for name, m in state.manifests.items()
+            },
+        )
+
+
+def _count_by(
+    name: str, documentation: str, names: dict[int, str], values: Iterable[int]
+) -> GaugeMetricFamily:
+    """A gauge family with one sample per enum state (zeros included, so that an alert on
+    ``raftwal_nodes{state="DOWN"} > 0`` has a series to evaluate)."""
+    family = GaugeMetricFamily(name, documentation, labels=["state"])
+    counts = dict.fromkeys(sorted(v for v in names if v != 0), 0)
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    for value, count in counts.items():
+        family.add_metric([names.get(value, str(value))], count)
+    return family
+
+
+__all__ = ["NodeMetrics", "error_code_name"]
