@@ -185,26 +185,26 @@ def _remote_frames(
                             f"{part.digest:#010x}"
                         )
                         break
-                    n = chunk.last_lsn - chunk.first_lsn + 1
-                    if (
-                        chunk.first_lsn != expected_lsn
-                        or n < 1
-                        or len(chunk.frame_offsets) != 8 * n
-                    ):
-                        problem = f"chunk at lsn {chunk.first_lsn} out of sequence or malformed"
-                        break
-                    if crc32c(chunk.frames) != chunk.frames_crc:
-                        problem = f"chunk at lsn {chunk.first_lsn} failed its crc in transfer"
+                    # Each read of a bytes field copies it (upb): read every field once.
+                    data, offsets_bytes = chunk.frames, chunk.frame_offsets
+                    first_lsn, last_lsn = chunk.first_lsn, chunk.last_lsn
+                    n = last_lsn - first_lsn + 1
+                    if first_lsn != expected_lsn or n < 1 or len(offsets_bytes) != 8 * n:
+                        problem = f"chunk at lsn {first_lsn} out of sequence or malformed"
                         break
                     if whole:
-                        running = crc32c(chunk.frames, running)
+                        # The committed digest over every chunk checks the whole transfer.
+                        running = crc32c(data, running)
+                    elif crc32c(data) != chunk.frames_crc:
+                        problem = f"chunk at lsn {first_lsn} failed its crc in transfer"
+                        break
                     relative = pa.Array.from_buffers(
-                        pa.uint64(), n, [None, pa.py_buffer(chunk.frame_offsets)]
+                        pa.uint64(), n, [None, pa.py_buffer(offsets_bytes)]
                     )
                     offset_parts.append(pc.add(relative, pa.scalar(size, pa.uint64())))
-                    frames.append(chunk.frames)
-                    size += len(chunk.frames)
-                    expected_lsn = chunk.last_lsn + 1
+                    frames.append(data)
+                    size += len(data)
+                    expected_lsn = last_lsn + 1
                 if problem is None and expected_lsn != high + 1:
                     problem = f"stream ended at lsn {expected_lsn - 1}, expected {high}"
                 if problem is None and whole and running != part.digest:
