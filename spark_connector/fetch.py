@@ -21,6 +21,7 @@ the WAL never seals, but a reader does not rely on that) are not shown.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -34,7 +35,7 @@ import pyarrow.compute as pc
 from rpc.protos import streaming_pb2 as wire
 from rpc.protos import streaming_pb2_grpc
 from spark_connector.options import HIDDEN_MSG_TYPES, ReadOptions
-from spark_connector.plan import SegmentSlice, channel, describe, metadata
+from spark_connector.plan import SegmentSlice, channel, describe
 from wal_segments import columnar
 from wal_segments.format import TXN_FLAGS, EntryFlags, FormatError, crc32c
 from wal_segments.segment import SegmentCorrupted, SegmentReader, segment_file_name
@@ -46,6 +47,9 @@ INTERNAL_PROPERTIES = pa.array(["rw.producer", "rw.seq", "rw.count"], pa.string(
 #: Rows fetched per step when a split partition reads on to finish a transaction.
 TXN_TAIL_STEP = 65_536
 CHUNK_BYTES = 8 << 20
+#: Up to this many rows filtered out, a batch is sliced around them instead of filtered.
+FEW_DROPPED_ROWS = 64
+HEADER_FIELDS = tuple(f.name for f in dataclasses.fields(columnar.HeaderColumns))
 #: What Spark's Python data source path accepts: the declared schema exactly, which has
 #: every top-level field nullable (the data itself has nulls only in txn_id/broadcast_id).
 SPARK_SCHEMA = pa.schema([field.with_nullable(True) for field in columnar.SCHEMA])
@@ -170,7 +174,6 @@ def _remote_frames(
                         with_offsets=True,
                     ),
                     timeout=options.timeout_s,
-                    metadata=metadata(options),
                 )
                 frames: list[bytes] = []
                 offset_parts: list[pa.Array] = []
@@ -345,6 +348,14 @@ def read_slice(
         # The WAL never seals a transaction without its commit; if a segment holds one
         # anyway, it is not committed and stays invisible, as it would to a consumer.
         log.warning("%s: a transaction begun by lsn %d has no commit; not shown", part.label, high)
+    total = len(keep)
+    kept = int(pc.sum(keep.cast(pa.int64())).as_py() or 0)
+    dropped = total - kept
+    if kept == 0:
+        return
+    if dropped > FEW_DROPPED_ROWS:
+        # Real filtering: build columns for the kept rows only (no payload copied in vain).
+        headers = _filter_headers(headers, keep)
     try:
         batch = columnar.to_record_batch(
             frames.buffer,
@@ -356,18 +367,36 @@ def read_slice(
         )
     except FormatError as error:
         raise SegmentCorrupted(frames.source, error.offset, error.reason) from None
-    if not pc.all(keep).as_py():
-        batch = batch.filter(keep)
-    batch = _hide_internal_properties(batch)
-    batch = pa.RecordBatch.from_arrays(batch.columns, schema=SPARK_SCHEMA)
+    batch = pa.RecordBatch.from_arrays(
+        _hide_internal_properties(batch).columns, schema=SPARK_SCHEMA
+    )
+    count = 0
+    if 0 < dropped <= FEW_DROPPED_ROWS:
+        # A few rows out (term-start and seal entries): zero-copy slices around them
+        # instead of a filter that copies every column.
+        previous = 0
+        for row in pc.indices_nonzero(pc.invert(keep)).to_pylist() + [total]:
+            if row > previous:
+                count += row - previous
+                yield batch.slice(previous, row - previous)
+            previous = row + 1
+    else:
+        count = batch.num_rows
+        yield batch
     log.debug(
         "%s lsn %d..%d: %d rows from %s in %.3f s",
         part.label,
         part.from_lsn,
         high,
-        batch.num_rows,
+        count,
         frames.source,
         time.monotonic() - started,
     )
-    if batch.num_rows:
-        yield batch
+
+
+def _filter_headers(headers: columnar.HeaderColumns, keep: pa.Array) -> columnar.HeaderColumns:
+    """The rows of `headers` where `keep` is true (frames stay in file order, which is all
+    `columnar.to_record_batch` needs)."""
+    return columnar.HeaderColumns(
+        **{name: pc.filter(getattr(headers, name), keep) for name in HEADER_FIELDS}
+    )
