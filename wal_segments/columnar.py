@@ -171,6 +171,30 @@ def _require(mask: pa.Array, offsets: pa.Array, shift: int, reason: str) -> None
         raise FormatError(int(offsets[index + shift].as_py()), reason)
 
 
+class _Checks:
+    """Row checks gathered as boolean masks and verified together: one reduction over all of
+    them, and only on failure a search for the first bad row of the first failing check (the
+    same FormatError an immediate check would raise)."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[pa.Array, pa.Array, int, str]] = []
+
+    def require(self, mask: pa.Array, offsets: pa.Array, shift: int, reason: str) -> None:
+        self.pending.append((mask, offsets, shift, reason))
+
+    def verify(self) -> None:
+        if not self.pending:
+            return
+        combined: dict[int, pa.Array] = {}  # by length: masks of count or count - 1 rows
+        for mask, _, _, _ in self.pending:
+            other = combined.get(len(mask))
+            combined[len(mask)] = mask if other is None else pc.and_(other, mask)
+        if not all(pc.all(mask).as_py() is not False for mask in combined.values()):
+            for mask, offsets, shift, reason in self.pending:
+                _require(mask, offsets, shift, reason)
+        self.pending.clear()
+
+
 def decode_headers(
     buffer: pa.Buffer,
     offsets: pa.Array,
@@ -195,9 +219,12 @@ def decode_headers(
         raise FormatError(int(low.as_py()), "index offset outside the frame region")
     if start_offset is not None and offsets[0].as_py() != start_offset:
         raise FormatError(start_offset, "first index offset is not the first frame")
-    _require(pc.equal(pc.bit_wise_and(offsets, _u64(7)), _u64(0)), offsets, 0, "unaligned frame")
+    checks = _Checks()
+    checks.require(
+        pc.equal(pc.bit_wise_and(offsets, _u64(7)), _u64(0)), offsets, 0, "unaligned frame"
+    )
     if count > 1:
-        _require(
+        checks.require(
             pc.greater_equal(
                 offsets.slice(1), pc.add(offsets.slice(0, count - 1), _u64(ENTRY_HEADER_SIZE))
             ),
@@ -209,7 +236,8 @@ def decode_headers(
     base = pc.shift_right(offsets, _u64(3))
 
     def word(array: pa.Array, number: int) -> pa.Array:
-        return pc.take(array, pc.add(base, _u64(number)))
+        # In bounds: every offset + the header size is <= end_offset <= the buffer size.
+        return pc.take(array, pc.add(base, _u64(number)), boundscheck=False)
 
     crc_properties = word(unsigned, WORD_CRC_PROPERTIES_LEN)
     type_flags = word(unsigned, WORD_MSG_TYPE_FLAGS)
@@ -227,27 +255,31 @@ def decode_headers(
     size = pc.bit_wise_and(pc.add(body, _u64(ENTRY_HEADER_SIZE + 7)), _u64(~7 & (2**64 - 1)))
     ends = pc.add(offsets, size)
     if count > 1:
-        _require(
+        checks.require(
             pc.equal(ends.slice(0, count - 1), offsets.slice(1)),
             offsets,
             0,
             "frame length disagrees with the index",
         )
+    checks.verify()
     if ends[count - 1].as_py() != end_offset:
         raise FormatError(
             int(offsets[count - 1].as_py()), "last frame does not end at the range end"
         )
 
-    _require(pc.equal(reserved, _u64(0)), offsets, 0, "nonzero reserved header field")
-    _require(
+    checks.require(pc.equal(reserved, _u64(0)), offsets, 0, "nonzero reserved header field")
+    checks.require(
         pc.equal(pc.bit_wise_and(flags, _u64(~KNOWN_FLAGS & 0xFFFFFFFF)), _u64(0)),
         offsets,
         0,
         "unknown flags",
     )
     if pc.max(msg_type).as_py() > MAX_MSG_TYPE_CODE:
+        # Now, not deferred: the name lookup below must not index past the table.
         _require(pc.less_equal(msg_type, _u64(MAX_MSG_TYPE_CODE)), offsets, 0, "unknown msg_type")
-    _require(pc.is_valid(pc.take(_MSG_TYPE_NAME_ARRAY, msg_type)), offsets, 0, "unknown msg_type")
+    checks.require(
+        pc.is_valid(pc.take(_MSG_TYPE_NAME_ARRAY, msg_type)), offsets, 0, "unknown msg_type"
+    )
 
     lsn = word(signed, WORD_LSN)
     term = word(signed, WORD_TERM)
@@ -255,42 +287,43 @@ def decode_headers(
     vchannel_id = word(signed, WORD_VCHANNEL_ID)
     txn_id = word(signed, WORD_TXN_ID)
     broadcast_id = word(signed, WORD_BROADCAST_ID)
-    _require(
+    checks.require(
         pc.equal(lsn, pc.add(arange(count), _i64(first_lsn))),
         offsets,
         0,
         "lsn is not contiguous with the index",
     )
     if pc.min(term).as_py() < 1 or pc.min(time_tick).as_py() < 0:
-        _require(pc.greater_equal(term, _i64(1)), offsets, 0, "bad term")
-        _require(pc.greater_equal(time_tick, _i64(0)), offsets, 0, "bad time_tick")
+        checks.require(pc.greater_equal(term, _i64(1)), offsets, 0, "bad term")
+        checks.require(pc.greater_equal(time_tick, _i64(0)), offsets, 0, "bad time_tick")
     for ids in (vchannel_id, txn_id, broadcast_id):
         if pc.min(ids).as_py() < 0:
-            _require(pc.greater_equal(ids, _i64(0)), offsets, 0, "negative id")
+            checks.require(pc.greater_equal(ids, _i64(0)), offsets, 0, "negative id")
     if count > 1:
-        _require(
+        checks.require(
             pc.greater_equal(term.slice(1), term.slice(0, count - 1)), offsets, 1, "term went back"
         )
-        _require(
+        checks.require(
             pc.greater(time_tick.slice(1), time_tick.slice(0, count - 1)),
             offsets,
             1,
             "time_tick not increasing",
         )
     has_txn_flag = pc.not_equal(pc.bit_wise_and(flags, _u64(TXN_FLAGS)), _u64(0))
-    _require(
+    checks.require(
         pc.equal(has_txn_flag, pc.not_equal(txn_id, _i64(0))),
         offsets,
         0,
         "txn flags disagree with txn_id",
     )
     has_broadcast_flag = pc.not_equal(pc.bit_wise_and(flags, _u64(BROADCAST_FLAG)), _u64(0))
-    _require(
+    checks.require(
         pc.equal(has_broadcast_flag, pc.not_equal(broadcast_id, _i64(0))),
         offsets,
         0,
         "broadcast flag disagrees with broadcast_id",
     )
+    checks.verify()
     return HeaderColumns(
         offsets=offsets,
         lsn=lsn,
