@@ -21,7 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.dns_resolver import globalDnsResolver
 from pysyncobj.monotonic import monotonic as monotonicTime
+from pysyncobj.node import TCPNode
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
@@ -217,6 +219,27 @@ class Wakeup:
         os.close(self._write_fd)
 
 
+class DialedNode(TCPNode):
+    """A partner known by its address (its Raft identity: what it announces, what
+    equality and leadership use) but connected to at another address, e.g. a proxy.
+    pysyncobj dials `node.ip:node.port` (transport.py line 427) and nothing else reads
+    them."""
+
+    def __init__(self, address: str, dial_address: str) -> None:
+        super().__init__(address)
+        host, _, port = dial_address.rpartition(":")
+        self._raftwal_dial_host = host.strip("[]")
+        self._raftwal_dial_port = int(port)
+
+    @property
+    def ip(self) -> str:
+        return str(globalDnsResolver().resolve(self._raftwal_dial_host))
+
+    @property
+    def port(self) -> int:
+        return self._raftwal_dial_port
+
+
 class RaftwalSyncObj(SyncObj):
     """The pysyncobj node: one replicated method that takes command bytes."""
 
@@ -227,6 +250,7 @@ class RaftwalSyncObj(SyncObj):
         conf: SyncObjConf,
         apply_entry: Callable[[bytes, int], bytes],
         gate: AckGate,
+        dial_addresses: dict[str, str] | None = None,
     ) -> None:
         # Set before SyncObj.__init__, which scans dir(self) for replicated methods.
         self._raftwal_apply_entry = apply_entry
@@ -236,7 +260,9 @@ class RaftwalSyncObj(SyncObj):
             self._raftwal_transport = transport
             return transport
 
-        super().__init__(self_address, partner_addresses, conf=conf, transportClass=make_transport)
+        dial = dial_addresses or {}
+        partners = [DialedNode(a, dial[a]) if a in dial else a for a in partner_addresses]
+        super().__init__(self_address, partners, conf=conf, transportClass=make_transport)
 
     @replicated
     def raftwal_apply(self, command: bytes) -> bytes:

@@ -26,6 +26,9 @@ without fsync. Here:
 - compaction (after a snapshot) and `clear()` (after a snapshot install) write a new file
   under a temporary name, fsync it, rename it over the old one and fsync the directory, so
   a crash leaves either the old or the new journal, never a mix;
+- the group-commit write and fdatasync pass the fault points ``raft.journal.write`` and
+  ``raft.journal.fsync`` (`_faults.py`; no-ops unless a test enabled fault injection), so
+  a test can make them fail like a full or broken disk;
 - term, vote and commit index live in `journal.meta`, replaced atomically with fsync of the
   file and of the directory. Term and vote are stored synchronously (Raft requires them
   durable before a vote or vote request leaves the node); the commit index is stored at
@@ -49,7 +52,7 @@ from pathlib import Path
 
 from pysyncobj.journal import Journal
 
-from raft._faults import crash_point
+from raft._faults import crash_point, io_fault
 from raft.errors import FatalPeerError, JournalCorrupted
 
 logger = logging.getLogger(__name__)
@@ -273,10 +276,12 @@ class DurableJournal(Journal):
                     for record in self._pending:
                         self._offsets.append(offset)
                         offset += len(record)
+                    io_fault("raft.journal.write", str(self._path))
                     _write_all(self._fd, b"".join(self._pending), self._file_size)
                     self._file_size = offset
                     self._pending.clear()
                 if self._durable:
+                    io_fault("raft.journal.fsync", str(self._path))
                     os.fdatasync(self._fd)
                 self._unsynced_truncate = False
         except OSError as exc:

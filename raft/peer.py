@@ -43,7 +43,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -236,6 +236,7 @@ class RaftPeer:
         tuning: RaftTuning | None = None,
         durable: bool = True,
         bind_address: str | None = None,
+        partner_dial_addresses: Mapping[str, str] | None = None,
         on_fatal: Callable[[FatalPeerError], None] | None = None,
         durability_observer: Callable[[DurabilityEvent], None] | None = None,
     ) -> None:
@@ -243,19 +244,29 @@ class RaftPeer:
 
         On return the peer has restored its snapshot and applied every entry its durable
         commit index covers. `durable=False` skips every fsync: unsafe, for benchmarks only.
-        Raises ValueError for bad arguments (including a non-loopback address without a
-        password), JournalCorrupted / SnapshotCorrupted for unreadable state, OSError when
-        the port cannot be bound.
+        `partner_dial_addresses` maps a partner's address (its identity) to where this
+        peer connects to it instead (a proxy in front of it); absent partners are dialled
+        at their own address. Raises ValueError for bad arguments (including a non-loopback
+        address without a password), JournalCorrupted / SnapshotCorrupted for unreadable
+        state, OSError when the port cannot be bound.
         """
         check_pysyncobj_version()
         install_log_filter()
         tuning = tuning or RaftTuning()
         tuning.validate()
         partners = [address for address in partner_addresses if address != self_address]
-        for address in [self_address, *partners]:
+        dial_addresses = dict(partner_dial_addresses or {})
+        unknown = sorted(set(dial_addresses) - set(partners))
+        if unknown:
+            raise ValueError(
+                f"invalid partner_dial_addresses (for {', '.join(unknown)}; expected partners "
+                f"among {', '.join(partners) or 'none'})"
+            )
+        for address in [self_address, *partners, *dial_addresses.values()]:
             _host_of(address)
         if password is None:
-            remote = [a for a in [self_address, *partners] if not is_loopback_address(a)]
+            addresses = [self_address, *partners, *dial_addresses.values()]
+            remote = [a for a in addresses if not is_loopback_address(a)]
             if remote:
                 raise ValueError(
                     f"refusing to start: {', '.join(remote)} is not a loopback address and no "
@@ -313,7 +324,7 @@ class RaftPeer:
             conf = self._make_conf(tuning, password, bind_address or self_address, snapshot_path)
             try:
                 syncobj = RaftwalSyncObj(
-                    self_address, partners, conf, self._apply_entry, self._gate
+                    self_address, partners, conf, self._apply_entry, self._gate, dial_addresses
                 )
             except SyncObjException as exc:
                 raise OSError(f"cannot bind the raft port of {self_address}: {exc}") from exc

@@ -101,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     dev_up.add_argument("--dir", type=Path, default=Path(".raftwal-dev"))
     dev_up.add_argument("--timeout-s", type=float, default=60.0)
     dev_up.add_argument("--json", action="store_true")
+    dev_up.add_argument(
+        "--secure",
+        action="store_true",
+        help="TLS with client certificates and bearer tokens per role: makes a local CA, "
+        "node and client certificates and tokens in the dev dir (the CLI uses them)",
+    )
     dev_up.set_defaults(handler=_dev_up)
     dev_down = dev_commands.add_parser("down", help="stop the local nodes")
     dev_down.add_argument("--dir", type=Path, default=Path(".raftwal-dev"))
@@ -147,7 +153,7 @@ def _dev_up(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     env[LOG_FORMAT_ENV] = args.log_format
     try:
-        cluster = dev.up(args.dir, args.nodes, args.timeout_s, env=env)
+        cluster = dev.up(args.dir, args.nodes, args.timeout_s, env=env, secure=args.secure)
     except (RuntimeError, TimeoutError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -161,8 +167,16 @@ def _dev_up(args: argparse.Namespace) -> int:
         }
         for n in cluster.config.nodes
     ]
+    security = None
+    if cluster.security is not None:
+        security = {
+            "tls_ca_file": str(cluster.security.ca_file),
+            "tls_cert_file": str(cluster.security.client_cert_file),
+            "tls_key_file": str(cluster.security.client_key_file),
+            "token_files": {r: str(f) for r, f in cluster.security.token_files.items()},
+        }
     if args.json:
-        print(json.dumps({"dir": str(cluster.directory), "nodes": members}))
+        print(json.dumps({"dir": str(cluster.directory), "nodes": members, "security": security}))
     else:
         print(f"raftwal dev cluster up ({len(members)} nodes, state in {cluster.directory})")
         for member in members:
@@ -171,6 +185,16 @@ def _dev_up(args: argparse.Namespace) -> int:
                 f"metrics {member['metrics'] or '-'}  pid {member['pid']}"
             )
         print(f"endpoints: {','.join(m['grpc'] for m in members)}")
+        if security is not None:
+            print(
+                "secure: TLS with client certificates, bearer tokens per role; CLI commands "
+                f"with --dev-dir {args.dir} use the admin token. For other clients:"
+            )
+            print(f"  export RAFTWAL_CLIENT_TLS_CA_FILE={security['tls_ca_file']}")
+            print(f"  export RAFTWAL_CLIENT_TLS_CERT_FILE={security['tls_cert_file']}")
+            print(f"  export RAFTWAL_CLIENT_TLS_KEY_FILE={security['tls_key_file']}")
+            for role, path in security["token_files"].items():
+                print(f"  export RAFTWAL_TOKEN_FILE={path}   # role {role}")
     return 0
 
 

@@ -5,7 +5,12 @@ and ``produce``, ``consume`` and ``segments`` through the data-plane SDK
 
 ``register(commands)`` adds them to the main parser (``raftwal/cli.py``). Endpoints come
 from ``--endpoints``, else ``RAFTWAL_ENDPOINTS``, else the dev cluster file written by
-``raftwal dev up`` (``<--dev-dir>/cluster.json``). Humans get rich tables; ``--json``
+``raftwal dev up`` (``<--dev-dir>/cluster.json``). Credentials (``rpc.credentials``) come
+from ``--token-file`` / ``--tls-ca-file`` / ``--tls-cert-file`` / ``--tls-key-file``, else
+the ``RAFTWAL_TOKEN``... environment variables, else, when the endpoints came from the dev
+cluster file, from that file (a ``dev up --secure`` cluster: admin token, its CA and client
+certificate); a token is never taken from the command line itself, where other users'
+``ps`` could see it. Humans get rich tables; ``--json``
 prints protobuf messages as JSON (``json_format.MessageToDict``): one object per command,
 or one line per event for streams. A raftwal error prints ``error: CODE: message`` on
 stderr and exits 1, without a traceback. Nothing here decides anything: it only calls
@@ -38,6 +43,15 @@ from rich.panel import Panel
 from rich.table import Table
 
 from rpc.client import CoordinatorClient, RaftwalError
+from rpc.credentials import (
+    CA_FILE_ENV,
+    CERT_FILE_ENV,
+    KEY_FILE_ENV,
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    ClientSecurity,
+    CredentialsError,
+)
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import streaming_pb2 as wire
@@ -71,6 +85,48 @@ class Target:
     endpoints: list[str]
     # gRPC address -> pid, from the dev cluster file (local nodes only).
     local_pids: dict[str, int] = field(default_factory=dict)
+    # Credential files of a `dev up --secure` cluster, from the dev cluster file: keys
+    # token_file, tls_ca_file, tls_cert_file, tls_key_file.
+    dev_security: dict[str, str] = field(default_factory=dict)
+
+
+def add_security_arguments(parser: argparse.ArgumentParser) -> None:
+    """The credential flags shared by every command that connects to a cluster."""
+    parser.add_argument(
+        "--token-file",
+        help=f"file holding the bearer token (default: ${TOKEN_ENV}, else ${TOKEN_FILE_ENV}, "
+        "else the dev cluster's admin token)",
+    )
+    parser.add_argument(
+        "--tls-ca-file", help=f"PEM CA bundle: connect with TLS (default: ${CA_FILE_ENV})"
+    )
+    parser.add_argument(
+        "--tls-cert-file", help=f"PEM client certificate for mutual TLS (default: ${CERT_FILE_ENV})"
+    )
+    parser.add_argument("--tls-key-file", help=f"its PEM private key (default: ${KEY_FILE_ENV})")
+
+
+def security_settings(args: argparse.Namespace, target: Target) -> dict[str, str]:
+    """The credential settings in force, by precedence: flags, environment, dev cluster
+    file. Keys: token (a value, from RAFTWAL_TOKEN only), token_file, tls_ca_file,
+    tls_cert_file, tls_key_file; absent when unset."""
+    environ = os.environ
+    dev = target.dev_security
+    settings = {
+        "token_file": args.token_file or environ.get(TOKEN_FILE_ENV) or dev.get("token_file"),
+        "tls_ca_file": args.tls_ca_file or environ.get(CA_FILE_ENV) or dev.get("tls_ca_file"),
+        "tls_cert_file": (
+            args.tls_cert_file or environ.get(CERT_FILE_ENV) or dev.get("tls_cert_file")
+        ),
+        "tls_key_file": args.tls_key_file or environ.get(KEY_FILE_ENV) or dev.get("tls_key_file"),
+    }
+    if not args.token_file and environ.get(TOKEN_ENV):
+        settings["token"] = environ[TOKEN_ENV]
+    return {key: value for key, value in settings.items() if value}
+
+
+def client_security(args: argparse.Namespace, target: Target) -> ClientSecurity:
+    return ClientSecurity.load(**security_settings(args, target))
 
 
 # ---------------------------------------------------------------------------------------
@@ -96,6 +152,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--timeout-s", type=float, default=10.0, help="bound on each call, retries included"
     )
     common.add_argument("--json", action="store_true", help="print JSON for machines")
+    add_security_arguments(common)
 
     status = commands.add_parser("status", parents=[common], help="cluster members and state")
     status.add_argument(
@@ -234,12 +291,19 @@ def resolve_target(endpoints: str | None, dev_dir: Path) -> Target:
             f"local cluster with `raftwal dev up` (no {path})"
         )
     try:
-        nodes = json.loads(path.read_text())["nodes"]
+        data = json.loads(path.read_text())
+        nodes = data["nodes"]
         target = Target([str(node["grpc"]) for node in nodes])
         target.local_pids = {
             str(node["grpc"]): int(node["pid"]) for node in nodes if node.get("pid")
         }
-    except (OSError, ValueError, KeyError, TypeError) as error:
+        security = data.get("security") or {}
+        target.dev_security = {
+            key: str(security[key])
+            for key in ("token_file", "tls_ca_file", "tls_cert_file", "tls_key_file")
+            if security.get(key)
+        }
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise CliError(f"cannot read endpoints from {path} ({error})") from None
     if not target.endpoints:
         raise CliError(f"no nodes in {path}")
@@ -254,7 +318,7 @@ def _handler(command: Command) -> Callable[[argparse.Namespace], int]:
         try:
             target = resolve_target(args.endpoints, args.dev_dir)
             return asyncio.run(_with_client(command, args, target))
-        except CliError as error:
+        except (CliError, CredentialsError) as error:
             print(f"error: {error}", file=sys.stderr)
             return EXIT_USAGE
         except RaftwalError as error:
@@ -267,7 +331,9 @@ def _handler(command: Command) -> Callable[[argparse.Namespace], int]:
 
 
 async def _with_client(command: Command, args: argparse.Namespace, target: Target) -> int:
-    async with CoordinatorClient(target.endpoints, timeout_s=args.timeout_s) as client:
+    async with CoordinatorClient(
+        target.endpoints, timeout_s=args.timeout_s, security=client_security(args, target)
+    ) as client:
         return await command(args, client, target)
 
 

@@ -3,7 +3,8 @@
 A one-line way to try the connector against `raftwal dev up`: it starts a local
 SparkSession (UI off, bound to 127.0.0.1), registers the `raftwal` source and runs one
 aggregate. Against the dev cluster it passes the nodes' data directories, so
-`--prefer-local` reads the segment files directly.
+`--prefer-local` reads the segment files directly, and against a `dev up --secure` cluster
+it passes the credentials (admin token, CA, client certificate) as the connector's options.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raftwal.cli_client import CLUSTER_FILE, CliError, resolve_target
+from raftwal.cli_client import (
+    CLUSTER_FILE,
+    CliError,
+    add_security_arguments,
+    resolve_target,
+    security_settings,
+)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -37,6 +44,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     parser.add_argument("--json", action="store_true", help="one JSON object per vchannel")
+    add_security_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -84,7 +92,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         spark_connector.register(spark)
         reader = spark.read.format("raftwal").option("endpoints", ",".join(target.endpoints))
+        settings = security_settings(args, target)
         for option, value in (
+            ("token", settings.get("token", "")),
+            ("tokenFile", settings.get("token_file", "")),
+            ("tlsCaFile", settings.get("tls_ca_file", "")),
+            ("tlsCertFile", settings.get("tls_cert_file", "")),
+            ("tlsKeyFile", settings.get("tls_key_file", "")),
             ("vchannels", args.vchannels),
             ("pchannels", args.pchannels),
             ("msgTypes", args.msg_types),

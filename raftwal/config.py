@@ -4,6 +4,10 @@
 [cluster]
 secret_file = "/etc/raftwal/secret"   # Raft transport secret (or RAFTWAL_SECRET)
 node_timeout_ms = 3000
+# Security of the gRPC port (raftwal/security.py); all optional, off by default.
+tls_ca_file = "/etc/raftwal/ca.pem"   # verifies peers' certificates (and clients' with mTLS)
+tls_client_auth = "require"           # "none" (default) or "require": mutual TLS
+auth_tokens_file = "/etc/raftwal/tokens"  # lines `role token`: bearer-token auth is on
 
 [[nodes]]
 id = "n1"
@@ -12,12 +16,20 @@ grpc_port = 7201
 raft_port = 7301
 metrics_port = 9201                   # Prometheus /metrics on host (0 or absent: off)
 data_dir = "/var/lib/raftwal/n1"
+tls_cert_file = "/etc/raftwal/n1.pem" # this node's certificate chain and key: TLS is on
+tls_key_file = "/etc/raftwal/n1.key"  # (also allowed in [cluster], for every node)
+# Optional: dial these peers at another address (e.g. a per-link TCP proxy, as the chaos
+# suite does): outgoing connections only; a peer's identity stays its own address.
+peer_raft_addresses = { "n2" = "127.0.0.1:7402" }
+peer_grpc_addresses = { "n2" = "127.0.0.1:7502" }
 ```
 
 Every ``[cluster]`` timing can be overridden by ``RAFTWAL_<NAME>`` (upper case) in the
-environment, e.g. ``RAFTWAL_NODE_TIMEOUT_MS=5000``. Secrets come from a file or the
-environment (``RAFTWAL_SECRET``), never from the command line. Validation messages say
-what was got and what was expected.
+environment, e.g. ``RAFTWAL_NODE_TIMEOUT_MS=5000``, and so can the security settings
+(``RAFTWAL_TLS_CERT_FILE``, ``RAFTWAL_TLS_KEY_FILE``, ``RAFTWAL_TLS_CA_FILE``,
+``RAFTWAL_TLS_CLIENT_AUTH``, ``RAFTWAL_AUTH_TOKENS_FILE``). Secrets come from a file or
+the environment (``RAFTWAL_SECRET``), never from the command line. Paths are read when the
+node starts, not here. Validation messages say what was got and what was expected.
 """
 
 from __future__ import annotations
@@ -45,6 +57,14 @@ class NodeConfig:
     raft_port: int
     data_dir: Path
     metrics_port: int = 0
+    # PEM certificate chain and private key of this node's gRPC port (TLS when set).
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    # Peers this node dials somewhere else than at their own address ((peer id,
+    # "host:port") pairs, e.g. a TCP proxy per link): used for this node's outgoing Raft
+    # and gRPC connections only; a peer's identity stays its raft_address / grpc_address.
+    peer_raft_addresses: tuple[tuple[str, str], ...] = ()
+    peer_grpc_addresses: tuple[tuple[str, str], ...] = ()
 
     @property
     def grpc_address(self) -> str:
@@ -53,6 +73,14 @@ class NodeConfig:
     @property
     def raft_address(self) -> str:
         return f"{self.host}:{self.raft_port}"
+
+    def dial_raft_address(self, peer: NodeConfig) -> str:
+        """Where this node connects to `peer`'s Raft port."""
+        return dict(self.peer_raft_addresses).get(peer.id, peer.raft_address)
+
+    def dial_grpc_address(self, peer: NodeConfig) -> str:
+        """Where this node connects to `peer`'s gRPC port."""
+        return dict(self.peer_grpc_addresses).get(peer.id, peer.grpc_address)
 
 
 @dataclass(frozen=True)
@@ -87,7 +115,18 @@ class ClusterConfig:
     # ClusterStatus flags a replica whose durable LSN is this many entries behind its
     # owner's committed LSN (a healthy replica under load stays within a few batches).
     replica_lag_warn_entries: int = 10_000
+    # PEM CA bundle: nodes verify each other's certificates with it, and clients' ones when
+    # tls_client_auth is "require" (mutual TLS).
+    tls_ca_file: Path | None = None
+    tls_client_auth: str = "none"
+    # Bearer tokens and their roles (raftwal/security.py); None: authentication is off.
+    auth_tokens_file: Path | None = None
     extra: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def tls(self) -> bool:
+        """Whether the nodes' gRPC ports speak TLS (all of them or none, see parse_config)."""
+        return any(node.tls_cert_file is not None for node in self.nodes)
 
     def node(self, node_id: str) -> NodeConfig:
         for node in self.nodes:
@@ -103,6 +142,8 @@ class ClusterConfig:
         return None
 
 
+TLS_CLIENT_AUTH_MODES = ("none", "require")
+
 _TIMINGS = {
     f.name
     for f in fields(ClusterConfig)
@@ -110,7 +151,7 @@ _TIMINGS = {
 }
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:
@@ -126,10 +167,57 @@ def _int(table: Mapping[str, object], key: str, where: str, low: int, high: int)
     return value
 
 
+def _path(
+    table: Mapping[str, object],
+    key: str,
+    where: str,
+    base_dir: Path,
+    environ: Mapping[str, str] | None = None,
+) -> Path | None:
+    """A path setting from `table` (relative to the config file), or from RAFTWAL_<KEY>
+    (relative to the working directory) when `environ` is given and has it."""
+    env_name = f"RAFTWAL_{key.upper()}"
+    if environ is not None and environ.get(env_name):
+        return Path(environ[env_name]).resolve()
+    value = table.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"invalid {where}.{key} ({value!r}; expected a path)")
+    return (base_dir / value).resolve()
+
+
+def _peer_addresses(
+    table: Mapping[str, object], key: str, where: str
+) -> tuple[tuple[str, str], ...]:
+    value = table.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f'invalid {where}.{key} ({value!r}; expected a table of node id = "host:port")'
+        )
+    pairs = []
+    for peer_id, address in sorted(value.items()):
+        host, _, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ConfigError(
+                f"invalid {where}.{key}.{peer_id} ({address!r}; expected host:port with a "
+                "port 1..65535)"
+            )
+        pairs.append((str(peer_id), address))
+    return tuple(pairs)
+
+
 def parse_config(
     data: Mapping[str, object], base_dir: Path, environ: Mapping[str, str] | None = None
 ) -> ClusterConfig:
     environ = os.environ if environ is None else environ
+    cluster_table = data.get("cluster", {})
+    if not isinstance(cluster_table, dict):
+        raise ConfigError(f"invalid [cluster] ({cluster_table!r}; expected a table)")
+    # Every node's certificate defaults to the cluster's (one certificate naming every host).
+    default_cert = _path(cluster_table, "tls_cert_file", "cluster", base_dir, environ)
+    default_key = _path(cluster_table, "tls_key_file", "cluster", base_dir, environ)
+    env_certs = bool(environ.get("RAFTWAL_TLS_CERT_FILE") or environ.get("RAFTWAL_TLS_KEY_FILE"))
     raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise ConfigError("missing [[nodes]] (expected at least one node table)")
@@ -149,6 +237,17 @@ def parse_config(
         data_dir = raw.get("data_dir", f"data/{node_id}")
         if not isinstance(data_dir, str):
             raise ConfigError(f"invalid {where}.data_dir ({data_dir!r}; expected a path)")
+        cert_file, key_file = default_cert, default_key
+        if not env_certs:
+            # The environment names this process's node's files and wins over every table;
+            # otherwise a node's own setting wins over the cluster's.
+            cert_file = _path(raw, "tls_cert_file", where, base_dir) or default_cert
+            key_file = _path(raw, "tls_key_file", where, base_dir) or default_key
+        if (cert_file is None) != (key_file is None):
+            raise ConfigError(
+                f"invalid {where} TLS settings (got tls_cert_file {cert_file or '-'} and "
+                f"tls_key_file {key_file or '-'}; expected both or neither)"
+            )
         nodes.append(
             NodeConfig(
                 id=node_id,
@@ -159,14 +258,30 @@ def parse_config(
                 if "metrics_port" in raw
                 else 0,
                 data_dir=(base_dir / data_dir).resolve(),
+                tls_cert_file=cert_file,
+                tls_key_file=key_file,
+                peer_raft_addresses=_peer_addresses(raw, "peer_raft_addresses", where),
+                peer_grpc_addresses=_peer_addresses(raw, "peer_grpc_addresses", where),
             )
         )
     ids = [n.id for n in nodes]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"duplicate node ids ({ids}; expected each once)")
-    cluster_table = data.get("cluster", {})
-    if not isinstance(cluster_table, dict):
-        raise ConfigError(f"invalid [cluster] ({cluster_table!r}; expected a table)")
+    for node in nodes:
+        for peer_id, _ in (*node.peer_raft_addresses, *node.peer_grpc_addresses):
+            if peer_id == node.id or peer_id not in ids:
+                others = ", ".join(i for i in ids if i != node.id) or "none"
+                raise ConfigError(
+                    f"invalid peer address of node {node.id} for {peer_id!r} (expected one "
+                    f"of the other nodes: {others})"
+                )
+    with_tls = [n.id for n in nodes if n.tls_cert_file is not None]
+    if with_tls and len(with_tls) != len(nodes):
+        # Nodes call each other with the cluster's settings: a mixed cluster cannot talk.
+        raise ConfigError(
+            f"TLS configured for some nodes only ({', '.join(with_tls)} of {', '.join(ids)}; "
+            "expected tls_cert_file/tls_key_file for every node or for none)"
+        )
     config = ClusterConfig(nodes=tuple(nodes))
     overrides: dict[str, object] = {}
     for name in sorted(_TIMINGS):
@@ -187,6 +302,31 @@ def parse_config(
     except ValueError as error:
         raise ConfigError(f"invalid cluster.wal_fsync_policy: {error}") from None
     overrides["wal_fsync_policy"] = str(policy)
+    overrides["tls_ca_file"] = _path(cluster_table, "tls_ca_file", "cluster", base_dir, environ)
+    overrides["auth_tokens_file"] = _path(
+        cluster_table, "auth_tokens_file", "cluster", base_dir, environ
+    )
+    client_auth = environ.get("RAFTWAL_TLS_CLIENT_AUTH") or cluster_table.get(
+        "tls_client_auth", "none"
+    )
+    if client_auth not in TLS_CLIENT_AUTH_MODES:
+        raise ConfigError(
+            f"invalid cluster.tls_client_auth ({client_auth!r}; expected one of "
+            f"{', '.join(TLS_CLIENT_AUTH_MODES)}: grpc-python cannot ask for a client "
+            "certificate without requiring it, so there is no optional mode)"
+        )
+    overrides["tls_client_auth"] = client_auth
+    if (overrides["tls_ca_file"] is not None or client_auth != "none") and not with_tls:
+        raise ConfigError(
+            f"invalid cluster TLS settings (got tls_ca_file {overrides['tls_ca_file'] or '-'} "
+            f"and tls_client_auth {client_auth!r} without node certificates; expected "
+            "tls_cert_file and tls_key_file too)"
+        )
+    if client_auth == "require" and overrides["tls_ca_file"] is None:
+        raise ConfigError(
+            'invalid cluster.tls_client_auth ("require" without tls_ca_file; expected the CA '
+            "that signs client certificates)"
+        )
     secret = environ.get("RAFTWAL_SECRET") or None
     secret_file = cluster_table.get("secret_file")
     if secret is None and secret_file:
@@ -219,7 +359,7 @@ def load_config(path: Path, environ: Mapping[str, str] | None = None) -> Cluster
 def check_transport_security(config: ClusterConfig, node: NodeConfig) -> None:
     """Refuse to run a Raft transport off loopback without a secret: pysyncobj unpickles
     what peers send, so an open port without authentication runs anyone's code."""
-    if config.secret is None and not _is_loopback(node.host):
+    if config.secret is None and not is_loopback(node.host):
         raise ConfigError(
             f"node {node.id} listens on {node.host}, which is not loopback, and no cluster "
             "secret is configured (expected [cluster] secret_file or RAFTWAL_SECRET): "
@@ -235,6 +375,12 @@ def render_config(config: ClusterConfig, secret_file: str | None = None) -> str:
     for name in sorted(_TIMINGS):
         lines.append(f"{name} = {getattr(config, name)}")
     lines.append(f'wal_fsync_policy = "{config.wal_fsync_policy}"')
+    if config.tls_ca_file is not None:
+        lines.append(f'tls_ca_file = "{config.tls_ca_file}"')
+    if config.tls_client_auth != "none":
+        lines.append(f'tls_client_auth = "{config.tls_client_auth}"')
+    if config.auth_tokens_file is not None:
+        lines.append(f'auth_tokens_file = "{config.auth_tokens_file}"')
     for node in config.nodes:
         lines += [
             "",
@@ -246,4 +392,14 @@ def render_config(config: ClusterConfig, secret_file: str | None = None) -> str:
             f"metrics_port = {node.metrics_port}",
             f'data_dir = "{node.data_dir}"',
         ]
+        if node.tls_cert_file is not None:
+            lines += [
+                f'tls_cert_file = "{node.tls_cert_file}"',
+                f'tls_key_file = "{node.tls_key_file}"',
+            ]
+        for name in ("peer_raft_addresses", "peer_grpc_addresses"):
+            pairs = getattr(node, name)
+            if pairs:
+                table = ", ".join(f'"{peer}" = "{address}"' for peer, address in pairs)
+                lines.append(f"{name} = {{ {table} }}")
     return "\n".join(lines) + "\n"

@@ -8,6 +8,12 @@ until a leader is elected and every node is registered, and records the members 
 their pids in ``<dir>/cluster.json`` (which the other CLI commands read for their default
 endpoints). ``down`` stops those processes by pid (SIGTERM, then SIGKILL after a grace
 period). Nothing else is ever signalled.
+
+``up(secure=True)`` (``raftwal dev up --secure``) also makes a new local CA, node and
+client certificates and a token per role (``raftwal.devcerts``), and configures the nodes
+for TLS, mutual TLS and bearer-token auth; ``cluster.json`` then names the CA, the client
+certificate and the token files, so that the CLI connects with them (admin token) and
+tests can pick another role (``LocalCluster.client_security``).
 """
 
 from __future__ import annotations
@@ -21,12 +27,15 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
 
+from raftwal import devcerts
 from raftwal.config import ClusterConfig, NodeConfig, render_config
+from raftwal.security import ADMIN
+from rpc.credentials import ClientSecurity
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc
 
@@ -57,6 +66,8 @@ class LocalCluster:
     config: ClusterConfig
     processes: dict[str, subprocess.Popen[bytes] | None]
     env: dict[str, str]
+    # The key material of a cluster started with secure=True.
+    security: devcerts.DevSecurity | None = None
 
     @property
     def endpoints(self) -> list[str]:
@@ -65,11 +76,25 @@ class LocalCluster:
     def node(self, node_id: str) -> NodeConfig:
         return self.config.node(node_id)
 
+    def client_security(self, role: str = ADMIN) -> ClientSecurity:
+        """How a client connects with `role`'s token (over mutual TLS); plaintext without
+        a token for a cluster started without secure=True."""
+        if self.security is None:
+            return ClientSecurity()
+        return ClientSecurity.load(
+            token_file=self.security.token_files[role],
+            tls_ca_file=self.security.ca_file,
+            tls_cert_file=self.security.client_cert_file,
+            tls_key_file=self.security.client_key_file,
+        )
+
     def pid(self, node_id: str) -> int | None:
         process = self.processes.get(node_id)
         return process.pid if process is not None else None
 
-    def start_node(self, node_id: str) -> None:
+    def start_node(self, node_id: str, extra_env: dict[str, str] | None = None) -> None:
+        """Start `node_id`'s process; `extra_env` is added to this node's environment only
+        (e.g. another RAFTWAL_SECRET, to show that such a node is kept out)."""
         log_file = open(self.directory / f"{node_id}.log", "ab")  # noqa: SIM115 (owned by child)
         command = [
             sys.executable,
@@ -90,7 +115,7 @@ class LocalCluster:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=self.env,
+            env={**self.env, **(extra_env or {})},
             start_new_session=True,
         )
         log_file.close()
@@ -137,7 +162,16 @@ class LocalCluster:
             }
             for node in self.config.nodes
         ]
-        (self.directory / CLUSTER_FILE).write_text(json.dumps({"nodes": members}, indent=2))
+        data: dict[str, object] = {"nodes": members}
+        if self.security is not None:
+            data["security"] = {
+                "tls_ca_file": str(self.security.ca_file),
+                "tls_cert_file": str(self.security.client_cert_file),
+                "tls_key_file": str(self.security.client_key_file),
+                "token_file": str(self.security.token_files[ADMIN]),
+                "token_files": {r: str(f) for r, f in self.security.token_files.items()},
+            }
+        (self.directory / CLUSTER_FILE).write_text(json.dumps(data, indent=2))
 
 
 def make_config(directory: Path, nodes: int, host: str = "127.0.0.1") -> ClusterConfig:
@@ -156,14 +190,39 @@ def make_config(directory: Path, nodes: int, host: str = "127.0.0.1") -> Cluster
     return ClusterConfig(nodes=members)
 
 
-def wait_ready(endpoints: list[str], nodes: int, timeout_s: float) -> api.ClusterStatusResponse:
+def secure_config(config: ClusterConfig, security: devcerts.DevSecurity) -> ClusterConfig:
+    """`config` with TLS, mutual TLS and token auth from `security`."""
+    nodes = tuple(
+        replace(
+            node,
+            tls_cert_file=security.node_certs[node.id][0],
+            tls_key_file=security.node_certs[node.id][1],
+        )
+        for node in config.nodes
+    )
+    return replace(
+        config,
+        nodes=nodes,
+        tls_ca_file=security.ca_file,
+        tls_client_auth="require",
+        auth_tokens_file=security.auth_tokens_file,
+    )
+
+
+def wait_ready(
+    endpoints: list[str],
+    nodes: int,
+    timeout_s: float,
+    security: ClientSecurity | None = None,
+) -> api.ClusterStatusResponse:
     """Poll ClusterStatus until a leader is known and every node is registered UP."""
+    security = security or ClientSecurity()
     deadline = time.monotonic() + timeout_s
     last_error = "no answer yet"
     while time.monotonic() < deadline:
         for endpoint in endpoints:
             try:
-                with grpc.insecure_channel(endpoint) as channel:
+                with security.channel(endpoint) as channel:
                     stub = coordinator_pb2_grpc.CoordinatorStub(channel)
                     status = stub.ClusterStatus(api.ClusterStatusRequest(), timeout=2.0)
                 up = [n for n in status.nodes if n.state == 1]
@@ -182,6 +241,7 @@ def up(
     timeout_s: float = 60.0,
     env: dict[str, str] | None = None,
     config: ClusterConfig | None = None,
+    secure: bool = False,
 ) -> LocalCluster:
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
@@ -200,14 +260,17 @@ def up(
     if not secret_path.exists():
         secret_path.touch(mode=0o600)
         secret_path.write_text(secrets.token_hex(32))
+    security = devcerts.generate(directory, [n.id for n in config.nodes]) if secure else None
+    if security is not None:
+        config = secure_config(config, security)
     (directory / CONFIG_FILE).write_text(render_config(config, secret_file=SECRET_FILE))
     process_env = dict(os.environ if env is None else env)
-    cluster = LocalCluster(directory, config, {}, process_env)
+    cluster = LocalCluster(directory, config, {}, process_env, security)
     for node in config.nodes:
         cluster.start_node(node.id)
     cluster.write_cluster_file()
     try:
-        wait_ready(cluster.endpoints, len(config.nodes), timeout_s)
+        wait_ready(cluster.endpoints, len(config.nodes), timeout_s, cluster.client_security())
     except TimeoutError:
         cluster.stop_all()
         raise
@@ -236,7 +299,8 @@ def down(directory: Path, grace_s: float = 10.0) -> list[int]:
     path = directory / CLUSTER_FILE
     if not path.exists():
         return []
-    members = json.loads(path.read_text())["nodes"]
+    data = json.loads(path.read_text())
+    members = data["nodes"]
     pids = [m["pid"] for m in members if _alive(m.get("pid"))]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -250,5 +314,5 @@ def down(directory: Path, grace_s: float = 10.0) -> list[int]:
                 os.kill(pid, signal.SIGKILL)
     for member in members:
         member["pid"] = None
-    path.write_text(json.dumps({"nodes": members}, indent=2))
+    path.write_text(json.dumps(data, indent=2))
     return pids

@@ -12,8 +12,10 @@ import logging
 from typing import TYPE_CHECKING
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from rpc.errors import RaftwalError, error_info, to_status
+from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
 
@@ -51,6 +53,19 @@ class ClusterServicer(coordinator_pb2_grpc.ClusterServicer):
                     error_info(E.INVALID_ARGUMENT, f"unknown node id {request.node_id[:64]!r}")
                 )
             )
+        configured = self._node.config.node(request.node_id).grpc_address
+        if request.address != configured:
+            # The coordinator registers the address a heartbeat carries: a wrong one would
+            # send every client of that node elsewhere.
+            await context.abort_with_status(
+                to_status(
+                    error_info(
+                        E.INVALID_ARGUMENT,
+                        f"invalid address for node {request.node_id} "
+                        f"({request.address[:64]!r}; expected {configured!r})",
+                    )
+                )
+            )
         self._node.coordinator.record_heartbeat(request)
         return api.HeartbeatResponse(
             leader_node_id=self._node.me.id, revision=self._node.applied_revision()
@@ -64,6 +79,24 @@ class ClusterServicer(coordinator_pb2_grpc.ClusterServicer):
                         E.INVALID_ARGUMENT,
                         f"invalid timeout_ms ({request.timeout_ms}; expected "
                         f"0..{MAX_PROPOSE_TIMEOUT_MS})",
+                    )
+                )
+            )
+        try:
+            body = pb.Command.FromString(request.command).WhichOneof("body")
+        except DecodeError as error:
+            body, problem = None, f"undecodable ({error})"
+        else:
+            problem = "no body"
+        if body is None:
+            # Rejected here rather than by the state machine: bytes that are no command
+            # never reach the Raft log.
+            await context.abort_with_status(
+                to_status(
+                    error_info(
+                        E.INVALID_ARGUMENT,
+                        f"invalid command ({len(request.command)} bytes, {problem}; expected "
+                        "a serialized raftwal.v1.Command with a body)",
                     )
                 )
             )

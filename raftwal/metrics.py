@@ -8,8 +8,9 @@ Two kinds of metrics:
 
 - **Read at scrape time** (``_NodeCollector``): the Raft peer's term and indexes, the
   applied coordination state (nodes, pchannels, leases, locks, pending broadcasts,
-  committed segments from the manifests), the event store's size, and for every pchannel
-  this node owns its committed LSN and each replica's durable LSN. Nothing has to keep
+  committed segments from the manifests), the event store's size, for every pchannel
+  this node owns its committed LSN and each replica's durable LSN, and the number of
+  unfinished asyncio tasks (a leak shows as a climb). Nothing has to keep
   these up to date, so they cannot drift from what ClusterStatus reports.
 - **Counted when they happen** (counters and a histogram): proposals and their rejections
   by code (``observe_proposal``, wrapped around ``Node.propose``), acknowledged WAL write
@@ -24,6 +25,7 @@ configuration and the state machine's limits; never broadcast ids, request ids o
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Awaitable, Iterable, Iterator
@@ -216,6 +218,15 @@ class _NodeCollector(Collector):
         yield from self._state()
         yield from self._event_store()
         yield from self._wal()
+        loop = node._loop  # noqa: SLF001 - set once by Node.start, read-only here
+        if loop is not None:
+            # all_tasks copies the loop's task set with a retry, safe from this thread.
+            yield GaugeMetricFamily(
+                "raftwal_asyncio_tasks",
+                "Unfinished asyncio tasks of the node's event loop (streams, owners, "
+                "background loops); a count that keeps climbing is a leak.",
+                value=len(asyncio.all_tasks(loop)),
+            )
 
     def _raft(self) -> Iterator[Metric]:
         node = self._node

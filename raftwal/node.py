@@ -33,11 +33,13 @@ from raft.errors import NotLeader, Overloaded, PeerClosed, UnknownOutcome
 from raft.events import Compacted
 from raft.peer import RaftPeer, RaftTuning
 from raft.replica import CoordinationReplica
+from raftwal import faults
 from raftwal.config import ClusterConfig, NodeConfig, check_transport_security
 from raftwal.coordinator import Coordinator
 from raftwal.internal import ClusterServicer, NodeManagerServicer
 from raftwal.metrics import NodeMetrics
 from raftwal.proposals import ProposalBatcher
+from raftwal.security import NodeSecurity
 from raftwal.streaming import (
     GrpcReplicaTransport,
     NodeDataView,
@@ -109,6 +111,8 @@ class Node:
         self.config = config
         self.me: NodeConfig = config.node(node_id)
         check_transport_security(config, self.me)
+        # TLS and bearer-token auth of the gRPC port, and the node's own client credentials.
+        self.security = NodeSecurity.load(config, self.me)
         self.max_wait_ms = config.max_wait_ms
         self.incarnation = now_ms()
         data_dir = self.me.data_dir
@@ -152,7 +156,11 @@ class Node:
                 self.notifier.advance, revision, index
             )
         )
-        partners = [n.raft_address for n in self.config.nodes if n.id != self.me.id]
+        others = [n for n in self.config.nodes if n.id != self.me.id]
+        partners = [n.raft_address for n in others]
+        # A peer may be dialled elsewhere than at its own address (config peer_*_addresses,
+        # e.g. the chaos suite's per-link proxies); its identity stays its own address.
+        dial = {n.raft_address: self.me.dial_raft_address(n) for n in others}
         self.peer = RaftPeer(
             self_address=self.me.raft_address,
             partner_addresses=partners,
@@ -169,6 +177,7 @@ class Node:
                 max_command_bytes=MAX_COMMAND_BYTES,
                 max_append_entries_bytes=4 * MAX_COMMAND_BYTES,
             ),
+            partner_dial_addresses={a: d for a, d in dial.items() if a != d},
             on_fatal=self._on_fatal,
         )
         revision, index = self.replica.applied()
@@ -184,7 +193,7 @@ class Node:
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.keepalive_timeout_ms", 10_000),
         ]
-        server = grpc.aio.server(options=options)
+        server = grpc.aio.server(options=options, interceptors=self.security.interceptors)
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self), server)
         coordinator_pb2_grpc.add_NodeManagerServicer_to_server(NodeManagerServicer(self), server)
         coordinator_pb2_grpc.add_ClusterServicer_to_server(ClusterServicer(self), server)
@@ -199,7 +208,10 @@ class Node:
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
-        bound = server.add_insecure_port(self.me.grpc_address)
+        if self.security.server_credentials is not None:
+            bound = server.add_secure_port(self.me.grpc_address, self.security.server_credentials)
+        else:
+            bound = server.add_insecure_port(self.me.grpc_address)
         if bound == 0:
             raise OSError(f"cannot listen on {self.me.grpc_address}")
         await server.start()
@@ -218,9 +230,10 @@ class Node:
             ),
         ]
         log.info(
-            "node %s serving gRPC on %s, Raft on %s (pid %d)",
+            "node %s serving gRPC on %s (%s), Raft on %s (pid %d)",
             self.me.id,
             self.me.grpc_address,
+            self.security.summary,
             self.me.raft_address,
             os.getpid(),
         )
@@ -264,8 +277,9 @@ class Node:
     def channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(
-                address,
+            peer = next((n for n in self.config.nodes if n.grpc_address == address), None)
+            channel = self.security.client.aio_channel(
+                self.me.dial_grpc_address(peer) if peer is not None else address,
                 options=[
                     ("grpc.max_receive_message_length", self.config.grpc_max_message_bytes),
                     ("grpc.max_send_message_length", self.config.grpc_max_message_bytes),
@@ -624,5 +638,7 @@ async def _backfill_history_from(
 
 
 async def run_node(config: ClusterConfig, node_id: str) -> None:
+    # Tests only, and only with RAFTWAL_ENABLE_FAULTS=1 (see raftwal/faults.py).
+    faults.install_from_environment(node_id)
     node = Node(config, node_id)
     await node.run_until_stopped()

@@ -3,7 +3,8 @@
 - `NodeDataView`: the node's cached view of assignments, vchannels and manifests (refreshed
   when the node applies new commands) and the `Proposer` the owners use (PChannelReady,
   CommitSegment, reassignment after a restart). This is where the two planes meet.
-- `GrpcReplicaTransport`: the owner's client side of the `Replication` service.
+- `GrpcReplicaTransport`: the owner's client side of the `Replication` service (every
+  AppendRequest passes the ``replication.send`` fault point of `raftwal.faults`).
 - `ReplicationServicer`: the replica side (Append stream, Fence, Fetch).
 - `StreamingNodeServicer`: the public service (Produce, Consume, transactions,
   GetLatestTimeTick, ReadSegment). Servicers validate, call the data plane, and map
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from raftwal import faults
 from rpc.errors import RaftwalError, error_info, to_status
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2, streaming_pb2_grpc
@@ -217,6 +219,11 @@ class _GrpcAppendStream:
         self._call = stub.Append()
 
     async def write(self, request: wire.AppendRequest) -> None:
+        injector = faults.active()
+        if injector is not None and await injector.network_fault(
+            "replication.send", request.pchannel
+        ):
+            return  # dropped: log matching finds the gap and the owner resends
         await self._call.write(request)
 
     async def responses(self) -> AsyncIterator[wire.AppendResponse]:
@@ -271,11 +278,41 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
         if bad is not None:
             raise _fail(E.INVALID_ARGUMENT, bad.message)
 
+    def _check_assigned(self, pchannel: str, term: int, owner_node_id: str | None) -> None:
+        """Only what the coordination state assigned may fence, append or fetch: a term
+        above the pchannel's assigned term (or the assigned term from another node) would
+        fence the real owner out for good, and an unknown pchannel would get a directory."""
+        view = self._node.data_view
+        for attempt in range(2):
+            assignment = view.view.assignments.get(pchannel)
+            if (
+                assignment is not None
+                and term <= assignment.term
+                and (
+                    owner_node_id is None
+                    or term < assignment.term
+                    or owner_node_id == assignment.owner_node_id
+                )
+            ):
+                return
+            if attempt == 0:
+                view.refresh()  # this node may not have applied the assignment yet
+        if assignment is None:
+            raise _fail(E.CHANNEL_NOT_EXIST, f"pchannel {pchannel!r} is not assigned")
+        raise _fail(
+            E.UNMATCHED_CHANNEL_TERM,
+            f"pchannel {pchannel} term {term} from {owner_node_id!r} was not assigned "
+            f"(expected term <= {assignment.term}, from {assignment.owner_node_id!r} at that "
+            "term)",
+            current_term=assignment.term,
+        )
+
     async def Fence(self, request, context):
         try:
             self._check_pchannel(request.pchannel)
             if request.term < 1:
                 raise _fail(E.INVALID_ARGUMENT, f"invalid term ({request.term}; expected >= 1)")
+            self._check_assigned(request.pchannel, request.term, request.owner_node_id)
             wal = await self._plane.log(request.pchannel)
             position = await wal.fence(request.term)
         except Fenced as error:
@@ -318,6 +355,13 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                     owner_hint=hint,
                     current_term=term,
                 )
+            problem = self._node.replica.read(lambda state: _broadcast_mismatch(state, request))
+            if problem is not None:
+                # Maybe not applied here yet: the coordinator sends once it applied it.
+                await self._node.wait_change(0.5)
+                problem = self._node.replica.read(lambda state: _broadcast_mismatch(state, request))
+            if problem is not None:
+                raise _fail(E.INVALID_ARGUMENT, problem)
             properties = {}
             try:
                 code = msg_type_code(request.msg_type or "ddl")
@@ -349,6 +393,7 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
     async def Fetch(self, request, context):
         try:
             self._check_pchannel(request.pchannel)
+            self._check_assigned(request.pchannel, request.term, None)
             wal = await self._plane.log(request.pchannel)
         except RaftwalError as error:
             await context.abort_with_status(to_status(error.info))
@@ -393,6 +438,7 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                 bad = check_name("pchannel", request.pchannel, LIMITS)
                 if bad is not None:
                     raise BadBatch(bad.message)
+                self._check_assigned(request.pchannel, request.term, request.owner_node_id)
                 wal = await self._plane.log(request.pchannel)
                 if request.frames:
                     result = await wal.append(
@@ -428,6 +474,15 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                         last_term=wal.last_term,
                         conflict_term=error.conflict_term,
                         conflict_first_lsn=error.conflict_first_lsn,
+                    )
+                )
+                return future
+            except RaftwalError as error:
+                future.set_result(
+                    wire.AppendResponse(
+                        request_id=request.request_id,
+                        status=wire.APPEND_STATUS_ERROR,
+                        error=error.info,
                     )
                 )
                 return future
@@ -519,6 +574,28 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+def _broadcast_mismatch(
+    state: pb.CoordinationState, request: wire.AppendBroadcastRequest
+) -> str | None:
+    """Why `request` is not the append of a pending broadcast to one of its vchannels (the
+    only thing AppendBroadcast may write), or None."""
+    task = state.broadcasts.get(request.broadcast_id)
+    if task is None or task.state != pb.BROADCAST_STATE_PENDING:
+        return f"broadcast {request.broadcast_id} is not pending (expected a pending broadcast)"
+    if request.vchannel not in {target.vchannel for target in task.vchannels}:
+        return (
+            f"broadcast {request.broadcast_id} does not target vchannel {request.vchannel!r} "
+            f"(expected one of {[t.vchannel for t in task.vchannels][:8]})"
+        )
+    if request.message != task.message or request.msg_type != task.msg_type:
+        return (
+            f"message of broadcast {request.broadcast_id} differs from the broadcast's "
+            f"({len(request.message)} bytes of {request.msg_type[:32]!r}; expected "
+            f"{len(task.message)} bytes of {task.msg_type[:32]!r})"
+        )
+    return None
 
 
 # -- transactions ----------------------------------------------------------------------------
@@ -755,6 +832,14 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         except (LogError, OSError, ValueError) as error:
             return wire.ProduceResult(
                 request_id=request.request_id, error=error_info(E.INNER, str(error)[:300])
+            )
+        except Exception as error:  # noqa: BLE001 - logged and answered, never left pending
+            # Anything else is a bug, but the producer must still get an answer: a request
+            # without a result would hang its stream.
+            log.exception("internal error in Produce")
+            return wire.ProduceResult(
+                request_id=request.request_id,
+                error=error_info(E.INNER, f"internal error: {error!r}"[:300]),
             )
 
     async def Produce(self, request_iterator, context):
@@ -1121,6 +1206,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                     E.INVALID_ARGUMENT,
                     f"invalid max_chunk_bytes ({chunk}; expected 4096..16777216)",
                 )
+            if request.pchannel not in self._view.view.pchannels:
+                # Checked before the log is opened: an unknown name must not get a directory.
+                raise _fail(E.CHANNEL_NOT_EXIST, f"pchannel {request.pchannel!r} does not exist")
             wal = await self._plane.log(request.pchannel)
             path = wal.segment_path(request.segment_id)
             committed = self._view.committed_through(request.pchannel)
@@ -1139,6 +1227,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             return
         except SegmentCorrupted as error:
             await self._abort(context, _fail(E.UNRECOVERABLE, f"node {self._node.me.id}: {error}"))
+            return
+        except (LogError, OSError) as error:
+            await self._abort(context, _fail(E.INNER, f"node {self._node.me.id}: {error}"[:300]))
             return
         try:
             low = request.from_lsn or reader.first_lsn

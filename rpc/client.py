@@ -16,7 +16,25 @@
   ``raise_for``); errors that retrying cannot fix raise at once;
 - **resumable streams**: ``watch_events`` resumes at the last delivered revision + 1 on
   another node, ``watch_assignments`` never goes back to an older version, and
-  ``lease_keeper`` renews a lease over one bidirectional stream, reconnecting as needed.
+  ``lease_keeper`` renews a lease over one bidirectional stream, reconnecting as needed;
+- **security**: ``security`` (``rpc.credentials.ClientSecurity``) says how channels are
+  opened: TLS with a CA file, a client certificate for clusters that require mutual TLS,
+  and the bearer token that every call carries. By default it comes from the environment
+  (``RAFTWAL_TOKEN`` or ``RAFTWAL_TOKEN_FILE``, ``RAFTWAL_CLIENT_TLS_CA_FILE``,
+  ``RAFTWAL_CLIENT_TLS_CERT_FILE``, ``RAFTWAL_CLIENT_TLS_KEY_FILE``), else plaintext without
+  a token. UNAUTHENTICATED and PERMISSION_DENIED are raised at once (never retried); a TLS
+  handshake failure looks like an unreachable node (UNAVAILABLE) and is retried within the
+  bounds, then raised as ``UnavailableError`` naming the handshake error.
+
+```python
+from rpc.client import CoordinatorClient
+from rpc.credentials import ClientSecurity
+
+security = ClientSecurity.load(token_file="tokens/producer", tls_ca_file="tls/ca.pem",
+                               tls_cert_file="tls/client.pem", tls_key_file="tls/client.key")
+async with CoordinatorClient("h1:7201,h2:7201,h3:7201", security=security) as client:
+    print(await client.list_channels())
+```
 
 The synchronous wrapper ``Client`` lives in ``rpc/sync_client.py`` (also importable from
 here). This module must never retry without a bound, retry an error that is not retryable,
@@ -38,6 +56,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import grpc
 from grpc_status import rpc_status
 
+from rpc.credentials import ClientSecurity
 from rpc.errors import RaftwalError, error_info, from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
@@ -67,9 +86,11 @@ __all__ = [
     "NotLeaderError",
     "NotOwnerError",
     "OnShutdownError",
+    "PermissionDeniedError",
     "RaftwalError",
     "ResourceAcquiredError",
     "TransactionExpiredError",
+    "UnauthenticatedError",
     "UnavailableError",
     "UnknownError",
     "UnmatchedChannelTermError",
@@ -181,6 +202,16 @@ class UnknownError(RaftwalError):
     """UNKNOWN: an error without a raftwal code, or an outcome the server could not know."""
 
 
+class UnauthenticatedError(RaftwalError):
+    """UNAUTHENTICATED: no bearer token, or one the cluster does not know (see
+    ``rpc.credentials.ClientSecurity``); retrying cannot help."""
+
+
+class PermissionDeniedError(RaftwalError, PermissionError):
+    """PERMISSION_DENIED: the token's role may not call this method (the message names
+    the role and the roles that may)."""
+
+
 ERROR_CLASSES: dict[int, type[RaftwalError]] = {
     E.CHANNEL_NOT_EXIST: ChannelNotExistError,
     E.CHANNEL_FENCED: ChannelFencedError,
@@ -200,6 +231,8 @@ ERROR_CLASSES: dict[int, type[RaftwalError]] = {
     E.ALREADY_EXISTS: AlreadyExistsError,
     E.NOT_FOUND: NotFoundError,
     E.UNKNOWN: UnknownError,
+    E.UNAUTHENTICATED: UnauthenticatedError,
+    E.PERMISSION_DENIED: PermissionDeniedError,
 }
 
 
@@ -466,6 +499,7 @@ class CoordinatorClient:
         backoff_max_s: float = 1.0,
         attempt_timeout_s: float = DEFAULT_ATTEMPT_TIMEOUT_S,
         channel_options: Sequence[tuple[str, Any]] = (),
+        security: ClientSecurity | None = None,
     ) -> None:
         _check_positive("timeout_s", timeout_s)
         _check_positive("attempt_timeout_s", attempt_timeout_s)
@@ -484,6 +518,11 @@ class CoordinatorClient:
         self.backoff_max_s = backoff_max_s
         self.attempt_timeout_s = attempt_timeout_s
         self._channel_options = list(channel_options)
+        # TLS, client certificate and token of every channel (see the module docstring).
+        self.security = ClientSecurity.from_env() if security is None else security
+        for endpoint in self.endpoints:
+            # Fails now, not at the first call, on a token that would go out in cleartext.
+            self.security.credentials(endpoint)
         self._router = _Router(self.endpoints)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, coordinator_pb2_grpc.CoordinatorStub] = {}
@@ -530,7 +569,7 @@ class CoordinatorClient:
         stub = self._stubs.get(target)
         if stub is None:
             # Channels are created lazily, inside the running loop that will use them.
-            channel = grpc.aio.insecure_channel(target, options=self._channel_options)
+            channel = self.security.aio_channel(target, self._channel_options)
             self._channels[target] = channel
             stub = coordinator_pb2_grpc.CoordinatorStub(channel)
             self._stubs[target] = stub

@@ -38,6 +38,8 @@ GRPC_CODE_FOR: dict[int, grpc.StatusCode] = {
     E.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     E.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     E.UNKNOWN: grpc.StatusCode.UNKNOWN,
+    E.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    E.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 
@@ -59,9 +61,24 @@ def error_info(
     return info
 
 
+#: An error's message travels twice in the trailers (grpc-message, percent-encoded, and the
+#: detail), which gRPC caps at 16 KiB: a longer one (an echoed input can be any size) would
+#: replace the whole status with RESOURCE_EXHAUSTED and no detail. Cut at this many bytes.
+MAX_ERROR_MESSAGE_BYTES = 1024
+
+
 def to_status(info: errors_pb2.ErrorInfo) -> grpc.Status:
     """A grpc.Status carrying `info` as its single detail (for ``context.abort_with_status``)."""
     grpc_code = GRPC_CODE_FOR.get(info.code, grpc.StatusCode.UNKNOWN)
+    encoded = info.message.encode()
+    if len(encoded) > MAX_ERROR_MESSAGE_BYTES:
+        shortened = errors_pb2.ErrorInfo()
+        shortened.CopyFrom(info)
+        shortened.message = (
+            encoded[:MAX_ERROR_MESSAGE_BYTES].decode(errors="ignore")
+            + f"... (cut; {len(encoded)} bytes)"
+        )
+        info = shortened
     detail = any_pb2.Any()
     detail.Pack(info)
     message = f"{code_name(info.code)}: {info.message}"
@@ -92,6 +109,8 @@ def from_rpc_error(error: grpc.RpcError) -> errors_pb2.ErrorInfo:
         grpc.StatusCode.NOT_FOUND: E.NOT_FOUND,
         grpc.StatusCode.ALREADY_EXISTS: E.ALREADY_EXISTS,
         grpc.StatusCode.UNAVAILABLE: E.ON_SHUTDOWN,
+        grpc.StatusCode.UNAUTHENTICATED: E.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED: E.PERMISSION_DENIED,
     }.get(code, E.UNKNOWN)
     return error_info(mapped, f"{code.name if code else 'UNKNOWN'}: {details}")
 

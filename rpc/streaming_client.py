@@ -20,7 +20,11 @@
   vchannel's pchannel, with a keepalive task while open; an async context manager that
   commits on normal exit and rolls back on an exception.
 - ``StreamingClient``: what the three share (a ``CoordinatorClient``, the routing table and
-  one gRPC channel per node); ``list_segments`` reads the committed segment manifest.
+  one gRPC channel per node, opened with the coordinator client's ``security``: TLS, client
+  certificate, bearer token; see ``rpc.client``); ``list_segments`` reads the committed
+  segment manifest. With token auth on, producing takes a producer (or admin) token,
+  consuming a consumer, reader (or admin) token: anything else is PERMISSION_DENIED, raised
+  at once.
 
 Every retry loop here is bounded in attempts and in time, and only errors that another
 attempt can fix are retried. This module must never resend a batch under a new sequence,
@@ -43,6 +47,7 @@ from typing import Any, NamedTuple
 
 import grpc
 
+from rpc.credentials import ClientSecurity
 from rpc.errors import error_info, from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
@@ -110,6 +115,9 @@ CLOSE_GRACE_S = 1.0
 DATA_RETRYABLE_CODES = frozenset(
     {E.NOT_OWNER, E.CHANNEL_FENCED, E.ON_SHUTDOWN, E.NOT_LEADER, E.UNKNOWN}
 )
+# A Produce stream ended with these was refused before the node read any request: nothing
+# of it was written, and another attempt with the same credentials is refused the same way.
+STREAM_REFUSED_CODES = frozenset({E.UNAUTHENTICATED, E.PERMISSION_DENIED})
 
 
 # ---------------------------------------------------------------------------------------
@@ -546,13 +554,22 @@ class StreamingClient:
         *,
         timeout_s: float = 10.0,
         channel_options: Sequence[tuple[str, Any]] = (),
+        security: ClientSecurity | None = None,
     ) -> None:
         if isinstance(client_or_endpoints, CoordinatorClient):
+            if security is not None:
+                raise TypeError(
+                    "security given with a CoordinatorClient (expected it on that client: "
+                    "its security is used for every channel)"
+                )
             self.coordinator = client_or_endpoints
             self._owns_coordinator = False
         else:
             self.coordinator = CoordinatorClient(
-                client_or_endpoints, timeout_s=timeout_s, channel_options=channel_options
+                client_or_endpoints,
+                timeout_s=timeout_s,
+                channel_options=channel_options,
+                security=security,
             )
             self._owns_coordinator = True
         self._channel_options = list(channel_options)
@@ -590,7 +607,7 @@ class StreamingClient:
                         f"{MAX_CHANNELS}); not opening a channel to {address}",
                     )
                 )
-            channel = grpc.aio.insecure_channel(address, options=self._channel_options)
+            channel = self.coordinator.security.aio_channel(address, self._channel_options)
             self._channels[address] = channel
         return channel
 
@@ -1137,7 +1154,10 @@ class Producer:
             try:
                 result = attempt.result()
             except _StreamBroken as broken:
-                self._mark_failed(lane, batch, broken.info)
+                if broken.info.code in STREAM_REFUSED_CODES:
+                    self._fail_batch(lane, batch, error_for(broken.info))
+                else:
+                    self._mark_failed(lane, batch, broken.info)
                 continue
             if result.HasField("error") and result.error.code != E.OK:
                 code = result.error.code

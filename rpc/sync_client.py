@@ -6,6 +6,10 @@ the same names, arguments, errors and bounds as the async client; async iterator
 blocking generators (closing one cancels its stream), and ``lease_keeper`` returns a plain
 context manager. Must never run blocking work on the private loop, nor wait without a bound
 on a call (only stream generators wait for the next item as long as the stream lives).
+
+Credentials are the async client's: ``Client(endpoints, security=ClientSecurity.load(...))``
+(``rpc.credentials``), else the RAFTWAL_TOKEN... environment variables; a refused token
+raises ``UnauthenticatedError`` or ``PermissionDeniedError`` from the calling thread.
 """
 
 from __future__ import annotations

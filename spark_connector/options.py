@@ -6,6 +6,12 @@ into it or raises `ValueError` naming the option, what it got and what it expect
 
 Ranges are half-open like Kafka's starting/ending offsets: `fromTimeTick` and `fromLsn`
 are inclusive, `toTimeTick` and `toLsn` exclusive.
+
+Credentials: `token` or `tokenFile`, `tlsCaFile`, and `tlsCertFile` with `tlsKeyFile` for a
+cluster that requires mutual TLS; without any of them, the driver's RAFTWAL_TOKEN...
+environment (`rpc.credentials`). The files are read once, on the driver, and travel to the
+executors inside `ReadOptions` (executors need no copy of them); a `ReadOptions` repr never
+shows the token.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from rpc.credentials import ClientSecurity, CredentialsError
 from wal_segments.format import MSG_TYPE_CODES, MsgType
 
 #: Spark's Kafka source splits partitions at this many records by default (none); we split
@@ -41,6 +48,8 @@ KNOWN_OPTIONS = {
     "token",
     "tokenfile",
     "tlscafile",
+    "tlscertfile",
+    "tlskeyfile",
     "timeoutseconds",
     "path",
 }
@@ -62,8 +71,7 @@ class ReadOptions:
     prefer_local: bool = False
     #: node id -> that node's data directory, as seen from the executors' hosts
     local_data_dirs: Mapping[str, str] = field(default_factory=dict)
-    token: str | None = None
-    tls_ca_file: str | None = None
+    security: ClientSecurity = ClientSecurity()
     timeout_s: float = 30.0
 
     def lsn_bounds(self, pchannel: str) -> tuple[int | None, int | None]:
@@ -152,6 +160,23 @@ def _data_dirs(value: str | None) -> dict[str, str]:
     return dirs
 
 
+def _security(lowered: Mapping[str, str]) -> ClientSecurity:
+    names = ("token", "tokenfile", "tlscafile", "tlscertfile", "tlskeyfile")
+    try:
+        if not any(lowered.get(name) for name in names):
+            return ClientSecurity.from_env()
+        return ClientSecurity.load(
+            token=lowered.get("token") or None,
+            token_file=lowered.get("tokenfile") or None,
+            tls_ca_file=lowered.get("tlscafile") or None,
+            tls_cert_file=lowered.get("tlscertfile") or None,
+            tls_key_file=lowered.get("tlskeyfile") or None,
+        )
+    except CredentialsError as error:
+        # The message names the file or variable, never the token.
+        raise ValueError(f"raftwal credentials options: {error}") from None
+
+
 def parse_options(options: Mapping[str, str]) -> ReadOptions:
     """Validate Spark's options (keys are case-insensitive) into `ReadOptions`."""
     lowered = {key.lower(): value for key, value in options.items()}
@@ -166,14 +191,12 @@ def parse_options(options: Mapping[str, str]) -> ReadOptions:
         host, sep, port = endpoint.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise _bad("endpoints", endpoints_text, "host:port[,host:port...]")
-    token = lowered.get("token")
-    token_file = lowered.get("tokenfile")
-    if token_file:
+    security = _security(lowered)
+    for endpoint in endpoints:
         try:
-            with open(token_file, encoding="utf-8") as handle:
-                token = handle.read().strip()
-        except OSError as error:
-            raise _bad("tokenFile", token_file, f"a readable file ({error})") from None
+            security.credentials(endpoint)
+        except CredentialsError as error:
+            raise _bad("endpoints", endpoint, f"a TLS or loopback endpoint ({error})") from None
     from_tick = _int("fromTimeTick", lowered.get("fromtimetick"))
     to_tick = _int("toTimeTick", lowered.get("totimetick"))
     if from_tick is not None and to_tick is not None and to_tick <= from_tick:
@@ -203,7 +226,6 @@ def parse_options(options: Mapping[str, str]) -> ReadOptions:
         max_records_per_partition=max_records or DEFAULT_MAX_RECORDS_PER_PARTITION,
         prefer_local=_bool("preferLocal", lowered.get("preferlocal")),
         local_data_dirs=_data_dirs(lowered.get("localdatadirs")),
-        token=token,
-        tls_ca_file=lowered.get("tlscafile"),
+        security=security,
         timeout_s=timeout_s,
     )

@@ -67,16 +67,9 @@ class ConnectorError(RuntimeError):
 
 
 def channel(endpoint: str, options: ReadOptions) -> grpc.Channel:
-    settings = [("grpc.max_receive_message_length", 64 << 20)]
-    if options.tls_ca_file:
-        with open(options.tls_ca_file, "rb") as handle:
-            credentials = grpc.ssl_channel_credentials(root_certificates=handle.read())
-        return grpc.secure_channel(endpoint, credentials, options=settings)
-    return grpc.insecure_channel(endpoint, options=settings)
-
-
-def metadata(options: ReadOptions) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {options.token}"),) if options.token else ()
+    """A channel to `endpoint` with the read's credentials (TLS, client certificate and
+    the bearer token every call carries)."""
+    return options.security.channel(endpoint, [("grpc.max_receive_message_length", 64 << 20)])
 
 
 def describe(error: grpc.RpcError) -> str:
@@ -110,7 +103,6 @@ def _on_any(options: ReadOptions, call: Callable[[coordinator_pb2_grpc.Coordinat
 
 def snapshot(options: ReadOptions) -> Snapshot:
     """The committed manifest at one revision (`asOfRevision`, or the current one)."""
-    meta = metadata(options)
     timeout = options.timeout_s
 
     def list_segments(stub: coordinator_pb2_grpc.CoordinatorStub) -> Any:
@@ -119,16 +111,13 @@ def snapshot(options: ReadOptions) -> Snapshot:
                 pchannels=sorted(options.pchannels or ()), as_of_revision=options.as_of_revision
             ),
             timeout=timeout,
-            metadata=meta,
         )
 
     def list_channels(stub: coordinator_pb2_grpc.CoordinatorStub) -> Any:
-        return stub.ListChannels(
-            api.ListChannelsRequest(include_dropped=True), timeout=timeout, metadata=meta
-        )
+        return stub.ListChannels(api.ListChannelsRequest(include_dropped=True), timeout=timeout)
 
     def cluster(stub: coordinator_pb2_grpc.CoordinatorStub) -> Any:
-        return stub.ClusterStatus(api.ClusterStatusRequest(), timeout=timeout, metadata=meta)
+        return stub.ClusterStatus(api.ClusterStatusRequest(), timeout=timeout)
 
     listed = _on_any(options, list_segments)
     channels = _on_any(options, list_channels)

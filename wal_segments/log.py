@@ -13,6 +13,10 @@ by the replicas. It holds:
   same term are skipped (a resend), and a divergent suffix (same LSN, another term) is
   truncated, never an entry that `committed_lsn` covers.
 - group-commit fsync per open segment (`fsync_policy.GroupCommit`).
+- local I/O failures: an append whose write fails (ENOSPC) leaves the log as it was and
+  raises OSError; after a failed fdatasync or seal the log refuses appends (`failure`)
+  until it is closed and opened again, which recovers it from the files (under fsync
+  policy ``always`` the open segment is first cut back to its last synced offset).
 
 Mutations run on the event loop that owns the log, one at a time (an asyncio lock, held
 only while writing, never while waiting for an fsync); durability is awaited outside it.
@@ -49,6 +53,7 @@ from wal_segments.fsync_policy import FsyncPolicy, GroupCommit
 from wal_segments.segment import (
     Fdatasync,
     SegmentCorrupted,
+    SegmentStateError,
     SegmentWriter,
     _default_fdatasync,
     fsync_directory,
@@ -109,8 +114,9 @@ class _Segment:
 
 @dataclass(frozen=True, slots=True)
 class AppendResult:
-    """What an append wrote: `last_lsn` is the log's end after it (entries skipped as
-    resends count as present); `sync_offset` (with `writer`) is what to wait durable."""
+    """What an append wrote: `last_lsn` is the last LSN of the batch (entries skipped as
+    resends count as present; the log may hold more after it); `sync_offset` (with
+    `writer`) is what to wait durable."""
 
     last_lsn: int
     writer: SegmentWriter | None
@@ -254,15 +260,52 @@ class PChannelLog:
             (s.last_lsn for s in self._segments if s.first_lsn in committed), default=0
         )
 
+    @property
+    def failure(self) -> BaseException | None:
+        """The local I/O error (a failed fdatasync, seal, or cut-back of a failed append)
+        after which this log takes no more appends: it must be closed and opened again,
+        which recovers the files from what is on disk. None while the log works."""
+        writer, group = self._writer, self._group
+        if writer is not None and writer.failure is not None:
+            return writer.failure
+        if group is not None and group.failure is not None:
+            return group.failure
+        return None
+
+    def _check_usable(self) -> None:
+        if self.closed:
+            raise LogError(f"{self.pchannel}: log is closed")
+        failure = self.failure
+        if failure is not None:
+            raise LogError(f"{self.pchannel}: log failed ({failure}); it must be reopened")
+
     async def close(self) -> None:
         async with self._lock:
             self.closed = True
+            failure = self.failure
             if self._group is not None:
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError, SegmentStateError):
                     await self._group.close()
                 self._group = None
             if self._writer is not None:
                 self._writer.close()
+                if failure is not None and self.policy.kind == "always":
+                    # What the page cache shows past the last successful fdatasync may
+                    # never reach the disk (after a failed fsync the kernel may drop the
+                    # dirty pages): cut it, so that a reopen never trusts it. Under
+                    # "always" nothing this copy acknowledged or reported durable is past
+                    # that point; the other policies never promised more than the page
+                    # cache, and a reopen trusts it as a process restart would.
+                    writer = self._writer
+                    logger.warning(
+                        "%s: %s failed (%s); cutting it back to its last synced offset %d",
+                        self.pchannel,
+                        writer.path.name,
+                        failure,
+                        writer.durable_offset,
+                    )
+                    with contextlib.suppress(OSError):
+                        os.truncate(writer.path, writer.durable_offset)
                 self._writer = None
             for segment in self._segments:
                 if segment.read_fd is not None:
@@ -382,8 +425,7 @@ class PChannelLog:
         (prev_lsn, prev_term). Raises Fenced, Mismatch or BadBatch; never writes a batch that
         fails verification. Returns where the log ends and what to wait durable."""
         async with self._lock:
-            if self.closed:
-                raise LogError(f"{self.pchannel}: log is closed")
+            self._check_usable()
             if term < self.fenced_term:
                 raise Fenced(term, self.fenced_term)
             await self._raise_fence(term)
@@ -414,7 +456,19 @@ class PChannelLog:
                     break
                 start_row += 1
             if start_row == meta.count:
-                return AppendResult(self.last_lsn, None, 0, generation=self._generation)
+                # All of it is here already (a resend). What matches the sender ends with
+                # the batch, not with this log's end: entries beyond it may be a divergent
+                # suffix the sender never wrote (reporting them as durable let a new owner
+                # count this replica for its own entries at those LSNs, and raised this
+                # log's committed LSN over entries it then had to truncate). They are
+                # durable once the open segment is synced up to where it is written now.
+                writer = self._writer
+                return AppendResult(
+                    prev_lsn + meta.count,
+                    writer,
+                    writer.end_offset if writer is not None else 0,
+                    generation=self._generation,
+                )
             if start_row:
                 offset = meta.frame_offsets[start_row]
                 frames = frames[offset:]
@@ -429,8 +483,7 @@ class PChannelLog:
     async def append_local(self, frames: bytes, meta: BatchMeta, term: int) -> AppendResult:
         """The owner's own append of a batch it encoded at `term` (continues the log)."""
         async with self._lock:
-            if self.closed:
-                raise LogError(f"{self.pchannel}: log is closed")
+            self._check_usable()
             if term < self.fenced_term:
                 raise Fenced(term, self.fenced_term)
             if meta.first_lsn != self.last_lsn + 1:

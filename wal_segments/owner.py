@@ -20,7 +20,9 @@ this node at term T, it
 
 An owner that meets a higher term (a replica answers FENCED, or its own log was fenced)
 stops: every pending and later write fails with CHANNEL_FENCED; it never acknowledges
-again.
+again. A local write that fails cleanly (ENOSPC: nothing reached the log) fails only its
+batch, with INNER; after a failed fdatasync or seal the owner stops (ON_SHUTDOWN, with the
+reason) and the data plane recovers the pchannel at a new term.
 
 What must never happen here: an import of `raft` or `raftwal` (the coordination plane is
 reached through the `Proposer` protocol); acknowledging a write before a majority holds it
@@ -231,6 +233,8 @@ class ChannelOwner:
         self._segment_opened_at = time.monotonic()
         self.commit_failures = 0
         self.last_commit_error = ""
+        #: why the owner stopped after a local I/O failure ("" otherwise)
+        self.failure = ""
         self.ready = asyncio.Event()
 
     # -- status ------------------------------------------------------------------------------
@@ -259,7 +263,8 @@ class ChannelOwner:
         if self.state != "serving":
             raise WalError(
                 E.ON_SHUTDOWN if self.state == "closed" else E.NOT_OWNER,
-                f"pchannel {self.pchannel} at term {self.term} is {self.state}",
+                f"pchannel {self.pchannel} at term {self.term} is {self.state}"
+                + (f" ({self.failure})" if self.failure else ""),
                 current_term=self.term,
             )
 
@@ -277,10 +282,13 @@ class ChannelOwner:
             logger.info("%s: recovery at term %d ended: %s", self.pchannel, self.term, error)
             if self.state == "recovering":
                 self.state = "closed"
+                if error.info.code != E.CHANNEL_FENCED:
+                    self.failure = self.failure or f"recovery failed: {error}"
             return
         except (LogError, OSError) as error:
             logger.error("%s: recovery at term %d failed: %s", self.pchannel, self.term, error)
             self.state = "closed"
+            self.failure = self.failure or f"recovery failed: {error}"
             return
         self._tasks.append(asyncio.create_task(self._commit_loop(), name=f"commit:{self.pchannel}"))
 
@@ -296,6 +304,26 @@ class ChannelOwner:
         for task in [*self._tasks, *(r.task for r in self._replicas.values() if r.task)]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+    def _local_failure(self, error: BaseException) -> None:
+        """The local copy can no longer be trusted (a failed fdatasync or seal): stop
+        acknowledging. The data plane then reopens the log from the files and asks for a
+        new term (`DataPlane.reconcile`), as after a restart."""
+        if self.state in ("fenced", "closed"):
+            return
+        logger.error(
+            "%s: local write failed at term %d (%s); the owner stops and the pchannel "
+            "recovers at a new term",
+            self.pchannel,
+            self.term,
+            error,
+        )
+        self.failure = f"local write failed on node {self.node_id}: {error}"
+        self.state = "closed"
+        self._notify_progress()
+        for replica in self._replicas.values():
+            if replica.task is not None:
+                replica.task.cancel()
 
     def _fence(self, by_term: int) -> None:
         if self.state in ("fenced", "closed"):
@@ -556,6 +584,24 @@ class ChannelOwner:
         except Fenced as error:
             self._fence(error.fenced_term)
             raise fenced_error(self.pchannel, self.term, error.fenced_term) from None
+        except BadBatch:
+            raise  # a bug of the caller, not of the disk
+        except (OSError, LogError) as error:
+            if self.log.failure is None and not self.log.closed:
+                # The write failed and was cut back (ENOSPC, EIO): the log is unchanged and
+                # this batch simply failed; the next one may succeed.
+                raise WalError(
+                    E.INNER,
+                    f"pchannel {self.pchannel}: local write failed on node {self.node_id} "
+                    f"({error}); nothing was written, retry later",
+                    current_term=self.term,
+                ) from None
+            self._local_failure(error)
+            raise WalError(
+                E.ON_SHUTDOWN,
+                f"pchannel {self.pchannel} at term {self.term} stopped: {self.failure or error}",
+                current_term=self.term,
+            ) from None
         self._cache(meta.first_lsn, meta.last_lsn, prev_term, frames, result.sealed)
         for replica in self._replicas.values():
             replica.wake.set()
@@ -568,8 +614,7 @@ class ChannelOwner:
         try:
             await self.log.wait_durable(result)
         except (LogError, OSError, ValueError) as error:
-            logger.error("%s: local durability failed: %r", self.pchannel, error)
-            self._fence(self.term)  # stop acknowledging: the local copy is unreliable
+            self._local_failure(error)
             return
         if result.last_lsn > self._self_durable:
             self._self_durable = result.last_lsn
@@ -600,7 +645,11 @@ class ChannelOwner:
             if self.state == "fenced":
                 raise fenced_error(self.pchannel, self.term, self.fenced_by)
             if self.state == "closed" or (not recovering and self.state != "serving"):
-                raise WalError(E.ON_SHUTDOWN, f"owner of {self.pchannel} is {self.state}")
+                raise WalError(
+                    E.ON_SHUTDOWN,
+                    f"owner of {self.pchannel} is {self.state}"
+                    + (f" ({self.failure})" if self.failure else ""),
+                )
             if recovering:
                 self._check_current()
             with contextlib.suppress(TimeoutError):

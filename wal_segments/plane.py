@@ -5,8 +5,10 @@ What lives here: `DataPlane` (one per node process). It opens `data_dir/wal/<pch
 logs on demand, answers the replica side of replication (append, fence, fetch), starts a
 `ChannelOwner` when the coordination state assigns a pchannel to this node at a new term
 (ASSIGNING), stops owners whose term was superseded, and re-runs recovery at a new term
-when this node is recorded as the ready owner but does not serve (a restart): it asks the
-coordination plane to reassign the pchannel to itself at term + 1.
+when this node is recorded as the ready owner but does not serve (a restart, or an owner
+that stopped after a local I/O failure): it asks the coordination plane to reassign the
+pchannel to itself at term + 1. A log left unusable by a local I/O failure is closed and
+opened again (recovered from the files) the next time anything needs it.
 
 The coordination plane is reached only through `CoordinationView` and `Proposer`
 (`typing.Protocol`s wired by the composition root in `raftwal/`).
@@ -94,24 +96,36 @@ class DataPlane:
         self._reconcile_lock = asyncio.Lock()
 
     async def log(self, pchannel: str) -> PChannelLog:
+        """The pchannel's log, opened (recovered from the files) on first use, and opened
+        again when a local I/O failure left it unusable (`PChannelLog.failure`)."""
         log = self.logs.get(pchannel)
-        if log is not None:
+        if log is not None and log.failure is None:
             return log
         future = self._opening.get(pchannel)
         if future is None:
             future = asyncio.get_running_loop().create_future()
             self._opening[pchannel] = future
             try:
+                if log is not None:
+                    logger.warning(
+                        "%s: reopening the log after a local I/O failure: %s", pchannel, log.failure
+                    )
+                    del self.logs[pchannel]
+                    await log.close()
                 log = await PChannelLog.open(
                     self.wal_dir / pchannel, pchannel, self.catalog, self.policy
                 )
             except BaseException as error:
-                # A malformed segment is reported for this pchannel; others keep working.
+                # A malformed segment is reported for this pchannel (logged once, and in
+                # ClusterStatus); others keep working.
+                if self.broken.get(pchannel) != str(error):
+                    logger.error("%s: cannot open the log: %s", pchannel, error)
                 self.broken[pchannel] = str(error)
                 future.set_exception(error)
                 future.exception()
                 del self._opening[pchannel]
                 raise
+            self.broken.pop(pchannel, None)
             self.logs[pchannel] = log
             future.set_result(log)
             del self._opening[pchannel]
@@ -122,7 +136,9 @@ class DataPlane:
         """Problems worth a warning in ClusterStatus: unreadable logs, failing commits."""
         problems = {p: f"log cannot be opened: {e}" for p, e in self.broken.items()}
         for pchannel, owner in self.owners.items():
-            if owner.commit_failures >= 3:
+            if owner.failure:
+                problems[pchannel] = f"owner at term {owner.term} stopped: {owner.failure}"
+            elif owner.commit_failures >= 3:
                 problems[pchannel] = (
                     f"segment commit failing ({owner.commit_failures}): {owner.last_commit_error}"
                 )
@@ -173,8 +189,7 @@ class DataPlane:
     async def _start_owner(self, assignment: Assignment) -> None:
         try:
             log = await self.log(assignment.pchannel)
-        except Exception as error:  # noqa: BLE001 - reported in status, other pchannels go on
-            logger.error("%s: cannot open the log: %s", assignment.pchannel, error)
+        except Exception:  # noqa: BLE001 - logged and reported by log(); others go on
             return
         owner = ChannelOwner(
             pchannel=assignment.pchannel,

@@ -4,7 +4,12 @@ What lives here:
 - `SegmentWriter`: creates `<dir>/<first_lsn:020d>.seg` atomically (header written and
   synced under a temporary name, linked into place, directory fsynced), appends encoded
   batches, syncs (fdatasync through a hook so tests can count it), truncates a divergent
-  suffix, and seals (footer with the offset index, per-block crc32c and the digest).
+  suffix, and seals (footer with the offset index, per-block crc32c and the digest). An
+  append whose write fails (ENOSPC, EIO) is cut back off the file, leaving the segment as
+  it was and still appendable; a failed fdatasync, seal or cut-back leaves the writer
+  failed (every later call raises SegmentStateError) until the file is reopened.
+  Every write and fdatasync passes the fault points ``wal.append`` / ``wal.fsync``
+  (`faults.py`) first.
 - `open_segment`: recovery on open. A sealed file has its trailer and footer verified. An
   unsealed file is walked frame by frame: a torn tail (a bad frame with no valid frame
   after it: a partial last frame, a last frame whose crc fails, zeros or a half-written
@@ -16,14 +21,16 @@ What lives here:
 - `read_unsealed`: walks the open tail frame by frame with per-frame crc (slow path).
 
 What must never happen here: an import of `raft` or `raftwal`; returning bytes that were
-not verified; silently skipping a bad entry; truncating anything but a torn tail or the
-suffix a caller asked to drop. A writer belongs to one task: `append_*`, `seal` and
-`truncate_after` must not run concurrently with each other; `sync` may run in another
-thread while appends continue (that is how the group commit uses it).
+not verified; silently skipping a bad entry; truncating anything but a torn tail, the part
+of a failed append that reached the file, or the suffix a caller asked to drop. A writer
+belongs to one task: `append_*`, `seal` and `truncate_after` must not run concurrently with
+each other; `sync` may run in another thread while appends continue (that is how the group
+commit uses it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from array import array
@@ -35,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from wal_segments import columnar
+from wal_segments.faults import fault
 from wal_segments.format import (
     CONTROL_FLAGS,
     DEFAULT_BLOCK_SIZE_BYTES,
@@ -113,12 +121,18 @@ def fsync_directory(directory: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+def _pwrite_all(fd: int, data: bytes | memoryview, offset: int, path: Path) -> None:
+    fault("wal.append", str(path))
     view = memoryview(data)
     while view:
         written = os.pwrite(fd, view, offset)
         view = view[written:]
         offset += written
+
+
+def _datasync(fdatasync: Fdatasync, fd: int, path: Path) -> None:
+    fault("wal.fsync", str(path))
+    fdatasync(fd)
 
 
 def _pread_exact(fd: int, size: int, offset: int) -> bytes:
@@ -459,9 +473,17 @@ class SegmentWriter:
             raise FileExistsError(f"segment {path} already exists")
         fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            _pwrite_all(fd, encoded, 0)
-            fdatasync(fd)
+            _pwrite_all(fd, encoded, 0, temporary)
+            _datasync(fdatasync, fd, temporary)
             os.link(temporary, path)  # fails rather than replace an existing segment
+        except BaseException:
+            os.close(fd)
+            # Nothing is under the final name: the next attempt starts afresh (and recovery
+            # deletes a temporary file a crash leaves behind).
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+        try:
             os.unlink(temporary)
             fsync_directory(directory)
         except BaseException:
@@ -574,6 +596,11 @@ class SegmentWriter:
     def sealed(self) -> bool:
         return self._sealed
 
+    @property
+    def failure(self) -> BaseException | None:
+        """The error that left this writer unusable (None while it works)."""
+        return self._failure
+
     def _check_writable(self) -> None:
         if self._failure is not None:
             raise SegmentStateError(
@@ -617,10 +644,22 @@ class SegmentWriter:
             )
         base = self._end_offset
         try:
-            _pwrite_all(self._fd, data, base)
+            _pwrite_all(self._fd, data, base, self.path)
         except BaseException as error:
-            # The file may now hold part of the batch: only recovery can say what is there.
-            self._failure = error
+            # The file may hold part of the batch (a short write before ENOSPC): cut it
+            # off, and the segment is exactly what it was before this call, still
+            # appendable. Only when that fails too is the writer unusable (recovery on
+            # reopen truncates the torn tail).
+            try:
+                os.ftruncate(self._fd, base)
+            except OSError as truncate_error:
+                logger.error(
+                    "segment %s: cannot cut a failed append back to offset %d: %s",
+                    self.path,
+                    base,
+                    truncate_error,
+                )
+                self._failure = error
             raise
         if self._checksums is not None:
             self._checksums.add(data, base, digest=True)
@@ -642,7 +681,7 @@ class SegmentWriter:
         if target <= self._durable_offset:
             return self._durable_offset
         try:
-            self._fdatasync(self._fd)
+            _datasync(self._fdatasync, self._fd, self.path)
         except BaseException as error:
             # After a failed fsync the page cache state is unknown: never retry blindly.
             self._failure = error
@@ -673,7 +712,7 @@ class SegmentWriter:
             self._first_term, self._first_time_tick = 0, -1
         try:
             os.ftruncate(self._fd, new_end)
-            self._fdatasync(self._fd)
+            _datasync(self._fdatasync, self._fd, self.path)
         except BaseException as error:
             self._failure = error
             raise
@@ -720,10 +759,10 @@ class SegmentWriter:
         try:
             # The trailer is written only once the footer is durable: a valid trailer then
             # always means a complete footer, and a torn seal looks like an unsealed file.
-            _pwrite_all(self._fd, body, data_end)
-            self._fdatasync(self._fd)
-            _pwrite_all(self._fd, trailer, data_end + len(body))
-            self._fdatasync(self._fd)
+            _pwrite_all(self._fd, body, data_end, self.path)
+            _datasync(self._fdatasync, self._fd, self.path)
+            _pwrite_all(self._fd, trailer, data_end + len(body), self.path)
+            _datasync(self._fdatasync, self._fd, self.path)
         except BaseException as error:
             self._failure = error
             raise

@@ -26,6 +26,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ALREADY_EXISTS: _ClassVar[ErrorCode]
     NOT_FOUND: _ClassVar[ErrorCode]
     UNKNOWN: _ClassVar[ErrorCode]
+    UNAUTHENTICATED: _ClassVar[ErrorCode]
+    PERMISSION_DENIED: _ClassVar[ErrorCode]
 OK: ErrorCode
 CHANNEL_NOT_EXIST: ErrorCode
 CHANNEL_FENCED: ErrorCode
@@ -45,6 +47,8 @@ COMPACTED: ErrorCode
 ALREADY_EXISTS: ErrorCode
 NOT_FOUND: ErrorCode
 UNKNOWN: ErrorCode
+UNAUTHENTICATED: ErrorCode
+PERMISSION_DENIED: ErrorCode
 
 class ErrorInfo(_message.Message):
     __slots__ = ("code", "message", "leader_hint", "current_term", "owner_hint")

@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from raftwal import dev
+from rpc.credentials import ClientSecurity
 from rpc.errors import from_rpc_error
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
@@ -23,11 +24,13 @@ from rpc.protos import coordinator_pb2_grpc, errors_pb2
 
 class Api:
     """A test client: plain gRPC stubs per endpoint, following NOT_LEADER and failing over
-    on UNAVAILABLE, bounded in attempts and time. Returns (response) or raises RpcError."""
+    on UNAVAILABLE, bounded in attempts and time. Returns (response) or raises RpcError.
+    `security` (TLS, token) is used for every channel, also those of the WAL helpers."""
 
-    def __init__(self, endpoints: list[str]) -> None:
+    def __init__(self, endpoints: list[str], security: ClientSecurity | None = None) -> None:
         self.endpoints = endpoints
-        self.channels = {e: grpc.insecure_channel(e) for e in endpoints}
+        self.security = security or ClientSecurity()
+        self.channels = {e: self.security.channel(e) for e in endpoints}
 
     def stub(self, endpoint: str) -> coordinator_pb2_grpc.CoordinatorStub:
         return coordinator_pb2_grpc.CoordinatorStub(self.channels[endpoint])

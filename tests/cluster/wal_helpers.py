@@ -125,7 +125,7 @@ class Producer:
     def _stub(self, address: str) -> streaming_pb2_grpc.StreamingNodeStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.insecure_channel(address)
+            channel = self._channels[address] = self.client.security.channel(address)
         return streaming_pb2_grpc.StreamingNodeStub(channel)
 
     def produce_once(
@@ -197,7 +197,7 @@ def consume_all(
             policy=wire.DELIVER_POLICY_START_AFTER if entries else wire.DELIVER_POLICY_ALL,
             lsn=entries[-1].lsn if entries else 0,
         )
-        channel = grpc.insecure_channel(address)
+        channel = client.security.channel(address)
         try:
             stub = streaming_pb2_grpc.StreamingNodeStub(channel)
             stream = stub.Consume(request, timeout=max(1.0, min(10.0, deadline - time.monotonic())))

@@ -1,0 +1,264 @@
+"""Security on real clusters (DESIGN.md section 10).
+
+One cluster from ``raftwal dev up --secure`` (TLS on every gRPC port, client certificates
+required, bearer tokens per role, node-to-node calls with the node token and node
+certificates): calls without a token are UNAUTHENTICATED, roles are enforced with
+PERMISSION_DENIED, each with an ErrorInfo; plaintext clients, clients that trust another CA
+and clients without a certificate cannot connect; the write path (owner -> replicas over
+mutual TLS with the node token) acknowledges produced messages, a consumer reads them back,
+and the CLI and the Spark connector's planning work against the secure dev cluster.
+The Raft transport secret is tested in test_raft_secret.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from raftwal import dev, devcerts
+from rpc.client import CoordinatorClient, PermissionDeniedError, UnauthenticatedError
+from rpc.credentials import ClientSecurity
+from rpc.errors import from_rpc_error
+from rpc.protos import coordinator_pb2 as api
+from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2_grpc
+from rpc.protos import streaming_pb2 as wire
+from rpc.streaming_client import Consumer, Producer, StreamingClient
+from spark_connector.options import parse_options
+from spark_connector.plan import ConnectorError, snapshot
+from tests.cluster.conftest import Api
+from tests.cluster.wal_helpers import setup_channels, wait_assigned
+
+pytestmark = pytest.mark.cluster
+E = errors_pb2
+CALL_TIMEOUT_S = 5.0
+CLI_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dev.LocalCluster, Api]]:
+    directory: Path = tmp_path_factory.mktemp("secure")
+    local = dev.up(directory, 3, timeout_s=60, secure=True)
+    admin = Api(local.endpoints, local.client_security("admin"))
+    try:
+        yield local, admin
+    finally:
+        admin.close()
+        local.stop_all()
+
+
+def _security(local: dev.LocalCluster, **changes: object) -> ClientSecurity:
+    """The admin's credentials with some fields replaced (a missing token, another CA...)."""
+    base = local.client_security("admin")
+    fields = {
+        "token": base.token,
+        "tls": True,
+        "root_certificates": base.root_certificates,
+        "certificate_chain": base.certificate_chain,
+        "private_key": base.private_key,
+    }
+    fields.update(changes)
+    return ClientSecurity(**fields)  # type: ignore[arg-type]
+
+
+def _status_error(security: ClientSecurity, endpoint: str) -> grpc.RpcError:
+    with security.channel(endpoint) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.ClusterStatus(api.ClusterStatusRequest(), timeout=CALL_TIMEOUT_S)
+    return raised.value
+
+
+def test_no_token_is_unauthenticated_with_error_info(secure) -> None:
+    local, _ = secure
+    error = _status_error(_security(local, token=None), local.endpoints[0])
+    assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    info = from_rpc_error(error)
+    assert info.code == E.UNAUTHENTICATED
+    assert "no bearer token for /raftwal.v1.Coordinator/ClusterStatus" in info.message
+    unknown = _status_error(_security(local, token="x" * 32), local.endpoints[1])
+    assert from_rpc_error(unknown).code == E.UNAUTHENTICATED
+    assert "unknown bearer token" in from_rpc_error(unknown).message
+
+    async def sdk() -> float:
+        started = time.monotonic()
+        security = _security(local, token=None)
+        async with CoordinatorClient(local.endpoints, security=security) as client:
+            with pytest.raises(UnauthenticatedError):
+                await client.list_channels()
+        return time.monotonic() - started
+
+    # Raised at once: retrying with the same missing token cannot help.
+    assert asyncio.run(sdk()) < CALL_TIMEOUT_S
+
+
+def test_roles_are_enforced(secure) -> None:
+    local, admin = secure
+    created = admin.call("CreateChannels", api.CreateChannelsRequest(prefix="sec_admin", count=1))
+    assert list(created.pchannels) == ["sec_admin_0"]
+    producer = Api(local.endpoints, local.client_security("producer"))
+    try:
+        with pytest.raises(grpc.RpcError) as raised:
+            producer.call("CreateChannels", api.CreateChannelsRequest(prefix="sec_p", count=1))
+    finally:
+        producer.close()
+    assert raised.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    info = from_rpc_error(raised.value)
+    assert info.code == E.PERMISSION_DENIED
+    assert "role producer may not call /raftwal.v1.Coordinator/CreateChannels" in info.message
+    assert "expected role admin" in info.message
+
+
+def test_reader_cannot_produce_producer_and_consumer_can(secure) -> None:
+    local, admin = secure
+    (pchannel,) = setup_channels(admin, "sec_data", {"sec_v": 0})
+    _, _, owner = wait_assigned(admin, pchannel)
+    with local.client_security("reader").channel(owner) as channel:
+        stub = streaming_pb2_grpc.StreamingNodeStub(channel)
+        request = wire.ProduceRequest(
+            request_id=1,
+            pchannel=pchannel,
+            messages=[wire.Message(vchannel="sec_v", payload=b"from a reader")],
+        )
+        with pytest.raises(grpc.RpcError) as raised:
+            list(stub.Produce(iter([request]), timeout=CALL_TIMEOUT_S))
+    assert raised.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    info = from_rpc_error(raised.value)
+    assert info.code == E.PERMISSION_DENIED
+    assert "role reader may not call /raftwal.v1.StreamingNode/Produce" in info.message
+
+    payloads = [f"secure-{k}".encode() for k in range(50)]
+
+    async def produce_then_consume() -> tuple[list[int], list[bytes]]:
+        reader = StreamingClient(local.endpoints, security=local.client_security("reader"))
+        async with reader, Producer(reader, retry_timeout_s=10) as denied:
+            with pytest.raises(PermissionDeniedError):
+                await denied.send("sec_v", b"denied")
+        writer = StreamingClient(local.endpoints, security=local.client_security("producer"))
+        async with writer, Producer(writer, retry_timeout_s=30) as producer:
+            # Acknowledged means durable on a majority: replicas got it over mutual TLS
+            # from the owner, with the node token.
+            positions = await asyncio.gather(*(producer.send("sec_v", p) for p in payloads))
+        consumed: list[bytes] = []
+        reading = StreamingClient(local.endpoints, security=local.client_security("consumer"))
+        async with reading, Consumer(reading, "sec_v", retry_timeout_s=30) as consumer:
+            async with asyncio.timeout(30):
+                async for entry in consumer:
+                    consumed.append(entry.payload)
+                    if len(consumed) >= len(payloads):
+                        break
+        return [p.lsn for p in positions], consumed
+
+    lsns, consumed = asyncio.run(produce_then_consume())
+    assert lsns == sorted(lsns) and len(set(lsns)) == len(payloads)
+    assert consumed == payloads
+    status = admin.status()
+    assert not [w for w in status.warnings if "unreachable" in w], status.warnings
+    owners = [o for m in status.members for o in m.owners if o.pchannel == pchannel]
+    assert owners and owners[0].committed_lsn >= max(lsns)
+    replicated = [r for r in owners[0].replicas if r.durable_lsn >= max(lsns)]
+    assert replicated, owners[0]
+
+
+def test_plaintext_wrong_ca_and_missing_client_cert_cannot_connect(secure, tmp_path) -> None:
+    local, _ = secure
+    endpoint = local.endpoints[0]
+    admin_token = local.client_security("admin").token
+    # Plaintext, even with a valid token in the metadata: the TLS port does not speak it.
+    with grpc.insecure_channel(endpoint) as channel, pytest.raises(grpc.RpcError) as raised:
+        coordinator_pb2_grpc.CoordinatorStub(channel).ClusterStatus(
+            api.ClusterStatusRequest(),
+            timeout=CALL_TIMEOUT_S,
+            metadata=(("authorization", f"Bearer {admin_token}"),),
+        )
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    # Trusting another CA: the node's certificate does not verify.
+    other = devcerts.generate(tmp_path, ["n1"])
+    wrong_ca = _status_error(
+        _security(local, root_certificates=other.ca_file.read_bytes()), endpoint
+    )
+    assert wrong_ca.code() == grpc.StatusCode.UNAVAILABLE
+    # Mutual TLS is required: no client certificate, or one from another CA, is refused.
+    no_cert = _status_error(_security(local, certificate_chain=None, private_key=None), endpoint)
+    assert no_cert.code() == grpc.StatusCode.UNAVAILABLE
+    foreign_cert = _status_error(
+        _security(
+            local,
+            certificate_chain=other.client_cert_file.read_bytes(),
+            private_key=other.client_key_file.read_bytes(),
+        ),
+        endpoint,
+    )
+    assert foreign_cert.code() == grpc.StatusCode.UNAVAILABLE
+    # The same call with the right credentials works, so the refusals were about them.
+    with local.client_security("reader").channel(endpoint) as channel:
+        coordinator_pb2_grpc.CoordinatorStub(channel).ClusterStatus(
+            api.ClusterStatusRequest(), timeout=CALL_TIMEOUT_S
+        )
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("RAFTWAL_")}
+    return subprocess.run(
+        [sys.executable, "-m", "raftwal.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+        env={**environ, **(env or {})},
+    )
+
+
+def test_cli_against_the_secure_dev_cluster(secure) -> None:
+    local, _ = secure
+    done = _cli("status", "--json", "--dev-dir", str(local.directory))
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    # Every member answered CollectStatus: node-to-node calls work over mutual TLS.
+    assert [m["reachable"] for m in status["members"]] == [True, True, True]
+    assert status["leader_node_id"]
+    reader_token = local.security.token_files["reader"]  # type: ignore[union-attr]
+    denied = _cli(
+        "channel",
+        "create",
+        "--count",
+        "1",
+        "--prefix",
+        "sec_cli",
+        "--dev-dir",
+        str(local.directory),
+        env={"RAFTWAL_TOKEN_FILE": str(reader_token)},
+    )
+    assert denied.returncode == 1
+    assert "PERMISSION_DENIED: role reader may not call" in denied.stderr
+    plain = _cli("status", "--endpoints", ",".join(local.endpoints), "--timeout-s", "2")
+    assert plain.returncode == 1 and "UNAVAILABLE" in plain.stderr, plain.stderr
+
+
+def test_spark_connector_plans_with_credentials(secure) -> None:
+    local, admin = secure
+    setup_channels(admin, "sec_spark", {"sec_spark_v": 0})
+    files = local.security
+    assert files is not None
+    credentials = {
+        "tlsCaFile": str(files.ca_file),
+        "tlsCertFile": str(files.client_cert_file),
+        "tlsKeyFile": str(files.client_key_file),
+    }
+    endpoints = ",".join(local.endpoints)
+    planned = snapshot(
+        parse_options(
+            {"endpoints": endpoints, "tokenFile": str(files.token_files["reader"]), **credentials}
+        )
+    )
+    assert "sec_spark_v" in planned.vchannel_ids
+    with pytest.raises(ConnectorError, match="UNAUTHENTICATED: no bearer token"):
+        snapshot(parse_options({"endpoints": endpoints, **credentials}))

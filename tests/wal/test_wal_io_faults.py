@@ -1,0 +1,127 @@
+"""Local I/O failures of one pchannel's log, through the ``wal.append`` / ``wal.fsync`` fault
+points: a failed append (ENOSPC, with part of the batch already in the file) leaves the
+segment as it was and the log appendable; a failed fdatasync makes the log refuse appends
+until it is reopened, and closing it cuts the segment back to its last synced offset. Every
+test reads back what the files hold, not just what raised."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.wal.test_wal_log import Node, append, disk_view, frames_of, run, view
+from wal_segments import faults
+from wal_segments.log import LogError
+from wal_segments.segment import list_segment_files, open_segment
+
+
+@pytest.fixture
+async def node(tmp_path: Path):
+    node = Node(tmp_path)
+    await node.open()
+    yield node
+    await node.close()
+
+
+@pytest.fixture
+def hook() -> Iterator[list[tuple[str, str]]]:
+    """Calls seen by the installed hook; the hook is removed after the test."""
+    calls: list[tuple[str, str]] = []
+    yield calls
+    faults.install(None)
+
+
+def _segment_size(directory: Path) -> int:
+    (_, path), *_ = list_segment_files(directory)
+    return path.stat().st_size
+
+
+async def test_failed_append_is_cut_back_and_the_log_continues(node: Node, hook) -> None:
+    log = node.log
+    assert log is not None
+    await append(log, 1, 0, 0, run(1, 5, 1))
+    size_before = _segment_size(node.directory)
+
+    def disk_full(point: str, subject: str) -> None:
+        hook.append((point, subject))
+        if point == "wal.append":
+            # A short write before ENOSPC: part of the batch reaches the file.
+            with open(subject, "ab") as file:
+                file.write(b"\xab" * 100)
+            raise OSError(errno.ENOSPC, "No space left on device (test)", subject)
+
+    faults.install(disk_full)
+    with pytest.raises(OSError) as raised:
+        await append(log, 1, 5, 1, run(6, 8, 1))
+    assert raised.value.errno == errno.ENOSPC
+    assert ("wal.append", str(list_segment_files(node.directory)[0][1])) in hook
+    assert log.failure is None
+    assert (log.last_lsn, log.last_term) == (5, 1)
+    assert _segment_size(node.directory) == size_before
+    assert disk_view(node.directory) == view(run(1, 5, 1))
+
+    faults.install(None)
+    await append(log, 1, 5, 1, run(6, 8, 1))
+    log = await node.reopen()
+    assert disk_view(node.directory) == view(run(1, 8, 1))
+    assert log.last_lsn == 8
+
+
+async def test_failed_fsync_stops_the_log_until_it_is_reopened(node: Node, hook) -> None:
+    log = node.log
+    assert log is not None
+    await append(log, 1, 0, 0, run(1, 5, 1))
+    synced_size = _segment_size(node.directory)
+
+    def broken_disk(point: str, subject: str) -> None:
+        hook.append((point, subject))
+        if point == "wal.fsync":
+            raise OSError(errno.EIO, "Input/output error (test)", subject)
+
+    faults.install(broken_disk)
+    result = await log.append(1, 5, 1, frames_of(run(6, 8, 1)))
+    with pytest.raises(OSError) as raised:
+        await log.wait_durable(result)
+    assert raised.value.errno == errno.EIO
+    assert isinstance(log.failure, OSError)
+    # Never retried, and nothing more is written until the log is reopened.
+    with pytest.raises(LogError, match="must be reopened"):
+        await log.append(1, 8, 1, frames_of(run(9, 9, 1)))
+    assert _segment_size(node.directory) > synced_size
+
+    faults.install(None)
+    log = await node.reopen()
+    # Closing cut the unsynced entries: what the page cache showed past the last
+    # successful fdatasync was never reported durable.
+    assert _segment_size(node.directory) == synced_size
+    assert disk_view(node.directory) == view(run(1, 5, 1))
+    assert log.failure is None and log.last_lsn == 5
+    await append(log, 1, 5, 1, run(6, 8, 1))
+    assert disk_view(node.directory) == view(run(1, 8, 1))
+
+
+async def test_failed_segment_creation_leaves_no_file_behind(tmp_path: Path, hook) -> None:
+    node = Node(tmp_path)
+    log = await node.open()
+
+    def disk_full(point: str, subject: str) -> None:
+        hook.append((point, subject))
+        raise OSError(errno.ENOSPC, "No space left on device (test)", subject)
+
+    faults.install(disk_full)
+    try:
+        with pytest.raises(OSError):
+            await append(log, 1, 0, 0, run(1, 3, 1))
+        assert os.listdir(node.directory) == []
+        faults.install(None)
+        await append(log, 1, 0, 0, run(1, 3, 1))
+        log = await node.reopen()
+        assert disk_view(node.directory) == view(run(1, 3, 1))
+        (_, path), *_ = list_segment_files(node.directory)
+        assert open_segment(path, repair=False).truncated is None
+    finally:
+        await node.close()
