@@ -112,11 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     dev_down.add_argument("--dir", type=Path, default=Path(".raftwal-dev"))
     dev_down.set_defaults(handler=_dev_down)
 
+    from raftwal.chaos import register as register_chaos
     from raftwal.cli_client import register
     from raftwal.cli_spark import register as register_spark
 
     register(commands)
     register_spark(commands)
+    register_chaos(commands)
     return parser
 
 

@@ -123,6 +123,9 @@ class GroupCommit:
         self._failure: BaseException | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._closed = False
+        # Set once close() has synced what it syncs: a waiter that raced the close (a seal
+        # closes the group while appenders still wait) waits for it instead of failing.
+        self._close_done = asyncio.Event()
         #: fdatasyncs this group asked for (for metrics and tests)
         self.sync_count = 0
         if policy.unsafe:
@@ -167,7 +170,14 @@ class GroupCommit:
         ``never``). Raises the fdatasync error if a sync failed, now or before."""
         self._raise_if_failed()
         if self._closed:
-            raise RuntimeError("group commit is closed")
+            await self._close_done.wait()
+            self._raise_if_failed()
+            if self._policy.kind != "always" or self._target.durable_offset >= offset:
+                return
+            raise RuntimeError(
+                f"group commit is closed at durable offset {self._target.durable_offset}, "
+                f"before {offset}"
+            )
         if self._policy.kind != "always":
             return
         while self._target.durable_offset < offset:
@@ -202,6 +212,12 @@ class GroupCommit:
         if self._closed:
             return
         self._closed = True
+        try:
+            await self._close()
+        finally:
+            self._close_done.set()
+
+    async def _close(self) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -59,9 +59,12 @@ from wal_segments.segment import (
     fsync_directory,
     list_segment_files,
     open_segment,
+    segment_file_name,
 )
 
 logger = logging.getLogger(__name__)
+#: Appended to the name of a segment file found where a new segment must go.
+ORPHAN_SUFFIX = ".orphaned"
 
 SEAL_FLAG = int(EntryFlags.SEAL_MARKER)
 _FLAGS_WORD = 10  # index of `flags` in ENTRY_HEADER's fields
@@ -515,14 +518,7 @@ class PChannelLog:
             )
         writer = self._writer
         if writer is None:
-            writer = await asyncio.to_thread(
-                SegmentWriter.create,
-                self.directory,
-                self.pchannel,
-                meta.first_lsn,
-                meta.first_term,
-                fdatasync=self._fdatasync,
-            )
+            writer = await asyncio.to_thread(self._create_writer, meta.first_lsn, meta.first_term)
             self._writer = writer
             segment = _Segment(
                 first_lsn=meta.first_lsn,
@@ -551,6 +547,31 @@ class PChannelLog:
         return AppendResult(
             meta.last_lsn, None if sealed else writer, end, sealed, generation=self._generation
         )
+
+    def _create_writer(self, first_lsn: int, first_term: int) -> SegmentWriter:
+        """A new segment at `first_lsn` (in a worker thread). A file already there is not
+        part of this log (it ends at first_lsn - 1): a creation whose caller was cancelled
+        after the file appeared left it. It is moved aside, kept for inspection, never
+        deleted, and never read again (the name no longer ends in the segment suffix)."""
+        try:
+            return SegmentWriter.create(
+                self.directory, self.pchannel, first_lsn, first_term, fdatasync=self._fdatasync
+            )
+        except FileExistsError:
+            path = Path(self.directory) / segment_file_name(first_lsn)
+            aside = path.with_name(path.name + ORPHAN_SUFFIX)
+            logger.warning(
+                "%s: %s exists but is not part of the log (an interrupted segment creation); "
+                "moving it to %s",
+                self.pchannel,
+                path,
+                aside,
+            )
+            os.replace(path, aside)
+            fsync_directory(self.directory)
+            return SegmentWriter.create(
+                self.directory, self.pchannel, first_lsn, first_term, fdatasync=self._fdatasync
+            )
 
     async def _seal_locked(self) -> None:
         writer, group = self._writer, self._group

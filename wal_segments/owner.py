@@ -65,6 +65,8 @@ PRODUCER_ID_PROPERTY = "rw.producer"
 PRODUCER_SEQ_PROPERTY = "rw.seq"
 PRODUCER_COUNT_PROPERTY = "rw.count"
 PRODUCER_HISTORY = 8
+# Cancels (0.1 s apart) before a replica's stopped stream gives up waiting for its sender.
+SENDER_STOP_ATTEMPTS = 50
 #: how many entries back recovery looks for idempotent producers' sequences
 PRODUCER_SCAN_ENTRIES = 200_000
 
@@ -918,9 +920,7 @@ class ChannelOwner:
                 if sender.done():
                     sender.result()
         finally:
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await sender
+            await _stop_sender(sender)
             # Whatever was in flight is resent from the last match.
             replica.next_lsn = replica.match_lsn + 1
         raise ConnectionError(f"append stream to {replica.node_id} ended")
@@ -944,7 +944,8 @@ class ChannelOwner:
                 ):
                     await self.seal_now()
                 await self._commit_ready_segments()
-                attempt = 0
+                # Consecutive failures: a success clears the status warning.
+                attempt = self.commit_failures = 0
                 await asyncio.sleep(0.2)
             except asyncio.CancelledError:
                 raise
@@ -1007,6 +1008,27 @@ class _Resync(Exception):
 
 def _header(log: PChannelLog, lsn: int) -> tuple[int, ...]:
     return log._header_at(lsn)  # noqa: SLF001
+
+
+async def _stop_sender(sender: asyncio.Task[None]) -> None:
+    """Cancel a replica's sender and wait until it has stopped. Python 3.11's
+    `asyncio.wait_for` swallows a cancellation that arrives just as what it waits for
+    completes (the replica's wake event, set by every append); the sender then went on to
+    block on its full window for good, and so did this replica's replication (seen in the
+    chaos suite: an owner never heard from a replica again). So cancel until it is done,
+    a bounded number of times."""
+    for _ in range(SENDER_STOP_ATTEMPTS):
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({sender}, timeout=0.1)
+        if sender.done():
+            break
+    else:
+        logger.error(
+            "replica sender %s did not stop after %d cancels", sender, SENDER_STOP_ATTEMPTS
+        )
+    if sender.done() and not sender.cancelled():
+        sender.exception()  # retrieved: a failed write is what ended the stream anyway
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

@@ -198,6 +198,24 @@ async def test_close_syncs_the_rest_under_always(tmp_path: Path):
     end = writer.append(simple_entries(2))
     await group.close()
     assert writer.durable_offset == end and hook.calls == 1
-    with pytest.raises(RuntimeError, match="closed"):
-        await group.sync_through(end)
+    await group.sync_through(end)  # durable through the close: nothing to wait for
+    assert hook.calls == 1
+    writer.close()
+
+
+async def test_waiters_racing_a_close_see_their_entries_durable(tmp_path: Path):
+    """A seal closes the group while appenders still wait on it: they must get their
+    entries durable from the close's sync, not an error."""
+    hook = CountingFdatasync(delay_s=0.05)
+    writer = _writer(tmp_path, hook)
+    group = GroupCommit(writer, parse_fsync_policy("always"))
+    first = writer.append(simple_entries(2))
+    waiter = asyncio.ensure_future(group.sync_through(first))
+    await asyncio.sleep(0.01)  # the waiter's fdatasync is in flight
+    second = writer.append(simple_entries(2, first_lsn=3, first_tick=10_000))
+    closing = asyncio.ensure_future(group.close())
+    await asyncio.sleep(0)
+    late = asyncio.ensure_future(group.sync_through(second))  # after close() began
+    await asyncio.gather(waiter, closing, late)
+    assert writer.durable_offset == second
     writer.close()

@@ -23,6 +23,7 @@ from wal_segments.format import (
 )
 from wal_segments.fsync_policy import parse_fsync_policy
 from wal_segments.log import (
+    ORPHAN_SUFFIX,
     AppendResult,
     BadBatch,
     Fenced,
@@ -33,9 +34,11 @@ from wal_segments.log import (
 from wal_segments.segment import (
     SegmentCorrupted,
     SegmentReader,
+    SegmentWriter,
     list_segment_files,
     open_segment,
     read_unsealed,
+    segment_file_name,
 )
 
 PCHANNEL = "p_log"
@@ -756,3 +759,20 @@ async def test_read_frames(node: Node, from_lsn, max_bytes, to_lsn, expected_lsn
     # The same after a restart (sealed offsets come from the footer, open ones from a walk).
     log = await node.reopen()
     assert log.read_frames(from_lsn, max_bytes, to_lsn) == expected
+
+
+async def test_a_file_left_where_a_new_segment_goes_is_moved_aside(node: Node):
+    """A segment creation whose caller was cancelled leaves a file the log does not track;
+    the next creation at that LSN must not fail for good (it did: a replica stayed behind
+    its owner for good in the chaos suite)."""
+    log = node.log
+    assert log is not None
+    await fill(log, [run(1, 4, 1, seal_at=(4,))])
+    orphan = SegmentWriter.create(node.directory, PCHANNEL, 5, 1)
+    orphan.close()
+    await fill(log, [run(5, 7, 1)])
+    before = log_view(log)
+    assert before == view(run(1, 4, 1, seal_at=(4,)) + run(5, 7, 1))
+    assert (node.directory / (segment_file_name(5) + ORPHAN_SUFFIX)).exists()
+    reopened = await node.reopen()
+    assert log_view(reopened) == disk_view(node.directory) == before

@@ -1,0 +1,1054 @@
+"""``raftwal chaos``: a Jepsen-style nemesis run against a real three-node cluster.
+
+``run_chaos(ChaosOptions)`` starts three ``raftwal node`` processes on 127.0.0.1 (small
+segments, so that segments seal and commit during the run), every node-to-node link
+through its own TCP proxy (``raftwal.chaos_net``), and for ``duration_s`` runs at once
+
+- the workload (``raftwal.chaos_workload``): idempotent producers on several vchannels of
+  several pchannels, a consumer per vchannel, lock clients with leases, broadcasters with
+  resource keys, and a status sampler; every operation goes into one ``History``;
+- the nemesis: a schedule drawn from ``random.Random(seed)`` of the requested fault kinds,
+  one at a time, each held for a bounded random time and then healed:
+  ``kill`` (SIGKILL a node, start it again later), ``pause`` (SIGSTOP, later SIGCONT),
+  ``restart`` (SIGTERM, start again at once) and ``partition`` (isolate the Raft leader,
+  isolate a pchannel's owner, a minority/majority split, or a bridge where two nodes lose
+  each other but both still see the third; links reset or silently dropped).
+
+Then it heals everything, lets the workload finish what it started, waits until the
+cluster has recovered, reads the final state (each pchannel's whole committed log, the
+segment manifest, every replica's segment files, the replicas' state digests, and
+optionally a Spark read of the committed segments) and hands it all to
+``raftwal.chaos_checker``. The ``ChaosReport`` says what ran (operations by kind and
+outcome, faults by kind), the violations found and the seed that replays the schedule.
+
+Must never: signal a process it did not start (every signal goes to a pid of this run's
+``LocalCluster``), leave a node, a proxy or a paused process behind (everything is healed
+and stopped in ``finally``), or wait without a bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from raftwal import dev
+from raftwal.chaos_checker import (
+    FinalState,
+    LogEntry,
+    SegmentFileCheck,
+    SegmentInfo,
+    Violation,
+    check,
+)
+from raftwal.chaos_net import LINK_MODES, ProxyNet
+from raftwal.chaos_workload import (
+    OK,
+    BroadcastClient,
+    ConsumerClient,
+    History,
+    LockClient,
+    ProducerClient,
+    StatusSample,
+    StatusSampler,
+    gather_bounded,
+    payload_key,
+)
+from rpc.client import CoordinatorClient
+from rpc.protos import coordination_pb2 as pb
+from rpc.protos import coordinator_pb2 as api
+from rpc.protos import coordinator_pb2_grpc, streaming_pb2_grpc
+from rpc.protos import streaming_pb2 as wire
+from rpc.streaming_client import StreamingClient
+from wal_segments.segment import SegmentReader, segment_file_name
+
+FAULT_KINDS = ("kill", "pause", "partition", "restart")
+PARTITION_VARIANTS = ("isolate-leader", "isolate-owner", "split", "bridge")
+NODE_TARGETS = ("leader", "owner", "random")
+# Seconds a fault is held (restart has no hold: the node comes back at once).
+HOLD_S = {"kill": (2.0, 7.0), "pause": (2.0, 7.0), "partition": (3.0, 9.0), "restart": (0.0, 0.0)}
+GAP_S = (1.0, 4.0)
+# The workload's first seconds are fault-free, so that every client is up before the first
+# fault (a run that fails to start must not be blamed on the nemesis).
+WARMUP_S = 3.0
+NODES = 3
+START_TIMEOUT_S = 60.0
+RECOVERY_TIMEOUT_S = 90.0
+CONVERGENCE_TIMEOUT_S = 30.0
+DRAIN_TIMEOUT_S = 60.0
+FINAL_READ_TIMEOUT_S = 60.0
+SPARK_TIMEOUT_S = 300.0
+# Lock and broadcast clients' total time per call (retries included), and the producers'.
+CLIENT_TIMEOUT_S = 6.0
+
+
+class SetupFailed(RuntimeError):
+    """The cluster or the channels could not be set up: the run proves nothing."""
+
+
+@dataclass(frozen=True)
+class ChaosOptions:
+    seed: int
+    duration_s: float = 60.0
+    faults: tuple[str, ...] = FAULT_KINDS
+    spark: bool = True
+    directory: Path | None = None
+    keep_dir: bool = False
+    pchannels: int = 3
+    vchannels: int = 6
+    producers: int = 3
+    lock_clients: int = 3
+    lock_keys: int = 2
+    broadcasters: int = 2
+    broadcast_keys: int = 2
+    #: messages per second, all producers together
+    rate_per_s: float = 150.0
+    payload_bytes: int = 256
+    segment_max_bytes: int = 64 * 1024
+
+    def validate(self) -> None:
+        unknown = sorted(set(self.faults) - set(FAULT_KINDS))
+        if unknown or not self.faults:
+            raise ValueError(
+                f"invalid faults ({','.join(self.faults) or 'none'}; expected one or more of "
+                f"{','.join(FAULT_KINDS)})"
+            )
+        if not 5 <= self.duration_s <= 24 * 3600:
+            raise ValueError(f"invalid duration ({self.duration_s} s; expected 5 s .. 24 h)")
+        for name, low, high in (
+            ("pchannels", 1, 16),
+            ("vchannels", 2, 64),
+            ("producers", 1, 16),
+            ("lock_clients", 0, 16),
+            ("lock_keys", 1, 16),
+            ("broadcasters", 0, 8),
+            ("broadcast_keys", 1, 16),
+        ):
+            value = getattr(self, name)
+            if not low <= value <= high:
+                raise ValueError(f"invalid {name} ({value}; expected {low}..{high})")
+        if not 1 <= self.rate_per_s <= 10_000:
+            raise ValueError(f"invalid rate_per_s ({self.rate_per_s}; expected 1..10000)")
+        if not 64 <= self.payload_bytes <= 65536:
+            raise ValueError(f"invalid payload_bytes ({self.payload_bytes}; expected 64..65536)")
+
+
+@dataclass(frozen=True)
+class PlannedFault:
+    kind: str
+    #: kill/pause/restart: leader | owner | random; partition: one of PARTITION_VARIANTS
+    variant: str
+    #: partition: reset | drop
+    mode: str
+    hold_s: float
+    gap_s: float
+    #: chooses the node or pchannel among the candidates at injection time
+    pick: int
+
+    @property
+    def label(self) -> str:
+        if self.kind == "partition":
+            return f"partition:{self.variant}/{self.mode}"
+        return f"{self.kind}:{self.variant}"
+
+
+@dataclass
+class FaultRecord:
+    label: str
+    kind: str
+    nodes: list[str]
+    detail: str
+    start_s: float
+    end_s: float = 0.0
+
+
+@dataclass
+class ChaosReport:
+    seed: int
+    duration_s: float
+    faults_requested: list[str]
+    elapsed_s: float = 0.0
+    directory: str = ""
+    operations: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: by kind (kill, pause, partition, restart) and by variant (e.g. partition:bridge/drop)
+    faults: dict[str, int] = field(default_factory=dict)
+    fault_variants: dict[str, int] = field(default_factory=dict)
+    fault_log: list[FaultRecord] = field(default_factory=list)
+    checked: dict[str, int] = field(default_factory=dict)
+    violations: list[Violation] = field(default_factory=list)
+    #: why the run proved little (no fault injected, nothing acknowledged, ...)
+    ineffective: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    #: why the Spark check could not run although it was asked for ("" when it ran)
+    spark_unavailable: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and not self.ineffective
+
+    def as_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ok"] = self.ok
+        return data
+
+
+# ---------------------------------------------------------------------------------------
+# The schedule
+# ---------------------------------------------------------------------------------------
+
+
+def plan_faults(seed: int, kinds: Sequence[str], duration_s: float) -> list[PlannedFault]:
+    """The nemesis schedule of a seed: kinds (and partition variants, and targets) come in
+    shuffled rounds, so a short run still sees every requested kind."""
+    rng = random.Random(seed)
+    planned: list[PlannedFault] = []
+    kinds_left: list[str] = []
+    variants_left: list[str] = []
+    targets_left: list[str] = []
+    elapsed = WARMUP_S
+    while elapsed < duration_s and len(planned) < 10_000:
+        if not kinds_left:
+            kinds_left = sorted(kinds)
+            rng.shuffle(kinds_left)
+        kind = kinds_left.pop()
+        if kind == "partition":
+            if not variants_left:
+                variants_left = list(PARTITION_VARIANTS)
+                rng.shuffle(variants_left)
+            variant, mode = variants_left.pop(), rng.choice(LINK_MODES)
+        else:
+            if not targets_left:
+                targets_left = list(NODE_TARGETS)
+                rng.shuffle(targets_left)
+            variant, mode = targets_left.pop(), ""
+        low, high = HOLD_S[kind]
+        fault = PlannedFault(
+            kind=kind,
+            variant=variant,
+            mode=mode,
+            hold_s=round(rng.uniform(low, high), 2),
+            gap_s=round(rng.uniform(*GAP_S), 2),
+            pick=rng.randrange(1 << 16),
+        )
+        planned.append(fault)
+        elapsed += fault.hold_s + fault.gap_s
+    return planned
+
+
+# ---------------------------------------------------------------------------------------
+# The nemesis
+# ---------------------------------------------------------------------------------------
+
+
+class Nemesis:
+    """Applies planned faults one at a time to `cluster` and `proxies` (see module doc)."""
+
+    def __init__(
+        self,
+        cluster: dev.LocalCluster,
+        proxies: ProxyNet,
+        sampler: StatusSampler,
+        history: History,
+        progress: Callable[[str], None],
+    ) -> None:
+        self.cluster = cluster
+        self.proxies = proxies
+        self.sampler = sampler
+        self.history = history
+        self.progress = progress
+        self.node_ids = [n.id for n in cluster.config.nodes]
+        self.records: list[FaultRecord] = []
+        self.killed: set[str] = set()
+        self.paused: set[str] = set()
+
+    async def run(self, plan: Sequence[PlannedFault], deadline: float) -> None:
+        await self._sleep_until(min(deadline, time.monotonic() + WARMUP_S))
+        for fault in plan:
+            if time.monotonic() + fault.hold_s > deadline:
+                break
+            record = await self.inject(fault)
+            self.records.append(record)
+            self.progress(f"{record.start_s:7.1f}s  {record.label:<32} {record.detail}")
+            await self._sleep_until(time.monotonic() + fault.hold_s)
+            await self.heal()
+            record.end_s = self.history.now()
+            await self._sleep_until(min(deadline, time.monotonic() + fault.gap_s))
+
+    @staticmethod
+    async def _sleep_until(moment: float) -> None:
+        delay = moment - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def _status(self) -> StatusSample | None:
+        return await self.sampler.sample() or self.sampler.latest
+
+    def _owner(self, status: StatusSample | None, pick: int) -> tuple[str, str] | None:
+        if status is None:
+            return None
+        owned = sorted((p, owner) for p, (_, owner, _) in status.pchannels.items() if owner)
+        return owned[pick % len(owned)] if owned else None
+
+    async def _target(self, variant: str, pick: int) -> tuple[str, str]:
+        """(node id, why) for a node fault or an isolation."""
+        status = await self._status()
+        if variant in ("leader", "isolate-leader") and status is not None and status.leader:
+            return status.leader, "the Raft leader"
+        if variant in ("owner", "isolate-owner"):
+            owned = self._owner(status, pick)
+            if owned is not None:
+                return owned[1], f"owner of {owned[0]}"
+        return self.node_ids[pick % len(self.node_ids)], "a random node"
+
+    async def inject(self, fault: PlannedFault) -> FaultRecord:
+        start = self.history.now()
+        if fault.kind == "partition":
+            node, why = await self._target(fault.variant, fault.pick)
+            others = [n for n in self.node_ids if n != node]
+            if fault.variant == "bridge":
+                # `node` is the bridge: the two others lose each other, not it.
+                await asyncio.to_thread(self.proxies.cut, others[0], others[1], fault.mode)
+                detail = f"{others[0]} x {others[1]}, {node} bridges ({fault.mode})"
+                return FaultRecord(fault.label, fault.kind, others, detail, start)
+            for other in others:
+                await asyncio.to_thread(self.proxies.cut, node, other, fault.mode)
+            detail = f"{node} ({why}) | {', '.join(others)} ({fault.mode})"
+            return FaultRecord(fault.label, fault.kind, [node], detail, start)
+        node, why = await self._target(fault.variant, fault.pick)
+        pid = self.cluster.pid(node)
+        if fault.kind == "kill":
+            await asyncio.to_thread(self.cluster.kill, node, signal.SIGKILL)
+            self.killed.add(node)
+            detail = f"kill -9 {node} ({why}, pid {pid}) for {fault.hold_s:.1f} s"
+        elif fault.kind == "pause":
+            self.cluster.kill(node, signal.SIGSTOP)
+            self.paused.add(node)
+            detail = f"SIGSTOP {node} ({why}, pid {pid}) for {fault.hold_s:.1f} s"
+        else:
+            await asyncio.to_thread(self.cluster.kill, node, signal.SIGTERM)
+            await asyncio.to_thread(self.cluster.start_node, node)
+            detail = f"restart {node} ({why}, pid {pid} -> {self.cluster.pid(node)})"
+        return FaultRecord(fault.label, fault.kind, [node], detail, start)
+
+    async def heal(self) -> None:
+        """Undo whatever is in effect: links, paused and killed nodes."""
+        await asyncio.to_thread(self.proxies.heal_all)
+        for node in sorted(self.paused):
+            self.cluster.kill(node, signal.SIGCONT)
+        self.paused.clear()
+        for node in sorted(self.killed):
+            await asyncio.to_thread(self.cluster.start_node, node)
+        self.killed.clear()
+
+
+# ---------------------------------------------------------------------------------------
+# Setting up and reading back
+# ---------------------------------------------------------------------------------------
+
+
+async def _status(
+    endpoints: Sequence[str], linearizable: bool = False, timeout_s: float = 3.0
+) -> api.ClusterStatusResponse | None:
+    consistency = api.CONSISTENCY_LINEARIZABLE if linearizable else api.CONSISTENCY_SERIALIZABLE
+    for endpoint in endpoints:
+        async with grpc.aio.insecure_channel(endpoint) as channel:
+            stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+            try:
+                return await stub.ClusterStatus(
+                    api.ClusterStatusRequest(consistency=consistency), timeout=timeout_s
+                )
+            except grpc.aio.AioRpcError:
+                continue
+    return None
+
+
+async def wait_recovered(
+    endpoints: Sequence[str], pchannels: Sequence[str], timeout_s: float
+) -> tuple[api.ClusterStatusResponse | None, str]:
+    """(status, "") once a leader is known, every node is UP and every pchannel ASSIGNED;
+    (last status, what was missing) after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    status, missing = None, "no answer"
+    while time.monotonic() < deadline:
+        status = await _status(endpoints, linearizable=True)
+        if status is not None:
+            down = [n.node_id for n in status.nodes if n.state != pb.NODE_STATE_UP]
+            states = {p.name: p.state for p in status.pchannels}
+            unassigned = [p for p in pchannels if states.get(p) != pb.PCHANNEL_STATE_ASSIGNED]
+            if status.leader_node_id and len(status.nodes) >= NODES and not down and not unassigned:
+                return status, ""
+            missing = (
+                f"leader {status.leader_node_id or '-'}, nodes not UP {down or '-'}, "
+                f"pchannels not ASSIGNED {unassigned or '-'}"
+            )
+        await asyncio.sleep(0.5)
+    return status, missing
+
+
+async def wait_converged(endpoints: Sequence[str], timeout_s: float) -> tuple[str, str]:
+    """Wait until every node is reachable at one revision and state digest, and every
+    pchannel owner sees each of its replicas durable up to its committed LSN. Returns
+    ("", "") then, else what still differs: (state problem, WAL replica problem)."""
+    deadline = time.monotonic() + timeout_s
+    state_problem, replica_problem = "no ClusterStatus answer", ""
+    while time.monotonic() < deadline:
+        status = await _status(endpoints)
+        if status is not None:
+            members = [(m.node_id, m.reachable, m.revision, m.state_digest) for m in status.members]
+            reachable = [m for m in members if m[1]]
+            state_problem = ""
+            if not (
+                len(reachable) == NODES
+                and len({m[2] for m in reachable}) == 1
+                and len({m[3] for m in reachable}) == 1
+            ):
+                state_problem = "replicas did not converge: " + ", ".join(
+                    f"{n} {'up' if r else 'unreachable'} rev {rev} digest {d[:12]}"
+                    for n, r, rev, d in members
+                )
+            behind = [
+                f"{o.pchannel} replica {r.node_id} durable at {r.durable_lsn} < committed "
+                f"{o.committed_lsn} (owner {m.node_id}, term {o.term})"
+                for m in status.members
+                for o in m.owners
+                if o.state == "serving"
+                for r in o.replicas
+                if r.durable_lsn < o.committed_lsn
+            ]
+            replica_problem = "WAL replicas behind after healing: " + "; ".join(behind)
+            if not behind:
+                replica_problem = ""
+            if not state_problem and not replica_problem:
+                return "", ""
+        await asyncio.sleep(0.5)
+    suffix = f" (after {timeout_s:.0f} s)"
+    return (
+        state_problem + suffix if state_problem else "",
+        replica_problem + suffix if replica_problem else "",
+    )
+
+
+async def read_log(address: str, pchannel: str, timeout_s: float) -> list[LogEntry]:
+    """Every committed entry of `pchannel` (control entries too) from its owner, up to the
+    committed LSN the owner reported first. Raises RuntimeError when it cannot."""
+    deadline = time.monotonic() + timeout_s
+    entries: list[LogEntry] = []
+    target: int | None = None
+    async with grpc.aio.insecure_channel(
+        address, options=[("grpc.max_receive_message_length", 64 << 20)]
+    ) as channel:
+        stub = streaming_pb2_grpc.StreamingNodeStub(channel)
+        attempts = 0
+        while time.monotonic() < deadline and attempts < 20:
+            attempts += 1
+            if target is not None and (entries[-1].lsn if entries else 0) >= target:
+                return entries
+            request = wire.ConsumeRequest(
+                pchannel=pchannel,
+                policy=wire.DELIVER_POLICY_START_AFTER if entries else wire.DELIVER_POLICY_ALL,
+                lsn=entries[-1].lsn if entries else 0,
+                include_control=True,
+                max_batch_entries=5000,
+            )
+            if target is None:
+                latest = await stub.GetLatestTimeTick(
+                    wire.GetLatestTimeTickRequest(pchannel=pchannel), timeout=5.0
+                )
+                target = latest.committed_lsn
+                if target == 0:
+                    return entries
+            call = stub.Consume(request, timeout=max(1.0, deadline - time.monotonic()))
+            try:
+                async for response in call:
+                    for entry in response.entries:
+                        entries.append(
+                            LogEntry(
+                                lsn=entry.lsn,
+                                term=entry.term,
+                                time_tick=entry.time_tick,
+                                vchannel=entry.vchannel,
+                                msg_type=entry.msg_type,
+                                key=payload_key(entry.payload),
+                                broadcast_id=entry.broadcast_id,
+                                digest=hashlib.sha1(entry.payload).hexdigest(),
+                            )
+                        )
+                    if entries and entries[-1].lsn >= target:
+                        break
+            except grpc.aio.AioRpcError as error:
+                await asyncio.sleep(0.3)
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"reading {pchannel} at {address}: {error.code()}") from None
+            finally:
+                call.cancel()
+    if target is not None and (entries[-1].lsn if entries else 0) >= target:
+        return entries
+    raise RuntimeError(
+        f"read only up to lsn {entries[-1].lsn if entries else 0} of {pchannel} at {address} "
+        f"(committed lsn {target}) within {timeout_s:.0f} s"
+    )
+
+
+def check_segment_files(
+    segments: Sequence[SegmentInfo], data_dirs: dict[str, Path]
+) -> list[SegmentFileCheck]:
+    """Open every replica's file of every committed segment; the first replica's entries
+    are kept so that the checker compares them with the consumed log."""
+    checks = []
+    for segment in segments:
+        for position, node_id in enumerate(segment.replicas):
+            path = (
+                data_dirs[node_id] / "wal" / segment.pchannel / segment_file_name(segment.first_lsn)
+            )
+            try:
+                with SegmentReader.open(path) as reader:
+                    entries = None
+                    if position == 0:
+                        entries = tuple(
+                            (e.lsn, e.term, e.time_tick, hashlib.sha1(e.payload).hexdigest())
+                            for e in reader.entries()
+                        )
+                    checks.append(
+                        SegmentFileCheck(
+                            segment.pchannel,
+                            segment.first_lsn,
+                            node_id,
+                            digest=reader.digest,
+                            last_lsn=reader.last_lsn,
+                            count=reader.entry_count,
+                            entries=entries,
+                        )
+                    )
+            except Exception as error:  # noqa: BLE001 (any unreadable copy is a finding)
+                checks.append(
+                    SegmentFileCheck(
+                        segment.pchannel, segment.first_lsn, node_id, error=f"{path}: {error}"
+                    )
+                )
+    return checks
+
+
+class SparkUnavailable(RuntimeError):
+    """A local SparkSession could not start (no JVM, no memory): nothing was checked."""
+
+
+def spark_read(endpoints: Sequence[str], revision: int) -> set[tuple[str, int, str]]:
+    """(pchannel, lsn, sha1 of payload) of every row a Spark read of the committed
+    segments as of `revision` returns (blocking; starts and stops a local SparkSession)."""
+    from pyspark.sql import functions as F
+
+    import spark_connector
+    from raftwal.cli_spark import session
+
+    try:
+        spark = session("local[2]", app="raftwal chaos")
+    except Exception as error:  # noqa: BLE001 (pyspark raises bare exceptions here)
+        raise SparkUnavailable(str(error).strip().splitlines()[0][:500]) from None
+    try:
+        spark_connector.register(spark)
+        rows = (
+            spark.read.format("raftwal")
+            .option("endpoints", ",".join(endpoints))
+            .option("asOfRevision", str(revision))
+            .load()
+            .select("pchannel", "lsn", F.sha1("payload").alias("digest"))
+            .collect()
+        )
+        return {(row.pchannel, row.lsn, row.digest) for row in rows}
+    finally:
+        spark.stop()
+
+
+def _spark_child(argv: Sequence[str]) -> int:
+    """Entry point of the Spark subprocess: `endpoints revision out_file`. Exit 0 with the
+    rows written as JSON, 3 when Spark could not start, 1 when the read failed (the reason
+    on the last line of stderr)."""
+    endpoints, revision, out_file = argv
+    try:
+        rows = spark_read(endpoints.split(","), int(revision))
+    except SparkUnavailable as error:
+        print(error, file=sys.stderr)
+        return 3
+    except Exception as error:  # noqa: BLE001 (Spark wraps the connector's errors)
+        print(str(error).strip().splitlines()[0][:500], file=sys.stderr)
+        return 1
+    Path(out_file).write_text(json.dumps(sorted(rows)))
+    return 0
+
+
+def spark_read_isolated(
+    endpoints: Sequence[str], revision: int, directory: Path
+) -> set[tuple[str, int, str]]:
+    """`spark_read` in a fresh Python process (blocking). pyspark starts its JVM with a
+    Python `preexec_fn`, which is unsafe to fork from this process's gRPC threads (the
+    child crashed with SIGSEGV here); a process of its own has none. Raises
+    SparkUnavailable, or RuntimeError for a failed or hung read."""
+    out_file = directory / "spark-rows.json"
+    code = (
+        "import sys; from raftwal.chaos import _spark_child; sys.exit(_spark_child(sys.argv[1:]))"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, ",".join(endpoints), str(revision), str(out_file)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        _, stderr = process.communicate(timeout=SPARK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        # The session holds the child and the JVM it started: stop both.
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate(timeout=10)
+        raise RuntimeError(
+            f"the Spark read did not finish within {SPARK_TIMEOUT_S:.0f} s"
+        ) from None
+    lines = [line for line in stderr.decode(errors="replace").splitlines() if line.strip()]
+    reason = lines[-1] if lines else f"exit code {process.returncode}"
+    if process.returncode == 3:
+        raise SparkUnavailable(reason)
+    if process.returncode != 0:
+        raise RuntimeError(reason)
+    rows = json.loads(out_file.read_text())
+    out_file.unlink()
+    return {(pchannel, lsn, digest) for pchannel, lsn, digest in rows}
+
+
+# ---------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------
+
+
+def _cluster_env(options: ChaosOptions) -> dict[str, str]:
+    env = dict(os.environ)
+    env["RAFTWAL_SEGMENT_MAX_BYTES"] = str(options.segment_max_bytes)
+    # Failover within a couple of seconds, so that faults of a few seconds matter.
+    env["RAFTWAL_NODE_TIMEOUT_MS"] = "2000"
+    return env
+
+
+async def _setup_channels(
+    client: CoordinatorClient, endpoints: Sequence[str], options: ChaosOptions, tag: str
+) -> dict[str, str]:
+    """Create the pchannels and vchannels; vchannel -> pchannel once all are ASSIGNED."""
+    response = await client.create_channels(count=options.pchannels, prefix=f"chaos{tag}")
+    pchannels = list(response.pchannels)
+    mapping = {}
+    for index in range(options.vchannels):
+        name = f"chaos{tag}_v{index}"
+        pchannel = pchannels[index % len(pchannels)]
+        await client.create_vchannel(name, pchannel)
+        mapping[name] = pchannel
+    _, missing = await wait_recovered(endpoints, pchannels, START_TIMEOUT_S)
+    if missing:
+        raise SetupFailed(f"channels not ready after {START_TIMEOUT_S:.0f} s: {missing}")
+    return mapping
+
+
+async def _run(
+    options: ChaosOptions, directory: Path, progress: Callable[[str], None]
+) -> ChaosReport:
+    report = ChaosReport(options.seed, options.duration_s, list(options.faults))
+    report.directory = str(directory)
+    rng = random.Random(options.seed)
+    tag = uuid.UUID(int=rng.getrandbits(128)).hex[:6]
+    config = dev.make_config(directory, NODES)
+    proxies = ProxyNet(config.nodes)
+    proxies.start()
+    cluster: dev.LocalCluster | None = None
+    nemesis: Nemesis | None = None
+    history = History()
+    problems: list[str] = []
+    setup_error = ""
+    try:
+        config = replace(config, nodes=proxies.configure(config.nodes))
+        try:
+            cluster = await asyncio.to_thread(
+                dev.up, directory, NODES, START_TIMEOUT_S, _cluster_env(options), config
+            )
+        except (RuntimeError, TimeoutError, OSError) as error:
+            raise SetupFailed(f"the cluster did not start: {error}") from None
+        endpoints = cluster.endpoints
+        pids = ", ".join(f"{n.id} {cluster.pid(n.id)}" for n in cluster.config.nodes)
+        progress(f"cluster up in {directory} (pids: {pids})")
+        coordinator = CoordinatorClient(endpoints, timeout_s=15.0, max_attempts=60)
+        streaming = StreamingClient(coordinator)
+        # Lock and broadcast clients give up sooner than a long fault lasts, so that the
+        # history holds indeterminate (unknown) operations for the checker to reason about.
+        impatient = CoordinatorClient(endpoints, timeout_s=CLIENT_TIMEOUT_S, max_attempts=30)
+        sampler = StatusSampler(endpoints, history)
+        try:
+            vchannel_pchannel = await _setup_channels(coordinator, endpoints, options, tag)
+            vchannels = sorted(vchannel_pchannel)
+            pchannels = sorted(set(vchannel_pchannel.values()))
+            stop = asyncio.Event()
+            producers = [
+                ProducerClient(
+                    f"p{k}",
+                    streaming,
+                    vchannels,
+                    history,
+                    random.Random(rng.getrandbits(64)),
+                    options.rate_per_s / options.producers,
+                    options.payload_bytes,
+                )
+                for k in range(options.producers)
+            ]
+            consumers = [ConsumerClient(streaming, v) for v in vchannels]
+            lockers = [
+                LockClient(
+                    f"l{k}",
+                    impatient,
+                    [f"chaos{tag}-lock-{i}" for i in range(options.lock_keys)],
+                    history,
+                    random.Random(rng.getrandbits(64)),
+                )
+                for k in range(options.lock_clients)
+            ]
+            broadcasters = [
+                BroadcastClient(
+                    f"b{k}",
+                    impatient,
+                    vchannels,
+                    [f"chaos{tag}-ddl-{i}" for i in range(options.broadcast_keys)],
+                    f"chaos{tag}",
+                    history,
+                    random.Random(rng.getrandbits(64)),
+                )
+                for k in range(options.broadcasters)
+            ]
+            nemesis = Nemesis(cluster, proxies, sampler, history, progress)
+            plan = plan_faults(options.seed, options.faults, options.duration_s)
+            sampler_task = asyncio.create_task(sampler.run(stop), name="sampler")
+            consumer_tasks = [
+                asyncio.create_task(c.run(stop), name=f"consumer {c.vchannel}") for c in consumers
+            ]
+            workload = [
+                *(
+                    asyncio.create_task(p.run(stop, DRAIN_TIMEOUT_S), name=p.name)
+                    for p in producers
+                ),
+                *(asyncio.create_task(lk.run(stop), name=lk.name) for lk in lockers),
+                *(asyncio.create_task(b.run(stop), name=b.name) for b in broadcasters),
+            ]
+            progress(
+                f"workload on {len(vchannels)} vchannels / {len(pchannels)} pchannels; "
+                f"{len(plan)} faults planned over {options.duration_s:.0f} s (seed {options.seed})"
+            )
+            started = time.monotonic()
+            try:
+                await nemesis.run(plan, started + options.duration_s)
+                remaining = started + options.duration_s - time.monotonic()
+                if remaining > 0:
+                    await asyncio.sleep(remaining)
+            finally:
+                await nemesis.heal()
+            progress(f"{history.now():7.1f}s  healed; letting the workload finish")
+            stop.set()
+            await gather_bounded(workload, DRAIN_TIMEOUT_S + 30, problems.append)
+            for broadcaster in broadcasters:
+                await broadcaster.finish(DRAIN_TIMEOUT_S)
+            final = FinalState()
+            status, missing = await wait_recovered(endpoints, pchannels, RECOVERY_TIMEOUT_S)
+            if missing:
+                final.recovery_error = (
+                    f"the cluster did not recover within {RECOVERY_TIMEOUT_S:.0f} s of healing: "
+                    f"{missing}"
+                )
+            progress(f"{history.now():7.1f}s  recovered; reading the final state")
+            await _read_final(final, status, endpoints, pchannels, cluster, options, progress)
+            await gather_bounded([sampler_task, *consumer_tasks], 15, problems.append)
+            report.violations = check(
+                history,
+                {c.vchannel: c.delivered for c in consumers},
+                sampler.samples,
+                vchannel_pchannel,
+                final,
+            )
+            report.notes += [f"ClusterStatus warning after healing: {w}" for w in final.warnings]
+            if final.spark_rows is None and final.spark_unavailable:
+                report.spark_unavailable = final.spark_unavailable
+            report.checked = {
+                "log_entries": sum(len(e) for e in final.logs.values()),
+                "segments": len(final.segments),
+                "segment_copies": len(final.segment_files),
+                "consumer_deliveries": sum(len(c.delivered) for c in consumers),
+                "consumer_restarts": sum(c.restarts for c in consumers),
+                "status_samples": len(sampler.samples),
+                "spark_rows": -1 if final.spark_rows is None else len(final.spark_rows),
+            }
+        finally:
+            await sampler.close()
+            await streaming.close()
+            await coordinator.close()
+            await impatient.close()
+    except SetupFailed as error:
+        setup_error = str(error)
+        progress(f"setup failed: {error}")
+    finally:
+        if nemesis is not None:
+            report.fault_log = nemesis.records
+        if cluster is not None:
+            # A paused node would ignore SIGTERM: continue everything before stopping.
+            for node in cluster.config.nodes:
+                if cluster.pid(node.id) is not None:
+                    cluster.kill(node.id, signal.SIGCONT)
+            await asyncio.to_thread(cluster.stop_all)
+        proxies.close()
+    report.operations = history.counts()
+    for record in report.fault_log:
+        report.faults[record.kind] = report.faults.get(record.kind, 0) + 1
+        report.fault_variants[record.label] = report.fault_variants.get(record.label, 0) + 1
+    report.notes.extend(problems)
+    report.ineffective = [setup_error] if setup_error else []
+    report.ineffective += _ineffective(report)
+    if options.keep_dir or not report.ok:
+        history.write_jsonl(directory / "history.jsonl")
+    return report
+
+
+async def _read_final(
+    final: FinalState,
+    status: api.ClusterStatusResponse | None,
+    endpoints: Sequence[str],
+    pchannels: Sequence[str],
+    cluster: dev.LocalCluster,
+    options: ChaosOptions,
+    progress: Callable[[str], None],
+) -> None:
+    for pchannel in pchannels:
+        # The balancer may still move a pchannel after healing: follow it (bounded).
+        error = "no owner known after healing"
+        for _ in range(5):
+            if status is not None:
+                addresses = {n.node_id: n.address for n in status.nodes}
+                owners = {p.name: p.owner_node_id for p in status.pchannels}
+                address = addresses.get(owners.get(pchannel, ""), "")
+                if address:
+                    try:
+                        final.logs[pchannel] = await read_log(
+                            address, pchannel, FINAL_READ_TIMEOUT_S
+                        )
+                        break
+                    except (RuntimeError, grpc.aio.AioRpcError) as failure:
+                        error = f"{failure}"
+            await asyncio.sleep(1.0)
+            status, _ = await wait_recovered(endpoints, pchannels, 20.0)
+        else:
+            final.log_errors[pchannel] = error
+    final.convergence_detail, final.replica_detail = await wait_converged(
+        endpoints, CONVERGENCE_TIMEOUT_S
+    )
+    final.converged = not final.convergence_detail
+    last = await _status(endpoints)
+    final.warnings = list(last.warnings) if last is not None else []
+    manifest_revision = 0
+    async with grpc.aio.insecure_channel(endpoints[0]) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        try:
+            listed = await stub.ListSegments(
+                api.ListSegmentsRequest(pchannels=pchannels), timeout=10
+            )
+        except grpc.aio.AioRpcError as error:
+            final.recovery_error = final.recovery_error or f"ListSegments failed: {error.code()}"
+        else:
+            manifest_revision = listed.revision
+            final.segments = [
+                SegmentInfo(
+                    s.pchannel,
+                    s.first_lsn,
+                    s.last_lsn,
+                    s.count,
+                    s.digest,
+                    tuple(s.replica_node_ids),
+                )
+                for s in listed.segments
+            ]
+    data_dirs = {n.id: n.data_dir for n in cluster.config.nodes}
+    final.segment_files = await asyncio.to_thread(check_segment_files, final.segments, data_dirs)
+    if options.spark and manifest_revision:
+        progress(f"reading {len(final.segments)} committed segments with Spark")
+        for attempt in range(2):
+            try:
+                final.spark_rows = await asyncio.to_thread(
+                    spark_read_isolated, endpoints, manifest_revision, cluster.directory
+                )
+                break
+            except SparkUnavailable as error:
+                # Not the cluster's fault: say so, and try once more (a JVM that failed to
+                # start on a busy machine usually starts the second time).
+                final.spark_unavailable = f"Spark could not start: {error}"
+                await asyncio.sleep(5.0 * (attempt + 1))
+            except RuntimeError as error:
+                final.spark_error = f"Spark read failed: {error}"
+                break
+
+
+def _ineffective(report: ChaosReport) -> list[str]:
+    reasons = []
+    if not report.fault_log:
+        reasons.append("no fault was injected")
+    for kind in report.faults_requested:
+        if not report.faults.get(kind):
+            reasons.append(f"no {kind} fault was injected")
+    if report.spark_unavailable:
+        reasons.append(report.spark_unavailable)
+    for kind in ("produce", "lock", "broadcast"):
+        if kind == "lock" and "lock" not in report.operations:
+            continue
+        if kind == "broadcast" and "broadcast" not in report.operations:
+            continue
+        if not report.operations.get(kind, {}).get(OK):
+            reasons.append(f"no {kind} operation was acknowledged")
+    return reasons
+
+
+def run_chaos(options: ChaosOptions, progress: Callable[[str], None] | None = None) -> ChaosReport:
+    """Run one chaos test (blocking). The cluster lives in `options.directory` (a fresh
+    temporary directory by default), which is removed afterwards unless `keep_dir` is set
+    or something was found."""
+    options.validate()
+    say = progress or (lambda _message: None)
+    directory = options.directory or Path(tempfile.mkdtemp(prefix=f"raftwal-chaos-{options.seed}-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    report = asyncio.run(_run(options, directory, say))
+    report.elapsed_s = round(time.monotonic() - started, 1)
+    if options.keep_dir or not report.ok:
+        (directory / "report.json").write_text(json.dumps(report.as_json(), indent=2, default=str))
+    elif options.directory is None:
+        shutil.rmtree(directory, ignore_errors=True)
+        report.directory = ""
+    return report
+
+
+# ---------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------
+
+
+def parse_duration(text: str) -> float:
+    """`90`, `90s`, `10m`, `1h` -> seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (expected e.g. 60s, 10m)")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "chaos",
+        help="nemesis + workload + checker against a local three-node cluster",
+        description="Start three nodes on 127.0.0.1 behind per-link proxies, run a workload "
+        "while injecting faults from a seeded schedule, heal, and check the history and the "
+        "final state. Exit code 0: no violation; 1: violations; 3: the run proved nothing "
+        "(no fault or no acknowledged operation); 2: bad arguments.",
+    )
+    parser.add_argument("--seed", type=int, default=None, help="schedule seed (default: random)")
+    parser.add_argument("--duration", type=parse_duration, default=60.0, help="e.g. 60s, 10m")
+    parser.add_argument(
+        "--faults",
+        default=",".join(FAULT_KINDS),
+        help=f"comma-separated subset of {','.join(FAULT_KINDS)}",
+    )
+    parser.add_argument(
+        "--spark",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="check a Spark read of the committed segments (default on)",
+    )
+    parser.add_argument("--dir", type=Path, default=None, help="cluster directory (default: temp)")
+    parser.add_argument(
+        "--keep-dir", action="store_true", help="keep logs, history and report afterwards"
+    )
+    parser.add_argument("--rate", type=float, default=150.0, help="messages per second")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(handler=_command)
+
+
+def _command(args: argparse.Namespace) -> int:
+    seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+    faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
+    options = ChaosOptions(
+        seed=seed,
+        duration_s=args.duration,
+        faults=faults,
+        spark=args.spark,
+        directory=args.dir,
+        keep_dir=args.keep_dir,
+        rate_per_s=args.rate,
+    )
+    try:
+        options.validate()
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    if progress is not None:
+        progress(f"raftwal chaos: seed {seed}, {args.duration:.0f} s, faults {','.join(faults)}")
+    report = run_chaos(options, progress)
+    if args.json:
+        print(json.dumps(report.as_json(), default=str))
+    else:
+        print_report(report)
+    if report.violations:
+        return 1
+    return 3 if report.ineffective else 0
+
+
+def print_report(report: ChaosReport) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    operations = Table(title="operations")
+    for column in ("kind", "ok", "fail", "unknown", "pending"):
+        operations.add_column(column, justify="left" if column == "kind" else "right")
+    for kind, outcomes in report.operations.items():
+        operations.add_row(
+            kind, *(str(outcomes.get(o, 0)) for o in ("ok", "fail", "unknown", "pending"))
+        )
+    console.print(operations)
+    faults = Table(title="faults injected")
+    faults.add_column("fault")
+    faults.add_column("count", justify="right")
+    for kind, count in sorted(report.faults.items()):
+        faults.add_row(f"[bold]{kind}[/bold]", str(count))
+        for label, variant_count in sorted(report.fault_variants.items()):
+            if label.startswith(f"{kind}:"):
+                faults.add_row(f"  {label}", str(variant_count))
+    console.print(faults)
+    console.print("checked: " + ", ".join(f"{k} {v}" for k, v in report.checked.items()))
+    for note in report.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    for reason in report.ineffective:
+        console.print(f"[yellow]ineffective:[/yellow] {reason}")
+    if report.violations:
+        console.print(f"[red]{len(report.violations)} violation(s):[/red]")
+        for violation in report.violations:
+            console.print(f"  [red]{violation.kind}[/red]: {violation.detail}", highlight=False)
+    else:
+        console.print("[green]no violations[/green]")
+    where = f"; state kept in {report.directory}" if report.directory else ""
+    console.print(
+        f"seed {report.seed}, {report.duration_s:.0f} s of faults, {report.elapsed_s:.0f} s in "
+        f"all{where}",
+        highlight=False,
+    )

@@ -1,0 +1,305 @@
+"""Per-link TCP proxies for the chaos suite (``raftwal chaos``): the network the nemesis cuts.
+
+Every node dials every peer through a proxy of its own, one per directed link and port kind
+(``raft`` and ``grpc``), configured with the node's ``peer_raft_addresses`` /
+``peer_grpc_addresses`` (raftwal/config.py). Clients still reach every node directly, as in
+Jepsen: a partition separates the servers from each other, for Raft and WAL replication
+traffic alike, not the clients from the servers.
+
+A link is ``open``, ``reset`` (its connections are aborted with a TCP RST and new ones are
+accepted and reset at once: a peer that refuses) or ``drop`` (nothing is forwarded either
+way and new connections are held unconnected: a black hole; TCP buffers fill, timeouts
+decide). Healing a dropped link resumes forwarding where it stopped, as a real network
+does after a transient outage.
+
+The proxies run on their own thread and event loop, so a busy workload cannot delay the
+traffic they carry. This module must never listen on or forward to anything but
+127.0.0.1, nor touch a connection it did not accept itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import struct
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from raftwal.config import NodeConfig
+from raftwal.dev import free_ports
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+LINK_KINDS = ("raft", "grpc")
+LINK_MODES = ("reset", "drop")
+# Bytes read per forwarding step, and the bound of a connection attempt to the real port.
+CHUNK_BYTES = 256 * 1024
+CONNECT_TIMEOUT_S = 2.0
+# Bound of every control call into the proxy thread.
+CONTROL_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Link:
+    """`source` dials `target`'s `kind` port."""
+
+    source: str
+    target: str
+    kind: str
+
+
+class _Connection:
+    def __init__(self, client: asyncio.StreamWriter) -> None:
+        self.client = client
+        self.upstream: asyncio.StreamWriter | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def abort(self) -> None:
+        for writer in (self.client, self.upstream):
+            if writer is None:
+                continue
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                # SO_LINGER 0: close() sends a RST, as a crashed or refusing peer would.
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+        for task in self.tasks:
+            task.cancel()
+
+
+class _LinkProxy:
+    """One listening port forwarding to one node's real port; lives on the proxy loop."""
+
+    def __init__(self, link: Link, listen_port: int, upstream_port: int) -> None:
+        self.link = link
+        self.listen_port = listen_port
+        self.upstream_port = upstream_port
+        self.mode = "open"
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+        self.connections: set[_Connection] = set()
+        self.accepted = 0
+        self.reset = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, HOST, self.listen_port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self.connections):
+            connection.abort()
+        self.connections.clear()
+        self.flowing.set()
+
+    def cut(self, mode: str) -> None:
+        assert mode in LINK_MODES, mode
+        self.mode = mode
+        if mode == "reset":
+            self.flowing.set()
+            for connection in list(self.connections):
+                connection.abort()
+                self.reset += 1
+            self.connections.clear()
+        else:
+            self.flowing.clear()
+
+    def heal(self) -> None:
+        self.mode = "open"
+        self.flowing.set()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = _Connection(writer)
+        self.accepted += 1
+        if self.mode == "reset":
+            connection.abort()
+            self.reset += 1
+            return
+        self.connections.add(connection)
+        try:
+            # A dropped link holds a new connection unconnected until it heals (or is
+            # reset or closed, which aborts the connection and cancels this task).
+            await self.flowing.wait()
+            up_reader, up_writer = await asyncio.wait_for(
+                asyncio.open_connection(HOST, self.upstream_port), CONNECT_TIMEOUT_S
+            )
+        except (OSError, TimeoutError):
+            # The node is down: refuse, as the node itself would.
+            connection.abort()
+            self.connections.discard(connection)
+            return
+        connection.upstream = up_writer
+        if connection not in self.connections:  # reset while connecting
+            connection.abort()
+            return
+        connection.tasks = [
+            asyncio.create_task(self._pump(reader, up_writer, connection)),
+            asyncio.create_task(self._pump(up_reader, writer, connection)),
+        ]
+
+    async def _pump(
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, connection: _Connection
+    ) -> None:
+        try:
+            while True:
+                await self.flowing.wait()
+                data = await source.read(CHUNK_BYTES)
+                if not data:
+                    break
+                # Bytes read just before a drop wait for the heal, like a queued packet.
+                await self.flowing.wait()
+                sink.write(data)
+                await sink.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            if connection in self.connections:
+                self.connections.discard(connection)
+                connection.abort()
+
+
+class ProxyNet:
+    """Proxies for every directed link of `nodes`, on a background thread (see module doc).
+
+    ``start()`` binds them all; ``configure(nodes)`` returns the node configs with their
+    peer addresses pointing at the proxies; ``cut``/``heal_all`` change links;
+    ``close()`` stops everything. Safe to call from any thread.
+    """
+
+    def __init__(self, nodes: Sequence[NodeConfig]) -> None:
+        for node in nodes:
+            if node.host != HOST:
+                raise ValueError(f"node {node.id} is on {node.host} (expected {HOST})")
+        self._nodes = list(nodes)
+        links = [
+            Link(source.id, target.id, kind)
+            for source in nodes
+            for target in nodes
+            if source.id != target.id
+            for kind in LINK_KINDS
+        ]
+        # Ports free a moment ago may include the nodes' own (picked, then closed, by
+        # `dev.make_config`): leave those out.
+        taken = {port for n in nodes for port in (n.grpc_port, n.raft_port, n.metrics_port)}
+        ports = [p for p in free_ports(len(links) + len(taken), HOST) if p not in taken]
+        self._ports = dict(zip(links, ports[: len(links)], strict=True))
+        self._proxies: dict[Link, _LinkProxy] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+
+    @property
+    def links(self) -> list[Link]:
+        return list(self._ports)
+
+    def configure(self, nodes: Iterable[NodeConfig]) -> tuple[NodeConfig, ...]:
+        """`nodes` with every peer dialled through its proxy."""
+
+        def table(source: str, kind: str) -> tuple[tuple[str, str], ...]:
+            return tuple(
+                (link.target, f"{HOST}:{port}")
+                for link, port in sorted(self._ports.items(), key=lambda item: item[0].target)
+                if link.source == source and link.kind == kind
+            )
+
+        return tuple(
+            replace(
+                node,
+                peer_raft_addresses=table(node.id, "raft"),
+                peer_grpc_addresses=table(node.id, "grpc"),
+            )
+            for node in nodes
+        )
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="chaos-proxies", daemon=True)
+        self._thread.start()
+        if not self._started.wait(CONTROL_TIMEOUT_S):
+            raise TimeoutError(f"proxies not listening after {CONTROL_TIMEOUT_S} s")
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        by_id = {node.id: node for node in self._nodes}
+
+        async def start_all() -> None:
+            for link, port in self._ports.items():
+                target = by_id[link.target]
+                upstream = target.raft_port if link.kind == "raft" else target.grpc_port
+                proxy = _LinkProxy(link, port, upstream)
+                await proxy.start()
+                self._proxies[link] = proxy
+
+        try:
+            loop.run_until_complete(start_all())
+        except OSError:
+            log.exception("chaos proxies could not bind")
+            loop.close()
+            return
+        self._started.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(self._close_all())
+            loop.close()
+
+    async def _close_all(self) -> None:
+        for proxy in self._proxies.values():
+            await proxy.close()
+
+    def _call(self, function: object) -> None:
+        loop = self._loop
+        if loop is None or not self._started.is_set():
+            raise RuntimeError("proxies are not running")
+
+        async def run() -> None:
+            function()  # type: ignore[operator]
+
+        asyncio.run_coroutine_threadsafe(run(), loop).result(CONTROL_TIMEOUT_S)
+
+    def cut(self, a: str, b: str, mode: str) -> None:
+        """Cut every link between nodes `a` and `b`, both ways, Raft and gRPC."""
+        if mode not in LINK_MODES:
+            raise ValueError(f"invalid link mode {mode!r} (expected one of {LINK_MODES})")
+
+        def apply() -> None:
+            for link, proxy in self._proxies.items():
+                if {link.source, link.target} == {a, b}:
+                    proxy.cut(mode)
+
+        self._call(apply)
+
+    def heal_all(self) -> None:
+        def apply() -> None:
+            for proxy in self._proxies.values():
+                proxy.heal()
+
+        self._call(apply)
+
+    def cut_pairs(self) -> list[tuple[str, str, str]]:
+        """(a, b, mode) of every cut node pair, a < b."""
+        seen: dict[tuple[str, str], str] = {}
+        for link, proxy in self._proxies.items():
+            if proxy.mode != "open":
+                pair = tuple(sorted((link.source, link.target)))
+                seen[pair] = proxy.mode  # type: ignore[index]
+        return [(a, b, mode) for (a, b), mode in sorted(seen.items())]
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "connections_accepted": sum(p.accepted for p in self._proxies.values()),
+            "connections_reset": sum(p.reset for p in self._proxies.values()),
+        }
+
+    def close(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None and thread.is_alive():
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(CONTROL_TIMEOUT_S)

@@ -1,0 +1,146 @@
+"""The nemesis' parts without a cluster: the seeded schedule (deterministic, every requested
+kind even in a short run), the per-link proxies (forward, drop silently then resume,
+reset; against a local echo server) and the config's per-node peer addresses they need."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raftwal.chaos import FAULT_KINDS, HOLD_S, PARTITION_VARIANTS, parse_duration, plan_faults
+from raftwal.chaos_net import ProxyNet
+from raftwal.config import ConfigError, NodeConfig, parse_config, render_config
+from raftwal.dev import free_ports
+
+
+def test_schedule_is_deterministic_and_covers_every_kind() -> None:
+    plan = plan_faults(7, FAULT_KINDS, 35.0)
+    assert plan == plan_faults(7, FAULT_KINDS, 35.0)
+    assert plan != plan_faults(8, FAULT_KINDS, 35.0)
+    assert {f.kind for f in plan[: len(FAULT_KINDS)]} == set(FAULT_KINDS)
+    for fault in plan:
+        low, high = HOLD_S[fault.kind]
+        assert low <= fault.hold_s <= high
+        if fault.kind == "partition":
+            assert fault.variant in PARTITION_VARIANTS and fault.mode in ("reset", "drop")
+
+
+def test_schedule_rotates_partition_variants() -> None:
+    plan = plan_faults(3, ("partition",), 600.0)
+    variants = [f.variant for f in plan[: len(PARTITION_VARIANTS)]]
+    assert sorted(variants) == sorted(PARTITION_VARIANTS)
+
+
+def test_schedule_honours_the_requested_kinds() -> None:
+    assert {f.kind for f in plan_faults(1, ("pause",), 60.0)} == {"pause"}
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("60", 60), ("60s", 60), ("10m", 600), ("1h", 3600)])
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.fixture()
+def echo_port() -> Iterator[int]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def serve() -> None:
+        while True:
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=echo, args=(connection,), daemon=True).start()
+
+    def echo(connection: socket.socket) -> None:
+        # The proxy resets the connection when the link is cut: that ends the echo too.
+        with connection, contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            while data := connection.recv(65536):
+                connection.sendall(data)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        server.close()
+
+
+def test_proxies_forward_drop_and_reset(echo_port: int) -> None:
+    ports = free_ports(3)
+    a = NodeConfig("a", "127.0.0.1", ports[0], echo_port, Path("/nonexistent/a"))
+    b = NodeConfig("b", "127.0.0.1", ports[1], ports[2], Path("/nonexistent/b"))
+    net = ProxyNet([a, b])
+    net.start()
+    try:
+        _, configured_b = net.configure([a, b])
+        host, port = configured_b.dial_raft_address(a).split(":")
+        assert int(port) != echo_port  # b dials a through its proxy
+        with socket.create_connection((host, int(port)), timeout=5) as client:
+            client.sendall(b"hello")
+            assert client.recv(100) == b"hello"
+            net.cut("a", "b", "drop")
+            assert net.cut_pairs() == [("a", "b", "drop")]
+            client.sendall(b"held")
+            client.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                client.recv(100)
+            net.heal_all()
+            client.settimeout(5)
+            assert client.recv(100) == b"held"  # a healed link resumes, nothing lost
+            net.cut("a", "b", "reset")
+            with pytest.raises(OSError):
+                client.sendall(b"x")
+                if not client.recv(100):
+                    raise ConnectionResetError("closed")
+        with pytest.raises(OSError), socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(b"x")
+            if not s.recv(100):
+                raise ConnectionResetError("closed")
+        net.heal_all()
+        assert net.cut_pairs() == []
+        with socket.create_connection((host, int(port)), timeout=5) as client:
+            client.sendall(b"again")
+            assert client.recv(100) == b"again"
+    finally:
+        net.close()
+
+
+def test_peer_addresses_parse_render_and_validate() -> None:
+    data = {
+        "nodes": [
+            {
+                "id": "n1",
+                "grpc_port": 7201,
+                "raft_port": 7301,
+                "peer_raft_addresses": {"n2": "127.0.0.1:7402"},
+                "peer_grpc_addresses": {"n2": "127.0.0.1:7502"},
+            },
+            {"id": "n2", "grpc_port": 7202, "raft_port": 7302},
+        ]
+    }
+    config = parse_config(data, Path("/tmp"), environ={})
+    n1, n2 = config.nodes
+    assert (n1.dial_raft_address(n2), n1.dial_grpc_address(n2)) == (
+        "127.0.0.1:7402",
+        "127.0.0.1:7502",
+    )
+    assert (n2.dial_raft_address(n1), n2.dial_grpc_address(n1)) == (
+        n1.raft_address,
+        n1.grpc_address,
+    )
+    again = parse_config(tomllib.loads(render_config(config)), Path("/tmp"), environ={})
+    assert again.nodes == config.nodes
+    data["nodes"][0]["peer_raft_addresses"] = {"n9": "127.0.0.1:1"}
+    with pytest.raises(ConfigError, match="n9"):
+        parse_config(data, Path("/tmp"), environ={})
+    data["nodes"][0]["peer_raft_addresses"] = {"n2": "nowhere"}
+    with pytest.raises(ConfigError, match="expected host:port"):
+        parse_config(data, Path("/tmp"), environ={})
