@@ -528,6 +528,16 @@ class RaftPeer:
         leader = self._syncobj._getLeader()
         return None if leader is None else str(leader.id)
 
+    def knows_leader(self) -> bool:
+        """True while this peer leads, or is connected to the leader it knows. pysyncobj
+        keeps the last leader of a follower that is connected to nobody (it starts no
+        election then), so the leader address alone does not say the node is in touch."""
+        syncobj = self._syncobj
+        if syncobj._isLeader():
+            return True
+        leader = syncobj._getLeader()
+        return leader is not None and bool(syncobj.isNodeConnected(leader))
+
     def raft_term(self) -> int:
         return int(self._syncobj.raftCurrentTerm)
 

@@ -47,6 +47,7 @@ from raftwal.streaming import (
     StreamingNodeServicer,
     reconcile_loop,
 )
+from rpc.aio import wait_event
 from rpc.coordinator_servicer import CompactedHistory, CoordinatorServicer
 from rpc.errors import RaftwalError, error_info, from_rpc_error
 from rpc.protos import coordination_pb2 as pb
@@ -92,9 +93,7 @@ class AppliedNotifier:
         changed.set()
 
     async def wait_change(self, timeout_s: float) -> None:
-        changed = self._changed
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), timeout_s)
+        await wait_event(self._changed, timeout_s)
 
     async def wait_index(self, raft_index: int, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -132,6 +131,8 @@ class Node:
         # node id -> monotonic time it was suspected (see HeartbeatRequest.suspect_node_ids)
         self._suspects: dict[str, float] = {}
         self._heartbeat_now = asyncio.Event()
+        # Last time (monotonic) this node knew a Raft leader; start counts as one.
+        self._leader_seen_at = time.monotonic()
         self.plane = DataPlane(
             node_id=self.me.id,
             data_dir=data_dir,
@@ -300,6 +301,15 @@ class Node:
         if address is None:
             return None
         return self.config.node_by_raft_address(address)
+
+    def leaderless_s(self) -> float:
+        """Seconds since this node last led or was connected to the leader it knows (the
+        heartbeat loop calls this every interval, so it counts from the loss)."""
+        now = time.monotonic()
+        if self.peer is not None and self.peer.knows_leader():
+            self._leader_seen_at = now
+            return 0.0
+        return now - self._leader_seen_at
 
     def is_leader(self) -> bool:
         return self.peer is not None and self.peer.is_leader()
@@ -569,6 +579,7 @@ class Node:
         )
         while not self._stopping.is_set():
             leader = self.leader() if self.peer is not None else None
+            self.leaderless_s()
             request.serving_terms.clear()
             request.serving_terms.update(self.plane.serving_terms())
             now = time.monotonic()
@@ -585,8 +596,7 @@ class Node:
                     except grpc.aio.AioRpcError as error:
                         log.debug("heartbeat to %s failed: %s", leader.id, error.code())
             self._heartbeat_now.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._heartbeat_now.wait(), interval)
+            await wait_event(self._heartbeat_now, interval)
 
     async def _housekeeping_loop(self) -> None:
         """Event-store backfill and retention (local to each node)."""

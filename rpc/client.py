@@ -15,7 +15,9 @@
 - **typed errors**: each ``ErrorCode`` has a ``RaftwalError`` subclass (``error_for`` /
   ``raise_for``); errors that retrying cannot fix raise at once;
 - **resumable streams**: ``watch_events`` resumes at the last delivered revision + 1 on
-  another node, ``watch_assignments`` never goes back to an older version, and
+  another node, ``watch_assignments`` never goes back to an older version (both move when
+  their node sends nothing, not even a progress notification, for
+  ``watch_idle_timeout_s``, or ends them because it lost the Raft leader), and
   ``lease_keeper`` renews a lease over one bidirectional stream, reconnecting as needed;
 - **security**: ``security`` (``rpc.credentials.ClientSecurity``) says how channels are
   opened: TLS with a CA file, a client certificate for clusters that require mutual TLS,
@@ -56,6 +58,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import grpc
 from grpc_status import rpc_status
 
+from rpc.aio import wait_event, wait_within
 from rpc.credentials import ClientSecurity
 from rpc.errors import RaftwalError, error_info, from_rpc_error
 from rpc.protos import coordination_pb2 as pb
@@ -111,6 +114,10 @@ MAX_CHANNELS = 32
 DEFAULT_ATTEMPT_TIMEOUT_S = 6.0
 # Closing channels waits at most this long for in-flight calls.
 CLOSE_GRACE_S = 1.0
+# A watch stream that brings nothing, not even a progress notification (nodes send one
+# after about a second of quiet), for this long is moved to another node: its node is
+# stopped (SIGSTOP keeps the TCP connection open), hung or cut off behind a proxy.
+DEFAULT_WATCH_IDLE_TIMEOUT_S = 5.0
 
 
 # ---------------------------------------------------------------------------------------
@@ -308,6 +315,36 @@ def classify(error: grpc.RpcError) -> tuple[errors_pb2.ErrorInfo, bool]:
     return info, code in RETRYABLE_TRANSPORT
 
 
+class StreamIdle(Exception):
+    """A server stream brought nothing for ``idle_s`` (see ``read_stream``)."""
+
+    def __init__(self, idle_s: float) -> None:
+        super().__init__(f"nothing received for {idle_s:.1f} s")
+        self.idle_s = idle_s
+
+    def info(self, target: str, method: str) -> errors_pb2.ErrorInfo:
+        return error_info(
+            E.ON_SHUTDOWN,
+            f"{method} stream at {target} sent nothing, not even a progress notification, "
+            f"for {self.idle_s:.1f} s (node stopped, hung or cut off?)",
+        )
+
+
+async def read_stream(call: Any, idle_s: float) -> AsyncIterator[Any]:
+    """The messages of a server-streaming `call` until it ends; raises StreamIdle when none
+    arrives for `idle_s` (a stopped node never closes its streams), AioRpcError on a failed
+    status."""
+    while True:
+        try:
+            async with asyncio.timeout(idle_s):
+                message = await call.read()
+        except TimeoutError:
+            raise StreamIdle(idle_s) from None
+        if message is grpc.aio.EOF:
+            return
+        yield message
+
+
 def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
     """``"h1:7201,h2:7201"`` or a list of ``host:port`` -> a deduplicated list, in order."""
     items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
@@ -500,9 +537,11 @@ class CoordinatorClient:
         attempt_timeout_s: float = DEFAULT_ATTEMPT_TIMEOUT_S,
         channel_options: Sequence[tuple[str, Any]] = (),
         security: ClientSecurity | None = None,
+        watch_idle_timeout_s: float = DEFAULT_WATCH_IDLE_TIMEOUT_S,
     ) -> None:
         _check_positive("timeout_s", timeout_s)
         _check_positive("attempt_timeout_s", attempt_timeout_s)
+        _check_positive("watch_idle_timeout_s", watch_idle_timeout_s)
         _check_positive("backoff_initial_s", backoff_initial_s)
         if backoff_max_s < backoff_initial_s:
             raise _invalid(
@@ -517,6 +556,7 @@ class CoordinatorClient:
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.attempt_timeout_s = attempt_timeout_s
+        self.watch_idle_timeout_s = watch_idle_timeout_s
         self._channel_options = list(channel_options)
         # TLS, client certificate and token of every channel (see the module docstring).
         self.security = ClientSecurity.from_env() if security is None else security
@@ -719,8 +759,8 @@ class CoordinatorClient:
             call = self._stub(target).WatchAssignments(api.WatchAssignmentsRequest())
             info = error_info(E.ON_SHUTDOWN, f"{target} ended the WatchAssignments stream")
             try:
-                async for discovery in call:
-                    if discovery.version <= last_version:
+                async for discovery in read_stream(call, self.watch_idle_timeout_s):
+                    if discovery.progress or discovery.version <= last_version:
                         continue
                     last_version = discovery.version
                     retry.progress()
@@ -730,6 +770,8 @@ class CoordinatorClient:
                 info, retryable = classify(error)
                 if not retryable:
                     raise error_for(info) from None
+            except StreamIdle as idle:
+                info = idle.info(target, "WatchAssignments")
             finally:
                 call.cancel()
             target = await retry.failed(target, info)
@@ -888,7 +930,7 @@ class CoordinatorClient:
             call = self._stub(target).WatchEvents(request)
             info = error_info(E.ON_SHUTDOWN, f"{target} ended the WatchEvents stream")
             try:
-                async for response in call:
+                async for response in read_stream(call, self.watch_idle_timeout_s):
                     for event in response.events:
                         # A node never sends an older revision on one stream; a misbehaving
                         # one must not make the caller see an event twice.
@@ -905,6 +947,8 @@ class CoordinatorClient:
                 info, retryable = classify(error)
                 if not retryable:
                     raise error_for(info) from None
+            except StreamIdle as idle:
+                info = idle.info(target, "WatchEvents")
             finally:
                 call.cancel()
             target = await retry.failed(target, info)
@@ -987,11 +1031,7 @@ class LeaseKeeper:
 
     async def wait_lost(self, timeout_s: float | None = None) -> bool:
         """Wait until the keeper gives up on the lease (True) or `timeout_s` passes (False)."""
-        try:
-            await asyncio.wait_for(self._lost_event.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        return await wait_event(self._lost_event, timeout_s)
 
     async def start(self) -> LeaseKeeper:
         """Renew once (raising the error when that fails) and start the background task."""
@@ -1042,8 +1082,7 @@ class LeaseKeeper:
             self._lost_event.set()
 
     async def _sleep_or_stop(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), max(0.0, seconds))
+        await wait_event(self._stopping, seconds)
 
     async def _run(self) -> None:
         client = self._client
@@ -1062,8 +1101,8 @@ class LeaseKeeper:
             try:
                 while not self._stopping.is_set():
                     sent = time.monotonic()
-                    await asyncio.wait_for(call.write(request), answer_within_s)
-                    response = await asyncio.wait_for(call.read(), answer_within_s)
+                    await wait_within(call.write(request), answer_within_s)
+                    response = await wait_within(call.read(), answer_within_s)
                     if response is grpc.aio.EOF:
                         break
                     self._renewed(sent, response)

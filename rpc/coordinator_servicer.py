@@ -37,6 +37,13 @@ REQUEST_ID_MAX_CHARS = 128
 MAX_WAIT_ATTEMPTS = 10_000
 # Streams wake up at least this often to notice cancelled clients and shutdown.
 STREAM_POLL_S = 1.0
+# A watch stream silent this long gets a progress notification, so clients can tell a
+# quiet node from a stopped one (see WatchAssignmentsRequest in coordinator.proto).
+WATCH_PROGRESS_S = 1.0
+# A node that has known no Raft leader this long ends its watch streams (NOT_LEADER): it
+# is cut off from the majority and its view may be stale. Above an election (0.4-1.2 s
+# by default, a few rounds when votes split) and about the coordinator's node timeout.
+WATCH_LEADERLESS_S = 3.0
 EVENT_BATCH = 500
 
 
@@ -78,6 +85,10 @@ class CoordinationBackend(Protocol):
         ...
 
     def applied_revision(self) -> int: ...
+
+    def leaderless_s(self) -> float:
+        """Seconds this node has gone without knowing a Raft leader (0.0 while it knows one)."""
+        ...
 
     async def cluster_status(self, linearizable: bool) -> api.ClusterStatusResponse: ...
 
@@ -335,17 +346,38 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
         return await self._call(context, work())
 
+    async def _end_if_leaderless(self, context, method: str) -> None:
+        leaderless_s = self._backend.leaderless_s()
+        if leaderless_s >= WATCH_LEADERLESS_S:
+            await context.abort_with_status(
+                to_status(
+                    error_info(
+                        E.NOT_LEADER,
+                        f"{method}: this node has known no Raft leader for {leaderless_s:.1f} s "
+                        "(cut off from the majority?), so its view may be stale; watch from "
+                        "another node",
+                    )
+                )
+            )
+
     async def WatchAssignments(self, request, context) -> AsyncIterator[api.AssignmentDiscovery]:
         last_sent: bytes | None = None
+        last_version = 0
+        sent_at = time.monotonic()
         while True:
+            await self._end_if_leaderless(context, "WatchAssignments")
             view, revision = await self._call(
                 context, self._backend.read(assignment_view, linearizable=False)
             )
             encoded = view.SerializeToString(deterministic=True)
             if encoded != last_sent:
-                view.version = revision
+                view.version = last_version = revision
                 last_sent = encoded
+                sent_at = time.monotonic()
                 yield view
+            elif time.monotonic() - sent_at >= WATCH_PROGRESS_S:
+                sent_at = time.monotonic()
+                yield api.AssignmentDiscovery(version=last_version, progress=True)
             await self._backend.wait_change(STREAM_POLL_S)
 
     # -- leases and locks -------------------------------------------------------------
@@ -554,7 +586,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         yield api.WatchEventsResponse(
             applied_revision=self._backend.applied_revision(), next_revision=next_revision
         )
+        sent_at = time.monotonic()
         while True:
+            await self._end_if_leaderless(context, "WatchEvents")
             try:
                 events = self._backend.events_from(next_revision, EVENT_BATCH)
             except CompactedHistory as error:
@@ -564,12 +598,20 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 selected = [e for e in events if not kinds or e.WhichOneof("body") in kinds]
                 # With a kinds filter a batch may select nothing: the response (with no
                 # events) still reports progress, so a client resumes from next_revision.
+                sent_at = time.monotonic()
                 yield api.WatchEventsResponse(
                     events=selected,
                     applied_revision=self._backend.applied_revision(),
                     next_revision=next_revision,
                 )
                 continue
+            if time.monotonic() - sent_at >= WATCH_PROGRESS_S:
+                # Nothing happened: a progress notification keeps the stream visibly alive.
+                sent_at = time.monotonic()
+                yield api.WatchEventsResponse(
+                    applied_revision=self._backend.applied_revision(),
+                    next_revision=next_revision,
+                )
             await self._backend.wait_change(STREAM_POLL_S)
 
     async def ClusterStatus(self, request, context):

@@ -47,6 +47,7 @@ from typing import Any, NamedTuple
 
 import grpc
 
+from rpc.aio import wait_event
 from rpc.credentials import ClientSecurity
 from rpc.errors import error_info, from_rpc_error
 from rpc.protos import coordination_pb2 as pb
@@ -338,7 +339,7 @@ class AssignmentCache:
                 self.watch_streams += 1
                 info = error_info(E.ON_SHUTDOWN, f"{target} ended the WatchAssignments stream")
                 try:
-                    async for discovery in call:
+                    async for discovery in read_stream(call, coordinator.watch_idle_timeout_s):
                         self._last_heard = time.monotonic()
                         failures, outage_started = 0, None
                         backoff.reset()
@@ -352,6 +353,8 @@ class AssignmentCache:
                         self._error = error_for(info)
                         log.warning("WatchAssignments at %s refused: %s", target, self._error)
                         return
+                except StreamIdle as idle:
+                    info = idle.info(target, "WatchAssignments")
                 finally:
                     call.cancel()
                 now = time.monotonic()
@@ -405,8 +408,7 @@ class AssignmentCache:
         changed.set()
 
     async def _wait(self, event: asyncio.Event, timeout_s: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), max(0.0, timeout_s))
+        await wait_event(event, timeout_s)
 
     async def close(self) -> None:
         self._closed = True
@@ -1083,8 +1085,7 @@ class Producer:
                 await self._send_ready(lane)
                 if self._closing and not lane.pending and not lane.inflight:
                     return
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(lane.wake.wait(), self._next_timer(lane))
+                await wait_event(lane.wake, self._next_timer(lane))
         except BaseException as error:
             # Never leave a caller waiting on a future nobody will resolve.
             failure = (
@@ -1959,6 +1960,7 @@ from rpc.client import (  # noqa: E402
     InvalidTransactionStateError,
     OnShutdownError,
     RaftwalError,
+    StreamIdle,
     UnavailableError,
     UnknownError,
     _Backoff,
@@ -1966,4 +1968,5 @@ from rpc.client import (  # noqa: E402
     classify,
     code_name,
     error_for,
+    read_stream,
 )

@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rpc.aio import wait_event
 from wal_segments.catalog import Catalog, SegmentRow
 from wal_segments.format import (
     ENTRY_HEADER,
@@ -772,9 +773,7 @@ class PChannelLog:
         event.set()
 
     async def wait_appended(self, timeout_s: float) -> None:
-        event = self._appended
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout_s)
+        await wait_event(self._appended, timeout_s)
 
 
 def _term_of_frame(frames: bytes | memoryview, offset: int) -> int:

@@ -40,6 +40,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+from rpc.aio import wait_event, wait_within
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
 from wal_segments.format import (
@@ -247,8 +248,7 @@ class ChannelOwner:
 
     async def wait_commit_change(self, timeout_s: float) -> None:
         """Return when the commit point moves or the owner stops, or after `timeout_s`."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._progress.wait(), timeout_s)
+        await wait_event(self._progress, timeout_s)
 
     @property
     def serving(self) -> bool:
@@ -364,7 +364,7 @@ class ChannelOwner:
         while True:
             self._check_current()
             try:
-                reply = await asyncio.wait_for(
+                reply = await wait_within(
                     self.transport.fence(node_id, request), self.config.rpc_timeout_s
                 )
             except WalError as error:
@@ -461,7 +461,7 @@ class ChannelOwner:
                 max_bytes=self.config.replication_chunk_bytes,
             )
             try:
-                reply = await asyncio.wait_for(
+                reply = await wait_within(
                     self.transport.fetch(source, request), self.config.rpc_timeout_s * 5
                 )
             except Exception as error:  # noqa: BLE001 - retried while the assignment holds
@@ -654,8 +654,7 @@ class ChannelOwner:
                 )
             if recovering:
                 self._check_current()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._progress.wait(), 0.5)
+            await wait_event(self._progress, 0.5)
 
     async def write(
         self,
@@ -777,8 +776,7 @@ class ChannelOwner:
             and self._recent_bytes_uncommitted() > self.config.max_uncommitted_bytes
         ):
             self._check_serving()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._progress.wait(), 0.5)
+            await wait_event(self._progress, 0.5)
 
     def _recent_bytes_uncommitted(self) -> int:
         total = 0
@@ -858,8 +856,7 @@ class ChannelOwner:
                 if replica.next_lsn > self.log.last_lsn and not first:
                     replica.wake.clear()
                     if replica.next_lsn > self.log.last_lsn:
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(replica.wake.wait(), 1.0)
+                        await wait_event(replica.wake, 1.0)
                         if replica.next_lsn > self.log.last_lsn:
                             # Idle: a heartbeat carrying the committed LSN.
                             pass
@@ -1015,8 +1012,9 @@ async def _stop_sender(sender: asyncio.Task[None]) -> None:
     `asyncio.wait_for` swallows a cancellation that arrives just as what it waits for
     completes (the replica's wake event, set by every append); the sender then went on to
     block on its full window for good, and so did this replica's replication (seen in the
-    chaos suite: an owner never heard from a replica again). So cancel until it is done,
-    a bounded number of times."""
+    chaos suite: an owner never heard from a replica again). The sender now waits with
+    `rpc.aio.wait_event`, which cannot lose a cancel; this still cancels until it is done,
+    a bounded number of times, and says so if it is not."""
     for _ in range(SENDER_STOP_ATTEMPTS):
         sender.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -165,14 +165,16 @@ class ChannelAssignment(_message.Message):
     def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., owner_node_id: _Optional[str] = ..., owner_address: _Optional[str] = ..., state: _Optional[_Union[_coordination_pb2.PChannelState, str]] = ..., access_mode: _Optional[_Union[_coordination_pb2.AccessMode, str]] = ..., replica_node_ids: _Optional[_Iterable[str]] = ..., vchannels: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AssignmentDiscovery(_message.Message):
-    __slots__ = ("version", "channels", "nodes")
+    __slots__ = ("version", "channels", "nodes", "progress")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CHANNELS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     version: int
     channels: _containers.RepeatedCompositeFieldContainer[ChannelAssignment]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeAssignment]
-    def __init__(self, version: _Optional[int] = ..., channels: _Optional[_Iterable[_Union[ChannelAssignment, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[NodeAssignment, _Mapping]]] = ...) -> None: ...
+    progress: bool
+    def __init__(self, version: _Optional[int] = ..., channels: _Optional[_Iterable[_Union[ChannelAssignment, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[NodeAssignment, _Mapping]]] = ..., progress: _Optional[bool] = ...) -> None: ...
 
 class GrantLeaseRequest(_message.Message):
     __slots__ = ("request_id", "ttl_ms", "holder")

@@ -7,6 +7,7 @@ replicas at the same revision with the same state digest.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -114,6 +115,21 @@ def leader_id(client: Api, timeout_s: float = 15.0) -> str:
 
 def rid() -> str:
     return uuid.uuid4().hex
+
+
+@contextlib.contextmanager
+def running_cluster(
+    directory: Path, env: dict[str, str] | None = None
+) -> Iterator[tuple[dev.LocalCluster, Api]]:
+    """Three nodes started in `directory` (with `env` for their settings) and a test client;
+    both stopped on exit. For modules that need a cluster of their own."""
+    local = dev.up(directory, 3, timeout_s=60, env=env)
+    client = Api(local.endpoints)
+    try:
+        yield local, client
+    finally:
+        client.close()
+        local.stop_all()
 
 
 @pytest.fixture(scope="module")

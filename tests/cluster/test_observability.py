@@ -33,7 +33,7 @@ from rpc.errors import from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2
-from tests.cluster.conftest import Api, converged
+from tests.cluster.conftest import Api, converged, running_cluster
 from tests.cluster.wal_helpers import (
     History,
     Producer,
@@ -63,13 +63,8 @@ def obs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dev.LocalClu
     env["RAFTWAL_SEGMENT_MAX_BYTES"] = str(SEGMENT_MAX_BYTES)
     env["RAFTWAL_REPLICA_LAG_WARN_ENTRIES"] = str(LAG_WARN_ENTRIES)
     env["RAFTWAL_NODE_TIMEOUT_MS"] = str(NODE_TIMEOUT_MS)
-    local = dev.up(directory, 3, timeout_s=60, env=env)
-    client = Api(local.endpoints)
-    try:
-        yield local, client
-    finally:
-        client.close()
-        local.stop_all()
+    with running_cluster(directory, env) as running:
+        yield running
 
 
 class Scrape:

@@ -17,7 +17,7 @@ from rpc.errors import from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2
-from tests.cluster.conftest import Api, leader_id
+from tests.cluster.conftest import Api, leader_id, running_cluster
 from tests.cluster.wal_helpers import consume_all, setup_channels, wait_assigned, wait_nodes_up
 
 pytestmark = pytest.mark.cluster
@@ -29,13 +29,8 @@ def wal_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dev.
     directory: Path = tmp_path_factory.mktemp("bcast")
     env = dict(os.environ)
     env["RAFTWAL_NODE_TIMEOUT_MS"] = "2000"
-    local = dev.up(directory, 3, timeout_s=60, env=env)
-    client = Api(local.endpoints)
-    try:
-        yield local, client
-    finally:
-        client.close()
-        local.stop_all()
+    with running_cluster(directory, env) as running:
+        yield running
 
 
 def test_broadcast_delivered_once_across_leader_kill_and_keys_released(wal_cluster) -> None:

@@ -25,7 +25,7 @@ from raftwal import dev
 from rpc.errors import from_rpc_error
 from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
-from tests.cluster.conftest import Api
+from tests.cluster.conftest import Api, running_cluster
 from tests.cluster.wal_helpers import (
     History,
     Producer,
@@ -49,13 +49,8 @@ def wal_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dev.
     env = dict(os.environ)
     env["RAFTWAL_SEGMENT_MAX_BYTES"] = str(64 * 1024)
     env["RAFTWAL_NODE_TIMEOUT_MS"] = "2000"
-    local = dev.up(directory, 3, timeout_s=60, env=env)
-    client = Api(local.endpoints)
-    try:
-        yield local, client
-    finally:
-        client.close()
-        local.stop_all()
+    with running_cluster(directory, env) as running:
+        yield running
 
 
 def _restart(cluster: dev.LocalCluster, node_id: str) -> None:

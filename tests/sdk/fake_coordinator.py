@@ -68,6 +68,10 @@ class FakeCoordinator(coordinator_pb2_grpc.CoordinatorServicer):
         # WatchAssignments: versions sent, then the stream is killed (kill) or kept open.
         self.assignment_versions: list[int] = []
         self.kill_assignments = True
+        # Live phase of both watches: a progress notification this often, as real nodes
+        # send; None = silence (a node stopped with SIGSTOP).
+        self.progress_every_s: float | None = None
+        self.progress_sent = 0
         # KeepAlive: leases this node knows; the stream dies after this many answers.
         self.leases: dict[int, int] = {}
         self.keepalive_count = 0
@@ -178,8 +182,12 @@ class FakeCoordinator(coordinator_pb2_grpc.CoordinatorServicer):
                 await self._abort(context, on_shutdown())
             sent += 1
             yield api.WatchEventsResponse(events=[event], applied_revision=len(self.events))
-        # Live phase: nothing new ever happens on a fake node; wait to be cancelled.
-        await asyncio.sleep(3600)
+        # Live phase: nothing new ever happens on a fake node.
+        next_revision = max(request.from_revision, len(self.events) + 1)
+        async for _ in self._live():
+            yield api.WatchEventsResponse(
+                applied_revision=len(self.events), next_revision=next_revision
+            )
 
     async def WatchAssignments(self, request, context):
         await self._script("WatchAssignments", request, context)
@@ -187,7 +195,20 @@ class FakeCoordinator(coordinator_pb2_grpc.CoordinatorServicer):
             yield api.AssignmentDiscovery(version=version)
         if self.kill_assignments:
             await self._abort(context, grpc.StatusCode.UNAVAILABLE)
-        await asyncio.sleep(3600)
+        last = self.assignment_versions[-1] if self.assignment_versions else 0
+        async for _ in self._live():
+            yield api.AssignmentDiscovery(version=last, progress=True)
+
+    async def _live(self) -> Any:
+        """Ticks of a watch's live phase: one per progress notification to send, or none
+        at all (silence until the client cancels)."""
+        if self.progress_every_s is None:
+            await asyncio.sleep(3600)
+            return
+        for _ in range(100_000):
+            await asyncio.sleep(self.progress_every_s)
+            self.progress_sent += 1
+            yield
 
 
 class FakeCluster:

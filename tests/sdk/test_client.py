@@ -217,6 +217,63 @@ async def test_watch_assignments_never_goes_back(cluster: FakeCluster) -> None:
     assert versions == [5, 6, 7]
 
 
+async def test_watch_events_moves_off_a_silent_node(cluster: FakeCluster) -> None:
+    # A stopped node (SIGSTOP) keeps its TCP connections and never ends a stream: without
+    # even a progress notification for watch_idle_timeout_s, the watch moves on.
+    silent, live = cluster.add("silent"), cluster.add("live")
+    silent.events = make_events(3)
+    live.events = make_events(6)
+    async with CoordinatorClient(
+        [silent.address, live.address], watch_idle_timeout_s=0.3, **FAST
+    ) as client:
+        seen = []
+        async for event in client.watch_events(from_revision=1):
+            seen.append(event.revision)
+            if len(seen) == 6:
+                break
+    assert seen == [1, 2, 3, 4, 5, 6]
+    assert silent.watch_starts == [1]
+    assert live.watch_starts == [4]
+
+
+async def test_watch_assignments_moves_off_a_silent_node(cluster: FakeCluster) -> None:
+    silent, live = cluster.add("silent"), cluster.add("live")
+    silent.assignment_versions = [1, 2]
+    silent.kill_assignments = False
+    live.assignment_versions = [2, 3]
+    live.kill_assignments = False
+    live.progress_every_s = 0.05
+    async with CoordinatorClient(
+        [silent.address, live.address], watch_idle_timeout_s=0.3, **FAST
+    ) as client:
+        versions = []
+        async for discovery in client.watch_assignments():
+            assert not discovery.progress
+            versions.append(discovery.version)
+            if len(versions) == 3:
+                break
+    assert versions == [1, 2, 3]
+
+
+async def test_progress_notifications_keep_a_quiet_watch_in_place(cluster: FakeCluster) -> None:
+    quiet, other = cluster.add("quiet"), cluster.add("other")
+    quiet.events = other.events = make_events(2)
+    quiet.progress_every_s = other.progress_every_s = 0.05
+    async with CoordinatorClient(
+        [quiet.address, other.address], watch_idle_timeout_s=0.3, **FAST
+    ) as client:
+        stream = client.watch_events(from_revision=1)
+        assert [(await anext(stream)).revision for _ in range(2)] == [1, 2]
+        # Nothing new for 5x the idle timeout: progress notifications only, never yielded
+        # and never a reason to move.
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(anext(stream), 1.5)
+        await stream.aclose()  # type: ignore[attr-defined]
+    assert quiet.progress_sent >= 10
+    assert quiet.watch_starts == [1]
+    assert other.watch_starts == []
+
+
 async def test_lease_keeper_renews_reconnects_and_notices_loss(cluster: FakeCluster) -> None:
     a, b = cluster.add("a"), cluster.add("b")
     a.leases[100] = b.leases[100] = 600

@@ -1,5 +1,6 @@
 """Import direction (DESIGN.md section 1): wal_segments never imports raft or raftwal,
-and of our packages only rpc.protos (wire records)."""
+and of our packages only rpc.protos (wire records) and rpc.aio (asyncio helpers that import
+nothing of ours, shared with the SDK rather than copied)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import wal_segments
 
 OURS = {"raft", "raftwal", "rpc", "statemachine", "spark_connector"}
+ALLOWED = {"rpc.protos", "rpc.aio"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -29,4 +31,9 @@ def test_wal_segments_imports_only_allowed_packages():
         for name in _imports(module):
             top = name.split(".")[0]
             if top in OURS:
-                assert name == "rpc.protos" or name.startswith("rpc.protos."), (module, name)
+                assert name in ALLOWED or name.startswith("rpc.protos."), (module, name)
+
+
+def test_rpc_aio_imports_nothing_of_ours():
+    path = Path(wal_segments.__file__).parent.parent / "rpc" / "aio.py"
+    assert not {n for n in _imports(path) if n.split(".")[0] in OURS}
