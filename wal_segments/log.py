@@ -13,6 +13,14 @@ by the replicas. It holds:
   same term are skipped (a resend), and a divergent suffix (same LSN, another term) is
   truncated, never an entry that `committed_lsn` covers.
 - group-commit fsync per open segment (`fsync_policy.GroupCommit`).
+- **background seals**: the append that writes a seal marker hands the segment to a seal
+  task and returns; the next append opens the next segment at once. The task makes the
+  segment's entries durable, then writes its footer (index, block crcs, digest) and its
+  catalog row; only then is it listed in `sealed_segments()`. Durability stays a prefix
+  of the log: an append waits for the entries of every segment before its own
+  (`AppendResult.after`), and seals finish in LSN order. Recovery finishes a seal a crash
+  interrupted, and moves aside segments that follow a gap (a segment whose unsynced tail
+  was lost: what came after it was never reported durable).
 - local I/O failures: an append whose write fails (ENOSPC) leaves the log as it was and
   raises OSError; after a failed fdatasync or seal the log refuses appends (`failure`)
   until it is closed and opened again, which recovers it from the files (under fsync
@@ -53,6 +61,7 @@ from wal_segments.format import (
 from wal_segments.fsync_policy import FsyncPolicy, GroupCommit
 from wal_segments.segment import (
     Fdatasync,
+    SealedSegment,
     SegmentCorrupted,
     SegmentStateError,
     SegmentWriter,
@@ -110,10 +119,26 @@ class _Segment:
     offsets: array | None = None
     summary: object | None = None
     read_fd: int | None = None
+    #: where the frames end, once known without the footer (a segment being sealed)
+    data_end: int | None = None
 
     @property
     def count(self) -> int:
         return self.last_lsn - self.first_lsn + 1
+
+
+@dataclass(eq=False, slots=True)
+class _Seal:
+    """A segment being sealed in the background (`PChannelLog._start_seal`)."""
+
+    writer: SegmentWriter
+    group: GroupCommit | None
+    segment: _Segment
+    #: resolved once the segment's entries (and every earlier segment's) are durable
+    durable: asyncio.Future[None] = field(repr=False)
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+    #: the entries' own sync failed (not only the footer)
+    data_failed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +153,8 @@ class AppendResult:
     sealed: bool = False
     #: the log's truncation count when the append was written
     generation: int = 0
+    #: durability of the segments before this one still being sealed (None: none were)
+    after: asyncio.Future[None] | None = None
 
 
 @dataclass
@@ -178,6 +205,9 @@ class PChannelLog:
         #: whose entries were truncated afterwards must never be reported durable.
         self._generation = 0
         self._truncations: list[tuple[int, int]] = []
+        #: seals running in the background, oldest first (a failed one stays until close)
+        self._seals: list[_Seal] = []
+        self._seal_failure: BaseException | None = None
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -218,9 +248,33 @@ class PChannelLog:
                 raise SegmentCorrupted(
                     path, 0, f"segment starts at lsn {first_lsn}; expected {expected_first}"
                 )
+            if (
+                not recovered.sealed
+                and not last_file
+                and files[index + 1][0] != (recovered.last_lsn + 1)
+            ):
+                # The entries at its end were lost (never synced: a power loss, or a sync
+                # that failed while it was being sealed in the background), so the files
+                # after it no longer follow it. Appends to them waited for this segment's
+                # entries: none of theirs was reported durable. They go aside, kept for
+                # inspection, and this segment stays open.
+                for _, later in files[index + 1 :]:
+                    aside = later.with_name(later.name + ORPHAN_SUFFIX)
+                    logger.warning(
+                        "%s: %s ends at lsn %d but %s follows it; moving that to %s",
+                        self.pchannel,
+                        path.name,
+                        recovered.last_lsn,
+                        later.name,
+                        aside.name,
+                    )
+                    os.replace(later, aside)
+                fsync_directory(self.directory)
+                del files[index + 1 :]
+                last_file = True
             if not recovered.sealed and not last_file:
-                # A crash while sealing (the footer was torn, the next segment was already
-                # created empty) or while rolling: finish the seal.
+                # A crash while sealing (the footer was torn or never written, the next
+                # segment was already created): finish the seal.
                 writer, _ = SegmentWriter.resume(path, fdatasync=self._fdatasync)
                 if writer.entry_count:
                     writer.seal()
@@ -269,6 +323,8 @@ class PChannelLog:
         """The local I/O error (a failed fdatasync, seal, or cut-back of a failed append)
         after which this log takes no more appends: it must be closed and opened again,
         which recovers the files from what is on disk. None while the log works."""
+        if self._seal_failure is not None:
+            return self._seal_failure
         writer, group = self._writer, self._group
         if writer is not None and writer.failure is not None:
             return writer.failure
@@ -286,6 +342,7 @@ class PChannelLog:
     async def close(self) -> None:
         async with self._lock:
             self.closed = True
+            await self._wait_seals()
             failure = self.failure
             if self._group is not None:
                 with contextlib.suppress(OSError, SegmentStateError):
@@ -311,11 +368,35 @@ class PChannelLog:
                     with contextlib.suppress(OSError):
                         os.truncate(writer.path, writer.durable_offset)
                 self._writer = None
+            self._close_failed_seals()
             for segment in self._segments:
                 if segment.read_fd is not None:
                     os.close(segment.read_fd)
                     segment.read_fd = None
             self._appended.set()
+
+    def _close_failed_seals(self) -> None:
+        """Leave the files of a failed seal as a reopen must find them. A footer that failed
+        is cut off (the entries were durable; recovery seals the segment again). Entries
+        whose own sync failed are cut back to the last synced offset under ``always``, like
+        the open segment's; recovery then moves aside the segments after it (every append
+        to them waited for this one, so none of theirs was reported durable)."""
+        for seal in self._seals:
+            writer = seal.writer
+            writer.close()
+            keep = seal.segment.data_end or writer.end_offset
+            if seal.data_failed and self.policy.kind == "always":
+                keep = min(keep, writer.durable_offset)
+            logger.warning(
+                "%s: sealing %s failed; cutting it back to offset %d",
+                self.pchannel,
+                writer.path.name,
+                keep,
+            )
+            with contextlib.suppress(OSError):
+                if writer.path.stat().st_size > keep:
+                    os.truncate(writer.path, keep)
+        self._seals.clear()
 
     # -- reading positions -------------------------------------------------------------------
 
@@ -472,6 +553,7 @@ class PChannelLog:
                     writer,
                     writer.end_offset if writer is not None else 0,
                     generation=self._generation,
+                    after=self._after(),
                 )
             if start_row:
                 offset = meta.frame_offsets[start_row]
@@ -542,12 +624,19 @@ class PChannelLog:
         sealed = False
         last_flags = ENTRY_HEADER.unpack_from(frames, meta.frame_offsets[-1])[_FLAGS_WORD]
         if last_flags & SEAL_FLAG:
-            await self._seal_locked()
+            self._start_seal()
             sealed = True
         self._notify()
         return AppendResult(
-            meta.last_lsn, None if sealed else writer, end, sealed, generation=self._generation
+            meta.last_lsn, writer, end, sealed, generation=self._generation, after=self._after()
         )
+
+    def _after(self) -> asyncio.Future[None] | None:
+        """What an append made now waits for besides its own segment's sync: the newest
+        seal's durability (which includes every earlier seal's)."""
+        if self._seals and not self._seals[-1].durable.done():
+            return self._seals[-1].durable
+        return None
 
     def _create_writer(self, first_lsn: int, first_term: int) -> SegmentWriter:
         """A new segment at `first_lsn` (in a worker thread). A file already there is not
@@ -574,43 +663,102 @@ class PChannelLog:
                 self.directory, self.pchannel, first_lsn, first_term, fdatasync=self._fdatasync
             )
 
-    async def _seal_locked(self) -> None:
-        writer, group = self._writer, self._group
+    def _start_seal(self) -> None:
+        """Hand the open segment (its last entry a seal marker) to a background seal; the
+        next append opens the next segment. Called with the lock held."""
+        writer = self._writer
         assert writer is not None
-        if group is not None:
-            await group.close()
-        sealed = await asyncio.to_thread(writer.seal)
         segment = self._segments[-1]
-        segment.sealed = True
-        segment.offsets = array("q", writer._frame_offsets)  # noqa: SLF001
-        segment.summary = sealed.summary
+        # The writer takes no more appends: its index and end are final.
+        segment.offsets = writer._frame_offsets  # noqa: SLF001
+        segment.data_end = writer.end_offset
+        previous = self._seals[-1] if self._seals else None
+        seal = _Seal(writer, self._group, segment, asyncio.get_running_loop().create_future())
+        self._seals.append(seal)
         self._writer, self._group = None, None
-        summary = sealed.summary
-        await asyncio.to_thread(
-            self.catalog.upsert_segment,
-            SegmentRow(
-                pchannel=self.pchannel,
-                first_lsn=summary.first_lsn,
-                last_lsn=summary.last_lsn,
-                first_term=summary.first_term,
-                last_term=summary.last_term,
-                first_time_tick=summary.first_time_tick,
-                last_time_tick=summary.last_time_tick,
-                count=summary.entry_count,
-                bytes=sealed.size_bytes,
-                digest=summary.digest,
-                state="sealed",
-            ),
-        )
+        seal.task = asyncio.create_task(self._finish_seal(seal, previous))
+
+    async def _finish_seal(self, seal: _Seal, previous: _Seal | None) -> None:
+        try:
+            if previous is not None and previous.task is not None:
+                # Seals finish in LSN order: durability stays a prefix of the log.
+                await asyncio.wait({previous.task})
+                if self._seal_failure is not None:
+                    raise LogError(f"an earlier seal failed: {self._seal_failure!r}")
+            if seal.group is not None:
+                await seal.group.close()
+            else:
+                await asyncio.to_thread(seal.writer.sync)
+        except BaseException as error:
+            seal.data_failed = True
+            self._seal_failed(seal, error)
+            if isinstance(error, asyncio.CancelledError):
+                raise
+            return
+        seal.durable.set_result(None)
+        try:
+            sealed = await asyncio.to_thread(seal.writer.seal)
+            await asyncio.to_thread(
+                self.catalog.upsert_segment, _segment_row(self.pchannel, sealed)
+            )
+        except BaseException as error:
+            self._seal_failed(seal, error)
+            if isinstance(error, asyncio.CancelledError):
+                raise
+            return
+        segment = seal.segment
+        segment.summary = sealed.summary
+        segment.sealed = True
+        self._seals.remove(seal)
+
+    def _seal_failed(self, seal: _Seal, error: BaseException) -> None:
+        if self._seal_failure is None:
+            self._seal_failure = error
+            logger.error(
+                "%s: sealing %s failed; the log must be reopened: %r",
+                self.pchannel,
+                seal.writer.path.name,
+                error,
+            )
+        if not seal.durable.done():
+            seal.durable.set_exception(
+                LogError(
+                    f"{self.pchannel}: entries of {seal.writer.path.name} not durable: {error!r}"
+                )
+            )
+            seal.durable.exception()  # retrieved: waiters get it, none is required
+
+    async def _wait_seals(self) -> None:
+        """Until every seal started so far has finished (or failed)."""
+        tasks = {
+            seal.task for seal in self._seals if seal.task is not None and not seal.task.done()
+        }
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def wait_sealed(self) -> None:
+        """Until every segment whose seal marker is written is sealed: footer durable and
+        listed in the catalog and `sealed_segments()`. Raises LogError when a seal failed."""
+        await self._wait_seals()
+        if self._seal_failure is not None:
+            raise LogError(f"{self.pchannel}: a seal failed ({self._seal_failure!r})")
 
     async def wait_durable(self, result: AppendResult) -> None:
         """Return once `result`'s entries are durable (per the fsync policy). Raises
         LogError when any of them was truncated meanwhile (even if other entries took
         their LSNs since), or the sync failed."""
-        if not (result.writer is None or result.sealed or result.writer is not self._writer):
+        if result.after is not None:
+            await asyncio.shield(result.after)
+        seal = next((s for s in self._seals if s.writer is result.writer), None)
+        if seal is not None:
+            # Its segment is being sealed: the seal syncs it (after the earlier ones).
+            await asyncio.shield(seal.durable)
+        elif result.writer is not None and result.writer is self._writer and not result.sealed:
             group = self._group
             if group is not None:
                 await group.sync_through(result.sync_offset)
+        # Otherwise its segment was sealed since (durable) or closed by a truncation or a
+        # close (checked below; a close stops the log).
         if self._truncated_since(result.generation, result.last_lsn):
             raise LogError(f"{self.pchannel}: entries up to {result.last_lsn} were truncated")
 
@@ -630,6 +778,10 @@ class PChannelLog:
     async def _truncate_after_locked(self, lsn: int) -> None:
         if lsn >= self.last_lsn:
             return
+        # Seals in progress first: below, every segment but the last is sealed.
+        await self._wait_seals()
+        if self._seal_failure is not None:
+            raise LogError(f"{self.pchannel}: a seal failed ({self._seal_failure!r}); reopen")
         self._generation += 1
         self._truncations.append((self._generation, lsn))
         del self._truncations[:-64]
@@ -727,6 +879,8 @@ class PChannelLog:
         if segment is self._segments[-1] and self._writer is not None:
             return self._writer.end_offset
         summary = segment.summary
+        if summary is None and segment.data_end is not None:
+            return segment.data_end
         if summary is None:
             segment.summary = open_segment(segment.path, repair=False).summary
             summary = segment.summary
@@ -759,7 +913,9 @@ class PChannelLog:
         return None
 
     def open_segment_first_lsn(self) -> int | None:
-        if self._segments and not self._segments[-1].sealed:
+        """The first LSN of the segment open for appends (None: the next append opens one;
+        a segment being sealed is not open)."""
+        if self._writer is not None and self._segments:
             return self._segments[-1].first_lsn
         return None
 
@@ -774,6 +930,23 @@ class PChannelLog:
 
     async def wait_appended(self, timeout_s: float) -> None:
         await wait_event(self._appended, timeout_s)
+
+
+def _segment_row(pchannel: str, sealed: SealedSegment) -> SegmentRow:
+    summary = sealed.summary
+    return SegmentRow(
+        pchannel=pchannel,
+        first_lsn=summary.first_lsn,
+        last_lsn=summary.last_lsn,
+        first_term=summary.first_term,
+        last_term=summary.last_term,
+        first_time_tick=summary.first_time_tick,
+        last_time_tick=summary.last_time_tick,
+        count=summary.entry_count,
+        bytes=sealed.size_bytes,
+        digest=summary.digest,
+        state="sealed",
+    )
 
 
 def _term_of_frame(frames: bytes | memoryview, offset: int) -> int:
