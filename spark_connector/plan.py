@@ -11,6 +11,8 @@ removed fails (COMPACTED from the cluster); a read is one consistent revision, n
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -86,19 +88,34 @@ def _retryable(error: grpc.RpcError) -> bool:
     )
 
 
+#: pause between rounds over the endpoints while none answers (a Raft election)
+_ROUND_PAUSE_S = (0.2, 0.5, 1.0)
+
+
 def _on_any(options: ReadOptions, call: Callable[[coordinator_pb2_grpc.CoordinatorStub], T]) -> T:
     """`call` on the first endpoint that answers; a definite error (not an outage) is
-    raised at once, since another node would answer the same."""
-    failures: list[str] = []
-    for endpoint in options.endpoints:
-        with channel(endpoint, options) as chan:
-            try:
-                return call(coordinator_pb2_grpc.CoordinatorStub(chan))
-            except grpc.RpcError as error:
-                if not _retryable(error):
-                    raise ConnectorError(f"{endpoint}: {describe(error)}") from None
-                failures.append(f"{endpoint}: {describe(error)}")
-    raise ConnectorError("no endpoint answered: " + "; ".join(failures))
+    raised at once, since another node would answer the same. When none answers (the
+    leader was just lost: the others forward to it until they elect a new one), rounds
+    over the endpoints go on until `timeoutSeconds` has passed."""
+    deadline = time.monotonic() + options.timeout_s
+    for round_ in itertools.count():
+        failures: list[str] = []
+        for endpoint in options.endpoints:
+            with channel(endpoint, options) as chan:
+                try:
+                    return call(coordinator_pb2_grpc.CoordinatorStub(chan))
+                except grpc.RpcError as error:
+                    if not _retryable(error):
+                        raise ConnectorError(f"{endpoint}: {describe(error)}") from None
+                    failures.append(f"{endpoint}: {describe(error)}")
+        pause = _ROUND_PAUSE_S[min(round_, len(_ROUND_PAUSE_S) - 1)]
+        if time.monotonic() + pause >= deadline:
+            raise ConnectorError(
+                f"no endpoint answered in {options.timeout_s:g} s ({round_ + 1} rounds); "
+                "last errors: " + "; ".join(failures)
+            )
+        time.sleep(pause)
+    raise AssertionError("unreachable")
 
 
 def snapshot(options: ReadOptions) -> Snapshot:
