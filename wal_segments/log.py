@@ -231,6 +231,7 @@ class PChannelLog:
             leftover.unlink()
         self.fenced_term = self.catalog.fenced_term(self.pchannel)
         committed = self.catalog.committed_first_lsns(self.pchannel)
+        listed = {row.first_lsn for row in self.catalog.segments(self.pchannel)}
         files = list_segment_files(self.directory)
         expected_first: int | None = None
         for index, (first_lsn, path) in enumerate(files):
@@ -284,6 +285,15 @@ class PChannelLog:
             if recovered.entry_count == 0 and (not last_file or recovered.sealed):
                 path.unlink()
                 continue
+            if recovered.sealed and recovered.summary is not None and first_lsn not in listed:
+                # Sealed, but the row never made it (a crash between the footer and the
+                # catalog, or a seal finished just above).
+                self.catalog.upsert_segment(
+                    _segment_row(
+                        self.pchannel,
+                        SealedSegment(path, self.pchannel, recovered.summary, path.stat().st_size),
+                    )
+                )
             segment = _Segment(
                 first_lsn=first_lsn,
                 last_lsn=recovered.last_lsn,

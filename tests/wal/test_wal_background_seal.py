@@ -193,6 +193,9 @@ async def test_a_failed_footer_keeps_the_durable_entries(node: Node) -> None:
     assert disk_view(node.directory) == view(expected)
     assert [(s.first_lsn, s.last_lsn) for s in log.sealed_segments()] == [(1, 4)]
     assert open_segment(first_segment(node), repair=False).sealed
+    assert [(r.first_lsn, r.last_lsn, r.state) for r in log.catalog.segments(PCHANNEL)] == [
+        (1, 4, "sealed")
+    ]
 
 
 async def test_recovery_moves_aside_segments_after_a_gap(tmp_path: Path) -> None:
