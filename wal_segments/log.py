@@ -258,7 +258,9 @@ class PChannelLog:
                 # that failed while it was being sealed in the background), so the files
                 # after it no longer follow it. Appends to them waited for this segment's
                 # entries: none of theirs was reported durable. They go aside, kept for
-                # inspection, and this segment stays open.
+                # inspection, and this segment stays open. Only segments of this pchannel
+                # after a gap, though: anything else is reported (and nothing is changed).
+                self._check_after_gap(files[index + 1 :], recovered.last_lsn)
                 for _, later in files[index + 1 :]:
                     aside = later.with_name(later.name + ORPHAN_SUFFIX)
                     logger.warning(
@@ -327,6 +329,22 @@ class PChannelLog:
         self.committed_lsn = max(
             (s.last_lsn for s in self._segments if s.first_lsn in committed), default=0
         )
+
+    def _check_after_gap(self, later: list[tuple[int, Path]], last_lsn: int) -> None:
+        """Raise SegmentCorrupted naming the first of `later` (the files after a segment
+        that ends at `last_lsn`) that is not a segment of this pchannel starting past it."""
+        expected = last_lsn + 2
+        for first_lsn, path in later:
+            found = open_segment(path, repair=False)
+            if found.header.pchannel != self.pchannel:
+                raise SegmentCorrupted(
+                    path, 0, f"segment of pchannel {found.header.pchannel!r} in this directory"
+                )
+            if first_lsn < expected:
+                raise SegmentCorrupted(
+                    path, 0, f"segment starts at lsn {first_lsn}; expected {expected} or later"
+                )
+            expected = found.last_lsn + 1
 
     @property
     def failure(self) -> BaseException | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import random
 import threading
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from tests.wal.test_wal_log import (
 )
 from wal_segments import faults
 from wal_segments.log import ORPHAN_SUFFIX, LogError
-from wal_segments.segment import SegmentWriter, open_segment, segment_file_name
+from wal_segments.segment import SegmentCorrupted, SegmentWriter, open_segment, segment_file_name
 
 #: bounds every wait on the gated fsync thread
 WAIT_S = 10.0
@@ -220,3 +221,31 @@ async def test_recovery_moves_aside_segments_after_a_gap(tmp_path: Path) -> None
         assert disk_view(node.directory) == view(run(1, 5, 1, seal_at=(5,)) + run(6, 6, 1))
     finally:
         await node.close()
+
+
+@pytest.mark.parametrize("kind", ["random-bytes", "other-pchannel", "overlapping"])
+async def test_recovery_reports_what_is_not_a_lost_tail(tmp_path: Path, kind: str) -> None:
+    """After an open segment, a file that is not a later segment of this pchannel is
+    reported by name, and the open segment is left exactly as it was (not sealed)."""
+    node = Node(tmp_path)
+    node.directory.mkdir(parents=True)
+    with SegmentWriter.create(node.directory, PCHANNEL, 1, 1) as writer:
+        writer.append(run(1, 3, 1))
+        writer.sync()
+    before = first_segment(node).read_bytes()
+    junk = node.directory / segment_file_name(9)
+    if kind == "random-bytes":
+        junk.write_bytes(random.Random(7).randbytes(5000))
+    else:
+        first = 9 if kind == "other-pchannel" else 3
+        junk = node.directory / segment_file_name(first)
+        with SegmentWriter.create(
+            node.directory, "p_other" if kind == "other-pchannel" else PCHANNEL, first, 1
+        ) as writer:
+            writer.append(run(first, first + 1, 1))
+            writer.sync()
+    with pytest.raises(SegmentCorrupted, match=junk.name):
+        await node.open()
+    await node.close()
+    assert first_segment(node).read_bytes() == before
+    assert junk.exists()
