@@ -424,7 +424,7 @@ class PChannelLog:
             with contextlib.suppress(OSError):
                 if writer.path.stat().st_size > keep:
                     os.truncate(writer.path, keep)
-        self._seals.clear()
+        # The failed seals stay listed: a wait_durable on their entries still fails.
 
     # -- reading positions -------------------------------------------------------------------
 

@@ -142,26 +142,33 @@ async def test_a_failed_seal_sync_loses_only_what_was_never_durable(node: Node) 
     gate = Gate(first_segment(node), fail_call=1)
     faults.install(gate)
 
-    sealing = await log.append(1, 3, 1, frames_of(run(4, 4, 1, seal_at=(4,))))
+    # Entry 4 is not waited for: only the seal's sync (held, then failing) covers it.
+    unsynced = await log.append(1, 3, 1, frames_of(run(4, 4, 1)))
+    sealing = await log.append(1, 4, 1, frames_of(run(5, 5, 1, seal_at=(5,))))
     assert await asyncio.to_thread(gate.entered.wait, WAIT_S)
-    later = await log.append(1, 4, 1, frames_of(run(5, 6, 1)))
+    later = await log.append(1, 5, 1, frames_of(run(6, 7, 1)))
     gate.opened.set()
-    for result in (sealing, later):
+    for result in (unsynced, sealing, later):
         with pytest.raises(LogError, match="not durable"):
             await asyncio.wait_for(log.wait_durable(result), WAIT_S)
     assert isinstance(log.failure, OSError)
     with pytest.raises(LogError, match="must be reopened"):
-        await log.append(1, 6, 1, frames_of(run(7, 7, 1)))
+        await log.append(1, 7, 1, frames_of(run(8, 8, 1)))
     with pytest.raises(LogError, match="seal failed"):
         await log.wait_sealed()
 
     faults.install(None)
+    closed = log
     log = await node.reopen()
-    # Under "always": segment 1 is cut back to its last sync, and segment 5 (whose entries
+    # Waiting after the close still fails: these entries were never durable.
+    for result in (unsynced, later):
+        with pytest.raises(LogError, match="not durable"):
+            await asyncio.wait_for(closed.wait_durable(result), WAIT_S)
+    # Under "always": segment 1 is cut back to its last sync, and segment 6 (whose entries
     # waited for it) is moved aside, not deleted.
     assert first_segment(node).stat().st_size == synced_size
     assert segment_firsts(node.directory) == [1]
-    assert (node.directory / (segment_file_name(5) + ORPHAN_SUFFIX)).exists()
+    assert (node.directory / (segment_file_name(6) + ORPHAN_SUFFIX)).exists()
     assert log_view(log) == view(run(1, 3, 1))
     assert log.failure is None and log.open_segment_first_lsn() == 1
     await append(log, 1, 3, 1, run(4, 5, 1, seal_at=(5,)))
