@@ -132,7 +132,7 @@ class _Seal:
     """A segment being sealed in the background (`PChannelLog._start_seal`)."""
 
     writer: SegmentWriter
-    group: GroupCommit | None
+    group: GroupCommit
     segment: _Segment
     #: resolved once the segment's entries (and every earlier segment's) are durable
     durable: asyncio.Future[None] = field(repr=False)
@@ -262,17 +262,9 @@ class PChannelLog:
                 # after a gap, though: anything else is reported (and nothing is changed).
                 self._check_after_gap(files[index + 1 :], recovered.last_lsn)
                 for _, later in files[index + 1 :]:
-                    aside = later.with_name(later.name + ORPHAN_SUFFIX)
-                    logger.warning(
-                        "%s: %s ends at lsn %d but %s follows it; moving that to %s",
-                        self.pchannel,
-                        path.name,
-                        recovered.last_lsn,
-                        later.name,
-                        aside.name,
+                    self._move_aside(
+                        later, f"follows {path.name}, which ends at lsn {recovered.last_lsn}"
                     )
-                    os.replace(later, aside)
-                fsync_directory(self.directory)
                 del files[index + 1 :]
                 last_file = True
             if not recovered.sealed and not last_file:
@@ -676,32 +668,34 @@ class PChannelLog:
                 self.directory, self.pchannel, first_lsn, first_term, fdatasync=self._fdatasync
             )
         except FileExistsError:
-            path = Path(self.directory) / segment_file_name(first_lsn)
-            aside = path.with_name(path.name + ORPHAN_SUFFIX)
-            logger.warning(
-                "%s: %s exists but is not part of the log (an interrupted segment creation); "
-                "moving it to %s",
-                self.pchannel,
-                path,
-                aside,
+            self._move_aside(
+                Path(self.directory) / segment_file_name(first_lsn),
+                "exists but is not part of the log (an interrupted segment creation)",
             )
-            os.replace(path, aside)
-            fsync_directory(self.directory)
             return SegmentWriter.create(
                 self.directory, self.pchannel, first_lsn, first_term, fdatasync=self._fdatasync
             )
 
+    def _move_aside(self, path: Path, why: str) -> None:
+        """Rename a segment file that is not part of the log so it is never read again
+        (the name no longer ends in the segment suffix); kept for inspection."""
+        aside = path.with_name(path.name + ORPHAN_SUFFIX)
+        logger.warning("%s: %s %s; moving it to %s", self.pchannel, path.name, why, aside.name)
+        os.replace(path, aside)
+        fsync_directory(self.directory)
+
     def _start_seal(self) -> None:
         """Hand the open segment (its last entry a seal marker) to a background seal; the
         next append opens the next segment. Called with the lock held."""
-        writer = self._writer
-        assert writer is not None
+        writer, group = self._writer, self._group
+        # _write_locked opened both before it appended the seal marker.
+        assert writer is not None and group is not None
         segment = self._segments[-1]
         # The writer takes no more appends: its index and end are final.
         segment.offsets = writer._frame_offsets  # noqa: SLF001
         segment.data_end = writer.end_offset
         previous = self._seals[-1] if self._seals else None
-        seal = _Seal(writer, self._group, segment, asyncio.get_running_loop().create_future())
+        seal = _Seal(writer, group, segment, asyncio.get_running_loop().create_future())
         self._seals.append(seal)
         self._writer, self._group = None, None
         seal.task = asyncio.create_task(self._finish_seal(seal, previous))
@@ -713,10 +707,7 @@ class PChannelLog:
                 await asyncio.wait({previous.task})
                 if self._seal_failure is not None:
                     raise LogError(f"an earlier seal failed: {self._seal_failure!r}")
-            if seal.group is not None:
-                await seal.group.close()
-            else:
-                await asyncio.to_thread(seal.writer.sync)
+            await seal.group.close()
         except BaseException as error:
             seal.data_failed = True
             self._seal_failed(seal, error)
