@@ -354,6 +354,8 @@ class PacedResult:
     scheduled: int
     latencies: Latencies
     acked_messages: int
+    #: (scheduled send time since the phase start, latency) of every acknowledged batch, s
+    timeline: list[tuple[float, float]] = field(default_factory=list)
 
     def summary(self) -> dict[str, object]:
         return {
@@ -375,6 +377,7 @@ async def paced_load(
     rate = rate_msgs_per_s / batch_size
     count = max(1, int(rate * duration_s))
     latencies = Latencies()
+    timeline: list[tuple[float, float]] = []
     outstanding: set[asyncio.Future[None]] = set()
     acked = 0
     t0 = time.perf_counter() + 0.05
@@ -405,14 +408,16 @@ async def paced_load(
                 latencies.errors["cancelled" if error is None else error_name(error)] += 1
                 return
             acked += batch_size
-            latencies.samples_s.append(time.perf_counter() - target)
+            latency = time.perf_counter() - target
+            latencies.samples_s.append(latency)
+            timeline.append((target - t0, latency))
 
         outstanding.add(future)
         future.add_done_callback(done)
     if outstanding:
         await asyncio.wait(list(outstanding), timeout=DRAIN_TIMEOUT_S)
     latencies.elapsed_s = time.perf_counter() - t0
-    return PacedResult(rate_msgs_per_s, rate, count, latencies, acked)
+    return PacedResult(rate_msgs_per_s, rate, count, latencies, acked, timeline)
 
 
 @dataclass

@@ -1,0 +1,112 @@
+"""Where raftwal's produce tail latency comes from: open-loop phases at fixed rates, and the
+late batches grouped by when they were sent.
+
+The same three-node cluster (fsync policy `always`), producers and open-loop pacing as
+`bench/wal.py`'s half-load phase, but on its own: a warm-up, then one `--duration-s`
+phase per rate in `--rates` (100-byte messages in batches of 100 over `--producers`
+producers). For each phase it prints p50/p90/p99/max, and the "bunches": batches later
+than `--late-ms` grouped by 100 ms of send time. A bunch of many late batches at once is
+a stall of the whole pipeline (a segment roll, a pause of a node); late batches spread
+thinly are scheduling noise. `bench/wal.py` measures the half-load p99 that the target
+names, after its throughput phases; this isolates it.
+
+    ./run bench wal_tail [--rates 55000,40000,25000] [--duration-s 8] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from _harness import percentile
+from wal import SIZES, RaftwalWal, close_all, paced_load, say
+
+
+def bunches(timeline: list[tuple[float, float]], late_s: float) -> list[dict[str, float]]:
+    """Late batches grouped by 100 ms of send time: start, count, worst latency (ms)."""
+    groups: dict[int, list[float]] = {}
+    for sent_s, latency_s in timeline:
+        if latency_s > late_s:
+            groups.setdefault(int(sent_s * 10), []).append(latency_s)
+    return [
+        {"sent_s": key / 10, "late_batches": len(late), "worst_ms": round(max(late) * 1000, 1)}
+        for key, late in sorted(groups.items())
+    ]
+
+
+async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    payloads = {size: os.urandom(length) for size, length in SIZES.items()}
+    system = RaftwalWal(root / "raftwal", payloads)
+    await system.start()
+    phases = []
+    try:
+        producers = await system.producers("small", args.producers, 100)
+        try:
+            await paced_load(producers, args.rates[-1], 2.0)  # warm-up
+            for rate in args.rates:
+                result = await paced_load(producers, rate, args.duration_s)
+                samples = result.latencies.samples_s
+                phase = {
+                    "rate_msgs_per_s": rate,
+                    "batches": len(samples),
+                    "errors": dict(result.latencies.errors),
+                    **{
+                        f"p{int(q * 100)}_ms": round(percentile(samples, q) * 1000, 2)
+                        for q in (0.5, 0.9, 0.99)
+                    },
+                    "max_ms": round(max(samples, default=0.0) * 1000, 2),
+                    "bunches": bunches(result.timeline, args.late_ms / 1000),
+                }
+                phases.append(phase)
+                big = [b for b in phase["bunches"] if b["late_batches"] >= 10]
+                say(
+                    f"{rate:,} msgs/s: p50 {phase['p50_ms']} ms, p90 {phase['p90_ms']} ms, "
+                    f"p99 {phase['p99_ms']} ms, max {phase['max_ms']} ms; "
+                    f"{len(phase['bunches'])} windows with batches over {args.late_ms:g} ms, "
+                    f"{len(big)} of them with 10 or more: {big}"
+                )
+        finally:
+            await close_all(producers)
+    finally:
+        await system.stop()
+    return {
+        "command": "python bench/wal_tail.py " + " ".join(sys.argv[1:]),
+        "producers": args.producers,
+        "duration_s": args.duration_s,
+        "late_ms": args.late_ms,
+        "phases": phases,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--rates",
+        type=lambda text: [int(r) for r in text.split(",")],
+        default=[55_000, 40_000, 25_000],
+        help="msgs/s of each phase, comma-separated (default 55000,40000,25000)",
+    )
+    parser.add_argument("--duration-s", type=float, default=8.0, help="seconds per phase (8)")
+    parser.add_argument("--producers", type=int, default=8, help="producers (8)")
+    parser.add_argument("--late-ms", type=float, default=20.0, help="a late batch (20 ms)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="wal-tail-"))
+    try:
+        report = asyncio.run(run(args, root))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
