@@ -526,25 +526,17 @@ def start_spark() -> Any:
     bench_dir = str(Path(__file__).resolve().parent)
     paths = [bench_dir, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    from pyspark.sql import SparkSession
+    from spark_connector.session import start_session
 
-    spark = (
-        SparkSession.builder.master(SPARK_MASTER)
-        .appName("raftwal bench spark_read")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.memory", SPARK_DRIVER_MEMORY)
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.python.filterPushdown.enabled", "true")
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.pyspark.driver.python", sys.executable)
-        .config("spark.python.worker.reuse", "true")
-        .getOrCreate()
+    return start_session(
+        SPARK_MASTER,
+        "raftwal bench spark_read",
+        {
+            "spark.driver.memory": SPARK_DRIVER_MEMORY,
+            "spark.sql.shuffle.partitions": "2",
+            "spark.python.worker.reuse": "true",
+        },
     )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
 
 
 def aggregate(df: Any) -> tuple[int, int, int, int]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -57,25 +56,11 @@ def _local_dirs(dev_dir: Path) -> str:
 
 
 def session(master: str, app: str = "raftwal spark-read") -> Any:
-    """A SparkSession for the connector: UI off, loopback, this Python for the workers."""
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    """A SparkSession for the connector (see `spark_connector.session.base_settings`);
+    raises `spark_connector.session.SparkStartError`, quoting the JVM, when it cannot start."""
+    from spark_connector.session import start_session
 
-    spark = (
-        SparkSession.builder.master(master)
-        .appName(app)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.python.filterPushdown.enabled", "true")
-        .config("spark.pyspark.python", sys.executable)
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return start_session(master, app, {"spark.sql.shuffle.partitions": "4"})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,8 +72,13 @@ def run(args: argparse.Namespace) -> int:
     from pyspark.sql import functions as F
 
     import spark_connector
+    from spark_connector.session import SparkStartError
 
-    spark = session(args.master)
+    try:
+        spark = session(args.master)
+    except SparkStartError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     try:
         spark_connector.register(spark)
         reader = spark.read.format("raftwal").option("endpoints", ",".join(target.endpoints))

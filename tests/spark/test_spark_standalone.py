@@ -245,13 +245,19 @@ def _run_driver(standalone: Standalone, request: dict[str, Any], directory: Path
     """This module as a script in its own process (and session): the result it wrote."""
     result_path = directory / "driver-result.json"
     log_path = directory / "driver.log"
+    jvm_log_path = directory / "driver-jvm.log"
     env = dict(os.environ)
     env.update(
         SPARK_LOCAL_IP="127.0.0.1",
         PYSPARK_PYTHON=sys.executable,
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),
     )
-    arguments = {**request, "master": standalone.master_url, "result": str(result_path)}
+    arguments = {
+        **request,
+        "master": standalone.master_url,
+        "result": str(result_path),
+        "jvm_log": str(jvm_log_path),
+    }
     with open(log_path, "wb") as log_file:
         driver = subprocess.Popen(
             [sys.executable, "-m", "tests.spark.test_spark_standalone", json.dumps(arguments)],
@@ -279,7 +285,8 @@ def _run_driver(standalone: Standalone, request: dict[str, Any], directory: Path
         )
         raise AssertionError(
             f"driver exited with {code} (timeout {DRIVER_TIMEOUT_S:.0f} s)\n"
-            f"--- driver.log\n{_tail(log_path, 60)}\n{executor_logs}\n{standalone.logs()}"
+            f"--- driver.log\n{_tail(log_path, 60)}\n"
+            f"--- driver-jvm.log\n{_tail(jvm_log_path, 40)}\n{executor_logs}\n{standalone.logs()}"
         )
     return json.loads(result_path.read_text())
 
@@ -350,20 +357,22 @@ def _where(rows: Iterator[Any]) -> Iterator[tuple[int, str, int]]:
 
 def _driver(arguments: dict[str, Any]) -> None:
     import spark_connector
-    from tests.spark.conftest import session_builder
+    from tests.spark.conftest import start_test_session
 
     started = time.monotonic()
-    session = (
-        session_builder(arguments["master"], "raftwal-standalone")
-        .config("spark.executor.cores", "1")
-        .config("spark.executor.memory", "1g")
-        .config("spark.cores.max", str(WORKERS))
-        .config("spark.executorEnv.PYTHONPATH", str(REPO_ROOT))
-        .getOrCreate()
+    session = start_test_session(
+        arguments["master"],
+        "raftwal-standalone",
+        {
+            "spark.executor.cores": "1",
+            "spark.executor.memory": "1g",
+            "spark.cores.max": str(WORKERS),
+            "spark.executorEnv.PYTHONPATH": str(REPO_ROOT),
+        },
+        jvm_log=Path(arguments["jvm_log"]),
     )
     try:
         context = session.sparkContext
-        context.setLogLevel("ERROR")
         spark_connector.register(session)
         # The driver's block manager and one per executor.
         deadline = time.monotonic() + READY_TIMEOUT_S
