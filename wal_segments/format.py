@@ -771,10 +771,35 @@ def check_block_size(block_size_bytes: int) -> None:
         )
 
 
-def encode_footer(
+@dataclass(frozen=True)
+class EncodedFooter:
+    """A footer as the buffers it is made of (no copy of the index): `body` parts, written
+    in order at `summary.data_end`, then `trailer`. The parts are bytes or byte-format
+    views of the caller's arrays; `release()` them when written."""
+
+    body: tuple[bytes | memoryview, ...]
+    body_len: int
+    trailer: bytes
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.body) + self.trailer
+
+    def __len__(self) -> int:
+        return self.body_len + len(self.trailer)
+
+    def release(self) -> None:
+        """Let go of the views: while one is held, the arrays they show cannot resize."""
+        for part in self.body:
+            if isinstance(part, memoryview):
+                part.release()
+
+
+def encode_footer_parts(
     summary: SegmentSummary, block_size_bytes: int, block_crcs: array, frame_offsets: array
-) -> bytes:
-    """Footer body followed by the trailer; written at `summary.data_end`."""
+) -> EncodedFooter:
+    """The footer body and trailer, the index and block crcs referenced where they are:
+    a seal runs while producers wait on the GIL, and a full segment's index is megabytes,
+    so it is checksummed and written (`os.pwritev`) without being copied."""
     if len(frame_offsets) != summary.entry_count:
         raise ValueError(f"index has {len(frame_offsets)} offsets (expected {summary.entry_count})")
     expected_blocks = -(-summary.data_end // block_size_bytes)
@@ -801,16 +826,39 @@ def encode_footer(
         if isinstance(frame_offsets, array) and frame_offsets.typecode in ("q", "Q")
         else array("Q", frame_offsets)
     )
-    crcs = array("I", block_crcs)
+    crcs = (
+        block_crcs
+        if isinstance(block_crcs, array) and block_crcs.typecode == "I"
+        else array("I", block_crcs)
+    )
     if struct.pack("=I", 1) != struct.pack("<I", 1):  # pragma: no cover - big-endian hosts
         index = array("Q", index)
         index.byteswap()
+        crcs = array("I", crcs)
         crcs.byteswap()
-    body = fixed + index.tobytes() + crcs.tobytes()
-    body += b"\x00" * (align_up(len(body)) - len(body))
-    head = struct.pack("<QQI", summary.data_end, len(body), crc32c(body))
+    index_bytes = memoryview(index).cast("B")
+    crc_bytes = memoryview(crcs).cast("B")
+    unpadded = len(fixed) + len(index_bytes) + len(crc_bytes)
+    body: tuple[bytes | memoryview, ...] = (
+        fixed,
+        index_bytes,
+        crc_bytes,
+        b"\x00" * (align_up(unpadded) - unpadded),
+    )
+    body_crc = 0
+    for part in body:
+        body_crc = crc32c(part, body_crc)
+    body_len = align_up(unpadded)
+    head = struct.pack("<QQI", summary.data_end, body_len, body_crc)
     trailer = head + struct.pack("<I", crc32c(head)) + TRAILER_MAGIC
-    return body + trailer
+    return EncodedFooter(body, body_len, trailer)
+
+
+def encode_footer(
+    summary: SegmentSummary, block_size_bytes: int, block_crcs: array, frame_offsets: array
+) -> bytes:
+    """Footer body followed by the trailer, as one buffer; written at `summary.data_end`."""
+    return bytes(encode_footer_parts(summary, block_size_bytes, block_crcs, frame_offsets))
 
 
 def decode_trailer(tail: bytes | memoryview, file_size: int) -> tuple[int, int, int] | None:

@@ -66,7 +66,7 @@ from wal_segments.format import (
     decode_trailer,
     encode_batch,
     encode_file_header,
-    encode_footer,
+    encode_footer_parts,
     entry_from_frame,
 )
 
@@ -128,6 +128,26 @@ def _pwrite_all(fd: int, data: bytes | memoryview, offset: int, path: Path) -> N
         written = os.pwrite(fd, view, offset)
         view = view[written:]
         offset += written
+
+
+def _pwritev_all(fd: int, parts: Sequence[bytes | memoryview], offset: int, path: Path) -> None:
+    """`parts` written in order at `offset` with one pwritev (a short write, which a
+    regular file rarely gives, is finished part by part)."""
+    fault("wal.append", str(path))
+    # Byte-format buffers: len() is in bytes.
+    views = [part for part in parts if len(part)]
+    written = os.pwritev(fd, views, offset) if views else 0
+    for view in views:
+        if written >= len(view):
+            written -= len(view)
+            offset += len(view)
+            continue
+        rest = view[written:]
+        while rest:
+            count = os.pwrite(fd, rest, offset)
+            rest = rest[count:]
+            offset += count
+        written = 0
 
 
 def _datasync(fdatasync: Fdatasync, fd: int, path: Path) -> None:
@@ -754,18 +774,19 @@ class SegmentWriter:
             data_end=data_end,
             digest=digest,
         )
-        footer = encode_footer(summary, block, block_crcs, self._frame_offsets)
-        body, trailer = footer[:-TRAILER_SIZE], footer[-TRAILER_SIZE:]
+        footer = encode_footer_parts(summary, block, block_crcs, self._frame_offsets)
         try:
             # The trailer is written only once the footer is durable: a valid trailer then
             # always means a complete footer, and a torn seal looks like an unsealed file.
-            _pwrite_all(self._fd, body, data_end, self.path)
+            _pwritev_all(self._fd, footer.body, data_end, self.path)
             _datasync(self._fdatasync, self._fd, self.path)
-            _pwrite_all(self._fd, trailer, data_end + len(body), self.path)
+            _pwrite_all(self._fd, footer.trailer, data_end + footer.body_len, self.path)
             _datasync(self._fdatasync, self._fd, self.path)
         except BaseException as error:
             self._failure = error
             raise
+        finally:
+            footer.release()
         self._sealed = True
         size = data_end + len(footer)
         self.close()

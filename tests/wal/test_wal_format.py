@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from array import array
 
 import pytest
 
@@ -27,6 +28,7 @@ from wal_segments.format import (
     encode_batch,
     encode_file_header,
     encode_footer,
+    encode_footer_parts,
     encode_properties,
     msg_type_code,
     msg_type_name,
@@ -214,3 +216,16 @@ def test_footer_round_trip_and_trailer():
         decode_footer(body[:-1] + b"\x01", footer_offset, footer_crc)
     with pytest.raises(ValueError, match="index has 2 offsets"):
         encode_footer(summary, 4096, crcs, [1, 2])
+
+
+def test_footer_parts_reference_the_index_and_match_the_one_buffer_footer():
+    summary = SegmentSummary(3, 10, 12, 1, 2, 100, 300, data_end=8192 + 64, digest=77)
+    crcs = array("I", block_checksums(b"\x01" * (8192 + 64), 8192 + 64, 4096))
+    offsets = array("q", [40, 120, 200])
+    parts = encode_footer_parts(summary, 4096, crcs, offsets)
+    assert bytes(parts) == encode_footer(summary, 4096, list(crcs), list(offsets))
+    assert len(parts) == len(bytes(parts)) and parts.body_len % 8 == 0
+    assert sum(len(part) for part in parts.body) == parts.body_len
+    # The index part is a view of the writer's own array, not a copy of it.
+    offsets[0] = 48
+    assert bytes(parts.body[1][:8]) == (48).to_bytes(8, "little")
