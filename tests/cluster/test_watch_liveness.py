@@ -85,14 +85,19 @@ def test_cut_off_node_ends_its_watches(watched: tuple[dev.LocalCluster, Api]) ->
         api.WatchEventsRequest(from_revision=0), timeout=60
     )
     started = time.monotonic()
-    quiet: list[api.WatchEventsResponse] = []
+    seen: list[api.WatchEventsResponse] = []
+    progress = 0
     for response in stream:
-        quiet.append(response)
-        if len(quiet) == 3:
+        seen.append(response)
+        if len(seen) > 1 and not response.events:
+            progress += 1
+        if progress == 2 or len(seen) >= 50:
             break
-    # The first response says where the watch starts; the next ones are progress
-    # notifications about a second apart.
-    assert [len(r.events) for r in quiet] == [0, 0, 0]
+    # The first response says where the watch starts; then progress notifications about a
+    # second apart. An event may come between them (the cluster is not frozen: a node the
+    # previous test stopped can still be changing state), but notifications must come.
+    assert len(seen[0].events) == 0
+    assert progress == 2, [len(r.events) for r in seen]
     assert 1.0 <= time.monotonic() - started < 10, time.monotonic() - started
     for node in stopped:
         cluster.kill(node.id, signal.SIGSTOP)
