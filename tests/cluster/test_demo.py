@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import start_in_own_session
+
 pytestmark = [pytest.mark.cluster, pytest.mark.spark]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -69,21 +71,17 @@ def test_the_readme_demo_runs_end_to_end(tmp_path: Path) -> None:
     env["COLUMNS"] = "120"  # rich wraps at the terminal width; keep the lines whole
     log_path = tmp_path / "demo.log"
     started = time.monotonic()
-    with open(log_path, "wb") as log_file:
-        demo = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "import sys; from raftwal.cli import main; sys.exit(main())",
-                "demo",
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    demo = start_in_own_session(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from raftwal.cli import main; sys.exit(main())",
+            "demo",
+        ],
+        cwd=tmp_path,
+        env=env,
+        log_path=log_path,
+    )
     try:
         code = demo.wait(timeout=DEMO_TIMEOUT_S)
     except subprocess.TimeoutExpired:

@@ -34,6 +34,7 @@ from raftwal import dev
 from rpc.protos import coordinator_pb2 as api
 from tests.cluster.conftest import Api
 from tests.cluster.wal_helpers import History, Producer, setup_channels, wait_assigned
+from tests.processes import start_in_own_session
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark]
 
@@ -258,16 +259,12 @@ def _run_driver(standalone: Standalone, request: dict[str, Any], directory: Path
         "result": str(result_path),
         "jvm_log": str(jvm_log_path),
     }
-    with open(log_path, "wb") as log_file:
-        driver = subprocess.Popen(
-            [sys.executable, "-m", "tests.spark.test_spark_standalone", json.dumps(arguments)],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    driver = start_in_own_session(
+        [sys.executable, "-m", "tests.spark.test_spark_standalone", json.dumps(arguments)],
+        cwd=REPO_ROOT,
+        env=env,
+        log_path=log_path,
+    )
     try:
         code = driver.wait(timeout=DRIVER_TIMEOUT_S)
     except subprocess.TimeoutExpired:
