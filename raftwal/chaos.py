@@ -792,6 +792,16 @@ async def _run(
                 "consumer_deliveries": sum(len(c.delivered) for c in consumers),
                 "consumer_restarts": sum(c.restarts for c in consumers),
                 "status_samples": len(sampler.samples),
+                # How lock holds ended: released on time, or cut short because the lease
+                # keeper gave the lease up (lost) or stopped vouching for it (expired).
+                **{
+                    f"lock_holds_{reason}": sum(
+                        1
+                        for op in history.ops
+                        if op.kind == "hold" and op.result.get("reason") == reason
+                    )
+                    for reason in ("released", "lost", "expired")
+                },
                 "spark_rows": -1 if final.spark_rows is None else len(final.spark_rows),
             }
         finally:

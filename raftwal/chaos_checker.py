@@ -13,7 +13,9 @@ the status samples, and ``FinalState``: what the healed cluster holds) to a list
   in strictly increasing LSN order;
 - locks: per key, an acquisition that started after another completed has a larger
   fencing token; no acquisition happened inside a hold whose release was acknowledged
-  (the hold is known from the acquire's ack to the release's invocation);
+  (the hold is known from the acquire's ack to the release's invocation); no client still
+  believed it held a lock (its lease keeper alive, the lease not lost) when another
+  client, which asked for the lock after that belief began, had acquired it;
 - broadcasts: one broadcast id per idempotency key; an acknowledged broadcast is on every
   target vchannel exactly once (at the position it reported), never elsewhere; two
   broadcasts on one EXCLUSIVE key never overlap (the later one was created before the
@@ -331,6 +333,42 @@ def check_locks(history: History, out: _Violations) -> None:
                     )
 
 
+def check_lock_beliefs(history: History, out: _Violations) -> None:
+    """No zombie holder: a ``hold`` is the span in which a client believed it held a lock
+    (from the lock's acknowledgement until it released it or its lease keeper stopped
+    vouching for the lease). Another lease's acquisition of that key that was invoked
+    after the hold began and acknowledged before it ended happened inside that belief.
+
+    Only such acquisitions count: one invoked earlier may have taken the key before this
+    hold's own acquisition (the mutual-exclusion checks above cover that case)."""
+    acquired: dict[str, list[Op]] = {}
+    for op in _ops(history, "lock"):
+        if op.outcome == OK:
+            acquired.setdefault(op.value["key"], []).append(op)
+    for ops in acquired.values():
+        ops.sort(key=lambda o: o.invoke_s)
+    invoke_times = {key: [o.invoke_s for o in ops] for key, ops in acquired.items()}
+    for hold in _ops(history, "hold"):
+        if hold.outcome != OK:
+            continue
+        key = hold.value["key"]
+        ops = acquired.get(key, [])
+        start, end = hold.invoke_s, hold.complete_s
+        low = bisect.bisect_left(invoke_times.get(key, []), start)
+        for other in ops[low:]:
+            if other.invoke_s >= end:
+                break
+            if other.value["lease"] != hold.value["lease"] and other.complete_s < end:
+                out.add(
+                    "zombie-holder",
+                    f"{key}: {hold.process} (lease {hold.value['lease']}, lock op "
+                    f"{hold.value['lock']}) still believed it held the lock until {_t(end)} "
+                    f"({hold.result.get('reason', '?')}), but op {other.index} "
+                    f"({other.process}, lease {other.value['lease']}, token "
+                    f"{other.result['token']}) acquired it by {_t(other.complete_s)}",
+                )
+
+
 # ---------------------------------------------------------------------------------------
 # Broadcasts
 # ---------------------------------------------------------------------------------------
@@ -617,6 +655,7 @@ def check(
     check_produce(history, logs, vchannel_pchannel, out)
     check_consumers(deliveries, vchannel_pchannel, final.logs, complete, out)
     check_locks(history, out)
+    check_lock_beliefs(history, out)
     check_broadcasts(history, logs, complete, vchannel_pchannel, out)
     check_terms(samples, out)
     if not final.converged:

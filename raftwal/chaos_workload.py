@@ -8,8 +8,9 @@ the Python SDK as an application would use it:
   (``<producer>:<vchannel>:<n>|padding``) to random vchannels at a paced rate;
 - ``ConsumerClient``: an SDK ``Consumer`` per vchannel, from the beginning, recording what
   it was delivered (the checker proves it saw only committed entries, in order, once);
-- ``LockClient``: leases kept alive in the background, EXCLUSIVE locks taken, held a
-  moment and released, recording fencing tokens;
+- ``LockClient``: leases kept alive by the SDK's lease keeper, EXCLUSIVE locks taken, held
+  a moment (sometimes longer than the ttl) and released, recording fencing tokens and how
+  long the client believed it held each lock;
 - ``BroadcastClient``: broadcasts to two vchannels under an EXCLUSIVE resource key with an
   idempotency key, waits until the coordinator appended them, then acks every vchannel;
 - ``StatusSampler``: one ClusterStatus at a time, from each node in turn (terms, owners,
@@ -39,7 +40,7 @@ from typing import Any
 
 import grpc
 
-from rpc.client import CoordinatorClient, RaftwalError
+from rpc.client import CoordinatorClient, LeaseKeeper, RaftwalError
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
 from rpc.streaming_client import Consumer, StreamingClient
@@ -282,8 +283,17 @@ class ConsumerClient:
 
 
 class LockClient:
-    """Takes EXCLUSIVE locks on a few shared keys under its own lease (kept alive by a
-    background task), holds each for a moment, releases it."""
+    """Takes EXCLUSIVE locks on a few shared keys under its own lease, kept alive by the
+    SDK's ``lease_keeper`` as an application would keep it, holds each lock for a moment
+    (one hold in five lasts longer than the lease's ttl, so that the keeper has to renew
+    through the faults), and releases it.
+
+    It stops using a lock as soon as its keeper no longer vouches for the lease: the keeper
+    reports the lease lost (``wait_lost()`` fires) or its believed deadline passes. Each
+    hold is recorded as a ``hold`` operation from the lock's acknowledgement to the moment
+    the client stopped believing it held the lock (its release, or the keeper's verdict:
+    the time it gave up or the deadline it believed, whichever came first), so that the
+    checker can prove no client kept believing while another client had the lock."""
 
     def __init__(
         self,
@@ -310,16 +320,6 @@ class LockClient:
         self.history.ok(op, lease=response.lease_id)
         return int(response.lease_id)
 
-    async def _keep_alive(self, lease_id: int, lost: asyncio.Event) -> None:
-        """Renew every third of the ttl until the lease is reported gone."""
-        while not lost.is_set():
-            await asyncio.sleep(LEASE_TTL_MS / 3000)
-            try:
-                await self.client.keep_alive(lease_id)
-            except RaftwalError as error:
-                if error.code == E.NOT_FOUND:
-                    lost.set()
-
     async def _revoke(self, lease_id: int) -> None:
         op = self.history.invoke(self.name, "revoke_lease", lease=lease_id)
         try:
@@ -329,28 +329,66 @@ class LockClient:
         else:
             self.history.ok(op)
 
+    async def _keep(self, lease_id: int) -> LeaseKeeper | None:
+        keeper = self.client.lease_keeper(lease_id)
+        try:
+            await keeper.start()
+        except RaftwalError as error:
+            log.debug("%s: lease %d could not be kept: %s", self.name, lease_id, error)
+            return None
+        return keeper
+
     async def run(self, stop: asyncio.Event) -> None:
-        lease_id, lost, keeper = 0, asyncio.Event(), None
+        lease_id, keeper = 0, None
         try:
             while not stop.is_set():
-                if lease_id == 0 or lost.is_set():
+                if keeper is None or not keeper.alive:
+                    # Lost, or not vouched for any more: give it up and start afresh.
                     if keeper is not None:
-                        keeper.cancel()
-                    lease_id, lost = await self._grant(), asyncio.Event()
-                    if lease_id == 0:
+                        await keeper.stop()
+                        keeper = None
+                    if lease_id:
+                        await self._revoke(lease_id)
+                    lease_id = await self._grant()
+                    keeper = await self._keep(lease_id) if lease_id else None
+                    if keeper is None:
                         await asyncio.sleep(0.5)
                         continue
-                    keeper = asyncio.create_task(self._keep_alive(lease_id, lost))
-                await self._one_hold(lease_id, lost)
+                if await self._one_hold(lease_id, keeper):
+                    # The lease was revoked or is gone: the next round takes a new one.
+                    await keeper.stop()
+                    keeper, lease_id = None, 0
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.rng.uniform(0.0, 0.3))
         finally:
             if keeper is not None:
-                keeper.cancel()
+                await keeper.stop()
             if lease_id:
                 await self._revoke(lease_id)
 
-    async def _one_hold(self, lease_id: int, lost: asyncio.Event) -> None:
+    def _hold_s(self) -> float:
+        if self.rng.random() < 0.2:
+            return self.rng.uniform(1.0, 2.5) * LEASE_TTL_MS / 1000
+        return self.rng.uniform(0.05, 0.4)
+
+    async def _hold(self, keeper: LeaseKeeper, hold_s: float) -> tuple[float, str]:
+        """Use the lock for `hold_s` unless the keeper stops vouching for the lease first;
+        (when belief ended, on the history's clock; why)."""
+        until = time.monotonic() + hold_s
+        while True:
+            now = time.monotonic()
+            if keeper.lost_error is not None:
+                lost_at = keeper.lost_at if keeper.lost_at is not None else now
+                ended = min(now, lost_at, keeper.believed_until)
+                return ended - self.history.started, "lost"
+            if not keeper.alive:
+                return min(now, keeper.believed_until) - self.history.started, "expired"
+            if now >= until:
+                return now - self.history.started, "released"
+            await keeper.wait_lost(min(until - now, keeper.remaining_s))
+
+    async def _one_hold(self, lease_id: int, keeper: LeaseKeeper) -> bool:
+        """One lock, hold and release; True when the lease is gone or was given up."""
         key = self.rng.choice(self.keys)
         lock = self.history.invoke(self.name, "lock", key=key, lease=lease_id)
         try:
@@ -358,13 +396,16 @@ class LockClient:
         except RaftwalError as error:
             self.history.failed(lock, error)
             if error.code == E.NOT_FOUND:
-                lost.set()
-                return
+                return True
             if lock.outcome == FAIL:
-                return
+                return False
         else:
             self.history.ok(lock, token=response.fencing_token, revision=response.revision)
-            await asyncio.sleep(self.rng.uniform(0.05, 0.4))
+            hold = self.history.invoke(self.name, "hold", key=key, lease=lease_id, lock=lock.index)
+            hold.invoke_s = lock.complete_s
+            ended_s, reason = await self._hold(keeper, self._hold_s())
+            self.history.ok(hold, reason=reason)
+            hold.complete_s = max(hold.invoke_s, ended_s)
         # Release after a hold, and after an unknown lock too (it may have been taken).
         unlock = self.history.invoke(self.name, "unlock", key=key, lease=lease_id, lock=lock.index)
         try:
@@ -372,13 +413,14 @@ class LockClient:
         except RaftwalError as error:
             self.history.failed(unlock, error)
             if error.code == E.NOT_FOUND:
-                lost.set()
-            elif unlock.outcome == UNKNOWN:
+                return True
+            if unlock.outcome == UNKNOWN:
                 # The key may still be ours: give the lease up so that the hold ends.
                 await self._revoke(lease_id)
-                lost.set()
+                return True
         else:
             self.history.ok(unlock, revision=response.revision)
+        return False
 
 
 @dataclass

@@ -77,6 +77,7 @@ __all__ = [
     "ChannelFencedError",
     "ChannelNotExistError",
     "Client",
+    "ClientClosedError",
     "CompactedError",
     "CoordinatorClient",
     "IgnoredOperationError",
@@ -142,6 +143,12 @@ class NotLeaderError(UnavailableError):
 class OnShutdownError(UnavailableError):
     """ON_SHUTDOWN: the node is starting, stopping or too far behind; also any transport
     failure (connection refused, reset) that carried no ErrorInfo."""
+
+
+class ClientClosedError(OnShutdownError, RuntimeError):
+    """The client (or the StreamingClient it belongs to) was closed: a loop still running on
+    it (a watch, a lease keeper, a consumer) ends with this rather than with a bare
+    CancelledError. Also a RuntimeError, as using a closed client always was."""
 
 
 class ChannelNotExistError(RaftwalError):
@@ -343,6 +350,66 @@ async def read_stream(call: Any, idle_s: float) -> AsyncIterator[Any]:
         if message is grpc.aio.EOF:
             return
         yield message
+
+
+def cancelled_by_caller() -> bool:
+    """True while the running task is being cancelled. A CancelledError can also come out
+    of a gRPC call that something else cancelled (its channel was closed): only the task's
+    own cancellation may end a long-lived loop quietly; the other is a stream failure."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+# What a read or write on a long-lived stream raises when its peer goes away: a failed
+# status, a write on a stream the server already finished (InvalidStateError), a call
+# cancelled under us, no answer in time (TimeoutError), or a silent stream (StreamIdle).
+STREAM_FAILURES: tuple[type[BaseException], ...] = (
+    grpc.aio.AioRpcError,
+    asyncio.InvalidStateError,
+    asyncio.CancelledError,
+    TimeoutError,
+    StreamIdle,
+)
+
+
+async def stream_failure(
+    error: BaseException, call: Any, target: str, method: str
+) -> tuple[errors_pb2.ErrorInfo, bool]:
+    """(ErrorInfo, retryable) of one of ``STREAM_FAILURES`` raised by a read or write on
+    `call`. The caller's own cancellation is raised again. A write on a stream the server
+    already finished answers with that stream's final status: the server's refusal when it
+    failed (NOT_FOUND, ...), a retryable ON_SHUTDOWN when it ended normally."""
+    if isinstance(error, asyncio.CancelledError):
+        if cancelled_by_caller():
+            raise error
+        return error_info(E.ON_SHUTDOWN, f"the {method} call to {target} was cancelled"), True
+    if isinstance(error, grpc.aio.AioRpcError):
+        return classify(error)
+    if isinstance(error, StreamIdle):
+        return error.info(target, method), True
+    if isinstance(error, TimeoutError):
+        return error_info(E.ON_SHUTDOWN, f"{target} did not answer {method} in time"), True
+    if isinstance(error, asyncio.InvalidStateError):
+        ended = error_info(E.ON_SHUTDOWN, f"{target} had already ended the {method} stream")
+        try:
+            # A finished call's read raises its failed status, or returns EOF when it was OK.
+            await wait_within(call.read(), 1.0)
+        except grpc.aio.AioRpcError as status:
+            return classify(status)
+        except asyncio.CancelledError:
+            if cancelled_by_caller():
+                raise
+        except (asyncio.InvalidStateError, TimeoutError):
+            pass
+        return ended, True
+    raise TypeError(f"not a stream failure: {error!r}")
+
+
+def unexpected_loop_error(what: str, error: BaseException) -> InnerError:
+    """The typed error a long-lived loop reports for an exception it has no rule for (a bug,
+    or a failure this SDK does not know yet), logged with its traceback."""
+    log.error("%s failed unexpectedly", what, exc_info=error)
+    return InnerError(error_info(E.INNER, f"{what} failed unexpectedly: {error!r}"))
 
 
 def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
@@ -605,7 +672,7 @@ class CoordinatorClient:
 
     def _stub(self, target: str) -> coordinator_pb2_grpc.CoordinatorStub:
         if self._closed:
-            raise RuntimeError("CoordinatorClient is closed")
+            raise ClientClosedError(error_info(E.ON_SHUTDOWN, "the CoordinatorClient is closed"))
         stub = self._stubs.get(target)
         if stub is None:
             # Channels are created lazily, inside the running loop that will use them.
@@ -766,12 +833,12 @@ class CoordinatorClient:
                     retry.progress()
                     self._router.succeeded(target)
                     yield discovery
-            except grpc.aio.AioRpcError as error:
-                info, retryable = classify(error)
+            except STREAM_FAILURES as error:
+                info, retryable = await stream_failure(error, call, target, "WatchAssignments")
                 if not retryable:
                     raise error_for(info) from None
-            except StreamIdle as idle:
-                info = idle.info(target, "WatchAssignments")
+            except Exception as error:
+                raise unexpected_loop_error("WatchAssignments", error) from error
             finally:
                 call.cancel()
             target = await retry.failed(target, info)
@@ -943,12 +1010,12 @@ class CoordinatorClient:
                     if response.next_revision > next_revision:
                         next_revision = response.next_revision
                         retry.progress()
-            except grpc.aio.AioRpcError as error:
-                info, retryable = classify(error)
+            except STREAM_FAILURES as error:
+                info, retryable = await stream_failure(error, call, target, "WatchEvents")
                 if not retryable:
                     raise error_for(info) from None
-            except StreamIdle as idle:
-                info = idle.info(target, "WatchEvents")
+            except Exception as error:
+                raise unexpected_loop_error("WatchEvents", error) from error
             finally:
                 call.cancel()
             target = await retry.failed(target, info)
@@ -998,6 +1065,13 @@ class LeaseKeeper:
     good (``lost_error`` set, ``wait_lost`` returns) when the server no longer knows the
     lease (NOT_FOUND), on any other non-retryable answer, or when that grace runs out.
     Renewals are bounded by that grace; the keeper never revokes.
+
+    Every way a stream can end is a reason to reconnect, not to stop: a failed status, an
+    end without one (EOF), a write on a stream the server already finished (its node was
+    killed or restarted: ``InvalidStateError``), a call cancelled under the keeper, a node
+    that stopped answering (SIGSTOP). Anything else that would end the background task
+    (an exception no rule covers, a cancel without ``stop()``, the client closed) marks the
+    lease lost, so the keeper never dies quietly while a holder waits on ``wait_lost()``.
     """
 
     def __init__(self, client: CoordinatorClient, lease_id: int, interval_s: float | None) -> None:
@@ -1008,6 +1082,7 @@ class LeaseKeeper:
         self._interval_s = interval_s
         self._deadline = 0.0
         self._lost: RaftwalError | None = None
+        self._lost_at: float | None = None
         self._lost_event = asyncio.Event()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -1023,6 +1098,17 @@ class LeaseKeeper:
     def lost_error(self) -> RaftwalError | None:
         """Why the keeper gave up on the lease, once it has."""
         return self._lost
+
+    @property
+    def believed_until(self) -> float:
+        """The believed deadline (``time.monotonic()`` clock): the lease is believed alive
+        before it unless lost. It only moves forward."""
+        return self._deadline
+
+    @property
+    def lost_at(self) -> float | None:
+        """When the keeper gave up on the lease (``time.monotonic()`` clock), if it has."""
+        return self._lost_at
 
     @property
     def remaining_s(self) -> float:
@@ -1042,7 +1128,20 @@ class LeaseKeeper:
         self._renewed(sent, response)
         self._client._keepers.add(self)
         self._task = asyncio.create_task(self._run(), name=f"raftwal-lease-{self.lease_id}")
+        self._task.add_done_callback(self._task_done)
         return self
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        # The backstop of _run's own handlers: a task cancelled before it first ran never
+        # reached them.
+        if self._stopping.is_set() or self._lost is not None:
+            return
+        reason = "was cancelled without stop()" if task.cancelled() else "ended"
+        self._lose(
+            OnShutdownError(
+                error_info(E.ON_SHUTDOWN, f"the keeper of lease {self.lease_id} {reason}")
+            )
+        )
 
     async def stop(self) -> None:
         """Stop renewing (idempotent). The lease then expires after its ttl unless revoked."""
@@ -1079,12 +1178,34 @@ class LeaseKeeper:
         if self._lost is None:
             log.warning("lease %d is lost: %s", self.lease_id, error)
             self._lost = error
+            self._lost_at = time.monotonic()
             self._lost_event.set()
 
     async def _sleep_or_stop(self, seconds: float) -> None:
         await wait_event(self._stopping, seconds)
 
     async def _run(self) -> None:
+        # Nothing may end the keeper quietly: whatever stops it short of stop() marks the
+        # lease lost, so that a holder waiting on wait_lost() stops using what it guards.
+        try:
+            await self._renew_until_stopped()
+        except asyncio.CancelledError:
+            if not self._stopping.is_set():
+                self._lose(
+                    OnShutdownError(
+                        error_info(
+                            E.ON_SHUTDOWN,
+                            f"the keeper of lease {self.lease_id} was cancelled without stop()",
+                        )
+                    )
+                )
+            raise
+        except RaftwalError as error:
+            self._lose(error)
+        except Exception as error:  # noqa: BLE001 (reported: lost_error, wait_lost, the log)
+            self._lose(unexpected_loop_error(f"the keeper of lease {self.lease_id}", error))
+
+    async def _renew_until_stopped(self) -> None:
         client = self._client
         backoff = _Backoff(client.backoff_initial_s, client.backoff_max_s)
         target = client._router.first()
@@ -1101,6 +1222,8 @@ class LeaseKeeper:
             try:
                 while not self._stopping.is_set():
                     sent = time.monotonic()
+                    # A write on a stream the server has finished meanwhile (its node was
+                    # killed or restarted during the sleep) raises InvalidStateError.
                     await wait_within(call.write(request), answer_within_s)
                     response = await wait_within(call.read(), answer_within_s)
                     if response is grpc.aio.EOF:
@@ -1109,13 +1232,11 @@ class LeaseKeeper:
                     backoff.reset()
                     client._router.succeeded(target)
                     await self._sleep_or_stop(interval_s)
-            except grpc.aio.AioRpcError as error:
-                info, retryable = classify(error)
+            except STREAM_FAILURES as error:
+                info, retryable = await stream_failure(error, call, target, "KeepAlive")
                 if not retryable:
                     self._lose(error_for(info))
                     return
-            except TimeoutError:
-                info = error_info(E.ON_SHUTDOWN, f"{target} did not answer KeepAlive in time")
             finally:
                 call.cancel()
             if self._stopping.is_set():

@@ -288,7 +288,7 @@ class AssignmentCache:
 
     def _ensure_watching(self) -> None:
         if self._closed:
-            raise RuntimeError("AssignmentCache is closed")
+            raise ClientClosedError(error_info(E.ON_SHUTDOWN, "the StreamingClient is closed"))
         if self._task is not None and not self._task.done():
             return
         now = time.monotonic()
@@ -347,14 +347,12 @@ class AssignmentCache:
                         self._error = None
                         if discovery.version > self.version:
                             self._apply(discovery)
-                except grpc.aio.AioRpcError as error:
-                    info, retryable = classify(error)
+                except STREAM_FAILURES as error:
+                    info, retryable = await stream_failure(error, call, target, "WatchAssignments")
                     if not retryable:
                         self._error = error_for(info)
                         log.warning("WatchAssignments at %s refused: %s", target, self._error)
                         return
-                except StreamIdle as idle:
-                    info = idle.info(target, "WatchAssignments")
                 finally:
                     call.cancel()
                 now = time.monotonic()
@@ -373,9 +371,14 @@ class AssignmentCache:
                     self._restart_after = now + self._restart_backoff.next_delay(1.0)
                     return
                 await asyncio.sleep(backoff.next_delay(coordinator.timeout_s - elapsed))
-        except RuntimeError as error:
-            # The coordinator client was closed under the watch.
-            self._error = OnShutdownError(error_info(E.ON_SHUTDOWN, str(error)))
+        except ClientClosedError as error:
+            # The client was closed under the watch.
+            self._error = error
+        except Exception as error:  # noqa: BLE001 (reported: owner() raises it, and the log)
+            # No rule covers it: report it to the callers waiting on a route, and let the
+            # next lookup start a new watch after a backoff rather than fail for good.
+            self._error = unexpected_loop_error("the assignment watch", error)
+            self._restart_after = time.monotonic() + self._restart_backoff.next_delay(1.0)
         finally:
             self._notify()
 
@@ -598,7 +601,7 @@ class StreamingClient:
     def _channel(self, address: str) -> grpc.aio.Channel:
         """The channel to `address` (opened lazily, at most MAX_CHANNELS of them)."""
         if self._closed:
-            raise RuntimeError("StreamingClient is closed")
+            raise ClientClosedError(error_info(E.ON_SHUTDOWN, "the StreamingClient is closed"))
         channel = self._channels.get(address)
         if channel is None:
             if len(self._channels) >= MAX_CHANNELS:
@@ -738,6 +741,8 @@ class _ProduceStream:
             if self._locally_cancelled():
                 raise
             self._break(error_info(E.ON_SHUTDOWN, f"Produce stream to {self.address} cancelled"))
+        except Exception as error:  # noqa: BLE001 (reported: every waiting batch fails with it)
+            self._break(self._unexpected("writer", error))
 
     async def _read_loop(self) -> None:
         info = error_info(E.ON_SHUTDOWN, f"{self.address} ended the Produce stream")
@@ -754,7 +759,15 @@ class _ProduceStream:
         except asyncio.CancelledError:
             if self._locally_cancelled():
                 raise
+        except Exception as error:  # noqa: BLE001 (reported: every waiting batch fails with it)
+            info = self._unexpected("reader", error)
         self._break(info)
+
+    def _unexpected(self, loop: str, error: BaseException) -> errors_pb2.ErrorInfo:
+        # Outcome unknown, like any broken stream: the batches are resent with their
+        # sequences (the server answers those it holds as duplicates).
+        typed = unexpected_loop_error(f"the Produce stream {loop} to {self.address}", error)
+        return error_info(E.ON_SHUTDOWN, typed.info.message)
 
     def _break(self, info: errors_pb2.ErrorInfo) -> None:
         if self.failure is not None:
@@ -1344,6 +1357,12 @@ class Producer:
                 deadline = lane.pending[0].deadline
                 try:
                     await self._connect(lane, deadline)
+                except ClientClosedError as error:
+                    items = list(lane.pending)
+                    lane.pending.clear()
+                    lane.pending_bytes = 0
+                    self._fail_items(items, error)
+                    return
                 except UnavailableError as error:
                     now = time.monotonic()
                     self._expire_pending(lane, now, error)
@@ -1386,6 +1405,10 @@ class Producer:
             await asyncio.sleep(lane.backoff.next_delay(deadline - time.monotonic()))
             try:
                 await self._connect(lane, deadline)
+            except ClientClosedError as error:
+                for batch in list(lane.inflight):
+                    self._fail_batch(lane, batch, error)
+                return
             except UnavailableError as error:
                 info = error.info
                 continue
@@ -1611,13 +1634,20 @@ class Consumer:
         try:
             response = task.result()
         except asyncio.CancelledError:
-            # Our own cancellation (close or a move): just reconnect or stop.
+            # Our own cancellation (close or a move), or the call cancelled under us (its
+            # channel closed): reconnect, which raises ClientClosedError when the client
+            # is closed, or stop.
             self._disconnect()
             return
         except grpc.aio.AioRpcError as error:
             info, retryable = _classify_data(error)
             await self._failed(info, retryable, address, term)
             return
+        except Exception as error:
+            self._disconnect()
+            raise unexpected_loop_error(
+                f"Consume of {self.vchannel} at {address}", error
+            ) from error
         if response is grpc.aio.EOF:
             await self._failed(
                 error_info(E.ON_SHUTDOWN, f"{address} ended the Consume stream"),
@@ -1684,6 +1714,8 @@ class Consumer:
         except grpc.aio.AioRpcError as error:
             info, retryable = _classify_data(error)
             await self._failed(info, retryable, address, term)
+        except ClientClosedError:
+            raise
         except UnavailableError as error:
             await self._failed(error.info, True, address, term)
 
@@ -1735,7 +1767,9 @@ class Txn:
     answer was lost simply expires). ``AppendTxn``, ``CommitTxn`` and ``RollbackTxn`` go to
     the owner that began the txn, once: repeating an append could buffer it twice, and a
     commit whose answer was lost raises UnknownError (outcome unknown). A keepalive task
-    renews the txn every third of ``keepalive_ms`` while it is open.
+    renews the txn every third of ``keepalive_ms`` while it is open; when it gives up (the
+    owner refused, or could not be reached for ``keepalive_ms``, after which the owner has
+    expired the txn) ``keepalive_error`` says why and the next call raises it at once.
     """
 
     def __init__(
@@ -1847,6 +1881,12 @@ class Txn:
     async def _once(self, method: str, request: Any, *, commit: bool = False) -> Any:
         if self.state != "open":
             raise _state_error(f"txn {self.txn_id} is {self.state} (expected open)")
+        if self.keepalive_error is not None:
+            # The keepalive already knows the txn is gone on its owner: say so at once
+            # instead of sending (and, for a stopped owner, waiting out a deadline to
+            # report an "unknown" outcome that is in fact known: nothing was written).
+            self.state = "failed"
+            raise self.keepalive_error
         try:
             return await getattr(self._client.stub(self._address), method)(
                 request, timeout=self.attempt_timeout_s
@@ -1914,6 +1954,18 @@ class Txn:
                 await task
 
     async def _keep_alive(self) -> None:
+        # Never ends quietly: however it stops short of the txn's end, keepalive_error
+        # says why and the next append/commit raises it.
+        try:
+            await self._renew_while_open()
+        except asyncio.CancelledError:
+            raise
+        except RaftwalError as error:
+            self.keepalive_error = error
+        except Exception as error:  # noqa: BLE001 (reported: keepalive_error, the log)
+            self.keepalive_error = unexpected_loop_error(f"txn {self.txn_id} keepalive", error)
+
+    async def _renew_while_open(self) -> None:
         interval_s = max(0.01, self.keepalive_ms / 3000)
         request = wire.KeepAliveTxnRequest(vchannel=self.vchannel, txn_id=self.txn_id)
         renewed = time.monotonic()
@@ -1934,11 +1986,16 @@ class Txn:
                     return
                 log.debug("txn %d keepalive failed: %s", self.txn_id, info.message)
                 if time.monotonic() - renewed > self.keepalive_ms / 1000:
-                    # Unrenewed for keepalive_ms: the owner has expired the txn by now.
-                    self.keepalive_error = _unavailable(
-                        f"txn {self.txn_id} could not be renewed within keepalive_ms "
-                        f"{self.keepalive_ms} at {self._address}",
-                        info,
+                    # Unrenewed for keepalive_ms (measured from an answer, so later than the
+                    # owner's own deadline): the owner has expired the txn by now, and it
+                    # was never written.
+                    self.keepalive_error = TransactionExpiredError(
+                        error_info(
+                            E.TRANSACTION_EXPIRED,
+                            f"txn {self.txn_id} expired: not renewed within keepalive_ms "
+                            f"{self.keepalive_ms} at {self._address} (last error: "
+                            f"{code_name(info.code)}: {info.message})",
+                        )
                     )
                     log.warning("%s", self.keepalive_error)
                     return
@@ -1953,14 +2010,16 @@ def _state_error(message: str) -> InvalidTransactionStateError:
 # failing (every name above is only used at call time).
 from rpc.client import (  # noqa: E402
     MAX_CHANNELS,
+    STREAM_FAILURES,
     ChannelNotExistError,
+    ClientClosedError,
     CoordinatorClient,
     InnerError,
     InvalidArgumentError,
     InvalidTransactionStateError,
     OnShutdownError,
     RaftwalError,
-    StreamIdle,
+    TransactionExpiredError,
     UnavailableError,
     UnknownError,
     _Backoff,
@@ -1969,4 +2028,6 @@ from rpc.client import (  # noqa: E402
     code_name,
     error_for,
     read_stream,
+    stream_failure,
+    unexpected_loop_error,
 )

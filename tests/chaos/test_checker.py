@@ -237,6 +237,42 @@ def test_hold_with_an_unknown_release_proves_nothing() -> None:
     assert "lock-overlap" not in _kinds(history, final)
 
 
+def _hold(history: History, lock: Op, end: float, reason: str) -> Op:
+    return _op(
+        history,
+        lock.process,
+        "hold",
+        lock.complete_s,
+        end,
+        OK,
+        {"key": "k", "lease": lock.value["lease"], "lock": lock.index},
+        {"reason": reason},
+    )
+
+
+def test_zombie_holder_is_caught() -> None:
+    """l0's keeper died quietly, so l0 kept believing it held the lock until 9.0, while its
+    lease expired on the server and l1, which asked at 5.0, got the lock at 6.0."""
+    history, final = _clean()
+    a = _lock(history, "l0", 10, 1.0, 1.1, token=20)
+    _hold(history, a, 9.0, "released")
+    _unlock(history, a, 9.0, 9.1, outcome=FAIL)
+    _lock(history, "l1", 11, 5.0, 6.0, token=30)
+    assert _kinds(history, final) == ["zombie-holder"]
+
+
+def test_a_hold_that_ended_with_its_lease_is_no_zombie() -> None:
+    """The keeper stopped vouching at 4.0 (the deadline it believed): l1's acquisition at
+    6.0 came after. l2's request predates the hold: its grant may predate the hold too (the
+    mutual-exclusion checks cover that), so it proves no zombie either."""
+    history, final = _clean()
+    a = _lock(history, "l0", 10, 1.0, 1.1, token=20)
+    _hold(history, a, 4.0, "expired")
+    _lock(history, "l1", 11, 3.5, 6.0, token=30)
+    _lock(history, "l2", 12, 0.5, 2.0, token=25)
+    assert "zombie-holder" not in _kinds(history, final)
+
+
 def _broadcast(
     history: History,
     name: str,
