@@ -17,15 +17,21 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import socket
+import struct
+import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.dns_resolver import globalDnsResolver
 from pysyncobj.monotonic import monotonic as monotonicTime
 from pysyncobj.node import TCPNode
 from pysyncobj.poller import POLL_EVENT_TYPE
-from pysyncobj.tcp_connection import CONNECTION_STATE
+from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
+from pysyncobj.tcp_server import TcpServer
 from pysyncobj.transport import TCPTransport
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
@@ -132,12 +138,304 @@ class AckGate:
             self._on_ack_sent(int(message["next_node_idx"]) - 1)
 
 
-class DurableTransport(TCPTransport):
-    """pysyncobj's TCP transport with acknowledgements routed through an `AckGate`."""
+# ---------------------------------------------------------------------------------------
+# The Raft port before authentication
+# ---------------------------------------------------------------------------------------
 
-    def __init__(self, sync_obj: SyncObj, self_node: Any, other_nodes: Any, gate: AckGate):
+# pysyncobj's frame header: a native signed int length (tcp_connection.py line 272).
+_FRAME_HEADER = struct.Struct("i")
+
+# Refusal reasons, as counted in PortGuard.refusals (and the node's metrics).
+REFUSED_FRAME_TOO_LARGE = "frame_too_large"
+REFUSED_AUTH_TIMEOUT = "auth_timeout"
+REFUSED_TOO_MANY_UNAUTHENTICATED = "too_many_unauthenticated"
+REFUSED_BAD_FRAME = "bad_frame"
+# The Raft port's listen backlog, and how many queued connections one poll event accepts.
+LISTEN_BACKLOG = 128
+ACCEPTS_PER_EVENT = 64
+
+
+@dataclass(frozen=True)
+class PortLimits:
+    """What a Raft connection may make this node hold.
+
+    A connection is *authenticated* once it delivered a frame that decrypted with the
+    cluster secret and carried this connection's fresh random key (pysyncobj's handshake:
+    a replayed frame carries an old key). Before that its frames are capped at
+    `max_unauthenticated_frame_bytes` (the handshake's frames are a few hundred bytes),
+    it must authenticate within `auth_timeout_s`, and at most
+    `max_unauthenticated_connections` such connections are open at once. After that, a
+    frame is capped at `max_frame_bytes` (the largest AppendEntries batch or snapshot
+    chunk the peer sends, encrypted)."""
+
+    max_frame_bytes: int
+    max_unauthenticated_frame_bytes: int = 64 << 10
+    auth_timeout_s: float = 2.0
+    max_unauthenticated_connections: int = 32
+
+
+class PortGuard:
+    """The limits of one peer's Raft port and what they refused (read from any thread)."""
+
+    def __init__(self, limits: PortLimits) -> None:
+        self.limits = limits
+        # Every key exists from the start: readers on other threads copy this dict while
+        # the tick thread counts, which is safe as long as no key is ever added.
+        self.refusals: dict[str, int] = dict.fromkeys(
+            (
+                REFUSED_FRAME_TOO_LARGE,
+                REFUSED_BAD_FRAME,
+                REFUSED_AUTH_TIMEOUT,
+                REFUSED_TOO_MANY_UNAUTHENTICATED,
+            ),
+            0,
+        )
+
+    def refuse(self, reason: str, detail: str) -> None:
+        self.refusals[reason] += 1
+        # DEBUG: a flood must not turn into a flood of log lines; the metric counts it.
+        logger.debug("raft port refused a connection (%s): %s", reason, detail)
+
+
+class GuardedTcpConnection(TcpConnection):
+    """pysyncobj's TcpConnection with its read path bounded.
+
+    pysyncobj appends every received byte to one `bytes` buffer (copying it on each read)
+    and waits for however many bytes a frame header declares, before it checks the secret:
+    a connection declaring a 2 GiB frame would be buffered whole. Here the read buffer is a
+    bytearray, a frame header is checked as soon as it arrives against the connection's
+    cap (`PortLimits`), and a frame is decrypted (authenticated) before it is unpickled,
+    exactly as pysyncobj does (tcp_connection.py lines 268-291), which this replaces.
+    """
+
+    def raftwal_guard(self, guard: PortGuard, accepted_at: float | None) -> None:
+        """Attach the limits; `accepted_at` (monotonic) for an incoming connection, which
+        must authenticate by then + auth_timeout_s."""
+        self._raftwal_guard = guard
+        self._raftwal_buffer = bytearray()
+        self._raftwal_authenticated = False
+        self._raftwal_deadline = (
+            None if accepted_at is None else accepted_at + guard.limits.auth_timeout_s
+        )
+
+    @property
+    def raftwal_authenticated(self) -> bool:
+        return self._raftwal_authenticated
+
+    def raftwal_check_deadline(self, now: float) -> None:
+        deadline = self._raftwal_deadline
+        if deadline is not None and not self._raftwal_authenticated and now > deadline:
+            self._raftwal_guard.refuse(REFUSED_AUTH_TIMEOUT, "not authenticated in time")
+            self.disconnect()
+
+    def disconnect(self) -> None:
+        # `hasattr`: pysyncobj may disconnect from inside TcpConnection.__init__.
+        if hasattr(self, "_raftwal_buffer"):
+            self._raftwal_reset()
+            self._raftwal_deadline = None
+        super().disconnect()
+
+    def connect(self, host: str, port: int) -> bool:
+        # An outgoing connection is reused for every reconnect: each new socket starts
+        # unauthenticated, with an empty buffer.
+        self._raftwal_reset()
+        return bool(super().connect(host, port))
+
+    def _raftwal_reset(self) -> None:
+        self._raftwal_buffer = bytearray()
+        self._raftwal_authenticated = False
+
+    def _raftwal_frame_cap(self) -> int:
+        limits = self._raftwal_guard.limits
+        if self._raftwal_authenticated:
+            return limits.max_frame_bytes
+        return limits.max_unauthenticated_frame_bytes
+
+    def _TcpConnection__processRead(self) -> bool:  # noqa: N802 (overrides a mangled name)
+        sock = self._TcpConnection__socket
+        try:
+            incoming = sock.recv(self._TcpConnection__recvBufferSize)
+        except OSError as error:
+            if error.errno not in (socket.errno.EAGAIN, socket.errno.EWOULDBLOCK):
+                self.disconnect()
+            return False
+        if not incoming or sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            self.disconnect()
+            return False
+        self._raftwal_buffer += incoming
+        if len(self._raftwal_buffer) >= _FRAME_HEADER.size:
+            (declared,) = _FRAME_HEADER.unpack_from(self._raftwal_buffer)
+            cap = self._raftwal_frame_cap()
+            if not 0 < declared <= cap:
+                reason = REFUSED_FRAME_TOO_LARGE if declared > cap else REFUSED_BAD_FRAME
+                self._raftwal_guard.refuse(reason, f"declared {declared} bytes (cap {cap})")
+                self.disconnect()
+                return False
+            # Never read past the frame being assembled plus one receive: the buffer stays
+            # bounded by the cap while the parser catches up.
+            if len(self._raftwal_buffer) > cap + _FRAME_HEADER.size:
+                return False
+        return True
+
+    def _TcpConnection__processParseMessage(self) -> Any:  # noqa: N802 (mangled name)
+        buffer = self._raftwal_buffer
+        if len(buffer) < _FRAME_HEADER.size:
+            return None
+        (length,) = _FRAME_HEADER.unpack_from(buffer)
+        cap = self._raftwal_frame_cap()
+        if not 0 < length <= cap:
+            self._raftwal_guard.refuse(
+                REFUSED_FRAME_TOO_LARGE if length > cap else REFUSED_BAD_FRAME,
+                f"declared {length} bytes (cap {cap})",
+            )
+            self.disconnect()
+            return None
+        end = _FRAME_HEADER.size + length
+        if len(buffer) < end:
+            return None
+        data = bytes(buffer[_FRAME_HEADER.size : end])
+        checked_key = False
+        try:
+            if self.encryptor:
+                timestamp = self.encryptor.extract_timestamp(data)
+                if timestamp < self.recvLastTimestamp:
+                    raise ValueError("frame older than the last one")
+                self.recvLastTimestamp = timestamp
+                data = self.encryptor.decrypt(data)
+            else:
+                # No secret: nothing may be unpickled (raft/peer.py refuses to start
+                # without one; this is the last line of defence).
+                raise ValueError("no cluster secret")
+            message = pysyncobj_pickle.loads(zlib.decompress(data))
+            if self.recvRandKey:
+                rand_key, message = message
+                if rand_key != self.recvRandKey:
+                    raise ValueError("frame for another connection (a replay?)")
+                checked_key = True
+        except Exception as error:  # noqa: BLE001 (counted, and the connection is closed)
+            self._raftwal_guard.refuse(REFUSED_BAD_FRAME, f"{type(error).__name__}: {error}")
+            self.disconnect()
+            return None
+        del buffer[:end]
+        if checked_key and not self._raftwal_authenticated:
+            self._raftwal_authenticated = True
+            self._raftwal_deadline = None
+        return message
+
+
+class GuardedTcpServer(TcpServer):
+    """pysyncobj's TcpServer handing out GuardedTcpConnections, refusing a connection at
+    once while `max_unauthenticated_connections` are open."""
+
+    def __init__(self, *args: Any, guard: PortGuard, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._raftwal_guard = guard
+        self._raftwal_pending: set[GuardedTcpConnection] = set()
+
+    def raftwal_sweep(self, now: float) -> None:
+        """Close connections past their authentication deadline; forget finished ones."""
+        for connection in list(self._raftwal_pending):
+            connection.raftwal_check_deadline(now)
+            if (
+                connection.raftwal_authenticated
+                or connection.state == CONNECTION_STATE.DISCONNECTED
+            ):
+                self._raftwal_pending.discard(connection)
+
+    def bind(self) -> None:
+        super().bind()
+        # pysyncobj listens with a backlog of 5: a handful of idle connections would make
+        # the kernel drop the peers' own SYNs (each retried after 1 s, then 3 s).
+        self._TcpServer__socket.listen(LISTEN_BACKLOG)
+
+    def _TcpServer__onNewConnection(self, descr: int, event: int) -> None:  # noqa: N802
+        if event & POLL_EVENT_TYPE.READ:
+            # Drain the backlog (bounded per event), rather than one accept per poll.
+            for _ in range(ACCEPTS_PER_EVENT):
+                try:
+                    sock, _ = self._TcpServer__socket.accept()
+                except OSError as error:
+                    if error.errno not in (socket.errno.EAGAIN, socket.errno.EWOULDBLOCK):
+                        self.unbind()
+                        return
+                    break
+                self._raftwal_accept(sock)
+        if event & POLL_EVENT_TYPE.ERROR:
+            self.unbind()
+
+    def _raftwal_accept(self, sock: socket.socket) -> None:
+        self.raftwal_sweep(monotonicTime())
+        limits = self._raftwal_guard.limits
+        if len(self._raftwal_pending) >= limits.max_unauthenticated_connections:
+            self._raftwal_guard.refuse(
+                REFUSED_TOO_MANY_UNAUTHENTICATED,
+                f"{len(self._raftwal_pending)} unauthenticated connections open",
+            )
+            sock.close()
+            return
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._TcpServer__sendBufferSize)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._TcpServer__recvBufferSize)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
+        connection = GuardedTcpConnection(
+            poller=self._TcpServer__poller,
+            socket=sock,
+            timeout=self._TcpServer__connectionTimeout,
+            sendBufferSize=self._TcpServer__sendBufferSize,
+            recvBufferSize=self._TcpServer__recvBufferSize,
+            keepalive=self._TcpServer__keepalive,
+        )
+        connection.raftwal_guard(self._raftwal_guard, monotonicTime())
+        self._raftwal_pending.add(connection)
+        self._TcpServer__onNewConnectionCallback(connection)
+
+
+class DurableTransport(TCPTransport):
+    """pysyncobj's TCP transport with acknowledgements routed through an `AckGate` and its
+    port guarded by a `PortGuard` (incoming and outgoing connections alike)."""
+
+    def __init__(
+        self,
+        sync_obj: SyncObj,
+        self_node: Any,
+        other_nodes: Any,
+        gate: AckGate,
+        guard: PortGuard,
+    ):
         self._raftwal_gate = gate
+        self._raftwal_guard = guard
         super().__init__(sync_obj, self_node, other_nodes)
+
+    def _createServer(self) -> None:  # noqa: N802 (pysyncobj's name)
+        super()._createServer()
+        conf = self._syncObj.conf
+        host, port = self._server._TcpServer__host, self._server._TcpServer__port
+        self._server = GuardedTcpServer(
+            self._syncObj._poller,
+            host,
+            port,
+            onNewConnection=self._onNewIncomingConnection,
+            sendBufferSize=conf.sendBufferSize,
+            recvBufferSize=conf.recvBufferSize,
+            connectionTimeout=conf.connectionTimeout,
+            guard=self._raftwal_guard,
+        )
+
+    def addNode(self, node: Any) -> None:  # noqa: N802 (pysyncobj's name)
+        super().addNode(node)
+        connection = self._connections.get(node)
+        if type(connection) is TcpConnection:
+            # pysyncobj builds the outgoing connection itself (transport.py line 523); give
+            # it the guarded read path too: a process listening at a peer's address without
+            # the secret must not make this node buffer anything either. The subclass adds
+            # methods only, so switching the class of the fresh object is safe.
+            connection.__class__ = GuardedTcpConnection
+            connection.raftwal_guard(self._raftwal_guard, None)
+
+    def _onTick(self) -> None:  # noqa: N802 (pysyncobj's name)
+        super()._onTick()
+        if isinstance(self._server, GuardedTcpServer):
+            self._server.raftwal_sweep(monotonicTime())
 
     def send(self, node: Any, message: Any) -> bool:
         if self._raftwal_gate.maybe_defer(node, message):
@@ -250,13 +548,14 @@ class RaftwalSyncObj(SyncObj):
         conf: SyncObjConf,
         apply_entry: Callable[[bytes, int], bytes],
         gate: AckGate,
+        guard: PortGuard,
         dial_addresses: dict[str, str] | None = None,
     ) -> None:
         # Set before SyncObj.__init__, which scans dir(self) for replicated methods.
         self._raftwal_apply_entry = apply_entry
 
         def make_transport(sync_obj: SyncObj, self_node: Any, other_nodes: Any) -> TCPTransport:
-            transport = DurableTransport(sync_obj, self_node, other_nodes, gate)
+            transport = DurableTransport(sync_obj, self_node, other_nodes, gate, guard)
             self._raftwal_transport = transport
             return transport
 

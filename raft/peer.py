@@ -29,7 +29,8 @@ Contract with the application (the three callables):
 
 Must never: pickle application data, acknowledge an entry before it is durable on a
 majority (leader included), forward proposals silently (a follower answers `NotLeader`),
-run an unbounded queue, wait or retry, or bind a non-loopback address without a password.
+run an unbounded queue, wait or retry, or start without a password (the cluster secret),
+on any address: pysyncobj unpickles what an authenticated peer sends.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ from pysyncobj.node import TCPNode
 from raft._pysyncobj_glue import (
     STATE_NAMES,
     AckGate,
+    PortGuard,
+    PortLimits,
     RaftwalSyncObj,
     Wakeup,
     check_pysyncobj_version,
@@ -80,6 +83,9 @@ from raft.snapshot import (
 logger = logging.getLogger(__name__)
 
 _LEADER_STATE = 2
+# The cluster secret keys the Raft transport's encryption and authentication (Fernet, via
+# pysyncobj): anything shorter is guessable by brute force.
+MIN_PASSWORD_CHARS = 16
 # After this many consecutive failed ticks (pysyncobj raised something unexpected) the
 # peer stops instead of spinning on the same error.
 _MAX_CONSECUTIVE_TICK_FAILURES = 50
@@ -116,6 +122,14 @@ class RaftTuning:
     snapshot_every_entries: int = 10_000
     snapshot_max_interval_s: float = 600.0
     socket_buffer_bytes: int = 1 << 18
+    # The Raft port before authentication (raft/_pysyncobj_glue.PortLimits): the largest
+    # frame from an authenticated peer (0: derived from the two limits above, encrypted),
+    # the largest one before (the handshake's are a few hundred bytes), the time a new
+    # connection has to authenticate, and how many unauthenticated ones may be open.
+    max_frame_bytes: int = 0
+    max_unauthenticated_frame_bytes: int = 64 << 10
+    auth_timeout_s: float = 2.0
+    max_unauthenticated_connections: int = 32
     bind_retries: int = 10
     bind_retry_s: float = 0.1
     close_timeout_s: float = 10.0
@@ -177,9 +191,44 @@ class RaftTuning:
             self.snapshot_max_interval_s,
             "> 0",
         )
+        check(
+            self.max_frame_bytes == 0 or self.max_frame_bytes >= self.derived_max_frame_bytes(),
+            "max_frame_bytes",
+            self.max_frame_bytes,
+            f"0 (derived) or >= {self.derived_max_frame_bytes()} (the largest batch, encrypted)",
+        )
+        check(
+            1024 <= self.max_unauthenticated_frame_bytes <= 1 << 20,
+            "max_unauthenticated_frame_bytes",
+            self.max_unauthenticated_frame_bytes,
+            "1024..1048576",
+        )
+        check(0 < self.auth_timeout_s <= 60, "auth_timeout_s", self.auth_timeout_s, "0 < x <= 60")
+        check(
+            1 <= self.max_unauthenticated_connections <= 4096,
+            "max_unauthenticated_connections",
+            self.max_unauthenticated_connections,
+            "1..4096",
+        )
         check(self.bind_retries > 0, "bind_retries", self.bind_retries, "> 0")
         check(self.bind_retry_s > 0, "bind_retry_s", self.bind_retry_s, "> 0")
         check(self.close_timeout_s > 0, "close_timeout_s", self.close_timeout_s, "> 0")
+
+    def derived_max_frame_bytes(self) -> int:
+        """The largest frame an authenticated peer sends: an AppendEntries batch (or a
+        snapshot chunk) fills up to max_append_entries_bytes and may overshoot by one
+        command, plus pickling; zlib may grow incompressible data a little, and Fernet
+        encodes in base64 (4/3) with a small envelope."""
+        raw = self.max_append_entries_bytes + self.max_command_bytes + (64 << 10)
+        return raw * 4 // 3 + (64 << 10)
+
+    def port_limits(self) -> PortLimits:
+        return PortLimits(
+            max_frame_bytes=self.max_frame_bytes or self.derived_max_frame_bytes(),
+            max_unauthenticated_frame_bytes=self.max_unauthenticated_frame_bytes,
+            auth_timeout_s=self.auth_timeout_s,
+            max_unauthenticated_connections=self.max_unauthenticated_connections,
+        )
 
 
 @dataclass(frozen=True)
@@ -246,8 +295,8 @@ class RaftPeer:
         commit index covers. `durable=False` skips every fsync: unsafe, for benchmarks only.
         `partner_dial_addresses` maps a partner's address (its identity) to where this
         peer connects to it instead (a proxy in front of it); absent partners are dialled
-        at their own address. Raises ValueError for bad arguments (including a non-loopback
-        address without a password), JournalCorrupted / SnapshotCorrupted for unreadable
+        at their own address. Raises ValueError for bad arguments (including a missing or
+        short password), JournalCorrupted / SnapshotCorrupted for unreadable
         state, OSError when the port cannot be bound.
         """
         check_pysyncobj_version()
@@ -264,17 +313,17 @@ class RaftPeer:
             )
         for address in [self_address, *partners, *dial_addresses.values()]:
             _host_of(address)
-        if password is None:
-            addresses = [self_address, *partners, *dial_addresses.values()]
-            remote = [a for a in addresses if not is_loopback_address(a)]
-            if remote:
-                raise ValueError(
-                    f"refusing to start: {', '.join(remote)} is not a loopback address and no "
-                    "password is set; pysyncobj unpickles whatever peers send, so a cluster "
-                    "reachable beyond this host needs a cluster secret"
-                )
-        elif not password:
-            raise ValueError("invalid password (empty; expected a non-empty cluster secret)")
+        if not password:
+            raise ValueError(
+                "refusing to start without a cluster secret (password): pysyncobj unpickles "
+                "what peers send, so an unauthenticated Raft port, loopback included, runs "
+                "code for anyone who can reach it"
+            )
+        if len(password) < MIN_PASSWORD_CHARS:
+            raise ValueError(
+                f"invalid password (too short: {len(password)} chars; expected >= "
+                f"{MIN_PASSWORD_CHARS}, e.g. 64 hex digits from `raftwal secret new`)"
+            )
 
         self._self_address = self_address
         self._data_dir = Path(data_dir)
@@ -321,10 +370,17 @@ class RaftPeer:
                 align_journal_with_snapshot(self._journal, snapshot)
                 self._snapshot_index = snapshot.raft_index
             self._gate = AckGate(durable=durable, on_ack_sent=self._on_ack_sent)
+            self._port_guard = PortGuard(tuning.port_limits())
             conf = self._make_conf(tuning, password, bind_address or self_address, snapshot_path)
             try:
                 syncobj = RaftwalSyncObj(
-                    self_address, partners, conf, self._apply_entry, self._gate, dial_addresses
+                    self_address,
+                    partners,
+                    conf,
+                    self._apply_entry,
+                    self._gate,
+                    self._port_guard,
+                    dial_addresses,
                 )
             except SyncObjException as exc:
                 raise OSError(f"cannot bind the raft port of {self_address}: {exc}") from exc
@@ -362,7 +418,7 @@ class RaftPeer:
             autoTick=False,
             password=password,
             # pysyncobj binds 0.0.0.0 unless told otherwise (transport.py line 273), which
-            # would expose a loopback-only, password-less peer to the network.
+            # would expose a loopback-only peer to the network.
             bindAddress=bind_address,
             journalFile=None,  # replaced by DurableJournal right after construction
             fullDumpFile=str(snapshot_path),
@@ -559,6 +615,11 @@ class RaftPeer:
             if leader is not None or time.monotonic() >= deadline or self._fatal is not None:
                 return leader
             time.sleep(0.01)
+
+    def port_refusals(self) -> dict[str, int]:
+        """Connections the Raft port closed before (or for lack of) authentication, by
+        reason: frame_too_large, bad_frame, auth_timeout, too_many_unauthenticated."""
+        return dict(self._port_guard.refusals)
 
     def request_snapshot(self) -> None:
         """Ask for a snapshot + journal compaction at the next tick."""

@@ -94,6 +94,30 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--id", required=True, help="this node's id in the config")
     node.set_defaults(handler=_run_node)
 
+    secret = commands.add_parser("secret", help="the cluster secret of the Raft transport")
+    secret_commands = secret.add_subparsers(dest="secret_command", metavar="ACTION", required=True)
+    secret_new = secret_commands.add_parser(
+        "new",
+        help="write a new random secret (256 bits, hex) to FILE with mode 0600; copy the same "
+        "file to every node and point [cluster] secret_file at it",
+    )
+    secret_new.add_argument("file", type=Path, help="where to write it (must not exist)")
+    secret_new.add_argument(
+        "--force", action="store_true", help="replace FILE if it exists (default: refuse)"
+    )
+    secret_new.set_defaults(handler=_secret_new)
+    config = commands.add_parser("config", help="node configuration files")
+    config_commands = config.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    template = config_commands.add_parser(
+        "template", help="print an annotated three-node config that uses a secret file"
+    )
+    template.add_argument(
+        "--secret-file",
+        default=None,
+        help="the secret_file the template names (default: /etc/raftwal/secret)",
+    )
+    template.set_defaults(handler=_config_template)
+
     dev = commands.add_parser("dev", help="a local cluster on 127.0.0.1")
     dev_commands = dev.add_subparsers(dest="dev_command", metavar="ACTION", required=True)
     dev_up = dev_commands.add_parser("up", help="start local nodes in the background")
@@ -143,6 +167,25 @@ def _run_node(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _secret_new(args: argparse.Namespace) -> int:
+    from raftwal.config import ConfigError, write_secret_file
+
+    try:
+        write_secret_file(args.file, overwrite=args.force)
+    except (ConfigError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"wrote a new cluster secret to {args.file} (mode 0600)")
+    return 0
+
+
+def _config_template(args: argparse.Namespace) -> int:
+    from raftwal.config import DEFAULT_SECRET_FILE, config_template
+
+    print(config_template(args.secret_file or DEFAULT_SECRET_FILE), end="")
     return 0
 
 

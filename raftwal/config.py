@@ -2,7 +2,7 @@
 
 ```toml
 [cluster]
-secret_file = "/etc/raftwal/secret"   # Raft transport secret (or RAFTWAL_SECRET)
+secret_file = "/etc/raftwal/secret"   # Raft transport secret (or RAFTWAL_SECRET): required
 node_timeout_ms = 3000
 # Security of the gRPC port (raftwal/security.py); all optional, off by default.
 tls_ca_file = "/etc/raftwal/ca.pem"   # verifies peers' certificates (and clients' with mTLS)
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import secrets
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -356,15 +357,80 @@ def load_config(path: Path, environ: Mapping[str, str] | None = None) -> Cluster
     return parse_config(data, path.parent, environ)
 
 
+#: Where `raftwal secret new` and the config template put the cluster secret by default.
+DEFAULT_SECRET_FILE = "/etc/raftwal/secret"
+#: The shortest cluster secret a node accepts (raft.peer.MIN_PASSWORD_CHARS).
+MIN_SECRET_CHARS = 16
+
+
 def check_transport_security(config: ClusterConfig, node: NodeConfig) -> None:
-    """Refuse to run a Raft transport off loopback without a secret: pysyncobj unpickles
-    what peers send, so an open port without authentication runs anyone's code."""
-    if config.secret is None and not is_loopback(node.host):
+    """Refuse to run a Raft transport without a cluster secret, on any address: pysyncobj
+    unpickles what peers send, so an unauthenticated Raft port runs code for anyone who can
+    reach it, and every local user can reach a loopback port."""
+    if config.secret is None:
         raise ConfigError(
-            f"node {node.id} listens on {node.host}, which is not loopback, and no cluster "
-            "secret is configured (expected [cluster] secret_file or RAFTWAL_SECRET): "
-            "refusing to start an unauthenticated Raft transport"
+            f"node {node.id} has no cluster secret, and its Raft port would run code sent by "
+            "anyone who can reach it: create one with `raftwal secret new "
+            f"{DEFAULT_SECRET_FILE}` (copy it to every node) and set [cluster] secret_file "
+            "to it, or RAFTWAL_SECRET"
         )
+    if len(config.secret) < MIN_SECRET_CHARS:
+        raise ConfigError(
+            f"invalid cluster secret (too short: {len(config.secret)} chars; expected >= "
+            f"{MIN_SECRET_CHARS}; `raftwal secret new FILE` writes a 64-hex-digit one)"
+        )
+
+
+def write_secret_file(path: Path, overwrite: bool = False) -> None:
+    """A new random cluster secret (256 bits, hex) in `path`, created with mode 0600 (its
+    directory 0700 when this creates it). Refuses to replace an existing file unless
+    `overwrite`: every node of a cluster must share one secret."""
+    if path.exists() and not overwrite:
+        raise ConfigError(
+            f"{path} exists (expected a new file; pass --force to replace it, then copy it to "
+            "every node and restart them all: nodes with different secrets never talk)"
+        )
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(descriptor, (secrets.token_hex(32) + "\n").encode())
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+    os.chmod(temporary, 0o600)
+    os.replace(temporary, path)
+
+
+def config_template(secret_file: str = DEFAULT_SECRET_FILE) -> str:
+    """An annotated three-node config that uses `secret_file` (for `raftwal config template`)."""
+    nodes = "\n".join(
+        f"""
+[[nodes]]
+id = "n{number}"
+host = "10.0.0.{number}"          # this node's address, as the other nodes reach it
+grpc_port = 7201
+raft_port = 7301
+metrics_port = 9201
+data_dir = "/var/lib/raftwal/n{number}"   # created 0700; keep it on a local disk"""
+        for number in (1, 2, 3)
+    )
+    return f"""# raftwal cluster configuration: the same file on every node; start each node with
+#   raftwal node --config raftwal.toml --id n1
+[cluster]
+# The Raft transport secret, shared by every node (`raftwal secret new {secret_file}`
+# writes one, mode 0600). A node refuses to start without it. RAFTWAL_SECRET overrides it.
+secret_file = "{secret_file}"
+node_timeout_ms = 3000
+# gRPC security (optional): TLS, mutual TLS and bearer tokens per role; see SECURITY.md.
+# tls_cert_file = "/etc/raftwal/node.pem"
+# tls_key_file = "/etc/raftwal/node.key"
+# tls_ca_file = "/etc/raftwal/ca.pem"
+# tls_client_auth = "require"
+# auth_tokens_file = "/etc/raftwal/tokens"
+{nodes}
+"""
 
 
 def render_config(config: ClusterConfig, secret_file: str | None = None) -> str:

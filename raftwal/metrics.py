@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from raftwal import __version__
@@ -278,6 +278,17 @@ class _NodeCollector(Collector):
         for address, connected in sorted(status["partners_connected"].items()):
             partners.add_metric([address], float(connected))
         yield partners
+        refused = CounterMetricFamily(
+            "raftwal_raft_port_refusals",
+            "Connections the Raft port closed before or for lack of authentication with the "
+            "cluster secret, by reason: frame_too_large (declared more than the cap), "
+            "bad_frame (did not decrypt, or a replayed frame), auth_timeout (no "
+            "authentication within auth_timeout_s), too_many_unauthenticated.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(peer.port_refusals().items()):
+            refused.add_metric([reason], float(count))
+        yield refused
 
     def _state(self) -> Iterator[Metric]:
         node = self._node

@@ -259,7 +259,9 @@ def main() -> int:
     parser.add_argument("--partners", default="", help="comma-separated host:port list")
     parser.add_argument("--data-dir", required=True, type=Path)
     parser.add_argument(
-        "--password-env", default=None, help="read the cluster password from this env var"
+        "--password-env",
+        default="RAFT_TEST_SECRET",
+        help="read the cluster password from this env var (the harness sets it)",
     )
     parser.add_argument("--snapshot-every", type=int, default=10_000)
     parser.add_argument("--snapshot-delay-s", type=float, default=0.0)
@@ -271,7 +273,7 @@ def main() -> int:
         stream=sys.stderr,
         format="%(asctime)s %(process)d %(threadName)s %(name)s %(levelname)s %(message)s",
     )
-    password = os.environ[args.password_env] if args.password_env else None
+    password = os.environ[args.password_env]
     partners = [address for address in args.partners.split(",") if address]
     app = HashChainApp(snapshot_delay_s=args.snapshot_delay_s)
 

@@ -26,6 +26,9 @@ from typing import Any
 
 PEER_MAIN = Path(__file__).resolve().parent / "peer_main.py"
 START_TIMEOUT_S = 20.0
+# The cluster secret every test peer uses unless a test gives another one: a peer never
+# starts without one (raft/peer.py), and peer_main reads it from RAFT_TEST_SECRET.
+TEST_SECRET = "raftwal-test-cluster-secret-7f3c9a"
 
 
 class PeerDied(RuntimeError):
@@ -94,7 +97,7 @@ class PeerProcess:
             str(self.data_dir),
             *self.extra_args,
         ]
-        process_env = {**os.environ, **self.env, **(env or {})}
+        process_env = {**os.environ, "RAFT_TEST_SECRET": TEST_SECRET, **self.env, **(env or {})}
         with open(log_path, "w") as log_file:
             self.process = subprocess.Popen(
                 command,

@@ -183,7 +183,7 @@ def test_wrong_password_peer_is_kept_out(tmp_path: Path) -> None:
         env={"RAFT_TEST_SECRET": "correct horse battery staple"},
     )
     intruder = cluster.peers[2]
-    intruder.env["RAFT_TEST_SECRET"] = "wrong"
+    intruder.env["RAFT_TEST_SECRET"] = "a wrong secret of some length"
     try:
         cluster.start_all()
         members = cluster.peers[:2]

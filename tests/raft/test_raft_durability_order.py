@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from raft_harness import free_ports
+from raft_harness import TEST_SECRET, free_ports
 
 from raft import DurabilityEvent, RaftPeer
 
@@ -102,6 +102,7 @@ def run_cluster(tmp_path: Path, durable: bool, proposals: int) -> tuple[History,
                     apps[number].restore_snapshot,
                     durable=durable,
                     durability_observer=history.observe,
+                    password=TEST_SECRET,
                 )
             )
         deadline = time.monotonic() + 10.0

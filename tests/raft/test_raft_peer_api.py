@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from raft_harness import free_ports
+from raft_harness import TEST_SECRET, free_ports
 
 from raft import (
     FatalPeerError,
@@ -61,6 +61,7 @@ def _solo(data_dir: Path, app: ListApp, **kwargs: object) -> RaftPeer:
         app.take_snapshot,
         app.restore_snapshot,
         tuning=kwargs.pop("tuning", FAST),  # type: ignore[arg-type]
+        password=kwargs.pop("password", TEST_SECRET),  # type: ignore[arg-type]
         **kwargs,  # type: ignore[arg-type]
     )
     deadline = time.monotonic() + 10.0
@@ -75,21 +76,29 @@ def _noop_app() -> tuple:
     return app.apply, app.take_snapshot, app.restore_snapshot
 
 
+@pytest.mark.parametrize("password", [None, ""])
 @pytest.mark.parametrize(
     ("self_address", "partners"),
     [
+        ("127.0.0.1:7000", []),
+        ("127.0.0.1:7000", ["127.0.0.1:7001"]),
         ("10.1.2.3:7000", []),
         ("0.0.0.0:7000", []),
         ("node1.example:7000", []),
-        ("127.0.0.1:7000", ["192.168.1.5:7000"]),
     ],
 )
-def test_non_loopback_without_password_is_refused(
-    tmp_path: Path, self_address: str, partners: list[str]
+def test_a_peer_without_a_secret_is_refused_on_every_address(
+    tmp_path: Path, self_address: str, partners: list[str], password: str | None
 ) -> None:
-    with pytest.raises(ValueError, match="not a loopback address and no password"):
-        RaftPeer(self_address, partners, tmp_path / "d", *_noop_app())
+    # Loopback included: any local user can reach a loopback port, and pysyncobj unpickles.
+    with pytest.raises(ValueError, match="refusing to start without a cluster secret"):
+        RaftPeer(self_address, partners, tmp_path / "d", *_noop_app(), password=password)
     assert not (tmp_path / "d").exists()  # refused before touching anything
+
+
+def test_a_short_secret_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"too short: 5 chars; expected >= 16"):
+        RaftPeer("127.0.0.1:7000", [], tmp_path / "d", *_noop_app(), password="short")
 
 
 def test_loopback_detection() -> None:
@@ -109,6 +118,7 @@ def test_invalid_tuning_names_value_and_expectation(tmp_path: Path) -> None:
             tmp_path,
             *_noop_app(),
             tuning=RaftTuning(heartbeat_period_s=0.2),
+            password=TEST_SECRET,
         )
 
 
@@ -193,7 +203,9 @@ def test_port_in_use_is_an_os_error(tmp_path: Path) -> None:
         port = blocker.getsockname()[1]
         tuning = RaftTuning(bind_retries=2, bind_retry_s=0.05)
         with pytest.raises(OSError, match="cannot bind"):
-            RaftPeer(f"127.0.0.1:{port}", [], tmp_path, *_noop_app(), tuning=tuning)
+            RaftPeer(
+                f"127.0.0.1:{port}", [], tmp_path, *_noop_app(), tuning=tuning, password=TEST_SECRET
+            )
     finally:
         blocker.close()
 
@@ -204,7 +216,7 @@ def test_peer_without_leader_refuses_with_no_hint(tmp_path: Path) -> None:
     app = ListApp()
     peer = RaftPeer(
         addresses[0], addresses[1:], tmp_path, app.apply, app.take_snapshot,
-        app.restore_snapshot, tuning=FAST,
+        app.restore_snapshot, tuning=FAST, password=TEST_SECRET,
     )  # fmt: skip
     try:
         time.sleep(0.5)

@@ -9,9 +9,11 @@ import pytest
 from raftwal.config import (
     ConfigError,
     check_transport_security,
+    config_template,
     load_config,
     parse_config,
     render_config,
+    write_secret_file,
 )
 
 NODES = [
@@ -71,14 +73,42 @@ def test_bad_environment_value(tmp_path: Path) -> None:
         parse_config({"nodes": NODES}, tmp_path, environ={"RAFTWAL_NODE_TIMEOUT_MS": "soon"})
 
 
-def test_non_loopback_without_secret_refuses_to_start(tmp_path: Path) -> None:
-    nodes = [dict(NODES[0], host="10.1.2.3"), NODES[1]]
+def test_a_node_without_a_secret_refuses_to_start_on_any_address(tmp_path: Path) -> None:
+    nodes = [dict(NODES[0], host="10.1.2.3"), NODES[1]]  # NODES[1] is on loopback
     config = parse_config({"nodes": nodes}, tmp_path, environ={})
-    with pytest.raises(ConfigError, match="refusing to start an unauthenticated Raft transport"):
-        check_transport_security(config, config.node("n1"))
-    check_transport_security(config, config.node("n2"))
-    secured = parse_config({"nodes": nodes}, tmp_path, environ={"RAFTWAL_SECRET": "x"})
+    for node_id in ("n1", "n2"):
+        with pytest.raises(ConfigError, match="has no cluster secret.*raftwal secret new"):
+            check_transport_security(config, config.node(node_id))
+    short = parse_config({"nodes": nodes}, tmp_path, environ={"RAFTWAL_SECRET": "x"})
+    with pytest.raises(ConfigError, match=r"too short: 1 chars; expected >= 16"):
+        check_transport_security(short, short.node("n2"))
+    secured = parse_config({"nodes": nodes}, tmp_path, environ={"RAFTWAL_SECRET": "x" * 32})
     check_transport_security(secured, secured.node("n1"))
+
+
+def test_secret_new_writes_0600_and_never_replaces_silently(tmp_path: Path) -> None:
+    path = tmp_path / "etc" / "secret"
+    write_secret_file(path)
+    first = path.read_text().strip()
+    assert len(first) == 64 and int(first, 16) >= 0
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+    with pytest.raises(ConfigError, match="exists"):
+        write_secret_file(path)
+    assert path.read_text().strip() == first
+    write_secret_file(path, overwrite=True)
+    assert path.read_text().strip() != first
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_config_template_loads_and_uses_the_secret_file(tmp_path: Path) -> None:
+    write_secret_file(tmp_path / "secret")
+    path = tmp_path / "raftwal.toml"
+    path.write_text(config_template("secret"))
+    config = load_config(path, environ={})
+    assert [n.id for n in config.nodes] == ["n1", "n2", "n3"]
+    assert config.secret == (tmp_path / "secret").read_text().strip()
+    check_transport_security(config, config.node("n1"))
 
 
 def test_render_then_load_round_trips(tmp_path: Path) -> None:
