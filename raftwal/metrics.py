@@ -27,16 +27,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Awaitable, Iterable, Iterator
 from typing import TYPE_CHECKING, NamedTuple
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from raftwal import __version__
+from raftwal.metrics_http import MetricsServer
 from rpc.errors import RaftwalError
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
@@ -94,8 +99,7 @@ class NodeMetrics:
     def __init__(self, node: Node) -> None:
         self.registry = CollectorRegistry()
         self._node = node
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: MetricsServer | None = None
         self.proposals = Counter(
             "raftwal_proposals",
             "Coordination commands this node proposed (client requests it received, its "
@@ -180,23 +184,28 @@ class NodeMetrics:
     # -- endpoint -------------------------------------------------------------------------
 
     def serve(self, host: str, port: int) -> None:
-        """Serve ``/metrics`` on host:port from a daemon thread. Raises OSError when the
-        port cannot be bound."""
+        """Serve ``/metrics`` on host:port from one daemon thread with bounded connections
+        and deadlines (``raftwal.metrics_http``). Raises OSError when the port cannot be
+        bound."""
+
+        def render() -> tuple[bytes, str]:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
         try:
-            self._server, self._thread = start_http_server(port, host, registry=self.registry)
+            self._server = MetricsServer(host, port, render).start()
         except OSError as error:
             raise OSError(f"cannot serve metrics on {host}:{port}: {error}") from error
         log.info("node %s serving metrics on http://%s:%d/metrics", self._node.me.id, host, port)
 
+    def endpoint_refusals(self) -> dict[str, int]:
+        """Connections the metrics endpoint closed without an answer, by reason."""
+        return dict(self._server.refused) if self._server is not None else {}
+
     def stop(self) -> None:
-        """Stop the endpoint (blocks up to the server's poll interval, 0.5 s)."""
+        """Stop the endpoint (blocks up to its tick, 0.25 s)."""
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
             self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
 
 
 class _NodeCollector(Collector):
@@ -289,6 +298,15 @@ class _NodeCollector(Collector):
         for reason, count in sorted(peer.port_refusals().items()):
             refused.add_metric([reason], float(count))
         yield refused
+        endpoint = CounterMetricFamily(
+            "raftwal_metrics_endpoint_refusals",
+            "Connections to this metrics endpoint closed without an answer, by reason: "
+            "too_many_connections, read_timeout, write_timeout, request_too_large.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(node.metrics.endpoint_refusals().items()):
+            endpoint.add_metric([reason], float(count))
+        yield endpoint
 
     def _state(self) -> Iterator[Metric]:
         node = self._node
