@@ -48,7 +48,7 @@ class EventStore:
     """Append-only history of events keyed by revision. Thread-safe."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._path = path
         self._lock = threading.Lock()
         connection = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)

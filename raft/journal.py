@@ -87,7 +87,7 @@ def write_file_atomically(path: Path, data: bytes, *, durable: bool) -> None:
     A crash at any point leaves either the old content or the new one.
     """
     tmp_path = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         _write_all(fd, data, 0)
         if durable:
@@ -305,7 +305,7 @@ class DurableJournal(Journal):
         for record in records:
             offsets.append(offset)
             offset += len(record)
-        fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             _write_all(fd, header + b"".join(records), 0)
             if self._durable:

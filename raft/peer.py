@@ -350,7 +350,7 @@ class RaftPeer:
         self._sent_marker: tuple[int, int, int] = (-1, -1, -1)
         self._thread: threading.Thread | None = None
 
-        self._data_dir.mkdir(parents=True, exist_ok=True)
+        self._data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         remove_stale_temp_files(self._data_dir)
         snapshot_path = self._data_dir / SNAPSHOT_FILE_NAME
         # Verify the snapshot before pysyncobj sees it: pysyncobj swallows load failures

@@ -156,7 +156,7 @@ def write_snapshot_tmp(tmp_path: Path, blob: bytes, *, durable: bool) -> None:
     The directory fsync that makes that rename durable happens in
     `DurableJournal.deleteEntriesTo`, before the journal drops the covered entries.
     """
-    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         view = memoryview(blob)
         while view:

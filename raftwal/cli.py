@@ -246,7 +246,11 @@ def _dev_up(args: argparse.Namespace) -> int:
 def _dev_down(args: argparse.Namespace) -> int:
     from raftwal import dev
 
-    pids = dev.down(args.dir)
+    try:
+        pids = dev.down(args.dir)
+    except RuntimeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     print(f"stopped {len(pids)} node process(es)" + (f": {pids}" if pids else ""))
     return 0
 

@@ -95,7 +95,9 @@ class LocalCluster:
     def start_node(self, node_id: str, extra_env: dict[str, str] | None = None) -> None:
         """Start `node_id`'s process; `extra_env` is added to this node's environment only
         (e.g. another RAFTWAL_SECRET, to show that such a node is kept out)."""
-        log_file = open(self.directory / f"{node_id}.log", "ab")  # noqa: SIM115 (owned by child)
+        log_path = self.directory / f"{node_id}.log"
+        # The node's log is its own user's only (0600), like everything else it writes.
+        log_file = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
         command = [
             sys.executable,
             "-m",
@@ -244,7 +246,7 @@ def up(
     secure: bool = False,
 ) -> LocalCluster:
     directory = directory.resolve()
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     existing = directory / CLUSTER_FILE
     if existing.exists():
         alive = [m for m in json.loads(existing.read_text())["nodes"] if _alive(m.get("pid"))]
@@ -294,8 +296,12 @@ def _alive(pid: object) -> bool:
     return True
 
 
+KILL_WAIT_S = 10.0
+
+
 def down(directory: Path, grace_s: float = 10.0) -> list[int]:
-    """Stop the processes recorded in `directory`/cluster.json; returns the pids stopped."""
+    """Stop the processes recorded in `directory`/cluster.json (SIGTERM: a clean stop; after
+    `grace_s`, SIGKILL) and return once every one has exited; returns the pids stopped."""
     path = directory / CLUSTER_FILE
     if not path.exists():
         return []
@@ -312,6 +318,14 @@ def down(directory: Path, grace_s: float = 10.0) -> list[int]:
         if _alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+    # Return only once every node is gone (its ports free, its files closed): a SIGKILLed
+    # process still takes a moment to die.
+    deadline = time.monotonic() + KILL_WAIT_S
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.05)
+    still = [pid for pid in pids if _alive(pid)]
+    if still:
+        raise RuntimeError(f"node processes {still} did not exit after SIGKILL")
     for member in members:
         member["pid"] = None
     path.write_text(json.dumps(data, indent=2))

@@ -22,8 +22,10 @@ import gc
 import logging
 import os
 import signal
+import stat
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import grpc
@@ -79,6 +81,10 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+# How long a stopping node waits for the server's cancelled handlers to finish.
+STOP_HANDLERS_WAIT_S = 2.0
+
+
 class AppliedNotifier:
     """asyncio view of the replica's progress: who waits for the next applied command."""
 
@@ -116,7 +122,7 @@ class Node:
         self.max_wait_ms = config.max_wait_ms
         self.incarnation = now_ms()
         data_dir = self.me.data_dir
-        data_dir.mkdir(parents=True, exist_ok=True)
+        prepare_data_dir(data_dir)
         self.replica = CoordinationReplica(data_dir)
         self.metrics = NodeMetrics(self)
         self.notifier = AppliedNotifier()
@@ -266,6 +272,9 @@ class Node:
 
     async def stop(self) -> None:
         self._stopping.set()
+        # Wake every watch: each ends its stream with ON_SHUTDOWN (see wait_change).
+        self.notifier.advance(self.notifier.revision, self.notifier.raft_index)
+        log.info("node %s stopping", self.me.id)
         await asyncio.to_thread(self.metrics.stop)
         if getattr(self, "_health", None) is not None:
             await self._health.enter_graceful_shutdown()
@@ -277,6 +286,16 @@ class Node:
         await self.plane.close()
         if self._server is not None:
             await self._server.stop(grace=1.0)
+            # The server's stop cancels handlers still open (a client's KeepAlive or Produce
+            # stream waiting for its next request); let their tasks finish here, or the
+            # event loop's own shutdown cancels them again and grpc logs each as an error.
+            handlers = [
+                task
+                for task in asyncio.all_tasks()
+                if task.get_name() == "rpc_task" or task.get_name().startswith("HandleExceptions[")
+            ]
+            if handlers:
+                await asyncio.wait(handlers, timeout=STOP_HANDLERS_WAIT_S)
         for channel in self._channels.values():
             await channel.close()
         if self.peer is not None:
@@ -425,7 +444,14 @@ class Node:
         return self.replica.read(with_revision)
 
     async def wait_change(self, timeout_s: float) -> None:
+        """Wait for the applied state to change (bounded by `timeout_s`). Raises
+        ON_SHUTDOWN once the node is stopping, so that watches end with a status their
+        clients retry elsewhere instead of being cancelled by the server's stop."""
+        if self._stopping.is_set():
+            raise RaftwalError(error_info(E.ON_SHUTDOWN, f"node {self.me.id} is shutting down"))
         await self.notifier.wait_change(timeout_s)
+        if self._stopping.is_set():
+            raise RaftwalError(error_info(E.ON_SHUTDOWN, f"node {self.me.id} is shutting down"))
 
     def events_from(self, from_revision: int, limit: int) -> list[pb.Event]:
         try:
@@ -657,7 +683,27 @@ async def _backfill_history_from(
     return False
 
 
+def prepare_data_dir(data_dir: Path) -> None:
+    """Create `data_dir` 0700, or warn (as PostgreSQL does) when an existing one is open to
+    the group or others: it holds the WAL, the Raft journal and the event history."""
+    if not data_dir.exists():
+        data_dir.mkdir(mode=0o700, parents=True)
+        return
+    mode = stat.S_IMODE(data_dir.stat().st_mode)
+    if mode & 0o077:
+        log.warning(
+            "data directory %s has mode %04o: group or others can read what the node "
+            "stores (expected 0700; fix it with chmod 700 %s)",
+            data_dir,
+            mode,
+            data_dir,
+        )
+
+
 async def run_node(config: ClusterConfig, node_id: str) -> None:
+    # Every file the node creates (segments, catalog.db, events.db, the Raft journal and
+    # snapshots, SQLite's side files) is for its own user only: 0600 in 0700 directories.
+    os.umask(0o077)
     # Tests only, and only with RAFTWAL_ENABLE_FAULTS=1 (see raftwal/faults.py).
     faults.install_from_environment(node_id)
     node = Node(config, node_id)

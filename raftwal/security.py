@@ -218,8 +218,10 @@ def _bearer_token(metadata: Iterable[Any] | None) -> tuple[str | None, str]:
     if isinstance(value, bytes):
         return None, "a binary authorization header (expected `Bearer <token>`)"
     scheme, _, token = value.strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    if scheme.lower() != "bearer":
         return None, f"an authorization header with scheme {scheme[:16]!r} (expected Bearer)"
+    if not token.strip():
+        return None, "an empty bearer token (`Bearer` with nothing after it)"
     return token.strip(), ""
 
 

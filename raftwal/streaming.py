@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -505,36 +505,39 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                         durable_lsn = matched
                     if wal.fenced_term > request.term:
                         # A newer owner fenced this log meanwhile: never confirm to the old.
-                        future.set_result(
+                        _settle(
+                            future,
                             wire.AppendResponse(
                                 request_id=request.request_id,
                                 status=wire.APPEND_STATUS_FENCED,
                                 fenced_term=wal.fenced_term,
-                            )
+                            ),
                         )
                         return
                     committed = min(request.committed_lsn, durable_lsn)
                     if committed > wal.committed_lsn:
                         wal.committed_lsn = committed
-                    future.set_result(
+                    _settle(
+                        future,
                         wire.AppendResponse(
                             request_id=request.request_id,
                             status=wire.APPEND_STATUS_OK,
                             durable_lsn=durable_lsn,
                             last_lsn=wal.last_lsn,
                             last_term=wal.last_term,
-                        )
+                        ),
                     )
                 except (LogError, OSError, ValueError) as error:
-                    future.set_result(
+                    _settle(
+                        future,
                         wire.AppendResponse(
                             request_id=request.request_id,
                             status=wire.APPEND_STATUS_ERROR,
                             error=error_info(E.INNER, str(error)[:500]),
-                        )
+                        ),
                     )
 
-            asyncio.ensure_future(durable())
+            asyncio.ensure_future(durable()).add_done_callback(_log_failure)
             return future
 
         owner_ids: set[str] = set()
@@ -574,6 +577,26 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+def _settle(future: asyncio.Future[Any], result: Any) -> None:
+    """Resolve `future` unless it is done already: the handler awaiting it is cancelled when
+    the owner's stream goes away (a failover), which cancels the future too, and a late
+    set_result would then raise InvalidStateError in a task nobody awaits."""
+    if not future.done():
+        future.set_result(result)
+
+
+def _log_failure(task: asyncio.Future[Any]) -> None:
+    # A background step of a stream whose handler is gone: nobody awaits it, so its error
+    # is logged here rather than as "Task exception was never retrieved" at exit.
+    if not task.cancelled() and task.exception() is not None:
+        log.error("replication step failed", exc_info=task.exception())
+
+
+def _retrieve_quietly(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("produce stream reader ended: %r", task.exception())
 
 
 def _broadcast_mismatch(
@@ -878,6 +901,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             reading.cancel()
             for task in list(tasks):
                 task.cancel()
+            # Retrieved: the client going away (its stream cancelled or reset) is how a
+            # Produce stream normally ends, not an error of this node.
+            reading.add_done_callback(_retrieve_quietly)
 
     # Consume
 
@@ -1303,4 +1329,4 @@ async def reconcile_loop(
             raise
         except Exception:  # noqa: BLE001 - logged; the next round retries
             log.exception("data plane reconcile failed")
-        await node.wait_change(1.0)
+        await node.notifier.wait_change(1.0)

@@ -378,7 +378,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             elif time.monotonic() - sent_at >= WATCH_PROGRESS_S:
                 sent_at = time.monotonic()
                 yield api.AssignmentDiscovery(version=last_version, progress=True)
-            await self._backend.wait_change(STREAM_POLL_S)
+            await self._call(context, self._backend.wait_change(STREAM_POLL_S))
 
     # -- leases and locks -------------------------------------------------------------
 
@@ -612,7 +612,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                     applied_revision=self._backend.applied_revision(),
                     next_revision=next_revision,
                 )
-            await self._backend.wait_change(STREAM_POLL_S)
+            await self._call(context, self._backend.wait_change(STREAM_POLL_S))
 
     async def ClusterStatus(self, request, context):
         async def work() -> api.ClusterStatusResponse:

@@ -226,7 +226,7 @@ class PChannelLog:
         return log
 
     def _recover(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         for leftover in self.directory.glob("*.seg.tmp"):
             leftover.unlink()
         self.fenced_term = self.catalog.fenced_term(self.pchannel)

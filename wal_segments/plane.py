@@ -77,7 +77,7 @@ class DataPlane:
     ) -> None:
         self.node_id = node_id
         self.wal_dir = data_dir / "wal"
-        self.wal_dir.mkdir(parents=True, exist_ok=True)
+        self.wal_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.catalog = Catalog(data_dir / "catalog.db")
         self.policy = policy
         self.owner_config = owner_config

@@ -491,7 +491,7 @@ class SegmentWriter:
         temporary = directory / (path.name[: -len(SEGMENT_SUFFIX)] + _TEMPORARY_SUFFIX)
         if path.exists():
             raise FileExistsError(f"segment {path} already exists")
-        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             _pwrite_all(fd, encoded, 0, temporary)
             _datasync(fdatasync, fd, temporary)

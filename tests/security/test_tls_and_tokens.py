@@ -7,7 +7,7 @@ PERMISSION_DENIED, each with an ErrorInfo; plaintext clients, clients that trust
 and clients without a certificate cannot connect; the write path (owner -> replicas over
 mutual TLS with the node token) acknowledges produced messages, a consumer reads them back,
 and the CLI and the Spark connector's planning work against the secure dev cluster.
-The Raft transport secret is tested in test_raft_secret.py.
+The Raft transport secret is tested in test_raft_secret.py and test_raft_port.py.
 """
 
 from __future__ import annotations
@@ -98,6 +98,23 @@ def test_no_token_is_unauthenticated_with_error_info(secure) -> None:
 
     # Raised at once: retrying with the same missing token cannot help.
     assert asyncio.run(sdk()) < CALL_TIMEOUT_S
+
+
+def test_an_empty_bearer_token_is_named_as_such(secure) -> None:
+    local, _ = secure
+    security = _security(local, token=None)
+    for header in ("Bearer", "Bearer   ", "bearer"):
+        with security.channel(local.endpoints[0]) as channel:
+            stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+            with pytest.raises(grpc.RpcError) as raised:
+                stub.ClusterStatus(
+                    api.ClusterStatusRequest(),
+                    timeout=CALL_TIMEOUT_S,
+                    metadata=(("authorization", header),),
+                )
+        info = from_rpc_error(raised.value)
+        assert info.code == E.UNAUTHENTICATED, header
+        assert "an empty bearer token" in info.message, (header, info.message)
 
 
 def test_roles_are_enforced(secure) -> None:
