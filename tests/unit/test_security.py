@@ -104,7 +104,7 @@ def test_roles_decide(role: str, method: str, allowed: bool) -> None:
     [
         ((), "no bearer token"),
         ((("authorization", "Basic dXNlcjpwdw=="),), "scheme 'Basic'"),
-        ((("authorization", "Bearer "),), "scheme 'Bearer'"),
+        ((("authorization", "Bearer "),), "an empty bearer token"),
         ((("authorization", "Bearer x"), ("authorization", "Bearer y")), "2 authorization"),
         ((("authorization", "Bearer not-a-known-token-at-all"),), "unknown bearer token"),
     ],
