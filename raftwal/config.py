@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from statemachine.validation import NAME_CHARSET
+from statemachine.validation import NAME_RULE, is_plain_name
 from wal_segments.fsync_policy import parse_fsync_policy
 
 
@@ -116,6 +116,12 @@ class ClusterConfig:
     # ClusterStatus flags a replica whose durable LSN is this many entries behind its
     # owner's committed LSN (a healthy replica under load stays within a few batches).
     replica_lag_warn_entries: int = 10_000
+    # Uncommitted transaction data a node holds in memory: what all open transactions on
+    # the node, and those of one producer (BeginTxnRequest.producer_id, else the client's
+    # address), may buffer before an append is refused with RESOURCE_EXHAUSTED. A node's
+    # memory grows by about 1.6x the bytes it buffers.
+    txn_buffer_budget_bytes: int = 64 * 1024 * 1024
+    txn_buffer_producer_budget_bytes: int = 32 * 1024 * 1024
     # PEM CA bundle: nodes verify each other's certificates with it, and clients' ones when
     # tls_client_auth is "require" (mutual TLS).
     tls_ca_file: Path | None = None
@@ -230,8 +236,8 @@ def parse_config(
         node_id = raw.get("id")
         if not isinstance(node_id, str) or not node_id or len(node_id) > 64:
             raise ConfigError(f"invalid {where}.id ({node_id!r}; expected 1..64 chars)")
-        if not all(c.isalnum() or c in "_.-" for c in node_id):
-            raise ConfigError(f"invalid {where}.id ({node_id!r}; expected {NAME_CHARSET})")
+        if not is_plain_name(node_id):
+            raise ConfigError(f"invalid {where}.id ({node_id!r}; expected {NAME_RULE})")
         host = raw.get("host", "127.0.0.1")
         if not isinstance(host, str) or not host:
             raise ConfigError(f"invalid {where}.host ({host!r}; expected a host name or IP)")

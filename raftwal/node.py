@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import logging
 import os
@@ -39,6 +40,7 @@ from raft.replica import CoordinationReplica
 from raftwal import faults
 from raftwal.config import ClusterConfig, NodeConfig, check_transport_security
 from raftwal.coordinator import Coordinator
+from raftwal.decoding import DecodeInterceptor
 from raftwal.internal import ClusterServicer, NodeManagerServicer
 from raftwal.metrics import NodeMetrics
 from raftwal.proposals import ProposalBatcher
@@ -201,7 +203,9 @@ class Node:
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.keepalive_timeout_ms", 10_000),
         ]
-        server = grpc.aio.server(options=options, interceptors=self.security.interceptors)
+        # Authentication first (a refused call's request is never parsed), then decoding.
+        interceptors = (*self.security.interceptors, DecodeInterceptor())
+        server = grpc.aio.server(options=options, interceptors=interceptors)
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self), server)
         coordinator_pb2_grpc.add_NodeManagerServicer_to_server(NodeManagerServicer(self), server)
         coordinator_pb2_grpc.add_ClusterServicer_to_server(ClusterServicer(self), server)
@@ -700,7 +704,28 @@ def prepare_data_dir(data_dir: Path) -> None:
         )
 
 
+# glibc's malloc serves large blocks with mmap and gives them back on free, but after the
+# first such free it raises its threshold (up to 32 MiB) and serves later large blocks from
+# the heap, which it rarely returns. Requests of a few MiB that a node refuses (a budget
+# full, a bad batch) would then grow it for good. A fixed threshold keeps mmap for every
+# block of 1 MiB or more, so memory follows what the node holds, not what it was sent.
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_BYTES = 1 << 20
+
+
+def _return_large_blocks_to_the_system() -> None:
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return  # not glibc: nothing to tune
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    if not mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES):
+        log.debug("mallopt(M_MMAP_THRESHOLD) refused; keeping malloc's defaults")
+
+
 async def run_node(config: ClusterConfig, node_id: str) -> None:
+    _return_large_blocks_to_the_system()
     # Every file the node creates (segments, catalog.db, events.db, the Raft journal and
     # snapshots, SQLite's side files) is for its own user only: 0600 in 0700 directories.
     os.umask(0o077)

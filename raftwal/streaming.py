@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,7 +43,7 @@ from wal_segments.format import (
     msg_type_name,
 )
 from wal_segments.log import BadBatch, Fenced, LogError, Mismatch
-from wal_segments.owner import Message, WalError
+from wal_segments.owner import TXN_COUNT_PROPERTY, Message, WalError
 from wal_segments.plane import Assignment, DataPlane
 from wal_segments.segment import SegmentCorrupted, SegmentReader
 
@@ -64,7 +65,12 @@ CONSUME_CHUNK_BYTES = 4 << 20
 DEFAULT_TXN_KEEPALIVE_MS = 10_000
 MAX_TXN_KEEPALIVE_MS = 600_000
 MAX_TXN_BYTES = 16 << 20
+# One Consume read of a whole transaction bigger than a chunk (its begin and commit entries
+# and frame headers fit in the slack).
+CONSUME_TXN_BYTES = MAX_TXN_BYTES + (1 << 20)
 MAX_OPEN_TXNS = 10_000
+# Ended transactions whose outcome a node remembers for retries (see _Ended), oldest first.
+MAX_ENDED_TXNS = 10_000
 RESERVED_PROPERTY_PREFIX = "rw."
 #: message types a producer may not write (the WAL writes them itself)
 CONTROL_MSG_TYPES = frozenset(
@@ -579,6 +585,33 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                 await task
 
 
+def _complete_prefix(entries: list[Any]) -> int:
+    """How many of `entries` to deliver: all but an incomplete transaction at the end."""
+    cut = len(entries)
+    for index in range(len(entries) - 1, -1, -1):
+        flags = entries[index].flags
+        if not flags & TXN_FLAGS or flags & (EntryFlags.TXN_COMMIT | EntryFlags.TXN_ROLLBACK):
+            break
+        cut = index
+    return cut
+
+
+def _txn_bytes(message: wire.Message | Message) -> int:
+    """What one message of a transaction counts against its limits (payload, key and a
+    fixed allowance for the header and properties)."""
+    return len(message.payload) + len(message.key) + 100
+
+
+def _mib(count: int) -> str:
+    return f"{count / (1 << 20):.1f} MiB"
+
+
+def _peer_host(peer: str) -> str:
+    """The host part of grpc's peer string ("ipv4:127.0.0.1:5000" -> "ipv4:127.0.0.1")."""
+    host, _, port = peer.rpartition(":")
+    return host if host and port.isdigit() else peer
+
+
 def _settle(future: asyncio.Future[Any], result: Any) -> None:
     """Resolve `future` unless it is done already: the handler awaiting it is cancelled when
     the owner's stream goes away (a failover), which cancels the future too, and a late
@@ -636,6 +669,20 @@ class _Txn:
     messages: list[Message] = field(default_factory=list)
     bytes: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: whose budget it draws on: the BeginTxn producer_id, else the client's address
+    producer: str = ""
+
+
+@dataclass
+class _Ended:
+    """How a transaction ended, for a retry of its CommitTxn or RollbackTxn (Kafka's EndTxn
+    answers a retry with the original outcome): "committed" with the positions (a future:
+    a retry that arrives while the commit is replicating waits for the same answer), or
+    "rolled_back"."""
+
+    state: str
+    vchannel: str
+    positions: asyncio.Future[list[tuple[int, int]]] | None = None
 
 
 # -- the public service ----------------------------------------------------------------------
@@ -648,6 +695,10 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         self._view = view
         self._txns: dict[int, _Txn] = {}
         self._txn_counter = itertools.count(1)
+        self._ended: OrderedDict[int, _Ended] = OrderedDict()
+        # Bytes buffered by open transactions, in all and per producer (the budgets).
+        self._txn_bytes = 0
+        self._producer_txn_bytes: dict[str, int] = {}
 
     # plumbing
 
@@ -1000,14 +1051,16 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 await owner.wait_commit_change(CONSUME_POLL_S)
                 continue
             # A transaction is delivered whole: hold back an incomplete one at the end.
-            cut = len(entries)
-            for index in range(len(entries) - 1, -1, -1):
-                flags = entries[index].flags
-                if not flags & TXN_FLAGS or flags & (
-                    EntryFlags.TXN_COMMIT | EntryFlags.TXN_ROLLBACK
-                ):
-                    break
-                cut = index
+            cut = _complete_prefix(entries)
+            if cut == 0 and entries[-1].lsn < committed:
+                # A transaction larger than one chunk, committed whole: read all of it (a
+                # txn is at most MAX_TXN_BYTES and never spans a segment).
+                try:
+                    entries = wal.entries(next_lsn, CONSUME_TXN_BYTES, committed)
+                except (LogError, OSError, KeyError, SegmentCorrupted) as error:
+                    await self._abort(context, _fail(E.INNER, f"read failed: {error}"))
+                    return
+                cut = _complete_prefix(entries)
             if cut == 0:
                 # Only an incomplete txn is committed so far: wait for the rest.
                 await owner.wait_commit_change(CONSUME_POLL_S)
@@ -1056,10 +1109,31 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
 
     # Transactions
 
+    def _drop_txn(self, txn_id: int) -> _Txn | None:
+        """Forget an open transaction and give its bytes back to the budgets."""
+        txn = self._txns.pop(txn_id, None)
+        if txn is not None and txn.bytes:
+            self._txn_bytes -= txn.bytes
+            left = self._producer_txn_bytes.get(txn.producer, 0) - txn.bytes
+            if left > 0:
+                self._producer_txn_bytes[txn.producer] = left
+            else:
+                self._producer_txn_bytes.pop(txn.producer, None)
+        return txn
+
     def _expire_txns(self) -> None:
         now = time.monotonic()
-        for txn_id in [t for t, txn in self._txns.items() if txn.deadline < now]:
-            del self._txns[txn_id]
+        for txn_id, txn in list(self._txns.items()):
+            owner = self._plane.owner(txn.pchannel)
+            # Expired, or begun under an owner term this node no longer serves (a
+            # failover): either way it can never commit here, so its bytes go back now.
+            if txn.deadline < now or owner is None or owner.term != txn.term:
+                self._drop_txn(txn_id)
+
+    def _remember_end(self, txn_id: int, ended: _Ended) -> None:
+        self._ended[txn_id] = ended
+        while len(self._ended) > MAX_ENDED_TXNS:
+            self._ended.popitem(last=False)
 
     def _txn(self, vchannel: str, txn_id: int) -> _Txn:
         self._expire_txns()
@@ -1071,7 +1145,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             )
         owner = self._owner(txn.pchannel)
         if owner.term != txn.term:
-            del self._txns[txn_id]
+            self._drop_txn(txn_id)
             raise _fail(
                 E.TRANSACTION_EXPIRED,
                 f"transaction {txn_id} began at term {txn.term}; the pchannel moved to term "
@@ -1079,6 +1153,48 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             )
         txn.deadline = time.monotonic() + txn.keepalive_ms / 1000
         return txn
+
+    def _check_budget(self, txn: _Txn, size: int) -> None:
+        config = self._node.config
+        budgets = (
+            (
+                f"node {self._node.me.id}'s transaction buffer (txn_buffer_budget_bytes)",
+                self._txn_bytes,
+                config.txn_buffer_budget_bytes,
+                len(self._txns),
+            ),
+            (
+                f"producer {txn.producer!r}'s transaction buffer "
+                "(txn_buffer_producer_budget_bytes)",
+                self._producer_txn_bytes.get(txn.producer, 0),
+                config.txn_buffer_producer_budget_bytes,
+                sum(1 for t in self._txns.values() if t.producer == txn.producer),
+            ),
+        )
+        for name, used, budget, count in budgets:
+            if used + size > budget:
+                raise _fail(
+                    E.RESOURCE_EXHAUSTED,
+                    f"{name} is full: {_mib(used)} of {_mib(budget)} held by {count} open "
+                    f"transaction(s), and this append needs {_mib(size)} more (commit or roll "
+                    "back open transactions, or retry later)",
+                )
+
+    async def _ended_outcome(self, vchannel: str, txn_id: int) -> tuple[str, list[tuple[int, int]]]:
+        """("committed", positions) / ("rolled_back", []) for an ended transaction this
+        node knows, or ("", []). A commit answered by a previous owner is found in this
+        owner's log (its commit entry records the transaction's size)."""
+        ended = self._ended.get(txn_id)
+        if ended is not None and ended.vchannel == vchannel:
+            if ended.positions is None:
+                return ended.state, []
+            return ended.state, list(await asyncio.shield(ended.positions))
+        pchannel = self._vchannel(vchannel).pchannel
+        owner = self._owner(pchannel)
+        positions = await owner.committed_txn(txn_id)
+        if positions is not None:
+            return "committed", positions
+        return "", []
 
     async def _unary(self, context, work):  # type: ignore[no-untyped-def]
         try:
@@ -1101,8 +1217,17 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             self._expire_txns()
             if len(self._txns) >= MAX_OPEN_TXNS:
                 raise _fail(
-                    E.INVALID_TRANSACTION_STATE, f"too many open transactions ({MAX_OPEN_TXNS})"
+                    E.RESOURCE_EXHAUSTED,
+                    f"too many open transactions on node {self._node.me.id} "
+                    f"({len(self._txns)}; expected < {MAX_OPEN_TXNS})",
                 )
+            if len(request.producer_id) > MAX_PRODUCER_ID_CHARS:
+                raise _fail(
+                    E.INVALID_ARGUMENT,
+                    f"invalid producer_id ({len(request.producer_id)} chars; expected "
+                    f"0..{MAX_PRODUCER_ID_CHARS})",
+                )
+            producer = request.producer_id or _peer_host(context.peer())
             txn_id = (owner.term << 32) | next(self._txn_counter)
             self._txns[txn_id] = _Txn(
                 txn_id=txn_id,
@@ -1112,6 +1237,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 term=owner.term,
                 keepalive_ms=keepalive,
                 deadline=time.monotonic() + keepalive / 1000,
+                producer=producer,
             )
             return wire.BeginTxnResponse(txn_id=txn_id, pchannel=vchannel.pchannel, term=owner.term)
 
@@ -1122,6 +1248,8 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             txn = self._txn(request.vchannel, request.txn_id)
             if not 1 <= len(request.messages) <= MAX_MESSAGES_PER_BATCH:
                 raise _fail(E.INVALID_ARGUMENT, f"invalid message count ({len(request.messages)})")
+            # Refuse before copying anything: a full budget must cost no more memory.
+            self._check_budget(txn, sum(_txn_bytes(m) for m in request.messages))
             messages = []
             for message in request.messages:
                 if message.vchannel and message.vchannel != txn.vchannel:
@@ -1133,15 +1261,22 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 copy.CopyFrom(message)
                 copy.vchannel = txn.vchannel
                 messages.append(self._message(copy, txn.pchannel)[0])
-            size = sum(len(m.payload) + len(m.key) + 100 for m in messages)
+            size = sum(_txn_bytes(m) for m in messages)
             if txn.bytes + size > MAX_TXN_BYTES:
                 raise _fail(
                     E.INVALID_ARGUMENT,
                     f"transaction too large ({txn.bytes + size} bytes; expected <= {MAX_TXN_BYTES})",
                 )
             async with txn.lock:
+                if self._txns.get(txn.txn_id) is not txn:
+                    raise _fail(E.TRANSACTION_EXPIRED, f"transaction {txn.txn_id} ended meanwhile")
+                self._check_budget(txn, size)
                 txn.messages.extend(messages)
                 txn.bytes += size
+                self._txn_bytes += size
+                self._producer_txn_bytes[txn.producer] = (
+                    self._producer_txn_bytes.get(txn.producer, 0) + size
+                )
             return wire.AppendTxnResponse(
                 buffered_messages=len(txn.messages), buffered_bytes=txn.bytes
             )
@@ -1150,8 +1285,23 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
 
     async def CommitTxn(self, request, context):
         async def work() -> wire.CommitTxnResponse:
+            self._expire_txns()
+            if request.txn_id not in self._txns:
+                # A retry of a commit whose answer was lost gets the original positions.
+                state, positions = await self._ended_outcome(request.vchannel, request.txn_id)
+                if state == "committed":
+                    return wire.CommitTxnResponse(
+                        positions=[wire.Position(lsn=lsn, time_tick=t) for lsn, t in positions]
+                    )
+                if state == "rolled_back":
+                    raise _fail(
+                        E.INVALID_TRANSACTION_STATE,
+                        f"transaction {request.txn_id} was rolled back (got CommitTxn; expected "
+                        "a new transaction: a rolled back one never commits)",
+                    )
             txn = self._txn(request.vchannel, request.txn_id)
-            del self._txns[txn.txn_id]
+            async with txn.lock:
+                self._drop_txn(txn.txn_id)
             owner = self._owner(txn.pchannel)
             body = [
                 Message(
@@ -1165,6 +1315,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 )
                 for m in txn.messages
             ]
+            count = len(body) + 2
             batch = [
                 Message(
                     vchannel_id=txn.vchannel_id,
@@ -1178,9 +1329,24 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                     msg_type=int(MsgType.TXN_COMMIT),
                     flags=int(EntryFlags.TXN_COMMIT),
                     txn_id=txn.txn_id,
+                    # Lets a later owner answer a retried commit from its log.
+                    properties={TXN_COUNT_PROPERTY: str(count)},
                 ),
             ]
-            positions, _ = await owner.write(batch)
+            ended = _Ended("committed", txn.vchannel, asyncio.get_running_loop().create_future())
+            assert ended.positions is not None
+            self._remember_end(txn.txn_id, ended)
+            try:
+                positions, _ = await owner.write(batch)
+            except BaseException as error:
+                # Not known to be written: a retry must not wait on this failure but ask
+                # the log (here, or at a new owner) whether the commit landed.
+                self._ended.pop(txn.txn_id, None)
+                ended.positions.set_exception(error)
+                ended.positions.exception()
+                raise
+            ended.positions.set_result(positions)
+            owner.remember_txn(txn.txn_id, positions[0][0], positions[-1][0])
             return wire.CommitTxnResponse(
                 positions=[wire.Position(lsn=lsn, time_tick=tick) for lsn, tick in positions]
             )
@@ -1189,8 +1355,22 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
 
     async def RollbackTxn(self, request, context):
         async def work() -> wire.RollbackTxnResponse:
+            self._expire_txns()
+            if request.txn_id not in self._txns:
+                state, positions = await self._ended_outcome(request.vchannel, request.txn_id)
+                if state == "rolled_back":
+                    return wire.RollbackTxnResponse()  # a retry: the same outcome
+                if state == "committed":
+                    raise _fail(
+                        E.INVALID_TRANSACTION_STATE,
+                        f"transaction {request.txn_id} was committed at lsn "
+                        f"{positions[0][0]}..{positions[-1][0]} (got RollbackTxn; expected "
+                        "none after a commit)",
+                    )
             txn = self._txn(request.vchannel, request.txn_id)
-            del self._txns[txn.txn_id]
+            async with txn.lock:
+                self._drop_txn(txn.txn_id)
+            self._remember_end(txn.txn_id, _Ended("rolled_back", txn.vchannel))
             return wire.RollbackTxnResponse()
 
         return await self._unary(context, work())

@@ -93,6 +93,7 @@ __all__ = [
     "PermissionDeniedError",
     "RaftwalError",
     "ResourceAcquiredError",
+    "ResourceExhaustedError",
     "TransactionExpiredError",
     "UnauthenticatedError",
     "UnavailableError",
@@ -226,6 +227,11 @@ class PermissionDeniedError(RaftwalError, PermissionError):
     the role and the roles that may)."""
 
 
+class ResourceExhaustedError(RaftwalError):
+    """RESOURCE_EXHAUSTED: a budget is full (the message names it and how full it is);
+    retrying later, after commits or rollbacks free it, may succeed."""
+
+
 ERROR_CLASSES: dict[int, type[RaftwalError]] = {
     E.CHANNEL_NOT_EXIST: ChannelNotExistError,
     E.CHANNEL_FENCED: ChannelFencedError,
@@ -247,6 +253,7 @@ ERROR_CLASSES: dict[int, type[RaftwalError]] = {
     E.UNKNOWN: UnknownError,
     E.UNAUTHENTICATED: UnauthenticatedError,
     E.PERMISSION_DENIED: PermissionDeniedError,
+    E.RESOURCE_EXHAUSTED: ResourceExhaustedError,
 }
 
 

@@ -40,6 +40,7 @@ GRPC_CODE_FOR: dict[int, grpc.StatusCode] = {
     E.UNKNOWN: grpc.StatusCode.UNKNOWN,
     E.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     E.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    E.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 

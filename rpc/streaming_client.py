@@ -548,6 +548,13 @@ class AssignmentCache:
 # ---------------------------------------------------------------------------------------
 
 
+#: Defaults for the channels to nodes' data plane (a caller's own options win).
+DATA_CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 32 << 20),
+)
+
+
 class StreamingClient:
     """A ``CoordinatorClient``, the routing table and one channel per node, shared by the
     producers, consumers and transactions made from it. ``close()`` it when done; it closes
@@ -577,7 +584,13 @@ class StreamingClient:
                 security=security,
             )
             self._owns_coordinator = True
-        self._channel_options = list(channel_options)
+        # A node answers with up to 32 MiB (a whole transaction of up to 16 MiB is one
+        # Consume response, a message up to 8 MiB): grpc's 4 MiB default would refuse them.
+        given = {name for name, _ in channel_options}
+        self._channel_options = [
+            *channel_options,
+            *((name, value) for name, value in DATA_CHANNEL_OPTIONS if name not in given),
+        ]
         self.router = AssignmentCache(self.coordinator, self._channel)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, streaming_pb2_grpc.StreamingNodeStub] = {}

@@ -14,7 +14,10 @@ from statemachine.types import Limits, Rejection
 INVALID = errors_pb2.INVALID_ARGUMENT
 
 NAME_CHARSET = "[A-Za-z0-9_.-]"
-_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]+")
+# Names become file names (a pchannel's WAL directory) and must be one plain path
+# component: a letter or digit first, so '.', '..' and hidden names are impossible.
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+NAME_RULE = "[A-Za-z0-9][A-Za-z0-9._-]*: a letter or digit, then letters, digits, '.', '_', '-'"
 # Resource keys may also use '/' and ':' so that hierarchical keys ("db/coll:1") work.
 _KEY_RE = re.compile(r"[A-Za-z0-9_.\-/:]+")
 _ADDRESS_RE = re.compile(r"[A-Za-z0-9_.\-:\[\]]+")
@@ -40,8 +43,16 @@ def check_name(field: str, value: str, limits: Limits) -> Rejection | None:
             f"{field} too long ({len(value)} chars; expected 1..{limits.name_max_chars})"
         )
     if not _NAME_RE.fullmatch(value):
-        return invalid(f"invalid {field} ({show(value)}; expected characters {NAME_CHARSET})")
+        return invalid(
+            f"invalid {field} ({show(value)}; expected {NAME_RULE}, "
+            f"1..{limits.name_max_chars} chars)"
+        )
     return None
+
+
+def is_plain_name(value: str) -> bool:
+    """True for a name that can safely be one path component (see NAME_RULE)."""
+    return bool(_NAME_RE.fullmatch(value))
 
 
 def check_key(field: str, value: str, limits: Limits) -> Rejection | None:

@@ -66,6 +66,12 @@ PRODUCER_ID_PROPERTY = "rw.producer"
 PRODUCER_SEQ_PROPERTY = "rw.seq"
 PRODUCER_COUNT_PROPERTY = "rw.count"
 PRODUCER_HISTORY = 8
+#: On a transaction's commit entry: how many entries the transaction wrote ([begin, body...,
+#: commit]), so that a new owner can answer a retried CommitTxn from its log.
+TXN_COUNT_PROPERTY = "rw.txn.count"
+#: Committed transactions whose outcome an owner remembers (a retried CommitTxn or a
+#: RollbackTxn after the commit is answered from this), oldest forgotten first.
+TXN_OUTCOMES = 10_000
 # Cancels (0.1 s apart) before a replica's stopped stream gives up waiting for its sender.
 SENDER_STOP_ATTEMPTS = 50
 #: how many entries back recovery looks for idempotent producers' sequences
@@ -232,6 +238,8 @@ class ChannelOwner:
         self._recent: OrderedDict[int, tuple[int, int, bytes, int, bool]] = OrderedDict()
         self._recent_bytes = 0
         self._producers: dict[str, list[_ProducerBatch]] = {}
+        #: txn id -> (first lsn, last lsn) of committed transactions (bounded: TXN_OUTCOMES)
+        self._committed_txns: OrderedDict[int, tuple[int, int]] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
         self._segment_opened_at = time.monotonic()
         self.commit_failures = 0
@@ -547,6 +555,10 @@ class ChannelOwner:
                 if properties_len:
                     try:
                         properties = decode_properties(view[body : body + properties_len])
+                        txn_count = properties.get(TXN_COUNT_PROPERTY)
+                        if txn_count is not None and fields[6]:
+                            count = int(txn_count)
+                            self.remember_txn(fields[6], entry_lsn - count + 1, entry_lsn)
                         producer = properties.get(PRODUCER_ID_PROPERTY)
                         if producer:
                             sequence = int(properties[PRODUCER_SEQ_PROPERTY])
@@ -560,6 +572,28 @@ class ChannelOwner:
                 offset = align_up(body + properties_len)
             lsn = chunk_last + 1
             await asyncio.sleep(0)
+
+    def remember_txn(self, txn_id: int, first_lsn: int, last_lsn: int) -> None:
+        """Record a committed transaction's entries (by the servicer at commit, and from the
+        log's tail when an owner recovers)."""
+        self._committed_txns[txn_id] = (first_lsn, last_lsn)
+        self._committed_txns.move_to_end(txn_id)
+        while len(self._committed_txns) > TXN_OUTCOMES:
+            self._committed_txns.popitem(last=False)
+
+    async def committed_txn(self, txn_id: int) -> list[tuple[int, int]] | None:
+        """[(lsn, time_tick)] of a committed transaction's entries, as its commit answered,
+        or None when this owner does not know it committed (it may have expired, been rolled
+        back, or be older than what the owner remembers)."""
+        span = self._committed_txns.get(txn_id)
+        if span is None:
+            return None
+        first, last = span
+        await self._wait_committed(last)
+        if first < self.log.first_lsn:
+            return None
+        entries = self.log.entries(first, 1 << 30, last)
+        return [(e.lsn, e.time_tick) for e in entries]
 
     def _remember(self, producer: str, batch: _ProducerBatch) -> None:
         history = self._producers.setdefault(producer, [])

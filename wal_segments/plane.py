@@ -21,13 +21,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from wal_segments.catalog import Catalog
 from wal_segments.fsync_policy import FsyncPolicy
-from wal_segments.log import PChannelLog
+from wal_segments.log import LogError, PChannelLog
 from wal_segments.owner import (
     ChannelOwner,
     OwnerConfig,
@@ -41,6 +42,27 @@ logger = logging.getLogger(__name__)
 #: pchannel state names as in the coordination protos (kept as strings here)
 ASSIGNING = "ASSIGNING"
 ASSIGNED = "ASSIGNED"
+
+
+# The names the coordination state accepts (statemachine.validation.NAME_RULE), checked
+# again here where a name becomes a directory: one plain path component, never '.', '..',
+# a hidden name or anything with a separator.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
+
+
+class UnsafePath(LogError):
+    """A name that would not be one plain path component under its root."""
+
+
+def path_under(root: Path, name: str) -> Path:
+    """``root / name`` for a plain `name`, checked to resolve directly under `root`; raises
+    UnsafePath otherwise (nothing is created)."""
+    if not _PLAIN_NAME.fullmatch(name):
+        raise UnsafePath(f"refusing {name[:64]!r} as a directory name under {root}")
+    path = root / name
+    if path.resolve().parent != root.resolve():
+        raise UnsafePath(f"{path} resolves outside {root}")
+    return path
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +135,7 @@ class DataPlane:
                     del self.logs[pchannel]
                     await log.close()
                 log = await PChannelLog.open(
-                    self.wal_dir / pchannel, pchannel, self.catalog, self.policy
+                    path_under(self.wal_dir, pchannel), pchannel, self.catalog, self.policy
                 )
             except BaseException as error:
                 # A malformed segment is reported for this pchannel (logged once, and in

@@ -28,6 +28,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNKNOWN: _ClassVar[ErrorCode]
     UNAUTHENTICATED: _ClassVar[ErrorCode]
     PERMISSION_DENIED: _ClassVar[ErrorCode]
+    RESOURCE_EXHAUSTED: _ClassVar[ErrorCode]
 OK: ErrorCode
 CHANNEL_NOT_EXIST: ErrorCode
 CHANNEL_FENCED: ErrorCode
@@ -49,6 +50,7 @@ NOT_FOUND: ErrorCode
 UNKNOWN: ErrorCode
 UNAUTHENTICATED: ErrorCode
 PERMISSION_DENIED: ErrorCode
+RESOURCE_EXHAUSTED: ErrorCode
 
 class ErrorInfo(_message.Message):
     __slots__ = ("code", "message", "leader_hint", "current_term", "owner_hint")

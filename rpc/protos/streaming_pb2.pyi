@@ -171,12 +171,14 @@ class ConsumeResponse(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[WalEntry, _Mapping]]] = ..., committed_lsn: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class BeginTxnRequest(_message.Message):
-    __slots__ = ("vchannel", "keepalive_ms")
+    __slots__ = ("vchannel", "keepalive_ms", "producer_id")
     VCHANNEL_FIELD_NUMBER: _ClassVar[int]
     KEEPALIVE_MS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     vchannel: str
     keepalive_ms: int
-    def __init__(self, vchannel: _Optional[str] = ..., keepalive_ms: _Optional[int] = ...) -> None: ...
+    producer_id: str
+    def __init__(self, vchannel: _Optional[str] = ..., keepalive_ms: _Optional[int] = ..., producer_id: _Optional[str] = ...) -> None: ...
 
 class BeginTxnResponse(_message.Message):
     __slots__ = ("txn_id", "pchannel", "term")

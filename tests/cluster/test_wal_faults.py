@@ -265,6 +265,19 @@ def test_transaction_all_or_nothing_across_owner_failover(wal_cluster) -> None:
             wire.CommitTxnRequest(vchannel="tx_v", txn_id=begin.txn_id), timeout=10
         )
         assert len(committed.positions) == 17  # begin + 15 + commit
+        # A client whose answer was lost retries: it gets the original positions (Kafka's
+        # EndTxn), and a rollback after the commit is refused with a clear error.
+        again = stub.CommitTxn(
+            wire.CommitTxnRequest(vchannel="tx_v", txn_id=begin.txn_id), timeout=10
+        )
+        assert list(again.positions) == list(committed.positions)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.RollbackTxn(
+                wire.RollbackTxnRequest(vchannel="tx_v", txn_id=begin.txn_id), timeout=10
+            )
+        info = from_rpc_error(refused.value)
+        assert info.code == E.INVALID_TRANSACTION_STATE, info
+        assert "was committed at lsn" in info.message
         rolled = stub.BeginTxn(wire.BeginTxnRequest(vchannel="tx_v"), timeout=10)
         stub.AppendTxn(
             wire.AppendTxnRequest(
@@ -273,6 +286,13 @@ def test_transaction_all_or_nothing_across_owner_failover(wal_cluster) -> None:
             timeout=10,
         )
         stub.RollbackTxn(wire.RollbackTxnRequest(vchannel="tx_v", txn_id=rolled.txn_id), timeout=10)
+        # A retried rollback answers the same; a commit after it is refused.
+        stub.RollbackTxn(wire.RollbackTxnRequest(vchannel="tx_v", txn_id=rolled.txn_id), timeout=10)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.CommitTxn(wire.CommitTxnRequest(vchannel="tx_v", txn_id=rolled.txn_id), timeout=10)
+        info = from_rpc_error(refused.value)
+        assert info.code == E.INVALID_TRANSACTION_STATE, info
+        assert "was rolled back" in info.message
         cut = stub.BeginTxn(wire.BeginTxnRequest(vchannel="tx_v"), timeout=10)
         stub.AppendTxn(
             wire.AppendTxnRequest(
@@ -291,6 +311,12 @@ def test_transaction_all_or_nothing_across_owner_failover(wal_cluster) -> None:
         with pytest.raises(grpc.RpcError) as raised:
             stub.CommitTxn(wire.CommitTxnRequest(vchannel="tx_v", txn_id=cut.txn_id), timeout=10)
         assert from_rpc_error(raised.value).code == E.TRANSACTION_EXPIRED
+        # The new owner never saw the commit's answer, yet a retry gets the same positions:
+        # it finds the commit entry in the log it recovered.
+        retried = stub.CommitTxn(
+            wire.CommitTxnRequest(vchannel="tx_v", txn_id=begin.txn_id), timeout=10
+        )
+        assert list(retried.positions) == list(committed.positions)
     finally:
         channel.close()
     _restart(cluster, owner)

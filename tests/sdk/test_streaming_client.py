@@ -257,6 +257,27 @@ async def test_txn_commit_is_all_or_nothing_and_rollback_is_invisible(
     assert all(isinstance(p, Position) for p in positions)
 
 
+async def test_large_messages_and_a_transaction_bigger_than_a_read_chunk_are_consumed(
+    wal_cluster: dev.LocalCluster,
+) -> None:
+    # A message may carry up to 8 MiB and a transaction up to 16 MiB: grpc's default 4 MiB
+    # receive limit refused them in the SDK, and a transaction larger than one Consume read
+    # (4 MiB) was held back forever as "incomplete".
+    big = b"m" * (6 << 20)
+    async with StreamingClient(wal_cluster.endpoints) as client:
+        _, vchannel = await _new_vchannel(client, "large")
+        async with Producer(client) as producer:
+            await producer.send(vchannel, big)
+        async with client.txn(vchannel) as txn:
+            for index in range(3):
+                await txn.append(bytes([65 + index]) * (3 << 20))
+        assert txn.state == "committed"
+        entries = await asyncio.wait_for(_consume(client, vchannel, 6), TEST_TIMEOUT_S)
+    assert entries[0].payload == big
+    assert [e.msg_type for e in entries[1:]] == ["txn_begin"] + ["message"] * 3 + ["txn_commit"]
+    assert [len(e.payload) for e in entries[2:5]] == [3 << 20] * 3
+
+
 # ---------------------------------------------------------------------------------------
 # Segments
 # ---------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from rpc.protos import coordination_pb2 as pb
 from statemachine import Limits
 from statemachine.invariants import violations
+from statemachine.validation import check_name
 
 INVALID = E.INVALID_ARGUMENT
 BAD_NAMES = {
@@ -355,3 +356,19 @@ def test_huge_proposer_time_does_not_crash_apply(command: pb.Command) -> None:
     later = h.apply(grant(1_000))
     for result in (first, later):
         assert result.rejection.code in (E.OK, E.INVALID_ARGUMENT)
+
+
+@pytest.mark.parametrize(
+    "name", [".", "..", ".hidden", "-x", "_x", "a/b", "../etc", "a\\b", "a b", "\u00e9t\u00e9"]
+)
+def test_names_that_could_become_paths_are_refused(name: str) -> None:
+    # A pchannel's name is its WAL directory's name: one plain path component only.
+    rejection = check_name("pchannel", name, Limits())
+    assert rejection is not None, name
+    assert rejection.code == INVALID
+    assert "a letter or digit, then letters, digits" in rejection.message
+
+
+@pytest.mark.parametrize("name", ["a", "wal_0", "A.b-c_d", "0", "x" * 128])
+def test_plain_names_are_accepted(name: str) -> None:
+    assert check_name("pchannel", name, Limits()) is None
