@@ -73,8 +73,8 @@ from _harness import (
 from rich.console import Console
 from rich.table import Table
 
-from raftwal import dev
-from raftwal.dev import free_ports
+from raftwal.cli import dev
+from raftwal.cli.dev import free_ports
 from rpc.client import AlreadyExistsError, CoordinatorClient
 from rpc.errors import RaftwalError
 from rpc.protos import coordination_pb2 as pb

@@ -1,7 +1,7 @@
 """Spark read throughput of committed WAL segments: the connector against its own ceiling
 and against Parquet, in one run and one SparkSession.
 
-Setup (untimed): a three-node cluster on loopback (`raftwal.dev`), `--pchannels` pchannels
+Setup (untimed): a three-node cluster on loopback (`raftwal.cli.dev`), `--pchannels` pchannels
 (replica set 3, one vchannel each) and `--messages` 100-byte messages with distinct random
 payloads, produced through pipelined compact Produce streams, with the segment size chosen
 so that they fill exactly `--segments` committed segments (one extra batch per pchannel
@@ -59,7 +59,7 @@ from pyspark.sql.types import StructType
 from rich.console import Console
 from rich.table import Table
 
-from raftwal import dev
+from raftwal.cli import dev
 from rpc.client import CoordinatorClient
 from rpc.errors import code_name
 from rpc.protos import coordination_pb2 as pb

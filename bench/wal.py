@@ -4,7 +4,7 @@ One run measures, side by side on the same machine, one system at a time (each i
 measured and stopped before the next, so an idle cluster's background work never lands in
 another's figures):
 
-- raftwal: three nodes on loopback (`raftwal.dev`), fsync policy `always`, one pchannel per
+- raftwal: three nodes on loopback (`raftwal.cli.dev`), fsync policy `always`, one pchannel per
   message size with replica set 3 (plus one for the failover trials), each with one
   vchannel. Producers speak the gRPC `raftwal.v1.StreamingNode` service to the pchannel's
   owner (found with Coordinator.ClusterStatus): one channel and one bidi `Produce` stream
@@ -92,9 +92,9 @@ from nats.js.api import StorageType, StreamConfig
 from rich.console import Console
 from rich.table import Table
 
-from raftwal import dev
-from raftwal.config import ClusterConfig
-from raftwal.dev import free_ports
+from raftwal.cli import dev
+from raftwal.cli.dev import free_ports
+from raftwal.node.config import ClusterConfig
 from rpc.client import AlreadyExistsError, CoordinatorClient, error_for
 from rpc.errors import RaftwalError
 from rpc.protos import coordination_pb2 as pb

@@ -8,7 +8,7 @@ Lives here:
 - `io_fault(point, subject)`, called by the journal right before its real writes and
   fsyncs (``raft.journal.write``, ``raft.journal.fsync``; the subject is the file's path).
   It does nothing unless the node process installed a hook (`install_io_fault_hook`, done
-  only by `raftwal.faults` when fault injection is enabled); the hook may raise OSError or
+  only by `raftwal.node.faults` when fault injection is enabled); the hook may raise OSError or
   block for a while, which the journal then handles like a real disk failure or a slow
   disk.
 

@@ -1,5 +1,6 @@
-"""raftwal's wire contract and gRPC edge: ``rpc/protos`` (the .proto files and the code
-generated from them, committed and never edited by hand), and later the servicers and the
-Python client SDK. Must never contain business logic: servicers validate, propose and map
-outcomes to gRPC statuses.
+"""raftwal's wire contract and client SDK, nothing else: ``rpc/protos`` (the .proto files
+and the code generated from them, committed and never edited by hand) and the Python SDK
+(``rpc.client``, ``rpc.streaming_client``, ``rpc.sync_client`` and the modules they
+re-export). Servicers live in ``raftwal.services``; nothing here imports raftwal's other
+packages.
 """

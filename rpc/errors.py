@@ -1,13 +1,23 @@
-"""The mapping between raftwal's ErrorInfo and gRPC statuses, shared by servers and clients.
+"""The mapping between raftwal's ErrorInfo and gRPC statuses, shared by servers and clients,
+and the typed errors of the client SDK.
 
 A raftwal error travels as a standard rich gRPC status (``grpc-status-details-bin``: a
 ``google.rpc.Status`` whose details hold one ``raftwal.v1.ErrorInfo``), so clients in any
 language can read the code, the message and the leader/owner hints. The gRPC status code
 is chosen so that generic clients also behave sensibly (UNAVAILABLE is retryable,
 FAILED_PRECONDITION is not, ...).
+
+``RaftwalError`` has one subclass per ``ErrorCode`` (``ERROR_CLASSES``; ``error_for`` and
+``raise_for`` pick it), so that a caller catches what it can handle (``NotFoundError``,
+``ResourceAcquiredError``, ...); ``rpc.client`` and ``rpc.streaming_client`` re-export them.
+This module must never import a client module (``rpc.client``, ``rpc.coordinator_client``,
+``rpc.streaming``, ``rpc.streaming_client``, ``rpc.sync_client``) nor anything of ours but
+``rpc.protos``: servers and every client module import it.
 """
 
 from __future__ import annotations
+
+from typing import NoReturn
 
 import grpc
 from google.protobuf import any_pb2
@@ -139,3 +149,157 @@ class RaftwalError(Exception):
     @property
     def code_name(self) -> str:
         return code_name(self.info.code)
+
+
+# ---------------------------------------------------------------------------------------
+# Typed errors
+# ---------------------------------------------------------------------------------------
+
+
+class UnavailableError(RaftwalError):
+    """No node could serve the call: retries ran out (attempts or time), or a retryable
+    answer (NOT_LEADER, ON_SHUTDOWN, transport failure) when it is raised as such.
+    ``last_error`` is the typed error of the last attempt, when there was one."""
+
+    def __init__(self, info: errors_pb2.ErrorInfo, last_error: RaftwalError | None = None) -> None:
+        super().__init__(info)
+        self.last_error = last_error
+
+
+class NotLeaderError(UnavailableError):
+    """NOT_LEADER: the node is not the Raft leader (``info.leader_hint`` names it)."""
+
+
+class OnShutdownError(UnavailableError):
+    """ON_SHUTDOWN: the node is starting, stopping or too far behind; also any transport
+    failure (connection refused, reset) that carried no ErrorInfo."""
+
+
+class ClientClosedError(OnShutdownError, RuntimeError):
+    """The client (or the StreamingClient it belongs to) was closed: a loop still running on
+    it (a watch, a lease keeper, a consumer) ends with this rather than with a bare
+    CancelledError. Also a RuntimeError, as using a closed client always was."""
+
+
+class ChannelNotExistError(RaftwalError):
+    """CHANNEL_NOT_EXIST."""
+
+
+class ChannelFencedError(RaftwalError):
+    """CHANNEL_FENCED: ``info.current_term`` is the channel's current term."""
+
+
+class InvalidRequestSeqError(RaftwalError):
+    """INVALID_REQUEST_SEQ."""
+
+
+class UnmatchedChannelTermError(RaftwalError):
+    """UNMATCHED_CHANNEL_TERM: ``info.current_term`` is the channel's current term."""
+
+
+class IgnoredOperationError(RaftwalError):
+    """IGNORED_OPERATION."""
+
+
+class InnerError(RaftwalError):
+    """INNER: the server failed internally (see its log)."""
+
+
+class InvalidArgumentError(RaftwalError, ValueError):
+    """INVALID_ARGUMENT: the request itself is wrong; retrying cannot help."""
+
+
+class TransactionExpiredError(RaftwalError):
+    """TRANSACTION_EXPIRED."""
+
+
+class InvalidTransactionStateError(RaftwalError):
+    """INVALID_TRANSACTION_STATE."""
+
+
+class UnrecoverableError(RaftwalError):
+    """UNRECOVERABLE."""
+
+
+class ResourceAcquiredError(RaftwalError):
+    """RESOURCE_ACQUIRED: a lock or resource key is held by someone else."""
+
+
+class NotOwnerError(RaftwalError):
+    """NOT_OWNER: the node does not own the pchannel (``info.owner_hint`` names the owner).
+    Data-plane clients re-route on it; the coordinator API does not retry it."""
+
+
+class CompactedError(RaftwalError):
+    """COMPACTED: the requested revision is older than the retained history."""
+
+
+class AlreadyExistsError(RaftwalError):
+    """ALREADY_EXISTS."""
+
+
+class NotFoundError(RaftwalError, LookupError):
+    """NOT_FOUND (e.g. a lease that was revoked or expired)."""
+
+
+class UnknownError(RaftwalError):
+    """UNKNOWN: an error without a raftwal code, or an outcome the server could not know."""
+
+
+class UnauthenticatedError(RaftwalError):
+    """UNAUTHENTICATED: no bearer token, or one the cluster does not know (see
+    ``rpc.credentials.ClientSecurity``); retrying cannot help."""
+
+
+class PermissionDeniedError(RaftwalError, PermissionError):
+    """PERMISSION_DENIED: the token's role may not call this method (the message names
+    the role and the roles that may)."""
+
+
+class ResourceExhaustedError(RaftwalError):
+    """RESOURCE_EXHAUSTED: a budget is full (the message names it and how full it is);
+    retrying later, after commits or rollbacks free it, may succeed."""
+
+
+ERROR_CLASSES: dict[int, type[RaftwalError]] = {
+    E.CHANNEL_NOT_EXIST: ChannelNotExistError,
+    E.CHANNEL_FENCED: ChannelFencedError,
+    E.ON_SHUTDOWN: OnShutdownError,
+    E.INVALID_REQUEST_SEQ: InvalidRequestSeqError,
+    E.UNMATCHED_CHANNEL_TERM: UnmatchedChannelTermError,
+    E.IGNORED_OPERATION: IgnoredOperationError,
+    E.INNER: InnerError,
+    E.INVALID_ARGUMENT: InvalidArgumentError,
+    E.TRANSACTION_EXPIRED: TransactionExpiredError,
+    E.INVALID_TRANSACTION_STATE: InvalidTransactionStateError,
+    E.UNRECOVERABLE: UnrecoverableError,
+    E.RESOURCE_ACQUIRED: ResourceAcquiredError,
+    E.NOT_LEADER: NotLeaderError,
+    E.NOT_OWNER: NotOwnerError,
+    E.COMPACTED: CompactedError,
+    E.ALREADY_EXISTS: AlreadyExistsError,
+    E.NOT_FOUND: NotFoundError,
+    E.UNKNOWN: UnknownError,
+    E.UNAUTHENTICATED: UnauthenticatedError,
+    E.PERMISSION_DENIED: PermissionDeniedError,
+    E.RESOURCE_EXHAUSTED: ResourceExhaustedError,
+}
+
+
+def error_for(info: errors_pb2.ErrorInfo) -> RaftwalError:
+    """The typed exception for `info`. A code this SDK does not know (added by a newer
+    server) becomes an UnknownError whose message keeps the original number, since
+    ``RaftwalError`` can only name known codes."""
+    cls = ERROR_CLASSES.get(info.code)
+    if cls is None:
+        known = errors_pb2.ErrorInfo()
+        known.CopyFrom(info)
+        known.code = E.UNKNOWN
+        known.message = f"{code_name(info.code)}: {info.message}"
+        return UnknownError(known)
+    return cls(info)
+
+
+def raise_for(info: errors_pb2.ErrorInfo) -> NoReturn:
+    """Raise the typed exception for `info`."""
+    raise error_for(info)

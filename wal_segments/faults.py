@@ -9,7 +9,7 @@ fdatasync of a segment file:
 - ``wal.fsync``: every fdatasync of a segment file; the subject is the file's path.
 
 With no hook installed (always, unless the node process enables fault injection: see
-`raftwal.faults`), `fault` costs one global load and a None test. An installed hook may
+`raftwal.node.faults`), `fault` costs one global load and a None test. An installed hook may
 raise OSError (the injected error) or block for a while (a slow disk) before the real call.
 
 Must never: import `raft` or `raftwal` (the composition root installs the hook), do

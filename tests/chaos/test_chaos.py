@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from raftwal.chaos import FAULT_KINDS, ChaosOptions, ChaosReport, run_chaos
+from raftwal.chaos.runner import FAULT_KINDS, ChaosOptions, ChaosReport, run_chaos
 
 pytestmark = pytest.mark.cluster
 

@@ -10,14 +10,14 @@ import math
 
 import pytest
 
-from raftwal.chaos_checker import (
+from raftwal.chaos.checker import (
     FinalState,
     LogEntry,
     SegmentFileCheck,
     SegmentInfo,
     check,
 )
-from raftwal.chaos_workload import FAIL, OK, UNKNOWN, Delivery, History, Op, StatusSample
+from raftwal.chaos.workload import FAIL, OK, UNKNOWN, Delivery, History, Op, StatusSample
 
 P = "chaos_0"
 V = "chaos_v0"

@@ -13,10 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from raftwal.chaos import FAULT_KINDS, HOLD_S, PARTITION_VARIANTS, parse_duration, plan_faults
-from raftwal.chaos_net import ProxyNet
-from raftwal.config import ConfigError, NodeConfig, parse_config, render_config
-from raftwal.dev import free_ports
+from raftwal.chaos.net import ProxyNet
+from raftwal.chaos.runner import (
+    FAULT_KINDS,
+    HOLD_S,
+    PARTITION_VARIANTS,
+    parse_duration,
+    plan_faults,
+)
+from raftwal.cli.dev import free_ports
+from raftwal.node.config import ConfigError, NodeConfig, parse_config, render_config
 
 
 def test_schedule_is_deterministic_and_covers_every_kind() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from raftwal import dev
+from raftwal.cli import dev
 from rpc.credentials import ClientSecurity
 from rpc.errors import from_rpc_error
 from rpc.protos import coordinator_pb2 as api

@@ -75,7 +75,7 @@ def test_the_readme_demo_runs_end_to_end(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys; from raftwal.cli import main; sys.exit(main())",
+            "import sys; from raftwal.cli.main import main; sys.exit(main())",
             "demo",
         ],
         cwd=tmp_path,

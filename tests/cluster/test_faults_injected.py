@@ -1,4 +1,4 @@
-"""Injected disk and network faults on a real three-node cluster (`raftwal.faults`).
+"""Injected disk and network faults on a real three-node cluster (`raftwal.node.faults`).
 
 Each test starts a fresh cluster with fault injection enabled (``RAFTWAL_ENABLE_FAULTS=1``
 and a faults file the test rewrites to switch faults on and off while the nodes run), and
@@ -33,7 +33,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from raftwal import dev
+from raftwal.cli import dev
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire

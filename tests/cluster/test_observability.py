@@ -27,8 +27,9 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from raftwal import __version__, dev
-from raftwal.cli import JsonLogFormatter
+from raftwal import __version__
+from raftwal.cli import dev
+from raftwal.cli.main import JsonLogFormatter
 from rpc.errors import from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
@@ -354,7 +355,7 @@ def test_node_logs_are_json_lines(obs: tuple[dev.LocalCluster, Api]) -> None:
             assert datetime.fromisoformat(record["ts"]).tzinfo is not None
         messages = {(r["logger"], r["message"]) for r in records}
         assert (
-            "raftwal.metrics",
+            "raftwal.node.metrics",
             f"node {node.id} serving metrics on http://127.0.0.1:{node.metrics_port}/metrics",
         ) in messages
     # An exception travels as one string field of the same line.

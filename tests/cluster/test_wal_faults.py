@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from raftwal import dev
+from raftwal.cli import dev
 from rpc.errors import from_rpc_error
 from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire

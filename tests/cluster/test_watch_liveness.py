@@ -19,9 +19,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from raftwal import dev
+from raftwal.cli import dev
+from raftwal.services.coordinator import WATCH_LEADERLESS_S
 from rpc.client import CoordinatorClient
-from rpc.coordinator_servicer import WATCH_LEADERLESS_S
 from rpc.errors import from_rpc_error
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from raftwal.cli import main
+from raftwal.cli.main import main
 from rpc.errors import error_info
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
@@ -127,7 +127,9 @@ def test_events_prints_history_up_to_now(
     node.channels.revision = 4  # "now": the fifth event is in the future
     assert main(["events", "--from-revision", "2", "--json", "--endpoints", node.address]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [json.loads(line)["revision"] for line in lines] == ["2", "3", "4"]
+    # int64 fields are JSON numbers (protobuf's JSON mapping would write "2"), so that
+    # `jq '.revision > 2'` compares numbers.
+    assert [json.loads(line)["revision"] for line in lines] == [2, 3, 4]
     assert main(["events", "--kinds", "lease_granted", "--endpoints", node.address]) == 0
     assert capsys.readouterr().out == ""
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from raftwal import dev
+from raftwal.cli import dev
 from rpc.client import CoordinatorClient, InnerError, RaftwalError, TransactionExpiredError
 from rpc.protos import errors_pb2
 from rpc.streaming_client import Consumer, Producer, StreamingClient, Txn

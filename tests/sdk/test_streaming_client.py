@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from raftwal import dev
+from raftwal.cli import dev
 from rpc.client import CoordinatorClient, InvalidArgumentError, RaftwalError
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import streaming_pb2 as wire
@@ -355,7 +355,8 @@ async def test_cli_produce_consume_round_trip(wal_cluster: dev.LocalCluster) -> 
     entries = [json.loads(line) for line in consumed.stdout.splitlines()]
     payloads = [base64.b64decode(e["payload"]) for e in entries]
     assert payloads == [b"%010d" % i for i in range(100)] + [b"hello", b"world"]
-    lsns = [int(e["lsn"]) for e in entries]
+    lsns = [e["lsn"] for e in entries]
+    assert all(type(lsn) is int for lsn in lsns), lsns[:3]  # JSON numbers, not strings
     assert lsns == sorted(set(lsns))
     assert lsns[99] == summary["last"]["lsn"]
     # Nothing new: `consume` (from the latest entry) stops after its idle timeout.

@@ -18,7 +18,7 @@ import pytest
 from google.protobuf.descriptor import FieldDescriptor, MethodDescriptor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from raftwal import dev
+from raftwal.cli import dev
 from rpc.errors import from_rpc_error
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2

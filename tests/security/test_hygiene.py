@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from raftwal import dev
+from raftwal.cli import dev
 from rpc.client import CoordinatorClient
 from rpc.streaming_client import Consumer, Producer, StreamingClient
 

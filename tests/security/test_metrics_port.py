@@ -21,7 +21,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from raftwal import dev
+from raftwal.cli import dev
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.cluster
 
 CALL_TIMEOUT_S = 5.0
 HALF_OPEN = 1000
-# raftwal.metrics_http defaults.
+# raftwal.node.metrics_http defaults.
 READ_TIMEOUT_S = 5.0
 MAX_REQUEST_BYTES = 8192
 

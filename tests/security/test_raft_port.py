@@ -41,8 +41,8 @@ import pytest
 from cryptography.fernet import Fernet
 from prometheus_client.parser import text_string_to_metric_families
 
-from raftwal import dev
-from raftwal.config import render_config
+from raftwal.cli import dev
+from raftwal.node.config import render_config
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc
 

@@ -22,8 +22,8 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from raftwal import dev
-from raftwal.config import NodeConfig
+from raftwal.cli import dev
+from raftwal.node.config import NodeConfig
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc
 from tests.cluster.conftest import Api, converged, leader_id

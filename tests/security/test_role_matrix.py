@@ -7,7 +7,7 @@ with an empty request over grpc's generic API. The call is either refused before
 servicer (UNAUTHENTICATED, or PERMISSION_DENIED naming the method) or reaches it (any other
 answer: OK, INVALID_ARGUMENT for the empty request, a deadline for a stream that waits).
 
-The expected table below is written from the README, not from ``raftwal.security``: the two
+The expected table below is written from the README, not from ``raftwal.node.security``: the two
 are independent statements of the same policy, and this test holds them together.
 """
 
@@ -21,7 +21,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from raftwal import dev
+from raftwal.cli import dev
 from rpc.errors import from_rpc_error
 from rpc.protos import coordinator_pb2, streaming_pb2
 

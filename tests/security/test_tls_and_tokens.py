@@ -24,7 +24,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from raftwal import dev, devcerts
+from raftwal.cli import dev, devcerts
 from rpc.client import CoordinatorClient, PermissionDeniedError, UnauthenticatedError
 from rpc.credentials import ClientSecurity
 from rpc.errors import from_rpc_error

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 
 import spark_connector
-from raftwal import dev
+from raftwal.cli import dev
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import streaming_pb2 as wire
 from rpc.protos import streaming_pb2_grpc

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from raftwal import dev
+from raftwal.cli import dev
 from rpc.protos import coordinator_pb2 as api
 from tests.cluster.conftest import Api
 from tests.cluster.wal_helpers import History, Producer, setup_channels, wait_assigned

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from raftwal.config import (
+from raftwal.node.config import (
     ConfigError,
     check_transport_security,
     config_template,

@@ -1,4 +1,4 @@
-"""The fault injector (`raftwal.faults`): refused without RAFTWAL_ENABLE_FAULTS=1, rules
+"""The fault injector (`raftwal.node.faults`): refused without RAFTWAL_ENABLE_FAULTS=1, rules
 validated with what was got and what was expected, re-read from the file while running so a
 test switches faults on and off, filtered by node and subject, and routed to the fault
 points of both planes."""
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from raft import _faults as raft_faults
-from raftwal import faults
-from raftwal.config import ConfigError
+from raftwal.node import faults
+from raftwal.node.config import ConfigError
 from wal_segments import faults as wal_faults
 
 

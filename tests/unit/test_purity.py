@@ -144,7 +144,7 @@ def test_core_module_imports_nothing_impure(path: Path) -> None:
         "import raftwal.cli",
         "from spark_connector import source",
         "from rpc import errors",
-        "import rpc.coordinator_servicer",
+        "import raftwal.services.coordinator",
         "from rpc.errors import to_status",
         "from .. import raft",
         "importlib = __import__('importlib')",

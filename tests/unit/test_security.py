@@ -17,10 +17,10 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from google.protobuf import descriptor_pool
 
-from raftwal import devcerts
-from raftwal.config import ConfigError, load_config, parse_config, render_config
-from raftwal.node import SERVICE_NAMES
-from raftwal.security import (
+from raftwal.cli import devcerts
+from raftwal.node.config import ConfigError, load_config, parse_config, render_config
+from raftwal.node.process import SERVICE_NAMES
+from raftwal.node.security import (
     METHOD_ROLES,
     ROLES,
     AuthInterceptor,

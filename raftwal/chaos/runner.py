@@ -2,9 +2,9 @@
 
 ``run_chaos(ChaosOptions)`` starts three ``raftwal node`` processes on 127.0.0.1 (small
 segments, so that segments seal and commit during the run), every node-to-node link
-through its own TCP proxy (``raftwal.chaos_net``), and for ``duration_s`` runs at once
+through its own TCP proxy (``raftwal.chaos.net``), and for ``duration_s`` runs at once
 
-- the workload (``raftwal.chaos_workload``): idempotent producers on several vchannels of
+- the workload (``raftwal.chaos.workload``): idempotent producers on several vchannels of
   several pchannels, a consumer per vchannel, lock clients with leases, broadcasters with
   resource keys, and a status sampler; every operation goes into one ``History``;
 - the nemesis: a schedule drawn from ``random.Random(seed)`` of the requested fault kinds,
@@ -18,7 +18,7 @@ Then it heals everything, lets the workload finish what it started, waits until 
 cluster has recovered, reads the final state (each pchannel's whole committed log, the
 segment manifest, every replica's segment files, the replicas' state digests, and
 optionally a Spark read of the committed segments) and hands it all to
-``raftwal.chaos_checker``. The ``ChaosReport`` says what ran (operations by kind and
+``raftwal.chaos.checker``. The ``ChaosReport`` says what ran (operations by kind and
 outcome, faults by kind), the violations found and the seed that replays the schedule.
 
 Must never: signal a process it did not start (every signal goes to a pid of this run's
@@ -49,8 +49,7 @@ from typing import Any
 
 import grpc
 
-from raftwal import dev
-from raftwal.chaos_checker import (
+from raftwal.chaos.checker import (
     FinalState,
     LogEntry,
     SegmentFileCheck,
@@ -58,8 +57,8 @@ from raftwal.chaos_checker import (
     Violation,
     check,
 )
-from raftwal.chaos_net import LINK_MODES, ProxyNet
-from raftwal.chaos_workload import (
+from raftwal.chaos.net import LINK_MODES, ProxyNet
+from raftwal.chaos.workload import (
     OK,
     BroadcastClient,
     ConsumerClient,
@@ -71,6 +70,7 @@ from raftwal.chaos_workload import (
     gather_bounded,
     payload_key,
 )
+from raftwal.cli import dev
 from rpc.client import CoordinatorClient
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
@@ -555,10 +555,10 @@ def spark_read(endpoints: Sequence[str], revision: int) -> set[tuple[str, int, s
     from pyspark.sql import functions as F
 
     import spark_connector
-    from raftwal.cli_spark import session
+    from spark_connector.session import start_session
 
     try:
-        spark = session("local[2]", app="raftwal chaos")
+        spark = start_session("local[2]", "raftwal chaos", {"spark.sql.shuffle.partitions": "4"})
     except Exception as error:  # noqa: BLE001 (pyspark raises bare exceptions here)
         raise SparkUnavailable(str(error).strip().splitlines()[0][:500]) from None
     try:
@@ -601,9 +601,7 @@ def spark_read_isolated(
     child crashed with SIGSEGV here); a process of its own has none. Raises
     SparkUnavailable, or RuntimeError for a failed or hung read."""
     out_file = directory / "spark-rows.json"
-    code = (
-        "import sys; from raftwal.chaos import _spark_child; sys.exit(_spark_child(sys.argv[1:]))"
-    )
+    code = "import sys; from raftwal.chaos.runner import _spark_child; sys.exit(_spark_child(sys.argv[1:]))"
     process = subprocess.Popen(
         [sys.executable, "-c", code, ",".join(endpoints), str(revision), str(out_file)],
         stdin=subprocess.DEVNULL,

@@ -4,7 +4,7 @@
 (``raft.replica.CoordinationReplica``), serves the gRPC services (Coordinator, NodeManager,
 Cluster, health, reflection) on ``grpc_port``, heartbeats the Raft leader, runs the
 coordinator loop while it leads, and serves Prometheus metrics on ``metrics_port`` when one
-is configured (``raftwal.metrics``). It implements ``rpc.coordinator_servicer.
+is configured (``raftwal.node.metrics``). It implements ``raftwal.services.coordinator.
 CoordinationBackend`` for the public servicer:
 
 - ``propose`` stamps the request id and the proposer's wall time, proposes through the
@@ -37,23 +37,20 @@ from raft.errors import NotLeader, Overloaded, PeerClosed, UnknownOutcome
 from raft.events import Compacted
 from raft.peer import RaftPeer, RaftTuning
 from raft.replica import CoordinationReplica
-from raftwal import faults
-from raftwal.config import ClusterConfig, NodeConfig, check_transport_security
-from raftwal.coordinator import Coordinator
-from raftwal.decoding import DecodeInterceptor
-from raftwal.internal import ClusterServicer, NodeManagerServicer
-from raftwal.metrics import NodeMetrics
-from raftwal.proposals import ProposalBatcher
-from raftwal.security import NodeSecurity
-from raftwal.streaming import (
-    GrpcReplicaTransport,
-    NodeDataView,
-    ReplicationServicer,
-    StreamingNodeServicer,
-    reconcile_loop,
-)
+from raftwal.node import faults
+from raftwal.node.config import ClusterConfig, NodeConfig, check_transport_security
+from raftwal.node.coordinator import Coordinator
+from raftwal.node.data_plane import GrpcReplicaTransport, NodeDataView, reconcile_loop
+from raftwal.node.metrics import NodeMetrics
+from raftwal.node.proposals import ProposalBatcher
+from raftwal.node.security import NodeSecurity
+from raftwal.services.cluster import ClusterServicer
+from raftwal.services.coordinator import CompactedHistory, CoordinatorServicer
+from raftwal.services.decoding import DecodeInterceptor
+from raftwal.services.node_manager import NodeManagerServicer
+from raftwal.services.replication import ReplicationServicer
+from raftwal.services.streaming_node import StreamingNodeServicer
 from rpc.aio import wait_event
-from rpc.coordinator_servicer import CompactedHistory, CoordinatorServicer
 from rpc.errors import RaftwalError, error_info, from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
@@ -307,6 +304,11 @@ class Node:
         self.replica.close()
 
     # -- cluster plumbing ---------------------------------------------------------------
+
+    @property
+    def event_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop the node runs on (None before ``start``)."""
+        return self._loop
 
     def channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)

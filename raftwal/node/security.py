@@ -1,5 +1,5 @@
 """Security of a node's gRPC port (DESIGN.md section 10): TLS, mutual TLS and bearer tokens
-with roles. The Raft transport has its own secret (``raftwal.config.check_transport_security``).
+with roles. The Raft transport has its own secret (``raftwal.node.config.check_transport_security``).
 
 - ``TokenTable``: the ``auth_tokens_file``, one ``<role> <token>`` per line (``#`` starts a
   comment). Tokens are kept as SHA-256 digests only, so a lookup compares digests and a
@@ -33,7 +33,7 @@ from typing import Any
 
 import grpc
 
-from raftwal.config import ClusterConfig, ConfigError, NodeConfig, is_loopback
+from raftwal.node.config import ClusterConfig, ConfigError, NodeConfig, is_loopback
 from rpc.credentials import ClientSecurity, CredentialsError, check_token, read_pem
 from rpc.errors import error_info, to_status
 from rpc.protos import errors_pb2

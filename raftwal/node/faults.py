@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raft import _faults as raft_faults
-from raftwal.config import ConfigError
+from raftwal.node.config import ConfigError
 from wal_segments import faults as wal_faults
 
 logger = logging.getLogger(__name__)

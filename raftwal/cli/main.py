@@ -136,9 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     dev_down.add_argument("--dir", type=Path, default=Path(".raftwal-dev"))
     dev_down.set_defaults(handler=_dev_down)
 
-    from raftwal.chaos import register as register_chaos
-    from raftwal.cli_client import register
-    from raftwal.cli_spark import register as register_spark
+    from raftwal.chaos.runner import register as register_chaos
+    from raftwal.cli.client import register
+    from raftwal.cli.spark import register as register_spark
 
     register(commands)
     register_spark(commands)
@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from raftwal.demo import run_cluster_demo, run_demo
+    from raftwal.cli.demo import run_cluster_demo, run_demo
 
     if args.state_machine:
         return run_demo(json_output=args.json)
@@ -157,8 +157,8 @@ def _run_demo(args: argparse.Namespace) -> int:
 def _run_node(args: argparse.Namespace) -> int:
     import asyncio
 
-    from raftwal.config import ConfigError, load_config
-    from raftwal.node import run_node
+    from raftwal.node.config import ConfigError, load_config
+    from raftwal.node.process import run_node
 
     try:
         config = load_config(args.config)
@@ -171,7 +171,7 @@ def _run_node(args: argparse.Namespace) -> int:
 
 
 def _secret_new(args: argparse.Namespace) -> int:
-    from raftwal.config import ConfigError, write_secret_file
+    from raftwal.node.config import ConfigError, write_secret_file
 
     try:
         write_secret_file(args.file, overwrite=args.force)
@@ -183,14 +183,14 @@ def _secret_new(args: argparse.Namespace) -> int:
 
 
 def _config_template(args: argparse.Namespace) -> int:
-    from raftwal.config import DEFAULT_SECRET_FILE, config_template
+    from raftwal.node.config import DEFAULT_SECRET_FILE, config_template
 
     print(config_template(args.secret_file or DEFAULT_SECRET_FILE), end="")
     return 0
 
 
 def _dev_up(args: argparse.Namespace) -> int:
-    from raftwal import dev
+    from raftwal.cli import dev
 
     if not 1 <= args.nodes <= 9:
         print(f"error: invalid --nodes ({args.nodes}; expected 1..9)", file=sys.stderr)
@@ -244,7 +244,7 @@ def _dev_up(args: argparse.Namespace) -> int:
 
 
 def _dev_down(args: argparse.Namespace) -> int:
-    from raftwal import dev
+    from raftwal.cli import dev
 
     try:
         pids = dev.down(args.dir)

@@ -1,26 +1,21 @@
-"""Node-internal gRPC services: ``Cluster`` (heartbeats to the leader, proposals forwarded
-to it) and ``NodeManager`` (what the coordinator calls on a node: Assign, Remove,
-CollectStatus).
+"""The node-internal ``Cluster`` service: heartbeats to the Raft leader (whose coordinator
+keeps them in memory) and proposals forwarded to it by followers.
 
-``Assign`` wakes the data plane, which runs tail recovery for the assignment and ends it
-with ``PChannelReady`` (``wal_segments.owner``).
+Only nodes call it (role ``node``). A forwarded proposal is checked to be a command with a
+body before it reaches the Raft log. Depends on ``ClusterBackend``, never on the node.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
-import grpc
 from google.protobuf.message import DecodeError
 
+from raftwal.services.backend import ClusterBackend
 from rpc.errors import RaftwalError, error_info, to_status
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
-
-if TYPE_CHECKING:
-    from raftwal.node import Node
 
 log = logging.getLogger(__name__)
 E = errors_pb2
@@ -30,7 +25,7 @@ MAX_PROPOSE_TIMEOUT_MS = 60_000
 
 
 class ClusterServicer(coordinator_pb2_grpc.ClusterServicer):
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: ClusterBackend) -> None:
         self._node = node
 
     async def Heartbeat(self, request, context):
@@ -106,51 +101,3 @@ class ClusterServicer(coordinator_pb2_grpc.ClusterServicer):
         except RaftwalError as error:
             await context.abort_with_status(to_status(error.info))
         return api.ProposeResponse(result=result.SerializeToString())
-
-
-class NodeManagerServicer(coordinator_pb2_grpc.NodeManagerServicer):
-    def __init__(self, node: Node) -> None:
-        self._node = node
-
-    async def Assign(self, request, context):
-        if not request.pchannel or len(request.pchannel) > 128 or request.term < 1:
-            await context.abort_with_status(
-                to_status(
-                    error_info(
-                        E.INVALID_ARGUMENT,
-                        f"invalid assignment ({request.pchannel[:64]!r} at term "
-                        f"{request.term}; expected a pchannel name and term >= 1)",
-                    )
-                )
-            )
-        # The data plane's reconcile loop starts tail recovery as soon as this node has
-        # applied the assignment; this call only makes sure it looks now.
-        self._node.data_view.refresh()
-        await self._node.plane.reconcile()
-        return api.AssignResponse(accepted=True)
-
-    async def Remove(self, request, context):
-        return api.RemoveResponse()
-
-    async def CollectStatus(self, request, context):
-        try:
-            member = self._node.member_status()
-        except AssertionError:
-            await context.abort_with_status(
-                to_status(error_info(E.ON_SHUTDOWN, "node is starting or stopping"))
-            )
-        return api.CollectStatusResponse(
-            node_id=self._node.me.id,
-            member=member,
-            serving_terms=self._node.plane.serving_terms(),
-        )
-
-
-async def call_assign(node: Node, address: str, pchannel: str, term: int) -> bool:
-    stub = coordinator_pb2_grpc.NodeManagerStub(node.channel(address))
-    try:
-        reply = await stub.Assign(api.AssignRequest(pchannel=pchannel, term=term), timeout=2.0)
-        return reply.accepted
-    except grpc.aio.AioRpcError as error:
-        log.info("Assign(%s, %d) to %s failed: %s", pchannel, term, address, error.code())
-        return False

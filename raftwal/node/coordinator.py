@@ -20,21 +20,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
 import grpc
 
-from raftwal.internal import call_assign
+from raftwal.node.config import ClusterConfig, NodeConfig
 from rpc.errors import RaftwalError, from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
-from rpc.protos import errors_pb2, streaming_pb2_grpc
+from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from statemachine.balancer import plan
-
-if TYPE_CHECKING:
-    from raftwal.node import Node
 
 log = logging.getLogger(__name__)
 E = errors_pb2
@@ -50,6 +48,41 @@ BROADCAST_APPEND_TIMEOUT_S = 10.0
 RESEND_ASSIGN_EVERY_S = 2.0
 
 
+T = TypeVar("T")
+
+
+class _Counter(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class _CoordinatorMetrics(Protocol):
+    @property
+    def broadcast_delivery_failures(self) -> _Counter: ...
+
+
+class CoordinatorHost(Protocol):
+    """What the coordinator loop needs from its node (``Node`` implements it)."""
+
+    @property
+    def config(self) -> ClusterConfig: ...
+
+    @property
+    def me(self) -> NodeConfig: ...
+
+    @property
+    def metrics(self) -> _CoordinatorMetrics: ...
+
+    def is_leader(self) -> bool: ...
+
+    def read(
+        self, reader: Callable[[pb.CoordinationState], T], linearizable: bool
+    ) -> Awaitable[tuple[T, int]]: ...
+
+    def propose(self, command: pb.Command) -> Awaitable[pb.CommandResult]: ...
+
+    def channel(self, address: str) -> grpc.aio.Channel: ...
+
+
 @dataclass
 class _Heartbeat:
     address: str
@@ -58,7 +91,7 @@ class _Heartbeat:
 
 
 class Coordinator:
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: CoordinatorHost) -> None:
         self._node = node
         self._heartbeats: dict[str, _Heartbeat] = {}
         self._leading_since: float | None = None
@@ -318,3 +351,13 @@ class Coordinator:
             self._broadcast_failed(key, error.info.message, time.monotonic())
         finally:
             self._broadcast_inflight.discard(key)
+
+
+async def call_assign(node: CoordinatorHost, address: str, pchannel: str, term: int) -> bool:
+    stub = coordinator_pb2_grpc.NodeManagerStub(node.channel(address))
+    try:
+        reply = await stub.Assign(api.AssignRequest(pchannel=pchannel, term=term), timeout=2.0)
+        return reply.accepted
+    except grpc.aio.AioRpcError as error:
+        log.info("Assign(%s, %d) to %s failed: %s", pchannel, term, address, error.code())
+        return False

@@ -28,8 +28,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from raftwal.config import NodeConfig
-from raftwal.dev import free_ports
+from raftwal.cli.dev import NodeConfig, free_ports
 
 log = logging.getLogger(__name__)
 

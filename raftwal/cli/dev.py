@@ -10,10 +10,14 @@ endpoints). ``down`` stops those processes by pid (SIGTERM, then SIGKILL after a
 period). Nothing else is ever signalled.
 
 ``up(secure=True)`` (``raftwal dev up --secure``) also makes a new local CA, node and
-client certificates and a token per role (``raftwal.devcerts``), and configures the nodes
+client certificates and a token per role (``raftwal.cli.devcerts``), and configures the nodes
 for TLS, mutual TLS and bearer-token auth; ``cluster.json`` then names the CA, the client
 certificate and the token files, so that the CLI connects with them (admin token) and
 tests can pick another role (``LocalCluster.client_security``).
+
+It is also the helper API that ``raftwal.chaos``, the tests and the benchmarks use to run
+clusters: ``ClusterConfig``, ``NodeConfig`` and ``render_config`` are re-exported here so
+that they need nothing else from the node's modules.
 """
 
 from __future__ import annotations
@@ -32,12 +36,28 @@ from pathlib import Path
 
 import grpc
 
-from raftwal import devcerts
-from raftwal.config import ClusterConfig, NodeConfig, render_config
-from raftwal.security import ADMIN
+from raftwal.cli import devcerts
+from raftwal.node.config import ClusterConfig, NodeConfig, render_config
+from raftwal.node.security import ADMIN
 from rpc.credentials import ClientSecurity
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc
+
+__all__ = [
+    "CLUSTER_FILE",
+    "CONFIG_FILE",
+    "SECRET_FILE",
+    "ClusterConfig",
+    "LocalCluster",
+    "NodeConfig",
+    "down",
+    "free_ports",
+    "make_config",
+    "render_config",
+    "secure_config",
+    "up",
+    "wait_ready",
+]
 
 CLUSTER_FILE = "cluster.json"
 CONFIG_FILE = "raftwal.toml"

@@ -29,7 +29,7 @@ from google.protobuf import json_format
 from rich.console import Console
 from rich.table import Table
 
-from raftwal import dev
+from raftwal.cli import dev
 from rpc.errors import from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
@@ -169,7 +169,7 @@ def _spark_demo(
     from pyspark.sql import functions as F
 
     import spark_connector
-    from raftwal.cli_spark import session
+    from raftwal.cli.spark import session
 
     # Sealed segments are committed through Raft just after their seal: wait until the
     # manifest stops growing (bounded), then read exactly that revision.

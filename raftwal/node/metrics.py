@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Iterable, Iterator
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Awaitable, Iterable, Iterator, Sized
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -40,16 +40,19 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from raft.peer import RaftPeer
+from raft.replica import CoordinationReplica
 from raftwal import __version__
-from raftwal.metrics_http import MetricsServer
+from raftwal.node.config import NodeConfig
+from raftwal.node.metrics_http import MetricsServer
 from rpc.errors import RaftwalError
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
+from wal_segments.plane import DataPlane
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from raftwal.node import Node
 
 log = logging.getLogger(__name__)
 E = errors_pb2
@@ -93,10 +96,42 @@ NODE_STATES = _enum_names(pb.NodeState, "NODE_STATE_")
 PCHANNEL_STATES = _enum_names(pb.PChannelState, "PCHANNEL_STATE_")
 
 
+class _BroadcastFailures(Protocol):
+    @property
+    def broadcast_failures(self) -> Sized: ...
+
+
+class MetricsHost(Protocol):
+    """What the metrics read from their node at every scrape (``Node`` implements it)."""
+
+    @property
+    def me(self) -> NodeConfig: ...
+
+    @property
+    def peer(self) -> RaftPeer | None: ...
+
+    @property
+    def replica(self) -> CoordinationReplica: ...
+
+    @property
+    def plane(self) -> DataPlane: ...
+
+    @property
+    def coordinator(self) -> _BroadcastFailures: ...
+
+    @property
+    def metrics(self) -> NodeMetrics: ...
+
+    @property
+    def event_loop(self) -> asyncio.AbstractEventLoop | None: ...
+
+    def is_leader(self) -> bool: ...
+
+
 class NodeMetrics:
     """The metrics of one node: its registry, its event metrics and its endpoint."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: MetricsHost) -> None:
         self.registry = CollectorRegistry()
         self._node = node
         self._server: MetricsServer | None = None
@@ -185,7 +220,7 @@ class NodeMetrics:
 
     def serve(self, host: str, port: int) -> None:
         """Serve ``/metrics`` on host:port from one daemon thread with bounded connections
-        and deadlines (``raftwal.metrics_http``). Raises OSError when the port cannot be
+        and deadlines (``raftwal.node.metrics_http``). Raises OSError when the port cannot be
         bound."""
 
         def render() -> tuple[bytes, str]:
@@ -211,7 +246,7 @@ class NodeMetrics:
 class _NodeCollector(Collector):
     """Reads the node's current state at every scrape (see the module docstring)."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: MetricsHost) -> None:
         self._node = node
 
     def collect(self) -> Iterator[Metric]:
@@ -227,7 +262,7 @@ class _NodeCollector(Collector):
         yield from self._state()
         yield from self._event_store()
         yield from self._wal()
-        loop = node._loop  # noqa: SLF001 - set once by Node.start, read-only here
+        loop = node.event_loop
         if loop is not None:
             # all_tasks copies the loop's task set with a retry, safe from this thread.
             yield GaugeMetricFamily(

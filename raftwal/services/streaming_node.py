@@ -1,34 +1,30 @@
-"""The data plane's gRPC side and its wiring to the coordination plane.
+"""The public ``StreamingNode`` service: Produce, Consume, transactions, GetLatestTimeTick
+and ReadSegment, served by a pchannel's owner.
 
-- `NodeDataView`: the node's cached view of assignments, vchannels and manifests (refreshed
-  when the node applies new commands) and the `Proposer` the owners use (PChannelReady,
-  CommitSegment, reassignment after a restart). This is where the two planes meet.
-- `GrpcReplicaTransport`: the owner's client side of the `Replication` service (every
-  AppendRequest passes the ``replication.send`` fault point of `raftwal.faults`).
-- `ReplicationServicer`: the replica side (Append stream, Fence, Fetch).
-- `StreamingNodeServicer`: the public service (Produce, Consume, transactions,
-  GetLatestTimeTick, ReadSegment). Servicers validate, call the data plane, and map
-  outcomes to gRPC statuses with an ErrorInfo; a bad request never reaches a file.
+The servicer validates, calls the data plane (``wal_segments``), and maps outcomes to gRPC
+statuses with an ErrorInfo; a bad request never reaches a file. Transactions are buffered
+here (bounded by count, size and the node's and each producer's byte budgets) and written
+as one replicated batch at commit. Depends on ``StreamingBackend`` and ``DataView``, never
+on the node itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import itertools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
-from raftwal import faults
+from raftwal.services.backend import DataView, StreamingBackend, VChannelInfo
+from raftwal.services.common import fail
 from rpc.errors import RaftwalError, error_info, to_status
-from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from statemachine.types import DEFAULT_LIMITS as LIMITS
@@ -42,13 +38,10 @@ from wal_segments.format import (
     msg_type_code,
     msg_type_name,
 )
-from wal_segments.log import BadBatch, Fenced, LogError, Mismatch
+from wal_segments.log import LogError
 from wal_segments.owner import TXN_COUNT_PROPERTY, Message, WalError
-from wal_segments.plane import Assignment, DataPlane
+from wal_segments.plane import DataPlane
 from wal_segments.segment import SegmentCorrupted, SegmentReader
-
-if TYPE_CHECKING:
-    from raftwal.node import Node
 
 log = logging.getLogger(__name__)
 E = errors_pb2
@@ -82,507 +75,6 @@ CONTROL_MSG_TYPES = frozenset(
         int(MsgType.TXN_ROLLBACK),
     }
 )
-_STATE_NAMES = {
-    pb.PCHANNEL_STATE_ASSIGNING: "ASSIGNING",
-    pb.PCHANNEL_STATE_ASSIGNED: "ASSIGNED",
-}
-
-
-def _fail(code: int, message: str, **hints: object) -> RaftwalError:
-    return RaftwalError(error_info(code, message, **hints))  # type: ignore[arg-type]
-
-
-# -- the coordination view -------------------------------------------------------------------
-
-
-@dataclass
-class _VChannel:
-    name: str
-    id: int
-    pchannel: str
-    normal: bool
-
-
-@dataclass
-class _View:
-    revision: int = -1
-    assignments: dict[str, Assignment] = field(default_factory=dict)
-    vchannels: dict[str, _VChannel] = field(default_factory=dict)
-    vchannel_names: dict[int, str] = field(default_factory=dict)
-    addresses: dict[str, str] = field(default_factory=dict)
-    committed_through: dict[str, int] = field(default_factory=dict)
-    pchannels: set[str] = field(default_factory=set)
-
-
-class NodeDataView:
-    """CoordinationView + Proposer over the node's applied state."""
-
-    def __init__(self, node: Node) -> None:
-        self._node = node
-        self.view = _View()
-
-    def refresh(self) -> None:
-        def reader(state: pb.CoordinationState) -> _View:
-            view = _View(revision=state.revision)
-            for name, channel in state.pchannels.items():
-                if channel.state == pb.PCHANNEL_STATE_DROPPED:
-                    continue
-                view.pchannels.add(name)
-                if channel.state in _STATE_NAMES:
-                    view.assignments[name] = Assignment(
-                        pchannel=name,
-                        term=channel.term,
-                        owner_node_id=channel.owner_node_id,
-                        state=_STATE_NAMES[channel.state],
-                        replica_node_ids=tuple(channel.replica_node_ids),
-                    )
-            for name, vchannel in state.vchannels.items():
-                view.vchannels[name] = _VChannel(
-                    name, vchannel.id, vchannel.pchannel, vchannel.state == pb.VCHANNEL_STATE_NORMAL
-                )
-                view.vchannel_names[vchannel.id] = name
-            for node_id, node in state.nodes.items():
-                view.addresses[node_id] = node.address
-            for name, manifest in state.manifests.items():
-                view.committed_through[name] = manifest.committed_through_lsn
-            return view
-
-        if self._node.applied_revision() != self.view.revision:
-            self.view = self._node.replica.read(reader)
-
-    # CoordinationView
-
-    def assignments(self) -> dict[str, Assignment]:
-        return self.view.assignments
-
-    async def reassign_to_self(self, pchannel: str, term: int) -> None:
-        assignment = self.view.assignments.get(pchannel)
-        replicas = list(assignment.replica_node_ids) if assignment else []
-        result = await self._node.propose(
-            pb.Command(
-                request_id=f"reassign:{pchannel}:{term + 1}:{self._node.me.id}",
-                assign_pchannel=pb.AssignPChannel(
-                    pchannel=pchannel,
-                    term=term + 1,
-                    node_id=self._node.me.id,
-                    replica_node_ids=replicas,
-                ),
-            )
-        )
-        if result.rejection.code != E.OK:
-            log.info("reassign %s to self rejected: %s", pchannel, result.rejection.message)
-
-    # Proposer
-
-    async def pchannel_ready(self, pchannel: str, term: int, start_lsn: int) -> int:
-        result = await self._node.propose(
-            pb.Command(
-                request_id=f"ready:{pchannel}:{term}:{start_lsn}",
-                pchannel_ready=pb.PChannelReady(
-                    pchannel=pchannel, term=term, node_id=self._node.me.id, start_lsn=start_lsn
-                ),
-            )
-        )
-        return result.rejection.code
-
-    async def commit_segment(self, pchannel: str, term: int, fields: dict[str, object]) -> int:
-        result = await self._node.propose(
-            pb.Command(
-                request_id=f"commit:{pchannel}:{term}:{fields['first_lsn']}:{fields['digest']}",
-                commit_segment=pb.CommitSegment(pchannel=pchannel, term=term, **fields),  # type: ignore[arg-type]
-            )
-        )
-        if result.rejection.code == E.OK:
-            self.view.committed_through[pchannel] = max(
-                self.view.committed_through.get(pchannel, 0),
-                int(fields["last_lsn"]),  # type: ignore[call-overload]
-            )
-        return result.rejection.code
-
-    def committed_through(self, pchannel: str) -> int:
-        return self.view.committed_through.get(pchannel, 0)
-
-    def still_assigned(self, pchannel: str, term: int) -> bool:
-        assignment = self.view.assignments.get(pchannel)
-        if assignment is None:
-            return pchannel not in self.view.pchannels and self.view.revision < 0
-        return assignment.term == term and assignment.owner_node_id == self._node.me.id
-
-    # helpers for the servicers
-
-    def owner_hint(self, pchannel: str) -> tuple[str, int]:
-        assignment = self.view.assignments.get(pchannel)
-        if assignment is None:
-            return "", 0
-        return self.view.addresses.get(assignment.owner_node_id, ""), assignment.term
-
-
-# -- transport -------------------------------------------------------------------------------
-
-
-class _GrpcAppendStream:
-    def __init__(self, stub: streaming_pb2_grpc.ReplicationStub) -> None:
-        self._call = stub.Append()
-
-    async def write(self, request: wire.AppendRequest) -> None:
-        injector = faults.active()
-        if injector is not None and await injector.network_fault(
-            "replication.send", request.pchannel
-        ):
-            return  # dropped: log matching finds the gap and the owner resends
-        await self._call.write(request)
-
-    async def responses(self) -> AsyncIterator[wire.AppendResponse]:
-        while True:
-            response = await self._call.read()
-            if response is grpc.aio.EOF:
-                return
-            yield response
-
-    def cancel(self) -> None:
-        self._call.cancel()
-
-
-class GrpcReplicaTransport:
-    def __init__(self, node: Node) -> None:
-        self._node = node
-
-    def _stub(self, node_id: str) -> streaming_pb2_grpc.ReplicationStub:
-        address = self._node.config.node(node_id).grpc_address
-        return streaming_pb2_grpc.ReplicationStub(self._node.channel(address))
-
-    def open_append(self, node_id: str) -> _GrpcAppendStream:
-        return _GrpcAppendStream(self._stub(node_id))
-
-    async def fence(self, node_id: str, request: wire.FenceRequest) -> wire.FenceResponse:
-        try:
-            return await self._stub(node_id).Fence(request, timeout=2.0)
-        except grpc.aio.AioRpcError as error:
-            from rpc.errors import from_rpc_error
-
-            info = from_rpc_error(error)
-            if info.code == E.CHANNEL_FENCED:
-                raise WalError(
-                    E.CHANNEL_FENCED, info.message, current_term=info.current_term
-                ) from None
-            raise
-
-    async def fetch(self, node_id: str, request: wire.FetchRequest) -> wire.FetchResponse:
-        return await self._stub(node_id).Fetch(request, timeout=10.0)
-
-
-# -- replica side ----------------------------------------------------------------------------
-
-
-class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
-    def __init__(self, node: Node, plane: DataPlane) -> None:
-        self._node = node
-        self._plane = plane
-
-    def _check_pchannel(self, pchannel: str) -> None:
-        bad = check_name("pchannel", pchannel, LIMITS)
-        if bad is not None:
-            raise _fail(E.INVALID_ARGUMENT, bad.message)
-
-    def _check_assigned(self, pchannel: str, term: int, owner_node_id: str | None) -> None:
-        """Only what the coordination state assigned may fence, append or fetch: a term
-        above the pchannel's assigned term (or the assigned term from another node) would
-        fence the real owner out for good, and an unknown pchannel would get a directory."""
-        view = self._node.data_view
-        for attempt in range(2):
-            assignment = view.view.assignments.get(pchannel)
-            if (
-                assignment is not None
-                and term <= assignment.term
-                and (
-                    owner_node_id is None
-                    or term < assignment.term
-                    or owner_node_id == assignment.owner_node_id
-                )
-            ):
-                return
-            if attempt == 0:
-                view.refresh()  # this node may not have applied the assignment yet
-        if assignment is None:
-            raise _fail(E.CHANNEL_NOT_EXIST, f"pchannel {pchannel!r} is not assigned")
-        raise _fail(
-            E.UNMATCHED_CHANNEL_TERM,
-            f"pchannel {pchannel} term {term} from {owner_node_id!r} was not assigned "
-            f"(expected term <= {assignment.term}, from {assignment.owner_node_id!r} at that "
-            "term)",
-            current_term=assignment.term,
-        )
-
-    async def Fence(self, request, context):
-        try:
-            self._check_pchannel(request.pchannel)
-            if request.term < 1:
-                raise _fail(E.INVALID_ARGUMENT, f"invalid term ({request.term}; expected >= 1)")
-            self._check_assigned(request.pchannel, request.term, request.owner_node_id)
-            wal = await self._plane.log(request.pchannel)
-            position = await wal.fence(request.term)
-        except Fenced as error:
-            await context.abort_with_status(
-                to_status(error_info(E.CHANNEL_FENCED, str(error), current_term=error.fenced_term))
-            )
-        except RaftwalError as error:
-            await context.abort_with_status(to_status(error.info))
-        except (LogError, SegmentCorrupted, OSError) as error:
-            await context.abort_with_status(to_status(error_info(E.INNER, str(error))))
-        return wire.FenceResponse(
-            fenced_term=wal.fenced_term,
-            last_lsn=position.last_lsn,
-            last_term=position.last_term,
-            last_time_tick=position.last_time_tick,
-            node_id=self._node.me.id,
-        )
-
-    async def AppendBroadcast(self, request, context):
-        try:
-            bad = check_name("pchannel", request.pchannel, LIMITS) or check_name(
-                "vchannel", request.vchannel, LIMITS
-            )
-            if bad is not None:
-                raise _fail(E.INVALID_ARGUMENT, bad.message)
-            if request.broadcast_id < 1:
-                raise _fail(E.INVALID_ARGUMENT, f"invalid broadcast_id ({request.broadcast_id})")
-            vchannel = self._node.data_view.view.vchannels.get(request.vchannel)
-            if vchannel is None or vchannel.pchannel != request.pchannel:
-                raise _fail(
-                    E.CHANNEL_NOT_EXIST,
-                    f"vchannel {request.vchannel!r} is not on pchannel {request.pchannel!r}",
-                )
-            owner = self._plane.owner(request.pchannel)
-            if owner is None or not owner.serving:
-                hint, term = self._node.data_view.owner_hint(request.pchannel)
-                raise _fail(
-                    E.NOT_OWNER,
-                    f"node {self._node.me.id} does not serve {request.pchannel}",
-                    owner_hint=hint,
-                    current_term=term,
-                )
-            problem = self._node.replica.read(lambda state: _broadcast_mismatch(state, request))
-            if problem is not None:
-                # Maybe not applied here yet: the coordinator sends once it applied it.
-                await self._node.wait_change(0.5)
-                problem = self._node.replica.read(lambda state: _broadcast_mismatch(state, request))
-            if problem is not None:
-                raise _fail(E.INVALID_ARGUMENT, problem)
-            properties = {}
-            try:
-                code = msg_type_code(request.msg_type or "ddl")
-            except ValueError:
-                code = int(MsgType.DDL)
-                properties["rw.msg_type"] = request.msg_type[:128]
-            message = Message(
-                vchannel_id=vchannel.id,
-                msg_type=code,
-                payload=request.message,
-                properties=properties,
-                flags=int(EntryFlags.BROADCAST),
-                broadcast_id=request.broadcast_id,
-            )
-            positions, duplicate = await owner.write(
-                [message],
-                producer_id=f"rw.broadcast.{request.broadcast_id}.{request.vchannel}",
-                sequence=1,
-            )
-        except (RaftwalError, WalError) as error:
-            await context.abort_with_status(to_status(error.info))
-        except (LogError, OSError) as error:
-            await context.abort_with_status(to_status(error_info(E.INNER, str(error)[:300])))
-        lsn, tick = positions[0]
-        return wire.AppendBroadcastResponse(
-            position=wire.Position(lsn=lsn, time_tick=tick), duplicate=duplicate
-        )
-
-    async def Fetch(self, request, context):
-        try:
-            self._check_pchannel(request.pchannel)
-            self._check_assigned(request.pchannel, request.term, None)
-            wal = await self._plane.log(request.pchannel)
-        except RaftwalError as error:
-            await context.abort_with_status(to_status(error.info))
-        except (LogError, SegmentCorrupted, OSError) as error:
-            await context.abort_with_status(to_status(error_info(E.INNER, str(error))))
-        if request.term < wal.fenced_term:
-            return wire.FetchResponse(status=wire.APPEND_STATUS_FENCED, fenced_term=wal.fenced_term)
-        if request.prev_lsn < 0 or request.prev_term < 0:
-            await context.abort_with_status(
-                to_status(error_info(E.INVALID_ARGUMENT, "negative prev_lsn or prev_term"))
-            )
-        prev = request.prev_lsn
-        try:
-            wal.check_match(prev, request.prev_term)
-        except Mismatch as error:
-            return wire.FetchResponse(
-                status=wire.APPEND_STATUS_MISMATCH,
-                last_lsn=wal.last_lsn,
-                last_term=wal.last_term,
-                conflict_term=error.conflict_term,
-                conflict_first_lsn=error.conflict_first_lsn,
-            )
-        max_bytes = min(max(request.max_bytes, 1 << 16), 16 << 20)
-        frames = wal.read_frames(prev + 1, max_bytes)
-        return wire.FetchResponse(
-            status=wire.APPEND_STATUS_OK,
-            frames=frames,
-            last_lsn=wal.last_lsn,
-            last_term=wal.last_term,
-        )
-
-    async def Append(self, request_iterator, context):
-        """Requests are written in order; durability is awaited concurrently and answers go
-        back in request order (pipelining)."""
-        answers: asyncio.Queue[asyncio.Future[wire.AppendResponse] | None] = asyncio.Queue(
-            maxsize=256
-        )
-
-        async def handle(request: wire.AppendRequest) -> asyncio.Future[wire.AppendResponse]:
-            future: asyncio.Future[wire.AppendResponse] = asyncio.get_running_loop().create_future()
-            try:
-                bad = check_name("pchannel", request.pchannel, LIMITS)
-                if bad is not None:
-                    raise BadBatch(bad.message)
-                self._check_assigned(request.pchannel, request.term, request.owner_node_id)
-                wal = await self._plane.log(request.pchannel)
-                if request.frames:
-                    result = await wal.append(
-                        request.term,
-                        request.prev_lsn,
-                        request.prev_term,
-                        request.frames,
-                        batch_crc=request.frames_crc if request.HasField("frames_crc") else None,
-                    )
-                else:
-                    # A heartbeat: log matching only.
-                    if request.term < wal.fenced_term:
-                        raise Fenced(request.term, wal.fenced_term)
-                    prev = request.prev_lsn
-                    wal.check_match(prev, request.prev_term)
-                    result = None
-                    matched = prev
-            except Fenced as error:
-                future.set_result(
-                    wire.AppendResponse(
-                        request_id=request.request_id,
-                        status=wire.APPEND_STATUS_FENCED,
-                        fenced_term=error.fenced_term,
-                    )
-                )
-                return future
-            except Mismatch as error:
-                future.set_result(
-                    wire.AppendResponse(
-                        request_id=request.request_id,
-                        status=wire.APPEND_STATUS_MISMATCH,
-                        last_lsn=wal.last_lsn,
-                        last_term=wal.last_term,
-                        conflict_term=error.conflict_term,
-                        conflict_first_lsn=error.conflict_first_lsn,
-                    )
-                )
-                return future
-            except RaftwalError as error:
-                future.set_result(
-                    wire.AppendResponse(
-                        request_id=request.request_id,
-                        status=wire.APPEND_STATUS_ERROR,
-                        error=error.info,
-                    )
-                )
-                return future
-            except (BadBatch, LogError, SegmentCorrupted, OSError, ValueError) as error:
-                future.set_result(
-                    wire.AppendResponse(
-                        request_id=request.request_id,
-                        status=wire.APPEND_STATUS_ERROR,
-                        error=error_info(E.INNER, str(error)[:500]),
-                    )
-                )
-                return future
-
-            async def durable() -> None:
-                try:
-                    if result is not None:
-                        await wal.wait_durable(result)
-                        durable_lsn = result.last_lsn
-                    else:
-                        durable_lsn = matched
-                    if wal.fenced_term > request.term:
-                        # A newer owner fenced this log meanwhile: never confirm to the old.
-                        _settle(
-                            future,
-                            wire.AppendResponse(
-                                request_id=request.request_id,
-                                status=wire.APPEND_STATUS_FENCED,
-                                fenced_term=wal.fenced_term,
-                            ),
-                        )
-                        return
-                    committed = min(request.committed_lsn, durable_lsn)
-                    if committed > wal.committed_lsn:
-                        wal.committed_lsn = committed
-                    _settle(
-                        future,
-                        wire.AppendResponse(
-                            request_id=request.request_id,
-                            status=wire.APPEND_STATUS_OK,
-                            durable_lsn=durable_lsn,
-                            last_lsn=wal.last_lsn,
-                            last_term=wal.last_term,
-                        ),
-                    )
-                except (LogError, OSError, ValueError) as error:
-                    _settle(
-                        future,
-                        wire.AppendResponse(
-                            request_id=request.request_id,
-                            status=wire.APPEND_STATUS_ERROR,
-                            error=error_info(E.INNER, str(error)[:500]),
-                        ),
-                    )
-
-            asyncio.ensure_future(durable()).add_done_callback(_log_failure)
-            return future
-
-        owner_ids: set[str] = set()
-
-        async def reader() -> None:
-            try:
-                async for request in request_iterator:
-                    if request.owner_node_id and len(owner_ids) < 8:
-                        owner_ids.add(request.owner_node_id[:64])
-                    await answers.put(await handle(request))
-            finally:
-                await answers.put(None)
-
-        task = asyncio.create_task(reader())
-        try:
-            while True:
-                future = await answers.get()
-                if future is None:
-                    break
-                response = await future
-                # Answers that are ready already are folded into one: the newest OK stands
-                # for every request before it (the owner frees its window by request id).
-                while response.status == wire.APPEND_STATUS_OK and not answers.empty():
-                    following = answers._queue[0]  # noqa: SLF001 - peek, asyncio has no API
-                    if following is None or not following.done():
-                        break
-                    answers.get_nowait()
-                    response = following.result()
-                yield response
-        except asyncio.CancelledError:
-            # The owner's end went away: a crash looks like this (a deliberate close does
-            # too, but then the owner's heartbeats stay on time and nothing happens).
-            for owner_id in owner_ids:
-                self._node.suspect(owner_id)
-            raise
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
 
 
 def _complete_prefix(entries: list[Any]) -> int:
@@ -612,46 +104,9 @@ def _peer_host(peer: str) -> str:
     return host if host and port.isdigit() else peer
 
 
-def _settle(future: asyncio.Future[Any], result: Any) -> None:
-    """Resolve `future` unless it is done already: the handler awaiting it is cancelled when
-    the owner's stream goes away (a failover), which cancels the future too, and a late
-    set_result would then raise InvalidStateError in a task nobody awaits."""
-    if not future.done():
-        future.set_result(result)
-
-
-def _log_failure(task: asyncio.Future[Any]) -> None:
-    # A background step of a stream whose handler is gone: nobody awaits it, so its error
-    # is logged here rather than as "Task exception was never retrieved" at exit.
-    if not task.cancelled() and task.exception() is not None:
-        log.error("replication step failed", exc_info=task.exception())
-
-
 def _retrieve_quietly(task: asyncio.Future[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.debug("produce stream reader ended: %r", task.exception())
-
-
-def _broadcast_mismatch(
-    state: pb.CoordinationState, request: wire.AppendBroadcastRequest
-) -> str | None:
-    """Why `request` is not the append of a pending broadcast to one of its vchannels (the
-    only thing AppendBroadcast may write), or None."""
-    task = state.broadcasts.get(request.broadcast_id)
-    if task is None or task.state != pb.BROADCAST_STATE_PENDING:
-        return f"broadcast {request.broadcast_id} is not pending (expected a pending broadcast)"
-    if request.vchannel not in {target.vchannel for target in task.vchannels}:
-        return (
-            f"broadcast {request.broadcast_id} does not target vchannel {request.vchannel!r} "
-            f"(expected one of {[t.vchannel for t in task.vchannels][:8]})"
-        )
-    if request.message != task.message or request.msg_type != task.msg_type:
-        return (
-            f"message of broadcast {request.broadcast_id} differs from the broadcast's "
-            f"({len(request.message)} bytes of {request.msg_type[:32]!r}; expected "
-            f"{len(task.message)} bytes of {task.msg_type[:32]!r})"
-        )
-    return None
 
 
 # -- transactions ----------------------------------------------------------------------------
@@ -689,7 +144,7 @@ class _Ended:
 
 
 class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
-    def __init__(self, node: Node, plane: DataPlane, view: NodeDataView) -> None:
+    def __init__(self, node: StreamingBackend, plane: DataPlane, view: DataView) -> None:
         self._node = node
         self._plane = plane
         self._view = view
@@ -714,18 +169,18 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         owner = self._plane.owner(pchannel)
         if owner is None or not owner.serving:
             if owner is not None and owner.state == "fenced":
-                raise _fail(
+                raise fail(
                     E.CHANNEL_FENCED,
                     f"pchannel {pchannel} was fenced at term {owner.term}",
                     current_term=owner.fenced_by,
                     owner_hint=self._view.owner_hint(pchannel)[0],
                 )
             if pchannel not in self._view.view.pchannels:
-                raise _fail(E.CHANNEL_NOT_EXIST, f"pchannel {pchannel!r} does not exist")
+                raise fail(E.CHANNEL_NOT_EXIST, f"pchannel {pchannel!r} does not exist")
             hint, term = self._view.owner_hint(pchannel)
             if hint == self._node.me.grpc_address:
                 hint = ""
-            raise _fail(
+            raise fail(
                 E.NOT_OWNER,
                 f"node {self._node.me.id} does not serve pchannel {pchannel} now"
                 + (f" (owner {hint} at term {term})" if hint else " (recovering or unassigned)"),
@@ -734,15 +189,15 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             )
         return owner
 
-    def _vchannel(self, name: str, pchannel: str | None = None) -> _VChannel:
+    def _vchannel(self, name: str, pchannel: str | None = None) -> VChannelInfo:
         bad = check_name("vchannel", name, LIMITS)
         if bad is not None:
-            raise _fail(E.INVALID_ARGUMENT, bad.message)
+            raise fail(E.INVALID_ARGUMENT, bad.message)
         vchannel = self._view.view.vchannels.get(name)
         if vchannel is None or not vchannel.normal:
-            raise _fail(E.CHANNEL_NOT_EXIST, f"vchannel {name!r} does not exist or was dropped")
+            raise fail(E.CHANNEL_NOT_EXIST, f"vchannel {name!r} does not exist or was dropped")
         if pchannel is not None and vchannel.pchannel != pchannel:
-            raise _fail(
+            raise fail(
                 E.INVALID_ARGUMENT,
                 f"vchannel {name!r} is on pchannel {vchannel.pchannel!r} (got {pchannel!r})",
             )
@@ -754,22 +209,22 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         try:
             code = msg_type_code(name)
         except ValueError as error:
-            raise _fail(E.INVALID_ARGUMENT, str(error)) from None
+            raise fail(E.INVALID_ARGUMENT, str(error)) from None
         if code in CONTROL_MSG_TYPES:
-            raise _fail(E.INVALID_ARGUMENT, f"msg_type {name!r} is reserved for the WAL itself")
+            raise fail(E.INVALID_ARGUMENT, f"msg_type {name!r} is reserved for the WAL itself")
         if len(message.payload) > MAX_PAYLOAD_BYTES:
-            raise _fail(
+            raise fail(
                 E.INVALID_ARGUMENT,
                 f"payload too large ({len(message.payload)} bytes; expected <= {MAX_PAYLOAD_BYTES})",
             )
         if len(message.key) > MAX_KEY_BYTES:
-            raise _fail(
+            raise fail(
                 E.INVALID_ARGUMENT,
                 f"key too large ({len(message.key)} bytes; expected <= {MAX_KEY_BYTES})",
             )
         for key, value in message.properties.items():
             if "\x00" in key or "\x00" in value or key.startswith(RESERVED_PROPERTY_PREFIX):
-                raise _fail(
+                raise fail(
                     E.INVALID_ARGUMENT,
                     f"invalid property {key[:64]!r} (expected no NUL and no "
                     f"{RESERVED_PROPERTY_PREFIX!r} prefix)",
@@ -791,13 +246,13 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         try:
             code = msg_type_code(name)
         except ValueError as error:
-            raise _fail(E.INVALID_ARGUMENT, str(error)) from None
+            raise fail(E.INVALID_ARGUMENT, str(error)) from None
         if code in CONTROL_MSG_TYPES:
-            raise _fail(E.INVALID_ARGUMENT, f"msg_type {name!r} is reserved for the WAL itself")
+            raise fail(E.INVALID_ARGUMENT, f"msg_type {name!r} is reserved for the WAL itself")
         payloads = list(request.payloads)
         largest = max(map(len, payloads))
         if largest > MAX_PAYLOAD_BYTES:
-            raise _fail(
+            raise fail(
                 E.INVALID_ARGUMENT,
                 f"payload too large ({largest} bytes; expected <= {MAX_PAYLOAD_BYTES})",
             )
@@ -821,9 +276,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 try:
                     code = msg_type_code(name)
                 except ValueError as error:
-                    raise _fail(E.INVALID_ARGUMENT, str(error)) from None
+                    raise fail(E.INVALID_ARGUMENT, str(error)) from None
                 if code in CONTROL_MSG_TYPES:
-                    raise _fail(
+                    raise fail(
                         E.INVALID_ARGUMENT, f"msg_type {name!r} is reserved for the WAL itself"
                     )
                 type_codes[message.msg_type] = code
@@ -839,7 +294,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                         or "\x00" in value
                         or name.startswith(RESERVED_PROPERTY_PREFIX)
                     ):
-                        raise _fail(
+                        raise fail(
                             E.INVALID_ARGUMENT,
                             f"invalid property {name[:64]!r} (expected no NUL and no "
                             f"{RESERVED_PROPERTY_PREFIX!r} prefix)",
@@ -853,28 +308,28 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         try:
             bad = check_name("pchannel", request.pchannel, LIMITS)
             if bad is not None:
-                raise _fail(E.INVALID_ARGUMENT, bad.message)
+                raise fail(E.INVALID_ARGUMENT, bad.message)
             compact = len(request.payloads) > 0
             count = len(request.payloads) if compact else len(request.messages)
             if compact and len(request.messages):
-                raise _fail(
+                raise fail(
                     E.INVALID_ARGUMENT,
                     "both messages and payloads set (expected exactly one of them)",
                 )
             if not 1 <= count <= MAX_MESSAGES_PER_BATCH:
-                raise _fail(
+                raise fail(
                     E.INVALID_ARGUMENT,
                     f"invalid batch size ({count}; expected 1..{MAX_MESSAGES_PER_BATCH})",
                 )
             if len(request.producer_id) > MAX_PRODUCER_ID_CHARS or request.sequence < 0:
-                raise _fail(
+                raise fail(
                     E.INVALID_ARGUMENT,
                     f"invalid producer ({request.producer_id[:32]!r}, sequence "
                     f"{request.sequence}; expected <= {MAX_PRODUCER_ID_CHARS} chars and "
                     "sequence >= 0)",
                 )
             if request.expected_last_lsn < -1:
-                raise _fail(
+                raise fail(
                     E.INVALID_ARGUMENT,
                     f"invalid expected_last_lsn ({request.expected_last_lsn}; expected >= -1)",
                 )
@@ -961,7 +416,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
     async def Consume(self, request, context):
         try:
             if bool(request.vchannel) == bool(request.pchannel):
-                raise _fail(E.INVALID_ARGUMENT, "expected exactly one of vchannel or pchannel")
+                raise fail(E.INVALID_ARGUMENT, "expected exactly one of vchannel or pchannel")
             vchannel_id = 0
             if request.vchannel:
                 vchannel = self._vchannel(request.vchannel)
@@ -970,7 +425,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 pchannel = request.pchannel
                 bad = check_name("pchannel", pchannel, LIMITS)
                 if bad is not None:
-                    raise _fail(E.INVALID_ARGUMENT, bad.message)
+                    raise fail(E.INVALID_ARGUMENT, bad.message)
             if request.policy not in (
                 wire.DELIVER_POLICY_UNSPECIFIED,
                 wire.DELIVER_POLICY_ALL,
@@ -978,18 +433,18 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 wire.DELIVER_POLICY_START_FROM,
                 wire.DELIVER_POLICY_START_AFTER,
             ):
-                raise _fail(E.INVALID_ARGUMENT, f"invalid deliver policy ({request.policy})")
+                raise fail(E.INVALID_ARGUMENT, f"invalid deliver policy ({request.policy})")
             if request.lsn < 0:
-                raise _fail(E.INVALID_ARGUMENT, f"invalid lsn ({request.lsn}; expected >= 0)")
+                raise fail(E.INVALID_ARGUMENT, f"invalid lsn ({request.lsn}; expected >= 0)")
             types = set()
             for name in request.msg_types:
                 try:
                     types.add(msg_type_code(name))
                 except ValueError as error:
-                    raise _fail(E.INVALID_ARGUMENT, str(error)) from None
+                    raise fail(E.INVALID_ARGUMENT, str(error)) from None
             batch_limit = request.max_batch_entries or DEFAULT_CONSUME_BATCH
             if not 1 <= batch_limit <= MAX_CONSUME_BATCH:
-                raise _fail(
+                raise fail(
                     E.INVALID_ARGUMENT,
                     f"invalid max_batch_entries ({batch_limit}; expected 1..{MAX_CONSUME_BATCH})",
                 )
@@ -1010,7 +465,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         if next_lsn < wal.first_lsn:
             await self._abort(
                 context,
-                _fail(E.COMPACTED, f"lsn {next_lsn} was deleted (log starts at {wal.first_lsn})"),
+                fail(E.COMPACTED, f"lsn {next_lsn} was deleted (log starts at {wal.first_lsn})"),
             )
             return
         after = request.after_time_tick if request.HasField("after_time_tick") else None
@@ -1020,14 +475,14 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         while True:
             if not owner.serving:
                 error = (
-                    _fail(
+                    fail(
                         E.CHANNEL_FENCED,
                         f"pchannel {pchannel} moved on from term {owner.term}",
                         current_term=owner.fenced_by,
                         owner_hint=self._view.owner_hint(pchannel)[0],
                     )
                     if owner.state == "fenced"
-                    else _fail(
+                    else fail(
                         E.NOT_OWNER,
                         f"node {self._node.me.id} stopped serving {pchannel}",
                         owner_hint=self._view.owner_hint(pchannel)[0],
@@ -1045,7 +500,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             try:
                 entries = wal.entries(next_lsn, CONSUME_CHUNK_BYTES, committed)
             except (LogError, OSError, KeyError, SegmentCorrupted) as error:
-                await self._abort(context, _fail(E.INNER, f"read failed: {error}"))
+                await self._abort(context, fail(E.INNER, f"read failed: {error}"))
                 return
             if not entries:
                 await owner.wait_commit_change(CONSUME_POLL_S)
@@ -1058,7 +513,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 try:
                     entries = wal.entries(next_lsn, CONSUME_TXN_BYTES, committed)
                 except (LogError, OSError, KeyError, SegmentCorrupted) as error:
-                    await self._abort(context, _fail(E.INNER, f"read failed: {error}"))
+                    await self._abort(context, fail(E.INNER, f"read failed: {error}"))
                     return
                 cut = _complete_prefix(entries)
             if cut == 0:
@@ -1139,14 +594,14 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         self._expire_txns()
         txn = self._txns.get(txn_id)
         if txn is None or txn.vchannel != vchannel:
-            raise _fail(
+            raise fail(
                 E.TRANSACTION_EXPIRED,
                 f"transaction {txn_id} on {vchannel!r} is unknown or expired",
             )
         owner = self._owner(txn.pchannel)
         if owner.term != txn.term:
             self._drop_txn(txn_id)
-            raise _fail(
+            raise fail(
                 E.TRANSACTION_EXPIRED,
                 f"transaction {txn_id} began at term {txn.term}; the pchannel moved to term "
                 f"{owner.term}",
@@ -1173,7 +628,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         )
         for name, used, budget, count in budgets:
             if used + size > budget:
-                raise _fail(
+                raise fail(
                     E.RESOURCE_EXHAUSTED,
                     f"{name} is full: {_mib(used)} of {_mib(budget)} held by {count} open "
                     f"transaction(s), and this append needs {_mib(size)} more (commit or roll "
@@ -1202,27 +657,27 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         except (RaftwalError, WalError) as error:
             await self._abort(context, error)
         except (LogError, OSError) as error:
-            await self._abort(context, _fail(E.INNER, str(error)[:300]))
+            await self._abort(context, fail(E.INNER, str(error)[:300]))
 
     async def BeginTxn(self, request, context):
         async def work() -> wire.BeginTxnResponse:
             vchannel = self._vchannel(request.vchannel)
             keepalive = request.keepalive_ms or DEFAULT_TXN_KEEPALIVE_MS
             if not 1 <= keepalive <= MAX_TXN_KEEPALIVE_MS:
-                raise _fail(
+                raise fail(
                     E.INVALID_ARGUMENT,
                     f"invalid keepalive_ms ({keepalive}; expected 1..{MAX_TXN_KEEPALIVE_MS})",
                 )
             owner = self._owner(vchannel.pchannel)
             self._expire_txns()
             if len(self._txns) >= MAX_OPEN_TXNS:
-                raise _fail(
+                raise fail(
                     E.RESOURCE_EXHAUSTED,
                     f"too many open transactions on node {self._node.me.id} "
                     f"({len(self._txns)}; expected < {MAX_OPEN_TXNS})",
                 )
             if len(request.producer_id) > MAX_PRODUCER_ID_CHARS:
-                raise _fail(
+                raise fail(
                     E.INVALID_ARGUMENT,
                     f"invalid producer_id ({len(request.producer_id)} chars; expected "
                     f"0..{MAX_PRODUCER_ID_CHARS})",
@@ -1247,13 +702,13 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         async def work() -> wire.AppendTxnResponse:
             txn = self._txn(request.vchannel, request.txn_id)
             if not 1 <= len(request.messages) <= MAX_MESSAGES_PER_BATCH:
-                raise _fail(E.INVALID_ARGUMENT, f"invalid message count ({len(request.messages)})")
+                raise fail(E.INVALID_ARGUMENT, f"invalid message count ({len(request.messages)})")
             # Refuse before copying anything: a full budget must cost no more memory.
             self._check_budget(txn, sum(_txn_bytes(m) for m in request.messages))
             messages = []
             for message in request.messages:
                 if message.vchannel and message.vchannel != txn.vchannel:
-                    raise _fail(
+                    raise fail(
                         E.INVALID_ARGUMENT,
                         f"message for {message.vchannel!r} in a txn on {txn.vchannel!r}",
                     )
@@ -1263,13 +718,13 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 messages.append(self._message(copy, txn.pchannel)[0])
             size = sum(_txn_bytes(m) for m in messages)
             if txn.bytes + size > MAX_TXN_BYTES:
-                raise _fail(
+                raise fail(
                     E.INVALID_ARGUMENT,
                     f"transaction too large ({txn.bytes + size} bytes; expected <= {MAX_TXN_BYTES})",
                 )
             async with txn.lock:
                 if self._txns.get(txn.txn_id) is not txn:
-                    raise _fail(E.TRANSACTION_EXPIRED, f"transaction {txn.txn_id} ended meanwhile")
+                    raise fail(E.TRANSACTION_EXPIRED, f"transaction {txn.txn_id} ended meanwhile")
                 self._check_budget(txn, size)
                 txn.messages.extend(messages)
                 txn.bytes += size
@@ -1294,7 +749,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                         positions=[wire.Position(lsn=lsn, time_tick=t) for lsn, t in positions]
                     )
                 if state == "rolled_back":
-                    raise _fail(
+                    raise fail(
                         E.INVALID_TRANSACTION_STATE,
                         f"transaction {request.txn_id} was rolled back (got CommitTxn; expected "
                         "a new transaction: a rolled back one never commits)",
@@ -1361,7 +816,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 if state == "rolled_back":
                     return wire.RollbackTxnResponse()  # a retry: the same outcome
                 if state == "committed":
-                    raise _fail(
+                    raise fail(
                         E.INVALID_TRANSACTION_STATE,
                         f"transaction {request.txn_id} was committed at lsn "
                         f"{positions[0][0]}..{positions[-1][0]} (got RollbackTxn; expected "
@@ -1386,7 +841,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         async def work() -> wire.GetLatestTimeTickResponse:
             bad = check_name("pchannel", request.pchannel, LIMITS)
             if bad is not None:
-                raise _fail(E.INVALID_ARGUMENT, bad.message)
+                raise fail(E.INVALID_ARGUMENT, bad.message)
             owner = self._owner(request.pchannel)
             return wire.GetLatestTimeTickResponse(
                 time_tick=owner.log.last_time_tick,
@@ -1403,18 +858,18 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         try:
             bad = check_name("pchannel", request.pchannel, LIMITS)
             if bad is not None:
-                raise _fail(E.INVALID_ARGUMENT, bad.message)
+                raise fail(E.INVALID_ARGUMENT, bad.message)
             if request.segment_id < 1 or request.from_lsn < 0 or request.to_lsn < 0:
-                raise _fail(E.INVALID_ARGUMENT, "invalid segment_id or lsn range (expected >= 1)")
+                raise fail(E.INVALID_ARGUMENT, "invalid segment_id or lsn range (expected >= 1)")
             chunk = request.max_chunk_bytes or (4 << 20)
             if not 4096 <= chunk <= (16 << 20):
-                raise _fail(
+                raise fail(
                     E.INVALID_ARGUMENT,
                     f"invalid max_chunk_bytes ({chunk}; expected 4096..16777216)",
                 )
             if request.pchannel not in self._view.view.pchannels:
                 # Checked before the log is opened: an unknown name must not get a directory.
-                raise _fail(E.CHANNEL_NOT_EXIST, f"pchannel {request.pchannel!r} does not exist")
+                raise fail(E.CHANNEL_NOT_EXIST, f"pchannel {request.pchannel!r} does not exist")
             wal = await self._plane.log(request.pchannel)
             path = wal.segment_path(request.segment_id)
             committed = self._view.committed_through(request.pchannel)
@@ -1422,7 +877,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 s.first_lsn == request.segment_id and s.last_lsn <= committed
                 for s in wal.sealed_segments()
             ):
-                raise _fail(
+                raise fail(
                     E.NOT_FOUND,
                     f"node {self._node.me.id} holds no committed segment {request.segment_id} "
                     f"of {request.pchannel}",
@@ -1432,10 +887,10 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             await self._abort(context, error)
             return
         except SegmentCorrupted as error:
-            await self._abort(context, _fail(E.UNRECOVERABLE, f"node {self._node.me.id}: {error}"))
+            await self._abort(context, fail(E.UNRECOVERABLE, f"node {self._node.me.id}: {error}"))
             return
         except (LogError, OSError) as error:
-            await self._abort(context, _fail(E.INNER, f"node {self._node.me.id}: {error}"[:300]))
+            await self._abort(context, fail(E.INNER, f"node {self._node.me.id}: {error}"[:300]))
             return
         try:
             low = request.from_lsn or reader.first_lsn
@@ -1491,22 +946,3 @@ def _visible(properties: Mapping[str, str]) -> Mapping[str, str]:
     if not any(name in properties for name in _INTERNAL_PROPERTIES):
         return properties
     return {k: v for k, v in properties.items() if k not in _INTERNAL_PROPERTIES}
-
-
-# -- reconciliation loop ---------------------------------------------------------------------
-
-
-async def reconcile_loop(
-    node: Node, plane: DataPlane, view: NodeDataView, stopping: asyncio.Event
-) -> None:
-    """Keep owners in line with the applied state: on every applied change, and at least
-    every second (so a stopped owner is noticed without a state change)."""
-    while not stopping.is_set():
-        try:
-            view.refresh()
-            await plane.reconcile()
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - logged; the next round retries
-            log.exception("data plane reconcile failed")
-        await node.notifier.wait_change(1.0)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raftwal.cli_client import (
+from raftwal.cli.client import (
     CLUSTER_FILE,
     CliError,
     add_security_arguments,

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from raftwal.security import ADMIN, CONSUMER, NODE, PRODUCER, READER
+from raftwal.node.security import ADMIN, CONSUMER, NODE, PRODUCER, READER
 
 VALIDITY = datetime.timedelta(days=365)
 # Tolerates a clock that is a little behind on the machine that checks the certificate.

@@ -38,7 +38,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from raftwal.chaos_workload import FAIL, OK, Delivery, History, Op, StatusSample
+from raftwal.chaos.workload import FAIL, OK, Delivery, History, Op, StatusSample
 
 # Message types the WAL writes itself (never produced by a client).
 CONTROL_MSG_TYPES = frozenset({"term_start", "seal"})
@@ -59,7 +59,7 @@ class LogEntry:
     time_tick: int
     vchannel: str
     msg_type: str
-    #: the payload's workload key (see chaos_workload.payload_key)
+    #: the payload's workload key (see raftwal.chaos.workload.payload_key)
     key: str
     broadcast_id: int
     #: sha1 of the payload, hex

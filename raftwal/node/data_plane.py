@@ -1,0 +1,245 @@
+"""Where the coordination plane meets the data plane on one node.
+
+- ``NodeDataView``: the node's cached view of assignments, vchannels and manifests
+  (refreshed when the node applies new commands) and the ``Proposer`` the owners use
+  (PChannelReady, CommitSegment, reassignment after a restart);
+- ``GrpcReplicaTransport``: the owner's client side of the ``Replication`` service (every
+  AppendRequest passes the ``replication.send`` fault point of ``raftwal.node.faults``);
+- ``reconcile_loop``: keeps the data plane's owners in line with the applied state.
+
+It implements ``wal_segments``' Protocols and ``raftwal.services.backend.DataView`` over a
+``DataPlaneHost`` (the node), and never imports the node's module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from typing import Protocol
+
+import grpc
+
+from raftwal.node import faults
+from raftwal.services.backend import (
+    ClusterMembers,
+    DataViewSnapshot,
+    NodeIdentity,
+    StateReader,
+    VChannelInfo,
+)
+from rpc.protos import coordination_pb2 as pb
+from rpc.protos import errors_pb2, streaming_pb2_grpc
+from rpc.protos import streaming_pb2 as wire
+from wal_segments.owner import WalError
+from wal_segments.plane import Assignment, DataPlane
+
+log = logging.getLogger(__name__)
+E = errors_pb2
+
+_STATE_NAMES = {
+    pb.PCHANNEL_STATE_ASSIGNING: "ASSIGNING",
+    pb.PCHANNEL_STATE_ASSIGNED: "ASSIGNED",
+}
+
+
+class DataPlaneHost(Protocol):
+    """What the data-plane glue needs from the node."""
+
+    @property
+    def me(self) -> NodeIdentity: ...
+
+    @property
+    def replica(self) -> StateReader: ...
+
+    @property
+    def config(self) -> ClusterMembers: ...
+
+    @property
+    def notifier(self) -> _ChangeNotifier: ...
+
+    def applied_revision(self) -> int: ...
+
+    def propose(self, command: pb.Command) -> Awaitable[pb.CommandResult]: ...
+
+    def channel(self, address: str) -> grpc.aio.Channel: ...
+
+
+class _ChangeNotifier(Protocol):
+    def wait_change(self, timeout_s: float) -> Awaitable[None]: ...
+
+
+class NodeDataView:
+    """CoordinationView + Proposer over the node's applied state."""
+
+    def __init__(self, node: DataPlaneHost) -> None:
+        self._node = node
+        self.view = DataViewSnapshot()
+
+    def refresh(self) -> None:
+        def reader(state: pb.CoordinationState) -> DataViewSnapshot:
+            view = DataViewSnapshot(revision=state.revision)
+            for name, channel in state.pchannels.items():
+                if channel.state == pb.PCHANNEL_STATE_DROPPED:
+                    continue
+                view.pchannels.add(name)
+                if channel.state in _STATE_NAMES:
+                    view.assignments[name] = Assignment(
+                        pchannel=name,
+                        term=channel.term,
+                        owner_node_id=channel.owner_node_id,
+                        state=_STATE_NAMES[channel.state],
+                        replica_node_ids=tuple(channel.replica_node_ids),
+                    )
+            for name, vchannel in state.vchannels.items():
+                view.vchannels[name] = VChannelInfo(
+                    name, vchannel.id, vchannel.pchannel, vchannel.state == pb.VCHANNEL_STATE_NORMAL
+                )
+                view.vchannel_names[vchannel.id] = name
+            for node_id, node in state.nodes.items():
+                view.addresses[node_id] = node.address
+            for name, manifest in state.manifests.items():
+                view.committed_through[name] = manifest.committed_through_lsn
+            return view
+
+        if self._node.applied_revision() != self.view.revision:
+            self.view = self._node.replica.read(reader)
+
+    # CoordinationView
+
+    def assignments(self) -> dict[str, Assignment]:
+        return self.view.assignments
+
+    async def reassign_to_self(self, pchannel: str, term: int) -> None:
+        assignment = self.view.assignments.get(pchannel)
+        replicas = list(assignment.replica_node_ids) if assignment else []
+        result = await self._node.propose(
+            pb.Command(
+                request_id=f"reassign:{pchannel}:{term + 1}:{self._node.me.id}",
+                assign_pchannel=pb.AssignPChannel(
+                    pchannel=pchannel,
+                    term=term + 1,
+                    node_id=self._node.me.id,
+                    replica_node_ids=replicas,
+                ),
+            )
+        )
+        if result.rejection.code != E.OK:
+            log.info("reassign %s to self rejected: %s", pchannel, result.rejection.message)
+
+    # Proposer
+
+    async def pchannel_ready(self, pchannel: str, term: int, start_lsn: int) -> int:
+        result = await self._node.propose(
+            pb.Command(
+                request_id=f"ready:{pchannel}:{term}:{start_lsn}",
+                pchannel_ready=pb.PChannelReady(
+                    pchannel=pchannel, term=term, node_id=self._node.me.id, start_lsn=start_lsn
+                ),
+            )
+        )
+        return result.rejection.code
+
+    async def commit_segment(self, pchannel: str, term: int, fields: dict[str, object]) -> int:
+        result = await self._node.propose(
+            pb.Command(
+                request_id=f"commit:{pchannel}:{term}:{fields['first_lsn']}:{fields['digest']}",
+                commit_segment=pb.CommitSegment(pchannel=pchannel, term=term, **fields),  # type: ignore[arg-type]
+            )
+        )
+        if result.rejection.code == E.OK:
+            self.view.committed_through[pchannel] = max(
+                self.view.committed_through.get(pchannel, 0),
+                int(fields["last_lsn"]),  # type: ignore[call-overload]
+            )
+        return result.rejection.code
+
+    def committed_through(self, pchannel: str) -> int:
+        return self.view.committed_through.get(pchannel, 0)
+
+    def still_assigned(self, pchannel: str, term: int) -> bool:
+        assignment = self.view.assignments.get(pchannel)
+        if assignment is None:
+            return pchannel not in self.view.pchannels and self.view.revision < 0
+        return assignment.term == term and assignment.owner_node_id == self._node.me.id
+
+    # helpers for the servicers
+
+    def owner_hint(self, pchannel: str) -> tuple[str, int]:
+        assignment = self.view.assignments.get(pchannel)
+        if assignment is None:
+            return "", 0
+        return self.view.addresses.get(assignment.owner_node_id, ""), assignment.term
+
+
+# -- transport -------------------------------------------------------------------------------
+
+
+class _GrpcAppendStream:
+    def __init__(self, stub: streaming_pb2_grpc.ReplicationStub) -> None:
+        self._call = stub.Append()
+
+    async def write(self, request: wire.AppendRequest) -> None:
+        injector = faults.active()
+        if injector is not None and await injector.network_fault(
+            "replication.send", request.pchannel
+        ):
+            return  # dropped: log matching finds the gap and the owner resends
+        await self._call.write(request)
+
+    async def responses(self) -> AsyncIterator[wire.AppendResponse]:
+        while True:
+            response = await self._call.read()
+            if response is grpc.aio.EOF:
+                return
+            yield response
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class GrpcReplicaTransport:
+    def __init__(self, node: DataPlaneHost) -> None:
+        self._node = node
+
+    def _stub(self, node_id: str) -> streaming_pb2_grpc.ReplicationStub:
+        address = self._node.config.node(node_id).grpc_address
+        return streaming_pb2_grpc.ReplicationStub(self._node.channel(address))
+
+    def open_append(self, node_id: str) -> _GrpcAppendStream:
+        return _GrpcAppendStream(self._stub(node_id))
+
+    async def fence(self, node_id: str, request: wire.FenceRequest) -> wire.FenceResponse:
+        try:
+            return await self._stub(node_id).Fence(request, timeout=2.0)
+        except grpc.aio.AioRpcError as error:
+            from rpc.errors import from_rpc_error
+
+            info = from_rpc_error(error)
+            if info.code == E.CHANNEL_FENCED:
+                raise WalError(
+                    E.CHANNEL_FENCED, info.message, current_term=info.current_term
+                ) from None
+            raise
+
+    async def fetch(self, node_id: str, request: wire.FetchRequest) -> wire.FetchResponse:
+        return await self._stub(node_id).Fetch(request, timeout=10.0)
+
+
+# -- reconciliation loop ---------------------------------------------------------------------
+
+
+async def reconcile_loop(
+    node: DataPlaneHost, plane: DataPlane, view: NodeDataView, stopping: asyncio.Event
+) -> None:
+    """Keep owners in line with the applied state: on every applied change, and at least
+    every second (so a stopped owner is noticed without a state change)."""
+    while not stopping.is_set():
+        try:
+            view.refresh()
+            await plane.reconcile()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - logged; the next round retries
+            log.exception("data plane reconcile failed")
+        await node.notifier.wait_change(1.0)

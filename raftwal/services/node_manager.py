@@ -1,0 +1,57 @@
+"""The node-internal ``NodeManager`` service: what the coordinator calls on a node (Assign,
+Remove, CollectStatus).
+
+``Assign`` wakes the data plane, which runs tail recovery for the assignment and ends it
+with ``PChannelReady`` (``wal_segments.owner``). Depends on ``NodeManagerBackend``, never on
+the node.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from raftwal.services.backend import NodeManagerBackend
+from rpc.errors import error_info, to_status
+from rpc.protos import coordinator_pb2 as api
+from rpc.protos import coordinator_pb2_grpc, errors_pb2
+
+log = logging.getLogger(__name__)
+E = errors_pb2
+
+
+class NodeManagerServicer(coordinator_pb2_grpc.NodeManagerServicer):
+    def __init__(self, node: NodeManagerBackend) -> None:
+        self._node = node
+
+    async def Assign(self, request, context):
+        if not request.pchannel or len(request.pchannel) > 128 or request.term < 1:
+            await context.abort_with_status(
+                to_status(
+                    error_info(
+                        E.INVALID_ARGUMENT,
+                        f"invalid assignment ({request.pchannel[:64]!r} at term "
+                        f"{request.term}; expected a pchannel name and term >= 1)",
+                    )
+                )
+            )
+        # The data plane's reconcile loop starts tail recovery as soon as this node has
+        # applied the assignment; this call only makes sure it looks now.
+        self._node.data_view.refresh()
+        await self._node.plane.reconcile()
+        return api.AssignResponse(accepted=True)
+
+    async def Remove(self, request, context):
+        return api.RemoveResponse()
+
+    async def CollectStatus(self, request, context):
+        try:
+            member = self._node.member_status()
+        except AssertionError:
+            await context.abort_with_status(
+                to_status(error_info(E.ON_SHUTDOWN, "node is starting or stopping"))
+            )
+        return api.CollectStatusResponse(
+            node_id=self._node.me.id,
+            member=member,
+            serving_terms=self._node.plane.serving_terms(),
+        )

@@ -1,0 +1,386 @@
+"""The replica side of WAL replication: the ``Replication`` service (the Append stream from
+a pchannel's owner, Fence, Fetch, AppendBroadcast from the coordinator).
+
+Only nodes call it (role ``node``). It validates every request against the replica's log
+and the coordination state (log matching, fenced terms, pending broadcasts) and never
+writes what fails a check. Depends on ``ReplicationBackend``, never on the node itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from raftwal.services.backend import ReplicationBackend
+from raftwal.services.common import fail
+from rpc.errors import RaftwalError, error_info, to_status
+from rpc.protos import coordination_pb2 as pb
+from rpc.protos import errors_pb2, streaming_pb2_grpc
+from rpc.protos import streaming_pb2 as wire
+from statemachine.types import DEFAULT_LIMITS as LIMITS
+from statemachine.validation import check_name
+from wal_segments.format import (
+    EntryFlags,
+    MsgType,
+    msg_type_code,
+)
+from wal_segments.log import BadBatch, Fenced, LogError, Mismatch
+from wal_segments.owner import Message, WalError
+from wal_segments.plane import DataPlane
+from wal_segments.segment import SegmentCorrupted
+
+log = logging.getLogger(__name__)
+E = errors_pb2
+
+
+def _settle(future: asyncio.Future[Any], result: Any) -> None:
+    """Resolve `future` unless it is done already: the handler awaiting it is cancelled when
+    the owner's stream goes away (a failover), which cancels the future too, and a late
+    set_result would then raise InvalidStateError in a task nobody awaits."""
+    if not future.done():
+        future.set_result(result)
+
+
+def _log_failure(task: asyncio.Future[Any]) -> None:
+    # A background step of a stream whose handler is gone: nobody awaits it, so its error
+    # is logged here rather than as "Task exception was never retrieved" at exit.
+    if not task.cancelled() and task.exception() is not None:
+        log.error("replication step failed", exc_info=task.exception())
+
+
+def _broadcast_mismatch(
+    state: pb.CoordinationState, request: wire.AppendBroadcastRequest
+) -> str | None:
+    """Why `request` is not the append of a pending broadcast to one of its vchannels (the
+    only thing AppendBroadcast may write), or None."""
+    task = state.broadcasts.get(request.broadcast_id)
+    if task is None or task.state != pb.BROADCAST_STATE_PENDING:
+        return f"broadcast {request.broadcast_id} is not pending (expected a pending broadcast)"
+    if request.vchannel not in {target.vchannel for target in task.vchannels}:
+        return (
+            f"broadcast {request.broadcast_id} does not target vchannel {request.vchannel!r} "
+            f"(expected one of {[t.vchannel for t in task.vchannels][:8]})"
+        )
+    if request.message != task.message or request.msg_type != task.msg_type:
+        return (
+            f"message of broadcast {request.broadcast_id} differs from the broadcast's "
+            f"({len(request.message)} bytes of {request.msg_type[:32]!r}; expected "
+            f"{len(task.message)} bytes of {task.msg_type[:32]!r})"
+        )
+    return None
+
+
+# -- replica side ----------------------------------------------------------------------------
+
+
+class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
+    def __init__(self, node: ReplicationBackend, plane: DataPlane) -> None:
+        self._node = node
+        self._plane = plane
+
+    def _check_pchannel(self, pchannel: str) -> None:
+        bad = check_name("pchannel", pchannel, LIMITS)
+        if bad is not None:
+            raise fail(E.INVALID_ARGUMENT, bad.message)
+
+    def _check_assigned(self, pchannel: str, term: int, owner_node_id: str | None) -> None:
+        """Only what the coordination state assigned may fence, append or fetch: a term
+        above the pchannel's assigned term (or the assigned term from another node) would
+        fence the real owner out for good, and an unknown pchannel would get a directory."""
+        view = self._node.data_view
+        for attempt in range(2):
+            assignment = view.view.assignments.get(pchannel)
+            if (
+                assignment is not None
+                and term <= assignment.term
+                and (
+                    owner_node_id is None
+                    or term < assignment.term
+                    or owner_node_id == assignment.owner_node_id
+                )
+            ):
+                return
+            if attempt == 0:
+                view.refresh()  # this node may not have applied the assignment yet
+        if assignment is None:
+            raise fail(E.CHANNEL_NOT_EXIST, f"pchannel {pchannel!r} is not assigned")
+        raise fail(
+            E.UNMATCHED_CHANNEL_TERM,
+            f"pchannel {pchannel} term {term} from {owner_node_id!r} was not assigned "
+            f"(expected term <= {assignment.term}, from {assignment.owner_node_id!r} at that "
+            "term)",
+            current_term=assignment.term,
+        )
+
+    async def Fence(self, request, context):
+        try:
+            self._check_pchannel(request.pchannel)
+            if request.term < 1:
+                raise fail(E.INVALID_ARGUMENT, f"invalid term ({request.term}; expected >= 1)")
+            self._check_assigned(request.pchannel, request.term, request.owner_node_id)
+            wal = await self._plane.log(request.pchannel)
+            position = await wal.fence(request.term)
+        except Fenced as error:
+            await context.abort_with_status(
+                to_status(error_info(E.CHANNEL_FENCED, str(error), current_term=error.fenced_term))
+            )
+        except RaftwalError as error:
+            await context.abort_with_status(to_status(error.info))
+        except (LogError, SegmentCorrupted, OSError) as error:
+            await context.abort_with_status(to_status(error_info(E.INNER, str(error))))
+        return wire.FenceResponse(
+            fenced_term=wal.fenced_term,
+            last_lsn=position.last_lsn,
+            last_term=position.last_term,
+            last_time_tick=position.last_time_tick,
+            node_id=self._node.me.id,
+        )
+
+    async def AppendBroadcast(self, request, context):
+        try:
+            bad = check_name("pchannel", request.pchannel, LIMITS) or check_name(
+                "vchannel", request.vchannel, LIMITS
+            )
+            if bad is not None:
+                raise fail(E.INVALID_ARGUMENT, bad.message)
+            if request.broadcast_id < 1:
+                raise fail(E.INVALID_ARGUMENT, f"invalid broadcast_id ({request.broadcast_id})")
+            vchannel = self._node.data_view.view.vchannels.get(request.vchannel)
+            if vchannel is None or vchannel.pchannel != request.pchannel:
+                raise fail(
+                    E.CHANNEL_NOT_EXIST,
+                    f"vchannel {request.vchannel!r} is not on pchannel {request.pchannel!r}",
+                )
+            owner = self._plane.owner(request.pchannel)
+            if owner is None or not owner.serving:
+                hint, term = self._node.data_view.owner_hint(request.pchannel)
+                raise fail(
+                    E.NOT_OWNER,
+                    f"node {self._node.me.id} does not serve {request.pchannel}",
+                    owner_hint=hint,
+                    current_term=term,
+                )
+            problem = self._node.replica.read(lambda state: _broadcast_mismatch(state, request))
+            if problem is not None:
+                # Maybe not applied here yet: the coordinator sends once it applied it.
+                await self._node.wait_change(0.5)
+                problem = self._node.replica.read(lambda state: _broadcast_mismatch(state, request))
+            if problem is not None:
+                raise fail(E.INVALID_ARGUMENT, problem)
+            properties = {}
+            try:
+                code = msg_type_code(request.msg_type or "ddl")
+            except ValueError:
+                code = int(MsgType.DDL)
+                properties["rw.msg_type"] = request.msg_type[:128]
+            message = Message(
+                vchannel_id=vchannel.id,
+                msg_type=code,
+                payload=request.message,
+                properties=properties,
+                flags=int(EntryFlags.BROADCAST),
+                broadcast_id=request.broadcast_id,
+            )
+            positions, duplicate = await owner.write(
+                [message],
+                producer_id=f"rw.broadcast.{request.broadcast_id}.{request.vchannel}",
+                sequence=1,
+            )
+        except (RaftwalError, WalError) as error:
+            await context.abort_with_status(to_status(error.info))
+        except (LogError, OSError) as error:
+            await context.abort_with_status(to_status(error_info(E.INNER, str(error)[:300])))
+        lsn, tick = positions[0]
+        return wire.AppendBroadcastResponse(
+            position=wire.Position(lsn=lsn, time_tick=tick), duplicate=duplicate
+        )
+
+    async def Fetch(self, request, context):
+        try:
+            self._check_pchannel(request.pchannel)
+            self._check_assigned(request.pchannel, request.term, None)
+            wal = await self._plane.log(request.pchannel)
+        except RaftwalError as error:
+            await context.abort_with_status(to_status(error.info))
+        except (LogError, SegmentCorrupted, OSError) as error:
+            await context.abort_with_status(to_status(error_info(E.INNER, str(error))))
+        if request.term < wal.fenced_term:
+            return wire.FetchResponse(status=wire.APPEND_STATUS_FENCED, fenced_term=wal.fenced_term)
+        if request.prev_lsn < 0 or request.prev_term < 0:
+            await context.abort_with_status(
+                to_status(error_info(E.INVALID_ARGUMENT, "negative prev_lsn or prev_term"))
+            )
+        prev = request.prev_lsn
+        try:
+            wal.check_match(prev, request.prev_term)
+        except Mismatch as error:
+            return wire.FetchResponse(
+                status=wire.APPEND_STATUS_MISMATCH,
+                last_lsn=wal.last_lsn,
+                last_term=wal.last_term,
+                conflict_term=error.conflict_term,
+                conflict_first_lsn=error.conflict_first_lsn,
+            )
+        max_bytes = min(max(request.max_bytes, 1 << 16), 16 << 20)
+        frames = wal.read_frames(prev + 1, max_bytes)
+        return wire.FetchResponse(
+            status=wire.APPEND_STATUS_OK,
+            frames=frames,
+            last_lsn=wal.last_lsn,
+            last_term=wal.last_term,
+        )
+
+    async def Append(self, request_iterator, context):
+        """Requests are written in order; durability is awaited concurrently and answers go
+        back in request order (pipelining)."""
+        answers: asyncio.Queue[asyncio.Future[wire.AppendResponse] | None] = asyncio.Queue(
+            maxsize=256
+        )
+
+        async def handle(request: wire.AppendRequest) -> asyncio.Future[wire.AppendResponse]:
+            future: asyncio.Future[wire.AppendResponse] = asyncio.get_running_loop().create_future()
+            try:
+                bad = check_name("pchannel", request.pchannel, LIMITS)
+                if bad is not None:
+                    raise BadBatch(bad.message)
+                self._check_assigned(request.pchannel, request.term, request.owner_node_id)
+                wal = await self._plane.log(request.pchannel)
+                if request.frames:
+                    result = await wal.append(
+                        request.term,
+                        request.prev_lsn,
+                        request.prev_term,
+                        request.frames,
+                        batch_crc=request.frames_crc if request.HasField("frames_crc") else None,
+                    )
+                else:
+                    # A heartbeat: log matching only.
+                    if request.term < wal.fenced_term:
+                        raise Fenced(request.term, wal.fenced_term)
+                    prev = request.prev_lsn
+                    wal.check_match(prev, request.prev_term)
+                    result = None
+                    matched = prev
+            except Fenced as error:
+                future.set_result(
+                    wire.AppendResponse(
+                        request_id=request.request_id,
+                        status=wire.APPEND_STATUS_FENCED,
+                        fenced_term=error.fenced_term,
+                    )
+                )
+                return future
+            except Mismatch as error:
+                future.set_result(
+                    wire.AppendResponse(
+                        request_id=request.request_id,
+                        status=wire.APPEND_STATUS_MISMATCH,
+                        last_lsn=wal.last_lsn,
+                        last_term=wal.last_term,
+                        conflict_term=error.conflict_term,
+                        conflict_first_lsn=error.conflict_first_lsn,
+                    )
+                )
+                return future
+            except RaftwalError as error:
+                future.set_result(
+                    wire.AppendResponse(
+                        request_id=request.request_id,
+                        status=wire.APPEND_STATUS_ERROR,
+                        error=error.info,
+                    )
+                )
+                return future
+            except (BadBatch, LogError, SegmentCorrupted, OSError, ValueError) as error:
+                future.set_result(
+                    wire.AppendResponse(
+                        request_id=request.request_id,
+                        status=wire.APPEND_STATUS_ERROR,
+                        error=error_info(E.INNER, str(error)[:500]),
+                    )
+                )
+                return future
+
+            async def durable() -> None:
+                try:
+                    if result is not None:
+                        await wal.wait_durable(result)
+                        durable_lsn = result.last_lsn
+                    else:
+                        durable_lsn = matched
+                    if wal.fenced_term > request.term:
+                        # A newer owner fenced this log meanwhile: never confirm to the old.
+                        _settle(
+                            future,
+                            wire.AppendResponse(
+                                request_id=request.request_id,
+                                status=wire.APPEND_STATUS_FENCED,
+                                fenced_term=wal.fenced_term,
+                            ),
+                        )
+                        return
+                    committed = min(request.committed_lsn, durable_lsn)
+                    if committed > wal.committed_lsn:
+                        wal.committed_lsn = committed
+                    _settle(
+                        future,
+                        wire.AppendResponse(
+                            request_id=request.request_id,
+                            status=wire.APPEND_STATUS_OK,
+                            durable_lsn=durable_lsn,
+                            last_lsn=wal.last_lsn,
+                            last_term=wal.last_term,
+                        ),
+                    )
+                except (LogError, OSError, ValueError) as error:
+                    _settle(
+                        future,
+                        wire.AppendResponse(
+                            request_id=request.request_id,
+                            status=wire.APPEND_STATUS_ERROR,
+                            error=error_info(E.INNER, str(error)[:500]),
+                        ),
+                    )
+
+            asyncio.ensure_future(durable()).add_done_callback(_log_failure)
+            return future
+
+        owner_ids: set[str] = set()
+
+        async def reader() -> None:
+            try:
+                async for request in request_iterator:
+                    if request.owner_node_id and len(owner_ids) < 8:
+                        owner_ids.add(request.owner_node_id[:64])
+                    await answers.put(await handle(request))
+            finally:
+                await answers.put(None)
+
+        task = asyncio.create_task(reader())
+        try:
+            while True:
+                future = await answers.get()
+                if future is None:
+                    break
+                response = await future
+                # Answers that are ready already are folded into one: the newest OK stands
+                # for every request before it (the owner frees its window by request id).
+                while response.status == wire.APPEND_STATUS_OK and not answers.empty():
+                    following = answers._queue[0]  # noqa: SLF001 - peek, asyncio has no API
+                    if following is None or not following.done():
+                        break
+                    answers.get_nowait()
+                    response = following.result()
+                yield response
+        except asyncio.CancelledError:
+            # The owner's end went away: a crash looks like this (a deliberate close does
+            # too, but then the owner's heartbeats stay on time and nothing happens).
+            for owner_id in owner_ids:
+                self._node.suspect(owner_id)
+            raise
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
