@@ -1,6 +1,6 @@
 """raft: a durable pysyncobj peer that replicates opaque command bytes.
 
-Lives here (DESIGN.md section 4): `RaftPeer`, the single entry point through which the rest
+Lives here: `RaftPeer`, the single entry point through which the rest
 of raftwal replicates commands — `propose(command_bytes)` on the leader, `apply(command,
 raft_index)` on every node in log order, snapshots through the application's own codec —
 with the durability pysyncobj lacks: journal entries are fsynced (group commit) on the

@@ -66,6 +66,7 @@ from rpc.errors import (
     OnShutdownError,
     RaftwalError,
     UnavailableError,
+    UnreachableError,
     code_name,
     error_for,
     error_info,
@@ -205,18 +206,28 @@ def _exhausted(
     last: RaftwalError | None,
     last_target: str,
 ) -> UnavailableError:
-    code = last.info.code if last is not None else E.ON_SHUTDOWN
-    last_text = (
-        f"; last error from {last_target}: {code_name(last.info.code)}: {last.info.message}"
-        if last is not None
-        else ""
+    code = last.info.code if last is not None else E.UNAVAILABLE
+    limits = (
+        f"{attempts} attempt(s) in {elapsed_s:.1f} s (max_attempts {client.max_attempts}, "
+        f"timeout_s {client.timeout_s:g})"
     )
-    info = error_info(
-        code,
-        f"{name} gave up after {attempts} attempt(s) in {elapsed_s:.1f} s (max_attempts "
-        f"{client.max_attempts}, timeout_s {client.timeout_s:g}){last_text}",
-        leader_hint=last.info.leader_hint if last is not None else "",
-    )
+    if last is not None and code == E.UNAVAILABLE:
+        # Nobody there: say where we tried and why it failed, in one sentence.
+        message = (
+            f"{name}: no node answered; {last_target}: {last.info.message}; gave up after {limits}"
+        )
+    elif last is not None:
+        message = (
+            f"{name} gave up after {limits}; last error from {last_target}: "
+            f"{code_name(last.info.code)}: {last.info.message}"
+        )
+    else:
+        message = f"{name} gave up after {limits} without reaching a node"
+    info = error_info(code, message, leader_hint=last.info.leader_hint if last is not None else "")
+    if code == E.UNAVAILABLE:
+        return UnreachableError(info, last)
+    if code == E.ON_SHUTDOWN:
+        return OnShutdownError(info, last)
     return UnavailableError(info, last)
 
 

@@ -51,6 +51,7 @@ GRPC_CODE_FOR: dict[int, grpc.StatusCode] = {
     E.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     E.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
     E.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    E.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
 }
 
 
@@ -119,11 +120,41 @@ def from_rpc_error(error: grpc.RpcError) -> errors_pb2.ErrorInfo:
         grpc.StatusCode.INVALID_ARGUMENT: E.INVALID_ARGUMENT,
         grpc.StatusCode.NOT_FOUND: E.NOT_FOUND,
         grpc.StatusCode.ALREADY_EXISTS: E.ALREADY_EXISTS,
-        grpc.StatusCode.UNAVAILABLE: E.ON_SHUTDOWN,
+        grpc.StatusCode.UNAVAILABLE: E.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED: E.UNAVAILABLE,
         grpc.StatusCode.UNAUTHENTICATED: E.UNAUTHENTICATED,
         grpc.StatusCode.PERMISSION_DENIED: E.PERMISSION_DENIED,
     }.get(code, E.UNKNOWN)
+    if mapped == E.UNAVAILABLE:
+        return error_info(mapped, transport_cause(code, details or ""))
     return error_info(mapped, f"{code.name if code else 'UNKNOWN'}: {details}")
+
+
+# What grpc's transport errors say, in a user's words (the first match wins).
+_TRANSPORT_CAUSES = (
+    ("connection refused", "connection refused (is a node running there?)"),
+    ("handshake", "TLS handshake failed"),
+    ("ssl", "TLS handshake failed"),
+    ("certificate", "TLS handshake failed"),
+    ("dns resolution failed", "name resolution failed"),
+    ("name resolution", "name resolution failed"),
+    ("connection reset", "connection reset"),
+    ("socket closed", "connection closed by the peer"),
+    ("no route to host", "no route to host"),
+    ("timed out", "connection timed out"),
+)
+
+
+def transport_cause(code: grpc.StatusCode | None, details: str) -> str:
+    """One phrase for a transport failure without an ErrorInfo: the cause grpc reported
+    (connection refused, TLS handshake, deadline...), with grpc's own text after it."""
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"no answer before the deadline ({details[:200]})"
+    lowered = details.lower()
+    for needle, cause in _TRANSPORT_CAUSES:
+        if needle in lowered:
+            return f"{cause} ({details[:200]})"
+    return f"unreachable ({details[:200]})"
 
 
 def code_name(code: int) -> str:
@@ -171,8 +202,12 @@ class NotLeaderError(UnavailableError):
 
 
 class OnShutdownError(UnavailableError):
-    """ON_SHUTDOWN: the node is starting, stopping or too far behind; also any transport
-    failure (connection refused, reset) that carried no ErrorInfo."""
+    """ON_SHUTDOWN: the node said it is starting, stopping or too far behind."""
+
+
+class UnreachableError(UnavailableError):
+    """UNAVAILABLE: no node answered (nothing listening, connection refused or reset, TLS
+    handshake failed, no answer before the deadline); the message names the cause."""
 
 
 class ClientClosedError(OnShutdownError, RuntimeError):
@@ -283,6 +318,7 @@ ERROR_CLASSES: dict[int, type[RaftwalError]] = {
     E.UNAUTHENTICATED: UnauthenticatedError,
     E.PERMISSION_DENIED: PermissionDeniedError,
     E.RESOURCE_EXHAUSTED: ResourceExhaustedError,
+    E.UNAVAILABLE: UnreachableError,
 }
 
 

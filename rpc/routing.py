@@ -49,7 +49,7 @@ def _invalid(message: str) -> InvalidArgumentError:
 # Answers with an ErrorInfo that another attempt (same request id) may turn into success.
 # UNKNOWN is what a node answers when a proposal's outcome is unknown ("retry with the same
 # request id"); the request-id window makes that retry safe.
-RETRYABLE_CODES = frozenset({E.NOT_LEADER, E.ON_SHUTDOWN, E.UNKNOWN})
+RETRYABLE_CODES = frozenset({E.NOT_LEADER, E.ON_SHUTDOWN, E.UNKNOWN, E.UNAVAILABLE})
 # Failures without an ErrorInfo that mean "this node, now" rather than "this request":
 # connection refused or reset, the per-attempt deadline, a server stopping mid-call.
 RETRYABLE_TRANSPORT = frozenset(
@@ -86,7 +86,7 @@ class StreamIdle(Exception):
 
     def info(self, target: str, method: str) -> errors_pb2.ErrorInfo:
         return error_info(
-            E.ON_SHUTDOWN,
+            E.UNAVAILABLE,
             f"{method} stream at {target} sent nothing, not even a progress notification, "
             f"for {self.idle_s:.1f} s (node stopped, hung or cut off?)",
         )
@@ -143,7 +143,7 @@ async def stream_failure(
     if isinstance(error, StreamIdle):
         return error.info(target, method), True
     if isinstance(error, TimeoutError):
-        return error_info(E.ON_SHUTDOWN, f"{target} did not answer {method} in time"), True
+        return error_info(E.UNAVAILABLE, f"{target} did not answer {method} in time"), True
     if isinstance(error, asyncio.InvalidStateError):
         ended = error_info(E.ON_SHUTDOWN, f"{target} had already ended the {method} stream")
         try:
@@ -167,16 +167,56 @@ def unexpected_loop_error(what: str, error: BaseException) -> InnerError:
     return InnerError(error_info(E.INNER, f"{what} failed unexpectedly: {error!r}"))
 
 
+_HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_")
+
+
+def check_endpoint(endpoint: str) -> str | None:
+    """Why `endpoint` is not a usable ``host:port`` (one sentence naming the bad part), or
+    None. Hosts are names or IPv4 addresses, or IPv6 addresses in brackets; ports 1-65535;
+    no scheme (gRPC targets are not URLs)."""
+    if "://" in endpoint:
+        scheme = endpoint.split("://", 1)[0]
+        return (
+            f"invalid endpoint {endpoint!r}: drop the {scheme}:// scheme (expected host:port, "
+            "e.g. 127.0.0.1:7201)"
+        )
+    host, colon, port = endpoint.rpartition(":")
+    if not colon or not host:
+        return f"invalid endpoint {endpoint!r}: no port (expected host:port, e.g. 127.0.0.1:7201)"
+    if host.startswith("["):
+        if not host.endswith("]") or len(host) < 3:
+            return f"invalid endpoint {endpoint!r}: bad IPv6 host {host!r} (expected [address])"
+    elif ":" in host:
+        return (
+            f"invalid endpoint {endpoint!r}: an IPv6 host needs brackets (expected [{host}]:{port})"
+        )
+    elif not set(host) <= _HOST_CHARS:
+        return (
+            f"invalid endpoint {endpoint!r}: bad host {host!r} (expected a name or an IP address)"
+        )
+    if not port.isdigit():
+        return f"invalid endpoint {endpoint!r}: port {port!r} is not a number (expected 1..65535)"
+    if not 1 <= int(port) <= 65535:
+        return (
+            f"invalid endpoint {endpoint!r}: port {int(port)} is out of range (expected 1..65535)"
+        )
+    return None
+
+
 def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
-    """``"h1:7201,h2:7201"`` or a list of ``host:port`` -> a deduplicated list, in order."""
+    """``"h1:7201,h2:7201"`` or a list of ``host:port`` -> a deduplicated list, in order;
+    raises InvalidArgumentError (a ValueError) naming the first bad endpoint."""
     items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
     result: list[str] = []
     for item in items:
+        if not isinstance(item, str):
+            raise _invalid(f"invalid endpoint {item!r} (expected a host:port string)")
         endpoint = item.strip()
         if not endpoint:
             continue
-        if ":" not in endpoint:
-            raise _invalid(f"invalid endpoint ({endpoint!r}; expected host:port)")
+        problem = check_endpoint(endpoint)
+        if problem is not None:
+            raise _invalid(problem)
         if endpoint not in result:
             result.append(endpoint)
     if not result:

@@ -197,6 +197,13 @@ def _create_pchannels(state, cmd: pb.CreatePChannels, ctx, limits) -> Outcome:
     bad = check_range("replica_count", replica_count, 1, limits.max_replicas)
     if bad:
         return bad
+    if cmd.replica_count and state.nodes and cmd.replica_count > len(state.nodes):
+        # Kafka refuses a replication factor above the broker count: a replica set is fixed
+        # at placement, so a smaller one than asked for would be a silent downgrade.
+        return invalid(
+            f"invalid replica_count ({cmd.replica_count}; the cluster has {len(state.nodes)} "
+            f"node(s): expected 1..{min(len(state.nodes), limits.max_replicas)})"
+        )
     names = list(cmd.names)
     if names:
         if cmd.count or cmd.prefix:

@@ -1,4 +1,4 @@
-"""Invariants of the coordination state (DESIGN.md section 3), as a pure checker.
+"""Invariants of the coordination state, as a pure checker.
 
 ``violations(state, previous)`` lists every broken invariant (empty when all hold); tests
 run it after every step, and ``check`` raises AssertionError for use as a guard. Comparing

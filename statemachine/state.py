@@ -20,6 +20,10 @@ STATE_FORMAT_VERSION = 1
 
 def new_state() -> pb.CoordinationState:
     state = pb.CoordinationState(format_version=STATE_FORMAT_VERSION, next_vchannel_id=1)
+    # Bounded rebalancing is on from the start, as in Milvus' balancer: after a node comes
+    # back, the pchannels that failed over spread out again without anyone asking
+    # (`raftwal balance off` turns it off).
+    state.balance_policy.allow_rebalance = True
     return state
 
 

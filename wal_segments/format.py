@@ -173,6 +173,14 @@ class MsgType(enum.IntEnum):
 
 MSG_TYPE_NAMES: dict[int, str] = {member.value: member.name.lower() for member in MsgType}
 MSG_TYPE_CODES: dict[str, int] = {name: code for code, name in MSG_TYPE_NAMES.items()}
+#: Types only the WAL itself writes (term starts, seal markers, a transaction's frame).
+CONTROL_MSG_TYPES = frozenset(
+    {MsgType.TERM_START, MsgType.SEAL, MsgType.TXN_BEGIN, MsgType.TXN_COMMIT, MsgType.TXN_ROLLBACK}
+)
+#: The names a producer may send, in registry order.
+PRODUCIBLE_MSG_TYPES: tuple[str, ...] = tuple(
+    MSG_TYPE_NAMES[m.value] for m in MsgType if m not in CONTROL_MSG_TYPES
+)
 MAX_MSG_TYPE_CODE = max(MSG_TYPE_NAMES)
 
 

@@ -1,5 +1,5 @@
 """The owner of a pchannel at one term: tail recovery, the write path, replication, seal
-and commit (DESIGN.md section 6).
+and commit.
 
 What lives here: `ChannelOwner`. Created when the coordination state assigns a pchannel to
 this node at term T, it

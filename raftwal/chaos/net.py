@@ -2,7 +2,7 @@
 
 Every node dials every peer through a proxy of its own, one per directed link and port kind
 (``raft`` and ``grpc``), configured with the node's ``peer_raft_addresses`` /
-``peer_grpc_addresses`` (raftwal/config.py). Clients still reach every node directly, as in
+``peer_grpc_addresses`` (raftwal/node/config.py). Clients still reach every node directly, as in
 Jepsen: a partition separates the servers from each other, for Raft and WAL replication
 traffic alike, not the clients from the servers.
 

@@ -970,11 +970,16 @@ def register(commands: argparse._SubParsersAction) -> None:
         "(no fault or no acknowledged operation); 2: bad arguments.",
     )
     parser.add_argument("--seed", type=int, default=None, help="schedule seed (default: random)")
-    parser.add_argument("--duration", type=parse_duration, default=60.0, help="e.g. 60s, 10m")
+    parser.add_argument(
+        "--duration",
+        type=parse_duration,
+        default=60.0,
+        help="how long faults run, e.g. 60s, 10m (default: 60s)",
+    )
     parser.add_argument(
         "--faults",
         default=",".join(FAULT_KINDS),
-        help=f"comma-separated subset of {','.join(FAULT_KINDS)}",
+        help=f"comma-separated subset of {','.join(FAULT_KINDS)} (default: all)",
     )
     parser.add_argument(
         "--spark",
@@ -986,7 +991,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--keep-dir", action="store_true", help="keep logs, history and report afterwards"
     )
-    parser.add_argument("--rate", type=float, default=150.0, help="messages per second")
+    parser.add_argument(
+        "--rate", type=float, default=150.0, help="messages per second (default: 150)"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(handler=_command)
 

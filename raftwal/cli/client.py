@@ -26,11 +26,12 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,7 +45,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from rpc.client import CoordinatorClient, RaftwalError
+from rpc.client import CoordinatorClient, InvalidArgumentError, RaftwalError, parse_endpoints
 from rpc.credentials import (
     CA_FILE_ENV,
     CERT_FILE_ENV,
@@ -56,8 +57,10 @@ from rpc.credentials import (
 )
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
+from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
 from rpc.streaming_client import Consumer, Position, Producer, StreamingClient, list_segments
+from wal_segments.format import MSG_TYPE_CODES, PRODUCIBLE_MSG_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,7 @@ RELEASE_TIMEOUT_S = 5.0
 STDIN_CHUNK_BYTES = 1 << 20
 # Largest generated payload for `produce --size` (the server's message limit is 8 MiB).
 MAX_GENERATED_SIZE = 8 << 20
+E = errors_pb2
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -151,7 +155,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="directory of `raftwal dev up` (default: .raftwal-dev)",
     )
     common.add_argument(
-        "--timeout-s", type=float, default=10.0, help="bound on each call, retries included"
+        "--timeout-s",
+        type=float,
+        default=10.0,
+        help="bound on each call, retries included, in seconds (default: 10)",
     )
     common.add_argument("--json", action="store_true", help="print JSON for machines")
     add_security_arguments(common)
@@ -169,39 +176,51 @@ def register(commands: argparse._SubParsersAction) -> None:
     channel_commands.required = True
     create = channel_commands.add_parser("create", parents=[common], help="create pchannels")
     create.add_argument("--count", type=int, required=True, help="how many to create")
-    create.add_argument("--prefix", default="pchannel", help="names are <prefix>_<k>")
+    create.add_argument(
+        "--prefix", default="pchannel", help="names are <prefix>_<k> (default: pchannel)"
+    )
     create.add_argument("--replicas", type=int, default=0, help="replica set size (0: default)")
-    create.set_defaults(handler=_handler(_channel_create))
+    create.set_defaults(
+        handler=_handler(
+            _channel_create,
+            {"replica_count": "--replicas", "count": "--count", "prefix": "--prefix"},
+        )
+    )
     listing = channel_commands.add_parser("list", parents=[common], help="list pchannels")
-    listing.add_argument("--include-dropped", action="store_true")
+    listing.add_argument(
+        "--include-dropped", action="store_true", help="also list dropped pchannels"
+    )
     listing.set_defaults(handler=_handler(_channel_list))
     drop = channel_commands.add_parser("drop", parents=[common], help="drop pchannels")
-    drop.add_argument("names", nargs="+", metavar="NAME")
+    drop.add_argument("names", nargs="+", metavar="NAME", help="pchannels to drop")
     drop.set_defaults(handler=_handler(_channel_drop))
 
     vchannel = commands.add_parser("vchannel", help="virtual channels (vchannels)")
     vchannel_commands = vchannel.add_subparsers(dest="vchannel_command", metavar="ACTION")
     vchannel_commands.required = True
     vcreate = vchannel_commands.add_parser("create", parents=[common], help="create a vchannel")
-    vcreate.add_argument("name", metavar="NAME")
+    vcreate.add_argument("name", metavar="NAME", help="the new vchannel's name")
     vcreate.add_argument("--pchannel", required=True, help="the pchannel to multiplex it on")
-    vcreate.set_defaults(handler=_handler(_vchannel_create))
+    vcreate.set_defaults(handler=_handler(_vchannel_create, {"pchannel": "--pchannel"}))
     vlist = vchannel_commands.add_parser("list", parents=[common], help="list vchannels")
-    vlist.add_argument("--include-dropped", action="store_true")
+    vlist.add_argument("--include-dropped", action="store_true", help="also list dropped vchannels")
     vlist.set_defaults(handler=_handler(_vchannel_list))
     vdrop = vchannel_commands.add_parser("drop", parents=[common], help="drop a vchannel")
-    vdrop.add_argument("name", metavar="NAME")
+    vdrop.add_argument("name", metavar="NAME", help="the vchannel to drop")
     vdrop.set_defaults(handler=_handler(_vchannel_drop))
 
     events = commands.add_parser("events", parents=[common], help="the coordination history")
     events.add_argument(
-        "--from-revision", type=int, default=1, help="first revision (1: all retained history)"
+        "--from-revision",
+        type=int,
+        default=1,
+        help="first revision (default: 1, all retained history)",
     )
     events.add_argument("--follow", action="store_true", help="keep printing new events")
     events.add_argument(
         "--kinds", default="", help="comma-separated event kinds, e.g. lock_acquired,lease_granted"
     )
-    events.set_defaults(handler=_handler(_events))
+    events.set_defaults(handler=_handler(_events, {"from_revision": "--from-revision"}))
 
     lock = commands.add_parser(
         "lock",
@@ -214,7 +233,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     lock.add_argument(
         "--wait-ms", type=int, default=0, help="wait this long for a held lock (0: fail at once)"
     )
-    lock.set_defaults(handler=_handler(_lock))
+    lock.set_defaults(handler=_handler(_lock, {"ttl_ms": "--ttl-ms", "wait_ms": "--wait-ms"}))
 
     produce = commands.add_parser(
         "produce",
@@ -232,11 +251,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     produce.add_argument("--key", default="", help="message key")
     produce.add_argument("--msg-type", default="message", help="message type (default message)")
-    produce.add_argument("--linger-ms", type=float, default=2.0, help="batching delay")
+    produce.add_argument("--linger-ms", type=float, default=2.0, help="batching delay (default: 2)")
     produce.add_argument(
-        "--max-batch-messages", type=int, default=500, help="messages per Produce batch"
+        "--max-batch-messages",
+        type=int,
+        default=500,
+        help="messages per Produce batch (default: 500)",
     )
-    produce.set_defaults(handler=_handler(_produce))
+    produce.set_defaults(handler=_handler(_produce, {"msg_type": "--msg-type", "key": "--key"}))
 
     consume = commands.add_parser(
         "consume",
@@ -255,7 +277,48 @@ def register(commands: argparse._SubParsersAction) -> None:
     consume.add_argument(
         "--msg-types", default="", help="comma-separated message types to deliver (default all)"
     )
-    consume.set_defaults(handler=_handler(_consume))
+    consume.set_defaults(
+        handler=_handler(_consume, {"lsn": "--from-lsn", "msg_types": "--msg-types"})
+    )
+
+    balance = commands.add_parser(
+        "balance",
+        help="the balancer: show it, turn rebalancing on or off, freeze or unfreeze nodes",
+        description="Rebalancing is on by default: pchannels move, a bounded number per "
+        "round and only within their replica sets, from the most to the least loaded node. "
+        "A frozen node keeps serving but gets no pchannel, and the balancer moves its "
+        "pchannels away.",
+    )
+    balance_commands = balance.add_subparsers(dest="balance_command", metavar="ACTION")
+    balance_commands.required = True
+    balance_show = balance_commands.add_parser(
+        "show", parents=[common], help="the policy, frozen nodes and pchannels per owner"
+    )
+    balance_show.set_defaults(handler=_handler(_balance_show))
+    balance_on = balance_commands.add_parser(
+        "on", parents=[common], help="rebalance automatically (the default)"
+    )
+    balance_on.add_argument(
+        "--max-moves-per-round",
+        type=int,
+        default=None,
+        help="pchannel moves per balancer round (default: keep the current value; 0: the "
+        "built-in default)",
+    )
+    balance_on.set_defaults(
+        handler=_handler(_balance_on, {"max_moves_per_round": "--max-moves-per-round"}),
+        allow_rebalance=True,
+    )
+    balance_off = balance_commands.add_parser(
+        "off", parents=[common], help="stop moving pchannels for balance (failover still runs)"
+    )
+    balance_off.set_defaults(handler=_handler(_balance_on), allow_rebalance=False)
+    for action, text in (("freeze", "freeze"), ("unfreeze", "unfreeze")):
+        sub = balance_commands.add_parser(
+            action, parents=[common], help=f"{text} nodes (a frozen node gets no pchannel)"
+        )
+        sub.add_argument("nodes", nargs="+", metavar="NODE", help=f"node ids to {text}")
+        sub.set_defaults(handler=_handler(_balance_freeze, {"node_id": "NODE"}), action=action)
 
     segments = commands.add_parser(
         "segments", parents=[common], help="committed WAL segments (the manifest)"
@@ -270,7 +333,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     segments.add_argument(
         "--as-of-revision", type=int, default=0, help="the manifest as of a revision (0: now)"
     )
-    segments.set_defaults(handler=_handler(_segments))
+    segments.set_defaults(handler=_handler(_segments, {"as_of_revision": "--as-of-revision"}))
 
 
 # ---------------------------------------------------------------------------------------
@@ -280,12 +343,16 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def resolve_target(endpoints: str | None, dev_dir: Path) -> Target:
     """Where to connect: explicit endpoints, the environment, or the dev cluster file."""
-    explicit = endpoints or os.environ.get(ENDPOINTS_ENV, "")
-    if explicit:
-        listed = [e.strip() for e in explicit.split(",") if e.strip()]
-        if not listed:
-            raise CliError(f"invalid --endpoints ({explicit!r}; expected host:port[,...])")
-        return Target(listed)
+    if endpoints is not None:
+        explicit, source = endpoints, "--endpoints"
+    else:
+        explicit, source = os.environ.get(ENDPOINTS_ENV, ""), ENDPOINTS_ENV
+    if endpoints is not None or explicit:
+        # Given but empty is a mistake (an unset shell variable), not "use the dev cluster".
+        try:
+            return Target(parse_endpoints(explicit))
+        except InvalidArgumentError as error:
+            raise CliError(f"{source}: {error.info.message}") from None
     path = dev_dir / CLUSTER_FILE
     if not path.is_file():
         raise CliError(
@@ -312,10 +379,53 @@ def resolve_target(endpoints: str | None, dev_dir: Path) -> Target:
     return target
 
 
+#: The event kinds `events --kinds` takes: the names of raftwal.v1.Event's body.
+EVENT_KINDS: tuple[str, ...] = tuple(
+    field.name for field in pb.Event.DESCRIPTOR.oneofs_by_name["body"].fields
+)
+
+
+def _listed(flag: str, text: str, valid: Sequence[str]) -> list[str]:
+    """The comma-separated values of `flag`, each checked against `valid` (CliError, so
+    exit 2, naming the bad ones and listing the valid ones)."""
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in values if v not in valid]
+    if unknown:
+        raise CliError(
+            f"{flag}: unknown value(s) {', '.join(repr(v[:64]) for v in unknown[:5])} "
+            f"(expected one of {', '.join(valid)})"
+        )
+    return values
+
+
 Command = Callable[[argparse.Namespace, CoordinatorClient, Target], Awaitable[int]]
 
 
-def _handler(command: Command) -> Callable[[argparse.Namespace], int]:
+def in_flags(message: str, flags: Mapping[str, str], args: argparse.Namespace) -> str:
+    """A server's validation `message` in the CLI's words: the request fields it names
+    (``replica_count``) become the flags that set them (``--replicas``), and the first one
+    leads with the value given ("--replicas 5: ..."). The ErrorInfo itself keeps the field
+    names, for SDK users."""
+    named = [
+        (name, flag)
+        for name, flag in flags.items()
+        if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", message)
+    ]
+    if not named:
+        return message
+    for name, flag in named:
+        message = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", flag, message)
+    flag = named[0][1]
+    value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+    return f"{flag} {value}: {message}" if value not in (None, "") else f"{flag}: {message}"
+
+
+def _handler(
+    command: Command, flags: Mapping[str, str] | None = None
+) -> Callable[[argparse.Namespace], int]:
+    """Run `command`; `flags` maps the request fields it sends to the flags that set them,
+    so that server-side validation errors speak of flags."""
+
     def run(args: argparse.Namespace) -> int:
         try:
             target = resolve_target(args.endpoints, args.dev_dir)
@@ -324,7 +434,11 @@ def _handler(command: Command) -> Callable[[argparse.Namespace], int]:
             print(f"error: {error}", file=sys.stderr)
             return EXIT_USAGE
         except RaftwalError as error:
-            print(f"error: {error}", file=sys.stderr)
+            if flags and error.info.code == E.INVALID_ARGUMENT:
+                text = in_flags(error.info.message, flags, args)
+                print(f"error: {error.code_name}: {text}", file=sys.stderr)
+            else:
+                print(f"error: {error}", file=sys.stderr)
             return EXIT_ERROR
         except KeyboardInterrupt:
             return EXIT_INTERRUPTED
@@ -428,7 +542,7 @@ async def _status(args: argparse.Namespace, client: CoordinatorClient, target: T
             if not int(member.get("pid") or 0):
                 member["pid"] = target.local_pids.get(member.get("grpc_address", ""), 0)
         _print_json(data)
-        return 0
+        return EXIT_ERROR if status.warnings else 0
     console = _console()
     if status.warnings:
         console.print(
@@ -490,7 +604,8 @@ async def _status(args: argparse.Namespace, client: CoordinatorClient, target: T
                 expand=False,
             )
         )
-    return 0
+    # `raftwal status && deploy` is safe: exit 0 only when there is nothing to warn about.
+    return EXIT_ERROR if status.warnings else 0
 
 
 def _replication_table(members: Sequence[api.MemberStatus]) -> Table:
@@ -550,6 +665,87 @@ def _vchannel_table(vchannels: Sequence[pb.VChannel]) -> Table:
 # ---------------------------------------------------------------------------------------
 # channel / vchannel
 # ---------------------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------------------
+# balance
+# ---------------------------------------------------------------------------------------
+
+
+async def _print_balance(
+    args: argparse.Namespace, client: CoordinatorClient, status: api.ClusterStatusResponse
+) -> None:
+    owners: dict[str, int] = {node.node_id: 0 for node in status.nodes}
+    for channel in status.pchannels:
+        if channel.owner_node_id and channel.state != pb.PCHANNEL_STATE_DROPPED:
+            owners[channel.owner_node_id] = owners.get(channel.owner_node_id, 0) + 1
+    frozen = sorted(node.node_id for node in status.nodes if node.frozen)
+    policy = status.balance_policy
+    if args.json:
+        _print_json(
+            {
+                "allow_rebalance": policy.allow_rebalance,
+                "max_moves_per_round": policy.max_moves_per_round,
+                "frozen_node_ids": frozen,
+                "pchannels_by_owner": owners,
+                "revision": status.revision,
+            }
+        )
+        return
+    console = _console()
+    moves = policy.max_moves_per_round or "default"
+    console.print(
+        f"rebalance {'[green]on[/]' if policy.allow_rebalance else '[yellow]off[/]'}  "
+        f"max moves per round {moves}  frozen {', '.join(frozen) or '-'}  "
+        f"revision {status.revision}"
+    )
+    table = Table(title="pchannels per owner")
+    table.add_column("node")
+    table.add_column("pchannels")
+    table.add_column("frozen")
+    for node_id, count in sorted(owners.items()):
+        table.add_row(node_id, str(count), "yes" if node_id in frozen else "")
+    console.print(table)
+
+
+async def _balance_show(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
+    await _print_balance(args, client, await client.cluster_status())
+    return 0
+
+
+async def _balance_on(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
+    current = (await client.cluster_status()).balance_policy
+    moves = getattr(args, "max_moves_per_round", None)
+    if moves is not None and moves < 0:
+        raise CliError(f"invalid --max-moves-per-round ({moves}; expected >= 0)")
+    await client.set_balance_policy(
+        args.allow_rebalance, current.max_moves_per_round if moves is None else moves
+    )
+    await _print_balance(args, client, await client.cluster_status())
+    return 0
+
+
+async def _balance_freeze(
+    args: argparse.Namespace, client: CoordinatorClient, target: Target
+) -> int:
+    status = await client.cluster_status()
+    known = {node.node_id for node in status.nodes}
+    unknown = [node for node in args.nodes if node not in known]
+    if unknown:
+        raise CliError(
+            f"NODE: unknown node id(s) {', '.join(repr(n[:64]) for n in unknown)} "
+            f"(expected one of {', '.join(sorted(known)) or 'no registered node'})"
+        )
+    policy = status.balance_policy
+    nodes = list(dict.fromkeys(args.nodes))
+    await client.set_balance_policy(
+        policy.allow_rebalance,
+        policy.max_moves_per_round,
+        freeze=nodes if args.action == "freeze" else (),
+        unfreeze=nodes if args.action == "unfreeze" else (),
+    )
+    await _print_balance(args, client, await client.cluster_status())
+    return 0
 
 
 async def _channel_create(
@@ -638,7 +834,7 @@ async def _vchannel_drop(
 
 
 async def _events(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    kinds = _listed("--kinds", args.kinds, EVENT_KINDS)
     if args.from_revision < 0:
         raise CliError(f"invalid --from-revision ({args.from_revision}; expected >= 0)")
     console = _console()
@@ -796,6 +992,7 @@ async def _stdin_chunks() -> AsyncIterator[list[bytes]]:
 
 
 async def _produce(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
+    _listed("--msg-type", args.msg_type, PRODUCIBLE_MSG_TYPES)
     if args.count is not None and args.count < 0:
         raise CliError(f"invalid --count ({args.count}; expected >= 0)")
     if not 0 <= args.size <= MAX_GENERATED_SIZE:
@@ -875,7 +1072,7 @@ async def _consume(args: argparse.Namespace, client: CoordinatorClient, target: 
         raise CliError(f"invalid --limit ({args.limit}; expected >= 0)")
     if args.from_lsn is not None and args.from_lsn < 0:
         raise CliError(f"invalid --from-lsn ({args.from_lsn}; expected >= 0)")
-    msg_types = [t.strip() for t in args.msg_types.split(",") if t.strip()]
+    msg_types = _listed("--msg-types", args.msg_types, tuple(MSG_TYPE_CODES))
     console = _console()
     printed = 0
     async with (

@@ -65,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"raftwal {__version__}")
     parser.add_argument(
-        "--log-level", default="WARNING", help="logging level (DEBUG, INFO, WARNING, ...)"
+        "--log-level",
+        default="WARNING",
+        help="logging level: DEBUG, INFO, WARNING, ERROR (default: WARNING)",
     )
     parser.add_argument(
         "--log-format",
@@ -121,10 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
     dev = commands.add_parser("dev", help="a local cluster on 127.0.0.1")
     dev_commands = dev.add_subparsers(dest="dev_command", metavar="ACTION", required=True)
     dev_up = dev_commands.add_parser("up", help="start local nodes in the background")
-    dev_up.add_argument("--nodes", type=int, default=3)
-    dev_up.add_argument("--dir", type=Path, default=Path(".raftwal-dev"))
-    dev_up.add_argument("--timeout-s", type=float, default=60.0)
-    dev_up.add_argument("--json", action="store_true")
+    dev_up.add_argument("--nodes", type=int, default=3, help="how many nodes (default: 3)")
+    _dev_dir_argument(dev_up)
+    dev_up.add_argument(
+        "--timeout-s",
+        type=float,
+        default=60.0,
+        help="how long to wait for a leader and every node to register (default: 60)",
+    )
+    dev_up.add_argument(
+        "--json", action="store_true", help="print the members and credentials as JSON"
+    )
     dev_up.add_argument(
         "--secure",
         action="store_true",
@@ -133,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dev_up.set_defaults(handler=_dev_up)
     dev_down = dev_commands.add_parser("down", help="stop the local nodes")
-    dev_down.add_argument("--dir", type=Path, default=Path(".raftwal-dev"))
+    _dev_dir_argument(dev_down)
     dev_down.set_defaults(handler=_dev_down)
 
     from raftwal.chaos.runner import register as register_chaos
@@ -144,6 +153,20 @@ def build_parser() -> argparse.ArgumentParser:
     register_spark(commands)
     register_chaos(commands)
     return parser
+
+
+def _dev_dir_argument(parser: argparse.ArgumentParser) -> None:
+    # `--dev-dir`, as in every other command; `--dir` stays as a hidden alias.
+    parser.add_argument(
+        "--dev-dir",
+        dest="dir",
+        type=Path,
+        default=Path(".raftwal-dev"),
+        help="directory of the local cluster: config, logs, data (default: .raftwal-dev)",
+    )
+    parser.add_argument(
+        "--dir", dest="dir", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
 
 
 def _run_demo(args: argparse.Namespace) -> int:

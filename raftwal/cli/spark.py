@@ -31,7 +31,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="read committed segments with Spark and print a per-vchannel summary",
     )
     parser.add_argument("--endpoints", help="host:port,... (default: the dev cluster)")
-    parser.add_argument("--dev-dir", type=Path, default=Path(".raftwal-dev"))
+    parser.add_argument(
+        "--dev-dir",
+        type=Path,
+        default=Path(".raftwal-dev"),
+        help="directory of `raftwal dev up` (default: .raftwal-dev)",
+    )
     parser.add_argument("--vchannels", default="", help="comma-separated (default: all)")
     parser.add_argument("--pchannels", default="", help="comma-separated (default: all)")
     parser.add_argument("--msg-types", default="", help="comma-separated (default: all data)")

@@ -1,4 +1,4 @@
-"""The coordinator loop: runs on the Raft leader only (DESIGN.md section 5).
+"""The coordinator loop: runs on the Raft leader only.
 
 - Heartbeats are held **in memory**; only changes are proposed: RegisterNode when a node
   appears, restarts or comes back, MarkNodeDown after ``node_timeout_ms`` of silence.

@@ -31,7 +31,7 @@ The file (every node of a test cluster reads the same one; `nodes` picks the vic
   * ``raft.journal.write`` / ``raft.journal.fsync``: the Raft journal's group-commit write
     and fdatasync (`raft/journal.py`); the subject is the journal's path;
   * ``replication.send``: every AppendRequest an owner sends to a replica
-    (`raftwal/streaming.py`); the subject is the pchannel name.
+    (`raftwal/services/streaming_node.py`); the subject is the pchannel name.
 - ``action``: ``error`` (the call fails with OSError(errno) instead of running; file
   points), ``delay`` (wait ``delay_ms``, then make the call: a slow disk or link),
   ``drop`` (the message is silently not sent; network points).

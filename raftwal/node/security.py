@@ -1,4 +1,4 @@
-"""Security of a node's gRPC port (DESIGN.md section 10): TLS, mutual TLS and bearer tokens
+"""Security of a node's gRPC port: TLS, mutual TLS and bearer tokens
 with roles. The Raft transport has its own secret (``raftwal.node.config.check_transport_security``).
 
 - ``TokenTable``: the ``auth_tokens_file``, one ``<role> <token>`` per line (``#`` starts a

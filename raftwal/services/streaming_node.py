@@ -30,7 +30,9 @@ from rpc.protos import streaming_pb2 as wire
 from statemachine.types import DEFAULT_LIMITS as LIMITS
 from statemachine.validation import check_name
 from wal_segments.format import (
+    CONTROL_MSG_TYPES,
     MAX_KEY_BYTES,
+    PRODUCIBLE_MSG_TYPES,
     TXN_FLAGS,
     EntryFlags,
     MsgType,
@@ -66,15 +68,21 @@ MAX_OPEN_TXNS = 10_000
 MAX_ENDED_TXNS = 10_000
 RESERVED_PROPERTY_PREFIX = "rw."
 #: message types a producer may not write (the WAL writes them itself)
-CONTROL_MSG_TYPES = frozenset(
-    {
-        int(MsgType.TERM_START),
-        int(MsgType.SEAL),
-        int(MsgType.TXN_BEGIN),
-        int(MsgType.TXN_COMMIT),
-        int(MsgType.TXN_ROLLBACK),
-    }
-)
+
+
+def _producible(name: str) -> int:
+    """The code of a message type a producer may send; INVALID_ARGUMENT listing those types
+    otherwise (the WAL's own control types are not offered)."""
+    expected = f"expected one of {', '.join(PRODUCIBLE_MSG_TYPES)}"
+    try:
+        code = msg_type_code(name)
+    except ValueError:
+        raise fail(E.INVALID_ARGUMENT, f"unknown msg_type {name[:64]!r} ({expected})") from None
+    if code in CONTROL_MSG_TYPES:
+        raise fail(
+            E.INVALID_ARGUMENT, f"msg_type {name!r} is reserved for the WAL itself ({expected})"
+        )
+    return code
 
 
 def _complete_prefix(entries: list[Any]) -> int:
@@ -205,13 +213,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
 
     def _message(self, message: wire.Message, pchannel: str | None) -> tuple[Message, str]:
         vchannel = self._vchannel(message.vchannel, pchannel)
-        name = message.msg_type or "message"
-        try:
-            code = msg_type_code(name)
-        except ValueError as error:
-            raise fail(E.INVALID_ARGUMENT, str(error)) from None
-        if code in CONTROL_MSG_TYPES:
-            raise fail(E.INVALID_ARGUMENT, f"msg_type {name!r} is reserved for the WAL itself")
+        code = _producible(message.msg_type or "message")
         if len(message.payload) > MAX_PAYLOAD_BYTES:
             raise fail(
                 E.INVALID_ARGUMENT,
@@ -242,13 +244,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
 
     def _compact_messages(self, request: wire.ProduceRequest) -> list[Message]:
         vchannel_id = self._vchannel(request.batch_vchannel, request.pchannel).id
-        name = request.batch_msg_type or "message"
-        try:
-            code = msg_type_code(name)
-        except ValueError as error:
-            raise fail(E.INVALID_ARGUMENT, str(error)) from None
-        if code in CONTROL_MSG_TYPES:
-            raise fail(E.INVALID_ARGUMENT, f"msg_type {name!r} is reserved for the WAL itself")
+        code = _producible(request.batch_msg_type or "message")
         payloads = list(request.payloads)
         largest = max(map(len, payloads))
         if largest > MAX_PAYLOAD_BYTES:
@@ -272,15 +268,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 ).id
             code = type_codes.get(message.msg_type)
             if code is None:
-                name = message.msg_type or "message"
-                try:
-                    code = msg_type_code(name)
-                except ValueError as error:
-                    raise fail(E.INVALID_ARGUMENT, str(error)) from None
-                if code in CONTROL_MSG_TYPES:
-                    raise fail(
-                        E.INVALID_ARGUMENT, f"msg_type {name!r} is reserved for the WAL itself"
-                    )
+                code = _producible(message.msg_type or "message")
                 type_codes[message.msg_type] = code
             payload, key = message.payload, message.key
             if len(payload) > MAX_PAYLOAD_BYTES or len(key) > MAX_KEY_BYTES:

@@ -29,6 +29,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNAUTHENTICATED: _ClassVar[ErrorCode]
     PERMISSION_DENIED: _ClassVar[ErrorCode]
     RESOURCE_EXHAUSTED: _ClassVar[ErrorCode]
+    UNAVAILABLE: _ClassVar[ErrorCode]
 OK: ErrorCode
 CHANNEL_NOT_EXIST: ErrorCode
 CHANNEL_FENCED: ErrorCode
@@ -51,6 +52,7 @@ UNKNOWN: ErrorCode
 UNAUTHENTICATED: ErrorCode
 PERMISSION_DENIED: ErrorCode
 RESOURCE_EXHAUSTED: ErrorCode
+UNAVAILABLE: ErrorCode
 
 class ErrorInfo(_message.Message):
     __slots__ = ("code", "message", "leader_hint", "current_term", "owner_hint")

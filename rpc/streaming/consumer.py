@@ -44,7 +44,7 @@ from rpc.streaming.routing import (
 log = logging.getLogger("rpc.streaming_client")
 E = errors_pb2
 
-# Server limit (raftwal/streaming.py): entries per Consume batch.
+# Server limit (raftwal/services/streaming_node.py): entries per Consume batch.
 MAX_CONSUME_BATCH = 10_000
 # A consumer whose stream has been quiet this long asks the owner for its position (bounded
 # by CONSUMER_PROBE_TIMEOUT_S) to find out whether the owner is still there.

@@ -72,7 +72,7 @@ E = errors_pb2
 # (wal_segments.owner.PRODUCER_HISTORY). A resent batch must still be in that window to be
 # recognised as a duplicate, so no more batches than that may be unacknowledged at once.
 SERVER_PRODUCER_HISTORY = 8
-# Server limit (raftwal/streaming.py): messages per Produce batch.
+# Server limit (raftwal/services/streaming_node.py): messages per Produce batch.
 MAX_BATCH_MESSAGES = 10_000
 # Upper bound of the max_batch_bytes option: well under a node's gRPC message limit
 # (grpc_max_message_bytes, 32 MiB by default); a larger request would break the whole

@@ -222,6 +222,22 @@ def test_bad_produce_requests_get_an_error_info(env, request_, code) -> None:
     assert all(m.reachable for m in health.members)
 
 
+@pytest.mark.parametrize("msg_type", ["seal", "term_start", "nosuch"])
+def test_a_bad_msg_type_lists_only_what_a_producer_may_send(env, msg_type: str) -> None:
+    _, _, _, address = env
+    result = _produce(
+        address,
+        wire.ProduceRequest(
+            pchannel="api_0", messages=[wire.Message(vchannel="api_a", msg_type=msg_type)]
+        ),
+    )
+    assert result.error.code == E.INVALID_ARGUMENT, result.error
+    expected = result.error.message.split("expected one of ", 1)[1]
+    assert "message" in expected and "insert" in expected
+    for internal in ("term_start", "seal", "txn_begin", "txn_commit", "txn_rollback"):
+        assert internal not in expected, result.error.message
+
+
 def test_routing_errors_carry_hints_and_bad_streams_fail_cleanly(env) -> None:
     cluster, client, pchannel, address = env
     other = next(e for e in cluster.endpoints if e != address)

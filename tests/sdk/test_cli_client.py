@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from raftwal.cli.main import main
+from rpc.client import CoordinatorClient, OnShutdownError, UnreachableError
 from rpc.errors import error_info
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
@@ -64,7 +65,8 @@ def test_status_json_from_dev_cluster_file(
     (tmp_path / "cluster.json").write_text(
         json.dumps({"nodes": [{"id": "n1", "grpc": node.address, "raft": "x", "pid": 4242}]})
     )
-    assert main(["status", "--json", "--dev-dir", str(tmp_path)]) == 0
+    # UNHEALTHY (a warning) exits 1, with --json too, as `etcdctl endpoint health` does.
+    assert main(["status", "--json", "--dev-dir", str(tmp_path)]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["leader_node_id"] == "n1"
     assert data["pchannels"][0]["state"] == "PCHANNEL_STATE_ASSIGNED"
@@ -76,10 +78,44 @@ def test_status_json_from_dev_cluster_file(
 def test_status_human_output(cluster: FakeCluster, capsys: pytest.CaptureFixture[str]) -> None:
     node = cluster.add("n1")
     node.status = _status(node.address)
-    assert main(["status", "--endpoints", node.address]) == 0
+    assert main(["status", "--endpoints", node.address]) == 1
     out = capsys.readouterr().out
-    for expected in ("members", "n1", "n2", "127.0.0.1:9", "pchannel_0", "ASSIGNED", "DOWN"):
+    for expected in ("UNHEALTHY", "members", "n1", "n2", "127.0.0.1:9", "pchannel_0", "DOWN"):
         assert expected in out
+    # No warning: healthy, exit 0 (human and --json).
+    del node.status.warnings[:]
+    assert main(["status", "--endpoints", node.address]) == 0
+    assert "healthy" in capsys.readouterr().out
+    assert main(["status", "--json", "--endpoints", node.address]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == []
+
+
+def test_unreachable_is_unavailable_not_on_shutdown(
+    dead_address: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Nothing listens there: the user must not read "the node is stopping" and wait.
+    code = main(["status", "--endpoints", dead_address, "--timeout-s", "2"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert err.startswith("error: UNAVAILABLE: "), err
+    assert dead_address in err and "connection refused" in err, err
+    assert "ON_SHUTDOWN" not in err and "\n" not in err, err
+
+
+async def test_the_sdk_tells_nobody_there_from_a_stopping_node(
+    cluster: FakeCluster, dead_address: str
+) -> None:
+    async with CoordinatorClient([dead_address], timeout_s=1.0) as client:
+        with pytest.raises(UnreachableError) as raised:
+            await client.cluster_status()
+    assert raised.value.code == E.UNAVAILABLE
+    assert dead_address in str(raised.value) and "connection refused" in str(raised.value)
+    stopping = cluster.add("n1")
+    stopping.always["ClusterStatus"] = error_info(E.ON_SHUTDOWN, "node is stopping")
+    async with CoordinatorClient([stopping.address], timeout_s=1.0) as client:
+        with pytest.raises(OnShutdownError) as said:
+            await client.cluster_status()
+    assert said.value.code == E.ON_SHUTDOWN
 
 
 def test_no_endpoints_is_a_clear_error(
@@ -101,7 +137,11 @@ def test_raftwal_error_prints_code_and_exits_1(
     code = main(["channel", "create", "--count", "0", "--endpoints", node.address])
     captured = capsys.readouterr()
     assert code == 1
-    assert captured.err.strip() == "error: INVALID_ARGUMENT: invalid count (0; expected 1..1024)"
+    # The CLI speaks of its flags, not of the request's fields.
+    assert (
+        captured.err.strip()
+        == "error: INVALID_ARGUMENT: --count 0: invalid --count (0; expected 1..1024)"
+    )
     assert "Traceback" not in captured.err
 
 
@@ -159,3 +199,79 @@ def test_lock_holds_until_sigterm_then_releases(cluster: FakeCluster) -> None:
     assert process.returncode == 0, err
     assert node.count("Unlock") == 1 and node.count("RevokeLease") == 1
     assert node.leases == {}
+
+
+@pytest.mark.parametrize(
+    ("endpoints", "named"),
+    [
+        ("localhost:99999", "port 99999 is out of range"),
+        ("localhost:abc", "port 'abc' is not a number"),
+        ("http://localhost:2379", "drop the http:// scheme"),
+        ("localhost", "no port"),
+        ("", "no endpoints"),
+        (" , ", "no endpoints"),
+    ],
+)
+def test_bad_endpoints_are_usage_errors_naming_the_bad_part(
+    endpoints: str, named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An empty --endpoints used to fall back to the dev cluster; now it is a mistake.
+    (tmp_path / "cluster.json").write_text(
+        json.dumps({"nodes": [{"id": "n1", "grpc": "127.0.0.1:1", "raft": "x"}]})
+    )
+    code = main(["status", "--endpoints", endpoints, "--dev-dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.startswith("error: --endpoints: ") and named in err, err
+    assert "\n" not in err
+
+
+@pytest.mark.parametrize("endpoints", ["localhost:99999", "localhost:abc", "http://h:1", ""])
+def test_the_sdk_checks_endpoints_with_value_error(endpoints: str) -> None:
+    with pytest.raises(ValueError, match="endpoint"):
+        CoordinatorClient(endpoints)
+
+
+def test_the_sdk_accepts_names_ipv4_and_bracketed_ipv6() -> None:
+    client = CoordinatorClient("localhost:7201, 127.0.0.1:7202,[::1]:7203")
+    assert client.endpoints == ["localhost:7201", "127.0.0.1:7202", "[::1]:7203"]
+
+
+def test_filters_and_enums_check_their_values(
+    dead_address: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `events --kinds nosuch` printed nothing and exited 0.
+    assert main(["events", "--kinds", "nosuch", "--endpoints", dead_address]) == 2
+    err = capsys.readouterr().err
+    assert "--kinds: unknown value(s) 'nosuch'" in err and "lease_granted" in err, err
+    assert (
+        main(["consume", "--vchannel", "v", "--msg-types", "x", "--endpoints", dead_address]) == 2
+    )
+    assert "--msg-types: unknown value(s) 'x'" in capsys.readouterr().err
+    # --msg-type lists only what a user may send, not the WAL's own control types.
+    assert (
+        main(["produce", "--vchannel", "v", "--msg-type", "seal", "--endpoints", dead_address]) == 2
+    )
+    err = capsys.readouterr().err
+    expected = err.split("expected one of ", 1)[1]
+    assert "message" in expected and "seal" not in expected and "term_start" not in expected
+
+
+def test_errors_speak_in_flags_not_fields(
+    cluster: FakeCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node = cluster.add("n1")
+    node.always["CreateChannels"] = error_info(
+        E.INVALID_ARGUMENT,
+        "invalid replica_count (5; the cluster has 3 node(s): expected 1..3)",
+    )
+    code = main(
+        ["channel", "create", "--count", "1", "--replicas", "5", "--endpoints", node.address]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert err == (
+        "error: INVALID_ARGUMENT: --replicas 5: invalid --replicas (5; the cluster has 3 "
+        "node(s): expected 1..3)"
+    )
+    assert "replica_count" not in err

@@ -1,4 +1,4 @@
-"""The Raft transport secret (DESIGN.md sections 4 and 10) on a real cluster: bytes sent to
+"""The Raft transport secret on a real cluster: bytes sent to
 a Raft port without the secret (among them a pickle that would run code if it were
 unpickled) are never applied and leave the nodes up, and a node started with a wrong
 secret never gets a Raft connection: it cannot join, campaign or send anything the others

@@ -1,4 +1,4 @@
-"""Security on real clusters (DESIGN.md section 10).
+"""Security on real clusters.
 
 One cluster from ``raftwal dev up --secure`` (TLS on every gRPC port, client certificates
 required, bearer tokens per role, node-to-node calls with the node token and node

@@ -144,8 +144,26 @@ def test_stuck_assigning_is_retried_with_a_new_term():
     assert len(commands) == 1 and commands[0].assign_pchannel.term == 2
 
 
+def test_rebalancing_is_on_by_default():
+    # A new cluster rebalances without being asked (bounded per round, as below).
+    state = cluster(3, 6)
+    assert state.balance_policy.allow_rebalance
+    apply_plan(state, plan(state, ["n1", "n2", "n3"]))
+    make_ready(state)
+    run(state, pb.Command(freeze_node=pb.FreezeNode(node_id="n2")))
+    apply_plan(state, plan(state, ["n1", "n2", "n3"]))
+    make_ready(state)
+    assert "n2" not in owners(state)
+    run(state, pb.Command(unfreeze_node=pb.UnfreezeNode(node_id="n2")))
+    for _ in range(5):
+        apply_plan(state, plan(state, ["n1", "n2", "n3"]))
+        make_ready(state)
+    assert sorted(owners(state).values()) == [2, 2, 2]
+
+
 def test_rebalance_only_when_allowed_and_bounded():
     state = cluster(3, 6)
+    run(state, pb.Command(set_balance_policy=pb.SetBalancePolicy(allow_rebalance=False)))
     apply_plan(state, plan(state, ["n1", "n2", "n3"]))
     make_ready(state)
     # Everything piles onto n1 while n2 and n3 are frozen, then they come back.

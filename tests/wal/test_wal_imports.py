@@ -1,4 +1,4 @@
-"""Import direction (DESIGN.md section 1): wal_segments never imports raft or raftwal,
+"""Import direction: wal_segments never imports raft or raftwal,
 and of our packages only rpc.protos (wire records) and rpc.aio (asyncio helpers that import
 nothing of ours, shared with the SDK rather than copied)."""
 
