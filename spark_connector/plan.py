@@ -12,6 +12,7 @@ removed fails (COMPACTED from the cluster); a read is one consistent revision, n
 from __future__ import annotations
 
 import itertools
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -66,6 +67,16 @@ class Snapshot:
 
 class ConnectorError(RuntimeError):
     """A read that cannot be served as asked (the message says which part and why)."""
+
+
+_CONNECTOR_ERROR = re.compile(r"(?:ConnectorError|SegmentCorrupted|ValueError): ([^\n]+)")
+
+
+def connector_message(error: BaseException) -> str | None:
+    """The connector's own one-line message inside a Spark error (Spark wraps what the
+    data source raised in a long JVM/Python trace), or None when there is none."""
+    found = _CONNECTOR_ERROR.search(str(error))
+    return found.group(1).strip() if found else None
 
 
 def channel(endpoint: str, options: ReadOptions) -> grpc.Channel:

@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from pyspark.sql import functions as F
 
     import spark_connector
+    from spark_connector.plan import connector_message
     from spark_connector.session import SparkStartError
 
     try:
@@ -121,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
                 .collect()
             )
         except Exception as error:  # noqa: BLE001 (Spark wraps the connector's error)
-            print(f"error: {str(error).strip().splitlines()[0][:2000]}", file=sys.stderr)
+            # One sentence: the connector's own message, not the first line of a JVM trace.
+            message = connector_message(error) or str(error).strip().splitlines()[0]
+            print(f"error: {message[:2000]}", file=sys.stderr)
             return 1
         elapsed = time.monotonic() - started
         if args.json:

@@ -25,7 +25,7 @@ from rpc.protos import streaming_pb2 as wire
 from rpc.protos import streaming_pb2_grpc
 from spark_connector.fetch import RowFilter, SegmentUnreadable, read_slice
 from spark_connector.options import parse_options
-from spark_connector.plan import SegmentSlice
+from spark_connector.plan import SegmentSlice, connector_message
 from tests.cluster.conftest import Api
 from tests.cluster.wal_helpers import History, Producer, setup_channels, wait_assigned
 from wal_segments.segment import segment_file_name
@@ -221,8 +221,12 @@ def test_vchannel_and_time_tick_filters(spark, env, pushdown) -> None:
 def test_bad_options_fail_clearly(spark, env) -> None:
     with pytest.raises(Exception, match="fromTimeTick"):
         env.read(spark, fromTimeTick="yesterday").count()
-    with pytest.raises(Exception, match="unknown vchannel"):
+    with pytest.raises(Exception, match="unknown vchannel") as missing:
         env.read(spark, vchannels="no_such_vchannel").count()
+    # spark-read prints the connector's own sentence, not the first line of the JVM trace.
+    message = connector_message(missing.value)
+    assert message is not None and "unknown vchannel" in message and "\n" not in message
+    assert "no_such_vchannel" in message and "Traceback" not in message
     with pytest.raises(Exception, match="msgTypes"):
         env.read(spark, msgTypes="messages").count()
 
