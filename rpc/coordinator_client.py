@@ -462,6 +462,125 @@ class CoordinatorClient:
         request = api.DropVChannelRequest(request_id=self._request_id(request_id), name=name)
         return await self._unary("DropVChannel", request)
 
+    # Subscriptions (durable consumer groups; see rpc.streaming.subscription for the
+    # consumer that resumes from and commits to one)
+
+    async def create_subscription(
+        self,
+        name: str,
+        vchannels: Sequence[str],
+        *,
+        start: str = "earliest",
+        start_lsn: int = 0,
+        start_time_tick: int = 0,
+        holds_retention: bool = True,
+        request_id: str = "",
+    ) -> api.CreateSubscriptionResponse:
+        """Create subscription `name` over `vchannels` (the same create again is a no-op).
+        `start` ("earliest", "latest", "lsn" with `start_lsn`, "time_tick" with
+        `start_time_tick`) is where consumers begin on a vchannel without a position."""
+        starts = {
+            "earliest": pb.SUBSCRIPTION_START_EARLIEST,
+            "latest": pb.SUBSCRIPTION_START_LATEST,
+            "lsn": pb.SUBSCRIPTION_START_LSN,
+            "time_tick": pb.SUBSCRIPTION_START_TIME_TICK,
+        }
+        if start not in starts:
+            raise _invalid(f"invalid start ({start!r}; expected one of {', '.join(starts)})")
+        request = api.CreateSubscriptionRequest(
+            request_id=self._request_id(request_id),
+            name=name,
+            vchannels=list(vchannels),
+            start=starts[start],
+            start_lsn=start_lsn,
+            start_time_tick=start_time_tick,
+            no_retention_hold=not holds_retention,
+        )
+        return await self._unary("CreateSubscription", request)
+
+    async def drop_subscription(
+        self, name: str, *, request_id: str = ""
+    ) -> api.DropSubscriptionResponse:
+        request = api.DropSubscriptionRequest(request_id=self._request_id(request_id), name=name)
+        return await self._unary("DropSubscription", request)
+
+    async def list_subscriptions(self, linearizable: bool = True) -> api.ListSubscriptionsResponse:
+        request = api.ListSubscriptionsRequest(consistency=_consistency(linearizable))
+        return await self._unary("ListSubscriptions", request)
+
+    async def describe_subscription(
+        self, name: str, linearizable: bool = True
+    ) -> api.DescribeSubscriptionResponse:
+        """The subscription with, per vchannel, its position and lag behind the committed
+        log (NotFoundError when it does not exist)."""
+        request = api.DescribeSubscriptionRequest(name=name, consistency=_consistency(linearizable))
+        return await self._unary("DescribeSubscription", request)
+
+    async def commit_subscription(
+        self,
+        name: str,
+        positions: dict[str, tuple[int, int]],
+        *,
+        request_id: str = "",
+    ) -> api.CommitSubscriptionResponse:
+        """Commit {vchannel: (lsn, time_tick)}: everything up to each lsn was consumed.
+        Positions move forward only (InvalidArgumentError otherwise; `seek_subscription`
+        moves them back) and never past the committed log."""
+        request = api.CommitSubscriptionRequest(
+            request_id=self._request_id(request_id),
+            name=name,
+            positions=[
+                api.SubscriptionCommit(vchannel=vchannel, lsn=lsn, time_tick=tick)
+                for vchannel, (lsn, tick) in sorted(positions.items())
+            ],
+        )
+        return await self._unary("CommitSubscription", request)
+
+    async def seek_subscription(
+        self,
+        name: str,
+        *,
+        vchannel: str = "",
+        lsn: int | None = None,
+        time_tick: int | None = None,
+        earliest: bool = False,
+        latest: bool = False,
+        request_id: str = "",
+    ) -> api.SeekSubscriptionResponse:
+        """Move the subscription (one vchannel, or all) to exactly one of: `lsn` (the next
+        entry consumed), `time_tick` (the first entry at or after it), `earliest`,
+        `latest` (after everything committed now)."""
+        chosen = [
+            name
+            for name, given in (
+                ("lsn", lsn is not None),
+                ("time_tick", time_tick is not None),
+                ("earliest", earliest),
+                ("latest", latest),
+            )
+            if given
+        ]
+        if len(chosen) != 1:
+            raise _invalid(
+                f"invalid seek ({', '.join(chosen) or 'no target'}; expected exactly one of "
+                "lsn, time_tick, earliest, latest)"
+            )
+        target = {
+            "lsn": api.SEEK_TARGET_LSN,
+            "time_tick": api.SEEK_TARGET_TIME_TICK,
+            "earliest": api.SEEK_TARGET_EARLIEST,
+            "latest": api.SEEK_TARGET_LATEST,
+        }[chosen[0]]
+        request = api.SeekSubscriptionRequest(
+            request_id=self._request_id(request_id),
+            name=name,
+            vchannel=vchannel,
+            target=target,
+            lsn=lsn or 0,
+            time_tick=time_tick or 0,
+        )
+        return await self._unary("SeekSubscription", request)
+
     async def watch_assignments(self) -> AsyncIterator[api.AssignmentDiscovery]:
         """Every assignment change, as the full assignment. After a stream failure it
         reconnects (another node when needed) and never yields a version <= the last one

@@ -16,6 +16,8 @@
   nothing is written twice.
 - ``Consumer``: an async iterator of committed ``WalEntry`` of one vchannel that resumes
   after the last delivered LSN at the new owner when a stream breaks: no gap, no duplicate.
+- ``SubscriptionConsumer``: a ``Consumer`` of one vchannel of a subscription that starts
+  where the subscription stands and commits its position as it goes (at least once).
 - ``Txn``: ``BeginTxn`` / ``AppendTxn`` / ``CommitTxn`` / ``RollbackTxn`` on the owner of the
   vchannel's pchannel, with a keepalive task while open; an async context manager that
   commits on normal exit and rolls back on an exception.
@@ -81,6 +83,7 @@ from rpc.streaming.routing import ROUTE_CHECK_S as ROUTE_CHECK_S
 from rpc.streaming.routing import SUSPECT_HOLD_S as SUSPECT_HOLD_S
 from rpc.streaming.routing import WATCH_STALE_S as WATCH_STALE_S
 from rpc.streaming.routing import AssignmentCache, Position, Route, list_segments
+from rpc.streaming.subscription import SubscriptionConsumer
 from rpc.streaming.txn import DEFAULT_TXN_KEEPALIVE_MS as DEFAULT_TXN_KEEPALIVE_MS
 from rpc.streaming.txn import Txn
 
@@ -95,6 +98,7 @@ __all__ = [
     "ProducerStats",
     "Route",
     "StreamingClient",
+    "SubscriptionConsumer",
     "Txn",
     "list_segments",
 ]

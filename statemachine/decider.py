@@ -573,6 +573,18 @@ def _delete_segments_before(state, cmd: pb.DeleteSegmentsBefore, ctx, limits) ->
             if vchannel.state != pb.VCHANNEL_STATE_NORMAL:
                 continue
             bound = min(bound, group.positions[vchannel_name].lsn + 1)
+    # Nor what a subscription that holds retention has not consumed yet.
+    for name in sorted(state.subscriptions):
+        subscription = state.subscriptions[name]
+        if not subscription.holds_retention:
+            continue
+        for vchannel_name in sorted(subscription.positions):
+            vchannel = state.vchannels.get(vchannel_name)
+            if vchannel is None or vchannel.pchannel != cmd.pchannel:
+                continue
+            position = subscription.positions[vchannel_name]
+            if position.lsn > 0:
+                bound = min(bound, position.lsn + 1)
     deleted = [s for s in manifest.segments if s.last_lsn < bound]
     if not deleted:
         return []
@@ -985,6 +997,174 @@ def _bump_consumer_fence(state, cmd: pb.BumpConsumerFence, ctx, limits) -> Outco
     return emitter.events
 
 
+SUBSCRIPTION_STARTS: dict[int, str] = {
+    pb.SUBSCRIPTION_START_EARLIEST: "EARLIEST",
+    pb.SUBSCRIPTION_START_LATEST: "LATEST",
+    pb.SUBSCRIPTION_START_LSN: "LSN",
+    pb.SUBSCRIPTION_START_TIME_TICK: "TIME_TICK",
+}
+
+
+def _subscription(state, name: str, limits) -> pb.Subscription | Rejection:
+    bad = check_name("subscription", name, limits)
+    if bad:
+        return bad
+    subscription = state.subscriptions.get(name)
+    if subscription is None:
+        return Rejection(E.NOT_FOUND, f"subscription {show(name)} does not exist")
+    return subscription
+
+
+def _create_subscription(state, cmd: pb.CreateSubscription, ctx, limits) -> Outcome:
+    start = cmd.start or pb.SUBSCRIPTION_START_EARLIEST
+    bad = first_error(
+        check_name("subscription", cmd.name, limits),
+        check_range(
+            "number of vchannels", len(cmd.vchannels), 1, limits.max_subscription_vchannels
+        ),
+        check_enum("start", start, SUBSCRIPTION_STARTS),
+        check_unique("vchannel", list(cmd.vchannels)),
+    )
+    if bad:
+        return bad
+    for vchannel in cmd.vchannels:
+        bad = check_name("vchannel", vchannel, limits)
+        if bad:
+            return bad
+        channel = state.vchannels.get(vchannel)
+        if channel is None or channel.state != pb.VCHANNEL_STATE_NORMAL:
+            return Rejection(E.CHANNEL_NOT_EXIST, f"vchannel {show(vchannel)} does not exist")
+    if start == pb.SUBSCRIPTION_START_LSN and cmd.start_lsn < 1:
+        return invalid(f"invalid start_lsn ({cmd.start_lsn}; expected >= 1 with start LSN)")
+    if start == pb.SUBSCRIPTION_START_TIME_TICK and cmd.start_time_tick < 1:
+        return invalid(
+            f"invalid start_time_tick ({cmd.start_time_tick}; expected >= 1 with start TIME_TICK)"
+        )
+    if start != pb.SUBSCRIPTION_START_LSN and cmd.start_lsn:
+        return invalid(f"start_lsn {cmd.start_lsn} given with start {SUBSCRIPTION_STARTS[start]}")
+    if start != pb.SUBSCRIPTION_START_TIME_TICK and cmd.start_time_tick:
+        return invalid(
+            f"start_time_tick {cmd.start_time_tick} given with start {SUBSCRIPTION_STARTS[start]}"
+        )
+    wanted = pb.Subscription(
+        name=cmd.name,
+        vchannels=sorted(cmd.vchannels),
+        start=start,
+        start_lsn=cmd.start_lsn,
+        start_time_tick=cmd.start_time_tick,
+        holds_retention=not cmd.no_retention_hold,
+    )
+    existing = state.subscriptions.get(cmd.name)
+    if existing is not None:
+        same = pb.Subscription()
+        same.CopyFrom(existing)
+        same.ClearField("positions")
+        same.created_revision = 0
+        if same == wanted:
+            return []  # the same create again: nothing to do
+        return Rejection(
+            E.ALREADY_EXISTS,
+            f"subscription {show(cmd.name)} already exists with other settings "
+            f"(vchannels {list(existing.vchannels)[:8]})",
+        )
+    if len(state.subscriptions) >= limits.max_subscriptions:
+        return invalid(
+            f"too many subscriptions ({len(state.subscriptions)}; expected < {limits.max_subscriptions})"
+        )
+    emitter = _Emitter(state, ctx)
+    wanted.created_revision = emitter.next_revision
+    emitter.emit(subscription_created=pb.SubscriptionCreated(subscription=wanted))
+    return emitter.events
+
+
+def _drop_subscription(state, cmd: pb.DropSubscription, ctx, limits) -> Outcome:
+    subscription = _subscription(state, cmd.name, limits)
+    if isinstance(subscription, Rejection):
+        return subscription
+    emitter = _Emitter(state, ctx)
+    emitter.emit(subscription_dropped=pb.SubscriptionDropped(name=cmd.name))
+    return emitter.events
+
+
+def _subscription_vchannel(
+    subscription: pb.Subscription, vchannel: str, limits
+) -> Rejection | None:
+    bad = check_name("vchannel", vchannel, limits)
+    if bad:
+        return bad
+    if vchannel not in subscription.vchannels:
+        return invalid(
+            f"vchannel {show(vchannel)} is not in subscription {show(subscription.name)} "
+            f"(expected one of {list(subscription.vchannels)[:8]})"
+        )
+    return None
+
+
+def _commit_subscription_position(
+    state, cmd: pb.CommitSubscriptionPosition, ctx, limits
+) -> Outcome:
+    subscription = _subscription(state, cmd.name, limits)
+    if isinstance(subscription, Rejection):
+        return subscription
+    bad = _subscription_vchannel(subscription, cmd.vchannel, limits)
+    if bad:
+        return bad
+    if cmd.lsn < 1 or cmd.time_tick < 0:
+        return invalid(
+            f"invalid position (lsn {cmd.lsn}, time_tick {cmd.time_tick}; expected lsn >= 1, "
+            "time_tick >= 0)"
+        )
+    stored = subscription.positions.get(cmd.vchannel)
+    if stored is not None and cmd.lsn < stored.lsn:
+        return invalid(
+            f"position of {show(cmd.name)} on {show(cmd.vchannel)} moves forward only (got lsn "
+            f"{cmd.lsn}; expected >= {stored.lsn}; Seek moves it back)"
+        )
+    if stored is not None and cmd.lsn == stored.lsn and not stored.from_time_tick:
+        return []  # already there
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        subscription_position_committed=pb.SubscriptionPositionCommitted(
+            name=cmd.name,
+            vchannel=cmd.vchannel,
+            position=pb.SubscriptionPosition(
+                lsn=cmd.lsn, time_tick=cmd.time_tick, revision=emitter.next_revision
+            ),
+        )
+    )
+    return emitter.events
+
+
+def _seek_subscription(state, cmd: pb.SeekSubscription, ctx, limits) -> Outcome:
+    subscription = _subscription(state, cmd.name, limits)
+    if isinstance(subscription, Rejection):
+        return subscription
+    if cmd.vchannel:
+        bad = _subscription_vchannel(subscription, cmd.vchannel, limits)
+        if bad:
+            return bad
+    if cmd.from_time_tick < 0 or cmd.lsn < 0 or (cmd.lsn > 0) == (cmd.from_time_tick > 0):
+        return invalid(
+            f"invalid seek (lsn {cmd.lsn}, from_time_tick {cmd.from_time_tick}; expected "
+            "either an lsn >= 1 or a from_time_tick >= 1)"
+        )
+    emitter = _Emitter(state, ctx)
+    for vchannel in [cmd.vchannel] if cmd.vchannel else list(subscription.vchannels):
+        emitter.emit(
+            subscription_position_committed=pb.SubscriptionPositionCommitted(
+                name=cmd.name,
+                vchannel=vchannel,
+                position=pb.SubscriptionPosition(
+                    lsn=cmd.lsn - 1 if cmd.lsn else 0,
+                    from_time_tick=cmd.from_time_tick,
+                    revision=emitter.next_revision,
+                ),
+                seek=True,
+            )
+        )
+    return emitter.events
+
+
 def _set_balance_policy(state, cmd: pb.SetBalancePolicy, ctx, limits) -> Outcome:
     bad = check_range(
         "max_moves_per_round", cmd.max_moves_per_round, 0, limits.max_moves_per_round_limit
@@ -1047,6 +1227,10 @@ _DECIDERS: dict[str, Callable[..., Outcome]] = {
     "unlock": _unlock,
     "commit_consumer_position": _commit_consumer_position,
     "bump_consumer_fence": _bump_consumer_fence,
+    "create_subscription": _create_subscription,
+    "drop_subscription": _drop_subscription,
+    "commit_subscription_position": _commit_subscription_position,
+    "seek_subscription": _seek_subscription,
     "set_balance_policy": _set_balance_policy,
     "barrier": _barrier,
 }

@@ -227,6 +227,25 @@ def _consumer_fence_bumped(state, e: pb.ConsumerFenceBumped, revision, limits: L
     position.fence = e.fence
 
 
+def _subscription_created(state, e: pb.SubscriptionCreated, revision, limits: Limits) -> None:
+    assert e.subscription.name not in state.subscriptions
+    state.subscriptions[e.subscription.name].CopyFrom(e.subscription)
+
+
+def _subscription_dropped(state, e: pb.SubscriptionDropped, revision, limits: Limits) -> None:
+    del state.subscriptions[e.name]
+
+
+def _subscription_position_committed(
+    state, e: pb.SubscriptionPositionCommitted, revision, limits: Limits
+) -> None:
+    subscription = state.subscriptions[e.name]
+    assert e.vchannel in subscription.vchannels
+    if not e.seek and e.vchannel in subscription.positions:
+        assert e.position.lsn >= subscription.positions[e.vchannel].lsn, "a commit went back"
+    subscription.positions[e.vchannel].CopyFrom(e.position)
+
+
 def _balance_policy_set(state, e: pb.BalancePolicySet, revision, limits: Limits) -> None:
     state.balance_policy.allow_rebalance = e.allow_rebalance
     state.balance_policy.max_moves_per_round = e.max_moves_per_round
@@ -260,6 +279,9 @@ _EVOLVERS: dict[str, Callable[..., None]] = {
     "lease_expired": _lease_ended,
     "consumer_position_committed": _consumer_position_committed,
     "consumer_fence_bumped": _consumer_fence_bumped,
+    "subscription_created": _subscription_created,
+    "subscription_dropped": _subscription_dropped,
+    "subscription_position_committed": _subscription_position_committed,
     "balance_policy_set": _balance_policy_set,
 }
 

@@ -123,6 +123,35 @@ def _channel_violations(state: pb.CoordinationState) -> list[str]:
     return problems
 
 
+def _subscription_step_violations(
+    previous: pb.CoordinationState, state: pb.CoordinationState, events: list[pb.Event]
+) -> list[str]:
+    """A subscription's committed positions move forward, except through a Seek; every
+    position names one of the subscription's vchannels."""
+    problems = []
+    sought = {
+        (e.subscription_position_committed.name, e.subscription_position_committed.vchannel)
+        for e in events
+        if e.WhichOneof("body") == "subscription_position_committed"
+        and e.subscription_position_committed.seek
+    }
+    for name in sorted(state.subscriptions):
+        subscription = state.subscriptions[name]
+        for vchannel in sorted(subscription.positions):
+            if vchannel not in subscription.vchannels:
+                problems.append(f"subscription {name} has a position on foreign {vchannel}")
+        before = previous.subscriptions.get(name)
+        if before is None:
+            continue
+        for vchannel in sorted(before.positions):
+            if (name, vchannel) in sought or vchannel not in subscription.positions:
+                continue
+            old, new = before.positions[vchannel].lsn, subscription.positions[vchannel].lsn
+            if new < old:
+                problems.append(f"subscription {name} on {vchannel} went back {old} -> {new}")
+    return problems
+
+
 def violations(
     state: pb.CoordinationState,
     previous: pb.CoordinationState | None = None,
@@ -138,6 +167,7 @@ def violations(
                 problems.append(f"pchannel {name} disappeared")
             elif after < before:
                 problems.append(f"pchannel {name} term decreased {before} -> {after}")
+            problems += _subscription_step_violations(previous, state, events or [])
         if events is not None:
             if state.revision != previous.revision + len(events):
                 problems.append(

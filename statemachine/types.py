@@ -59,6 +59,8 @@ class Limits:
     max_history_entries: int = 64
     broadcast_message_max_bytes: int = 1024 * 1024
     max_broadcast_vchannels: int = 1024
+    max_subscriptions: int = 10_000
+    max_subscription_vchannels: int = 1024
     max_resource_keys: int = 64
     lease_ttl_min_ms: int = 1
     lease_ttl_max_ms: int = 3_600_000

@@ -59,7 +59,14 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
-from rpc.streaming_client import Consumer, Position, Producer, StreamingClient, list_segments
+from rpc.streaming_client import (
+    Consumer,
+    Position,
+    Producer,
+    StreamingClient,
+    SubscriptionConsumer,
+    list_segments,
+)
 from wal_segments.format import MSG_TYPE_CODES, PRODUCIBLE_MSG_TYPES
 
 log = logging.getLogger(__name__)
@@ -269,7 +276,16 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--from-beginning or --from-lsn; stops after --limit entries or when no entry "
         "arrives for --timeout-s seconds.",
     )
-    consume.add_argument("--vchannel", required=True, help="the vchannel to read")
+    consume.add_argument(
+        "--vchannel",
+        help="the vchannel to read (required, unless --subscription names a subscription of one "
+        "vchannel)",
+    )
+    consume.add_argument(
+        "--subscription",
+        help="resume where this subscription stands on the vchannel and commit as entries "
+        "are printed (no --from-* then)",
+    )
     start = consume.add_mutually_exclusive_group()
     start.add_argument("--from-beginning", action="store_true", help="the whole retained log")
     start.add_argument("--from-lsn", type=int, help="start at this LSN")
@@ -319,6 +335,62 @@ def register(commands: argparse._SubParsersAction) -> None:
         )
         sub.add_argument("nodes", nargs="+", metavar="NODE", help=f"node ids to {text}")
         sub.set_defaults(handler=_handler(_balance_freeze, {"node_id": "NODE"}), action=action)
+
+    subscription = commands.add_parser(
+        "subscription",
+        help="durable consumer groups: positions per vchannel kept in Raft",
+        description="A subscription names vchannels and where its consumers start. Its "
+        "positions are committed through Raft, move forward only, and survive restarts; "
+        "`seek` moves them anywhere. `raftwal consume --subscription S` resumes from them.",
+    )
+    subscription_commands = subscription.add_subparsers(
+        dest="subscription_command", metavar="ACTION"
+    )
+    subscription_commands.required = True
+    screate = subscription_commands.add_parser(
+        "create", parents=[common], help="create a subscription"
+    )
+    screate.add_argument("name", metavar="NAME", help="the subscription's name")
+    screate.add_argument("--vchannels", required=True, help="comma-separated vchannels it consumes")
+    screate.add_argument(
+        "--start",
+        default="earliest",
+        help="where consumers start on a vchannel without a position: earliest, latest, "
+        "lsn:N or tick:T (default: earliest)",
+    )
+    screate.add_argument(
+        "--no-retention-hold",
+        action="store_true",
+        help="its positions do not hold back WAL retention",
+    )
+    screate.set_defaults(
+        handler=_handler(_subscription_create, {"vchannels": "--vchannels", "start": "--start"})
+    )
+    slist = subscription_commands.add_parser("list", parents=[common], help="list subscriptions")
+    slist.set_defaults(handler=_handler(_subscription_list))
+    sdescribe = subscription_commands.add_parser(
+        "describe", parents=[common], help="positions and lag per vchannel"
+    )
+    sdescribe.add_argument("name", metavar="NAME", help="the subscription")
+    sdescribe.set_defaults(handler=_handler(_subscription_describe))
+    sseek = subscription_commands.add_parser(
+        "seek", parents=[common], help="move a subscription's position, in any direction"
+    )
+    sseek.add_argument("name", metavar="NAME", help="the subscription")
+    sseek.add_argument("--vchannel", default="", help="only this vchannel (default: all)")
+    target = sseek.add_mutually_exclusive_group(required=True)
+    target.add_argument("--lsn", type=int, help="the next entry consumed is this LSN")
+    target.add_argument("--time-tick", type=int, help="the first entry at or after this tick")
+    target.add_argument("--earliest", action="store_true", help="every retained entry")
+    target.add_argument("--latest", action="store_true", help="after everything committed")
+    sseek.set_defaults(
+        handler=_handler(_subscription_seek, {"lsn": "--lsn", "time_tick": "--time-tick"})
+    )
+    sdrop = subscription_commands.add_parser(
+        "drop", parents=[common], help="drop a subscription and its positions"
+    )
+    sdrop.add_argument("name", metavar="NAME", help="the subscription")
+    sdrop.set_defaults(handler=_handler(_subscription_drop))
 
     segments = commands.add_parser(
         "segments", parents=[common], help="committed WAL segments (the manifest)"
@@ -1073,27 +1145,186 @@ async def _consume(args: argparse.Namespace, client: CoordinatorClient, target: 
     if args.from_lsn is not None and args.from_lsn < 0:
         raise CliError(f"invalid --from-lsn ({args.from_lsn}; expected >= 0)")
     msg_types = _listed("--msg-types", args.msg_types, tuple(MSG_TYPE_CODES))
+    if args.subscription and (args.from_beginning or args.from_lsn is not None):
+        raise CliError(
+            "--subscription starts where the subscription stands (got --from-beginning or "
+            "--from-lsn too; expected neither: `raftwal subscription seek` moves it)"
+        )
     console = _console()
     printed = 0
-    async with (
-        StreamingClient(client) as streaming,
-        Consumer(
-            streaming,
-            args.vchannel,
-            from_lsn=args.from_lsn,
-            latest=not args.from_beginning and args.from_lsn is None,
-            msg_types=msg_types,
-        ) as consumer,
-    ):
-        while not args.limit or printed < args.limit:
-            try:
-                entry = await asyncio.wait_for(anext(consumer), args.timeout_s)
-            except (StopAsyncIteration, TimeoutError):
-                break
-            _print_entry(console, entry, args.json)
-            printed += 1
+    async with StreamingClient(client) as streaming:
+        vchannel = args.vchannel
+        if args.subscription and not vchannel:
+            described = await client.describe_subscription(args.subscription)
+            if len(described.subscription.vchannels) != 1:
+                raise CliError(
+                    f"--vchannel: subscription {args.subscription!r} has "
+                    f"{len(described.subscription.vchannels)} vchannels (expected one of "
+                    f"{', '.join(described.subscription.vchannels)})"
+                )
+            vchannel = described.subscription.vchannels[0]
+        if not vchannel:
+            raise CliError("--vchannel: missing (expected the vchannel to read)")
+        reader: Consumer | SubscriptionConsumer
+        if args.subscription:
+            reader = SubscriptionConsumer(
+                streaming, args.subscription, vchannel, msg_types=msg_types
+            )
+        else:
+            reader = Consumer(
+                streaming,
+                vchannel,
+                from_lsn=args.from_lsn,
+                latest=not args.from_beginning and args.from_lsn is None,
+                msg_types=msg_types,
+            )
+        async with reader:
+            while not args.limit or printed < args.limit:
+                try:
+                    entry = await asyncio.wait_for(anext(reader), args.timeout_s)
+                except (StopAsyncIteration, TimeoutError):
+                    break
+                _print_entry(console, entry, args.json)
+                printed += 1
     if not args.json:
         print(f"{printed} entr{'y' if printed == 1 else 'ies'}", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# subscriptions
+# ---------------------------------------------------------------------------------------
+
+
+def _parse_start(text: str) -> dict[str, Any]:
+    kind, _, value = text.partition(":")
+    if kind in ("earliest", "latest") and not value:
+        return {"start": kind}
+    if kind in ("lsn", "tick") and value.isdigit() and int(value) > 0:
+        key = "start_lsn" if kind == "lsn" else "start_time_tick"
+        return {"start": "lsn" if kind == "lsn" else "time_tick", key: int(value)}
+    raise CliError(
+        f"--start: invalid value {text!r} (expected earliest, latest, lsn:N or tick:T with "
+        "N, T >= 1)"
+    )
+
+
+async def _subscription_create(
+    args: argparse.Namespace, client: CoordinatorClient, target: Target
+) -> int:
+    vchannels = [v.strip() for v in args.vchannels.split(",") if v.strip()]
+    if not vchannels:
+        raise CliError("--vchannels: no vchannel given (expected a comma-separated list)")
+    response = await client.create_subscription(
+        args.name, vchannels, holds_retention=not args.no_retention_hold, **_parse_start(args.start)
+    )
+    if args.json:
+        _print_json(response)
+    else:
+        _console().print(
+            f"subscription {args.name} over {', '.join(response.subscription.vchannels)} "
+            f"at revision {response.revision}",
+            markup=False,
+        )
+    return 0
+
+
+def _start_text(found: pb.Subscription) -> str:
+    start = _enum_name(pb.SubscriptionStart, found.start, "SUBSCRIPTION_START_").lower()
+    if found.start == pb.SUBSCRIPTION_START_LSN:
+        return f"lsn:{found.start_lsn}"
+    if found.start == pb.SUBSCRIPTION_START_TIME_TICK:
+        return f"tick:{found.start_time_tick}"
+    return start
+
+
+async def _subscription_list(
+    args: argparse.Namespace, client: CoordinatorClient, target: Target
+) -> int:
+    response = await client.list_subscriptions()
+    if args.json:
+        _print_json(response)
+        return 0
+    table = Table(title="subscriptions")
+    for column in ("name", "vchannels", "start", "positions", "holds retention", "created"):
+        table.add_column(column)
+    for found in response.subscriptions:
+        table.add_row(
+            found.name,
+            ", ".join(found.vchannels),
+            _start_text(found),
+            str(len(found.positions)),
+            "yes" if found.holds_retention else "no",
+            str(found.created_revision),
+        )
+    _console().print(table)
+    return 0
+
+
+async def _subscription_describe(
+    args: argparse.Namespace, client: CoordinatorClient, target: Target
+) -> int:
+    response = await client.describe_subscription(args.name)
+    if args.json:
+        _print_json(response)
+        return 0
+    found = response.subscription
+    console = _console()
+    console.print(
+        f"subscription {found.name}  start {_start_text(found)}  holds retention "
+        f"{'yes' if found.holds_retention else 'no'}  revision {response.revision}",
+        markup=False,
+    )
+    table = Table(title="positions")
+    for column in ("vchannel", "pchannel", "position", "committed", "lsn lag", "time lag"):
+        table.add_column(column)
+    for lag in response.lags:
+        position = found.positions.get(lag.vchannel)
+        where = str(lag.position_lsn) if lag.position_lsn else "-"
+        if position is not None and position.from_time_tick:
+            where = f"tick >= {position.from_time_tick}"
+        table.add_row(
+            lag.vchannel,
+            lag.pchannel,
+            where,
+            str(lag.committed_lsn) if not lag.error else f"[red]{escape(lag.error)}[/]",
+            str(lag.lsn_lag),
+            f"{lag.time_lag_ms / 1000:.1f} s" if lag.position_time_tick else "-",
+        )
+    console.print(table)
+    return 0
+
+
+async def _subscription_seek(
+    args: argparse.Namespace, client: CoordinatorClient, target: Target
+) -> int:
+    if args.lsn is not None and args.lsn < 1:
+        raise CliError(f"--lsn: invalid value {args.lsn} (expected >= 1)")
+    if args.time_tick is not None and args.time_tick < 1:
+        raise CliError(f"--time-tick: invalid value {args.time_tick} (expected >= 1)")
+    response = await client.seek_subscription(
+        args.name,
+        vchannel=args.vchannel,
+        lsn=args.lsn,
+        time_tick=args.time_tick,
+        earliest=args.earliest,
+        latest=args.latest,
+    )
+    if args.json:
+        _print_json(response)
+    else:
+        print(f"sought {args.name} at revision {response.revision}")
+    return 0
+
+
+async def _subscription_drop(
+    args: argparse.Namespace, client: CoordinatorClient, target: Target
+) -> int:
+    response = await client.drop_subscription(args.name)
+    if args.json:
+        _print_json(response)
+    else:
+        print(f"dropped {args.name} at revision {response.revision}")
     return 0
 
 

@@ -330,6 +330,28 @@ class Node:
             self._channels[address] = channel
         return channel
 
+    async def latest_position(self, pchannel: str) -> tuple[int, int]:
+        """(committed LSN, latest time tick) of `pchannel`: from the local owner when this
+        node serves it, else from its owner over gRPC (GetLatestTimeTick)."""
+        owner = self.plane.owner(pchannel)
+        if owner is not None and owner.serving:
+            return owner.committed_lsn, owner.log.last_time_tick
+        self.data_view.refresh()
+        address, _ = self.data_view.owner_hint(pchannel)
+        if not address:
+            # Transient (it is being assigned): retryable, like an owner that does not answer.
+            raise RaftwalError(
+                error_info(E.UNAVAILABLE, f"pchannel {pchannel} has no owner now (being assigned)")
+            )
+        stub = streaming_pb2_grpc.StreamingNodeStub(self.channel(address))
+        try:
+            answer = await stub.GetLatestTimeTick(
+                streaming_pb2.GetLatestTimeTickRequest(pchannel=pchannel), timeout=5.0
+            )
+        except grpc.aio.AioRpcError as error:
+            raise RaftwalError(from_rpc_error(error)) from None
+        return answer.committed_lsn, answer.time_tick
+
     def leader(self) -> NodeConfig | None:
         assert self.peer is not None
         address = self.peer.leader_address()

@@ -111,7 +111,17 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
         "RollbackTxn",
         "KeepAliveTxn",
     ),
-    **_methods("StreamingNode", _READ, "GetLatestTimeTick"),
+    # Nodes ask a pchannel's owner where its log ends (a subscription's lag, a seek).
+    **_methods("StreamingNode", _READ | _NODE, "GetLatestTimeTick"),
+    **_methods(
+        "Coordinator",
+        _ACK,
+        "CreateSubscription",
+        "DropSubscription",
+        "CommitSubscription",
+        "SeekSubscription",
+    ),
+    **_methods("Coordinator", _READ, "ListSubscriptions", "DescribeSubscription"),
     **_methods("StreamingNode", _READ_DATA, "Consume", "ReadSegment"),
     **_methods("NodeManager", _NODE, "Assign", "Remove", "CollectStatus"),
     **_methods("Cluster", _NODE, "Heartbeat", "Propose"),

@@ -92,6 +92,11 @@ class CoordinationBackend(Protocol):
 
     async def cluster_status(self, linearizable: bool) -> api.ClusterStatusResponse: ...
 
+    async def latest_position(self, pchannel: str) -> tuple[int, int]:
+        """(committed LSN, latest time tick) of `pchannel`, asked of its owner; raises
+        RaftwalError (CHANNEL_NOT_EXIST, NOT_OWNER, UNAVAILABLE...) when no owner answers."""
+        ...
+
 
 def _fail(code: int, message: str) -> RaftwalError:
     return RaftwalError(error_info(code, message))
@@ -116,6 +121,37 @@ def _check_count(field: str, count: int, low: int = 1, high: int = MAX_NAMES_PER
 def _check_wait(field: str, value: int, max_wait_ms: int) -> None:
     if value < 0 or value > max_wait_ms:
         raise _fail(E.INVALID_ARGUMENT, f"invalid {field} ({value}; expected 0..{max_wait_ms})")
+
+
+SEEK_TARGETS = {
+    api.SEEK_TARGET_EARLIEST: "EARLIEST",
+    api.SEEK_TARGET_LATEST: "LATEST",
+    api.SEEK_TARGET_LSN: "LSN",
+    api.SEEK_TARGET_TIME_TICK: "TIME_TICK",
+}
+# The physical part of a time tick is its milliseconds shifted by this (wal_segments.owner).
+TICK_LOGICAL_BITS = 18
+
+
+def _copy_subscription(found: pb.Subscription) -> pb.Subscription:
+    copy = pb.Subscription()
+    copy.CopyFrom(found)
+    return copy
+
+
+def _subscription_reader(name: str) -> Callable[[pb.CoordinationState], pb.Subscription]:
+    def reader(state: pb.CoordinationState) -> pb.Subscription:
+        found = state.subscriptions.get(name)
+        return _copy_subscription(found) if found is not None else pb.Subscription()
+
+    return reader
+
+
+def _pchannels_of(vchannels: list[str]) -> Callable[[pb.CoordinationState], dict[str, str]]:
+    def reader(state: pb.CoordinationState) -> dict[str, str]:
+        return {v: state.vchannels[v].pchannel for v in vchannels if v in state.vchannels}
+
+    return reader
 
 
 def _raise_rejection(result: pb.CommandResult) -> pb.CommandResult:
@@ -333,6 +369,200 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
             vchannel, _ = await self._backend.read(reader, linearizable=False)
             return api.CreateVChannelResponse(vchannel=vchannel, revision=result.revision)
+
+        return await self._call(context, work())
+
+    # Subscriptions
+
+    async def CreateSubscription(self, request, context):
+        async def work() -> api.CreateSubscriptionResponse:
+            request_id = _new_request_id(request.request_id)
+            result = await self._propose(
+                request_id,
+                create_subscription=pb.CreateSubscription(
+                    name=request.name,
+                    vchannels=list(request.vchannels),
+                    start=request.start,
+                    start_lsn=request.start_lsn,
+                    start_time_tick=request.start_time_tick,
+                    no_retention_hold=request.no_retention_hold,
+                ),
+            )
+            subscription, _ = await self._backend.read(
+                _subscription_reader(request.name), linearizable=False
+            )
+            return api.CreateSubscriptionResponse(
+                subscription=subscription, revision=result.revision
+            )
+
+        return await self._call(context, work())
+
+    async def DropSubscription(self, request, context):
+        async def work() -> api.DropSubscriptionResponse:
+            request_id = _new_request_id(request.request_id)
+            result = await self._propose(
+                request_id, drop_subscription=pb.DropSubscription(name=request.name)
+            )
+            return api.DropSubscriptionResponse(revision=result.revision)
+
+        return await self._call(context, work())
+
+    async def ListSubscriptions(self, request, context):
+        async def work() -> api.ListSubscriptionsResponse:
+            def reader(state: pb.CoordinationState) -> list[pb.Subscription]:
+                return [
+                    _copy_subscription(state.subscriptions[n]) for n in sorted(state.subscriptions)
+                ]
+
+            subscriptions, revision = await self._backend.read(
+                reader, _linearizable(request.consistency)
+            )
+            return api.ListSubscriptionsResponse(subscriptions=subscriptions, revision=revision)
+
+        return await self._call(context, work())
+
+    async def DescribeSubscription(self, request, context):
+        async def work() -> api.DescribeSubscriptionResponse:
+            bad = check_name("subscription", request.name, LIMITS)
+            if bad is not None:
+                raise RaftwalError(bad.to_error_info())
+
+            def reader(
+                state: pb.CoordinationState,
+            ) -> tuple[pb.Subscription | None, dict[str, str]]:
+                found = state.subscriptions.get(request.name)
+                if found is None:
+                    return None, {}
+                pchannels = {
+                    v: state.vchannels[v].pchannel for v in found.vchannels if v in state.vchannels
+                }
+                return _copy_subscription(found), pchannels
+
+            (subscription, pchannels), revision = await self._backend.read(
+                reader, _linearizable(request.consistency)
+            )
+            if subscription is None:
+                raise _fail(E.NOT_FOUND, f"subscription {request.name!r} does not exist")
+            latest: dict[str, tuple[int, int] | str] = {}
+            for pchannel in sorted(set(pchannels.values())):
+                try:
+                    latest[pchannel] = await self._backend.latest_position(pchannel)
+                except RaftwalError as error:
+                    latest[pchannel] = f"{error.code_name}: {error.info.message}"[:300]
+            lags = []
+            for vchannel in subscription.vchannels:
+                position = subscription.positions.get(vchannel)
+                lag = api.SubscriptionLag(
+                    vchannel=vchannel,
+                    pchannel=pchannels.get(vchannel, ""),
+                    position_lsn=position.lsn if position else 0,
+                    position_time_tick=position.time_tick if position else 0,
+                )
+                answer = latest.get(lag.pchannel, "the vchannel was dropped")
+                if isinstance(answer, str):
+                    lag.error = answer
+                else:
+                    lag.committed_lsn, lag.latest_time_tick = answer
+                    lag.lsn_lag = max(0, lag.committed_lsn - lag.position_lsn)
+                    if lag.position_time_tick and lag.latest_time_tick:
+                        lag.time_lag_ms = max(
+                            0,
+                            (lag.latest_time_tick >> TICK_LOGICAL_BITS)
+                            - (lag.position_time_tick >> TICK_LOGICAL_BITS),
+                        )
+                lags.append(lag)
+            return api.DescribeSubscriptionResponse(
+                subscription=subscription, lags=lags, revision=revision
+            )
+
+        return await self._call(context, work())
+
+    async def CommitSubscription(self, request, context):
+        async def work() -> api.CommitSubscriptionResponse:
+            request_id = _new_request_id(request.request_id)
+            _check_count("positions", len(request.positions))
+            pchannels, _ = await self._backend.read(
+                _pchannels_of([p.vchannel for p in request.positions]), linearizable=False
+            )
+            revision = 0
+            for index, position in enumerate(request.positions):
+                pchannel = pchannels.get(position.vchannel)
+                if pchannel is not None and position.lsn > 0:
+                    committed, _ = await self._backend.latest_position(pchannel)
+                    if position.lsn > committed:
+                        raise _fail(
+                            E.INVALID_ARGUMENT,
+                            f"invalid lsn for {position.vchannel!r} ({position.lsn}; expected "
+                            f"<= {committed}, the committed LSN of {pchannel})",
+                        )
+                result = await self._propose(
+                    f"{request_id}.{index}",
+                    commit_subscription_position=pb.CommitSubscriptionPosition(
+                        name=request.name,
+                        vchannel=position.vchannel,
+                        lsn=position.lsn,
+                        time_tick=position.time_tick,
+                    ),
+                )
+                revision = result.revision
+            return api.CommitSubscriptionResponse(revision=revision)
+
+        return await self._call(context, work())
+
+    async def SeekSubscription(self, request, context):
+        async def work() -> api.SeekSubscriptionResponse:
+            request_id = _new_request_id(request.request_id)
+            target = request.target
+            if target not in SEEK_TARGETS:
+                raise _fail(
+                    E.INVALID_ARGUMENT,
+                    f"invalid target ({target}; expected one of {', '.join(SEEK_TARGETS.values())})",
+                )
+            if target == api.SEEK_TARGET_LSN and request.lsn < 1:
+                raise _fail(E.INVALID_ARGUMENT, f"invalid lsn ({request.lsn}; expected >= 1)")
+            if target == api.SEEK_TARGET_TIME_TICK and request.time_tick < 1:
+                raise _fail(
+                    E.INVALID_ARGUMENT, f"invalid time_tick ({request.time_tick}; expected >= 1)"
+                )
+            if target != api.SEEK_TARGET_LATEST:
+                result = await self._propose(
+                    request_id,
+                    seek_subscription=pb.SeekSubscription(
+                        name=request.name,
+                        vchannel=request.vchannel,
+                        lsn=1 if target == api.SEEK_TARGET_EARLIEST else request.lsn,
+                        from_time_tick=request.time_tick
+                        if target == api.SEEK_TARGET_TIME_TICK
+                        else 0,
+                    ),
+                )
+                return api.SeekSubscriptionResponse(revision=result.revision)
+
+            # LATEST: just after each vchannel's pchannel's committed LSN, as its owner says.
+            def reader(state: pb.CoordinationState) -> list[str]:
+                found = state.subscriptions.get(request.name)
+                if found is None:
+                    return []
+                return [request.vchannel] if request.vchannel else list(found.vchannels)
+
+            vchannels, _ = await self._backend.read(reader, linearizable=False)
+            if not vchannels:
+                raise _fail(E.NOT_FOUND, f"subscription {request.name!r} does not exist")
+            pchannels, _ = await self._backend.read(_pchannels_of(vchannels), linearizable=False)
+            revision = 0
+            for index, vchannel in enumerate(vchannels):
+                pchannel = pchannels.get(vchannel)
+                if pchannel is None:
+                    raise _fail(E.CHANNEL_NOT_EXIST, f"vchannel {vchannel!r} does not exist")
+                committed, _ = await self._backend.latest_position(pchannel)
+                result = await self._propose(
+                    f"{request_id}.{index}",
+                    seek_subscription=pb.SeekSubscription(
+                        name=request.name, vchannel=vchannel, lsn=committed + 1
+                    ),
+                )
+                revision = result.revision
+            return api.SeekSubscriptionResponse(revision=revision)
 
         return await self._call(context, work())
 

@@ -53,6 +53,14 @@ class HolderKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     HOLDER_KIND_UNSPECIFIED: _ClassVar[HolderKind]
     HOLDER_KIND_LEASE: _ClassVar[HolderKind]
     HOLDER_KIND_BROADCAST: _ClassVar[HolderKind]
+
+class SubscriptionStart(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SUBSCRIPTION_START_UNSPECIFIED: _ClassVar[SubscriptionStart]
+    SUBSCRIPTION_START_EARLIEST: _ClassVar[SubscriptionStart]
+    SUBSCRIPTION_START_LATEST: _ClassVar[SubscriptionStart]
+    SUBSCRIPTION_START_LSN: _ClassVar[SubscriptionStart]
+    SUBSCRIPTION_START_TIME_TICK: _ClassVar[SubscriptionStart]
 NODE_STATE_UNSPECIFIED: NodeState
 NODE_STATE_UP: NodeState
 NODE_STATE_DOWN: NodeState
@@ -78,6 +86,11 @@ BROADCAST_STATE_DONE: BroadcastState
 HOLDER_KIND_UNSPECIFIED: HolderKind
 HOLDER_KIND_LEASE: HolderKind
 HOLDER_KIND_BROADCAST: HolderKind
+SUBSCRIPTION_START_UNSPECIFIED: SubscriptionStart
+SUBSCRIPTION_START_EARLIEST: SubscriptionStart
+SUBSCRIPTION_START_LATEST: SubscriptionStart
+SUBSCRIPTION_START_LSN: SubscriptionStart
+SUBSCRIPTION_START_TIME_TICK: SubscriptionStart
 
 class OwnerDescription(_message.Message):
     __slots__ = ("role", "address", "text")
@@ -304,6 +317,45 @@ class ConsumerGroup(_message.Message):
     positions: _containers.MessageMap[str, ConsumerPosition]
     def __init__(self, positions: _Optional[_Mapping[str, ConsumerPosition]] = ...) -> None: ...
 
+class SubscriptionPosition(_message.Message):
+    __slots__ = ("lsn", "time_tick", "from_time_tick", "revision")
+    LSN_FIELD_NUMBER: _ClassVar[int]
+    TIME_TICK_FIELD_NUMBER: _ClassVar[int]
+    FROM_TIME_TICK_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    lsn: int
+    time_tick: int
+    from_time_tick: int
+    revision: int
+    def __init__(self, lsn: _Optional[int] = ..., time_tick: _Optional[int] = ..., from_time_tick: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class Subscription(_message.Message):
+    __slots__ = ("name", "vchannels", "start", "start_lsn", "start_time_tick", "positions", "holds_retention", "created_revision")
+    class PositionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: SubscriptionPosition
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[SubscriptionPosition, _Mapping]] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    START_LSN_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_TICK_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    HOLDS_RETENTION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    vchannels: _containers.RepeatedScalarFieldContainer[str]
+    start: SubscriptionStart
+    start_lsn: int
+    start_time_tick: int
+    positions: _containers.MessageMap[str, SubscriptionPosition]
+    holds_retention: bool
+    created_revision: int
+    def __init__(self, name: _Optional[str] = ..., vchannels: _Optional[_Iterable[str]] = ..., start: _Optional[_Union[SubscriptionStart, str]] = ..., start_lsn: _Optional[int] = ..., start_time_tick: _Optional[int] = ..., positions: _Optional[_Mapping[str, SubscriptionPosition]] = ..., holds_retention: _Optional[bool] = ..., created_revision: _Optional[int] = ...) -> None: ...
+
 class BalancePolicy(_message.Message):
     __slots__ = ("allow_rebalance", "max_moves_per_round")
     ALLOW_REBALANCE_FIELD_NUMBER: _ClassVar[int]
@@ -313,7 +365,7 @@ class BalancePolicy(_message.Message):
     def __init__(self, allow_rebalance: _Optional[bool] = ..., max_moves_per_round: _Optional[int] = ...) -> None: ...
 
 class CoordinationState(_message.Message):
-    __slots__ = ("format_version", "revision", "last_raft_index", "nodes", "pchannels", "vchannels", "next_vchannel_id", "manifests", "broadcasts", "broadcast_idempotency", "locks", "leases", "consumer_groups", "balance_policy", "recent_results", "recent_request_ids", "recent_cursor", "last_time_ms")
+    __slots__ = ("format_version", "revision", "last_raft_index", "nodes", "pchannels", "vchannels", "next_vchannel_id", "manifests", "broadcasts", "broadcast_idempotency", "locks", "leases", "consumer_groups", "balance_policy", "recent_results", "recent_request_ids", "recent_cursor", "last_time_ms", "subscriptions")
     class NodesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -384,6 +436,13 @@ class CoordinationState(_message.Message):
         key: str
         value: bytes
         def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    class SubscriptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Subscription
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Subscription, _Mapping]] = ...) -> None: ...
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     LAST_RAFT_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -402,6 +461,7 @@ class CoordinationState(_message.Message):
     RECENT_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     RECENT_CURSOR_FIELD_NUMBER: _ClassVar[int]
     LAST_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     revision: int
     last_raft_index: int
@@ -420,7 +480,8 @@ class CoordinationState(_message.Message):
     recent_request_ids: _containers.RepeatedScalarFieldContainer[str]
     recent_cursor: int
     last_time_ms: int
-    def __init__(self, format_version: _Optional[int] = ..., revision: _Optional[int] = ..., last_raft_index: _Optional[int] = ..., nodes: _Optional[_Mapping[str, Node]] = ..., pchannels: _Optional[_Mapping[str, PChannel]] = ..., vchannels: _Optional[_Mapping[str, VChannel]] = ..., next_vchannel_id: _Optional[int] = ..., manifests: _Optional[_Mapping[str, SegmentManifest]] = ..., broadcasts: _Optional[_Mapping[int, BroadcastTask]] = ..., broadcast_idempotency: _Optional[_Mapping[str, int]] = ..., locks: _Optional[_Mapping[str, ResourceLock]] = ..., leases: _Optional[_Mapping[int, Lease]] = ..., consumer_groups: _Optional[_Mapping[str, ConsumerGroup]] = ..., balance_policy: _Optional[_Union[BalancePolicy, _Mapping]] = ..., recent_results: _Optional[_Mapping[str, bytes]] = ..., recent_request_ids: _Optional[_Iterable[str]] = ..., recent_cursor: _Optional[int] = ..., last_time_ms: _Optional[int] = ...) -> None: ...
+    subscriptions: _containers.MessageMap[str, Subscription]
+    def __init__(self, format_version: _Optional[int] = ..., revision: _Optional[int] = ..., last_raft_index: _Optional[int] = ..., nodes: _Optional[_Mapping[str, Node]] = ..., pchannels: _Optional[_Mapping[str, PChannel]] = ..., vchannels: _Optional[_Mapping[str, VChannel]] = ..., next_vchannel_id: _Optional[int] = ..., manifests: _Optional[_Mapping[str, SegmentManifest]] = ..., broadcasts: _Optional[_Mapping[int, BroadcastTask]] = ..., broadcast_idempotency: _Optional[_Mapping[str, int]] = ..., locks: _Optional[_Mapping[str, ResourceLock]] = ..., leases: _Optional[_Mapping[int, Lease]] = ..., consumer_groups: _Optional[_Mapping[str, ConsumerGroup]] = ..., balance_policy: _Optional[_Union[BalancePolicy, _Mapping]] = ..., recent_results: _Optional[_Mapping[str, bytes]] = ..., recent_request_ids: _Optional[_Iterable[str]] = ..., recent_cursor: _Optional[int] = ..., last_time_ms: _Optional[int] = ..., subscriptions: _Optional[_Mapping[str, Subscription]] = ...) -> None: ...
 
 class RegisterNode(_message.Message):
     __slots__ = ("node_id", "address")
@@ -668,6 +729,52 @@ class BumpConsumerFence(_message.Message):
     vchannel: str
     def __init__(self, group: _Optional[str] = ..., vchannel: _Optional[str] = ...) -> None: ...
 
+class CreateSubscription(_message.Message):
+    __slots__ = ("name", "vchannels", "start", "start_lsn", "start_time_tick", "no_retention_hold")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    START_LSN_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_TICK_FIELD_NUMBER: _ClassVar[int]
+    NO_RETENTION_HOLD_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    vchannels: _containers.RepeatedScalarFieldContainer[str]
+    start: SubscriptionStart
+    start_lsn: int
+    start_time_tick: int
+    no_retention_hold: bool
+    def __init__(self, name: _Optional[str] = ..., vchannels: _Optional[_Iterable[str]] = ..., start: _Optional[_Union[SubscriptionStart, str]] = ..., start_lsn: _Optional[int] = ..., start_time_tick: _Optional[int] = ..., no_retention_hold: _Optional[bool] = ...) -> None: ...
+
+class DropSubscription(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class CommitSubscriptionPosition(_message.Message):
+    __slots__ = ("name", "vchannel", "lsn", "time_tick")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    LSN_FIELD_NUMBER: _ClassVar[int]
+    TIME_TICK_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    vchannel: str
+    lsn: int
+    time_tick: int
+    def __init__(self, name: _Optional[str] = ..., vchannel: _Optional[str] = ..., lsn: _Optional[int] = ..., time_tick: _Optional[int] = ...) -> None: ...
+
+class SeekSubscription(_message.Message):
+    __slots__ = ("name", "vchannel", "lsn", "from_time_tick")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    LSN_FIELD_NUMBER: _ClassVar[int]
+    FROM_TIME_TICK_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    vchannel: str
+    lsn: int
+    from_time_tick: int
+    def __init__(self, name: _Optional[str] = ..., vchannel: _Optional[str] = ..., lsn: _Optional[int] = ..., from_time_tick: _Optional[int] = ...) -> None: ...
+
 class SetBalancePolicy(_message.Message):
     __slots__ = ("allow_rebalance", "max_moves_per_round")
     ALLOW_REBALANCE_FIELD_NUMBER: _ClassVar[int]
@@ -681,7 +788,7 @@ class Barrier(_message.Message):
     def __init__(self) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("request_id", "proposed_at_ms", "register_node", "mark_node_down", "mark_node_up", "freeze_node", "unfreeze_node", "create_pchannels", "assign_pchannel", "pchannel_ready", "mark_pchannel_unavailable", "drop_pchannel", "create_vchannel", "drop_vchannel", "commit_segment", "delete_segments_before", "create_broadcast", "record_broadcast_appended", "ack_broadcast", "clear_broadcasts", "grant_lease", "keep_alive_lease", "revoke_lease", "expire_leases", "extend_leases", "lock", "unlock", "commit_consumer_position", "bump_consumer_fence", "set_balance_policy", "barrier")
+    __slots__ = ("request_id", "proposed_at_ms", "register_node", "mark_node_down", "mark_node_up", "freeze_node", "unfreeze_node", "create_pchannels", "assign_pchannel", "pchannel_ready", "mark_pchannel_unavailable", "drop_pchannel", "create_vchannel", "drop_vchannel", "commit_segment", "delete_segments_before", "create_broadcast", "record_broadcast_appended", "ack_broadcast", "clear_broadcasts", "grant_lease", "keep_alive_lease", "revoke_lease", "expire_leases", "extend_leases", "lock", "unlock", "commit_consumer_position", "bump_consumer_fence", "create_subscription", "drop_subscription", "commit_subscription_position", "seek_subscription", "set_balance_policy", "barrier")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     REGISTER_NODE_FIELD_NUMBER: _ClassVar[int]
@@ -711,6 +818,10 @@ class Command(_message.Message):
     UNLOCK_FIELD_NUMBER: _ClassVar[int]
     COMMIT_CONSUMER_POSITION_FIELD_NUMBER: _ClassVar[int]
     BUMP_CONSUMER_FENCE_FIELD_NUMBER: _ClassVar[int]
+    CREATE_SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    DROP_SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_SUBSCRIPTION_POSITION_FIELD_NUMBER: _ClassVar[int]
+    SEEK_SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     SET_BALANCE_POLICY_FIELD_NUMBER: _ClassVar[int]
     BARRIER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
@@ -742,9 +853,13 @@ class Command(_message.Message):
     unlock: Unlock
     commit_consumer_position: CommitConsumerPosition
     bump_consumer_fence: BumpConsumerFence
+    create_subscription: CreateSubscription
+    drop_subscription: DropSubscription
+    commit_subscription_position: CommitSubscriptionPosition
+    seek_subscription: SeekSubscription
     set_balance_policy: SetBalancePolicy
     barrier: Barrier
-    def __init__(self, request_id: _Optional[str] = ..., proposed_at_ms: _Optional[int] = ..., register_node: _Optional[_Union[RegisterNode, _Mapping]] = ..., mark_node_down: _Optional[_Union[MarkNodeDown, _Mapping]] = ..., mark_node_up: _Optional[_Union[MarkNodeUp, _Mapping]] = ..., freeze_node: _Optional[_Union[FreezeNode, _Mapping]] = ..., unfreeze_node: _Optional[_Union[UnfreezeNode, _Mapping]] = ..., create_pchannels: _Optional[_Union[CreatePChannels, _Mapping]] = ..., assign_pchannel: _Optional[_Union[AssignPChannel, _Mapping]] = ..., pchannel_ready: _Optional[_Union[PChannelReady, _Mapping]] = ..., mark_pchannel_unavailable: _Optional[_Union[MarkPChannelUnavailable, _Mapping]] = ..., drop_pchannel: _Optional[_Union[DropPChannel, _Mapping]] = ..., create_vchannel: _Optional[_Union[CreateVChannel, _Mapping]] = ..., drop_vchannel: _Optional[_Union[DropVChannel, _Mapping]] = ..., commit_segment: _Optional[_Union[CommitSegment, _Mapping]] = ..., delete_segments_before: _Optional[_Union[DeleteSegmentsBefore, _Mapping]] = ..., create_broadcast: _Optional[_Union[CreateBroadcast, _Mapping]] = ..., record_broadcast_appended: _Optional[_Union[RecordBroadcastAppended, _Mapping]] = ..., ack_broadcast: _Optional[_Union[AckBroadcast, _Mapping]] = ..., clear_broadcasts: _Optional[_Union[ClearBroadcasts, _Mapping]] = ..., grant_lease: _Optional[_Union[GrantLease, _Mapping]] = ..., keep_alive_lease: _Optional[_Union[KeepAliveLease, _Mapping]] = ..., revoke_lease: _Optional[_Union[RevokeLease, _Mapping]] = ..., expire_leases: _Optional[_Union[ExpireLeases, _Mapping]] = ..., extend_leases: _Optional[_Union[ExtendLeases, _Mapping]] = ..., lock: _Optional[_Union[Lock, _Mapping]] = ..., unlock: _Optional[_Union[Unlock, _Mapping]] = ..., commit_consumer_position: _Optional[_Union[CommitConsumerPosition, _Mapping]] = ..., bump_consumer_fence: _Optional[_Union[BumpConsumerFence, _Mapping]] = ..., set_balance_policy: _Optional[_Union[SetBalancePolicy, _Mapping]] = ..., barrier: _Optional[_Union[Barrier, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., proposed_at_ms: _Optional[int] = ..., register_node: _Optional[_Union[RegisterNode, _Mapping]] = ..., mark_node_down: _Optional[_Union[MarkNodeDown, _Mapping]] = ..., mark_node_up: _Optional[_Union[MarkNodeUp, _Mapping]] = ..., freeze_node: _Optional[_Union[FreezeNode, _Mapping]] = ..., unfreeze_node: _Optional[_Union[UnfreezeNode, _Mapping]] = ..., create_pchannels: _Optional[_Union[CreatePChannels, _Mapping]] = ..., assign_pchannel: _Optional[_Union[AssignPChannel, _Mapping]] = ..., pchannel_ready: _Optional[_Union[PChannelReady, _Mapping]] = ..., mark_pchannel_unavailable: _Optional[_Union[MarkPChannelUnavailable, _Mapping]] = ..., drop_pchannel: _Optional[_Union[DropPChannel, _Mapping]] = ..., create_vchannel: _Optional[_Union[CreateVChannel, _Mapping]] = ..., drop_vchannel: _Optional[_Union[DropVChannel, _Mapping]] = ..., commit_segment: _Optional[_Union[CommitSegment, _Mapping]] = ..., delete_segments_before: _Optional[_Union[DeleteSegmentsBefore, _Mapping]] = ..., create_broadcast: _Optional[_Union[CreateBroadcast, _Mapping]] = ..., record_broadcast_appended: _Optional[_Union[RecordBroadcastAppended, _Mapping]] = ..., ack_broadcast: _Optional[_Union[AckBroadcast, _Mapping]] = ..., clear_broadcasts: _Optional[_Union[ClearBroadcasts, _Mapping]] = ..., grant_lease: _Optional[_Union[GrantLease, _Mapping]] = ..., keep_alive_lease: _Optional[_Union[KeepAliveLease, _Mapping]] = ..., revoke_lease: _Optional[_Union[RevokeLease, _Mapping]] = ..., expire_leases: _Optional[_Union[ExpireLeases, _Mapping]] = ..., extend_leases: _Optional[_Union[ExtendLeases, _Mapping]] = ..., lock: _Optional[_Union[Lock, _Mapping]] = ..., unlock: _Optional[_Union[Unlock, _Mapping]] = ..., commit_consumer_position: _Optional[_Union[CommitConsumerPosition, _Mapping]] = ..., bump_consumer_fence: _Optional[_Union[BumpConsumerFence, _Mapping]] = ..., create_subscription: _Optional[_Union[CreateSubscription, _Mapping]] = ..., drop_subscription: _Optional[_Union[DropSubscription, _Mapping]] = ..., commit_subscription_position: _Optional[_Union[CommitSubscriptionPosition, _Mapping]] = ..., seek_subscription: _Optional[_Union[SeekSubscription, _Mapping]] = ..., set_balance_policy: _Optional[_Union[SetBalancePolicy, _Mapping]] = ..., barrier: _Optional[_Union[Barrier, _Mapping]] = ...) -> None: ...
 
 class NodeRegistered(_message.Message):
     __slots__ = ("node_id", "address")
@@ -976,6 +1091,30 @@ class ConsumerFenceBumped(_message.Message):
     fence: int
     def __init__(self, group: _Optional[str] = ..., vchannel: _Optional[str] = ..., fence: _Optional[int] = ...) -> None: ...
 
+class SubscriptionCreated(_message.Message):
+    __slots__ = ("subscription",)
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    subscription: Subscription
+    def __init__(self, subscription: _Optional[_Union[Subscription, _Mapping]] = ...) -> None: ...
+
+class SubscriptionDropped(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class SubscriptionPositionCommitted(_message.Message):
+    __slots__ = ("name", "vchannel", "position", "seek")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    SEEK_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    vchannel: str
+    position: SubscriptionPosition
+    seek: bool
+    def __init__(self, name: _Optional[str] = ..., vchannel: _Optional[str] = ..., position: _Optional[_Union[SubscriptionPosition, _Mapping]] = ..., seek: _Optional[bool] = ...) -> None: ...
+
 class BalancePolicySet(_message.Message):
     __slots__ = ("allow_rebalance", "max_moves_per_round")
     ALLOW_REBALANCE_FIELD_NUMBER: _ClassVar[int]
@@ -985,7 +1124,7 @@ class BalancePolicySet(_message.Message):
     def __init__(self, allow_rebalance: _Optional[bool] = ..., max_moves_per_round: _Optional[int] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("revision", "raft_index", "time_ms", "node_registered", "node_marked_down", "node_marked_up", "node_frozen", "node_unfrozen", "pchannel_created", "pchannel_assigned", "pchannel_became_ready", "pchannel_marked_unavailable", "pchannel_dropped", "vchannel_created", "vchannel_dropped", "segment_committed", "segments_deleted", "broadcast_created", "broadcast_appended", "broadcast_acked", "broadcast_tombstoned", "broadcast_cleared", "lease_granted", "lease_renewed", "lease_revoked", "lease_expired", "lock_acquired", "lock_released", "consumer_position_committed", "consumer_fence_bumped", "balance_policy_set")
+    __slots__ = ("revision", "raft_index", "time_ms", "node_registered", "node_marked_down", "node_marked_up", "node_frozen", "node_unfrozen", "pchannel_created", "pchannel_assigned", "pchannel_became_ready", "pchannel_marked_unavailable", "pchannel_dropped", "vchannel_created", "vchannel_dropped", "segment_committed", "segments_deleted", "broadcast_created", "broadcast_appended", "broadcast_acked", "broadcast_tombstoned", "broadcast_cleared", "lease_granted", "lease_renewed", "lease_revoked", "lease_expired", "lock_acquired", "lock_released", "consumer_position_committed", "consumer_fence_bumped", "subscription_created", "subscription_dropped", "subscription_position_committed", "balance_policy_set")
     REVISION_FIELD_NUMBER: _ClassVar[int]
     RAFT_INDEX_FIELD_NUMBER: _ClassVar[int]
     TIME_MS_FIELD_NUMBER: _ClassVar[int]
@@ -1016,6 +1155,9 @@ class Event(_message.Message):
     LOCK_RELEASED_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_POSITION_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_FENCE_BUMPED_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_CREATED_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_POSITION_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     BALANCE_POLICY_SET_FIELD_NUMBER: _ClassVar[int]
     revision: int
     raft_index: int
@@ -1047,8 +1189,11 @@ class Event(_message.Message):
     lock_released: LockReleased
     consumer_position_committed: ConsumerPositionCommitted
     consumer_fence_bumped: ConsumerFenceBumped
+    subscription_created: SubscriptionCreated
+    subscription_dropped: SubscriptionDropped
+    subscription_position_committed: SubscriptionPositionCommitted
     balance_policy_set: BalancePolicySet
-    def __init__(self, revision: _Optional[int] = ..., raft_index: _Optional[int] = ..., time_ms: _Optional[int] = ..., node_registered: _Optional[_Union[NodeRegistered, _Mapping]] = ..., node_marked_down: _Optional[_Union[NodeMarkedDown, _Mapping]] = ..., node_marked_up: _Optional[_Union[NodeMarkedUp, _Mapping]] = ..., node_frozen: _Optional[_Union[NodeFrozen, _Mapping]] = ..., node_unfrozen: _Optional[_Union[NodeUnfrozen, _Mapping]] = ..., pchannel_created: _Optional[_Union[PChannelCreated, _Mapping]] = ..., pchannel_assigned: _Optional[_Union[PChannelAssigned, _Mapping]] = ..., pchannel_became_ready: _Optional[_Union[PChannelBecameReady, _Mapping]] = ..., pchannel_marked_unavailable: _Optional[_Union[PChannelMarkedUnavailable, _Mapping]] = ..., pchannel_dropped: _Optional[_Union[PChannelDropped, _Mapping]] = ..., vchannel_created: _Optional[_Union[VChannelCreated, _Mapping]] = ..., vchannel_dropped: _Optional[_Union[VChannelDropped, _Mapping]] = ..., segment_committed: _Optional[_Union[SegmentCommitted, _Mapping]] = ..., segments_deleted: _Optional[_Union[SegmentsDeleted, _Mapping]] = ..., broadcast_created: _Optional[_Union[BroadcastCreated, _Mapping]] = ..., broadcast_appended: _Optional[_Union[BroadcastAppended, _Mapping]] = ..., broadcast_acked: _Optional[_Union[BroadcastAcked, _Mapping]] = ..., broadcast_tombstoned: _Optional[_Union[BroadcastTombstoned, _Mapping]] = ..., broadcast_cleared: _Optional[_Union[BroadcastCleared, _Mapping]] = ..., lease_granted: _Optional[_Union[LeaseGranted, _Mapping]] = ..., lease_renewed: _Optional[_Union[LeaseRenewed, _Mapping]] = ..., lease_revoked: _Optional[_Union[LeaseRevoked, _Mapping]] = ..., lease_expired: _Optional[_Union[LeaseExpired, _Mapping]] = ..., lock_acquired: _Optional[_Union[LockAcquired, _Mapping]] = ..., lock_released: _Optional[_Union[LockReleased, _Mapping]] = ..., consumer_position_committed: _Optional[_Union[ConsumerPositionCommitted, _Mapping]] = ..., consumer_fence_bumped: _Optional[_Union[ConsumerFenceBumped, _Mapping]] = ..., balance_policy_set: _Optional[_Union[BalancePolicySet, _Mapping]] = ...) -> None: ...
+    def __init__(self, revision: _Optional[int] = ..., raft_index: _Optional[int] = ..., time_ms: _Optional[int] = ..., node_registered: _Optional[_Union[NodeRegistered, _Mapping]] = ..., node_marked_down: _Optional[_Union[NodeMarkedDown, _Mapping]] = ..., node_marked_up: _Optional[_Union[NodeMarkedUp, _Mapping]] = ..., node_frozen: _Optional[_Union[NodeFrozen, _Mapping]] = ..., node_unfrozen: _Optional[_Union[NodeUnfrozen, _Mapping]] = ..., pchannel_created: _Optional[_Union[PChannelCreated, _Mapping]] = ..., pchannel_assigned: _Optional[_Union[PChannelAssigned, _Mapping]] = ..., pchannel_became_ready: _Optional[_Union[PChannelBecameReady, _Mapping]] = ..., pchannel_marked_unavailable: _Optional[_Union[PChannelMarkedUnavailable, _Mapping]] = ..., pchannel_dropped: _Optional[_Union[PChannelDropped, _Mapping]] = ..., vchannel_created: _Optional[_Union[VChannelCreated, _Mapping]] = ..., vchannel_dropped: _Optional[_Union[VChannelDropped, _Mapping]] = ..., segment_committed: _Optional[_Union[SegmentCommitted, _Mapping]] = ..., segments_deleted: _Optional[_Union[SegmentsDeleted, _Mapping]] = ..., broadcast_created: _Optional[_Union[BroadcastCreated, _Mapping]] = ..., broadcast_appended: _Optional[_Union[BroadcastAppended, _Mapping]] = ..., broadcast_acked: _Optional[_Union[BroadcastAcked, _Mapping]] = ..., broadcast_tombstoned: _Optional[_Union[BroadcastTombstoned, _Mapping]] = ..., broadcast_cleared: _Optional[_Union[BroadcastCleared, _Mapping]] = ..., lease_granted: _Optional[_Union[LeaseGranted, _Mapping]] = ..., lease_renewed: _Optional[_Union[LeaseRenewed, _Mapping]] = ..., lease_revoked: _Optional[_Union[LeaseRevoked, _Mapping]] = ..., lease_expired: _Optional[_Union[LeaseExpired, _Mapping]] = ..., lock_acquired: _Optional[_Union[LockAcquired, _Mapping]] = ..., lock_released: _Optional[_Union[LockReleased, _Mapping]] = ..., consumer_position_committed: _Optional[_Union[ConsumerPositionCommitted, _Mapping]] = ..., consumer_fence_bumped: _Optional[_Union[ConsumerFenceBumped, _Mapping]] = ..., subscription_created: _Optional[_Union[SubscriptionCreated, _Mapping]] = ..., subscription_dropped: _Optional[_Union[SubscriptionDropped, _Mapping]] = ..., subscription_position_committed: _Optional[_Union[SubscriptionPositionCommitted, _Mapping]] = ..., balance_policy_set: _Optional[_Union[BalancePolicySet, _Mapping]] = ...) -> None: ...
 
 class CommandResult(_message.Message):
     __slots__ = ("rejection", "events", "revision", "raft_index", "deduplicated", "broadcast_id", "lease_id", "fencing_token", "consumer_fence", "pchannel_names", "lease_deadline_ms")

@@ -17,10 +17,23 @@ class WaitMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     WAIT_MODE_ONCE: _ClassVar[WaitMode]
     WAIT_MODE_ALL: _ClassVar[WaitMode]
+
+class SeekTarget(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SEEK_TARGET_UNSPECIFIED: _ClassVar[SeekTarget]
+    SEEK_TARGET_EARLIEST: _ClassVar[SeekTarget]
+    SEEK_TARGET_LATEST: _ClassVar[SeekTarget]
+    SEEK_TARGET_LSN: _ClassVar[SeekTarget]
+    SEEK_TARGET_TIME_TICK: _ClassVar[SeekTarget]
 CONSISTENCY_LINEARIZABLE: Consistency
 CONSISTENCY_SERIALIZABLE: Consistency
 WAIT_MODE_ONCE: WaitMode
 WAIT_MODE_ALL: WaitMode
+SEEK_TARGET_UNSPECIFIED: SeekTarget
+SEEK_TARGET_EARLIEST: SeekTarget
+SEEK_TARGET_LATEST: SeekTarget
+SEEK_TARGET_LSN: SeekTarget
+SEEK_TARGET_TIME_TICK: SeekTarget
 
 class CreateChannelsRequest(_message.Message):
     __slots__ = ("request_id", "names", "prefix", "count", "owner", "replica_count")
@@ -479,6 +492,148 @@ class SetBalancePolicyResponse(_message.Message):
     policy: _coordination_pb2.BalancePolicy
     revision: int
     def __init__(self, policy: _Optional[_Union[_coordination_pb2.BalancePolicy, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class CreateSubscriptionRequest(_message.Message):
+    __slots__ = ("request_id", "name", "vchannels", "start", "start_lsn", "start_time_tick", "no_retention_hold")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    START_LSN_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_TICK_FIELD_NUMBER: _ClassVar[int]
+    NO_RETENTION_HOLD_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    name: str
+    vchannels: _containers.RepeatedScalarFieldContainer[str]
+    start: _coordination_pb2.SubscriptionStart
+    start_lsn: int
+    start_time_tick: int
+    no_retention_hold: bool
+    def __init__(self, request_id: _Optional[str] = ..., name: _Optional[str] = ..., vchannels: _Optional[_Iterable[str]] = ..., start: _Optional[_Union[_coordination_pb2.SubscriptionStart, str]] = ..., start_lsn: _Optional[int] = ..., start_time_tick: _Optional[int] = ..., no_retention_hold: _Optional[bool] = ...) -> None: ...
+
+class CreateSubscriptionResponse(_message.Message):
+    __slots__ = ("subscription", "revision")
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    subscription: _coordination_pb2.Subscription
+    revision: int
+    def __init__(self, subscription: _Optional[_Union[_coordination_pb2.Subscription, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class DropSubscriptionRequest(_message.Message):
+    __slots__ = ("request_id", "name")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    name: str
+    def __init__(self, request_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class DropSubscriptionResponse(_message.Message):
+    __slots__ = ("revision",)
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    def __init__(self, revision: _Optional[int] = ...) -> None: ...
+
+class ListSubscriptionsRequest(_message.Message):
+    __slots__ = ("consistency",)
+    CONSISTENCY_FIELD_NUMBER: _ClassVar[int]
+    consistency: Consistency
+    def __init__(self, consistency: _Optional[_Union[Consistency, str]] = ...) -> None: ...
+
+class ListSubscriptionsResponse(_message.Message):
+    __slots__ = ("subscriptions", "revision")
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    subscriptions: _containers.RepeatedCompositeFieldContainer[_coordination_pb2.Subscription]
+    revision: int
+    def __init__(self, subscriptions: _Optional[_Iterable[_Union[_coordination_pb2.Subscription, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class DescribeSubscriptionRequest(_message.Message):
+    __slots__ = ("name", "consistency")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    consistency: Consistency
+    def __init__(self, name: _Optional[str] = ..., consistency: _Optional[_Union[Consistency, str]] = ...) -> None: ...
+
+class SubscriptionLag(_message.Message):
+    __slots__ = ("vchannel", "pchannel", "position_lsn", "position_time_tick", "committed_lsn", "latest_time_tick", "lsn_lag", "time_lag_ms", "error")
+    VCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    POSITION_LSN_FIELD_NUMBER: _ClassVar[int]
+    POSITION_TIME_TICK_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_LSN_FIELD_NUMBER: _ClassVar[int]
+    LATEST_TIME_TICK_FIELD_NUMBER: _ClassVar[int]
+    LSN_LAG_FIELD_NUMBER: _ClassVar[int]
+    TIME_LAG_MS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    vchannel: str
+    pchannel: str
+    position_lsn: int
+    position_time_tick: int
+    committed_lsn: int
+    latest_time_tick: int
+    lsn_lag: int
+    time_lag_ms: int
+    error: str
+    def __init__(self, vchannel: _Optional[str] = ..., pchannel: _Optional[str] = ..., position_lsn: _Optional[int] = ..., position_time_tick: _Optional[int] = ..., committed_lsn: _Optional[int] = ..., latest_time_tick: _Optional[int] = ..., lsn_lag: _Optional[int] = ..., time_lag_ms: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class DescribeSubscriptionResponse(_message.Message):
+    __slots__ = ("subscription", "lags", "revision")
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    LAGS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    subscription: _coordination_pb2.Subscription
+    lags: _containers.RepeatedCompositeFieldContainer[SubscriptionLag]
+    revision: int
+    def __init__(self, subscription: _Optional[_Union[_coordination_pb2.Subscription, _Mapping]] = ..., lags: _Optional[_Iterable[_Union[SubscriptionLag, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class SubscriptionCommit(_message.Message):
+    __slots__ = ("vchannel", "lsn", "time_tick")
+    VCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    LSN_FIELD_NUMBER: _ClassVar[int]
+    TIME_TICK_FIELD_NUMBER: _ClassVar[int]
+    vchannel: str
+    lsn: int
+    time_tick: int
+    def __init__(self, vchannel: _Optional[str] = ..., lsn: _Optional[int] = ..., time_tick: _Optional[int] = ...) -> None: ...
+
+class CommitSubscriptionRequest(_message.Message):
+    __slots__ = ("request_id", "name", "positions")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    name: str
+    positions: _containers.RepeatedCompositeFieldContainer[SubscriptionCommit]
+    def __init__(self, request_id: _Optional[str] = ..., name: _Optional[str] = ..., positions: _Optional[_Iterable[_Union[SubscriptionCommit, _Mapping]]] = ...) -> None: ...
+
+class CommitSubscriptionResponse(_message.Message):
+    __slots__ = ("revision",)
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    def __init__(self, revision: _Optional[int] = ...) -> None: ...
+
+class SeekSubscriptionRequest(_message.Message):
+    __slots__ = ("request_id", "name", "vchannel", "target", "lsn", "time_tick")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    LSN_FIELD_NUMBER: _ClassVar[int]
+    TIME_TICK_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    name: str
+    vchannel: str
+    target: SeekTarget
+    lsn: int
+    time_tick: int
+    def __init__(self, request_id: _Optional[str] = ..., name: _Optional[str] = ..., vchannel: _Optional[str] = ..., target: _Optional[_Union[SeekTarget, str]] = ..., lsn: _Optional[int] = ..., time_tick: _Optional[int] = ...) -> None: ...
+
+class SeekSubscriptionResponse(_message.Message):
+    __slots__ = ("revision",)
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    def __init__(self, revision: _Optional[int] = ...) -> None: ...
 
 class AssignRequest(_message.Message):
     __slots__ = ("pchannel", "term", "replica_node_ids")

@@ -129,6 +129,36 @@ class CoordinatorStub:
                 request_serializer=rpc_dot_protos_dot_coordinator__pb2.ListSegmentsRequest.SerializeToString,
                 response_deserializer=rpc_dot_protos_dot_coordinator__pb2.ListSegmentsResponse.FromString,
                 _registered_method=True)
+        self.CreateSubscription = channel.unary_unary(
+                '/raftwal.v1.Coordinator/CreateSubscription',
+                request_serializer=rpc_dot_protos_dot_coordinator__pb2.CreateSubscriptionRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_coordinator__pb2.CreateSubscriptionResponse.FromString,
+                _registered_method=True)
+        self.DropSubscription = channel.unary_unary(
+                '/raftwal.v1.Coordinator/DropSubscription',
+                request_serializer=rpc_dot_protos_dot_coordinator__pb2.DropSubscriptionRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_coordinator__pb2.DropSubscriptionResponse.FromString,
+                _registered_method=True)
+        self.ListSubscriptions = channel.unary_unary(
+                '/raftwal.v1.Coordinator/ListSubscriptions',
+                request_serializer=rpc_dot_protos_dot_coordinator__pb2.ListSubscriptionsRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_coordinator__pb2.ListSubscriptionsResponse.FromString,
+                _registered_method=True)
+        self.DescribeSubscription = channel.unary_unary(
+                '/raftwal.v1.Coordinator/DescribeSubscription',
+                request_serializer=rpc_dot_protos_dot_coordinator__pb2.DescribeSubscriptionRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_coordinator__pb2.DescribeSubscriptionResponse.FromString,
+                _registered_method=True)
+        self.CommitSubscription = channel.unary_unary(
+                '/raftwal.v1.Coordinator/CommitSubscription',
+                request_serializer=rpc_dot_protos_dot_coordinator__pb2.CommitSubscriptionRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_coordinator__pb2.CommitSubscriptionResponse.FromString,
+                _registered_method=True)
+        self.SeekSubscription = channel.unary_unary(
+                '/raftwal.v1.Coordinator/SeekSubscription',
+                request_serializer=rpc_dot_protos_dot_coordinator__pb2.SeekSubscriptionRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_coordinator__pb2.SeekSubscriptionResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -248,6 +278,42 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateSubscription(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropSubscription(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSubscriptions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeSubscription(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitSubscription(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SeekSubscription(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -345,6 +411,36 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ListSegments,
                     request_deserializer=rpc_dot_protos_dot_coordinator__pb2.ListSegmentsRequest.FromString,
                     response_serializer=rpc_dot_protos_dot_coordinator__pb2.ListSegmentsResponse.SerializeToString,
+            ),
+            'CreateSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSubscription,
+                    request_deserializer=rpc_dot_protos_dot_coordinator__pb2.CreateSubscriptionRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_coordinator__pb2.CreateSubscriptionResponse.SerializeToString,
+            ),
+            'DropSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropSubscription,
+                    request_deserializer=rpc_dot_protos_dot_coordinator__pb2.DropSubscriptionRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_coordinator__pb2.DropSubscriptionResponse.SerializeToString,
+            ),
+            'ListSubscriptions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSubscriptions,
+                    request_deserializer=rpc_dot_protos_dot_coordinator__pb2.ListSubscriptionsRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_coordinator__pb2.ListSubscriptionsResponse.SerializeToString,
+            ),
+            'DescribeSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeSubscription,
+                    request_deserializer=rpc_dot_protos_dot_coordinator__pb2.DescribeSubscriptionRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_coordinator__pb2.DescribeSubscriptionResponse.SerializeToString,
+            ),
+            'CommitSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitSubscription,
+                    request_deserializer=rpc_dot_protos_dot_coordinator__pb2.CommitSubscriptionRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_coordinator__pb2.CommitSubscriptionResponse.SerializeToString,
+            ),
+            'SeekSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.SeekSubscription,
+                    request_deserializer=rpc_dot_protos_dot_coordinator__pb2.SeekSubscriptionRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_coordinator__pb2.SeekSubscriptionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -860,6 +956,168 @@ class Coordinator:
             '/raftwal.v1.Coordinator/ListSegments',
             rpc_dot_protos_dot_coordinator__pb2.ListSegmentsRequest.SerializeToString,
             rpc_dot_protos_dot_coordinator__pb2.ListSegmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Coordinator/CreateSubscription',
+            rpc_dot_protos_dot_coordinator__pb2.CreateSubscriptionRequest.SerializeToString,
+            rpc_dot_protos_dot_coordinator__pb2.CreateSubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Coordinator/DropSubscription',
+            rpc_dot_protos_dot_coordinator__pb2.DropSubscriptionRequest.SerializeToString,
+            rpc_dot_protos_dot_coordinator__pb2.DropSubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSubscriptions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Coordinator/ListSubscriptions',
+            rpc_dot_protos_dot_coordinator__pb2.ListSubscriptionsRequest.SerializeToString,
+            rpc_dot_protos_dot_coordinator__pb2.ListSubscriptionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Coordinator/DescribeSubscription',
+            rpc_dot_protos_dot_coordinator__pb2.DescribeSubscriptionRequest.SerializeToString,
+            rpc_dot_protos_dot_coordinator__pb2.DescribeSubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Coordinator/CommitSubscription',
+            rpc_dot_protos_dot_coordinator__pb2.CommitSubscriptionRequest.SerializeToString,
+            rpc_dot_protos_dot_coordinator__pb2.CommitSubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SeekSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Coordinator/SeekSubscription',
+            rpc_dot_protos_dot_coordinator__pb2.SeekSubscriptionRequest.SerializeToString,
+            rpc_dot_protos_dot_coordinator__pb2.SeekSubscriptionResponse.FromString,
             options,
             channel_credentials,
             insecure,

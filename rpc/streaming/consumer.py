@@ -77,6 +77,7 @@ class Consumer:
         from_lsn: int | None = None,
         start_after: int | None = None,
         latest: bool = False,
+        from_time_tick: int | None = None,
         msg_types: Sequence[str] | None = None,
         include_control: bool = False,
         max_batch_entries: int = 1000,
@@ -99,6 +100,8 @@ class Consumer:
             raise _invalid(f"invalid from_lsn ({from_lsn}; expected >= 0)")
         if start_after is not None and start_after < 0:
             raise _invalid(f"invalid start_after ({start_after}; expected >= 0)")
+        if from_time_tick is not None and from_time_tick < 0:
+            raise _invalid(f"invalid from_time_tick ({from_time_tick}; expected >= 0)")
         _check_range("max_batch_entries", max_batch_entries, 1, MAX_CONSUME_BATCH)
         _check_range("retry_timeout_s", retry_timeout_s, 0.001, 3600)
         _check_range("max_attempts", max_attempts, 1, 1000)
@@ -112,6 +115,8 @@ class Consumer:
             self._policy, self._lsn = wire.DELIVER_POLICY_START_AFTER, start_after
         else:
             self._policy, self._lsn = wire.DELIVER_POLICY_ALL, 0
+        # Entries with time_tick >= this only (a subscription sought to a time tick).
+        self._from_time_tick = from_time_tick
         self._msg_types = list(msg_types or ())
         self._include_control = include_control
         self._max_batch_entries = int(max_batch_entries)
@@ -305,6 +310,7 @@ class Consumer:
             msg_types=self._msg_types,
             include_control=self._include_control,
             max_batch_entries=self._max_batch_entries,
+            from_time_tick=self._from_time_tick,
         )
 
     def _remaining_s(self) -> float:

@@ -323,7 +323,7 @@ def test_lagging_replica_is_flagged_and_clears(obs: tuple[dev.LocalCluster, Api]
         )
         assert lag is not None and lag >= 2 * LAG_WARN_ENTRIES
         cli = run_status_cli([owner_address])
-        assert cli.returncode == 0, cli.stderr
+        assert cli.returncode == 1, cli.stderr  # UNHEALTHY exits 1
         assert "UNHEALTHY" in cli.stdout and expected in cli.stdout, cli.stdout
     finally:
         cluster.kill(victim, signal.SIGCONT)
@@ -406,5 +406,5 @@ def test_killed_node_is_reported_down(obs: tuple[dev.LocalCluster, Api]) -> None
         lambda: scrape(cluster, leader).get("raftwal_nodes", state="DOWN") == 1,
     )
     cli = run_status_cli(survivors)
-    assert cli.returncode == 0, cli.stderr
+    assert cli.returncode == 1, cli.stderr  # UNHEALTHY exits 1
     assert "UNHEALTHY" in cli.stdout and f"node {victim} is DOWN" in cli.stdout, cli.stdout

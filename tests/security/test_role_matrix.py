@@ -66,6 +66,13 @@ _PRODUCE = {
     "Coordinator/Broadcast",
 }
 _READ_DATA = {"StreamingNode/Consume", "StreamingNode/ReadSegment"}
+_SUBSCRIBE = {
+    "Coordinator/CreateSubscription",
+    "Coordinator/DropSubscription",
+    "Coordinator/CommitSubscription",
+    "Coordinator/SeekSubscription",
+}
+_METADATA |= {"Coordinator/ListSubscriptions", "Coordinator/DescribeSubscription"}
 _NODE_ONLY_SERVICES = ("NodeManager", "Cluster", "Replication")
 
 EXPECTED: dict[str, set[str]] = {
@@ -75,12 +82,14 @@ EXPECTED: dict[str, set[str]] = {
     | _ADMIN_ONLY
     | _PRODUCE
     | _READ_DATA
+    | _SUBSCRIBE
     | {"Coordinator/Ack"},
     "producer": _METADATA | _LEASES_AND_LOCKS | _PRODUCE,
-    "consumer": _METADATA | _LEASES_AND_LOCKS | _READ_DATA | {"Coordinator/Ack"},
+    "consumer": _METADATA | _LEASES_AND_LOCKS | _READ_DATA | _SUBSCRIBE | {"Coordinator/Ack"},
     "reader": _METADATA | _READ_DATA,
-    # Node-to-node services, and the event history nodes backfill from each other.
-    "node": {"Coordinator/WatchEvents"},
+    # Node-to-node services, the event history nodes backfill from each other, and where a
+    # pchannel's log ends (asked of its owner for a subscription's lag or a seek).
+    "node": {"Coordinator/WatchEvents", "StreamingNode/GetLatestTimeTick"},
 }
 
 SERVICES = [

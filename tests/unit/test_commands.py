@@ -164,6 +164,32 @@ def bump(group: str, name: str) -> pb.Command:
     return cmd(bump_consumer_fence=pb.BumpConsumerFence(group=group, vchannel=name))
 
 
+def subscribe(name: str, *vchannels: str, **fields: object) -> pb.Command:
+    return cmd(
+        create_subscription=pb.CreateSubscription(name=name, vchannels=list(vchannels), **fields)
+    )
+
+
+def sub_commit(name: str, vchannel: str, lsn: int, time_tick: int = 0) -> pb.Command:
+    return cmd(
+        commit_subscription_position=pb.CommitSubscriptionPosition(
+            name=name, vchannel=vchannel, lsn=lsn, time_tick=time_tick
+        )
+    )
+
+
+def sub_seek(name: str, vchannel: str = "", lsn: int = 0, from_time_tick: int = 0) -> pb.Command:
+    return cmd(
+        seek_subscription=pb.SeekSubscription(
+            name=name, vchannel=vchannel, lsn=lsn, from_time_tick=from_time_tick
+        )
+    )
+
+
+def sub_drop(name: str) -> pb.Command:
+    return cmd(drop_subscription=pb.DropSubscription(name=name))
+
+
 def policy(allow_rebalance: bool, max_moves_per_round: int = 0) -> pb.Command:
     return cmd(
         set_balance_policy=pb.SetBalancePolicy(
@@ -585,6 +611,59 @@ ROWS = [
         ["consumer_fence_bumped"]),
     row("bump_consumer_fence/unknown-vchannel", VCHANNELS, bump("g1", "v9"), E.CHANNEL_NOT_EXIST),
     row("bump_consumer_fence/empty-group", VCHANNELS, bump("", "v1"), INVALID),
+    # ---- subscriptions
+    row("create_subscription/new", VCHANNELS, subscribe("s1", "v2", "v1"),
+        ["subscription_created"]),
+    row("create_subscription/same-again", [*VCHANNELS, subscribe("s1", "v1")],
+        subscribe("s1", "v1"), []),
+    row("create_subscription/other-settings", [*VCHANNELS, subscribe("s1", "v1")],
+        subscribe("s1", "v2"), E.ALREADY_EXISTS, "already exists with other settings"),
+    row("create_subscription/unknown-vchannel", VCHANNELS, subscribe("s1", "v9"),
+        E.CHANNEL_NOT_EXIST, "'v9'"),
+    row("create_subscription/no-vchannels", VCHANNELS, subscribe("s1"), INVALID,
+        "number of vchannels"),
+    row("create_subscription/duplicate-vchannel", VCHANNELS, subscribe("s1", "v1", "v1"), INVALID,
+        "duplicate"),
+    row("create_subscription/bad-name", VCHANNELS, subscribe("../s", "v1"), INVALID,
+        "subscription"),
+    row("create_subscription/lsn-start", VCHANNELS,
+        subscribe("s1", "v1", start=pb.SUBSCRIPTION_START_LSN, start_lsn=7),
+        ["subscription_created"]),
+    row("create_subscription/lsn-start-missing", VCHANNELS,
+        subscribe("s1", "v1", start=pb.SUBSCRIPTION_START_LSN), INVALID, "start_lsn (0"),
+    row("create_subscription/lsn-with-latest", VCHANNELS,
+        subscribe("s1", "v1", start=pb.SUBSCRIPTION_START_LATEST, start_lsn=7), INVALID,
+        "given with start LATEST"),
+    row("create_subscription/bad-start", VCHANNELS, subscribe("s1", "v1", start=99), INVALID,
+        "start"),
+    row("drop_subscription/existing", [*VCHANNELS, subscribe("s1", "v1")], sub_drop("s1"),
+        ["subscription_dropped"]),
+    row("drop_subscription/unknown", VCHANNELS, sub_drop("s9"), E.NOT_FOUND, "'s9'"),
+    row("commit_subscription_position/first", [*VCHANNELS, subscribe("s1", "v1")],
+        sub_commit("s1", "v1", 5, 77), ["subscription_position_committed"]),
+    row("commit_subscription_position/forward",
+        [*VCHANNELS, subscribe("s1", "v1"), sub_commit("s1", "v1", 5)], sub_commit("s1", "v1", 9),
+        ["subscription_position_committed"]),
+    row("commit_subscription_position/same", [*VCHANNELS, subscribe("s1", "v1"),
+        sub_commit("s1", "v1", 5)], sub_commit("s1", "v1", 5), []),
+    row("commit_subscription_position/backwards",
+        [*VCHANNELS, subscribe("s1", "v1"), sub_commit("s1", "v1", 5)], sub_commit("s1", "v1", 4),
+        INVALID, "moves forward only (got lsn 4; expected >= 5"),
+    row("commit_subscription_position/foreign-vchannel", [*VCHANNELS, subscribe("s1", "v1")],
+        sub_commit("s1", "v2", 5), INVALID, "not in subscription"),
+    row("commit_subscription_position/unknown", VCHANNELS, sub_commit("s9", "v1", 5), E.NOT_FOUND),
+    row("commit_subscription_position/zero", [*VCHANNELS, subscribe("s1", "v1")],
+        sub_commit("s1", "v1", 0), INVALID, "expected lsn >= 1"),
+    row("seek_subscription/back", [*VCHANNELS, subscribe("s1", "v1"), sub_commit("s1", "v1", 9)],
+        sub_seek("s1", "v1", lsn=3), ["subscription_position_committed"]),
+    row("seek_subscription/all-vchannels", [*VCHANNELS, subscribe("s1", "v1", "v2")],
+        sub_seek("s1", lsn=1), ["subscription_position_committed"] * 2),
+    row("seek_subscription/time-tick", [*VCHANNELS, subscribe("s1", "v1")],
+        sub_seek("s1", "v1", from_time_tick=1000), ["subscription_position_committed"]),
+    row("seek_subscription/both", [*VCHANNELS, subscribe("s1", "v1")],
+        sub_seek("s1", "v1", lsn=3, from_time_tick=1000), INVALID, "either an lsn"),
+    row("seek_subscription/neither", [*VCHANNELS, subscribe("s1", "v1")], sub_seek("s1", "v1"),
+        INVALID, "either an lsn"),
     # ---- set_balance_policy
     row("set_balance_policy/change", [], policy(True, 4), ["balance_policy_set"]),
     row("set_balance_policy/max", [], policy(False, 1024), ["balance_policy_set"]),

@@ -743,6 +743,41 @@ class CoordinationMachine(RuleBasedStateMachine):
     def bump_consumer_fence(self, meta, group, name) -> None:
         self.step(meta, bump_consumer_fence=pb.BumpConsumerFence(group=group, vchannel=name))
 
+    @rule(
+        meta=META,
+        group=st.sampled_from(GROUPS),
+        names=st.lists(VCHANNEL_NAMES, min_size=0, max_size=3),
+        start=st.sampled_from([0, 1, 2, 3, 4, 9]),
+        start_lsn=st.sampled_from([0, 0, 5]),
+    )
+    def create_subscription(self, meta, group, names, start, start_lsn) -> None:
+        self.step(
+            meta,
+            create_subscription=pb.CreateSubscription(
+                name=group, vchannels=names, start=start, start_lsn=start_lsn
+            ),
+        )
+
+    @rule(meta=META, group=st.sampled_from(GROUPS))
+    def drop_subscription(self, meta, group) -> None:
+        self.step(meta, drop_subscription=pb.DropSubscription(name=group))
+
+    @rule(
+        meta=META,
+        group=st.sampled_from(GROUPS),
+        name=VCHANNEL_NAMES,
+        lsn=st.integers(-1, 30),
+        seek=st.booleans(),
+        tick=st.sampled_from([0, 0, 1_000]),
+    )
+    def move_subscription(self, meta, group, name, lsn, seek, tick) -> None:
+        if seek:
+            body = pb.SeekSubscription(name=group, vchannel=name, lsn=lsn, from_time_tick=tick)
+            self.step(meta, seek_subscription=body)
+        else:
+            body = pb.CommitSubscriptionPosition(name=group, vchannel=name, lsn=lsn, time_tick=tick)
+            self.step(meta, commit_subscription_position=body)
+
     @rule(meta=META, allow=st.booleans(), moves=st.sampled_from([0, 3, 2_000]))
     def set_balance_policy(self, meta, allow, moves) -> None:
         self.step(

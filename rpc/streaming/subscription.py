@@ -1,0 +1,171 @@
+"""``SubscriptionConsumer``: a ``Consumer`` of one vchannel of a subscription that starts
+where the subscription stands and commits its position as it goes.
+
+Where it starts on the vchannel: after the subscription's committed position; after a
+Seek to a time tick, at the first entry at or after it; with no position yet, by the
+subscription's start policy (earliest, latest, an LSN, a time tick).
+
+What it commits: an entry counts as consumed once the caller asks for the next one (or
+calls ``commit()``, or leaves ``async with`` without an exception), so a crash between
+receiving an entry and finishing with it redelivers that entry: at least once. Commits go
+out every ``commit_every`` entries or ``commit_interval_ms``, whichever comes first, and at
+close. Exactly once needs the application's writes and the position in one transaction
+(not in this module).
+
+Positions move forward only; a commit the coordinator refuses raises its typed error.
+This module must never commit an entry the caller has not finished with.
+"""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+from typing import Any
+
+from rpc.errors import InvalidArgumentError, error_info
+from rpc.protos import coordination_pb2 as pb
+from rpc.protos import errors_pb2
+from rpc.protos import streaming_pb2 as wire
+from rpc.routing import _invalid
+from rpc.streaming.consumer import Consumer
+from rpc.streaming.routing import StreamingClientBase, _check_range
+
+E = errors_pb2
+
+
+class SubscriptionConsumer:
+    """Entries of `vchannel` for subscription `subscription`, resumed from its committed
+    position and committed as they are consumed (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: StreamingClientBase,
+        subscription: str,
+        vchannel: str,
+        *,
+        commit_every: int = 1000,
+        commit_interval_ms: int = 1000,
+        **consumer_options: Any,
+    ) -> None:
+        _check_range("commit_every", commit_every, 1, 1_000_000)
+        _check_range("commit_interval_ms", commit_interval_ms, 1, 3_600_000)
+        for option in ("from_lsn", "start_after", "latest", "from_time_tick"):
+            if option in consumer_options:
+                raise _invalid(
+                    f"{option} given to a SubscriptionConsumer (expected none: it starts "
+                    "where the subscription stands; seek the subscription to move it)"
+                )
+        self._client = client
+        self.subscription = subscription
+        self.vchannel = vchannel
+        self.commit_every = commit_every
+        self.commit_interval_s = commit_interval_ms / 1000
+        self._consumer_options = consumer_options
+        self._consumer: Consumer | None = None
+        # (lsn, time_tick) of the last entry handed out, the one before it, and the last
+        # position committed.
+        self._delivered: tuple[int, int] | None = None
+        self._previous: tuple[int, int] | None = None
+        self._committed: tuple[int, int] | None = None
+        self._uncommitted = 0
+        self._last_commit_at = time.monotonic()
+        #: entries handed out and positions committed, for the caller's status
+        self.delivered_count = 0
+        self.commits = 0
+
+    async def _open(self) -> Consumer:
+        if self._consumer is not None:
+            return self._consumer
+        described = await self._client.coordinator.describe_subscription(self.subscription)
+        found = described.subscription
+        if self.vchannel not in found.vchannels:
+            raise InvalidArgumentError(
+                error_info(
+                    E.INVALID_ARGUMENT,
+                    f"vchannel {self.vchannel!r} is not in subscription {self.subscription!r} "
+                    f"(expected one of {list(found.vchannels)[:8]})",
+                )
+            )
+        start: dict[str, Any] = {}
+        position = found.positions.get(self.vchannel)
+        if position is not None and position.lsn > 0:
+            start["start_after"] = position.lsn
+            self._committed = (position.lsn, position.time_tick)
+        elif position is not None and position.from_time_tick > 0:
+            start["from_time_tick"] = position.from_time_tick
+        elif found.start == pb.SUBSCRIPTION_START_LATEST:
+            start["latest"] = True
+        elif found.start == pb.SUBSCRIPTION_START_LSN:
+            start["from_lsn"] = found.start_lsn
+        elif found.start == pb.SUBSCRIPTION_START_TIME_TICK:
+            start["from_time_tick"] = found.start_time_tick
+        self._consumer = Consumer(self._client, self.vchannel, **start, **self._consumer_options)
+        await self._consumer.start()
+        return self._consumer
+
+    async def start(self) -> None:
+        """Read the subscription and open the stream (also done by ``async with`` and the
+        first ``__anext__``)."""
+        await self._open()
+
+    def __aiter__(self) -> SubscriptionConsumer:
+        return self
+
+    async def __anext__(self) -> wire.WalEntry:
+        consumer = await self._open()
+        # The caller asks for the next entry: it is done with the last one.
+        await self._maybe_commit()
+        entry = await consumer.__anext__()
+        self._previous, self._delivered = self._delivered, (entry.lsn, entry.time_tick)
+        self._uncommitted += 1
+        self.delivered_count += 1
+        return entry
+
+    async def _maybe_commit(self) -> None:
+        if self._delivered is None or self._uncommitted == 0:
+            return
+        due = time.monotonic() - self._last_commit_at >= self.commit_interval_s
+        if self._uncommitted >= self.commit_every or due:
+            await self._commit(self._delivered)
+
+    async def _commit(self, position: tuple[int, int] | None) -> None:
+        if position is None or (self._committed is not None and position <= self._committed):
+            return
+        await self._client.coordinator.commit_subscription(
+            self.subscription, {self.vchannel: position}
+        )
+        self._committed = position
+        self._uncommitted = 0
+        self._last_commit_at = time.monotonic()
+        self.commits += 1
+
+    async def commit(self) -> None:
+        """Commit everything handed out so far (the caller is done with the last entry)."""
+        await self._commit(self._delivered)
+
+    @property
+    def committed(self) -> tuple[int, int] | None:
+        """(lsn, time_tick) of the last position this consumer committed (or found)."""
+        return self._committed
+
+    async def close(self, failed: bool = False) -> None:
+        """Commit what was consumed (all delivered entries, or all but the last when
+        `failed`: the caller did not finish with it) and close the stream."""
+        try:
+            if self._consumer is not None:
+                await self._commit(self._previous if failed else self._delivered)
+        finally:
+            if self._consumer is not None:
+                await self._consumer.close()
+
+    async def __aenter__(self) -> SubscriptionConsumer:
+        await self._open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close(failed=exc is not None)
