@@ -51,6 +51,7 @@ KNOWN_OPTIONS = {
     "tlscertfile",
     "tlskeyfile",
     "timeoutseconds",
+    "sealopensegments",
     "path",
 }
 
@@ -73,6 +74,9 @@ class ReadOptions:
     local_data_dirs: Mapping[str, str] = field(default_factory=dict)
     security: ClientSecurity = ClientSecurity()
     timeout_s: float = 30.0
+    #: seal every open segment of the read's pchannels before reading the manifest, so the
+    #: read sees everything acknowledged before it started (false: committed segments only)
+    seal_open_segments: bool = True
 
     def lsn_bounds(self, pchannel: str) -> tuple[int | None, int | None]:
         low = self.from_lsn.get(pchannel, self.from_lsn.get("*"))
@@ -126,9 +130,9 @@ def _per_pchannel(name: str, value: str | None) -> dict[str, int]:
     return dict(parsed)
 
 
-def _bool(name: str, value: str | None) -> bool:
+def _bool(name: str, value: str | None, default: bool = False) -> bool:
     if value is None:
-        return False
+        return default
     lowered = value.strip().lower()
     if lowered in ("true", "1", "yes"):
         return True
@@ -228,4 +232,5 @@ def parse_options(options: Mapping[str, str]) -> ReadOptions:
         local_data_dirs=_data_dirs(lowered.get("localdatadirs")),
         security=security,
         timeout_s=timeout_s,
+        seal_open_segments=_bool("sealOpenSegments", lowered.get("sealopensegments"), default=True),
     )

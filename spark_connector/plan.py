@@ -23,10 +23,12 @@ import grpc
 from rpc.errors import code_name, from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
-from rpc.protos import coordinator_pb2_grpc
+from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2_grpc
+from rpc.protos import streaming_pb2 as wire
 from spark_connector.options import ReadOptions
 
 T = TypeVar("T")
+E = errors_pb2
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,68 @@ def _on_any(options: ReadOptions, call: Callable[[coordinator_pb2_grpc.Coordinat
     raise AssertionError("unreachable")
 
 
+def _read_pchannels(options: ReadOptions, channels: Any) -> list[str]:
+    """The live pchannels a read covers (its pchannels, those of its vchannels, or all)."""
+    live = {p.name for p in channels.pchannels if p.state != pb.PCHANNEL_STATE_DROPPED}
+    wanted = set(live)
+    if options.pchannels:
+        wanted &= set(options.pchannels)
+    if options.vchannels:
+        wanted &= {v.pchannel for v in channels.vchannels if v.name in options.vchannels}
+    return sorted(wanted)
+
+
+def seal_open_segments(options: ReadOptions, channels: Any) -> dict[str, int]:
+    """Ask each covered pchannel's owner to seal its open segment and wait for the commit
+    (``StreamingNode.Seal``); {pchannel: committed through LSN}. A pchannel between owners
+    is retried until ``timeoutSeconds``; then ConnectorError names it."""
+    deadline = time.monotonic() + options.timeout_s
+    done: dict[str, int] = {}
+    for pchannel in _read_pchannels(options, channels):
+        last = ""
+        while pchannel not in done:
+            status = _on_any(
+                options,
+                lambda stub: stub.ClusterStatus(
+                    api.ClusterStatusRequest(), timeout=options.timeout_s
+                ),
+            )
+            addresses = {n.node_id: n.address for n in status.nodes}
+            found = next((p for p in status.pchannels if p.name == pchannel), None)
+            address = addresses.get(found.owner_node_id, "") if found is not None else ""
+            if found is not None and found.state == pb.PCHANNEL_STATE_ASSIGNED and address:
+                remaining = max(0.1, deadline - time.monotonic())
+                with channel(address, options) as chan:
+                    try:
+                        answer = streaming_pb2_grpc.StreamingNodeStub(chan).Seal(
+                            wire.SealRequest(
+                                pchannel=pchannel, timeout_ms=int(min(remaining, 60) * 1000)
+                            ),
+                            timeout=remaining + 1,
+                        )
+                        done[pchannel] = answer.committed_through_lsn
+                        continue
+                    except grpc.RpcError as error:
+                        if not _retryable(error) and from_rpc_error(error).code not in (
+                            E.NOT_OWNER,
+                            E.CHANNEL_FENCED,
+                        ):
+                            raise ConnectorError(
+                                f"sealing pchannel {pchannel} at {address}: {describe(error)}"
+                            ) from None
+                        last = describe(error)
+            else:
+                last = f"state {pb.PChannelState.Name(found.state) if found else 'unknown'}"
+            if time.monotonic() >= deadline:
+                raise ConnectorError(
+                    f"could not seal pchannel {pchannel} within {options.timeout_s:g} s to read "
+                    f"everything acknowledged ({last}); set sealOpenSegments=false to read "
+                    "committed segments only"
+                )
+            time.sleep(0.2)
+    return done
+
+
 def snapshot(options: ReadOptions) -> Snapshot:
     """The committed manifest at one revision (`asOfRevision`, or the current one)."""
     timeout = options.timeout_s
@@ -147,6 +211,10 @@ def snapshot(options: ReadOptions) -> Snapshot:
     def cluster(stub: coordinator_pb2_grpc.CoordinatorStub) -> Any:
         return stub.ClusterStatus(api.ClusterStatusRequest(), timeout=timeout)
 
+    if options.seal_open_segments and not options.as_of_revision:
+        # Everything acknowledged before the read: seal every open segment first (a no-op
+        # where there is none), then read the manifest, which then holds it all.
+        seal_open_segments(options, _on_any(options, list_channels))
     listed = _on_any(options, list_segments)
     channels = _on_any(options, list_channels)
     status = _on_any(options, cluster)

@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import grpc
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
@@ -55,6 +56,7 @@ from rpc.credentials import (
     ClientSecurity,
     CredentialsError,
 )
+from rpc.errors import from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2
@@ -391,6 +393,19 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     sdrop.add_argument("name", metavar="NAME", help="the subscription")
     sdrop.set_defaults(handler=_handler(_subscription_drop))
+
+    seal = commands.add_parser(
+        "seal",
+        parents=[common],
+        help="seal the open segment now, so `segments` and `spark-read` show fresh data",
+        description="Asks the pchannel's owner to seal its open segment (a no-op when it is "
+        "empty) and waits until the manifest holds it: afterwards the committed segments hold "
+        "every entry acknowledged before the command.",
+    )
+    which = seal.add_mutually_exclusive_group(required=True)
+    which.add_argument("--pchannel", help="the pchannel to seal")
+    which.add_argument("--vchannel", help="seal the pchannel this vchannel lives on")
+    seal.set_defaults(handler=_handler(_seal, {"pchannel": "--pchannel"}))
 
     segments = commands.add_parser(
         "segments", parents=[common], help="committed WAL segments (the manifest)"
@@ -1338,6 +1353,40 @@ def _print_entry(console: Console, entry: wire.WalEntry, as_json: bool) -> None:
         f"{extra} {_payload_text(entry.payload)}",
         markup=False,
     )
+
+
+async def _seal(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
+    pchannel = args.pchannel
+    async with StreamingClient(client) as streaming:
+        deadline = time.monotonic() + args.timeout_s
+        if args.vchannel:
+            listed = await client.list_channels()
+            found = next((v for v in listed.vchannels if v.name == args.vchannel), None)
+            if found is None:
+                raise CliError(f"--vchannel: unknown vchannel {args.vchannel!r}")
+            pchannel = found.pchannel
+        while True:
+            route = await streaming.router.owner(pchannel, max(0.1, deadline - time.monotonic()))
+            try:
+                answer = await streaming.stub(route.owner_address).Seal(
+                    wire.SealRequest(pchannel=pchannel, timeout_ms=int(args.timeout_s * 1000)),
+                    timeout=args.timeout_s + 1,
+                )
+                break
+            except grpc.aio.AioRpcError as error:
+                info = from_rpc_error(error)
+                if info.code not in (E.NOT_OWNER, E.CHANNEL_FENCED, E.UNAVAILABLE) or (
+                    time.monotonic() >= deadline
+                ):
+                    raise RaftwalError(info) from None
+                streaming.router.report_failure(pchannel, route.owner_address, route.term, info)
+                await asyncio.sleep(0.2)
+    if args.json:
+        _print_json(answer)
+    else:
+        what = "sealed" if answer.sealed else "nothing to seal"
+        print(f"{pchannel}: {what}; committed through lsn {answer.committed_through_lsn}")
+    return 0
 
 
 async def _segments(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:

@@ -113,6 +113,9 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
     ),
     # Nodes ask a pchannel's owner where its log ends (a subscription's lag, a seek).
     **_methods("StreamingNode", _READ | _NODE, "GetLatestTimeTick"),
+    # Sealing changes no data, only where a segment ends: every reader may ask (a Spark
+    # read seals first so that it sees everything acknowledged).
+    **_methods("StreamingNode", _READ, "Seal"),
     **_methods(
         "Coordinator",
         _ACK,

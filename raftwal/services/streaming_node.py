@@ -64,6 +64,10 @@ MAX_TXN_BYTES = 16 << 20
 # and frame headers fit in the slack).
 CONSUME_TXN_BYTES = MAX_TXN_BYTES + (1 << 20)
 MAX_OPEN_TXNS = 10_000
+# Seal: how long it waits for the sealed segments to be committed to the manifest.
+DEFAULT_SEAL_WAIT_MS = 10_000
+MAX_SEAL_WAIT_MS = 60_000
+SEAL_POLL_S = 0.05
 # Ended transactions whose outcome a node remembers for retries (see _Ended), oldest first.
 MAX_ENDED_TXNS = 10_000
 RESERVED_PROPERTY_PREFIX = "rw."
@@ -836,6 +840,42 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 last_lsn=owner.log.last_lsn,
                 committed_lsn=owner.committed_lsn,
                 term=owner.term,
+            )
+
+        return await self._unary(context, work())
+
+    async def Seal(self, request, context):
+        async def work() -> wire.SealResponse:
+            bad = check_name("pchannel", request.pchannel, LIMITS)
+            if bad is not None:
+                raise fail(E.INVALID_ARGUMENT, bad.message)
+            if not 0 <= request.timeout_ms <= MAX_SEAL_WAIT_MS:
+                raise fail(
+                    E.INVALID_ARGUMENT,
+                    f"invalid timeout_ms ({request.timeout_ms}; expected 0..{MAX_SEAL_WAIT_MS})",
+                )
+            owner = self._owner(request.pchannel)
+            sealed = owner.log.open_segment_first_lsn() is not None
+            if sealed:
+                await owner.seal_now()
+            # Everything up to here, the seal marker included, must reach the manifest.
+            target = owner.log.last_lsn
+            deadline = time.monotonic() + (request.timeout_ms or DEFAULT_SEAL_WAIT_MS) / 1000
+            while self._view.committed_through(request.pchannel) < target:
+                if owner.term != self._owner(request.pchannel).term:
+                    raise fail(E.NOT_OWNER, f"pchannel {request.pchannel} moved while sealing")
+                if time.monotonic() >= deadline:
+                    raise fail(
+                        E.UNAVAILABLE,
+                        f"segments of {request.pchannel} through lsn {target} not committed "
+                        f"in time (committed through {self._view.committed_through(request.pchannel)};"
+                        " a majority of its replicas may be down)",
+                    )
+                await asyncio.sleep(SEAL_POLL_S)
+            return wire.SealResponse(
+                committed_through_lsn=self._view.committed_through(request.pchannel),
+                term=owner.term,
+                sealed=sealed,
             )
 
         return await self._unary(context, work())

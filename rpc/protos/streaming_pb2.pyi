@@ -266,6 +266,24 @@ class GetLatestTimeTickResponse(_message.Message):
     term: int
     def __init__(self, time_tick: _Optional[int] = ..., last_lsn: _Optional[int] = ..., committed_lsn: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
+class SealRequest(_message.Message):
+    __slots__ = ("pchannel", "timeout_ms")
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    pchannel: str
+    timeout_ms: int
+    def __init__(self, pchannel: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class SealResponse(_message.Message):
+    __slots__ = ("committed_through_lsn", "term", "sealed")
+    COMMITTED_THROUGH_LSN_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
+    committed_through_lsn: int
+    term: int
+    sealed: bool
+    def __init__(self, committed_through_lsn: _Optional[int] = ..., term: _Optional[int] = ..., sealed: _Optional[bool] = ...) -> None: ...
+
 class ReadSegmentRequest(_message.Message):
     __slots__ = ("pchannel", "segment_id", "from_lsn", "to_lsn", "max_chunk_bytes", "with_offsets")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]

@@ -74,6 +74,11 @@ class StreamingNodeStub:
                 request_serializer=rpc_dot_protos_dot_streaming__pb2.GetLatestTimeTickRequest.SerializeToString,
                 response_deserializer=rpc_dot_protos_dot_streaming__pb2.GetLatestTimeTickResponse.FromString,
                 _registered_method=True)
+        self.Seal = channel.unary_unary(
+                '/raftwal.v1.StreamingNode/Seal',
+                request_serializer=rpc_dot_protos_dot_streaming__pb2.SealRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_streaming__pb2.SealResponse.FromString,
+                _registered_method=True)
         self.ReadSegment = channel.unary_stream(
                 '/raftwal.v1.StreamingNode/ReadSegment',
                 request_serializer=rpc_dot_protos_dot_streaming__pb2.ReadSegmentRequest.SerializeToString,
@@ -132,6 +137,12 @@ class StreamingNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Seal(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReadSegment(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -180,6 +191,11 @@ def add_StreamingNodeServicer_to_server(servicer, server):
                     servicer.GetLatestTimeTick,
                     request_deserializer=rpc_dot_protos_dot_streaming__pb2.GetLatestTimeTickRequest.FromString,
                     response_serializer=rpc_dot_protos_dot_streaming__pb2.GetLatestTimeTickResponse.SerializeToString,
+            ),
+            'Seal': grpc.unary_unary_rpc_method_handler(
+                    servicer.Seal,
+                    request_deserializer=rpc_dot_protos_dot_streaming__pb2.SealRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_streaming__pb2.SealResponse.SerializeToString,
             ),
             'ReadSegment': grpc.unary_stream_rpc_method_handler(
                     servicer.ReadSegment,
@@ -403,6 +419,33 @@ class StreamingNode:
             '/raftwal.v1.StreamingNode/GetLatestTimeTick',
             rpc_dot_protos_dot_streaming__pb2.GetLatestTimeTickRequest.SerializeToString,
             rpc_dot_protos_dot_streaming__pb2.GetLatestTimeTickResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Seal(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.StreamingNode/Seal',
+            rpc_dot_protos_dot_streaming__pb2.SealRequest.SerializeToString,
+            rpc_dot_protos_dot_streaming__pb2.SealResponse.FromString,
             options,
             channel_credentials,
             insecure,

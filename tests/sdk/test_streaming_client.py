@@ -329,6 +329,32 @@ def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[st
     )
 
 
+async def test_cli_seal_makes_fresh_data_committed(wal_cluster: dev.LocalCluster) -> None:
+    endpoints = ",".join(wal_cluster.endpoints)
+    async with StreamingClient(wal_cluster.endpoints) as client:
+        pchannel, vchannel = await _new_vchannel(client, "seal")
+        async with Producer(client) as producer:
+            positions = [await producer.send(vchannel, b"fresh %d" % i) for i in range(10)]
+        before = await list_segments(client.coordinator, [pchannel])
+    # Ten small messages stay in the open segment: nothing committed yet.
+    assert not before.segments
+    sealed = await asyncio.to_thread(_cli, "seal", "--vchannel", vchannel, "--endpoints", endpoints)
+    assert sealed.returncode == 0, sealed.stderr
+    assert f"{pchannel}: sealed; committed through lsn" in sealed.stdout
+    async with StreamingClient(wal_cluster.endpoints) as client:
+        after = await list_segments(client.coordinator, [pchannel])
+    assert after.segments and after.segments[-1].last_lsn >= positions[-1].lsn
+    again = await asyncio.to_thread(
+        _cli, "seal", "--pchannel", pchannel, "--json", "--endpoints", endpoints
+    )
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["sealed"] is False
+    missing = await asyncio.to_thread(
+        _cli, "seal", "--vchannel", "nosuch", "--endpoints", endpoints
+    )
+    assert missing.returncode == 2 and "unknown vchannel 'nosuch'" in missing.stderr
+
+
 async def test_cli_produce_consume_round_trip(wal_cluster: dev.LocalCluster) -> None:
     endpoints = ",".join(wal_cluster.endpoints)
     async with StreamingClient(wal_cluster.endpoints) as client:

@@ -40,6 +40,7 @@ _METADATA = {
     "Coordinator/ListSegments",
     "Coordinator/WatchEvents",
     "StreamingNode/GetLatestTimeTick",
+    "StreamingNode/Seal",
 }
 _LEASES_AND_LOCKS = {
     "Coordinator/GrantLease",

@@ -133,7 +133,8 @@ def _expected(env: Env, vchannel: str, through: int) -> list[tuple[str, int, byt
 def test_rows_equal_the_acknowledged_messages_of_committed_segments(spark, env) -> None:
     segments = env.segments()
     assert len(segments.segments) >= 4, "the fixture should commit several segments"
-    df = env.read(spark, msgTypes="message")
+    # sealOpenSegments=false: committed segments only, as they stand (the open ones unread).
+    df = env.read(spark, msgTypes="message", sealOpenSegments="false")
     assert [f.name for f in df.schema.fields] == [
         "pchannel", "vchannel", "segment_id", "lsn", "term", "time_tick", "msg_type",
         "key", "payload", "txn_id", "broadcast_id", "properties",
@@ -162,8 +163,28 @@ def test_rows_equal_the_acknowledged_messages_of_committed_segments(spark, env) 
     leaked = df.where("map_contains_key(properties, 'rw.seq')").count()
     assert leaked == 0
     # Control entries (term start, seal markers) are hidden by default.
-    types = {r.msg_type for r in env.read(spark).select("msg_type").distinct().collect()}
+    types = {
+        r.msg_type
+        for r in env.read(spark, sealOpenSegments="false").select("msg_type").distinct().collect()
+    }
     assert types == {"message"}
+
+
+def test_a_read_sees_everything_acknowledged_before_it(spark, env) -> None:
+    # Produce, then read at once: by default the read seals the open segments first, so it
+    # gets every acknowledged message, not only those of segments sealed by size or age.
+    (pchannel,) = setup_channels(env.client, "fresh", {"fresh_v": 0})
+    wait_assigned(env.client, pchannel)
+    env.history["fresh_v"] = History()
+    env.produce("fresh_v", pchannel, 5)
+    acked = sorted(("fresh_v", a.lsn, a.payload) for a in env.history["fresh_v"].acked)
+    assert len(acked) == 100
+    assert _rows(env.read(spark, vchannels="fresh_v", sealOpenSegments="false")) == []
+    df = env.read(spark, vchannels="fresh_v")
+    assert _rows(df) == acked
+    # The snapshot it read is repeatable by its revision.
+    revision = str(env.segments().revision)
+    assert _rows(env.read(spark, vchannels="fresh_v", asOfRevision=revision)) == acked
 
 
 def test_as_of_revision_repeats_a_read_while_producers_write(spark, env) -> None:
