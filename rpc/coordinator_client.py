@@ -521,20 +521,48 @@ class CoordinatorClient:
         name: str,
         positions: dict[str, tuple[int, int]],
         *,
+        member_id: str = "",
+        generation: int = 0,
         request_id: str = "",
     ) -> api.CommitSubscriptionResponse:
         """Commit {vchannel: (lsn, time_tick)}: everything up to each lsn was consumed.
         Positions move forward only (InvalidArgumentError otherwise; `seek_subscription`
-        moves them back) and never past the committed log."""
+        moves them back) and never past the committed log. While the subscription has
+        members, name the member and its generation: a stale generation, a vchannel the
+        member no longer holds or an ended lease raises ChannelFencedError."""
         request = api.CommitSubscriptionRequest(
             request_id=self._request_id(request_id),
             name=name,
+            member_id=member_id,
+            generation=generation,
             positions=[
                 api.SubscriptionCommit(vchannel=vchannel, lsn=lsn, time_tick=tick)
                 for vchannel, (lsn, tick) in sorted(positions.items())
             ],
         )
         return await self._unary("CommitSubscription", request)
+
+    async def join_subscription(
+        self, name: str, member_id: str, lease_id: int, *, request_id: str = ""
+    ) -> api.JoinSubscriptionResponse:
+        """Join subscription `name` as `member_id` for as long as lease `lease_id` lives;
+        the coordinator then assigns the member vchannels with a generation (see
+        ``describe_subscription(...).subscription.members``)."""
+        request = api.JoinSubscriptionRequest(
+            request_id=self._request_id(request_id),
+            name=name,
+            member_id=member_id,
+            lease_id=lease_id,
+        )
+        return await self._unary("JoinSubscription", request)
+
+    async def leave_subscription(
+        self, name: str, member_id: str, *, request_id: str = ""
+    ) -> api.LeaveSubscriptionResponse:
+        request = api.LeaveSubscriptionRequest(
+            request_id=self._request_id(request_id), name=name, member_id=member_id
+        )
+        return await self._unary("LeaveSubscription", request)
 
     async def seek_subscription(
         self,

@@ -83,7 +83,7 @@ from rpc.streaming.routing import ROUTE_CHECK_S as ROUTE_CHECK_S
 from rpc.streaming.routing import SUSPECT_HOLD_S as SUSPECT_HOLD_S
 from rpc.streaming.routing import WATCH_STALE_S as WATCH_STALE_S
 from rpc.streaming.routing import AssignmentCache, Position, Route, list_segments
-from rpc.streaming.subscription import SubscriptionConsumer
+from rpc.streaming.subscription import SubscriptionConsumer, SubscriptionMember
 from rpc.streaming.txn import DEFAULT_TXN_KEEPALIVE_MS as DEFAULT_TXN_KEEPALIVE_MS
 from rpc.streaming.txn import Txn
 
@@ -99,6 +99,7 @@ __all__ = [
     "Route",
     "StreamingClient",
     "SubscriptionConsumer",
+    "SubscriptionMember",
     "Txn",
     "list_segments",
 ]

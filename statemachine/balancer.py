@@ -166,3 +166,72 @@ def plan(
         del owners[name]
         rebalanced += 1
     return commands
+
+
+def plan_subscriptions(
+    state: pb.CoordinationState, limits: Limits = DEFAULT_LIMITS
+) -> list[pb.Command]:
+    """One ``AssignSubscription`` per subscription whose members' vchannels should change.
+
+    Live members are those whose lease still exists (the state machine removes a lease
+    when it expires or is revoked). The split is balanced (member loads differ by at most
+    one), sticky (a member keeps what it holds up to its share), deterministic (members by
+    id, vchannels sorted), and bounded: at most ``limits.max_subscription_moves_per_round``
+    vchannels move from one live member to another per round (a vchannel that nobody live
+    holds is placed at once). Dead members are listed with nothing.
+    """
+    commands = []
+    for name in sorted(state.subscriptions):
+        subscription = state.subscriptions[name]
+        if not subscription.members:
+            continue
+        members = sorted(subscription.members)
+        live = [m for m in members if subscription.members[m].lease_id in state.leases]
+        current = {m: list(subscription.members[m].vchannels) for m in members}
+        wanted: dict[str, list[str]] = {m: [] for m in members}
+        if live:
+            vchannels = sorted(subscription.vchannels)
+            share, extra = divmod(len(vchannels), len(live))
+            # The members already holding more get the larger shares: fewer moves.
+            by_load = sorted(live, key=lambda m: (-len(current[m]), m))
+            caps = {m: share + (1 if index < extra else 0) for index, m in enumerate(by_load)}
+            placed: set[str] = set()
+            for member in live:
+                for vchannel in current[member]:
+                    if (
+                        vchannel in subscription.vchannels
+                        and vchannel not in placed
+                        and len(wanted[member]) < caps[member]
+                    ):
+                        wanted[member].append(vchannel)
+                        placed.add(vchannel)
+            held_by_live = {v for m in live for v in current[m]}
+            moves = 0
+            for vchannel in vchannels:
+                if vchannel in placed:
+                    continue
+                if vchannel in held_by_live:
+                    if moves >= limits.max_subscription_moves_per_round:
+                        # Leave it where it is this round (over its holder's cap).
+                        holder = next(m for m in live if vchannel in current[m])
+                        wanted[holder].append(vchannel)
+                        placed.add(vchannel)
+                        continue
+                    moves += 1
+                target = min(live, key=lambda m: (len(wanted[m]) - caps[m], len(wanted[m]), m))
+                wanted[target].append(vchannel)
+                placed.add(vchannel)
+        if all(sorted(wanted[m]) == sorted(current[m]) for m in members):
+            continue
+        commands.append(
+            pb.Command(
+                assign_subscription=pb.AssignSubscription(
+                    name=name,
+                    assignments=[
+                        pb.SubscriptionAssignment(member_id=m, vchannels=sorted(wanted[m]))
+                        for m in members
+                    ],
+                )
+            )
+        )
+    return commands

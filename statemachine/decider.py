@@ -1114,6 +1114,9 @@ def _commit_subscription_position(
             f"invalid position (lsn {cmd.lsn}, time_tick {cmd.time_tick}; expected lsn >= 1, "
             "time_tick >= 0)"
         )
+    fenced = _member_fence(state, subscription, cmd)
+    if fenced:
+        return fenced
     stored = subscription.positions.get(cmd.vchannel)
     if stored is not None and cmd.lsn < stored.lsn:
         return invalid(
@@ -1132,6 +1135,128 @@ def _commit_subscription_position(
             ),
         )
     )
+    return emitter.events
+
+
+def _member_fence(
+    state, subscription: pb.Subscription, cmd: pb.CommitSubscriptionPosition
+) -> Rejection | None:
+    """Why a commit is fenced: while a subscription has members, only the member holding
+    the vchannel, at its current generation and with a live lease, may move its position."""
+    if not cmd.member_id:
+        if subscription.members:
+            return Rejection(
+                E.CHANNEL_FENCED,
+                f"subscription {show(subscription.name)} has members: a commit must name its "
+                "member and generation (got none)",
+            )
+        return None
+    member = subscription.members.get(cmd.member_id)
+    if member is None:
+        return Rejection(
+            E.CHANNEL_FENCED,
+            f"member {show(cmd.member_id)} is not in subscription {show(subscription.name)} "
+            "(it left, or its lease ended)",
+        )
+    if cmd.generation != member.generation:
+        return Rejection(
+            E.CHANNEL_FENCED,
+            f"member {show(cmd.member_id)} of {show(subscription.name)} committed at generation "
+            f"{cmd.generation}; expected its current generation {member.generation}",
+            current_term=member.generation,
+        )
+    if member.lease_id not in state.leases:
+        return Rejection(
+            E.CHANNEL_FENCED,
+            f"the lease {member.lease_id} of member {show(cmd.member_id)} has ended",
+            current_term=member.generation,
+        )
+    if cmd.vchannel not in member.vchannels:
+        return Rejection(
+            E.CHANNEL_FENCED,
+            f"member {show(cmd.member_id)} does not hold {show(cmd.vchannel)} at generation "
+            f"{member.generation} (it holds {list(member.vchannels)[:8]})",
+            current_term=member.generation,
+        )
+    return None
+
+
+def _join_subscription(state, cmd: pb.JoinSubscription, ctx, limits) -> Outcome:
+    subscription = _subscription(state, cmd.name, limits)
+    if isinstance(subscription, Rejection):
+        return subscription
+    bad = check_name("member_id", cmd.member_id, limits)
+    if bad:
+        return bad
+    if cmd.lease_id not in state.leases:
+        return Rejection(E.NOT_FOUND, f"lease {cmd.lease_id} does not exist (or has ended)")
+    existing = subscription.members.get(cmd.member_id)
+    if existing is not None and existing.lease_id == cmd.lease_id:
+        return []  # joined already
+    if existing is None and len(subscription.members) >= limits.max_subscription_vchannels:
+        return invalid(
+            f"too many members in {show(cmd.name)} ({len(subscription.members)}; expected < "
+            f"{limits.max_subscription_vchannels})"
+        )
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        subscription_member_joined=pb.SubscriptionMemberJoined(
+            name=cmd.name,
+            member=pb.SubscriptionMember(
+                member_id=cmd.member_id,
+                lease_id=cmd.lease_id,
+                generation=emitter.next_revision,
+                joined_revision=emitter.next_revision,
+            ),
+        )
+    )
+    return emitter.events
+
+
+def _leave_subscription(state, cmd: pb.LeaveSubscription, ctx, limits) -> Outcome:
+    subscription = _subscription(state, cmd.name, limits)
+    if isinstance(subscription, Rejection):
+        return subscription
+    if cmd.member_id not in subscription.members:
+        return []
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        subscription_member_left=pb.SubscriptionMemberLeft(name=cmd.name, member_id=cmd.member_id)
+    )
+    return emitter.events
+
+
+def _assign_subscription(state, cmd: pb.AssignSubscription, ctx, limits) -> Outcome:
+    subscription = _subscription(state, cmd.name, limits)
+    if isinstance(subscription, Rejection):
+        return subscription
+    listed = [a.member_id for a in cmd.assignments]
+    if sorted(listed) != sorted(subscription.members):
+        return invalid(
+            f"assignment of {show(cmd.name)} lists members {sorted(listed)[:8]}; expected "
+            f"every member exactly once ({sorted(subscription.members)[:8]})"
+        )
+    seen: set[str] = set()
+    for assignment in cmd.assignments:
+        for vchannel in assignment.vchannels:
+            if vchannel not in subscription.vchannels:
+                return invalid(f"vchannel {show(vchannel)} is not in {show(cmd.name)}")
+            if vchannel in seen:
+                return invalid(f"vchannel {show(vchannel)} assigned twice in {show(cmd.name)}")
+            seen.add(vchannel)
+    emitter = _Emitter(state, ctx)
+    for assignment in sorted(cmd.assignments, key=lambda a: a.member_id):
+        wanted = sorted(assignment.vchannels)
+        if wanted == list(subscription.members[assignment.member_id].vchannels):
+            continue
+        emitter.emit(
+            subscription_member_assigned=pb.SubscriptionMemberAssigned(
+                name=cmd.name,
+                member_id=assignment.member_id,
+                vchannels=wanted,
+                generation=emitter.next_revision,
+            )
+        )
     return emitter.events
 
 
@@ -1231,6 +1356,9 @@ _DECIDERS: dict[str, Callable[..., Outcome]] = {
     "drop_subscription": _drop_subscription,
     "commit_subscription_position": _commit_subscription_position,
     "seek_subscription": _seek_subscription,
+    "join_subscription": _join_subscription,
+    "leave_subscription": _leave_subscription,
+    "assign_subscription": _assign_subscription,
     "set_balance_policy": _set_balance_policy,
     "barrier": _barrier,
 }

@@ -246,6 +246,28 @@ def _subscription_position_committed(
     subscription.positions[e.vchannel].CopyFrom(e.position)
 
 
+def _subscription_member_joined(
+    state, e: pb.SubscriptionMemberJoined, revision, limits: Limits
+) -> None:
+    state.subscriptions[e.name].members[e.member.member_id].CopyFrom(e.member)
+
+
+def _subscription_member_left(
+    state, e: pb.SubscriptionMemberLeft, revision, limits: Limits
+) -> None:
+    del state.subscriptions[e.name].members[e.member_id]
+
+
+def _subscription_member_assigned(
+    state, e: pb.SubscriptionMemberAssigned, revision, limits: Limits
+) -> None:
+    member = state.subscriptions[e.name].members[e.member_id]
+    assert e.generation > member.generation, "a generation went back"
+    del member.vchannels[:]
+    member.vchannels.extend(e.vchannels)
+    member.generation = e.generation
+
+
 def _balance_policy_set(state, e: pb.BalancePolicySet, revision, limits: Limits) -> None:
     state.balance_policy.allow_rebalance = e.allow_rebalance
     state.balance_policy.max_moves_per_round = e.max_moves_per_round
@@ -282,6 +304,9 @@ _EVOLVERS: dict[str, Callable[..., None]] = {
     "subscription_created": _subscription_created,
     "subscription_dropped": _subscription_dropped,
     "subscription_position_committed": _subscription_position_committed,
+    "subscription_member_joined": _subscription_member_joined,
+    "subscription_member_left": _subscription_member_left,
+    "subscription_member_assigned": _subscription_member_assigned,
     "balance_policy_set": _balance_policy_set,
 }
 

@@ -123,6 +123,25 @@ def _channel_violations(state: pb.CoordinationState) -> list[str]:
     return problems
 
 
+def _member_violations(state: pb.CoordinationState) -> list[str]:
+    """Each vchannel of a subscription is held by at most one member, and only vchannels of
+    the subscription are held."""
+    problems = []
+    for name in sorted(state.subscriptions):
+        subscription = state.subscriptions[name]
+        holders: dict[str, str] = {}
+        for member_id in sorted(subscription.members):
+            for vchannel in subscription.members[member_id].vchannels:
+                if vchannel not in subscription.vchannels:
+                    problems.append(f"member {member_id} of {name} holds foreign {vchannel}")
+                if vchannel in holders:
+                    problems.append(
+                        f"{vchannel} of {name} held by {holders[vchannel]} and {member_id}"
+                    )
+                holders[vchannel] = member_id
+    return problems
+
+
 def _subscription_step_violations(
     previous: pb.CoordinationState, state: pb.CoordinationState, events: list[pb.Event]
 ) -> list[str]:
@@ -158,7 +177,12 @@ def violations(
     events: list[pb.Event] | None = None,
 ) -> list[str]:
     """Every broken invariant of `state` (and of the step from `previous` by `events`)."""
-    problems = _lock_violations(state) + _broadcast_violations(state) + _channel_violations(state)
+    problems = (
+        _lock_violations(state)
+        + _broadcast_violations(state)
+        + _channel_violations(state)
+        + _member_violations(state)
+    )
     if previous is not None:
         for name in sorted(previous.pchannels):
             before = previous.pchannels[name].term

@@ -61,6 +61,7 @@ class Limits:
     max_broadcast_vchannels: int = 1024
     max_subscriptions: int = 10_000
     max_subscription_vchannels: int = 1024
+    max_subscription_moves_per_round: int = 64
     max_resource_keys: int = 64
     lease_ttl_min_ms: int = 1
     lease_ttl_max_ms: int = 3_600_000

@@ -1307,6 +1307,16 @@ async def _subscription_describe(
             f"{lag.time_lag_ms / 1000:.1f} s" if lag.position_time_tick else "-",
         )
     console.print(table)
+    if found.members:
+        members = Table(title="members")
+        for column in ("member", "lease", "generation", "vchannels"):
+            members.add_column(column)
+        for member_id in sorted(found.members):
+            member = found.members[member_id]
+            members.add_row(
+                member_id, str(member.lease_id), str(member.generation), ", ".join(member.vchannels)
+            )
+        console.print(members)
     return 0
 
 

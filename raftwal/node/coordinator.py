@@ -32,7 +32,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
-from statemachine.balancer import plan
+from statemachine.balancer import plan, plan_subscriptions
 
 log = logging.getLogger(__name__)
 E = errors_pb2
@@ -255,6 +255,10 @@ class Coordinator:
                 self._assign_sent[(assign.pchannel, assign.term)] = now
                 address = state.nodes[assign.node_id].address
                 self._send_assign(address, assign.pchannel, assign.term)
+        # 4. Subscription members: split each subscription's vchannels among live members
+        # (a rejection means the state moved on under the plan; the next round replans).
+        for command in plan_subscriptions(state):
+            await self._propose(assign_subscription=command.assign_subscription)
         self._drive_broadcasts(state, now)
         for name, term in sorted(assigning):
             if name in moved:

@@ -123,6 +123,8 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
         "DropSubscription",
         "CommitSubscription",
         "SeekSubscription",
+        "JoinSubscription",
+        "LeaveSubscription",
     ),
     **_methods("Coordinator", _READ, "ListSubscriptions", "DescribeSubscription"),
     **_methods("StreamingNode", _READ_DATA, "Consume", "ReadSegment"),

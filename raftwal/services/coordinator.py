@@ -502,10 +502,42 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                         vchannel=position.vchannel,
                         lsn=position.lsn,
                         time_tick=position.time_tick,
+                        member_id=request.member_id,
+                        generation=request.generation,
                     ),
                 )
                 revision = result.revision
             return api.CommitSubscriptionResponse(revision=revision)
+
+        return await self._call(context, work())
+
+    async def JoinSubscription(self, request, context):
+        async def work() -> api.JoinSubscriptionResponse:
+            request_id = _new_request_id(request.request_id)
+            result = await self._propose(
+                request_id,
+                join_subscription=pb.JoinSubscription(
+                    name=request.name, member_id=request.member_id, lease_id=request.lease_id
+                ),
+            )
+            subscription, _ = await self._backend.read(
+                _subscription_reader(request.name), linearizable=False
+            )
+            member = subscription.members.get(request.member_id, pb.SubscriptionMember())
+            return api.JoinSubscriptionResponse(member=member, revision=result.revision)
+
+        return await self._call(context, work())
+
+    async def LeaveSubscription(self, request, context):
+        async def work() -> api.LeaveSubscriptionResponse:
+            request_id = _new_request_id(request.request_id)
+            result = await self._propose(
+                request_id,
+                leave_subscription=pb.LeaveSubscription(
+                    name=request.name, member_id=request.member_id
+                ),
+            )
+            return api.LeaveSubscriptionResponse(revision=result.revision)
 
         return await self._call(context, work())
 

@@ -329,8 +329,22 @@ class SubscriptionPosition(_message.Message):
     revision: int
     def __init__(self, lsn: _Optional[int] = ..., time_tick: _Optional[int] = ..., from_time_tick: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
 
+class SubscriptionMember(_message.Message):
+    __slots__ = ("member_id", "lease_id", "generation", "vchannels", "joined_revision")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    VCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    JOINED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    lease_id: int
+    generation: int
+    vchannels: _containers.RepeatedScalarFieldContainer[str]
+    joined_revision: int
+    def __init__(self, member_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., generation: _Optional[int] = ..., vchannels: _Optional[_Iterable[str]] = ..., joined_revision: _Optional[int] = ...) -> None: ...
+
 class Subscription(_message.Message):
-    __slots__ = ("name", "vchannels", "start", "start_lsn", "start_time_tick", "positions", "holds_retention", "created_revision")
+    __slots__ = ("name", "vchannels", "start", "start_lsn", "start_time_tick", "positions", "holds_retention", "created_revision", "members")
     class PositionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -338,6 +352,13 @@ class Subscription(_message.Message):
         key: str
         value: SubscriptionPosition
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[SubscriptionPosition, _Mapping]] = ...) -> None: ...
+    class MembersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: SubscriptionMember
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[SubscriptionMember, _Mapping]] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     VCHANNELS_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
@@ -346,6 +367,7 @@ class Subscription(_message.Message):
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     HOLDS_RETENTION_FIELD_NUMBER: _ClassVar[int]
     CREATED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     vchannels: _containers.RepeatedScalarFieldContainer[str]
     start: SubscriptionStart
@@ -354,7 +376,8 @@ class Subscription(_message.Message):
     positions: _containers.MessageMap[str, SubscriptionPosition]
     holds_retention: bool
     created_revision: int
-    def __init__(self, name: _Optional[str] = ..., vchannels: _Optional[_Iterable[str]] = ..., start: _Optional[_Union[SubscriptionStart, str]] = ..., start_lsn: _Optional[int] = ..., start_time_tick: _Optional[int] = ..., positions: _Optional[_Mapping[str, SubscriptionPosition]] = ..., holds_retention: _Optional[bool] = ..., created_revision: _Optional[int] = ...) -> None: ...
+    members: _containers.MessageMap[str, SubscriptionMember]
+    def __init__(self, name: _Optional[str] = ..., vchannels: _Optional[_Iterable[str]] = ..., start: _Optional[_Union[SubscriptionStart, str]] = ..., start_lsn: _Optional[int] = ..., start_time_tick: _Optional[int] = ..., positions: _Optional[_Mapping[str, SubscriptionPosition]] = ..., holds_retention: _Optional[bool] = ..., created_revision: _Optional[int] = ..., members: _Optional[_Mapping[str, SubscriptionMember]] = ...) -> None: ...
 
 class BalancePolicy(_message.Message):
     __slots__ = ("allow_rebalance", "max_moves_per_round")
@@ -752,16 +775,54 @@ class DropSubscription(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class CommitSubscriptionPosition(_message.Message):
-    __slots__ = ("name", "vchannel", "lsn", "time_tick")
+    __slots__ = ("name", "vchannel", "lsn", "time_tick", "member_id", "generation")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VCHANNEL_FIELD_NUMBER: _ClassVar[int]
     LSN_FIELD_NUMBER: _ClassVar[int]
     TIME_TICK_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     name: str
     vchannel: str
     lsn: int
     time_tick: int
-    def __init__(self, name: _Optional[str] = ..., vchannel: _Optional[str] = ..., lsn: _Optional[int] = ..., time_tick: _Optional[int] = ...) -> None: ...
+    member_id: str
+    generation: int
+    def __init__(self, name: _Optional[str] = ..., vchannel: _Optional[str] = ..., lsn: _Optional[int] = ..., time_tick: _Optional[int] = ..., member_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class JoinSubscription(_message.Message):
+    __slots__ = ("name", "member_id", "lease_id")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    member_id: str
+    lease_id: int
+    def __init__(self, name: _Optional[str] = ..., member_id: _Optional[str] = ..., lease_id: _Optional[int] = ...) -> None: ...
+
+class LeaveSubscription(_message.Message):
+    __slots__ = ("name", "member_id")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    member_id: str
+    def __init__(self, name: _Optional[str] = ..., member_id: _Optional[str] = ...) -> None: ...
+
+class SubscriptionAssignment(_message.Message):
+    __slots__ = ("member_id", "vchannels")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    VCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    vchannels: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, member_id: _Optional[str] = ..., vchannels: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AssignSubscription(_message.Message):
+    __slots__ = ("name", "assignments")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    assignments: _containers.RepeatedCompositeFieldContainer[SubscriptionAssignment]
+    def __init__(self, name: _Optional[str] = ..., assignments: _Optional[_Iterable[_Union[SubscriptionAssignment, _Mapping]]] = ...) -> None: ...
 
 class SeekSubscription(_message.Message):
     __slots__ = ("name", "vchannel", "lsn", "from_time_tick")
@@ -788,7 +849,7 @@ class Barrier(_message.Message):
     def __init__(self) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("request_id", "proposed_at_ms", "register_node", "mark_node_down", "mark_node_up", "freeze_node", "unfreeze_node", "create_pchannels", "assign_pchannel", "pchannel_ready", "mark_pchannel_unavailable", "drop_pchannel", "create_vchannel", "drop_vchannel", "commit_segment", "delete_segments_before", "create_broadcast", "record_broadcast_appended", "ack_broadcast", "clear_broadcasts", "grant_lease", "keep_alive_lease", "revoke_lease", "expire_leases", "extend_leases", "lock", "unlock", "commit_consumer_position", "bump_consumer_fence", "create_subscription", "drop_subscription", "commit_subscription_position", "seek_subscription", "set_balance_policy", "barrier")
+    __slots__ = ("request_id", "proposed_at_ms", "register_node", "mark_node_down", "mark_node_up", "freeze_node", "unfreeze_node", "create_pchannels", "assign_pchannel", "pchannel_ready", "mark_pchannel_unavailable", "drop_pchannel", "create_vchannel", "drop_vchannel", "commit_segment", "delete_segments_before", "create_broadcast", "record_broadcast_appended", "ack_broadcast", "clear_broadcasts", "grant_lease", "keep_alive_lease", "revoke_lease", "expire_leases", "extend_leases", "lock", "unlock", "commit_consumer_position", "bump_consumer_fence", "create_subscription", "drop_subscription", "commit_subscription_position", "seek_subscription", "join_subscription", "leave_subscription", "assign_subscription", "set_balance_policy", "barrier")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     REGISTER_NODE_FIELD_NUMBER: _ClassVar[int]
@@ -822,6 +883,9 @@ class Command(_message.Message):
     DROP_SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     COMMIT_SUBSCRIPTION_POSITION_FIELD_NUMBER: _ClassVar[int]
     SEEK_SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    JOIN_SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    LEAVE_SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    ASSIGN_SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     SET_BALANCE_POLICY_FIELD_NUMBER: _ClassVar[int]
     BARRIER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
@@ -857,9 +921,12 @@ class Command(_message.Message):
     drop_subscription: DropSubscription
     commit_subscription_position: CommitSubscriptionPosition
     seek_subscription: SeekSubscription
+    join_subscription: JoinSubscription
+    leave_subscription: LeaveSubscription
+    assign_subscription: AssignSubscription
     set_balance_policy: SetBalancePolicy
     barrier: Barrier
-    def __init__(self, request_id: _Optional[str] = ..., proposed_at_ms: _Optional[int] = ..., register_node: _Optional[_Union[RegisterNode, _Mapping]] = ..., mark_node_down: _Optional[_Union[MarkNodeDown, _Mapping]] = ..., mark_node_up: _Optional[_Union[MarkNodeUp, _Mapping]] = ..., freeze_node: _Optional[_Union[FreezeNode, _Mapping]] = ..., unfreeze_node: _Optional[_Union[UnfreezeNode, _Mapping]] = ..., create_pchannels: _Optional[_Union[CreatePChannels, _Mapping]] = ..., assign_pchannel: _Optional[_Union[AssignPChannel, _Mapping]] = ..., pchannel_ready: _Optional[_Union[PChannelReady, _Mapping]] = ..., mark_pchannel_unavailable: _Optional[_Union[MarkPChannelUnavailable, _Mapping]] = ..., drop_pchannel: _Optional[_Union[DropPChannel, _Mapping]] = ..., create_vchannel: _Optional[_Union[CreateVChannel, _Mapping]] = ..., drop_vchannel: _Optional[_Union[DropVChannel, _Mapping]] = ..., commit_segment: _Optional[_Union[CommitSegment, _Mapping]] = ..., delete_segments_before: _Optional[_Union[DeleteSegmentsBefore, _Mapping]] = ..., create_broadcast: _Optional[_Union[CreateBroadcast, _Mapping]] = ..., record_broadcast_appended: _Optional[_Union[RecordBroadcastAppended, _Mapping]] = ..., ack_broadcast: _Optional[_Union[AckBroadcast, _Mapping]] = ..., clear_broadcasts: _Optional[_Union[ClearBroadcasts, _Mapping]] = ..., grant_lease: _Optional[_Union[GrantLease, _Mapping]] = ..., keep_alive_lease: _Optional[_Union[KeepAliveLease, _Mapping]] = ..., revoke_lease: _Optional[_Union[RevokeLease, _Mapping]] = ..., expire_leases: _Optional[_Union[ExpireLeases, _Mapping]] = ..., extend_leases: _Optional[_Union[ExtendLeases, _Mapping]] = ..., lock: _Optional[_Union[Lock, _Mapping]] = ..., unlock: _Optional[_Union[Unlock, _Mapping]] = ..., commit_consumer_position: _Optional[_Union[CommitConsumerPosition, _Mapping]] = ..., bump_consumer_fence: _Optional[_Union[BumpConsumerFence, _Mapping]] = ..., create_subscription: _Optional[_Union[CreateSubscription, _Mapping]] = ..., drop_subscription: _Optional[_Union[DropSubscription, _Mapping]] = ..., commit_subscription_position: _Optional[_Union[CommitSubscriptionPosition, _Mapping]] = ..., seek_subscription: _Optional[_Union[SeekSubscription, _Mapping]] = ..., set_balance_policy: _Optional[_Union[SetBalancePolicy, _Mapping]] = ..., barrier: _Optional[_Union[Barrier, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., proposed_at_ms: _Optional[int] = ..., register_node: _Optional[_Union[RegisterNode, _Mapping]] = ..., mark_node_down: _Optional[_Union[MarkNodeDown, _Mapping]] = ..., mark_node_up: _Optional[_Union[MarkNodeUp, _Mapping]] = ..., freeze_node: _Optional[_Union[FreezeNode, _Mapping]] = ..., unfreeze_node: _Optional[_Union[UnfreezeNode, _Mapping]] = ..., create_pchannels: _Optional[_Union[CreatePChannels, _Mapping]] = ..., assign_pchannel: _Optional[_Union[AssignPChannel, _Mapping]] = ..., pchannel_ready: _Optional[_Union[PChannelReady, _Mapping]] = ..., mark_pchannel_unavailable: _Optional[_Union[MarkPChannelUnavailable, _Mapping]] = ..., drop_pchannel: _Optional[_Union[DropPChannel, _Mapping]] = ..., create_vchannel: _Optional[_Union[CreateVChannel, _Mapping]] = ..., drop_vchannel: _Optional[_Union[DropVChannel, _Mapping]] = ..., commit_segment: _Optional[_Union[CommitSegment, _Mapping]] = ..., delete_segments_before: _Optional[_Union[DeleteSegmentsBefore, _Mapping]] = ..., create_broadcast: _Optional[_Union[CreateBroadcast, _Mapping]] = ..., record_broadcast_appended: _Optional[_Union[RecordBroadcastAppended, _Mapping]] = ..., ack_broadcast: _Optional[_Union[AckBroadcast, _Mapping]] = ..., clear_broadcasts: _Optional[_Union[ClearBroadcasts, _Mapping]] = ..., grant_lease: _Optional[_Union[GrantLease, _Mapping]] = ..., keep_alive_lease: _Optional[_Union[KeepAliveLease, _Mapping]] = ..., revoke_lease: _Optional[_Union[RevokeLease, _Mapping]] = ..., expire_leases: _Optional[_Union[ExpireLeases, _Mapping]] = ..., extend_leases: _Optional[_Union[ExtendLeases, _Mapping]] = ..., lock: _Optional[_Union[Lock, _Mapping]] = ..., unlock: _Optional[_Union[Unlock, _Mapping]] = ..., commit_consumer_position: _Optional[_Union[CommitConsumerPosition, _Mapping]] = ..., bump_consumer_fence: _Optional[_Union[BumpConsumerFence, _Mapping]] = ..., create_subscription: _Optional[_Union[CreateSubscription, _Mapping]] = ..., drop_subscription: _Optional[_Union[DropSubscription, _Mapping]] = ..., commit_subscription_position: _Optional[_Union[CommitSubscriptionPosition, _Mapping]] = ..., seek_subscription: _Optional[_Union[SeekSubscription, _Mapping]] = ..., join_subscription: _Optional[_Union[JoinSubscription, _Mapping]] = ..., leave_subscription: _Optional[_Union[LeaveSubscription, _Mapping]] = ..., assign_subscription: _Optional[_Union[AssignSubscription, _Mapping]] = ..., set_balance_policy: _Optional[_Union[SetBalancePolicy, _Mapping]] = ..., barrier: _Optional[_Union[Barrier, _Mapping]] = ...) -> None: ...
 
 class NodeRegistered(_message.Message):
     __slots__ = ("node_id", "address")
@@ -1115,6 +1182,34 @@ class SubscriptionPositionCommitted(_message.Message):
     seek: bool
     def __init__(self, name: _Optional[str] = ..., vchannel: _Optional[str] = ..., position: _Optional[_Union[SubscriptionPosition, _Mapping]] = ..., seek: _Optional[bool] = ...) -> None: ...
 
+class SubscriptionMemberJoined(_message.Message):
+    __slots__ = ("name", "member")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    member: SubscriptionMember
+    def __init__(self, name: _Optional[str] = ..., member: _Optional[_Union[SubscriptionMember, _Mapping]] = ...) -> None: ...
+
+class SubscriptionMemberLeft(_message.Message):
+    __slots__ = ("name", "member_id")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    member_id: str
+    def __init__(self, name: _Optional[str] = ..., member_id: _Optional[str] = ...) -> None: ...
+
+class SubscriptionMemberAssigned(_message.Message):
+    __slots__ = ("name", "member_id", "vchannels", "generation")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    VCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    member_id: str
+    vchannels: _containers.RepeatedScalarFieldContainer[str]
+    generation: int
+    def __init__(self, name: _Optional[str] = ..., member_id: _Optional[str] = ..., vchannels: _Optional[_Iterable[str]] = ..., generation: _Optional[int] = ...) -> None: ...
+
 class BalancePolicySet(_message.Message):
     __slots__ = ("allow_rebalance", "max_moves_per_round")
     ALLOW_REBALANCE_FIELD_NUMBER: _ClassVar[int]
@@ -1124,7 +1219,7 @@ class BalancePolicySet(_message.Message):
     def __init__(self, allow_rebalance: _Optional[bool] = ..., max_moves_per_round: _Optional[int] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("revision", "raft_index", "time_ms", "node_registered", "node_marked_down", "node_marked_up", "node_frozen", "node_unfrozen", "pchannel_created", "pchannel_assigned", "pchannel_became_ready", "pchannel_marked_unavailable", "pchannel_dropped", "vchannel_created", "vchannel_dropped", "segment_committed", "segments_deleted", "broadcast_created", "broadcast_appended", "broadcast_acked", "broadcast_tombstoned", "broadcast_cleared", "lease_granted", "lease_renewed", "lease_revoked", "lease_expired", "lock_acquired", "lock_released", "consumer_position_committed", "consumer_fence_bumped", "subscription_created", "subscription_dropped", "subscription_position_committed", "balance_policy_set")
+    __slots__ = ("revision", "raft_index", "time_ms", "node_registered", "node_marked_down", "node_marked_up", "node_frozen", "node_unfrozen", "pchannel_created", "pchannel_assigned", "pchannel_became_ready", "pchannel_marked_unavailable", "pchannel_dropped", "vchannel_created", "vchannel_dropped", "segment_committed", "segments_deleted", "broadcast_created", "broadcast_appended", "broadcast_acked", "broadcast_tombstoned", "broadcast_cleared", "lease_granted", "lease_renewed", "lease_revoked", "lease_expired", "lock_acquired", "lock_released", "consumer_position_committed", "consumer_fence_bumped", "subscription_created", "subscription_dropped", "subscription_position_committed", "subscription_member_joined", "subscription_member_left", "subscription_member_assigned", "balance_policy_set")
     REVISION_FIELD_NUMBER: _ClassVar[int]
     RAFT_INDEX_FIELD_NUMBER: _ClassVar[int]
     TIME_MS_FIELD_NUMBER: _ClassVar[int]
@@ -1158,6 +1253,9 @@ class Event(_message.Message):
     SUBSCRIPTION_CREATED_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_DROPPED_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_POSITION_COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_MEMBER_JOINED_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_MEMBER_LEFT_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_MEMBER_ASSIGNED_FIELD_NUMBER: _ClassVar[int]
     BALANCE_POLICY_SET_FIELD_NUMBER: _ClassVar[int]
     revision: int
     raft_index: int
@@ -1192,8 +1290,11 @@ class Event(_message.Message):
     subscription_created: SubscriptionCreated
     subscription_dropped: SubscriptionDropped
     subscription_position_committed: SubscriptionPositionCommitted
+    subscription_member_joined: SubscriptionMemberJoined
+    subscription_member_left: SubscriptionMemberLeft
+    subscription_member_assigned: SubscriptionMemberAssigned
     balance_policy_set: BalancePolicySet
-    def __init__(self, revision: _Optional[int] = ..., raft_index: _Optional[int] = ..., time_ms: _Optional[int] = ..., node_registered: _Optional[_Union[NodeRegistered, _Mapping]] = ..., node_marked_down: _Optional[_Union[NodeMarkedDown, _Mapping]] = ..., node_marked_up: _Optional[_Union[NodeMarkedUp, _Mapping]] = ..., node_frozen: _Optional[_Union[NodeFrozen, _Mapping]] = ..., node_unfrozen: _Optional[_Union[NodeUnfrozen, _Mapping]] = ..., pchannel_created: _Optional[_Union[PChannelCreated, _Mapping]] = ..., pchannel_assigned: _Optional[_Union[PChannelAssigned, _Mapping]] = ..., pchannel_became_ready: _Optional[_Union[PChannelBecameReady, _Mapping]] = ..., pchannel_marked_unavailable: _Optional[_Union[PChannelMarkedUnavailable, _Mapping]] = ..., pchannel_dropped: _Optional[_Union[PChannelDropped, _Mapping]] = ..., vchannel_created: _Optional[_Union[VChannelCreated, _Mapping]] = ..., vchannel_dropped: _Optional[_Union[VChannelDropped, _Mapping]] = ..., segment_committed: _Optional[_Union[SegmentCommitted, _Mapping]] = ..., segments_deleted: _Optional[_Union[SegmentsDeleted, _Mapping]] = ..., broadcast_created: _Optional[_Union[BroadcastCreated, _Mapping]] = ..., broadcast_appended: _Optional[_Union[BroadcastAppended, _Mapping]] = ..., broadcast_acked: _Optional[_Union[BroadcastAcked, _Mapping]] = ..., broadcast_tombstoned: _Optional[_Union[BroadcastTombstoned, _Mapping]] = ..., broadcast_cleared: _Optional[_Union[BroadcastCleared, _Mapping]] = ..., lease_granted: _Optional[_Union[LeaseGranted, _Mapping]] = ..., lease_renewed: _Optional[_Union[LeaseRenewed, _Mapping]] = ..., lease_revoked: _Optional[_Union[LeaseRevoked, _Mapping]] = ..., lease_expired: _Optional[_Union[LeaseExpired, _Mapping]] = ..., lock_acquired: _Optional[_Union[LockAcquired, _Mapping]] = ..., lock_released: _Optional[_Union[LockReleased, _Mapping]] = ..., consumer_position_committed: _Optional[_Union[ConsumerPositionCommitted, _Mapping]] = ..., consumer_fence_bumped: _Optional[_Union[ConsumerFenceBumped, _Mapping]] = ..., subscription_created: _Optional[_Union[SubscriptionCreated, _Mapping]] = ..., subscription_dropped: _Optional[_Union[SubscriptionDropped, _Mapping]] = ..., subscription_position_committed: _Optional[_Union[SubscriptionPositionCommitted, _Mapping]] = ..., balance_policy_set: _Optional[_Union[BalancePolicySet, _Mapping]] = ...) -> None: ...
+    def __init__(self, revision: _Optional[int] = ..., raft_index: _Optional[int] = ..., time_ms: _Optional[int] = ..., node_registered: _Optional[_Union[NodeRegistered, _Mapping]] = ..., node_marked_down: _Optional[_Union[NodeMarkedDown, _Mapping]] = ..., node_marked_up: _Optional[_Union[NodeMarkedUp, _Mapping]] = ..., node_frozen: _Optional[_Union[NodeFrozen, _Mapping]] = ..., node_unfrozen: _Optional[_Union[NodeUnfrozen, _Mapping]] = ..., pchannel_created: _Optional[_Union[PChannelCreated, _Mapping]] = ..., pchannel_assigned: _Optional[_Union[PChannelAssigned, _Mapping]] = ..., pchannel_became_ready: _Optional[_Union[PChannelBecameReady, _Mapping]] = ..., pchannel_marked_unavailable: _Optional[_Union[PChannelMarkedUnavailable, _Mapping]] = ..., pchannel_dropped: _Optional[_Union[PChannelDropped, _Mapping]] = ..., vchannel_created: _Optional[_Union[VChannelCreated, _Mapping]] = ..., vchannel_dropped: _Optional[_Union[VChannelDropped, _Mapping]] = ..., segment_committed: _Optional[_Union[SegmentCommitted, _Mapping]] = ..., segments_deleted: _Optional[_Union[SegmentsDeleted, _Mapping]] = ..., broadcast_created: _Optional[_Union[BroadcastCreated, _Mapping]] = ..., broadcast_appended: _Optional[_Union[BroadcastAppended, _Mapping]] = ..., broadcast_acked: _Optional[_Union[BroadcastAcked, _Mapping]] = ..., broadcast_tombstoned: _Optional[_Union[BroadcastTombstoned, _Mapping]] = ..., broadcast_cleared: _Optional[_Union[BroadcastCleared, _Mapping]] = ..., lease_granted: _Optional[_Union[LeaseGranted, _Mapping]] = ..., lease_renewed: _Optional[_Union[LeaseRenewed, _Mapping]] = ..., lease_revoked: _Optional[_Union[LeaseRevoked, _Mapping]] = ..., lease_expired: _Optional[_Union[LeaseExpired, _Mapping]] = ..., lock_acquired: _Optional[_Union[LockAcquired, _Mapping]] = ..., lock_released: _Optional[_Union[LockReleased, _Mapping]] = ..., consumer_position_committed: _Optional[_Union[ConsumerPositionCommitted, _Mapping]] = ..., consumer_fence_bumped: _Optional[_Union[ConsumerFenceBumped, _Mapping]] = ..., subscription_created: _Optional[_Union[SubscriptionCreated, _Mapping]] = ..., subscription_dropped: _Optional[_Union[SubscriptionDropped, _Mapping]] = ..., subscription_position_committed: _Optional[_Union[SubscriptionPositionCommitted, _Mapping]] = ..., subscription_member_joined: _Optional[_Union[SubscriptionMemberJoined, _Mapping]] = ..., subscription_member_left: _Optional[_Union[SubscriptionMemberLeft, _Mapping]] = ..., subscription_member_assigned: _Optional[_Union[SubscriptionMemberAssigned, _Mapping]] = ..., balance_policy_set: _Optional[_Union[BalancePolicySet, _Mapping]] = ...) -> None: ...
 
 class CommandResult(_message.Message):
     __slots__ = ("rejection", "events", "revision", "raft_index", "deduplicated", "broadcast_id", "lease_id", "fencing_token", "consumer_fence", "pchannel_names", "lease_deadline_ms")

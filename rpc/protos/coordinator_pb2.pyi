@@ -598,14 +598,54 @@ class SubscriptionCommit(_message.Message):
     def __init__(self, vchannel: _Optional[str] = ..., lsn: _Optional[int] = ..., time_tick: _Optional[int] = ...) -> None: ...
 
 class CommitSubscriptionRequest(_message.Message):
-    __slots__ = ("request_id", "name", "positions")
+    __slots__ = ("request_id", "name", "positions", "member_id", "generation")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     name: str
     positions: _containers.RepeatedCompositeFieldContainer[SubscriptionCommit]
-    def __init__(self, request_id: _Optional[str] = ..., name: _Optional[str] = ..., positions: _Optional[_Iterable[_Union[SubscriptionCommit, _Mapping]]] = ...) -> None: ...
+    member_id: str
+    generation: int
+    def __init__(self, request_id: _Optional[str] = ..., name: _Optional[str] = ..., positions: _Optional[_Iterable[_Union[SubscriptionCommit, _Mapping]]] = ..., member_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class JoinSubscriptionRequest(_message.Message):
+    __slots__ = ("request_id", "name", "member_id", "lease_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    name: str
+    member_id: str
+    lease_id: int
+    def __init__(self, request_id: _Optional[str] = ..., name: _Optional[str] = ..., member_id: _Optional[str] = ..., lease_id: _Optional[int] = ...) -> None: ...
+
+class JoinSubscriptionResponse(_message.Message):
+    __slots__ = ("member", "revision")
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    member: _coordination_pb2.SubscriptionMember
+    revision: int
+    def __init__(self, member: _Optional[_Union[_coordination_pb2.SubscriptionMember, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class LeaveSubscriptionRequest(_message.Message):
+    __slots__ = ("request_id", "name", "member_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    name: str
+    member_id: str
+    def __init__(self, request_id: _Optional[str] = ..., name: _Optional[str] = ..., member_id: _Optional[str] = ...) -> None: ...
+
+class LeaveSubscriptionResponse(_message.Message):
+    __slots__ = ("revision",)
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    def __init__(self, revision: _Optional[int] = ...) -> None: ...
 
 class CommitSubscriptionResponse(_message.Message):
     __slots__ = ("revision",)

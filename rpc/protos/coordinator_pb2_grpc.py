@@ -159,6 +159,16 @@ class CoordinatorStub:
                 request_serializer=rpc_dot_protos_dot_coordinator__pb2.SeekSubscriptionRequest.SerializeToString,
                 response_deserializer=rpc_dot_protos_dot_coordinator__pb2.SeekSubscriptionResponse.FromString,
                 _registered_method=True)
+        self.JoinSubscription = channel.unary_unary(
+                '/raftwal.v1.Coordinator/JoinSubscription',
+                request_serializer=rpc_dot_protos_dot_coordinator__pb2.JoinSubscriptionRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_coordinator__pb2.JoinSubscriptionResponse.FromString,
+                _registered_method=True)
+        self.LeaveSubscription = channel.unary_unary(
+                '/raftwal.v1.Coordinator/LeaveSubscription',
+                request_serializer=rpc_dot_protos_dot_coordinator__pb2.LeaveSubscriptionRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_coordinator__pb2.LeaveSubscriptionResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -314,6 +324,18 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def JoinSubscription(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LeaveSubscription(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -441,6 +463,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.SeekSubscription,
                     request_deserializer=rpc_dot_protos_dot_coordinator__pb2.SeekSubscriptionRequest.FromString,
                     response_serializer=rpc_dot_protos_dot_coordinator__pb2.SeekSubscriptionResponse.SerializeToString,
+            ),
+            'JoinSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinSubscription,
+                    request_deserializer=rpc_dot_protos_dot_coordinator__pb2.JoinSubscriptionRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_coordinator__pb2.JoinSubscriptionResponse.SerializeToString,
+            ),
+            'LeaveSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.LeaveSubscription,
+                    request_deserializer=rpc_dot_protos_dot_coordinator__pb2.LeaveSubscriptionRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_coordinator__pb2.LeaveSubscriptionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1118,6 +1150,60 @@ class Coordinator:
             '/raftwal.v1.Coordinator/SeekSubscription',
             rpc_dot_protos_dot_coordinator__pb2.SeekSubscriptionRequest.SerializeToString,
             rpc_dot_protos_dot_coordinator__pb2.SeekSubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Coordinator/JoinSubscription',
+            rpc_dot_protos_dot_coordinator__pb2.JoinSubscriptionRequest.SerializeToString,
+            rpc_dot_protos_dot_coordinator__pb2.JoinSubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LeaveSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Coordinator/LeaveSubscription',
+            rpc_dot_protos_dot_coordinator__pb2.LeaveSubscriptionRequest.SerializeToString,
+            rpc_dot_protos_dot_coordinator__pb2.LeaveSubscriptionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -18,11 +18,13 @@ This module must never commit an entry the caller has not finished with.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from types import TracebackType
 from typing import Any
 
-from rpc.errors import InvalidArgumentError, error_info
+from rpc.errors import InvalidArgumentError, RaftwalError, error_info
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
@@ -45,6 +47,8 @@ class SubscriptionConsumer:
         *,
         commit_every: int = 1000,
         commit_interval_ms: int = 1000,
+        member_id: str = "",
+        generation: int = 0,
         **consumer_options: Any,
     ) -> None:
         _check_range("commit_every", commit_every, 1, 1_000_000)
@@ -60,6 +64,10 @@ class SubscriptionConsumer:
         self.vchannel = vchannel
         self.commit_every = commit_every
         self.commit_interval_s = commit_interval_ms / 1000
+        #: the member (and generation) commits are fenced by, when the subscription has
+        #: members (see SubscriptionMember)
+        self.member_id = member_id
+        self.generation = generation
         self._consumer_options = consumer_options
         self._consumer: Consumer | None = None
         # (lsn, time_tick) of the last entry handed out, the one before it, and the last
@@ -132,7 +140,10 @@ class SubscriptionConsumer:
         if position is None or (self._committed is not None and position <= self._committed):
             return
         await self._client.coordinator.commit_subscription(
-            self.subscription, {self.vchannel: position}
+            self.subscription,
+            {self.vchannel: position},
+            member_id=self.member_id,
+            generation=self.generation,
         )
         self._committed = position
         self._uncommitted = 0
@@ -169,3 +180,105 @@ class SubscriptionConsumer:
         traceback: TracebackType | None,
     ) -> None:
         await self.close(failed=exc is not None)
+
+
+class SubscriptionMember:
+    """One consumer process in a subscription: it grants a lease and keeps it alive
+    (``LeaseKeeper``), joins, and reads the vchannels the coordinator assigns it.
+
+    ``wait_assignment()`` returns (generation, vchannels) once it holds at least one
+    vchannel (or the assignment changed); ``consumer(vchannel)`` is a
+    ``SubscriptionConsumer`` whose commits carry this member's id and that generation, so a
+    member that lost the vchannel (a newer generation, or its lease ended while it was
+    paused) can never move the position: ChannelFencedError. Leaving the ``async with``
+    leaves the subscription and revokes the lease.
+    """
+
+    def __init__(
+        self,
+        client: StreamingClientBase,
+        subscription: str,
+        member_id: str,
+        *,
+        lease_ttl_ms: int = 10_000,
+    ) -> None:
+        _check_range("lease_ttl_ms", lease_ttl_ms, 1000, 3_600_000)
+        self._client = client
+        self.subscription = subscription
+        self.member_id = member_id
+        self.lease_ttl_ms = lease_ttl_ms
+        self.lease_id = 0
+        self.generation = 0
+        self.vchannels: list[str] = []
+        self._keeper: Any = None
+
+    async def __aenter__(self) -> SubscriptionMember:
+        coordinator = self._client.coordinator
+        granted = await coordinator.grant_lease(
+            ttl_ms=self.lease_ttl_ms, holder=f"{self.subscription}/{self.member_id}"
+        )
+        self.lease_id = granted.lease_id
+        self._keeper = coordinator.lease_keeper(self.lease_id)
+        await self._keeper.__aenter__()
+        await coordinator.join_subscription(self.subscription, self.member_id, self.lease_id)
+        return self
+
+    @property
+    def alive(self) -> bool:
+        """False once the lease may have ended: stop using the assignment then."""
+        return self._keeper is not None and self._keeper.alive
+
+    async def assignment(self) -> tuple[int, list[str]]:
+        """(generation, vchannels) this member holds now, as the coordinator assigned."""
+        described = await self._client.coordinator.describe_subscription(self.subscription)
+        member = described.subscription.members.get(self.member_id)
+        if member is None:
+            return 0, []
+        return member.generation, list(member.vchannels)
+
+    async def wait_assignment(
+        self, timeout_s: float = 30.0, poll_s: float = 0.2
+    ) -> tuple[int, list[str]]:
+        """Until the member holds vchannels at a generation newer than the last one seen
+        (bounded by `timeout_s`: then what it holds, possibly nothing)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            generation, vchannels = await self.assignment()
+            changed = generation != self.generation and vchannels
+            if changed or time.monotonic() >= deadline:
+                self.generation, self.vchannels = generation, vchannels
+                return generation, vchannels
+            await asyncio.sleep(poll_s)
+
+    def consumer(self, vchannel: str, **options: Any) -> SubscriptionConsumer:
+        if vchannel not in self.vchannels:
+            raise _invalid(
+                f"member {self.member_id!r} does not hold {vchannel!r} (it holds "
+                f"{self.vchannels[:8]} at generation {self.generation})"
+            )
+        return SubscriptionConsumer(
+            self._client,
+            self.subscription,
+            vchannel,
+            member_id=self.member_id,
+            generation=self.generation,
+            **options,
+        )
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        coordinator = self._client.coordinator
+        try:
+            await coordinator.leave_subscription(self.subscription, self.member_id)
+        finally:
+            if self._keeper is not None:
+                # A lost lease was the caller's to notice (alive, wait_lost); leaving goes on.
+                with contextlib.suppress(RaftwalError):
+                    await self._keeper.__aexit__(None, None, None)
+            if self.lease_id:
+                with contextlib.suppress(RaftwalError):
+                    await coordinator.revoke_lease(self.lease_id)

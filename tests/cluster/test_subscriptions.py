@@ -19,12 +19,18 @@ import pytest
 
 from raftwal.cli import dev
 from rpc.client import (
+    ChannelFencedError,
     ChannelNotExistError,
     CoordinatorClient,
     InvalidArgumentError,
     NotFoundError,
 )
-from rpc.streaming_client import Producer, StreamingClient, SubscriptionConsumer
+from rpc.streaming_client import (
+    Producer,
+    StreamingClient,
+    SubscriptionConsumer,
+    SubscriptionMember,
+)
 from tests.cluster.conftest import Api, running_cluster
 from tests.cluster.wal_helpers import setup_channels, wait_assigned
 
@@ -182,3 +188,59 @@ def test_the_cli_resumes_from_a_subscription(env) -> None:
     assert bad.returncode == 2 and "--start: invalid value 'soon'" in bad.stderr
     missing = _cli("subscription", "describe", "nosuch", "--endpoints", endpoints)
     assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
+
+
+def test_members_split_vchannels_and_a_member_that_lost_one_is_fenced(env) -> None:
+    cluster, api_client = env
+    (pchannel,) = setup_channels(api_client, "submem", {"submem_a": 0, "submem_b": 0})
+    wait_assigned(api_client, pchannel)
+
+    async def scenario() -> None:
+        async with StreamingClient(cluster.endpoints) as client:
+            coordinator = client.coordinator
+            await coordinator.create_subscription("pool", ["submem_a", "submem_b"])
+            await _produce(client, "submem_a", [b"a%d" % i for i in range(4)])
+            await _produce(client, "submem_b", [b"b%d" % i for i in range(4)])
+            async with SubscriptionMember(client, "pool", "m1") as first:
+                generation, held = await first.wait_assignment(TIMEOUT_S)
+                assert held == ["submem_a", "submem_b"], held
+                async with first.consumer("submem_a") as reader:
+                    assert await _take(reader, 2) == [b"a0", b"a1"]
+                old_generation = first.generation
+                async with SubscriptionMember(client, "pool", "m2") as second:
+                    # The coordinator rebalances: one vchannel each, new generations.
+                    _, held_second = await second.wait_assignment(TIMEOUT_S)
+                    assert len(held_second) == 1, held_second
+                    _, held_first = await first.wait_assignment(TIMEOUT_S)
+                    assert len(held_first) == 1 and held_first != held_second
+                    assert first.generation > old_generation
+                    # The old generation can never move a position again.
+                    with pytest.raises(ChannelFencedError, match="generation"):
+                        await coordinator.commit_subscription(
+                            "pool",
+                            {held_first[0]: (1, 0)},
+                            member_id="m1",
+                            generation=old_generation,
+                        )
+                    # Nor can a member commit a vchannel it no longer holds.
+                    with pytest.raises(ChannelFencedError, match="does not hold"):
+                        await coordinator.commit_subscription(
+                            "pool",
+                            {held_second[0]: (1, 0)},
+                            member_id="m1",
+                            generation=first.generation,
+                        )
+                    # Each reads its own vchannel, resuming where the subscription stands.
+                    async with second.consumer(held_second[0]) as reader:
+                        got = await _take(reader, 1)
+                        assert got[0][:1] == held_second[0][-1].encode()
+                # m2 left: m1 gets both vchannels back at a newer generation.
+                _, held = await first.wait_assignment(TIMEOUT_S)
+                assert held == ["submem_a", "submem_b"]
+                # An unfenced commit is refused while the subscription has members.
+                with pytest.raises(ChannelFencedError, match="must name its member"):
+                    await coordinator.commit_subscription("pool", {"submem_a": (1, 0)})
+            described = await coordinator.describe_subscription("pool")
+            assert not described.subscription.members  # m1 left too
+
+    asyncio.run(scenario())

@@ -72,6 +72,8 @@ _SUBSCRIBE = {
     "Coordinator/DropSubscription",
     "Coordinator/CommitSubscription",
     "Coordinator/SeekSubscription",
+    "Coordinator/JoinSubscription",
+    "Coordinator/LeaveSubscription",
 }
 _METADATA |= {"Coordinator/ListSubscriptions", "Coordinator/DescribeSubscription"}
 _NODE_ONLY_SERVICES = ("NodeManager", "Cluster", "Replication")

@@ -11,7 +11,8 @@ import pytest
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
 from statemachine import apply_command, copy_state, new_state, snapshot_state
-from statemachine.balancer import eligible_nodes, plan
+from statemachine.balancer import eligible_nodes, plan, plan_subscriptions
+from statemachine.types import Limits
 
 NOW = 1_700_000_000_000
 
@@ -223,3 +224,88 @@ def test_plan_is_deterministic_and_always_valid(seed):
             if channel.term and channel.owner_node_id not in eligible:
                 # Only acceptable when no replica of it is eligible.
                 assert not eligible & set(channel.replica_node_ids), (seed, step, channel)
+
+
+# ---------------------------------------------------------------------------------------
+# Subscription members
+# ---------------------------------------------------------------------------------------
+
+
+def _subscribed(vchannels: int = 4) -> pb.CoordinationState:
+    state = cluster(3, 1)
+    names = [f"v{k}" for k in range(vchannels)]
+    for name in names:
+        run(state, pb.Command(create_vchannel=pb.CreateVChannel(name=name, pchannel="p_0")))
+    run(state, pb.Command(create_subscription=pb.CreateSubscription(name="s", vchannels=names)))
+    return state
+
+
+def _join(state: pb.CoordinationState, member: str) -> int:
+    lease = run(state, pb.Command(grant_lease=pb.GrantLease(ttl_ms=10_000, holder=member)))
+    assert lease.rejection.code == errors_pb2.OK
+    joined = run(
+        state,
+        pb.Command(
+            join_subscription=pb.JoinSubscription(
+                name="s", member_id=member, lease_id=lease.lease_id
+            )
+        ),
+    )
+    assert joined.rejection.code == errors_pb2.OK, joined.rejection.message
+    return lease.lease_id
+
+
+def _held(state: pb.CoordinationState) -> dict[str, list[str]]:
+    members = state.subscriptions["s"].members
+    return {m: list(members[m].vchannels) for m in sorted(members)}
+
+
+def test_members_split_the_vchannels_balanced_and_sticky() -> None:
+    state = _subscribed(4)
+    _join(state, "a")
+    apply_plan(state, plan_subscriptions(state))
+    assert _held(state) == {"a": ["v0", "v1", "v2", "v3"]}
+    generation = state.subscriptions["s"].members["a"].generation
+    _join(state, "b")
+    apply_plan(state, plan_subscriptions(state))
+    held = _held(state)
+    assert sorted(len(v) for v in held.values()) == [2, 2]
+    assert sorted(held["a"] + held["b"]) == ["v0", "v1", "v2", "v3"]
+    # a kept two of its own; its generation moved because its set changed.
+    assert state.subscriptions["s"].members["a"].generation > generation
+    # Stable: nothing more to do.
+    assert plan_subscriptions(state) == []
+    _join(state, "c")
+    before = _held(state)
+    apply_plan(state, plan_subscriptions(state))
+    after = _held(state)
+    assert sorted(len(v) for v in after.values()) == [1, 1, 2]
+    moved = sum(1 for m in ("a", "b") for v in before[m] if v not in after[m])
+    assert moved == 1, (before, after)
+
+
+def test_a_member_whose_lease_ended_loses_its_vchannels() -> None:
+    state = _subscribed(3)
+    _join(state, "a")
+    lease_b = _join(state, "b")
+    apply_plan(state, plan_subscriptions(state))
+    run(state, pb.Command(revoke_lease=pb.RevokeLease(lease_id=lease_b)))
+    apply_plan(state, plan_subscriptions(state))
+    assert _held(state) == {"a": ["v0", "v1", "v2"], "b": []}
+
+
+def test_moves_per_round_are_bounded() -> None:
+    state = _subscribed(8)
+    _join(state, "a")
+    apply_plan(state, plan_subscriptions(state))
+    _join(state, "b")
+    limits = Limits(max_subscription_moves_per_round=1)
+    rounds = 0
+    while (commands := plan_subscriptions(state, limits)) and rounds < 10:
+        before = _held(state)
+        apply_plan(state, commands)
+        after = _held(state)
+        assert sum(1 for v in before["a"] if v not in after["a"]) <= 1
+        rounds += 1
+    assert sorted(len(v) for v in _held(state).values()) == [4, 4]
+    assert rounds == 4

@@ -186,6 +186,27 @@ def sub_seek(name: str, vchannel: str = "", lsn: int = 0, from_time_tick: int = 
     )
 
 
+def sub_join(name: str, member: str, lease_id: int) -> pb.Command:
+    return cmd(
+        join_subscription=pb.JoinSubscription(name=name, member_id=member, lease_id=lease_id)
+    )
+
+
+def sub_leave(name: str, member: str) -> pb.Command:
+    return cmd(leave_subscription=pb.LeaveSubscription(name=name, member_id=member))
+
+
+def sub_assign(name: str, **held: list[str]) -> pb.Command:
+    return cmd(
+        assign_subscription=pb.AssignSubscription(
+            name=name,
+            assignments=[
+                pb.SubscriptionAssignment(member_id=m, vchannels=v) for m, v in held.items()
+            ],
+        )
+    )
+
+
 def sub_drop(name: str) -> pb.Command:
     return cmd(drop_subscription=pb.DropSubscription(name=name))
 
@@ -664,6 +685,37 @@ ROWS = [
         sub_seek("s1", "v1", lsn=3, from_time_tick=1000), INVALID, "either an lsn"),
     row("seek_subscription/neither", [*VCHANNELS, subscribe("s1", "v1")], sub_seek("s1", "v1"),
         INVALID, "either an lsn"),
+    # ---- subscription members
+    row("join_subscription/new", [*VCHANNELS, subscribe("s1", "v1"), grant(10_000)],
+        lambda h: sub_join("s1", "m1", h.lease()), ["subscription_member_joined"]),
+    row("join_subscription/no-lease", [*VCHANNELS, subscribe("s1", "v1")],
+        sub_join("s1", "m1", 424242), E.NOT_FOUND, "lease 424242"),
+    row("join_subscription/unknown", VCHANNELS, sub_join("s9", "m1", 1), E.NOT_FOUND),
+    row("join_subscription/bad-member", [*VCHANNELS, subscribe("s1", "v1"), grant(10_000)],
+        lambda h: sub_join("s1", "m 1", h.lease()), INVALID, "member_id"),
+    row("leave_subscription/member",
+        [*VCHANNELS, subscribe("s1", "v1"), grant(10_000), lambda h: sub_join("s1", "m1", h.lease())],
+        sub_leave("s1", "m1"), ["subscription_member_left"]),
+    row("leave_subscription/not-a-member", [*VCHANNELS, subscribe("s1", "v1")],
+        sub_leave("s1", "m1"), []),
+    row("leave_subscription/unknown", VCHANNELS, sub_leave("s9", "m1"), E.NOT_FOUND),
+    row("assign_subscription/split",
+        [*VCHANNELS, subscribe("s1", "v1", "v2"), grant(10_000),
+         lambda h: sub_join("s1", "m1", h.lease())],
+        sub_assign("s1", m1=["v1", "v2"]), ["subscription_member_assigned"]),
+    row("assign_subscription/unchanged",
+        [*VCHANNELS, subscribe("s1", "v1"), grant(10_000),
+         lambda h: sub_join("s1", "m1", h.lease())],
+        sub_assign("s1", m1=[]), []),
+    row("assign_subscription/missing-member",
+        [*VCHANNELS, subscribe("s1", "v1"), grant(10_000),
+         lambda h: sub_join("s1", "m1", h.lease())],
+        sub_assign("s1"), INVALID, "every member exactly once"),
+    row("assign_subscription/twice",
+        [*VCHANNELS, subscribe("s1", "v1"), grant(10_000), grant(10_000),
+         lambda h: sub_join("s1", "m1", h.lease(0)), lambda h: sub_join("s1", "m2", h.lease(1))],
+        sub_assign("s1", m1=["v1"], m2=["v1"]), INVALID, "assigned twice"),
+    row("assign_subscription/unknown", VCHANNELS, sub_assign("s9"), E.NOT_FOUND),
     # ---- set_balance_policy
     row("set_balance_policy/change", [], policy(True, 4), ["balance_policy_set"]),
     row("set_balance_policy/max", [], policy(False, 1024), ["balance_policy_set"]),
@@ -1281,3 +1333,60 @@ def test_zero_dedup_window_disables_deduplication() -> None:
     h = Harness(Limits(dedup_window=0))
     h.ok(cmd(request_id="r1", barrier=pb.Barrier()))
     assert not h.apply(cmd(request_id="r1", barrier=pb.Barrier())).deduplicated
+
+
+def test_subscription_members_fence_commits_by_generation_and_lease() -> None:
+    h = Harness()
+    h.ok(*VCHANNELS, subscribe("s1", "v1", "v2"))
+    lease_a = h.ok(grant(10_000)).lease_id
+    lease_b = h.ok(grant(10_000)).lease_id
+
+    def join(member: str, lease_id: int) -> pb.Command:
+        return cmd(
+            join_subscription=pb.JoinSubscription(name="s1", member_id=member, lease_id=lease_id)
+        )
+
+    def assign(**held: list[str]) -> pb.Command:
+        return cmd(
+            assign_subscription=pb.AssignSubscription(
+                name="s1",
+                assignments=[
+                    pb.SubscriptionAssignment(member_id=m, vchannels=v) for m, v in held.items()
+                ],
+            )
+        )
+
+    def commit(member: str, generation: int, vchannel: str, lsn: int) -> pb.Command:
+        return cmd(
+            commit_subscription_position=pb.CommitSubscriptionPosition(
+                name="s1", vchannel=vchannel, lsn=lsn, member_id=member, generation=generation
+            )
+        )
+
+    h.ok(join("a", lease_a), join("b", lease_b))
+    assert h.apply(join("a", lease_a)).events == []  # joined already
+    h.reject(join("c", 999_999), E.NOT_FOUND)
+    h.reject(assign(a=["v1", "v2"], b=["v2"]), INVALID)  # v2 twice
+    h.reject(assign(a=["v1"]), INVALID)  # b not listed
+    h.reject(assign(a=["v9"], b=[]), INVALID)  # not in the subscription
+    h.ok(assign(a=["v1"], b=["v2"]))
+    members = h.state.subscriptions["s1"].members
+    gen_a, gen_b = members["a"].generation, members["b"].generation
+    h.ok(commit("a", gen_a, "v1", 3))
+    # Unfenced commits are refused while there are members.
+    rejected = h.reject(sub_commit("s1", "v1", 4), E.CHANNEL_FENCED)
+    assert "must name its member" in rejected.rejection.message
+    # a does not hold v2.
+    h.reject(commit("a", gen_a, "v2", 3), E.CHANNEL_FENCED)
+    # b's lease ends: a gets v2 at a new generation; b (paused, then back) is fenced.
+    h.ok(cmd(revoke_lease=pb.RevokeLease(lease_id=lease_b)))
+    h.ok(assign(a=["v1", "v2"], b=[]))
+    rejected = h.reject(commit("b", gen_b, "v2", 9), E.CHANNEL_FENCED)
+    assert "generation" in rejected.rejection.message
+    stale = h.reject(commit("a", gen_a, "v1", 4), E.CHANNEL_FENCED)
+    assert stale.rejection.current_term == members["a"].generation
+    h.ok(commit("a", members["a"].generation, "v2", 5))
+    h.ok(cmd(leave_subscription=pb.LeaveSubscription(name="s1", member_id="b")))
+    assert sorted(h.state.subscriptions["s1"].members) == ["a"]
+    assert h.state.subscriptions["s1"].positions["v2"].lsn == 5
+    assert violations(h.state) == []

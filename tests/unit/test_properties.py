@@ -39,6 +39,7 @@ from hypothesis.stateful import (
 
 from rpc.protos import coordination_pb2 as pb
 from statemachine import copy_state
+from statemachine.balancer import plan_subscriptions
 from statemachine.invariants import violations
 
 NODES = ["n1", "n2", "n3", "n4"]
@@ -761,6 +762,29 @@ class CoordinationMachine(RuleBasedStateMachine):
     @rule(meta=META, group=st.sampled_from(GROUPS))
     def drop_subscription(self, meta, group) -> None:
         self.step(meta, drop_subscription=pb.DropSubscription(name=group))
+
+    @rule(
+        meta=META,
+        group=st.sampled_from(GROUPS),
+        member=st.sampled_from(["m1", "m2", "m3"]),
+        lease_id=leases,
+        leave=st.booleans(),
+    )
+    def subscription_member(self, meta, group, member, lease_id, leave) -> None:
+        if leave:
+            self.step(meta, leave_subscription=pb.LeaveSubscription(name=group, member_id=member))
+        else:
+            self.step(
+                meta,
+                join_subscription=pb.JoinSubscription(
+                    name=group, member_id=member, lease_id=lease_id
+                ),
+            )
+
+    @rule(meta=META)
+    def balance_subscriptions(self, meta) -> None:
+        for command in plan_subscriptions(self.h.state):
+            self.step(meta, assign_subscription=command.assign_subscription)
 
     @rule(
         meta=META,
