@@ -47,6 +47,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="read segment files of the dev cluster's data dirs directly",
     )
     parser.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=30.0,
+        help="how long planning waits for the cluster (default: 30)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per vchannel")
     add_security_arguments(parser)
     parser.set_defaults(handler=run)
@@ -99,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             ("pchannels", args.pchannels),
             ("msgTypes", args.msg_types),
             ("asOfRevision", str(args.as_of_revision) if args.as_of_revision else ""),
+            ("timeoutSeconds", f"{args.timeout_s:g}"),
         ):
             if value:
                 reader = reader.option(option, value)

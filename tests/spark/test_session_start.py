@@ -68,3 +68,26 @@ def test_a_jvm_that_exits_at_start_is_retried_and_quoted(tmp_path: Path) -> None
 def test_attempts_must_be_positive() -> None:
     with pytest.raises(ValueError, match=r"invalid attempts \(0; expected >= 1\)"):
         start_session("local[1]", "raftwal-no-attempts", attempts=0)
+
+
+def test_spark_read_of_a_closed_cluster_says_so_in_one_sentence() -> None:
+    # Nothing listens at the endpoint: the user gets the connector's sentence, not the
+    # first line of a long Spark trace.
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{probe.getsockname()[1]}"
+    raftwal = str(Path(sys.executable).with_name("raftwal"))
+    done = subprocess.run(
+        [raftwal, "spark-read", "--endpoints", dead, "--timeout-s", "2", "--master", "local[1]"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, done.stderr[-2000:]
+    assert errors[0].startswith("error: no endpoint answered in 2 s"), errors[0]
+    assert dead in errors[0]
