@@ -178,12 +178,25 @@ def plan_subscriptions(
     one), sticky (a member keeps what it holds up to its share), deterministic (members by
     id, vchannels sorted), and bounded: at most ``limits.max_subscription_moves_per_round``
     vchannels move from one live member to another per round (a vchannel that nobody live
-    holds is placed at once). Dead members are listed with nothing.
+    holds is placed at once). A member whose lease ended is removed first
+    (``LeaveSubscription``: a crashed process never leaves by itself); its subscription is
+    assigned in a later round, once the removal is applied.
     """
-    commands = []
+    commands: list[pb.Command] = []
     for name in sorted(state.subscriptions):
         subscription = state.subscriptions[name]
         if not subscription.members:
+            continue
+        dead = [
+            m
+            for m in sorted(subscription.members)
+            if subscription.members[m].lease_id not in state.leases
+        ]
+        if dead:
+            commands.extend(
+                pb.Command(leave_subscription=pb.LeaveSubscription(name=name, member_id=m))
+                for m in dead
+            )
             continue
         members = sorted(subscription.members)
         live = [m for m in members if subscription.members[m].lease_id in state.leases]

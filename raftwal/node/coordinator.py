@@ -258,7 +258,8 @@ class Coordinator:
         # 4. Subscription members: split each subscription's vchannels among live members
         # (a rejection means the state moved on under the plan; the next round replans).
         for command in plan_subscriptions(state):
-            await self._propose(assign_subscription=command.assign_subscription)
+            kind = command.WhichOneof("body")
+            await self._propose(**{kind: getattr(command, kind)})
         self._drive_broadcasts(state, now)
         for name, term in sorted(assigning):
             if name in moved:

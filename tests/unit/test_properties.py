@@ -784,7 +784,8 @@ class CoordinationMachine(RuleBasedStateMachine):
     @rule(meta=META)
     def balance_subscriptions(self, meta) -> None:
         for command in plan_subscriptions(self.h.state):
-            self.step(meta, assign_subscription=command.assign_subscription)
+            kind = command.WhichOneof("body")
+            self.step(meta, **{kind: getattr(command, kind)})
 
     @rule(
         meta=META,
