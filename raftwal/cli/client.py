@@ -759,9 +759,7 @@ def _vchannel_table(vchannels: Sequence[pb.VChannel]) -> Table:
 # ---------------------------------------------------------------------------------------
 
 
-async def _print_balance(
-    args: argparse.Namespace, client: CoordinatorClient, status: api.ClusterStatusResponse
-) -> None:
+def _print_balance(args: argparse.Namespace, status: api.ClusterStatusResponse) -> None:
     owners: dict[str, int] = {node.node_id: 0 for node in status.nodes}
     for channel in status.pchannels:
         if channel.owner_node_id and channel.state != pb.PCHANNEL_STATE_DROPPED:
@@ -796,7 +794,7 @@ async def _print_balance(
 
 
 async def _balance_show(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
-    await _print_balance(args, client, await client.cluster_status())
+    _print_balance(args, await client.cluster_status())
     return 0
 
 
@@ -808,7 +806,7 @@ async def _balance_on(args: argparse.Namespace, client: CoordinatorClient, targe
     await client.set_balance_policy(
         args.allow_rebalance, current.max_moves_per_round if moves is None else moves
     )
-    await _print_balance(args, client, await client.cluster_status())
+    _print_balance(args, await client.cluster_status())
     return 0
 
 
@@ -831,7 +829,7 @@ async def _balance_freeze(
         freeze=nodes if args.action == "freeze" else (),
         unfreeze=nodes if args.action == "unfreeze" else (),
     )
-    await _print_balance(args, client, await client.cluster_status())
+    _print_balance(args, await client.cluster_status())
     return 0
 
 

@@ -19,6 +19,7 @@ from typing import Protocol, TypeVar
 
 import grpc
 
+from raftwal.services.common import fail
 from rpc.errors import RaftwalError, error_info, to_status
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
@@ -26,6 +27,7 @@ from rpc.protos import coordinator_pb2_grpc, errors_pb2
 from statemachine.evolve import EVENT_KINDS
 from statemachine.types import DEFAULT_LIMITS as LIMITS
 from statemachine.validation import check_name
+from wal_segments.owner import TICK_LOGICAL_BITS
 
 log = logging.getLogger(__name__)
 E = errors_pb2
@@ -98,13 +100,9 @@ class CoordinationBackend(Protocol):
         ...
 
 
-def _fail(code: int, message: str) -> RaftwalError:
-    return RaftwalError(error_info(code, message))
-
-
 def _check_request_id(request_id: str) -> None:
     if len(request_id) > REQUEST_ID_MAX_CHARS:
-        raise _fail(
+        raise fail(
             E.INVALID_ARGUMENT,
             f"request_id too long ({len(request_id)} chars; expected at most "
             f"{REQUEST_ID_MAX_CHARS})",
@@ -113,14 +111,14 @@ def _check_request_id(request_id: str) -> None:
 
 def _check_count(field: str, count: int, low: int = 1, high: int = MAX_NAMES_PER_REQUEST) -> None:
     if count < low or count > high:
-        raise _fail(
+        raise fail(
             E.INVALID_ARGUMENT, f"invalid number of {field} ({count}; expected {low}..{high})"
         )
 
 
 def _check_wait(field: str, value: int, max_wait_ms: int) -> None:
     if value < 0 or value > max_wait_ms:
-        raise _fail(E.INVALID_ARGUMENT, f"invalid {field} ({value}; expected 0..{max_wait_ms})")
+        raise fail(E.INVALID_ARGUMENT, f"invalid {field} ({value}; expected 0..{max_wait_ms})")
 
 
 SEEK_TARGETS = {
@@ -129,8 +127,6 @@ SEEK_TARGETS = {
     api.SEEK_TARGET_LSN: "LSN",
     api.SEEK_TARGET_TIME_TICK: "TIME_TICK",
 }
-# The physical part of a time tick is its milliseconds shifted by this (wal_segments.owner).
-TICK_LOGICAL_BITS = 18
 
 
 def _copy_subscription(found: pb.Subscription) -> pb.Subscription:
@@ -259,7 +255,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                     break
             if deadline - time.monotonic() <= 0:
                 return _raise_rejection(result)
-        raise _fail(E.RESOURCE_ACQUIRED, f"gave up after {MAX_WAIT_ATTEMPTS} attempts")
+        raise fail(E.RESOURCE_ACQUIRED, f"gave up after {MAX_WAIT_ATTEMPTS} attempts")
 
     # -- channels ---------------------------------------------------------------------
 
@@ -306,7 +302,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             for name in wanted:
                 channel = state.pchannels.get(name)
                 if channel is None:
-                    raise _fail(E.CHANNEL_NOT_EXIST, f"pchannel {name[:64]!r} does not exist")
+                    raise fail(E.CHANNEL_NOT_EXIST, f"pchannel {name[:64]!r} does not exist")
                 if channel.state == pb.PCHANNEL_STATE_DROPPED and not (include_dropped or names):
                     continue
                 copy = pb.PChannel()
@@ -442,7 +438,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 reader, _linearizable(request.consistency)
             )
             if subscription is None:
-                raise _fail(E.NOT_FOUND, f"subscription {request.name!r} does not exist")
+                raise fail(E.NOT_FOUND, f"subscription {request.name!r} does not exist")
             latest: dict[str, tuple[int, int] | str] = {}
             for pchannel in sorted(set(pchannels.values())):
                 try:
@@ -490,7 +486,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 if pchannel is not None and position.lsn > 0:
                     committed, _ = await self._backend.latest_position(pchannel)
                     if position.lsn > committed:
-                        raise _fail(
+                        raise fail(
                             E.INVALID_ARGUMENT,
                             f"invalid lsn for {position.vchannel!r} ({position.lsn}; expected "
                             f"<= {committed}, the committed LSN of {pchannel})",
@@ -546,14 +542,14 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             request_id = _new_request_id(request.request_id)
             target = request.target
             if target not in SEEK_TARGETS:
-                raise _fail(
+                raise fail(
                     E.INVALID_ARGUMENT,
                     f"invalid target ({target}; expected one of {', '.join(SEEK_TARGETS.values())})",
                 )
             if target == api.SEEK_TARGET_LSN and request.lsn < 1:
-                raise _fail(E.INVALID_ARGUMENT, f"invalid lsn ({request.lsn}; expected >= 1)")
+                raise fail(E.INVALID_ARGUMENT, f"invalid lsn ({request.lsn}; expected >= 1)")
             if target == api.SEEK_TARGET_TIME_TICK and request.time_tick < 1:
-                raise _fail(
+                raise fail(
                     E.INVALID_ARGUMENT, f"invalid time_tick ({request.time_tick}; expected >= 1)"
                 )
             if target != api.SEEK_TARGET_LATEST:
@@ -579,13 +575,13 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
             vchannels, _ = await self._backend.read(reader, linearizable=False)
             if not vchannels:
-                raise _fail(E.NOT_FOUND, f"subscription {request.name!r} does not exist")
+                raise fail(E.NOT_FOUND, f"subscription {request.name!r} does not exist")
             pchannels, _ = await self._backend.read(_pchannels_of(vchannels), linearizable=False)
             revision = 0
             for index, vchannel in enumerate(vchannels):
                 pchannel = pchannels.get(vchannel)
                 if pchannel is None:
-                    raise _fail(E.CHANNEL_NOT_EXIST, f"vchannel {vchannel!r} does not exist")
+                    raise fail(E.CHANNEL_NOT_EXIST, f"vchannel {vchannel!r} does not exist")
                 committed, _ = await self._backend.latest_position(pchannel)
                 result = await self._propose(
                     f"{request_id}.{index}",
@@ -736,7 +732,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             _check_count("vchannels", len(request.vchannels), 1, LIMITS.max_broadcast_vchannels)
             _check_count("resource_keys", len(request.resource_keys), 0, LIMITS.max_resource_keys)
             if len(request.message) > LIMITS.broadcast_message_max_bytes:
-                raise _fail(
+                raise fail(
                     E.INVALID_ARGUMENT,
                     f"broadcast message too large ({len(request.message)} bytes; expected at "
                     f"most {LIMITS.broadcast_message_max_bytes})",
@@ -782,12 +778,12 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     async def WaitResourceKey(self, request, context):
         async def work() -> api.WaitResourceKeyResponse:
             if not request.key or len(request.key) > 256:
-                raise _fail(
+                raise fail(
                     E.INVALID_ARGUMENT,
                     f"invalid key ({len(request.key)} chars; expected 1..256)",
                 )
             if request.mode not in (api.WAIT_MODE_ONCE, api.WAIT_MODE_ALL):
-                raise _fail(E.INVALID_ARGUMENT, f"invalid mode ({request.mode}; expected ONCE|ALL)")
+                raise fail(E.INVALID_ARGUMENT, f"invalid mode ({request.mode}; expected ONCE|ALL)")
             _check_wait("timeout_ms", request.timeout_ms, self._backend.max_wait_ms)
             return await self._wait_resource_key(request)
 
@@ -923,10 +919,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             for name in names:
                 bad = check_name("pchannel", name, LIMITS)
                 if bad is not None:
-                    raise _fail(E.INVALID_ARGUMENT, bad.message)
+                    raise fail(E.INVALID_ARGUMENT, bad.message)
             as_of = request.as_of_revision
             if as_of < 0:
-                raise _fail(E.INVALID_ARGUMENT, f"invalid as_of_revision ({as_of}; expected >= 0)")
+                raise fail(E.INVALID_ARGUMENT, f"invalid as_of_revision ({as_of}; expected >= 0)")
 
             def reader(state: pb.CoordinationState) -> tuple[list[pb.Segment], bool, list[str]]:
                 wanted = names or sorted(state.manifests)
@@ -948,11 +944,11 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 reader, linearizable=True
             )
             if missing:
-                raise _fail(E.CHANNEL_NOT_EXIST, f"pchannel {missing[0]!r} does not exist")
+                raise fail(E.CHANNEL_NOT_EXIST, f"pchannel {missing[0]!r} does not exist")
             if not as_of:
                 return api.ListSegmentsResponse(segments=segments, revision=revision)
             if as_of > revision:
-                raise _fail(
+                raise fail(
                     E.INVALID_ARGUMENT,
                     f"as_of_revision {as_of} is in the future (current revision {revision})",
                 )
@@ -969,7 +965,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                         if event.WhichOneof("body") == "segments_deleted" and (
                             not wanted or event.segments_deleted.pchannel in wanted
                         ):
-                            raise _fail(
+                            raise fail(
                                 E.COMPACTED,
                                 f"segments of {event.segments_deleted.pchannel} committed by "
                                 f"revision {as_of} were deleted at revision {event.revision}",
@@ -984,7 +980,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
 def _linearizable(consistency: int) -> bool:
     if consistency not in (api.CONSISTENCY_LINEARIZABLE, api.CONSISTENCY_SERIALIZABLE):
-        raise _fail(
+        raise fail(
             E.INVALID_ARGUMENT,
             f"invalid consistency ({consistency}; expected LINEARIZABLE|SERIALIZABLE)",
         )
