@@ -1,7 +1,7 @@
 """RaftPeer: a durable pysyncobj peer that replicates opaque command bytes.
 
-Lives here: `RaftPeer` (propose / propose_async, leadership and index queries, status,
-close), its tuning knobs (`RaftTuning`) and the durability events tests observe
+Lives here: `RaftPeer` (propose / propose_async, leadership transfer, leadership and index
+queries, status, close), its tuning knobs (`RaftTuning`) and the durability events tests observe
 (`DurabilityEvent`). The peer owns `data_dir/`: `journal.log`, `journal.meta` and
 `snapshot.bin`. It drives pysyncobj's tick itself (autoTick off) so that it can sync the
 journal at the right points:
@@ -349,6 +349,8 @@ class RaftPeer:
         self._snapshots_written = 0
         self._sent_marker: tuple[int, int, int] = (-1, -1, -1)
         self._thread: threading.Thread | None = None
+        # At most one leadership transfer request waits for the tick thread.
+        self._transfer: concurrent.futures.Future[bool] | None = None
 
         self._data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         remove_stale_temp_files(self._data_dir)
@@ -389,6 +391,7 @@ class RaftPeer:
             self._gate.attach(self._journal, syncobj.raftwal_transport())
             self._wakeup = self._started_wakeup = Wakeup(syncobj._poller)
             syncobj.addOnTickCallback(self._before_poll)
+            syncobj.addOnTickCallback(self._run_transfer)
             # The first tick loads the snapshot and applies the committed journal suffix;
             # run it here so a failure surfaces from the constructor, not on a thread.
             self._tick_once(0.0)
@@ -575,6 +578,49 @@ class RaftPeer:
         for item in pending:
             item.future.set_exception(error)
 
+    # ------------------------------------------------------- leadership transfer
+
+    def transfer_leadership(self) -> concurrent.futures.Future[bool]:
+        """Ask the most caught-up connected follower to start an election now (Raft
+        TimeoutNow, pysyncobj's ``transferLeadership``), for a planned stop of this peer.
+
+        The future resolves on the tick thread: True when the request was sent, False when
+        no connected follower holds every entry of this leader's log yet (retry a moment
+        later); it fails with NotLeader when this peer does not lead and PeerClosed after
+        close(). Sent is not done: the transfer is complete once ``is_leader()`` is False
+        and another leader is known. One request at a time: a second call while one waits
+        returns the same future.
+        """
+        with self._lock:
+            if self._transfer is not None and not self._transfer.done():
+                return self._transfer
+            future: concurrent.futures.Future[bool] = concurrent.futures.Future()
+            future.set_running_or_notify_cancel()
+            if self._closed or self._fatal is not None:
+                future.set_exception(PeerClosed(f"raft peer {self._self_address} is not running"))
+                return future
+            self._transfer = future
+        self._wakeup.notify()
+        return future
+
+    def _run_transfer(self) -> None:
+        """Tick thread: pysyncobj's state may only be touched here."""
+        with self._lock:
+            future, self._transfer = self._transfer, None
+        if future is None:
+            return
+        outcome: list[int] = []
+        # pysyncobj answers synchronously (transferLeadership never queues).
+        self._syncobj.transferLeadership(None, lambda _result, error: outcome.append(error))
+        error = outcome[0] if outcome else FAIL_REASON.REQUEST_DENIED
+        if error == FAIL_REASON.SUCCESS:
+            logger.info("raft peer %s: leadership transfer requested", self._self_address)
+            future.set_result(True)
+        elif error == FAIL_REASON.NOT_LEADER:
+            future.set_exception(NotLeader(self.leader_address()))
+        else:
+            future.set_result(False)
+
     # ------------------------------------------------------------------ queries
 
     def is_leader(self) -> bool:
@@ -678,6 +724,10 @@ class RaftPeer:
                     self._tuning.close_timeout_s,
                 )
         self._fail_all_pending(UnknownOutcome("raft peer closed; the command may still commit"))
+        with self._lock:
+            transfer, self._transfer = self._transfer, None
+        if transfer is not None and not transfer.done():
+            transfer.set_exception(PeerClosed(f"raft peer {self._self_address} closed"))
 
     def __enter__(self) -> RaftPeer:
         return self

@@ -9,6 +9,15 @@ their pids in ``<dir>/cluster.json`` (which the other CLI commands read for thei
 endpoints). ``down`` stops those processes by pid (SIGTERM, then SIGKILL after a grace
 period). Nothing else is ever signalled.
 
+``restart`` (``raftwal dev restart --rolling``) restarts the nodes one at a time, the Raft
+leader last: SIGTERM (the node hands over its pchannels and its leadership first, see
+``raftwal.node.process``), wait for the exit (SIGKILL after the node's handover timeout
+plus a grace), start it again, and wait until it is healthy and caught up (registered UP,
+its Raft log applied to where the leader's commit index stood, its WAL replicas durable to
+where each owner's committed LSN stood, no pchannel ASSIGNING) and the owners are
+balanced again, before the next node. ``rolling_restart`` is the same for tests and
+benchmarks (``signum=SIGKILL`` gives the crash roll to compare with).
+
 ``up(secure=True)`` (``raftwal dev up --secure``) also makes a new local CA, node and
 client certificates and a token per role (``raftwal.cli.devcerts``), and configures the nodes
 for TLS, mutual TLS and bearer-token auth; ``cluster.json`` then names the CA, the client
@@ -31,15 +40,17 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
 
 from raftwal.cli import devcerts
-from raftwal.node.config import ClusterConfig, NodeConfig, render_config
+from raftwal.node.config import ClusterConfig, NodeConfig, load_config, render_config
 from raftwal.node.security import ADMIN
 from rpc.credentials import ClientSecurity
+from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc
 
@@ -54,8 +65,13 @@ __all__ = [
     "free_ports",
     "make_config",
     "render_config",
+    "RestartStep",
+    "load",
+    "restart_node",
+    "rolling_restart",
     "secure_config",
     "up",
+    "wait_caught_up",
     "wait_ready",
 ]
 
@@ -88,6 +104,10 @@ class LocalCluster:
     env: dict[str, str]
     # The key material of a cluster started with secure=True.
     security: devcerts.DevSecurity | None = None
+    # Pids from cluster.json of nodes this process did not start (`load`).
+    recorded_pids: dict[str, int] = field(default_factory=dict)
+    # How clients connect when the key material is not ours (`load` of a secure cluster).
+    recorded_client_security: ClientSecurity | None = None
 
     @property
     def endpoints(self) -> list[str]:
@@ -100,7 +120,7 @@ class LocalCluster:
         """How a client connects with `role`'s token (over mutual TLS); plaintext without
         a token for a cluster started without secure=True."""
         if self.security is None:
-            return ClientSecurity()
+            return self.recorded_client_security or ClientSecurity()
         return ClientSecurity.load(
             token_file=self.security.token_files[role],
             tls_ca_file=self.security.ca_file,
@@ -110,7 +130,9 @@ class LocalCluster:
 
     def pid(self, node_id: str) -> int | None:
         process = self.processes.get(node_id)
-        return process.pid if process is not None else None
+        if process is not None:
+            return process.pid
+        return self.recorded_pids.get(node_id)
 
     def start_node(self, node_id: str, extra_env: dict[str, str] | None = None) -> None:
         """Start `node_id`'s process; `extra_env` is added to this node's environment only
@@ -173,6 +195,12 @@ class LocalCluster:
             self.processes[node_id] = None
 
     def write_cluster_file(self) -> None:
+        # A cluster loaded from its directory keeps the security section it was started with.
+        path = self.directory / CLUSTER_FILE
+        previous: dict[str, object] = {}
+        if self.security is None and path.exists():
+            with contextlib.suppress(OSError, ValueError):
+                previous = json.loads(path.read_text())
         members = [
             {
                 "id": node.id,
@@ -185,6 +213,8 @@ class LocalCluster:
             for node in self.config.nodes
         ]
         data: dict[str, object] = {"nodes": members}
+        if previous.get("security"):
+            data["security"] = previous["security"]
         if self.security is not None:
             data["security"] = {
                 "tls_ca_file": str(self.security.ca_file),
@@ -350,3 +380,283 @@ def down(directory: Path, grace_s: float = 10.0) -> list[int]:
         member["pid"] = None
     path.write_text(json.dumps(data, indent=2))
     return pids
+
+
+# ---------------------------------------------------------------------------------------
+# Restarts
+# ---------------------------------------------------------------------------------------
+
+# After the node's own handover bound, how long a stopping node may take to exit before it
+# is killed (closing files, the Raft journal, the gRPC server's grace).
+EXIT_GRACE_S = 10.0
+RESTART_POLL_S = 0.1
+
+
+def load(directory: Path) -> LocalCluster:
+    """The dev cluster recorded in `directory` (raftwal.toml and cluster.json), with the
+    pids it recorded, so that another process can restart its nodes."""
+    directory = directory.resolve()
+    path = directory / CLUSTER_FILE
+    if not path.is_file():
+        raise RuntimeError(
+            f"no dev cluster in {directory} (no {CLUSTER_FILE}; run `raftwal dev up`)"
+        )
+    try:
+        data = json.loads(path.read_text())
+        pids = {str(m["id"]): int(m["pid"]) for m in data["nodes"] if m.get("pid")}
+        security = data.get("security") or {}
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise RuntimeError(f"cannot read {path} ({error})") from None
+    config = load_config(directory / CONFIG_FILE)
+    client_security = None
+    if security:
+        client_security = ClientSecurity.load(
+            token_file=Path(security["token_file"]) if security.get("token_file") else None,
+            tls_ca_file=Path(security["tls_ca_file"]) if security.get("tls_ca_file") else None,
+            tls_cert_file=Path(security["tls_cert_file"])
+            if security.get("tls_cert_file")
+            else None,
+            tls_key_file=Path(security["tls_key_file"]) if security.get("tls_key_file") else None,
+        )
+    return LocalCluster(
+        directory,
+        config,
+        {},
+        dict(os.environ),
+        None,
+        recorded_pids=pids,
+        recorded_client_security=client_security,
+    )
+
+
+@dataclass
+class RestartStep:
+    """What one node's restart took."""
+
+    node_id: str
+    #: SIGTERM (or the signal given) to the process's exit
+    exit_s: float
+    #: it did not exit in time and was killed
+    killed: bool
+    #: start to healthy and caught up
+    ready_s: float
+    #: ready to balanced owners (None: not balanced within the bound, or not waited for)
+    balanced_s: float | None
+    old_pid: int | None
+    new_pid: int | None
+
+
+def _stop_process(cluster: LocalCluster, node_id: str, signum: int, exit_timeout_s: float) -> bool:
+    """Signal `node_id`'s process and wait for its exit; SIGKILL after `exit_timeout_s`.
+    True when it had to be killed."""
+    process = cluster.processes.get(node_id)
+    pid = cluster.pid(node_id)
+    if pid is None or (process is None and not _alive(pid)):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
+    killed = False
+    deadline = time.monotonic() + exit_timeout_s
+    if process is not None:
+        try:
+            process.wait(timeout=exit_timeout_s)
+        except subprocess.TimeoutExpired:
+            killed = True
+            process.kill()
+            process.wait(timeout=KILL_WAIT_S)
+    else:
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(pid):
+            killed = True
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            kill_deadline = time.monotonic() + KILL_WAIT_S
+            while _alive(pid) and time.monotonic() < kill_deadline:
+                time.sleep(0.05)
+            if _alive(pid):
+                raise RuntimeError(f"node {node_id} (pid {pid}) did not exit after SIGKILL")
+    cluster.processes[node_id] = None
+    cluster.recorded_pids.pop(node_id, None)
+    return killed
+
+
+def _status_once(
+    endpoints: list[str], security: ClientSecurity, prefer_not: str = ""
+) -> api.ClusterStatusResponse | None:
+    """ClusterStatus from the first endpoint that answers (`prefer_not` last)."""
+    ordered = [e for e in endpoints if e != prefer_not] + [e for e in endpoints if e == prefer_not]
+    for endpoint in ordered:
+        try:
+            with security.channel(endpoint) as channel:
+                stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+                return stub.ClusterStatus(api.ClusterStatusRequest(), timeout=2.0)
+        except grpc.RpcError:
+            continue
+    return None
+
+
+class _CatchUp:
+    """Whether a restarted node has caught up: the targets are the leader's commit index
+    and each owner's committed LSN as first seen once the node answers, so a steady write
+    load cannot keep the node from ever being caught up."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.raft_target: int | None = None
+        self.wal_targets: dict[str, int] = {}
+
+    def problem(self, status: api.ClusterStatusResponse) -> str | None:
+        node_id = self.node_id
+        if not status.leader_node_id:
+            return "no Raft leader"
+        registered = {n.node_id: n for n in status.nodes}
+        if node_id not in registered or registered[node_id].state != pb.NODE_STATE_UP:
+            return f"{node_id} not registered UP yet"
+        members = {m.node_id: m for m in status.members}
+        member = members.get(node_id)
+        if member is None or not member.reachable:
+            return f"{node_id} does not answer yet"
+        leader = members.get(status.leader_node_id)
+        if leader is None or not leader.reachable:
+            return "the leader does not answer"
+        if self.raft_target is None:
+            self.raft_target = leader.commit_index
+        if member.applied_index < self.raft_target:
+            return f"{node_id} applied Raft index {member.applied_index} of {self.raft_target}"
+        for other in status.members:
+            for owner in other.owners:
+                if owner.state != "serving":
+                    continue
+                for replica in owner.replicas:
+                    if replica.node_id != node_id:
+                        continue
+                    target = self.wal_targets.setdefault(owner.pchannel, owner.committed_lsn)
+                    if replica.durable_lsn < target:
+                        return (
+                            f"{node_id} holds {owner.pchannel} to LSN {replica.durable_lsn} of "
+                            f"{target}"
+                        )
+        for channel in status.pchannels:
+            if channel.state != pb.PCHANNEL_STATE_ASSIGNED:
+                return f"pchannel {channel.name} is {pb.PChannelState.Name(channel.state)}"
+        return None
+
+
+def _balance_problem(status: api.ClusterStatusResponse) -> str | None:
+    """Owners differ by more than one between UP, unfrozen nodes (when rebalancing is on)."""
+    if not status.balance_policy.allow_rebalance:
+        return None
+    counts = {n.node_id: 0 for n in status.nodes if n.state == pb.NODE_STATE_UP and not n.frozen}
+    for channel in status.pchannels:
+        if channel.state == pb.PCHANNEL_STATE_ASSIGNED and channel.owner_node_id in counts:
+            counts[channel.owner_node_id] += 1
+    if counts and max(counts.values()) - min(counts.values()) > 1:
+        return f"owners not balanced: {dict(sorted(counts.items()))}"
+    return None
+
+
+def wait_caught_up(
+    cluster: LocalCluster, node_id: str, timeout_s: float
+) -> api.ClusterStatusResponse:
+    """Poll ClusterStatus until `node_id` is healthy and caught up (see the module
+    docstring); TimeoutError naming what was still missing."""
+    security = cluster.client_security()
+    check = _CatchUp(node_id)
+    deadline = time.monotonic() + timeout_s
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        status = _status_once(cluster.endpoints, security)
+        if status is not None:
+            problem = check.problem(status)
+            if problem is None:
+                return status
+            last = problem
+        time.sleep(RESTART_POLL_S)
+    raise TimeoutError(f"node {node_id} not caught up after {timeout_s:.0f} s ({last})")
+
+
+def _wait_balanced(cluster: LocalCluster, timeout_s: float) -> float | None:
+    security = cluster.client_security()
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        status = _status_once(cluster.endpoints, security)
+        if (
+            status is not None
+            and _balance_problem(status) is None
+            and not any(c.state != pb.PCHANNEL_STATE_ASSIGNED for c in status.pchannels)
+        ):
+            return time.monotonic() - started
+        time.sleep(RESTART_POLL_S)
+    return None
+
+
+def restart_node(
+    cluster: LocalCluster,
+    node_id: str,
+    *,
+    signum: int = signal.SIGTERM,
+    exit_timeout_s: float | None = None,
+    ready_timeout_s: float = 60.0,
+    balance_timeout_s: float = 15.0,
+) -> RestartStep:
+    """Stop `node_id` with `signum` (SIGTERM: it hands over first), wait for its exit,
+    start it again, wait until it has caught up, then (bounded) until owners are balanced.
+    Updates cluster.json with the new pid."""
+    cluster.node(node_id)
+    if exit_timeout_s is None:
+        exit_timeout_s = cluster.config.handover_timeout_ms / 1000 + EXIT_GRACE_S
+    old_pid = cluster.pid(node_id)
+    started = time.monotonic()
+    killed = _stop_process(cluster, node_id, signum, exit_timeout_s)
+    exited = time.monotonic()
+    cluster.start_node(node_id)
+    cluster.write_cluster_file()
+    wait_caught_up(cluster, node_id, ready_timeout_s)
+    ready = time.monotonic()
+    balanced_s = _wait_balanced(cluster, balance_timeout_s) if balance_timeout_s > 0 else None
+    return RestartStep(
+        node_id=node_id,
+        exit_s=exited - started,
+        killed=killed,
+        ready_s=ready - exited,
+        balanced_s=balanced_s,
+        old_pid=old_pid,
+        new_pid=cluster.pid(node_id),
+    )
+
+
+def rolling_restart(
+    cluster: LocalCluster,
+    *,
+    signum: int = signal.SIGTERM,
+    exit_timeout_s: float | None = None,
+    ready_timeout_s: float = 60.0,
+    balance_timeout_s: float = 15.0,
+    report: Callable[[RestartStep], None] | None = None,
+) -> list[RestartStep]:
+    """Restart every node one at a time (``restart_node``), the Raft leader last so that
+    the leadership moves once. The cluster must be healthy first: every node caught up."""
+    security = cluster.client_security()
+    status = _status_once(cluster.endpoints, security)
+    if status is None or not status.leader_node_id:
+        raise RuntimeError("the cluster has no leader now: not restarting anything")
+    for node in cluster.config.nodes:
+        wait_caught_up(cluster, node.id, ready_timeout_s)
+    leader = status.leader_node_id
+    order = [n.id for n in cluster.config.nodes if n.id != leader]
+    order += [n.id for n in cluster.config.nodes if n.id == leader]
+    steps = []
+    for node_id in order:
+        step = restart_node(
+            cluster,
+            node_id,
+            signum=signum,
+            exit_timeout_s=exit_timeout_s,
+            ready_timeout_s=ready_timeout_s,
+            balance_timeout_s=balance_timeout_s,
+        )
+        steps.append(step)
+        if report is not None:
+            report(step)
+    return steps

@@ -144,6 +144,41 @@ def build_parser() -> argparse.ArgumentParser:
     dev_down = dev_commands.add_parser("down", help="stop the local nodes")
     _dev_dir_argument(dev_down)
     dev_down.set_defaults(handler=_dev_down)
+    dev_restart = dev_commands.add_parser(
+        "restart",
+        help="restart nodes of the local cluster one at a time: SIGTERM (the node hands "
+        "over its pchannels and Raft leadership first), wait for the exit, start it again, "
+        "wait until it is caught up and the owners are balanced",
+    )
+    _dev_dir_argument(dev_restart)
+    which = dev_restart.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--rolling",
+        action="store_true",
+        help="every node, the Raft leader last (default: off; this or --node is required)",
+    )
+    which.add_argument("--node", default=None, help="only this node id (default: none)")
+    dev_restart.add_argument(
+        "--kill",
+        action="store_true",
+        help="SIGKILL instead of SIGTERM: a crash with no handover, to compare with (default: off)",
+    )
+    dev_restart.add_argument(
+        "--timeout-s",
+        type=float,
+        default=60.0,
+        help="how long each node may take to be caught up after its start (default: 60)",
+    )
+    dev_restart.add_argument(
+        "--balance-timeout-s",
+        type=float,
+        default=15.0,
+        help="how long to wait for balanced owners after each node (0: do not wait; default: 15)",
+    )
+    dev_restart.add_argument(
+        "--json", action="store_true", help="print one JSON object per restarted node"
+    )
+    dev_restart.set_defaults(handler=_dev_restart)
 
     from raftwal.chaos.runner import register as register_chaos
     from raftwal.cli.client import register
@@ -275,6 +310,70 @@ def _dev_down(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(f"stopped {len(pids)} node process(es)" + (f": {pids}" if pids else ""))
+    return 0
+
+
+def _dev_restart(args: argparse.Namespace) -> int:
+    import dataclasses
+    import signal
+
+    from raftwal.cli import dev
+    from raftwal.node.config import ConfigError
+
+    for flag, value in (
+        ("--timeout-s", args.timeout_s),
+        ("--balance-timeout-s", args.balance_timeout_s),
+    ):
+        if not 0 <= value <= 3600:
+            print(f"error: invalid {flag} ({value}; expected 0..3600)", file=sys.stderr)
+            return 2
+    try:
+        cluster = dev.load(args.dir)
+        if args.node is not None:
+            cluster.node(args.node)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except RuntimeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+    def report(step: dev.RestartStep) -> None:
+        if args.json:
+            print(json.dumps(dataclasses.asdict(step)), flush=True)
+            return
+        balanced = f"{step.balanced_s:.1f} s later" if step.balanced_s is not None else "not yet"
+        print(
+            f"{step.node_id}: pid {step.old_pid} exited in {step.exit_s:.1f} s"
+            + (" (killed: no exit in time)" if step.killed else "")
+            + f", pid {step.new_pid} caught up in {step.ready_s:.1f} s, owners balanced "
+            + balanced,
+            flush=True,
+        )
+
+    signum = signal.SIGKILL if args.kill else signal.SIGTERM
+    try:
+        if args.rolling:
+            dev.rolling_restart(
+                cluster,
+                signum=signum,
+                ready_timeout_s=args.timeout_s,
+                balance_timeout_s=args.balance_timeout_s,
+                report=report,
+            )
+        else:
+            report(
+                dev.restart_node(
+                    cluster,
+                    args.node,
+                    signum=signum,
+                    ready_timeout_s=args.timeout_s,
+                    balance_timeout_s=args.balance_timeout_s,
+                )
+            )
+    except (RuntimeError, TimeoutError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -94,6 +94,9 @@ class ClusterConfig:
     coordinator_tick_ms: int = 200
     # An ASSIGNING pchannel not ready after this long is reassigned with a new term.
     assign_timeout_ms: int = 15_000
+    # On SIGTERM a node hands over (its pchannels move, then its Raft leadership) before
+    # it stops; after this long it stops anyway (a second SIGTERM stops it at once).
+    handover_timeout_ms: int = 10_000
     # TOMBSTONE broadcasts are kept this long for deduplication, then cleared.
     broadcast_retention_ms: int = 3_600_000
     # Events older than this many revisions behind the newest are deleted from events.db.

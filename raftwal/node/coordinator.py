@@ -6,6 +6,9 @@
   proposes ``ExtendLeases`` so no holder loses a lease to the leader change.
 - Leases whose deadline passed (by the leader's clock) are expired with ``ExpireLeases``;
   TOMBSTONE broadcasts are cleared after the retention.
+- A node that heartbeats with ``draining`` (a planned stop, ``Node.handover``) is left out
+  of the nodes the balancer may place on, so its pchannels move to the other replicas;
+  the flag lives in memory only and ends with the next heartbeat without it.
 - The balancer (``statemachine.balancer.plan``) is asked for moves; each accepted
   ``AssignPChannel`` is followed by ``NodeManager.Assign`` on the new owner, and ASSIGNING
   pchannels are re-sent to their owner until they are ready; one stuck for longer than
@@ -109,6 +112,8 @@ class Coordinator:
         self._broadcast_retry_at: dict[tuple[int, str], float] = {}
         self.broadcast_failures: dict[tuple[int, str], tuple[int, str]] = {}
         self._broadcast_tasks: set[asyncio.Task[None]] = set()
+        # Nodes handing over before a planned stop (HeartbeatRequest.draining).
+        self.draining: set[str] = set()
 
     def _send_assign(self, address: str, pchannel: str, term: int) -> None:
         # Bounded by call_assign's deadline; the set keeps the task referenced until done.
@@ -123,6 +128,26 @@ class Coordinator:
         )
         for node_id in request.suspect_node_ids[:16]:
             self._suspected[node_id] = now
+        if request.draining:
+            if request.node_id not in self.draining:
+                log.info("node %s is handing over: moving its pchannels", request.node_id)
+            self.draining.add(request.node_id)
+        else:
+            self.draining.discard(request.node_id)
+
+    def handover_targets(self, node_id: str) -> int:
+        """Nodes other than `node_id` that pchannels can move to now: heard from within
+        the node timeout and not draining themselves."""
+        now = time.monotonic()
+        timeout_s = self._node.config.node_timeout_ms / 1000
+        return sum(
+            1
+            for other, beat in self._heartbeats.items()
+            if other != node_id
+            and other not in self.draining
+            and beat.address
+            and now - beat.seen_at <= timeout_s
+        )
 
     def _suspect_grace_s(self) -> float:
         """How late a suspected node's heartbeat may be: a few intervals, never more than
@@ -156,12 +181,16 @@ class Coordinator:
         now = time.monotonic()
         node_ids, _ = await self._node.read(lambda s: sorted(s.nodes), linearizable=True)
         # Everyone gets a full timeout from now: silence before we led is not evidence.
+        # Nor is a heartbeat from before we led evidence of life (a node that handed its
+        # pchannels and then this leadership over has stopped since): nobody counts as
+        # live for placement until it heartbeats to this leader.
         for node_id in node_ids:
             beat = self._heartbeats.get(node_id)
-            if beat is None:
+            if beat is None or node_id != self._node.me.id:
                 self._heartbeats[node_id] = _Heartbeat(address="", incarnation=0, seen_at=now)
             else:
                 beat.seen_at = max(beat.seen_at, now)
+        self.draining.clear()
         self._assigning_since.clear()
         self._assign_sent.clear()
         await self._propose(extend_leases=pb.ExtendLeases())
@@ -228,7 +257,7 @@ class Coordinator:
         live = [
             node_id
             for node_id, beat in self._heartbeats.items()
-            if beat.address and now - beat.seen_at <= timeout_s
+            if beat.address and now - beat.seen_at <= timeout_s and node_id not in self.draining
         ]
         assigning = {
             (name, channel.term)

@@ -12,6 +12,13 @@ CoordinationBackend`` for the public servicer:
   ``Cluster.Propose`` (a client never needs to know who leads); NOT_LEADER is answered only
   while no leader is known.
 - linearizable reads propose a ``Barrier`` and wait until this node has applied it.
+- a planned stop (SIGTERM or SIGINT) first hands over (``handover``): the node heartbeats
+  as draining, so the coordinator moves the pchannels it owns to other replicas (each new
+  owner fences and recovers the tail), waits until every one is ASSIGNED elsewhere, then
+  transfers its Raft leadership to a caught-up follower, all within
+  ``handover_timeout_ms``; only then does it stop serving. A second signal stops it at
+  once. Producers see NOT_OWNER / CHANNEL_FENCED answers and resend their unacknowledged
+  batches, with the same sequences, to the new owners.
 """
 
 from __future__ import annotations
@@ -82,6 +89,16 @@ def now_ms() -> int:
 
 # How long a stopping node waits for the server's cancelled handlers to finish.
 STOP_HANDLERS_WAIT_S = 2.0
+# A handover gives up waiting for its pchannels to move once the leader has reported no
+# other node to move them to for this long (the whole cluster is stopping). Longer than a
+# few heartbeat intervals: a leader that just took over has heard nobody yet.
+HANDOVER_NO_TARGET_S = 1.0
+# The share of handover_timeout_ms kept for the leadership transfer (at most 2 s of it).
+HANDOVER_LEADERSHIP_SHARE = 0.2
+HANDOVER_LEADERSHIP_MAX_S = 2.0
+# How often the leadership transfer is polled and retried (a follower not caught up yet
+# is refused by pysyncobj; a moment later it usually is).
+HANDOVER_POLL_S = 0.05
 
 
 class AppliedNotifier:
@@ -128,6 +145,14 @@ class Node:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stopping = asyncio.Event()
+        # Planned stop: the first SIGTERM/SIGINT asks for a handover, a second one aborts it.
+        self._stop_requested = asyncio.Event()
+        self._handover_abort = asyncio.Event()
+        self.draining = False
+        # The leader's answer to a draining heartbeat: other nodes pchannels can move to
+        # (None: no answer yet), and since when it has been none.
+        self._handover_targets: int | None = None
+        self._no_target_since: float | None = None
         self.peer: RaftPeer | None = None
         self.coordinator = Coordinator(self)
         self.batcher = ProposalBatcher(self._propose_entry)
@@ -257,7 +282,7 @@ class Node:
     async def run_until_stopped(self) -> None:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self._stopping.set)
+            loop.add_signal_handler(signum, self._on_stop_signal)
         await self.start()
         # What exists now (modules, functions, protobuf descriptors, the recovered state)
         # lives as long as the process: keep it out of the cyclic GC's full collections.
@@ -268,8 +293,145 @@ class Node:
         # never be collected.
         gc.collect()
         gc.freeze()
-        await self._stopping.wait()
+        await self._stop_requested.wait()
+        await self.handover_or_abort()
         await self.stop()
+
+    def _on_stop_signal(self) -> None:
+        if self._stop_requested.is_set():
+            log.warning("node %s: second stop signal, stopping without handover", self.me.id)
+            self._handover_abort.set()
+        self._stop_requested.set()
+
+    async def handover_or_abort(self) -> None:
+        """``handover``, cut short by a second stop signal; never longer than the handover
+        timeout (plus a second for the last answers)."""
+        if self._stopping.is_set() or self._handover_abort.is_set():
+            return
+        work = asyncio.create_task(self.handover(), name="handover")
+        abort = asyncio.create_task(self._handover_abort.wait(), name="handover-abort")
+        try:
+            await asyncio.wait(
+                {work, abort},
+                timeout=self.config.handover_timeout_ms / 1000 + 1.0,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            for task in (work, abort):
+                task.cancel()
+            for task in (work, abort):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if work.done() and not work.cancelled() and work.exception() is not None:
+                log.error("node %s: handover failed: %r", self.me.id, work.exception())
+
+    async def handover(self) -> bool:
+        """Hand over before a planned stop (see the module docstring): move the pchannels
+        this node owns to other nodes and wait until each is ASSIGNED there, then transfer
+        the Raft leadership if this node leads. Bounded by ``handover_timeout_ms``; True
+        when both finished in time. The node keeps serving throughout: replicas keep
+        acknowledging, watches keep answering, and late batches on an owner that lost its
+        pchannel are answered NOT_OWNER / CHANNEL_FENCED, so their producers resend them."""
+        started = time.monotonic()
+        timeout_s = self.config.handover_timeout_ms / 1000
+        deadline = started + timeout_s
+        leadership_s = min(HANDOVER_LEADERSHIP_MAX_S, timeout_s * HANDOVER_LEADERSHIP_SHARE)
+        self.draining = True
+        self._handover_targets = None
+        self._no_target_since = None
+        self._heartbeat_now.set()
+        log.info("node %s handing over before it stops (within %.1f s)", self.me.id, timeout_s)
+        moved = await self._hand_over_pchannels(deadline - leadership_s)
+        moved_at = time.monotonic()
+        led = self.is_leader()
+        transferred = await self._hand_over_leadership(deadline) if moved or led else True
+        log.info(
+            "node %s handover %s: pchannels %s in %.3f s, leadership %s in %.3f s",
+            self.me.id,
+            "done" if moved and transferred else "incomplete",
+            "moved" if moved else "NOT all moved",
+            moved_at - started,
+            ("transferred" if transferred else "NOT transferred") if led else "not held",
+            time.monotonic() - moved_at,
+        )
+        return moved and transferred
+
+    def _pchannels_to_hand_over(self, watched: set[str]) -> list[str]:
+        """Pchannels this node still owns, or that it owned (`watched`) and are not yet
+        ASSIGNED to another node (read from the applied state)."""
+        me = self.me.id
+
+        def reader(state: pb.CoordinationState) -> list[str]:
+            waiting = []
+            for name, channel in state.pchannels.items():
+                if channel.state == pb.PCHANNEL_STATE_DROPPED:
+                    continue
+                if channel.owner_node_id == me:
+                    waiting.append(name)
+                    watched.add(name)
+                elif name in watched and channel.state != pb.PCHANNEL_STATE_ASSIGNED:
+                    waiting.append(name)
+            return sorted(waiting)
+
+        return self.replica.read(reader)
+
+    async def _hand_over_pchannels(self, deadline: float) -> bool:
+        watched: set[str] = set(self.plane.serving_terms())
+        while True:
+            waiting = self._pchannels_to_hand_over(watched)
+            if not waiting and not self.plane.serving_terms():
+                return True
+            now = time.monotonic()
+            if self._no_target_since is not None and now - self._no_target_since >= (
+                HANDOVER_NO_TARGET_S
+            ):
+                log.warning(
+                    "node %s: no other node can take over %s (the cluster is stopping?); "
+                    "stopping without moving them",
+                    self.me.id,
+                    ", ".join(waiting[:8]) or "its pchannels",
+                )
+                return False
+            if now >= deadline:
+                log.warning(
+                    "node %s: handover timed out with %d pchannel(s) not moved: %s",
+                    self.me.id,
+                    len(waiting),
+                    ", ".join(waiting[:8]),
+                )
+                return False
+            await self.notifier.wait_change(min(0.2, deadline - now))
+
+    async def _hand_over_leadership(self, deadline: float) -> bool:
+        """Transfer the Raft leadership (TimeoutNow) to the most caught-up follower and wait
+        until another node leads. True when this node does not lead (any more)."""
+        peer = self.peer
+        if peer is None:
+            return True
+        election_s = self.config.raft_max_timeout_ms / 1000
+        while True:
+            if not peer.is_leader():
+                return True
+            now = time.monotonic()
+            if now >= deadline:
+                log.warning("node %s: leadership transfer timed out", self.me.id)
+                return False
+            try:
+                sent = await asyncio.wait_for(
+                    asyncio.wrap_future(peer.transfer_leadership()), deadline - now
+                )
+            except NotLeader:
+                return True
+            except (PeerClosed, TimeoutError) as error:
+                log.warning("node %s: leadership transfer failed: %r", self.me.id, error)
+                return False
+            # Sent: the target calls an election at once; denied (no follower holds the
+            # whole log yet): ask again shortly.
+            wait_until = min(deadline, time.monotonic() + (election_s if sent else 0.0))
+            while True:
+                await asyncio.sleep(HANDOVER_POLL_S)
+                if not peer.is_leader() or time.monotonic() >= wait_until:
+                    break
 
     async def stop(self) -> None:
         self._stopping.set()
@@ -650,17 +812,29 @@ class Node:
             self._suspects = {n: t for n, t in self._suspects.items() if now - t < SUSPECT_KEEP_S}
             del request.suspect_node_ids[:]
             request.suspect_node_ids.extend(sorted(self._suspects))
+            request.draining = self.draining
             if leader is not None:
                 if leader.id == self.me.id:
                     self.coordinator.record_heartbeat(request)
+                    if self.draining:
+                        self._note_handover_targets(self.coordinator.handover_targets(self.me.id))
                 else:
                     stub = coordinator_pb2_grpc.ClusterStub(self.channel(leader.grpc_address))
                     try:
-                        await stub.Heartbeat(request, timeout=max(interval, 0.5))
+                        answer = await stub.Heartbeat(request, timeout=max(interval, 0.5))
+                        if self.draining and answer.draining_seen:
+                            self._note_handover_targets(answer.handover_targets)
                     except grpc.aio.AioRpcError as error:
                         log.debug("heartbeat to %s failed: %s", leader.id, error.code())
             self._heartbeat_now.clear()
             await wait_event(self._heartbeat_now, interval)
+
+    def _note_handover_targets(self, targets: int) -> None:
+        self._handover_targets = targets
+        if targets > 0:
+            self._no_target_since = None
+        elif self._no_target_since is None:
+            self._no_target_since = time.monotonic()
 
     async def _housekeeping_loop(self) -> None:
         """Event-store backfill and retention (local to each node)."""

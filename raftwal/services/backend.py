@@ -123,6 +123,8 @@ class ClusterMembers(Protocol):
 class HeartbeatSink(Protocol):
     def record_heartbeat(self, request: api.HeartbeatRequest) -> None: ...
 
+    def handover_targets(self, node_id: str) -> int: ...
+
 
 class ClusterBackend(Protocol):
     """What ``ClusterServicer`` needs from its node."""

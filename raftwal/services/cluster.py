@@ -62,9 +62,13 @@ class ClusterServicer(coordinator_pb2_grpc.ClusterServicer):
                 )
             )
         self._node.coordinator.record_heartbeat(request)
-        return api.HeartbeatResponse(
+        response = api.HeartbeatResponse(
             leader_node_id=self._node.me.id, revision=self._node.applied_revision()
         )
+        if request.draining:
+            response.draining_seen = True
+            response.handover_targets = self._node.coordinator.handover_targets(request.node_id)
+        return response
 
     async def Propose(self, request, context):
         if request.timeout_ms < 0 or request.timeout_ms > MAX_PROPOSE_TIMEOUT_MS:

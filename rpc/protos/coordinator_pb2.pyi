@@ -725,7 +725,7 @@ class CollectStatusResponse(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., member: _Optional[_Union[MemberStatus, _Mapping]] = ..., serving_terms: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "address", "incarnation", "serving_terms", "suspect_node_ids")
+    __slots__ = ("node_id", "address", "incarnation", "serving_terms", "suspect_node_ids", "draining")
     class ServingTermsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -738,20 +738,26 @@ class HeartbeatRequest(_message.Message):
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SERVING_TERMS_FIELD_NUMBER: _ClassVar[int]
     SUSPECT_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     incarnation: int
     serving_terms: _containers.ScalarMap[str, int]
     suspect_node_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., serving_terms: _Optional[_Mapping[str, int]] = ..., suspect_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    draining: bool
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., serving_terms: _Optional[_Mapping[str, int]] = ..., suspect_node_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("leader_node_id", "revision")
+    __slots__ = ("leader_node_id", "revision", "draining_seen", "handover_targets")
     LEADER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_SEEN_FIELD_NUMBER: _ClassVar[int]
+    HANDOVER_TARGETS_FIELD_NUMBER: _ClassVar[int]
     leader_node_id: str
     revision: int
-    def __init__(self, leader_node_id: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...
+    draining_seen: bool
+    handover_targets: int
+    def __init__(self, leader_node_id: _Optional[str] = ..., revision: _Optional[int] = ..., draining_seen: _Optional[bool] = ..., handover_targets: _Optional[int] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
     __slots__ = ("command", "timeout_ms")
