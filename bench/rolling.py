@@ -47,6 +47,8 @@ class Roll:
     sends: int = 0
     failures: list[str] = field(default_factory=list)
     latencies_s: list[float] = field(default_factory=list)
+    # (wall time the send began, latency): where the worst ones fell, to read with the logs
+    timed: list[tuple[float, float]] = field(default_factory=list)
     # (vchannel, payload) -> acknowledged LSN
     acked: dict[tuple[str, bytes], int] = field(default_factory=dict)
     roll_s: float = 0.0
@@ -64,6 +66,13 @@ class Roll:
             "roll_s": round(self.roll_s, 1),
             "history_problems": len(self.history_problems),
             "exit_s": [round(s.exit_s, 2) for s in self.steps],
+            "worst": [
+                (
+                    time.strftime("%H:%M:%S", time.gmtime(at)) + f".{int(at * 1000) % 1000:03d}",
+                    round(s * 1000),
+                )
+                for at, s in sorted(self.timed, key=lambda t: -t[1])[:3]
+            ],
         }
 
 
@@ -91,6 +100,7 @@ async def produce_during_roll(
             payload = f"{mode}:{vchannel}:{count}:{time.time_ns()}".encode()
             count += 1
             began = time.monotonic()
+            began_wall = time.time()
             try:
                 position = await producer.send(vchannel, payload)
             except RaftwalError as error:
@@ -99,6 +109,7 @@ async def produce_during_roll(
             finally:
                 roll.sends += 1
             roll.latencies_s.append(time.monotonic() - began)
+            roll.timed.append((began_wall, roll.latencies_s[-1]))
             roll.acked[(vchannel, payload)] = position.lsn
             await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - began)))
 
@@ -185,7 +196,9 @@ def main() -> int:
     if args.json:
         print(json.dumps([r.summary() for r in results]))
     print()
-    print("| mode | rolls | sends | failed sends | history problems | max latency ms (median of rolls, worst) | p99 ms (median) | p50 ms (median) |")
+    print(
+        "| mode | rolls | sends | failed sends | history problems | max latency ms (median of rolls, worst) | p99 ms (median) | p50 ms (median) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for mode in modes:
         rolls = [r.summary() for r in results if r.mode == mode]
@@ -201,7 +214,9 @@ def main() -> int:
     if len(modes) == 2:
         term = [float(r.summary()["max_ms"]) for r in results if r.mode == "sigterm"]  # type: ignore[arg-type]
         kill = [float(r.summary()["max_ms"]) for r in results if r.mode == "kill9"]  # type: ignore[arg-type]
-        print(f"\nmax latency, SIGTERM roll / kill -9 roll (medians): {median(term) / median(kill):.2f}")
+        print(
+            f"\nmax latency, SIGTERM roll / kill -9 roll (medians): {median(term) / median(kill):.2f}"
+        )
     return 0
 
 

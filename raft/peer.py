@@ -351,6 +351,11 @@ class RaftPeer:
         self._thread: threading.Thread | None = None
         # At most one leadership transfer request waits for the tick thread.
         self._transfer: concurrent.futures.Future[bool] | None = None
+        # While a transfer is under way the leader appends nothing new (monotonic time):
+        # the target must hold the whole log when it calls its election, or the others
+        # refuse their votes and this peer, whose election deadline ran out while it led,
+        # starts an election of its own at once and takes the leadership back.
+        self._proposals_paused_until = 0.0
 
         self._data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         remove_stale_temp_files(self._data_dir)
@@ -484,6 +489,10 @@ class RaftPeer:
             if self._closed or self._fatal is not None:
                 future.set_exception(PeerClosed(f"raft peer {self._self_address} is not running"))
                 return future
+            if time.monotonic() < self._proposals_paused_until:
+                # Leadership is moving (transfer_leadership): ask the next leader.
+                future.set_exception(NotLeader(None))
+                return future
             if len(self._pending) >= self._tuning.max_pending_proposals:
                 future.set_exception(
                     Overloaded(
@@ -590,10 +599,18 @@ class RaftPeer:
         close(). Sent is not done: the transfer is complete once ``is_leader()`` is False
         and another leader is known. One request at a time: a second call while one waits
         returns the same future.
+
+        From the call on, for one maximum election timeout, this peer accepts no new
+        proposal (they fail with NotLeader and no leader hint, as while an election runs),
+        so that the target can catch up and hold the whole log when it calls its election.
+        A later call after that window opens a new one.
         """
         with self._lock:
             if self._transfer is not None and not self._transfer.done():
                 return self._transfer
+            now = time.monotonic()
+            if now >= self._proposals_paused_until:
+                self._proposals_paused_until = now + self._tuning.election_timeout_max_s
             future: concurrent.futures.Future[bool] = concurrent.futures.Future()
             future.set_running_or_notify_cancel()
             if self._closed or self._fatal is not None:

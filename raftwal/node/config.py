@@ -97,6 +97,10 @@ class ClusterConfig:
     # On SIGTERM a node hands over (its pchannels move, then its Raft leadership) before
     # it stops; after this long it stops anyway (a second SIGTERM stops it at once).
     handover_timeout_ms: int = 10_000
+    # A node whose process started less than this long ago gets no pchannel from the
+    # balancer while other nodes can take it: it catches up as a replica (and the other
+    # nodes' channels to it reconnect) first, so that moving a pchannel to it is quick.
+    placement_warmup_ms: int = 2_000
     # TOMBSTONE broadcasts are kept this long for deduplication, then cleared.
     broadcast_retention_ms: int = 3_600_000
     # Events older than this many revisions behind the newest are deleted from events.db.

@@ -9,6 +9,9 @@
 - A node that heartbeats with ``draining`` (a planned stop, ``Node.handover``) is left out
   of the nodes the balancer may place on, so its pchannels move to the other replicas;
   the flag lives in memory only and ends with the next heartbeat without it.
+- A node whose process started less than ``placement_warmup_ms`` ago (its heartbeat's
+  incarnation) gets nothing from the balancer while another node can take it: a restarted
+  node first catches up as a replica.
 - The balancer (``statemachine.balancer.plan``) is asked for moves; each accepted
   ``AssignPChannel`` is followed by ``NodeManager.Assign`` on the new owner, and ASSIGNING
   pchannels are re-sent to their owner until they are ready; one stuck for longer than
@@ -135,6 +138,12 @@ class Coordinator:
         else:
             self.draining.discard(request.node_id)
 
+    def _warming(self, node_id: str, wall_ms: int) -> bool:
+        """The node's process started less than placement_warmup_ms ago."""
+        beat = self._heartbeats.get(node_id)
+        warmup_ms = self._node.config.placement_warmup_ms
+        return beat is not None and wall_ms - beat.incarnation < warmup_ms
+
     def handover_targets(self, node_id: str) -> int:
         """Nodes other than `node_id` that pchannels can move to now: heard from within
         the node timeout and not draining themselves."""
@@ -259,6 +268,9 @@ class Coordinator:
             for node_id, beat in self._heartbeats.items()
             if beat.address and now - beat.seen_at <= timeout_s and node_id not in self.draining
         ]
+        settled = [n for n in live if not self._warming(n, wall_ms)]
+        if settled:
+            live = settled
         assigning = {
             (name, channel.term)
             for name, channel in state.pchannels.items()
