@@ -288,7 +288,20 @@ class Coordinator:
             if now - since > config.assign_timeout_ms / 1000
         ]
         moved: set[str] = set()
-        for command in plan(state, live, stuck_pchannels=stuck):
+        # Right after taking over, a node not heard yet is not evidence of a dead one:
+        # place nothing until every UP node has heartbeated here or a few intervals passed
+        # (placing on the nodes heard so far would move everything to them).
+        settle_s = 3 * config.heartbeat_interval_ms / 1000
+        settling = (
+            self._leading_since is not None
+            and now - self._leading_since < settle_s
+            and any(
+                not self._heartbeats.get(node_id, _Heartbeat("", 0, 0.0)).address
+                for node_id, info in state.nodes.items()
+                if info.state == pb.NODE_STATE_UP
+            )
+        )
+        for command in [] if settling else plan(state, live, stuck_pchannels=stuck):
             assign = command.assign_pchannel
             result = await self._propose(assign_pchannel=assign)
             if result.rejection.code == E.OK:
