@@ -138,6 +138,24 @@ class Coordinator:
         else:
             self.draining.discard(request.node_id)
 
+    @staticmethod
+    def _plan(
+        state: pb.CoordinationState, live: list[str], settled: list[str], stuck: list[str]
+    ) -> list[pb.Command]:
+        """The balancer's moves. Moves go to settled nodes only (not warming up) while there
+        are any; a pchannel's first placement may use every live node, so that a cluster
+        whose nodes started a moment apart does not put everything on the first one."""
+        if not settled or len(settled) == len(live):
+            return plan(state, live, stuck_pchannels=stuck)
+
+        def first_placement(command: pb.Command) -> bool:
+            channel = state.pchannels.get(command.assign_pchannel.pchannel)
+            return channel is not None and channel.term == 0
+
+        initial = [c for c in plan(state, live, stuck_pchannels=stuck) if first_placement(c)]
+        moves = [c for c in plan(state, settled, stuck_pchannels=stuck) if not first_placement(c)]
+        return initial + moves
+
     def _warming(self, node_id: str, wall_ms: int) -> bool:
         """The node's process started less than placement_warmup_ms ago."""
         beat = self._heartbeats.get(node_id)
@@ -269,8 +287,6 @@ class Coordinator:
             if beat.address and now - beat.seen_at <= timeout_s and node_id not in self.draining
         ]
         settled = [n for n in live if not self._warming(n, wall_ms)]
-        if settled:
-            live = settled
         assigning = {
             (name, channel.term)
             for name, channel in state.pchannels.items()
@@ -301,7 +317,7 @@ class Coordinator:
                 if info.state == pb.NODE_STATE_UP
             )
         )
-        for command in [] if settling else plan(state, live, stuck_pchannels=stuck):
+        for command in [] if settling else self._plan(state, live, settled, stuck):
             assign = command.assign_pchannel
             result = await self._propose(assign_pchannel=assign)
             if result.rejection.code == E.OK:

@@ -90,9 +90,9 @@ def now_ms() -> int:
 # How long a stopping node waits for the server's cancelled handlers to finish.
 STOP_HANDLERS_WAIT_S = 2.0
 # A handover gives up waiting for its pchannels to move once the leader has reported no
-# other node to move them to for this long (the whole cluster is stopping). Longer than a
-# few heartbeat intervals: a leader that just took over has heard nobody yet.
-HANDOVER_NO_TARGET_S = 1.0
+# other node to move them to for this long (the whole cluster is stopping). Two heartbeat
+# intervals (300 ms): a leader that just took over has heard nobody yet.
+HANDOVER_NO_TARGET_S = 0.6
 # The share of handover_timeout_ms kept for the leadership transfer (at most 2 s of it).
 HANDOVER_LEADERSHIP_SHARE = 0.2
 HANDOVER_LEADERSHIP_MAX_S = 2.0
@@ -308,6 +308,8 @@ class Node:
         timeout (plus a second for the last answers)."""
         if self._stopping.is_set() or self._handover_abort.is_set():
             return
+        if len(self.config.nodes) < 2:
+            return  # nobody to hand over to
         work = asyncio.create_task(self.handover(), name="handover")
         abort = asyncio.create_task(self._handover_abort.wait(), name="handover-abort")
         try:

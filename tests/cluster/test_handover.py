@@ -10,7 +10,7 @@
   acknowledged with. The longest send latency is printed; it is bounded only generously
   here (a shared machine), the figure is measured by bench/rolling.py.
 - A whole-cluster SIGTERM does not wait out the handover bound: with every node draining
-  there is nobody to hand over to, and each node stops after about a second.
+  there is nobody to hand over to, and each node stops within a second or two.
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ def test_a_whole_cluster_sigterm_does_not_wait_for_the_handover_bound(env) -> No
     took_s = time.monotonic() - started
     print(f"whole-cluster SIGTERM: {len(stopped)} nodes exited in {took_s:.2f} s")
     assert sorted(stopped) == sorted(p for p in pids if p)
-    # Each node gives up after ~1 s without a target (HANDOVER_NO_TARGET_S), far from 10 s.
+    # Each node gives up 0.6 s after it has no target (HANDOVER_NO_TARGET_S), far from 10 s.
     assert took_s < cluster.config.handover_timeout_ms / 1000 / 2
     for node in cluster.config.nodes:
         cluster.processes[node.id] = None

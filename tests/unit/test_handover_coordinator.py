@@ -178,3 +178,22 @@ async def test_a_new_leader_places_nothing_until_every_up_node_heartbeated() -> 
     _beat(coordinator, "n3")
     await coordinator.tick()
     assert _moves(host) == []  # everyone heard and n1 serves: nothing to move
+
+
+async def test_first_placements_spread_over_warming_nodes_too() -> None:
+    # A cluster whose nodes started a moment apart must not put every new pchannel on the
+    # first node past its warm-up.
+    state = _state()
+    del state.pchannels["p"]
+    for name in ("a", "b", "c"):
+        state.pchannels[name].CopyFrom(
+            pb.PChannel(name=name, state=pb.PCHANNEL_STATE_UNINITIALIZED)
+        )
+    host = FakeHost(state)
+    coordinator = await _leading(host)
+    started_now_ms = int(time.time() * 1000)
+    _beat(coordinator, "n1")
+    _beat(coordinator, "n2", incarnation=started_now_ms)
+    _beat(coordinator, "n3", incarnation=started_now_ms)
+    await coordinator.tick()
+    assert sorted(owner for _, _, owner in _moves(host)) == ["n1", "n2", "n3"]
