@@ -346,14 +346,18 @@ class Node:
         moved = await self._hand_over_pchannels(deadline - leadership_s)
         moved_at = time.monotonic()
         led = self.is_leader()
-        transferred = await self._hand_over_leadership(deadline) if moved or led else True
+        # With nobody to hand over to (the whole cluster is stopping), keep the leadership.
+        nobody = self._handover_targets == 0
+        transferred = await self._hand_over_leadership(deadline) if led and not nobody else True
         log.info(
             "node %s handover %s: pchannels %s in %.3f s, leadership %s in %.3f s",
             self.me.id,
             "done" if moved and transferred else "incomplete",
             "moved" if moved else "NOT all moved",
             moved_at - started,
-            ("transferred" if transferred else "NOT transferred") if led else "not held",
+            ("transferred" if transferred and not nobody else "NOT transferred")
+            if led
+            else "not held",
             time.monotonic() - moved_at,
         )
         return moved and transferred
