@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 from dataclasses import dataclass
@@ -123,36 +124,43 @@ class DataPlane:
         log = self.logs.get(pchannel)
         if log is not None and log.failure is None:
             return log
-        future = self._opening.get(pchannel)
-        if future is None:
-            future = asyncio.get_running_loop().create_future()
-            self._opening[pchannel] = future
-            try:
-                if log is not None:
-                    logger.warning(
-                        "%s: reopening the log after a local I/O failure: %s", pchannel, log.failure
-                    )
-                    del self.logs[pchannel]
-                    await log.close()
-                log = await PChannelLog.open(
-                    path_under(self.wal_dir, pchannel), pchannel, self.catalog, self.policy
+        opening = self._opening.get(pchannel)
+        if opening is None:
+            # Its own task, shielded from the caller: a caller cancelled mid-open (an RPC
+            # whose client went away, a deadline) must neither cut the recovery short nor
+            # leave the pchannel marked broken, which would keep this node from ever
+            # serving it.
+            opening = asyncio.ensure_future(self._open(pchannel, log))
+            self._opening[pchannel] = opening
+            opening.add_done_callback(functools.partial(self._opened, pchannel))
+        return await asyncio.shield(opening)
+
+    def _opened(self, pchannel: str, opening: asyncio.Future[PChannelLog]) -> None:
+        self._opening.pop(pchannel, None)
+        if not opening.cancelled():
+            opening.exception()  # retrieved: every caller may have gone away meanwhile
+
+    async def _open(self, pchannel: str, log: PChannelLog | None) -> PChannelLog:
+        try:
+            if log is not None:
+                logger.warning(
+                    "%s: reopening the log after a local I/O failure: %s", pchannel, log.failure
                 )
-            except BaseException as error:
-                # A malformed segment is reported for this pchannel (logged once, and in
-                # ClusterStatus); others keep working.
-                if self.broken.get(pchannel) != str(error):
-                    logger.error("%s: cannot open the log: %s", pchannel, error)
-                self.broken[pchannel] = str(error)
-                future.set_exception(error)
-                future.exception()
-                del self._opening[pchannel]
-                raise
-            self.broken.pop(pchannel, None)
-            self.logs[pchannel] = log
-            future.set_result(log)
-            del self._opening[pchannel]
-            return log
-        return await asyncio.shield(future)
+                del self.logs[pchannel]
+                await log.close()
+            log = await PChannelLog.open(
+                path_under(self.wal_dir, pchannel), pchannel, self.catalog, self.policy
+            )
+        except Exception as error:
+            # A malformed segment is reported for this pchannel (logged once, and in
+            # ClusterStatus); others keep working.
+            if self.broken.get(pchannel) != str(error):
+                logger.error("%s: cannot open the log: %r", pchannel, error)
+            self.broken[pchannel] = str(error)
+            raise
+        self.broken.pop(pchannel, None)
+        self.logs[pchannel] = log
+        return log
 
     def problems(self) -> dict[str, str]:
         """Problems worth a warning in ClusterStatus: unreadable logs, failing commits."""
