@@ -156,6 +156,21 @@ class EventStore:
             self._set_meta("compacted_before", before_revision)
             return cursor.rowcount
 
+    def first_revision_at(self, time_ms: int) -> int:
+        """The first stored revision proposed at or after `time_ms` (past the last one when
+        none was): history retention by age compacts below it."""
+        self.flush()
+        with self._lock:
+            # Revisions grow with proposer time, so the scan in revision order stops early.
+            row = self._conn.execute(
+                "SELECT revision FROM events WHERE time_ms >= ? ORDER BY revision LIMIT 1",
+                (time_ms,),
+            ).fetchone()
+            if row is not None:
+                return int(row[0])
+            last = self._conn.execute("SELECT MAX(revision) FROM events").fetchone()
+        return int(last[0] or 0) + 1
+
     def mark_gap(self, through_revision: int) -> None:
         """The state jumped to `through_revision` without its events (a snapshot installed
         by the leader on a lagging follower): revisions after the last stored one up to

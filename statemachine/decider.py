@@ -551,6 +551,39 @@ def _commit_segment(state, cmd: pb.CommitSegment, ctx, limits) -> Outcome:
     return emitter.events
 
 
+def retention_bound(state: pb.CoordinationState, pchannel: str, before_lsn: int) -> int:
+    """`before_lsn` lowered to what `pchannel`'s readers still need: segments ending below
+    the result may be deleted."""
+    manifest = state.manifests.get(pchannel) or pb.SegmentManifest()
+    # Never delete what a consumer group on one of this pchannel's vchannels still needs.
+    bound = before_lsn
+    for group_name in sorted(state.consumer_groups):
+        group = state.consumer_groups[group_name]
+        for vchannel_name in sorted(group.positions):
+            vchannel = state.vchannels.get(vchannel_name)
+            if vchannel is None or vchannel.pchannel != pchannel:
+                continue
+            if vchannel.state != pb.VCHANNEL_STATE_NORMAL:
+                continue
+            bound = min(bound, group.positions[vchannel_name].lsn + 1)
+    # Nor what a subscription that holds retention has not consumed yet (from its start
+    # while it has no committed position on a vchannel).
+    for name in sorted(state.subscriptions):
+        subscription = state.subscriptions[name]
+        if not subscription.holds_retention:
+            continue
+        for vchannel_name in sorted(subscription.vchannels):
+            vchannel = state.vchannels.get(vchannel_name)
+            if vchannel is None or vchannel.pchannel != pchannel:
+                continue
+            if vchannel.state != pb.VCHANNEL_STATE_NORMAL:
+                continue
+            bound = min(bound, _subscription_hold(subscription, vchannel_name, manifest))
+    # Nor a broadcast appended here that its consumers have not acknowledged yet.
+    bound = min(bound, _unacked_broadcast_floor(state, pchannel))
+    return bound
+
+
 def _delete_segments_before(state, cmd: pb.DeleteSegmentsBefore, ctx, limits) -> Outcome:
     bad = check_name("pchannel", cmd.pchannel, limits)
     if bad:
@@ -562,29 +595,7 @@ def _delete_segments_before(state, cmd: pb.DeleteSegmentsBefore, ctx, limits) ->
     manifest = state.manifests.get(cmd.pchannel)
     if manifest is None or not manifest.segments:
         return []
-    # Never delete what a consumer group on one of this pchannel's vchannels still needs.
-    bound = cmd.before_lsn
-    for group_name in sorted(state.consumer_groups):
-        group = state.consumer_groups[group_name]
-        for vchannel_name in sorted(group.positions):
-            vchannel = state.vchannels.get(vchannel_name)
-            if vchannel is None or vchannel.pchannel != cmd.pchannel:
-                continue
-            if vchannel.state != pb.VCHANNEL_STATE_NORMAL:
-                continue
-            bound = min(bound, group.positions[vchannel_name].lsn + 1)
-    # Nor what a subscription that holds retention has not consumed yet.
-    for name in sorted(state.subscriptions):
-        subscription = state.subscriptions[name]
-        if not subscription.holds_retention:
-            continue
-        for vchannel_name in sorted(subscription.positions):
-            vchannel = state.vchannels.get(vchannel_name)
-            if vchannel is None or vchannel.pchannel != cmd.pchannel:
-                continue
-            position = subscription.positions[vchannel_name]
-            if position.lsn > 0:
-                bound = min(bound, position.lsn + 1)
+    bound = retention_bound(state, cmd.pchannel, cmd.before_lsn)
     deleted = [s for s in manifest.segments if s.last_lsn < bound]
     if not deleted:
         return []
@@ -597,6 +608,58 @@ def _delete_segments_before(state, cmd: pb.DeleteSegmentsBefore, ctx, limits) ->
         )
     )
     return emitter.events
+
+
+def _first_lsn_at_tick(manifest: pb.SegmentManifest, time_tick: int) -> int:
+    """The first LSN of the first committed segment holding entries at or after
+    `time_tick` (past every committed segment when none does)."""
+    for segment in manifest.segments:
+        if segment.last_time_tick >= time_tick:
+            return segment.first_lsn
+    return manifest.committed_through_lsn + 1
+
+
+def _subscription_hold(
+    subscription: pb.Subscription, vchannel: str, manifest: pb.SegmentManifest
+) -> int:
+    """The lowest LSN `subscription` still needs on `vchannel`'s pchannel."""
+    if vchannel in subscription.positions:
+        position = subscription.positions[vchannel]
+        if position.lsn > 0:
+            return position.lsn + 1
+        if position.from_time_tick > 0:
+            return _first_lsn_at_tick(manifest, position.from_time_tick)
+        return 1  # seeked to the beginning
+    if subscription.start == pb.SUBSCRIPTION_START_LSN:
+        return subscription.start_lsn
+    if subscription.start == pb.SUBSCRIPTION_START_TIME_TICK:
+        return _first_lsn_at_tick(manifest, subscription.start_time_tick)
+    if subscription.start == pb.SUBSCRIPTION_START_LATEST:
+        return 1 << 62  # starts after whatever is there when it first consumes
+    return 1  # EARLIEST: everything is still to be consumed
+
+
+def _unacked_broadcast_floor(state: pb.CoordinationState, pchannel: str) -> int:
+    """The lowest LSN on `pchannel` holding a broadcast that was appended but not yet
+    acknowledged (retention must keep it), else a value above every LSN."""
+    floor = 1 << 62
+    for task_id in sorted(state.broadcasts):
+        task = state.broadcasts[task_id]
+        if task.state != pb.BROADCAST_STATE_PENDING:
+            continue
+        for target in task.vchannels:
+            if not target.appended or target.acked:
+                continue
+            vchannel = state.vchannels.get(target.vchannel)
+            if vchannel is not None and vchannel.pchannel == pchannel:
+                floor = min(floor, target.appended_lsn)
+    return floor
+
+
+def retention_floor(state: pb.CoordinationState, pchannel: str) -> int:
+    """The first LSN of `pchannel` still retained (1 when nothing was ever deleted)."""
+    manifest = state.manifests.get(pchannel)
+    return max(1, manifest.deleted_before_lsn) if manifest is not None else 1
 
 
 # --------------------------------------------------------------------------------------
@@ -1273,8 +1336,22 @@ def _seek_subscription(state, cmd: pb.SeekSubscription, ctx, limits) -> Outcome:
             f"invalid seek (lsn {cmd.lsn}, from_time_tick {cmd.from_time_tick}; expected "
             "either an lsn >= 1 or a from_time_tick >= 1)"
         )
+    targets = [cmd.vchannel] if cmd.vchannel else list(subscription.vchannels)
+    if cmd.lsn:
+        # A seek below the retention floor would position the subscription on entries that
+        # are gone: COMPACTED, with the first LSN still there.
+        for vchannel in targets:
+            info = state.vchannels.get(vchannel)
+            floor = retention_floor(state, info.pchannel) if info is not None else 1
+            if cmd.lsn < floor:
+                return Rejection(
+                    E.COMPACTED,
+                    f"lsn {cmd.lsn} of {show(vchannel)} was deleted by retention "
+                    f"(expected >= {floor}, the first lsn still retained)",
+                    first_available=floor,
+                )
     emitter = _Emitter(state, ctx)
-    for vchannel in [cmd.vchannel] if cmd.vchannel else list(subscription.vchannels):
+    for vchannel in targets:
         emitter.emit(
             subscription_position_committed=pb.SubscriptionPositionCommitted(
                 name=cmd.name,

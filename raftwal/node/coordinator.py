@@ -6,6 +6,9 @@
   proposes ``ExtendLeases`` so no holder loses a lease to the leader change.
 - Leases whose deadline passed (by the leader's clock) are expired with ``ExpireLeases``;
   TOMBSTONE broadcasts are cleared after the retention.
+- WAL retention (``statemachine.retention.plan_retention``, every
+  ``wal_retention_check_ms``): ``DeleteSegmentsBefore`` per pchannel whose committed
+  segments are past the age or size limit, cut by what readers still hold.
 - The balancer (``statemachine.balancer.plan``) is asked for moves; each accepted
   ``AssignPChannel`` is followed by ``NodeManager.Assign`` on the new owner, and ASSIGNING
   pchannels are re-sent to their owner until they are ready; one stuck for longer than
@@ -33,6 +36,8 @@ from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from statemachine.balancer import plan, plan_subscriptions
+from statemachine.retention import RetentionPolicy, plan_retention
+from wal_segments.owner import TICK_LOGICAL_BITS
 
 log = logging.getLogger(__name__)
 E = errors_pb2
@@ -98,6 +103,7 @@ class Coordinator:
         self._assigning_since: dict[tuple[str, int], float] = {}
         self._assign_sent: dict[tuple[str, int], float] = {}
         self._last_clear = 0.0
+        self._last_retention = 0.0
         self._background: set[asyncio.Task[bool]] = set()
         self.failures = 0
         # node id -> when a peer reported its streams broke (a crash): such a node is
@@ -224,6 +230,10 @@ class Coordinator:
                     clear_broadcasts=pb.ClearBroadcasts(retention_ms=config.broadcast_retention_ms)
                 )
 
+        if now - self._last_retention > config.wal_retention_check_ms / 1000:
+            self._last_retention = now
+            await self._apply_retention(state, wall_ms)
+
         # 3. Placement.
         live = [
             node_id
@@ -273,6 +283,18 @@ class Coordinator:
                 continue
             self._assign_sent[(name, term)] = now
             self._send_assign(owner.address, name, term)
+
+    async def _apply_retention(self, state: pb.CoordinationState, wall_ms: int) -> None:
+        config = self._node.config
+        policy = RetentionPolicy(
+            retention_ms=config.wal_retention_ms,
+            retention_bytes=config.wal_retention_bytes,
+            tick_logical_bits=TICK_LOGICAL_BITS,
+        )
+        for command in plan_retention(state, wall_ms, policy):
+            result = await self._propose(delete_segments_before=command)
+            if result.rejection.code == E.OK:
+                log.info("retention: %s below lsn %d", command.pchannel, command.before_lsn)
 
     # -- broadcast delivery ------------------------------------------------------------
 

@@ -202,7 +202,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         except RaftwalError as error:
             await context.abort_with_status(to_status(error.info))
         except CompactedHistory as error:
-            await context.abort_with_status(to_status(error_info(E.COMPACTED, str(error))))
+            await context.abort_with_status(
+                to_status(error_info(E.COMPACTED, str(error), first_available=error.first_retained))
+            )
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -850,7 +852,11 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             try:
                 events = self._backend.events_from(next_revision, EVENT_BATCH)
             except CompactedHistory as error:
-                await context.abort_with_status(to_status(error_info(E.COMPACTED, str(error))))
+                await context.abort_with_status(
+                    to_status(
+                        error_info(E.COMPACTED, str(error), first_available=error.first_retained)
+                    )
+                )
             if events:
                 next_revision = events[-1].revision + 1
                 selected = [e for e in events if not kinds or e.WhichOneof("body") in kinds]
@@ -924,6 +930,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             if as_of < 0:
                 raise fail(E.INVALID_ARGUMENT, f"invalid as_of_revision ({as_of}; expected >= 0)")
 
+            floors: dict[str, int] = {}
+
             def reader(state: pb.CoordinationState) -> tuple[list[pb.Segment], bool, list[str]]:
                 wanted = names or sorted(state.manifests)
                 missing = [n for n in wanted if n not in state.pchannels]
@@ -934,6 +942,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                     if manifest is None:
                         continue
                     retention = retention or manifest.deleted_before_lsn > 0
+                    floors[name] = manifest.deleted_before_lsn
                     for segment in manifest.segments:
                         copy = pb.Segment()
                         copy.CopyFrom(segment)
@@ -969,6 +978,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                                 E.COMPACTED,
                                 f"segments of {event.segments_deleted.pchannel} committed by "
                                 f"revision {as_of} were deleted at revision {event.revision}",
+                                first_available=floors.get(event.segments_deleted.pchannel, 0),
                             )
                     cursor = events[-1].revision + 1
             return api.ListSegmentsResponse(
