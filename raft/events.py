@@ -63,6 +63,8 @@ class EventStore:
         if "meta" not in self._db.table_names():
             self._db["meta"].create({"key": str, "value": int}, pk="key")
         self._conn = connection
+        # first_retained(), cached (every watch poll asks): cleared whenever meta changes.
+        self._first_cache: int | None = None
         self._pending: list[tuple[int, int, int, str | None, bytes]] = []
         self._pending_changed = threading.Condition()
         self._writing = False
@@ -204,6 +206,7 @@ class EventStore:
         with self._lock:
             if wanted and wanted[-1].revision >= last:
                 self._conn.execute("DELETE FROM meta WHERE key IN ('gap_from', 'gap_to')")
+                self._first_cache = None
                 return True
             if wanted:
                 self._set_meta("gap_from", wanted[-1].revision + 1)
@@ -212,6 +215,7 @@ class EventStore:
     # -- reads (any thread) -------------------------------------------------------------
 
     def _set_meta(self, key: str, value: int) -> None:
+        self._first_cache = None
         self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
 
     def _meta(self, key: str) -> int | None:
@@ -232,7 +236,9 @@ class EventStore:
 
     def first_retained(self) -> int:
         with self._lock:
-            return self._first_retained_locked()
+            if self._first_cache is None:
+                self._first_cache = self._first_retained_locked()
+            return self._first_cache
 
     def last_revision(self) -> int:
         self.flush()

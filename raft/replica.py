@@ -118,7 +118,11 @@ class CoordinationReplica:
             return self._state.revision, self._state.last_raft_index, state_digest(self._state)
 
     def events_from(self, from_revision: int, limit: int = 1000) -> list[pb.Event]:
-        """Events with revision >= from_revision (memory first, then events.db)."""
+        """Events with revision >= from_revision (memory first, then events.db); raises
+        ``Compacted`` below the history retention kept, also for events still in memory."""
+        first = self._store.first_retained()
+        if from_revision < first:
+            raise Compacted(from_revision, first)
         with self._lock:
             if self._recent and self._recent[0].revision <= from_revision:
                 start = from_revision - self._recent[0].revision

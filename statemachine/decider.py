@@ -1337,9 +1337,10 @@ def _seek_subscription(state, cmd: pb.SeekSubscription, ctx, limits) -> Outcome:
             "either an lsn >= 1 or a from_time_tick >= 1)"
         )
     targets = [cmd.vchannel] if cmd.vchannel else list(subscription.vchannels)
-    if cmd.lsn:
+    if cmd.lsn > 1:
         # A seek below the retention floor would position the subscription on entries that
-        # are gone: COMPACTED, with the first LSN still there.
+        # are gone: COMPACTED, with the first LSN still there. (lsn 1 is the beginning of
+        # the log, whatever retention deleted: SEEK_TARGET_EARLIEST.)
         for vchannel in targets:
             info = state.vchannels.get(vchannel)
             floor = retention_floor(state, info.pchannel) if info is not None else 1
