@@ -917,14 +917,15 @@ class PChannelLog:
                     segment.read_fd = None
             paths = [segment.path for segment in doomed]
 
-            def unlink_all() -> None:
-                for path in paths:
-                    faults.fault("wal.delete", str(path))
-                    path.unlink(missing_ok=True)
-                fsync_directory(self.directory)
-                self.catalog.delete_segments_before(self.pchannel, floor)
+        def unlink_all() -> None:
+            for path in paths:
+                faults.fault("wal.delete", str(path))
+                path.unlink(missing_ok=True)
+            fsync_directory(self.directory)
+            self.catalog.delete_segments_before(self.pchannel, floor)
 
-            await asyncio.to_thread(unlink_all)
+        # Outside the lock: appends go on while the files go (nobody reads them any more).
+        await asyncio.to_thread(unlink_all)
         logger.info(
             "%s: retention deleted %d segments below lsn %d", self.pchannel, len(doomed), floor
         )

@@ -311,3 +311,54 @@ def test_watch_events_below_the_compacted_history_answers_compacted(
     # From a retained revision on, the watch delivers.
     for endpoint in client.endpoints:
         assert _watch_answer(client.stub(endpoint), revision - 10)[0] == 0
+
+
+def test_a_replica_killed_mid_delete_finishes_the_deletion_after_restart(
+    retention_cluster: RetentionCluster,
+) -> None:
+    cluster, client = retention_cluster.cluster, retention_cluster.client
+    (pchannel,) = setup_channels(client, "kill", {"kill_v": 0})
+    owner, _, _ = wait_assigned(client, pchannel)
+    leader = client.status().leader_node_id
+    victim = next(n.id for n in cluster.config.nodes if n.id not in (owner, leader))
+    # The victim stops right before it unlinks each segment file of this pchannel.
+    retention_cluster.set_faults(
+        [
+            {
+                "point": "wal.delete",
+                "action": "delay",
+                "delay_ms": 60_000,
+                "nodes": [victim],
+                "match": f"/{pchannel}/",
+            }
+        ]
+    )
+    history = History()
+    producer = Producer(client, pchannel, "kill-producer")
+    _produce(producer, "kill_v", 80, history, "k")
+    floor = _wait_floor(client, pchannel, 0)
+    # The victim recorded the floor and is stuck deleting: its files below it remain.
+    deadline = time.monotonic() + 30
+    recorded = 0
+    while time.monotonic() < deadline:
+        recorded = _catalog(cluster, victim, pchannel)[1]
+        if recorded >= floor:
+            break
+        time.sleep(0.2)
+    assert recorded >= floor, (recorded, floor)
+    cluster.kill(victim)
+    left = _files(cluster, victim, pchannel)
+    assert left[0] < recorded and left[1] <= recorded, (left, recorded)
+    retention_cluster.set_faults([])
+    cluster.start_node(victim)
+    floor = _retention(client, pchannel)[0].deleted_before_lsn
+    _wait_files_at_floor(cluster, pchannel, floor, [victim], timeout_s=60)
+    lowest_row, _ = _catalog(cluster, victim, pchannel)
+    assert lowest_row == 0 or lowest_row >= floor, (lowest_row, floor)
+    # The copies agree again, and everything acknowledged above the floor is readable.
+    converged(client)
+    _, _, address = wait_assigned(client, pchannel)
+    floor = _retention(client, pchannel)[0].deleted_before_lsn
+    kept = [a for a in history.acked if a.lsn >= floor]
+    read = _consume_from(address, "kill_v", floor, len(kept))
+    assert [e.payload for e in read[: len(kept)]] == [a.payload for a in kept]
