@@ -66,6 +66,11 @@ class CoordinationReplica:
                 self._store.append(events)
                 self._recent.extend(events)
             revision = self._state.revision
+            if any(event.HasField("state_restored") for event in events):
+                # A restored cluster has no history before the restore: watches from an
+                # earlier revision answer COMPACTED (first retained: the next revision).
+                self._recent.clear()
+                self._store.compact(revision + 1)
         for listener in self._listeners:
             listener(revision, raft_index)
         return pb.LogEntryResult(

@@ -11,10 +11,12 @@ implementation detail that may differ between processes).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable
 
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
+from statemachine.state import restore_state
 from statemachine.types import DEFAULT_LIMITS, Context, Limits, Rejection
 from statemachine.validation import (
     check_address,
@@ -1389,6 +1391,52 @@ def _set_balance_policy(state, cmd: pb.SetBalancePolicy, ctx, limits) -> Outcome
     return emitter.events
 
 
+def _fresh_state_problem(state: pb.CoordinationState) -> str:
+    """What makes `state` not fresh (a restore would overwrite it), or ""."""
+    for name, table in (
+        ("pchannels", state.pchannels),
+        ("vchannels", state.vchannels),
+        ("subscriptions", state.subscriptions),
+        ("consumer groups", state.consumer_groups),
+        ("leases", state.leases),
+        ("locks", state.locks),
+        ("broadcasts", state.broadcasts),
+    ):
+        if len(table):
+            return f"{len(table)} {name}"
+    return ""
+
+
+def _restore_state(state, cmd: pb.RestoreState, ctx, limits) -> Outcome:
+    if hashlib.sha256(cmd.state).hexdigest() != cmd.state_digest:
+        return invalid(
+            f"state digest mismatch (got {show(cmd.state_digest[:16])}; expected the sha256 "
+            "of the state bytes): the snapshot file is damaged"
+        )
+    try:
+        restored = restore_state(cmd.state)
+    except ValueError as error:
+        return invalid(str(error))
+    problem = _fresh_state_problem(state)
+    if problem:
+        return Rejection(
+            E.ALREADY_EXISTS,
+            f"the cluster is not fresh ({problem}); expected a new cluster to restore into",
+        )
+    if restored.revision <= state.revision:
+        return invalid(
+            f"the snapshot is at revision {restored.revision}, not after this cluster's "
+            f"{state.revision} (expected a later one: revisions never go back)"
+        )
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        state_restored=pb.StateRestored(
+            state=cmd.state, state_digest=cmd.state_digest, restored_revision=restored.revision
+        )
+    )
+    return emitter.events
+
+
 def _barrier(state, cmd: pb.Barrier, ctx, limits) -> Outcome:
     return []
 
@@ -1434,6 +1482,7 @@ _DECIDERS: dict[str, Callable[..., Outcome]] = {
     "drop_subscription": _drop_subscription,
     "commit_subscription_position": _commit_subscription_position,
     "seek_subscription": _seek_subscription,
+    "restore_state": _restore_state,
     "join_subscription": _join_subscription,
     "leave_subscription": _leave_subscription,
     "assign_subscription": _assign_subscription,

@@ -11,6 +11,7 @@ lifetime.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 import uuid
@@ -25,6 +26,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
 from statemachine.evolve import EVENT_KINDS
+from statemachine.state import restore_state, snapshot_state
 from statemachine.types import DEFAULT_LIMITS as LIMITS
 from statemachine.validation import check_name
 from wal_segments.owner import TICK_LOGICAL_BITS
@@ -983,6 +985,24 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                     cursor = events[-1].revision + 1
             return api.ListSegmentsResponse(
                 segments=[s for s in segments if s.committed_revision <= as_of], revision=as_of
+            )
+
+        return await self._call(context, work())
+
+    async def SaveSnapshot(self, request, context):
+        """The whole coordination state at one revision (a linearizable read), with its
+        digest: what `raftwal snapshot save` writes to a file."""
+
+        async def work() -> api.SaveSnapshotResponse:
+            def reader(state: pb.CoordinationState) -> bytes:
+                return snapshot_state(state)
+
+            data, _ = await self._backend.read(reader, linearizable=True)
+            saved = restore_state(data)
+            return api.SaveSnapshotResponse(
+                state=data,
+                revision=saved.revision,
+                state_digest=hashlib.sha256(data).hexdigest(),
             )
 
         return await self._call(context, work())

@@ -796,3 +796,17 @@ class RetentionStatus(_message.Message):
     committed_bytes: int
     committed_through_lsn: int
     def __init__(self, pchannel: _Optional[str] = ..., deleted_before_lsn: _Optional[int] = ..., committed_segments: _Optional[int] = ..., committed_bytes: _Optional[int] = ..., committed_through_lsn: _Optional[int] = ...) -> None: ...
+
+class SaveSnapshotRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SaveSnapshotResponse(_message.Message):
+    __slots__ = ("state", "revision", "state_digest")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    STATE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    state: bytes
+    revision: int
+    state_digest: str
+    def __init__(self, state: _Optional[bytes] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ...) -> None: ...
