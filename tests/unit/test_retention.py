@@ -101,3 +101,40 @@ def test_the_floor_never_moves_backwards_and_answers_compacted_below_it() -> Non
     assert list(repeat.events) == [] and h.state.manifests["p1"].deleted_before_lsn == 21
     rejection = h.reject(sub_seek("s1", "v1", lsn=5), E.COMPACTED)
     assert rejection.rejection.first_available == 21
+
+
+def test_status_table_shows_the_floor_and_each_members_disk_use() -> None:
+    from rich.console import Console
+
+    from raftwal.cli.client import _retention_table
+    from rpc.protos import coordinator_pb2 as api
+
+    status = api.ClusterStatusResponse(
+        members=[
+            api.MemberStatus(
+                node_id="n1",
+                reachable=True,
+                data_dir_bytes=5 << 20,
+                wal_disk=[api.WalDiskUsage(pchannel="p1", bytes=3 << 20, first_lsn=21)],
+            ),
+            api.MemberStatus(node_id="n2", reachable=False),
+        ],
+        retention=[
+            api.RetentionStatus(
+                pchannel="p1",
+                deleted_before_lsn=21,
+                committed_segments=2,
+                committed_bytes=2 << 20,
+                committed_through_lsn=40,
+            ),
+            api.RetentionStatus(pchannel="p2"),
+        ],
+    )
+    console = Console(width=200, record=True)
+    console.print(_retention_table(status))
+    text = console.export_text()
+    assert "n1 5.0 MiB" in text and "n2" not in text
+    p1 = next(line for line in text.splitlines() if " p1 " in line)
+    assert "21" in p1 and "40" in p1 and "2.0 MiB" in p1 and "3.0 MiB (21)" in p1
+    p2 = next(line for line in text.splitlines() if " p2 " in line)
+    assert " - " in p2  # nothing deleted, no files on n1
