@@ -463,6 +463,16 @@ def test_snapshot_save_then_restore_into_a_fresh_cluster(
         producer = Producer(client, fresh, "after-producer")
         assert producer.send("after_v", [b"after-restore"], history, budget_s=60)
         converged(client)
+        # The restored pchannel whose segments were not copied is not served: a new owner
+        # with an empty log is refused (README, "Backups"), and status says so.
+        deadline = time.monotonic() + 30
+        warnings: list[str] = []
+        while time.monotonic() < deadline:
+            warnings = list(client.status().warnings)
+            if any(f"pchannel {pchannel} is ASSIGNING" in w for w in warnings):
+                break
+            time.sleep(0.5)
+        assert any(f"pchannel {pchannel} is ASSIGNING" in w for w in warnings), warnings
     finally:
         client.close()
         restored_cluster.stop_all()
