@@ -979,7 +979,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                             raise fail(
                                 E.COMPACTED,
                                 f"segments of {event.segments_deleted.pchannel} committed by "
-                                f"revision {as_of} were deleted at revision {event.revision}",
+                                f"revision {as_of} were deleted at revision {event.revision} "
+                                f"(the first lsn retained is "
+                                f"{floors.get(event.segments_deleted.pchannel, 0)})",
                                 first_available=floors.get(event.segments_deleted.pchannel, 0),
                             )
                     cursor = events[-1].revision + 1

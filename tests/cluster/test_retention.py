@@ -267,7 +267,9 @@ def test_retention_deletes_the_same_segments_everywhere_and_answers_compacted(
             api.ListSegmentsRequest(pchannels=[pchannel], as_of_revision=before.revision),
         )
     )
-    assert code == E.COMPACTED, (code, message)
+    # (The deleted segments, or the history retention already passed that revision: both
+    # say where to start instead.)
+    assert code == E.COMPACTED and first > 0, (code, first, message)
 
     # Everything acknowledged at or above the floor is still there, in order.
     floor = _retention(client, pchannel)[0].deleted_before_lsn
