@@ -905,6 +905,10 @@ class PChannelLog:
                     break
                 doomed.append(segment)
             if not doomed:
+                # Files an earlier deletion failed to unlink (no longer in the log).
+                first = self.first_lsn if self._segments else 0
+                if first:
+                    await asyncio.to_thread(self._sweep_below, first)
                 return 0
             floor = doomed[-1].last_lsn + 1
             await asyncio.to_thread(self.catalog.raise_retention_floor, self.pchannel, floor)
@@ -930,6 +934,23 @@ class PChannelLog:
             "%s: retention deleted %d segments below lsn %d", self.pchannel, len(doomed), floor
         )
         return len(doomed)
+
+    def _sweep_below(self, first_lsn: int) -> None:
+        """Unlink segment files that start below the log's first segment (left behind by a
+        deletion whose unlink failed)."""
+        left = [path for first, path in list_segment_files(self.directory) if first < first_lsn]
+        for path in left:
+            faults.fault("wal.delete", str(path))
+            path.unlink(missing_ok=True)
+        if left:
+            fsync_directory(self.directory)
+            self.catalog.delete_segments_before(self.pchannel, first_lsn)
+            logger.info(
+                "%s: %d leftover segment files below lsn %d deleted",
+                self.pchannel,
+                len(left),
+                first_lsn,
+            )
 
     def retained_below(self, lsn: int) -> int:
         """How many segments still held here end below `lsn` (the last one excepted)."""

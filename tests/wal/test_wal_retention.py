@@ -93,6 +93,7 @@ async def test_a_deletion_cut_short_is_finished_on_open(node: Node):
         faults.install(None)
     # One file went, the next did not: the floor was recorded first.
     assert segment_firsts(node.directory) == [6, 11, 16]
+    assert log.first_lsn == 16
     catalog = Catalog(node.root / "catalog.db")
     assert catalog.retention_floor(PCHANNEL) == 16
     catalog.close()
@@ -102,3 +103,26 @@ async def test_a_deletion_cut_short_is_finished_on_open(node: Node):
     assert log.first_lsn == 16
     assert log_view(log) == view(entries[15:])
     assert log.retained_below(16) == 0
+
+
+async def test_files_a_failed_unlink_left_are_swept_by_the_next_round(node: Node):
+    log = node.log
+    assert log is not None
+    await _four_segments(log)
+
+    def fail_once(point: str, subject: str) -> None:
+        if point == "wal.delete":
+            faults.install(None)
+            raise OSError("injected unlink failure")
+
+    faults.install(fail_once)
+    try:
+        with pytest.raises(OSError, match="unlink failure"):
+            await log.delete_before(16)
+    finally:
+        faults.install(None)
+    assert segment_firsts(node.directory) == [1, 6, 11, 16]
+    # Without a reopen: the next round (nothing left to delete in the log) sweeps them.
+    assert await log.delete_before(16) == 0
+    assert segment_firsts(node.directory) == [16]
+    assert [r.first_lsn for r in log.catalog.segments(PCHANNEL)] == []
