@@ -195,6 +195,12 @@ def main() -> int:
     args = parser.parse_args()
     if not 10 <= args.duration_s <= 7 * 86_400:
         parser.error(f"invalid --duration-s ({args.duration_s}; expected 10..604800)")
+    if not 1 <= args.rate <= 100_000:
+        parser.error(f"invalid --rate ({args.rate}; expected 1..100000)")
+    if not 1 <= args.payload_bytes <= 1 << 20:
+        parser.error(f"invalid --payload-bytes ({args.payload_bytes}; expected 1..1048576)")
+    if not 1 <= args.sample_s <= 3600:
+        parser.error(f"invalid --sample-s ({args.sample_s}; expected 1..3600)")
 
     env = {
         **os.environ,

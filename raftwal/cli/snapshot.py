@@ -105,6 +105,12 @@ def save_snapshot(endpoints: list[str], channel_of, timeout_s: float) -> Backup:
 
 
 def run_save(args: argparse.Namespace) -> int:
+    if not 0 < args.timeout_s <= 3600:
+        print(
+            f"error: invalid --timeout-s ({args.timeout_s:g}; expected 0 < s <= 3600)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         target = resolve_target(args.endpoints, args.dev_dir)
         security = client_security(args, target)
