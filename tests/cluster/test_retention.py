@@ -131,6 +131,19 @@ def _catalog(cluster: dev.LocalCluster, node_id: str, pchannel: str) -> tuple[in
     return int(lowest or 0), int(floor[0]) if floor else 0
 
 
+def _wait_rows_at_floor(
+    cluster: dev.LocalCluster, node_id: str, pchannel: str, floor: int, timeout_s: float = 10
+) -> int:
+    """The lowest catalog row of `pchannel` on `node_id`, once none is below `floor` (the
+    rows go right after the files, in the same worker) or the time is up."""
+    deadline = time.monotonic() + timeout_s
+    lowest = _catalog(cluster, node_id, pchannel)[0]
+    while 0 < lowest < floor and time.monotonic() < deadline:
+        time.sleep(0.2)
+        lowest = _catalog(cluster, node_id, pchannel)[0]
+    return lowest
+
+
 def _wait_files_at_floor(
     cluster: dev.LocalCluster, pchannel: str, floor: int, node_ids: list[str], timeout_s: float = 30
 ) -> None:
@@ -220,8 +233,9 @@ def test_retention_deletes_the_same_segments_everywhere_and_answers_compacted(
     for node_id in node_ids:
         firsts = _files(cluster, node_id, pchannel)
         assert firsts[0] >= floor, (node_id, firsts, floor)
-        lowest_row, recorded = _catalog(cluster, node_id, pchannel)
+        lowest_row = _wait_rows_at_floor(cluster, node_id, pchannel, floor)
         assert lowest_row == 0 or lowest_row >= floor, (node_id, lowest_row, floor)
+        recorded = _catalog(cluster, node_id, pchannel)[1]
         assert recorded >= floor or recorded == firsts[0], (node_id, recorded, floor)
     # Same files everywhere (segment boundaries are a function of the content).
     assert len({tuple(_files(cluster, n, pchannel)[:-1]) for n in node_ids}) <= 2
@@ -361,7 +375,7 @@ def test_a_replica_killed_mid_delete_finishes_the_deletion_after_restart(
     cluster.start_node(victim)
     floor = _retention(client, pchannel)[0].deleted_before_lsn
     _wait_files_at_floor(cluster, pchannel, floor, [victim], timeout_s=60)
-    lowest_row, _ = _catalog(cluster, victim, pchannel)
+    lowest_row = _wait_rows_at_floor(cluster, victim, pchannel, floor)
     assert lowest_row == 0 or lowest_row >= floor, (lowest_row, floor)
     # The copies agree again, and everything acknowledged above the floor is readable.
     converged(client)
