@@ -63,6 +63,8 @@ class EventStore:
         if "meta" not in self._db.table_names():
             self._db["meta"].create({"key": str, "value": int}, pk="key")
         self._conn = connection
+        # first_retained(), cached (every watch poll asks): cleared whenever meta changes.
+        self._first_cache: int | None = None
         self._pending: list[tuple[int, int, int, str | None, bytes]] = []
         self._pending_changed = threading.Condition()
         self._writing = False
@@ -156,6 +158,21 @@ class EventStore:
             self._set_meta("compacted_before", before_revision)
             return cursor.rowcount
 
+    def first_revision_at(self, time_ms: int) -> int:
+        """The first stored revision proposed at or after `time_ms` (past the last one when
+        none was): history retention by age compacts below it."""
+        self.flush()
+        with self._lock:
+            # Revisions grow with proposer time, so the scan in revision order stops early.
+            row = self._conn.execute(
+                "SELECT revision FROM events WHERE time_ms >= ? ORDER BY revision LIMIT 1",
+                (time_ms,),
+            ).fetchone()
+            if row is not None:
+                return int(row[0])
+            last = self._conn.execute("SELECT MAX(revision) FROM events").fetchone()
+        return int(last[0] or 0) + 1
+
     def mark_gap(self, through_revision: int) -> None:
         """The state jumped to `through_revision` without its events (a snapshot installed
         by the leader on a lagging follower): revisions after the last stored one up to
@@ -189,6 +206,7 @@ class EventStore:
         with self._lock:
             if wanted and wanted[-1].revision >= last:
                 self._conn.execute("DELETE FROM meta WHERE key IN ('gap_from', 'gap_to')")
+                self._first_cache = None
                 return True
             if wanted:
                 self._set_meta("gap_from", wanted[-1].revision + 1)
@@ -197,6 +215,7 @@ class EventStore:
     # -- reads (any thread) -------------------------------------------------------------
 
     def _set_meta(self, key: str, value: int) -> None:
+        self._first_cache = None
         self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
 
     def _meta(self, key: str) -> int | None:
@@ -217,7 +236,9 @@ class EventStore:
 
     def first_retained(self) -> int:
         with self._lock:
-            return self._first_retained_locked()
+            if self._first_cache is None:
+                self._first_cache = self._first_retained_locked()
+            return self._first_cache
 
     def last_revision(self) -> int:
         self.flush()

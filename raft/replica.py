@@ -66,6 +66,11 @@ class CoordinationReplica:
                 self._store.append(events)
                 self._recent.extend(events)
             revision = self._state.revision
+            if any(event.HasField("state_restored") for event in events):
+                # A restored cluster has no history before the restore: watches from an
+                # earlier revision answer COMPACTED (first retained: the next revision).
+                self._recent.clear()
+                self._store.compact(revision + 1)
         for listener in self._listeners:
             listener(revision, raft_index)
         return pb.LogEntryResult(
@@ -118,7 +123,11 @@ class CoordinationReplica:
             return self._state.revision, self._state.last_raft_index, state_digest(self._state)
 
     def events_from(self, from_revision: int, limit: int = 1000) -> list[pb.Event]:
-        """Events with revision >= from_revision (memory first, then events.db)."""
+        """Events with revision >= from_revision (memory first, then events.db); raises
+        ``Compacted`` below the history retention kept, also for events still in memory."""
+        first = self._store.first_retained()
+        if from_revision < first:
+            raise Compacted(from_revision, first)
         with self._lock:
             if self._recent and self._recent[0].revision <= from_revision:
                 start = from_revision - self._recent[0].revision

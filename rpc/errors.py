@@ -62,12 +62,14 @@ def error_info(
     leader_hint: str = "",
     current_term: int = 0,
     owner_hint: str = "",
+    first_available: int = 0,
 ) -> errors_pb2.ErrorInfo:
     info = errors_pb2.ErrorInfo(
         message=message,
         leader_hint=leader_hint,
         current_term=current_term,
         owner_hint=owner_hint,
+        first_available=first_available,
     )
     info.code = code  # type: ignore[assignment]
     return info
@@ -266,7 +268,8 @@ class NotOwnerError(RaftwalError):
 
 
 class CompactedError(RaftwalError):
-    """COMPACTED: the requested revision is older than the retained history."""
+    """COMPACTED: the requested revision or LSN is older than the retained history or WAL
+    (``info.first_available`` is the first revision or LSN still there)."""
 
 
 class AlreadyExistsError(RaftwalError):

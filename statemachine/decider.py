@@ -11,10 +11,12 @@ implementation detail that may differ between processes).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable
 
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
+from statemachine.state import restore_state
 from statemachine.types import DEFAULT_LIMITS, Context, Limits, Rejection
 from statemachine.validation import (
     check_address,
@@ -551,6 +553,39 @@ def _commit_segment(state, cmd: pb.CommitSegment, ctx, limits) -> Outcome:
     return emitter.events
 
 
+def retention_bound(state: pb.CoordinationState, pchannel: str, before_lsn: int) -> int:
+    """`before_lsn` lowered to what `pchannel`'s readers still need: segments ending below
+    the result may be deleted."""
+    manifest = state.manifests.get(pchannel) or pb.SegmentManifest()
+    # Never delete what a consumer group on one of this pchannel's vchannels still needs.
+    bound = before_lsn
+    for group_name in sorted(state.consumer_groups):
+        group = state.consumer_groups[group_name]
+        for vchannel_name in sorted(group.positions):
+            vchannel = state.vchannels.get(vchannel_name)
+            if vchannel is None or vchannel.pchannel != pchannel:
+                continue
+            if vchannel.state != pb.VCHANNEL_STATE_NORMAL:
+                continue
+            bound = min(bound, group.positions[vchannel_name].lsn + 1)
+    # Nor what a subscription that holds retention has not consumed yet (from its start
+    # while it has no committed position on a vchannel).
+    for name in sorted(state.subscriptions):
+        subscription = state.subscriptions[name]
+        if not subscription.holds_retention:
+            continue
+        for vchannel_name in sorted(subscription.vchannels):
+            vchannel = state.vchannels.get(vchannel_name)
+            if vchannel is None or vchannel.pchannel != pchannel:
+                continue
+            if vchannel.state != pb.VCHANNEL_STATE_NORMAL:
+                continue
+            bound = min(bound, _subscription_hold(subscription, vchannel_name, manifest))
+    # Nor a broadcast appended here that its consumers have not acknowledged yet.
+    bound = min(bound, _unacked_broadcast_floor(state, pchannel))
+    return bound
+
+
 def _delete_segments_before(state, cmd: pb.DeleteSegmentsBefore, ctx, limits) -> Outcome:
     bad = check_name("pchannel", cmd.pchannel, limits)
     if bad:
@@ -562,29 +597,7 @@ def _delete_segments_before(state, cmd: pb.DeleteSegmentsBefore, ctx, limits) ->
     manifest = state.manifests.get(cmd.pchannel)
     if manifest is None or not manifest.segments:
         return []
-    # Never delete what a consumer group on one of this pchannel's vchannels still needs.
-    bound = cmd.before_lsn
-    for group_name in sorted(state.consumer_groups):
-        group = state.consumer_groups[group_name]
-        for vchannel_name in sorted(group.positions):
-            vchannel = state.vchannels.get(vchannel_name)
-            if vchannel is None or vchannel.pchannel != cmd.pchannel:
-                continue
-            if vchannel.state != pb.VCHANNEL_STATE_NORMAL:
-                continue
-            bound = min(bound, group.positions[vchannel_name].lsn + 1)
-    # Nor what a subscription that holds retention has not consumed yet.
-    for name in sorted(state.subscriptions):
-        subscription = state.subscriptions[name]
-        if not subscription.holds_retention:
-            continue
-        for vchannel_name in sorted(subscription.positions):
-            vchannel = state.vchannels.get(vchannel_name)
-            if vchannel is None or vchannel.pchannel != cmd.pchannel:
-                continue
-            position = subscription.positions[vchannel_name]
-            if position.lsn > 0:
-                bound = min(bound, position.lsn + 1)
+    bound = retention_bound(state, cmd.pchannel, cmd.before_lsn)
     deleted = [s for s in manifest.segments if s.last_lsn < bound]
     if not deleted:
         return []
@@ -597,6 +610,58 @@ def _delete_segments_before(state, cmd: pb.DeleteSegmentsBefore, ctx, limits) ->
         )
     )
     return emitter.events
+
+
+def _first_lsn_at_tick(manifest: pb.SegmentManifest, time_tick: int) -> int:
+    """The first LSN of the first committed segment holding entries at or after
+    `time_tick` (past every committed segment when none does)."""
+    for segment in manifest.segments:
+        if segment.last_time_tick >= time_tick:
+            return segment.first_lsn
+    return manifest.committed_through_lsn + 1
+
+
+def _subscription_hold(
+    subscription: pb.Subscription, vchannel: str, manifest: pb.SegmentManifest
+) -> int:
+    """The lowest LSN `subscription` still needs on `vchannel`'s pchannel."""
+    if vchannel in subscription.positions:
+        position = subscription.positions[vchannel]
+        if position.lsn > 0:
+            return position.lsn + 1
+        if position.from_time_tick > 0:
+            return _first_lsn_at_tick(manifest, position.from_time_tick)
+        return 1  # seeked to the beginning
+    if subscription.start == pb.SUBSCRIPTION_START_LSN:
+        return subscription.start_lsn
+    if subscription.start == pb.SUBSCRIPTION_START_TIME_TICK:
+        return _first_lsn_at_tick(manifest, subscription.start_time_tick)
+    if subscription.start == pb.SUBSCRIPTION_START_LATEST:
+        return 1 << 62  # starts after whatever is there when it first consumes
+    return 1  # EARLIEST: everything is still to be consumed
+
+
+def _unacked_broadcast_floor(state: pb.CoordinationState, pchannel: str) -> int:
+    """The lowest LSN on `pchannel` holding a broadcast that was appended but not yet
+    acknowledged (retention must keep it), else a value above every LSN."""
+    floor = 1 << 62
+    for task_id in sorted(state.broadcasts):
+        task = state.broadcasts[task_id]
+        if task.state != pb.BROADCAST_STATE_PENDING:
+            continue
+        for target in task.vchannels:
+            if not target.appended or target.acked:
+                continue
+            vchannel = state.vchannels.get(target.vchannel)
+            if vchannel is not None and vchannel.pchannel == pchannel:
+                floor = min(floor, target.appended_lsn)
+    return floor
+
+
+def retention_floor(state: pb.CoordinationState, pchannel: str) -> int:
+    """The first LSN of `pchannel` still retained (1 when nothing was ever deleted)."""
+    manifest = state.manifests.get(pchannel)
+    return max(1, manifest.deleted_before_lsn) if manifest is not None else 1
 
 
 # --------------------------------------------------------------------------------------
@@ -1273,8 +1338,23 @@ def _seek_subscription(state, cmd: pb.SeekSubscription, ctx, limits) -> Outcome:
             f"invalid seek (lsn {cmd.lsn}, from_time_tick {cmd.from_time_tick}; expected "
             "either an lsn >= 1 or a from_time_tick >= 1)"
         )
+    targets = [cmd.vchannel] if cmd.vchannel else list(subscription.vchannels)
+    if cmd.lsn > 1:
+        # A seek below the retention floor would position the subscription on entries that
+        # are gone: COMPACTED, with the first LSN still there. (lsn 1 is the beginning of
+        # the log, whatever retention deleted: SEEK_TARGET_EARLIEST.)
+        for vchannel in targets:
+            info = state.vchannels.get(vchannel)
+            floor = retention_floor(state, info.pchannel) if info is not None else 1
+            if cmd.lsn < floor:
+                return Rejection(
+                    E.COMPACTED,
+                    f"lsn {cmd.lsn} of {show(vchannel)} was deleted by retention "
+                    f"(expected >= {floor}, the first lsn still retained)",
+                    first_available=floor,
+                )
     emitter = _Emitter(state, ctx)
-    for vchannel in [cmd.vchannel] if cmd.vchannel else list(subscription.vchannels):
+    for vchannel in targets:
         emitter.emit(
             subscription_position_committed=pb.SubscriptionPositionCommitted(
                 name=cmd.name,
@@ -1306,6 +1386,52 @@ def _set_balance_policy(state, cmd: pb.SetBalancePolicy, ctx, limits) -> Outcome
     emitter.emit(
         balance_policy_set=pb.BalancePolicySet(
             allow_rebalance=cmd.allow_rebalance, max_moves_per_round=cmd.max_moves_per_round
+        )
+    )
+    return emitter.events
+
+
+def _fresh_state_problem(state: pb.CoordinationState) -> str:
+    """What makes `state` not fresh (a restore would overwrite it), or ""."""
+    for name, table in (
+        ("pchannels", state.pchannels),
+        ("vchannels", state.vchannels),
+        ("subscriptions", state.subscriptions),
+        ("consumer groups", state.consumer_groups),
+        ("leases", state.leases),
+        ("locks", state.locks),
+        ("broadcasts", state.broadcasts),
+    ):
+        if len(table):
+            return f"{len(table)} {name}"
+    return ""
+
+
+def _restore_state(state, cmd: pb.RestoreState, ctx, limits) -> Outcome:
+    if hashlib.sha256(cmd.state).hexdigest() != cmd.state_digest:
+        return invalid(
+            f"state digest mismatch (got {show(cmd.state_digest[:16])}; expected the sha256 "
+            "of the state bytes): the snapshot file is damaged"
+        )
+    try:
+        restored = restore_state(cmd.state)
+    except ValueError as error:
+        return invalid(str(error))
+    problem = _fresh_state_problem(state)
+    if problem:
+        return Rejection(
+            E.ALREADY_EXISTS,
+            f"the cluster is not fresh ({problem}); expected a new cluster to restore into",
+        )
+    if restored.revision <= state.revision:
+        return invalid(
+            f"the snapshot is at revision {restored.revision}, not after this cluster's "
+            f"{state.revision} (expected a later one: revisions never go back)"
+        )
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        state_restored=pb.StateRestored(
+            state=cmd.state, state_digest=cmd.state_digest, restored_revision=restored.revision
         )
     )
     return emitter.events
@@ -1356,6 +1482,7 @@ _DECIDERS: dict[str, Callable[..., Outcome]] = {
     "drop_subscription": _drop_subscription,
     "commit_subscription_position": _commit_subscription_position,
     "seek_subscription": _seek_subscription,
+    "restore_state": _restore_state,
     "join_subscription": _join_subscription,
     "leave_subscription": _leave_subscription,
     "assign_subscription": _assign_subscription,

@@ -273,8 +273,27 @@ def _balance_policy_set(state, e: pb.BalancePolicySet, revision, limits: Limits)
     state.balance_policy.max_moves_per_round = e.max_moves_per_round
 
 
+def _state_restored(state, e: pb.StateRestored, revision, limits: Limits) -> None:
+    """Replace the (fresh) state with the saved one: its nodes stay, as DOWN, unless this
+    cluster registered them (which keeps their address here); apply metadata (raft index,
+    clock) stays this cluster's, and the revision continues from the saved one."""
+    restored = pb.CoordinationState.FromString(e.state)
+    current_nodes = {name: pb.Node() for name in state.nodes}
+    for name in state.nodes:
+        current_nodes[name].CopyFrom(state.nodes[name])
+    raft_index, time_ms = state.last_raft_index, state.last_time_ms
+    state.CopyFrom(restored)
+    for name in sorted(state.nodes):
+        state.nodes[name].state = pb.NODE_STATE_DOWN
+    for name, node in sorted(current_nodes.items()):
+        state.nodes[name].CopyFrom(node)
+    state.last_raft_index = raft_index
+    state.last_time_ms = max(time_ms, restored.last_time_ms)
+
+
 _EVOLVERS: dict[str, Callable[..., None]] = {
     "node_registered": _node_registered,
+    "state_restored": _state_restored,
     "node_marked_down": _node_marked_down,
     "node_marked_up": _node_marked_up,
     "node_frozen": _node_frozen,
@@ -326,5 +345,9 @@ def evolve(
     if kind is None:
         raise AssertionError(f"event at revision {event.revision} has no body")
     _EVOLVERS[kind](state, getattr(event, kind), event.revision, limits)
-    state.revision = event.revision
+    # A restore continues from the saved revision (ids and fencing tokens that are
+    # revisions keep increasing); every other event moves it by one.
+    state.revision = (
+        event.state_restored.restored_revision if kind == "state_restored" else (event.revision)
+    )
     return state

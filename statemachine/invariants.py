@@ -192,7 +192,11 @@ def violations(
             elif after < before:
                 problems.append(f"pchannel {name} term decreased {before} -> {after}")
             problems += _subscription_step_violations(previous, state, events or [])
-        if events is not None:
+        restored = [e for e in events or [] if e.WhichOneof("body") == "state_restored"]
+        if events is not None and restored:
+            if state.revision != restored[-1].state_restored.restored_revision:
+                problems.append(f"restore left revision {state.revision}")
+        elif events is not None:
             if state.revision != previous.revision + len(events):
                 problems.append(
                     f"revision moved {previous.revision} -> {state.revision} "

@@ -3,15 +3,16 @@
 What lives here: for every pchannel this node holds a replica of, the **fenced term** (the
 highest term it has promised to follow; an append at a lower term is refused), the
 segments it holds (LSN, term and time-tick ranges, count, bytes, digest, state: open,
-sealed, committed) and the replica positions an owner last saw.
+sealed, committed), the replica positions an owner last saw, and the retention floor
+(every segment ending below it is deleted, or about to be).
 
 The segment files are the source of truth for what the log contains; the catalog adds
 what the files cannot say (the fence, which segments Raft committed) and a queryable index
 for operators. `fenced_term` must be durable before a Fence is answered: the database runs
 in WAL mode with `synchronous=FULL`, so every commit is fsynced.
 
-What must never happen here: an import of `raft` or `raftwal`; a fenced term that goes
-down.
+What must never happen here: an import of `raft` or `raftwal`; a fenced term or a
+retention floor that goes down.
 """
 
 from __future__ import annotations
@@ -74,6 +75,12 @@ class Catalog:
                 },
                 pk=("pchannel", "first_lsn"),
                 if_not_exists=True,
+            )
+        if "retention" not in self._db.table_names():
+            # The retention floor per pchannel, written before any file below it is
+            # deleted: a deletion a crash cut short is finished when the log is opened.
+            self._db["retention"].create(
+                {"pchannel": str, "deleted_before_lsn": int}, pk="pchannel", if_not_exists=True
             )
         if "replica_positions" not in self._db.table_names():
             self._db["replica_positions"].create(
@@ -152,6 +159,41 @@ class Catalog:
             self._db.execute(
                 "delete from segments where pchannel = ? and first_lsn >= ?", [pchannel, first_lsn]
             )
+
+    def delete_segments_before(self, pchannel: str, lsn: int) -> None:
+        """Forget segments that end before `lsn` (retention deleted their files)."""
+        with self._lock:
+            self._db.execute(
+                "delete from segments where pchannel = ? and last_lsn < ?", [pchannel, lsn]
+            )
+
+    # -- retention -----------------------------------------------------------------------------
+
+    def retention_floor(self, pchannel: str) -> int:
+        """The retention floor recorded for `pchannel` (0: nothing deleted)."""
+        with self._lock:
+            rows = list(
+                self._db.query(
+                    "select deleted_before_lsn from retention where pchannel = ?", [pchannel]
+                )
+            )
+        return int(rows[0]["deleted_before_lsn"]) if rows else 0
+
+    def raise_retention_floor(self, pchannel: str, lsn: int) -> int:
+        """Persist the floor = max(current, lsn) durably; returns the floor (never lower)."""
+        with self._lock:
+            rows = list(
+                self._db.query(
+                    "select deleted_before_lsn from retention where pchannel = ?", [pchannel]
+                )
+            )
+            current = int(rows[0]["deleted_before_lsn"]) if rows else 0
+            if lsn <= current:
+                return current
+            self._db["retention"].upsert(
+                {"pchannel": pchannel, "deleted_before_lsn": lsn}, pk="pchannel"
+            )
+            return lsn
 
     def segments(self, pchannel: str | None = None) -> list[SegmentRow]:
         sql = "select * from segments"

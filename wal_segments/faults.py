@@ -6,7 +6,9 @@ fdatasync of a segment file:
 
 - ``wal.append``: every `pwrite` into a segment file (a batch, a file header, a seal
   footer); the subject is the file's path;
-- ``wal.fsync``: every fdatasync of a segment file; the subject is the file's path.
+- ``wal.fsync``: every fdatasync of a segment file; the subject is the file's path;
+- ``wal.delete``: every unlink of a segment file by retention (`log.py`); the subject is
+  the file's path.
 
 With no hook installed (always, unless the node process enables fault injection: see
 `raftwal.node.faults`), `fault` costs one global load and a None test. An installed hook may
@@ -23,7 +25,7 @@ from collections.abc import Callable
 #: (point, subject) -> None; raises OSError or sleeps to inject a fault
 FaultHook = Callable[[str, str], None]
 
-FAULT_POINTS = frozenset({"wal.append", "wal.fsync"})
+FAULT_POINTS = frozenset({"wal.append", "wal.fsync", "wal.delete"})
 
 _hook: FaultHook | None = None
 

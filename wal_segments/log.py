@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rpc.aio import wait_event
+from wal_segments import faults
 from wal_segments.catalog import Catalog, SegmentRow
 from wal_segments.format import (
     ENTRY_HEADER,
@@ -233,6 +234,9 @@ class PChannelLog:
         committed = self.catalog.committed_first_lsns(self.pchannel)
         listed = {row.first_lsn for row in self.catalog.segments(self.pchannel)}
         files = list_segment_files(self.directory)
+        floor = self.catalog.retention_floor(self.pchannel)
+        if floor:
+            files = self._finish_retention(files, floor)
         expected_first: int | None = None
         for index, (first_lsn, path) in enumerate(files):
             last_file = index == len(files) - 1
@@ -321,6 +325,30 @@ class PChannelLog:
         self.committed_lsn = max(
             (s.last_lsn for s in self._segments if s.first_lsn in committed), default=0
         )
+
+    def _finish_retention(
+        self, files: list[tuple[int, Path]], floor: int
+    ) -> list[tuple[int, Path]]:
+        """Delete the files that end below the recorded retention floor (a deletion that a
+        crash cut short; the next file starts at or below the floor), and forget their rows.
+        Returns the files that are left. The last file is always kept."""
+        keep = 0
+        while keep + 1 < len(files) and files[keep + 1][0] <= floor:
+            keep += 1
+        doomed, left = files[:keep], files[keep:]
+        for _, path in doomed:
+            faults.fault("wal.delete", str(path))
+            path.unlink(missing_ok=True)
+        if doomed:
+            fsync_directory(self.directory)
+            logger.info(
+                "%s: finished an interrupted retention: %d segment files below lsn %d deleted",
+                self.pchannel,
+                len(doomed),
+                floor,
+            )
+        self.catalog.delete_segments_before(self.pchannel, floor)
+        return left
 
     def _check_after_gap(self, later: list[tuple[int, Path]], last_lsn: int) -> None:
         """Raise SegmentCorrupted naming the first of `later` (the files after a segment
@@ -860,6 +888,85 @@ class PChannelLog:
         else:
             self.last_term, self.last_time_tick = 0, self.last_time_tick
         self._notify()
+
+    # -- retention -----------------------------------------------------------------------------
+
+    async def delete_before(self, lsn: int) -> int:
+        """Retention: delete the sealed, committed segments that end below `lsn` (files and
+        catalog rows); returns how many. Never the last segment nor one still being sealed
+        (the caller's floor comes from Raft: every entry below it was committed). The floor is recorded in the catalog first, so a crash part-way
+        leaves files that the next open deletes (idempotent: a repeat deletes nothing)."""
+        async with self._lock:
+            if self.closed:
+                return 0
+            doomed: list[_Segment] = []
+            for segment in self._segments[:-1]:
+                if segment.last_lsn >= lsn or not segment.sealed or segment.summary is None:
+                    break
+                doomed.append(segment)
+            if not doomed:
+                # Files an earlier deletion failed to unlink (no longer in the log).
+                first = self.first_lsn if self._segments else 0
+                if first:
+                    await asyncio.to_thread(self._sweep_below, first)
+                return 0
+            floor = doomed[-1].last_lsn + 1
+            await asyncio.to_thread(self.catalog.raise_retention_floor, self.pchannel, floor)
+            # Readers run on this loop: once the segments leave the lists, nobody opens them.
+            del self._segments[: len(doomed)]
+            del self._firsts[: len(doomed)]
+            for segment in doomed:
+                if segment.read_fd is not None:
+                    os.close(segment.read_fd)
+                    segment.read_fd = None
+            paths = [segment.path for segment in doomed]
+
+        def unlink_all() -> None:
+            for path in paths:
+                faults.fault("wal.delete", str(path))
+                path.unlink(missing_ok=True)
+            fsync_directory(self.directory)
+            self.catalog.delete_segments_before(self.pchannel, floor)
+
+        # Outside the lock: appends go on while the files go (nobody reads them any more).
+        await asyncio.to_thread(unlink_all)
+        logger.info(
+            "%s: retention deleted %d segments below lsn %d", self.pchannel, len(doomed), floor
+        )
+        return len(doomed)
+
+    def _sweep_below(self, first_lsn: int) -> None:
+        """Unlink segment files that start below the log's first segment (left behind by a
+        deletion whose unlink failed)."""
+        left = [path for first, path in list_segment_files(self.directory) if first < first_lsn]
+        for path in left:
+            faults.fault("wal.delete", str(path))
+            path.unlink(missing_ok=True)
+        if left:
+            fsync_directory(self.directory)
+            self.catalog.delete_segments_before(self.pchannel, first_lsn)
+            logger.info(
+                "%s: %d leftover segment files below lsn %d deleted",
+                self.pchannel,
+                len(left),
+                first_lsn,
+            )
+
+    def retained_below(self, lsn: int) -> int:
+        """How many segments still held here end below `lsn` (the last one excepted)."""
+        return sum(1 for segment in self._segments[:-1] if segment.last_lsn < lsn)
+
+    def disk_bytes(self) -> int:
+        """Bytes of this log's segment files (sealed sizes from their summaries, the open
+        one from its writer)."""
+        total = 0
+        for segment in self._segments:
+            if segment is self._segments[-1] and self._writer is not None:
+                total += self._writer.end_offset
+            else:
+                with contextlib.suppress(OSError):
+                    total += segment.path.stat().st_size
+        return total
 
     # -- reading -----------------------------------------------------------------------------
 

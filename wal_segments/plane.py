@@ -113,6 +113,8 @@ class DataPlane:
         self.owners: dict[str, ChannelOwner] = {}
         self.broken: dict[str, str] = {}
         self._reassigning: dict[str, int] = {}
+        # pchannel -> the retention floor already applied to its log here
+        self._retained: dict[str, int] = {}
         self._closed = False
         # Reconcile runs from the loop and from NodeManager.Assign: one at a time, or two
         # owners could start for the same assignment.
@@ -161,6 +163,36 @@ class DataPlane:
         self.broken.pop(pchannel, None)
         self.logs[pchannel] = log
         return log
+
+    async def apply_retention(self, floors: dict[str, int]) -> int:
+        """Delete, in each pchannel's log here, the segments below its retention floor
+        (decided in Raft; pchannel -> deleted_before_lsn). Idempotent: a floor already
+        applied costs nothing, and one a crash cut short is finished. Returns the number
+        of segments deleted. A log that cannot be opened is reported by `log()`."""
+        deleted = 0
+        for pchannel, floor in sorted(floors.items()):
+            if self._closed or self._retained.get(pchannel, 0) >= floor:
+                continue
+            try:
+                log = await self.log(pchannel)
+                deleted += await log.delete_before(floor)
+            except (LogError, OSError) as error:
+                logger.warning("%s: retention below lsn %d failed: %s", pchannel, floor, error)
+                continue
+            except Exception:  # noqa: BLE001 - reported by log(); the next round retries
+                continue
+            if not log.retained_below(floor):
+                self._retained[pchannel] = floor  # else a segment was still being sealed
+        return deleted
+
+    def disk_usage(self) -> dict[str, tuple[int, int]]:
+        """pchannel -> (bytes of its segment files here, first LSN retained here), for
+        the logs this node has open."""
+        return {
+            name: (log.disk_bytes(), log.first_lsn)
+            for name, log in sorted(self.logs.items())
+            if not log.closed
+        }
 
     def problems(self) -> dict[str, str]:
         """Problems worth a warning in ClusterStatus: unreadable logs, failing commits."""

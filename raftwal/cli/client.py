@@ -681,6 +681,9 @@ async def _status(args: argparse.Namespace, client: CoordinatorClient, target: T
     replication = _replication_table(status.members)
     if replication.row_count:
         console.print(replication)
+    retention = _retention_table(status)
+    if retention.row_count:
+        console.print(retention)
     if status.warnings:
         console.print(
             Panel(
@@ -715,6 +718,41 @@ def _replication_table(members: Sequence[api.MemberStatus]) -> Table:
                     str(replica.durable_lsn),
                     str(behind) if not behind else f"[yellow]{behind}[/]",
                 )
+    return table
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"
+
+
+def _retention_table(status: api.ClusterStatusResponse) -> Table:
+    """WAL retention per pchannel: the floor decided in Raft, the committed segments still
+    listed, and the bytes of its files on each member (with the first LSN each holds)."""
+    reachable = [m for m in status.members if m.reachable]
+    title = "WAL retention and disk use"
+    if reachable:
+        title += (
+            " (data dirs: "
+            + ", ".join(f"{m.node_id} {_mib(m.data_dir_bytes)}" for m in reachable)
+            + ")"
+        )
+    table = Table(title=title)
+    for column in ("pchannel", "floor", "committed", "segments", "committed bytes"):
+        table.add_column(column)
+    for member in reachable:
+        table.add_column(f"{member.node_id} disk (first lsn)")
+    for row in status.retention:
+        cells = [
+            row.pchannel,
+            str(row.deleted_before_lsn) if row.deleted_before_lsn else "-",
+            str(row.committed_through_lsn),
+            str(row.committed_segments),
+            _mib(row.committed_bytes),
+        ]
+        for member in reachable:
+            usage = {u.pchannel: u for u in member.wal_disk}.get(row.pchannel)
+            cells.append(f"{_mib(usage.bytes)} ({usage.first_lsn})" if usage else "-")
+        table.add_row(*cells)
     return table
 
 

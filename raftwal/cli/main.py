@@ -182,11 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     from raftwal.chaos.runner import register as register_chaos
     from raftwal.cli.client import register
+    from raftwal.cli.snapshot import register as register_snapshot
     from raftwal.cli.spark import register as register_spark
 
     register(commands)
     register_spark(commands)
     register_chaos(commands)
+    register_snapshot(commands)
     return parser
 
 

@@ -105,6 +105,21 @@ class ClusterConfig:
     broadcast_retention_ms: int = 3_600_000
     # Events older than this many revisions behind the newest are deleted from events.db.
     event_retention_revisions: int = 1_000_000
+    # ... and (when set) events older than this, by their proposer time (0: by revisions
+    # only). WatchEvents below what is kept answers COMPACTED.
+    event_retention_ms: int = 0
+    # How often each node compacts its events.db.
+    event_retention_check_ms: int = 30_000
+    # WAL retention, per pchannel (the leader's coordinator proposes DeleteSegmentsBefore;
+    # every replica then deletes the same committed segments). A committed segment goes
+    # when its newest entry is older than wal_retention_ms (default 7 days, as Kafka's
+    # retention.ms), or while the pchannel's committed segments exceed
+    # wal_retention_bytes (oldest first; 0 = no size limit, the default). Never past a
+    # subscription that holds retention, a consumer group, or an unacknowledged
+    # broadcast; never the segment open for appends.
+    wal_retention_ms: int = 7 * 24 * 3_600_000
+    wal_retention_bytes: int = 0
+    wal_retention_check_ms: int = 10_000
     propose_timeout_ms: int = 5000
     # Upper bound for server-side waits (Lock/Broadcast wait, WaitResourceKey).
     max_wait_ms: int = 60_000
@@ -163,6 +178,9 @@ _TIMINGS = {
     for f in fields(ClusterConfig)
     if f.name.endswith(("_ms", "_revisions", "_entries", "_bytes"))
 }
+
+# Settings where 0 switches the limit off.
+_ZERO_MEANS_OFF = frozenset({"event_retention_ms", "wal_retention_ms", "wal_retention_bytes"})
 
 
 def is_loopback(host: str) -> bool:
@@ -300,7 +318,8 @@ def parse_config(
     overrides: dict[str, object] = {}
     for name in sorted(_TIMINGS):
         if name in cluster_table:
-            overrides[name] = _int(cluster_table, name, "cluster", 1, 10**12)
+            low = 0 if name in _ZERO_MEANS_OFF else 1
+            overrides[name] = _int(cluster_table, name, "cluster", low, 10**12)
         env_name = f"RAFTWAL_{name.upper()}"
         if env_name in environ:
             try:

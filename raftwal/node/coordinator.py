@@ -12,6 +12,12 @@
 - A node whose process started less than ``placement_warmup_ms`` ago (its heartbeat's
   incarnation) gets nothing from the balancer while another node can take it: a restarted
   node first catches up as a replica.
+- WAL retention (``statemachine.retention.plan_retention``, every
+  ``wal_retention_check_ms``): ``DeleteSegmentsBefore`` per pchannel whose committed
+  segments are past the age or size limit, cut by what readers still hold.
+- A restore handed to this node (``<data_dir>/restore.snapshot``, see
+  ``raftwal.node.backup``) is proposed as ``RestoreState`` once this node leads; the
+  file is then moved aside (``.done``, or ``.refused`` when the cluster was not fresh).
 - The balancer (``statemachine.balancer.plan``) is asked for moves; each accepted
   ``AssignPChannel`` is followed by ``NodeManager.Assign`` on the new owner, and ASSIGNING
   pchannels are re-sent to their owner until they are ready; one stuck for longer than
@@ -32,6 +38,7 @@ from typing import Protocol, TypeVar
 
 import grpc
 
+from raftwal.node.backup import BackupError, finish_restore, pending_restore
 from raftwal.node.config import ClusterConfig, NodeConfig
 from rpc.errors import RaftwalError, from_rpc_error
 from rpc.protos import coordination_pb2 as pb
@@ -39,6 +46,8 @@ from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from statemachine.balancer import plan, plan_subscriptions
+from statemachine.retention import RetentionPolicy, plan_retention
+from wal_segments.owner import TICK_LOGICAL_BITS
 
 log = logging.getLogger(__name__)
 E = errors_pb2
@@ -52,6 +61,7 @@ BROADCAST_RETRY_MIN_S = 0.2
 BROADCAST_RETRY_MAX_S = 30.0
 BROADCAST_APPEND_TIMEOUT_S = 10.0
 RESEND_ASSIGN_EVERY_S = 2.0
+RESTORE_CHECK_EVERY_S = 1.0
 
 
 T = TypeVar("T")
@@ -104,6 +114,8 @@ class Coordinator:
         self._assigning_since: dict[tuple[str, int], float] = {}
         self._assign_sent: dict[tuple[str, int], float] = {}
         self._last_clear = 0.0
+        self._last_retention = 0.0
+        self._last_restore_check = 0.0
         self._background: set[asyncio.Task[bool]] = set()
         self.failures = 0
         # node id -> when a peer reported its streams broke (a crash): such a node is
@@ -280,6 +292,13 @@ class Coordinator:
                     clear_broadcasts=pb.ClearBroadcasts(retention_ms=config.broadcast_retention_ms)
                 )
 
+        if now - self._last_restore_check > RESTORE_CHECK_EVERY_S:
+            self._last_restore_check = now
+            await self._restore_if_handed(state)
+        if now - self._last_retention > config.wal_retention_check_ms / 1000:
+            self._last_retention = now
+            await self._apply_retention(state, wall_ms)
+
         # 3. Placement.
         live = [
             node_id
@@ -343,6 +362,54 @@ class Coordinator:
                 continue
             self._assign_sent[(name, term)] = now
             self._send_assign(owner.address, name, term)
+
+    async def _restore_if_handed(self, state: pb.CoordinationState) -> None:
+        data_dir = self._node.me.data_dir
+        try:
+            backup = await asyncio.to_thread(pending_restore, data_dir)
+        except BackupError as error:
+            log.error("restore file refused: %s", error)
+            await asyncio.to_thread(finish_restore, data_dir, "refused")
+            return
+        if backup is None:
+            return
+        try:
+            result = await self._propose(
+                restore_state=pb.RestoreState(state=backup.state, state_digest=backup.state_digest)
+            )
+        except RaftwalError as error:
+            # Caught here so that the coordinator's other work goes on. Too large for one
+            # Raft command: refused for good; anything else (no quorum yet): next check.
+            log.error("restore at revision %d failed: %s", backup.revision, error)
+            if error.code == E.INVALID_ARGUMENT:
+                await asyncio.to_thread(finish_restore, data_dir, "refused")
+            return
+        code = result.rejection.code
+        if code == E.OK:
+            log.warning(
+                "coordination state restored at revision %d (digest %s)",
+                backup.revision,
+                backup.state_digest[:16],
+            )
+            outcome = "done"
+        elif code == E.ALREADY_EXISTS and state.revision >= backup.revision:
+            outcome = "done"  # restored already (from another node's copy of the file)
+        else:
+            log.error("restore refused: %s", result.rejection.message)
+            outcome = "refused"
+        await asyncio.to_thread(finish_restore, data_dir, outcome)
+
+    async def _apply_retention(self, state: pb.CoordinationState, wall_ms: int) -> None:
+        config = self._node.config
+        policy = RetentionPolicy(
+            retention_ms=config.wal_retention_ms,
+            retention_bytes=config.wal_retention_bytes,
+            tick_logical_bits=TICK_LOGICAL_BITS,
+        )
+        for command in plan_retention(state, wall_ms, policy):
+            result = await self._propose(delete_segments_before=command)
+            if result.rejection.code == E.OK:
+                log.info("retention: %s below lsn %d", command.pchannel, command.before_lsn)
 
     # -- broadcast delivery ------------------------------------------------------------
 

@@ -100,6 +100,8 @@ class NodeDataView:
                 view.addresses[node_id] = node.address
             for name, manifest in state.manifests.items():
                 view.committed_through[name] = manifest.committed_through_lsn
+                if manifest.deleted_before_lsn:
+                    view.deleted_before[name] = manifest.deleted_before_lsn
             return view
 
         if self._node.applied_revision() != self.view.revision:
@@ -156,6 +158,9 @@ class NodeDataView:
 
     def committed_through(self, pchannel: str) -> int:
         return self.view.committed_through.get(pchannel, 0)
+
+    def retention_floor(self, pchannel: str) -> int:
+        return self.view.deleted_before.get(pchannel, 0)
 
     def still_assigned(self, pchannel: str, term: int) -> bool:
         assignment = self.view.assignments.get(pchannel)
@@ -238,6 +243,16 @@ async def reconcile_loop(
         try:
             view.refresh()
             await plane.reconcile()
+            # Retention decided in Raft: delete the same segments here (idempotent, so it
+            # also finishes a deletion a crash cut short).
+            await plane.apply_retention(
+                {
+                    name: floor
+                    for name, floor in view.view.deleted_before.items()
+                    if name in view.view.assignments
+                    and node.me.id in view.view.assignments[name].replica_node_ids
+                }
+            )
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - logged; the next round retries

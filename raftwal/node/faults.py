@@ -28,6 +28,8 @@ The file (every node of a test cluster reads the same one; `nodes` picks the vic
 - ``point``: a name from `FAULT_POINTS`:
   * ``wal.append`` / ``wal.fsync``: every pwrite / fdatasync of a WAL segment file
     (`wal_segments/segment.py`); the subject is the file's path;
+  * ``wal.delete``: every unlink of a WAL segment file by retention
+    (`wal_segments/log.py`); the subject is the file's path;
   * ``raft.journal.write`` / ``raft.journal.fsync``: the Raft journal's group-commit write
     and fdatasync (`raft/journal.py`); the subject is the journal's path;
   * ``replication.send``: every AppendRequest an owner sends to a replica

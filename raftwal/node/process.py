@@ -678,6 +678,11 @@ class Node:
             pid=os.getpid(),
             durable_index=int(status.get("durable_index", 0) or 0),
             owners=[_owner_status(o) for _, o in sorted(self.plane.owners.items())],
+            wal_disk=[
+                api.WalDiskUsage(pchannel=name, bytes=size, first_lsn=first)
+                for name, (size, first) in self.plane.disk_usage().items()
+            ],
+            data_dir_bytes=_tree_bytes(self.me.data_dir),
         )
 
     async def cluster_status(self, linearizable: bool) -> api.ClusterStatusResponse:
@@ -695,6 +700,18 @@ class Node:
                 pending_broadcasts=sum(
                     1 for t in state.broadcasts.values() if t.state == pb.BROADCAST_STATE_PENDING
                 ),
+                retention=[
+                    api.RetentionStatus(
+                        pchannel=name,
+                        deleted_before_lsn=state.manifests[name].deleted_before_lsn,
+                        committed_segments=len(state.manifests[name].segments),
+                        committed_bytes=sum(s.bytes for s in state.manifests[name].segments),
+                        committed_through_lsn=state.manifests[name].committed_through_lsn,
+                    )
+                    for name in sorted(state.manifests)
+                    if name in state.pchannels
+                    and state.pchannels[name].state != pb.PCHANNEL_STATE_DROPPED
+                ],
             )
             return response
 
@@ -846,18 +863,35 @@ class Node:
         """Event-store backfill and retention (local to each node)."""
         last_retention = time.monotonic()
         while not self._stopping.is_set():
-            await asyncio.sleep(2)
+            await asyncio.sleep(min(2.0, self.config.event_retention_check_ms / 1000))
             if self.replica.store.gap() is not None:
                 await self._backfill_history()
-            if time.monotonic() - last_retention < 30:
+            if time.monotonic() - last_retention < self.config.event_retention_check_ms / 1000:
                 continue
             last_retention = time.monotonic()
             revision = self.applied_revision()
             floor = revision - self.config.event_retention_revisions
+            if self.config.event_retention_ms:
+                # By age too: everything proposed before the cutoff goes.
+                cutoff_ms = int(time.time() * 1000) - self.config.event_retention_ms
+                by_age = await asyncio.to_thread(self.replica.store.first_revision_at, cutoff_ms)
+                floor = max(floor, min(by_age, revision))
             if floor > 1:
                 deleted = await asyncio.to_thread(self.replica.store.compact, floor)
                 if deleted:
                     log.info("event store: deleted %d events below revision %d", deleted, floor)
+
+
+def _tree_bytes(root: Path) -> int:
+    """Bytes of the regular files under `root` (bounded: a data dir holds few files)."""
+    total = 0
+    for count, path in enumerate(root.rglob("*")):
+        if count >= 100_000:
+            break
+        with contextlib.suppress(OSError):
+            if path.is_file():
+                total += path.stat().st_size
+    return total
 
 
 def _owner_status(owner: ChannelOwner) -> api.OwnerStatus:

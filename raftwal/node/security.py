@@ -77,6 +77,7 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
         "CreateVChannel",
         "DropVChannel",
         "SetBalancePolicy",
+        "SaveSnapshot",
     ),
     **_methods(
         "Coordinator",

@@ -39,6 +39,8 @@ class DataViewSnapshot:
     addresses: dict[str, str] = field(default_factory=dict)
     committed_through: dict[str, int] = field(default_factory=dict)
     pchannels: set[str] = field(default_factory=set)
+    # pchannel -> retention floor (manifest.deleted_before_lsn), only where it is > 0
+    deleted_before: dict[str, int] = field(default_factory=dict)
 
 
 class NodeIdentity(Protocol):
@@ -65,6 +67,10 @@ class DataView(Protocol):
         ...
 
     def committed_through(self, pchannel: str) -> int: ...
+
+    def retention_floor(self, pchannel: str) -> int:
+        """The first LSN of `pchannel` retention keeps (0: nothing deleted yet)."""
+        ...
 
 
 class StateReader(Protocol):

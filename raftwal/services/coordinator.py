@@ -11,6 +11,7 @@ lifetime.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 import uuid
@@ -25,6 +26,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
 from statemachine.evolve import EVENT_KINDS
+from statemachine.state import restore_state, snapshot_state
 from statemachine.types import DEFAULT_LIMITS as LIMITS
 from statemachine.validation import check_name
 from wal_segments.owner import TICK_LOGICAL_BITS
@@ -202,7 +204,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         except RaftwalError as error:
             await context.abort_with_status(to_status(error.info))
         except CompactedHistory as error:
-            await context.abort_with_status(to_status(error_info(E.COMPACTED, str(error))))
+            await context.abort_with_status(
+                to_status(error_info(E.COMPACTED, str(error), first_available=error.first_retained))
+            )
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -850,7 +854,11 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             try:
                 events = self._backend.events_from(next_revision, EVENT_BATCH)
             except CompactedHistory as error:
-                await context.abort_with_status(to_status(error_info(E.COMPACTED, str(error))))
+                await context.abort_with_status(
+                    to_status(
+                        error_info(E.COMPACTED, str(error), first_available=error.first_retained)
+                    )
+                )
             if events:
                 next_revision = events[-1].revision + 1
                 selected = [e for e in events if not kinds or e.WhichOneof("body") in kinds]
@@ -924,6 +932,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             if as_of < 0:
                 raise fail(E.INVALID_ARGUMENT, f"invalid as_of_revision ({as_of}; expected >= 0)")
 
+            floors: dict[str, int] = {}
+
             def reader(state: pb.CoordinationState) -> tuple[list[pb.Segment], bool, list[str]]:
                 wanted = names or sorted(state.manifests)
                 missing = [n for n in wanted if n not in state.pchannels]
@@ -934,6 +944,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                     if manifest is None:
                         continue
                     retention = retention or manifest.deleted_before_lsn > 0
+                    floors[name] = manifest.deleted_before_lsn
                     for segment in manifest.segments:
                         copy = pb.Segment()
                         copy.CopyFrom(segment)
@@ -968,11 +979,32 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                             raise fail(
                                 E.COMPACTED,
                                 f"segments of {event.segments_deleted.pchannel} committed by "
-                                f"revision {as_of} were deleted at revision {event.revision}",
+                                f"revision {as_of} were deleted at revision {event.revision} "
+                                f"(the first lsn retained is "
+                                f"{floors.get(event.segments_deleted.pchannel, 0)})",
+                                first_available=floors.get(event.segments_deleted.pchannel, 0),
                             )
                     cursor = events[-1].revision + 1
             return api.ListSegmentsResponse(
                 segments=[s for s in segments if s.committed_revision <= as_of], revision=as_of
+            )
+
+        return await self._call(context, work())
+
+    async def SaveSnapshot(self, request, context):
+        """The whole coordination state at one revision (a linearizable read), with its
+        digest: what `raftwal snapshot save` writes to a file."""
+
+        async def work() -> api.SaveSnapshotResponse:
+            def reader(state: pb.CoordinationState) -> bytes:
+                return snapshot_state(state)
+
+            data, _ = await self._backend.read(reader, linearizable=True)
+            saved = restore_state(data)
+            return api.SaveSnapshotResponse(
+                state=data,
+                revision=saved.revision,
+                state_digest=hashlib.sha256(data).hexdigest(),
             )
 
         return await self._call(context, work())

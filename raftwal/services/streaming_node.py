@@ -89,6 +89,15 @@ def _producible(name: str) -> int:
     return code
 
 
+def _compacted(lsn: int, first_lsn: int) -> RaftwalError:
+    """COMPACTED for a read at `lsn`, below the first LSN retention kept."""
+    return fail(
+        E.COMPACTED,
+        f"lsn {lsn} was deleted by retention (expected >= {first_lsn}, the first lsn retained)",
+        first_available=first_lsn,
+    )
+
+
 def _complete_prefix(entries: list[Any]) -> int:
     """How many of `entries` to deliver: all but an incomplete transaction at the end."""
     cut = len(entries)
@@ -455,10 +464,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         else:
             next_lsn = request.lsn + 1
         if next_lsn < wal.first_lsn:
-            await self._abort(
-                context,
-                fail(E.COMPACTED, f"lsn {next_lsn} was deleted (log starts at {wal.first_lsn})"),
-            )
+            await self._abort(context, _compacted(next_lsn, wal.first_lsn))
             return
         after = request.after_time_tick if request.HasField("after_time_tick") else None
         from_tick = request.from_time_tick if request.HasField("from_time_tick") else None
@@ -481,6 +487,10 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                     )
                 )
                 await self._abort(context, error)
+                return
+            if next_lsn < wal.first_lsn:
+                # Retention deleted what this reader had not reached yet.
+                await self._abort(context, _compacted(next_lsn, wal.first_lsn))
                 return
             committed = owner.committed_lsn
             if next_lsn > committed:
@@ -901,6 +911,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             wal = await self._plane.log(request.pchannel)
             path = wal.segment_path(request.segment_id)
             committed = self._view.committed_through(request.pchannel)
+            floor = max(wal.first_lsn, self._view.retention_floor(request.pchannel))
+            if path is None and request.segment_id < floor:
+                raise _compacted(request.segment_id, floor)
             if path is None or not any(
                 s.first_lsn == request.segment_id and s.last_lsn <= committed
                 for s in wal.sealed_segments()

@@ -376,7 +376,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self, consistency: _Optional[_Union[Consistency, str]] = ...) -> None: ...
 
 class MemberStatus(_message.Message):
-    __slots__ = ("node_id", "grpc_address", "raft_address", "is_leader", "reachable", "raft_term", "commit_index", "applied_index", "revision", "state_digest", "pid", "durable_index", "owners")
+    __slots__ = ("node_id", "grpc_address", "raft_address", "is_leader", "reachable", "raft_term", "commit_index", "applied_index", "revision", "state_digest", "pid", "durable_index", "owners", "wal_disk", "data_dir_bytes")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -390,6 +390,8 @@ class MemberStatus(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     DURABLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     OWNERS_FIELD_NUMBER: _ClassVar[int]
+    WAL_DISK_FIELD_NUMBER: _ClassVar[int]
+    DATA_DIR_BYTES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     grpc_address: str
     raft_address: str
@@ -403,7 +405,9 @@ class MemberStatus(_message.Message):
     pid: int
     durable_index: int
     owners: _containers.RepeatedCompositeFieldContainer[OwnerStatus]
-    def __init__(self, node_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., raft_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., reachable: _Optional[bool] = ..., raft_term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ..., pid: _Optional[int] = ..., durable_index: _Optional[int] = ..., owners: _Optional[_Iterable[_Union[OwnerStatus, _Mapping]]] = ...) -> None: ...
+    wal_disk: _containers.RepeatedCompositeFieldContainer[WalDiskUsage]
+    data_dir_bytes: int
+    def __init__(self, node_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., raft_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., reachable: _Optional[bool] = ..., raft_term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ..., pid: _Optional[int] = ..., durable_index: _Optional[int] = ..., owners: _Optional[_Iterable[_Union[OwnerStatus, _Mapping]]] = ..., wal_disk: _Optional[_Iterable[_Union[WalDiskUsage, _Mapping]]] = ..., data_dir_bytes: _Optional[int] = ...) -> None: ...
 
 class OwnerStatus(_message.Message):
     __slots__ = ("pchannel", "term", "state", "last_lsn", "committed_lsn", "replicas")
@@ -430,7 +434,7 @@ class ReplicaPosition(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., durable_lsn: _Optional[int] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("leader_node_id", "leader_address", "members", "nodes", "pchannels", "revision", "balance_policy", "warnings", "leases", "locks", "pending_broadcasts")
+    __slots__ = ("leader_node_id", "leader_address", "members", "nodes", "pchannels", "revision", "balance_policy", "warnings", "leases", "locks", "pending_broadcasts", "retention")
     LEADER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
@@ -442,6 +446,7 @@ class ClusterStatusResponse(_message.Message):
     LEASES_FIELD_NUMBER: _ClassVar[int]
     LOCKS_FIELD_NUMBER: _ClassVar[int]
     PENDING_BROADCASTS_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_FIELD_NUMBER: _ClassVar[int]
     leader_node_id: str
     leader_address: str
     members: _containers.RepeatedCompositeFieldContainer[MemberStatus]
@@ -453,7 +458,8 @@ class ClusterStatusResponse(_message.Message):
     leases: int
     locks: int
     pending_broadcasts: int
-    def __init__(self, leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[_coordination_pb2.Node, _Mapping]]] = ..., pchannels: _Optional[_Iterable[_Union[_coordination_pb2.PChannel, _Mapping]]] = ..., revision: _Optional[int] = ..., balance_policy: _Optional[_Union[_coordination_pb2.BalancePolicy, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., leases: _Optional[int] = ..., locks: _Optional[int] = ..., pending_broadcasts: _Optional[int] = ...) -> None: ...
+    retention: _containers.RepeatedCompositeFieldContainer[RetentionStatus]
+    def __init__(self, leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[_coordination_pb2.Node, _Mapping]]] = ..., pchannels: _Optional[_Iterable[_Union[_coordination_pb2.PChannel, _Mapping]]] = ..., revision: _Optional[int] = ..., balance_policy: _Optional[_Union[_coordination_pb2.BalancePolicy, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., leases: _Optional[int] = ..., locks: _Optional[int] = ..., pending_broadcasts: _Optional[int] = ..., retention: _Optional[_Iterable[_Union[RetentionStatus, _Mapping]]] = ...) -> None: ...
 
 class ListSegmentsRequest(_message.Message):
     __slots__ = ("pchannels", "as_of_revision")
@@ -772,3 +778,41 @@ class ProposeResponse(_message.Message):
     RESULT_FIELD_NUMBER: _ClassVar[int]
     result: bytes
     def __init__(self, result: _Optional[bytes] = ...) -> None: ...
+
+class WalDiskUsage(_message.Message):
+    __slots__ = ("pchannel", "bytes", "first_lsn")
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    FIRST_LSN_FIELD_NUMBER: _ClassVar[int]
+    pchannel: str
+    bytes: int
+    first_lsn: int
+    def __init__(self, pchannel: _Optional[str] = ..., bytes: _Optional[int] = ..., first_lsn: _Optional[int] = ...) -> None: ...
+
+class RetentionStatus(_message.Message):
+    __slots__ = ("pchannel", "deleted_before_lsn", "committed_segments", "committed_bytes", "committed_through_lsn")
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    DELETED_BEFORE_LSN_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_THROUGH_LSN_FIELD_NUMBER: _ClassVar[int]
+    pchannel: str
+    deleted_before_lsn: int
+    committed_segments: int
+    committed_bytes: int
+    committed_through_lsn: int
+    def __init__(self, pchannel: _Optional[str] = ..., deleted_before_lsn: _Optional[int] = ..., committed_segments: _Optional[int] = ..., committed_bytes: _Optional[int] = ..., committed_through_lsn: _Optional[int] = ...) -> None: ...
+
+class SaveSnapshotRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SaveSnapshotResponse(_message.Message):
+    __slots__ = ("state", "revision", "state_digest")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    STATE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    state: bytes
+    revision: int
+    state_digest: str
+    def __init__(self, state: _Optional[bytes] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ...) -> None: ...

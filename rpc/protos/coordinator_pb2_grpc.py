@@ -169,6 +169,11 @@ class CoordinatorStub:
                 request_serializer=rpc_dot_protos_dot_coordinator__pb2.LeaveSubscriptionRequest.SerializeToString,
                 response_deserializer=rpc_dot_protos_dot_coordinator__pb2.LeaveSubscriptionResponse.FromString,
                 _registered_method=True)
+        self.SaveSnapshot = channel.unary_unary(
+                '/raftwal.v1.Coordinator/SaveSnapshot',
+                request_serializer=rpc_dot_protos_dot_coordinator__pb2.SaveSnapshotRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_coordinator__pb2.SaveSnapshotResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -336,6 +341,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SaveSnapshot(self, request, context):
+        """The whole coordination state at one revision (linearizable), for `raftwal snapshot
+        save` (admin only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -473,6 +486,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.LeaveSubscription,
                     request_deserializer=rpc_dot_protos_dot_coordinator__pb2.LeaveSubscriptionRequest.FromString,
                     response_serializer=rpc_dot_protos_dot_coordinator__pb2.LeaveSubscriptionResponse.SerializeToString,
+            ),
+            'SaveSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.SaveSnapshot,
+                    request_deserializer=rpc_dot_protos_dot_coordinator__pb2.SaveSnapshotRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_coordinator__pb2.SaveSnapshotResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1204,6 +1222,33 @@ class Coordinator:
             '/raftwal.v1.Coordinator/LeaveSubscription',
             rpc_dot_protos_dot_coordinator__pb2.LeaveSubscriptionRequest.SerializeToString,
             rpc_dot_protos_dot_coordinator__pb2.LeaveSubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SaveSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Coordinator/SaveSnapshot',
+            rpc_dot_protos_dot_coordinator__pb2.SaveSnapshotRequest.SerializeToString,
+            rpc_dot_protos_dot_coordinator__pb2.SaveSnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,

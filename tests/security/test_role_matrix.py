@@ -56,6 +56,7 @@ _ADMIN_ONLY = {
     "Coordinator/CreateVChannel",
     "Coordinator/DropVChannel",
     "Coordinator/SetBalancePolicy",
+    "Coordinator/SaveSnapshot",
 }
 _PRODUCE = {
     "StreamingNode/Produce",

@@ -11,6 +11,8 @@ its own tests below the table.
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from helpers import (
     ASSIGNED,
@@ -40,6 +42,7 @@ from helpers import (
 from rpc.protos import coordination_pb2 as pb
 from statemachine import Context, Limits, Rejection, copy_state, decide, state_digest
 from statemachine.invariants import violations
+from statemachine.state import snapshot_state
 
 # --------------------------------------------------------------------------------------
 # Shorthands for the rows
@@ -230,6 +233,25 @@ BCAST: list[Step] = [*VCHANNELS, broadcast("v1", "v2", keys=[("k1", EXCLUSIVE)])
 TOMB: list[Step] = [*BCAST, ack("v1"), ack("v2")]
 LEASED: list[Step] = [grant(10_000)]
 TWO_LEASES: list[Step] = [grant(10_000), grant(10_000)]
+
+
+def _saved(*steps: Step) -> bytes:
+    """The snapshot bytes of a state built by `steps` (what `raftwal snapshot save` gets)."""
+    harness = Harness()
+    harness.ok(*steps)
+    return snapshot_state(harness.state)
+
+
+def restore(data: bytes, digest: str | None = None) -> pb.Command:
+    return cmd(
+        restore_state=pb.RestoreState(
+            state=data, state_digest=hashlib.sha256(data).hexdigest() if digest is None else digest
+        )
+    )
+
+
+SAVED = _saved(*SEGMENTS, subscribe("s1", "v1"), grant(10_000))
+
 
 INVALID = E.INVALID_ARGUMENT
 NAMES_1025 = [f"c{k}" for k in range(1025)]
@@ -457,6 +479,44 @@ ROWS = [
     row("delete_segments_before/consumer-dropped-vchannel",
         [*SEGMENTS, position("g1", "v1", 0), drop_v("v1")], delete_before("p1", 31),
         ["segments_deleted"]),
+    row("delete_segments_before/held-by-earliest-subscription",
+        [*SEGMENTS, subscribe("s1", "v1")], delete_before("p1", 31), []),
+    row("delete_segments_before/subscription-not-holding",
+        [*SEGMENTS, subscribe("s1", "v1", no_retention_hold=True)], delete_before("p1", 31),
+        ["segments_deleted"]),
+    row("delete_segments_before/latest-subscription",
+        [*SEGMENTS, subscribe("s1", "v1", start=pb.SUBSCRIPTION_START_LATEST)],
+        delete_before("p1", 31), ["segments_deleted"]),
+    row("delete_segments_before/held-by-lsn-start",
+        [*SEGMENTS, subscribe("s1", "v1", start=pb.SUBSCRIPTION_START_LSN, start_lsn=5)],
+        delete_before("p1", 31), []),
+    row("delete_segments_before/held-by-tick-seek",
+        [*SEGMENTS, subscribe("s1", "v1"), sub_seek("s1", "v1", from_time_tick=3)],
+        delete_before("p1", 31), []),
+    row("delete_segments_before/subscription-consumed",
+        [*SEGMENTS, subscribe("s1", "v1"), sub_commit("s1", "v1", 30)], delete_before("p1", 31),
+        ["segments_deleted"]),
+    row("delete_segments_before/subscription-other-pchannel",
+        [*SEGMENTS, subscribe("s1", "v3")], delete_before("p1", 31), ["segments_deleted"]),
+    row("delete_segments_before/held-by-unacked-broadcast",
+        [*SEGMENTS, broadcast("v1"), appended("v1", lsn=4)], delete_before("p1", 31), []),
+    row("delete_segments_before/broadcast-acked",
+        [*SEGMENTS, broadcast("v1"), appended("v1", lsn=4), ack("v1")], delete_before("p1", 31),
+        ["segments_deleted"]),
+    row("seek_subscription/below-retention-floor",
+        [*SEGMENTS, subscribe("s1", "v1", no_retention_hold=True), delete_before("p1", 21)],
+        sub_seek("s1", "v1", lsn=20), E.COMPACTED, "expected >= 21"),
+    row("seek_subscription/at-retention-floor",
+        [*SEGMENTS, subscribe("s1", "v1", no_retention_hold=True), delete_before("p1", 21)],
+        sub_seek("s1", "v1", lsn=21), ["subscription_position_committed"]),
+    # ---- restore_state
+    row("restore_state/fresh-cluster", NODES, restore(SAVED), ["state_restored"]),
+    row("restore_state/not-fresh", VCHANNELS, restore(SAVED), E.ALREADY_EXISTS, "not fresh"),
+    row("restore_state/digest-mismatch", NODES, restore(SAVED, "00" * 32), INVALID,
+        "digest mismatch"),
+    row("restore_state/undecodable", NODES, restore(b"\xff\xff\xff"), INVALID, "undecodable"),
+    row("restore_state/not-later", [*NODES, *[register(f"m{i}") for i in range(40)]],
+        restore(_saved(*NODES)), INVALID, "revisions never go back"),
     # ---- create_broadcast
     row("create_broadcast/no-keys", VCHANNELS, broadcast("v1", "v2"), ["broadcast_created"]),
     row("create_broadcast/keys", VCHANNELS,
@@ -770,7 +830,11 @@ def test_command_table(
         assert [e.SerializeToString(deterministic=True) for e in direct] == [
             e.SerializeToString(deterministic=True) for e in events
         ]
-        assert harness.state.revision == before.revision + len(expect)
+        if expect == ["state_restored"]:
+            # A restore continues from the saved revision.
+            assert harness.state.revision == events[0].state_restored.restored_revision
+        else:
+            assert harness.state.revision == before.revision + len(expect)
         if not expect:
             assert domain_bytes(harness.state) == domain_bytes(before)
     else:
@@ -1390,3 +1454,31 @@ def test_subscription_members_fence_commits_by_generation_and_lease() -> None:
     assert sorted(h.state.subscriptions["s1"].members) == ["a"]
     assert h.state.subscriptions["s1"].positions["v2"].lsn == 5
     assert violations(h.state) == []
+
+
+def test_restore_keeps_the_saved_content_and_continues_its_revisions() -> None:
+    source = Harness()
+    source.ok(*SEGMENTS, subscribe("s1", "v1"), grant(10_000))
+    saved = snapshot_state(source.state)
+    h = Harness()
+    h.ok(register("n1", "10.9.9.1:7201"), register("n9", "10.9.9.9:7201"))
+    result = h.ok(restore(saved))
+    state = h.state
+    assert state.revision == source.state.revision == result.revision
+    # Everything but the nodes and the apply metadata is the saved state, byte for byte.
+    for field in ("pchannels", "vchannels", "manifests", "subscriptions", "leases"):
+        assert getattr(state, field) == getattr(source.state, field), field
+    assert state.next_vchannel_id == source.state.next_vchannel_id
+    # n1 is registered here (new address, UP); n2 and n3 only in the saved state: DOWN.
+    assert state.nodes["n1"].address == "10.9.9.1:7201"
+    assert state.nodes["n1"].state == pb.NODE_STATE_UP
+    assert state.nodes["n9"].state == pb.NODE_STATE_UP
+    assert {n: state.nodes[n].state for n in ("n2", "n3")} == {
+        "n2": pb.NODE_STATE_DOWN,
+        "n3": pb.NODE_STATE_DOWN,
+    }
+    # The next revision (a lease id, a fencing token) is above every saved one.
+    lease = h.ok(grant(10_000))
+    assert lease.lease_id == source.state.revision + 1
+    # A second restore is refused: the cluster is no longer fresh.
+    h.reject(restore(saved), E.ALREADY_EXISTS)

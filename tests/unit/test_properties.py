@@ -379,8 +379,73 @@ class CoordinationMachine(RuleBasedStateMachine):
         self.check_tables()
         return result
 
+    def check_retention(self, previous: pb.CoordinationState, events: list[pb.Event]) -> None:
+        """The retention floor never moves backwards, and never passes what a holding
+        subscription (from its start, or its committed position) or an unacknowledged
+        broadcast still needs; a seek never lands below it."""
+        state = self.h.state
+        for name, manifest in previous.manifests.items():
+            if name in state.manifests:
+                assert state.manifests[name].deleted_before_lsn >= manifest.deleted_before_lsn
+        for event in events:
+            kind = event.WhichOneof("body")
+            if (
+                kind == "subscription_position_committed"
+                and event.subscription_position_committed.seek
+            ):
+                committed = event.subscription_position_committed
+                vchannel = state.vchannels[committed.vchannel]
+                floor = (
+                    state.manifests[vchannel.pchannel].deleted_before_lsn
+                    if (vchannel.pchannel in state.manifests)
+                    else 0
+                )
+                if committed.position.lsn:
+                    assert committed.position.lsn + 1 >= floor, (committed, floor)
+            if kind != "segments_deleted":
+                continue
+            pchannel = event.segments_deleted.pchannel
+            before = previous.manifests[pchannel].deleted_before_lsn
+            after = state.manifests[pchannel].deleted_before_lsn
+            assert after > before
+            for subscription in previous.subscriptions.values():
+                if not subscription.holds_retention:
+                    continue
+                for vchannel_name in subscription.vchannels:
+                    vchannel = previous.vchannels.get(vchannel_name)
+                    if vchannel is None or vchannel.pchannel != pchannel:
+                        continue
+                    if vchannel.state != pb.VCHANNEL_STATE_NORMAL:
+                        continue
+                    needed = None
+                    if vchannel_name in subscription.positions:
+                        position = subscription.positions[vchannel_name]
+                        if position.lsn:
+                            needed = position.lsn + 1
+                        elif not position.from_time_tick:
+                            needed = 1
+                    elif subscription.start == pb.SUBSCRIPTION_START_EARLIEST:
+                        needed = 1
+                    elif subscription.start == pb.SUBSCRIPTION_START_LSN:
+                        needed = subscription.start_lsn
+                    if needed is not None:
+                        assert after <= max(needed, before), (subscription, after, before)
+            for task in previous.broadcasts.values():
+                if task.state != pb.BROADCAST_STATE_PENDING:
+                    continue
+                for target in task.vchannels:
+                    vchannel = previous.vchannels.get(target.vchannel)
+                    if (
+                        target.appended
+                        and not target.acked
+                        and vchannel is not None
+                        and (vchannel.pchannel == pchannel)
+                    ):
+                        assert after <= max(target.appended_lsn, before), (task, after)
+
     def check_history(self, previous: pb.CoordinationState, events: list[pb.Event]) -> None:
         state = self.h.state
+        self.check_retention(previous, events)
         for name, channel in previous.pchannels.items():
             assert state.pchannels[name].term >= channel.term
         for event in events:
@@ -874,3 +939,39 @@ def test_the_machine_reaches_interesting_states() -> None:
     assert dict(state.locks) == {} and dict(state.leases) == {}
     assert [r.rejection.code for r in machine.h.results].count(E.RESOURCE_ACQUIRED) == 1
     assert all(r.rejection.code in (E.OK, E.RESOURCE_ACQUIRED) for r in machine.h.results)
+
+
+def test_the_machine_checks_the_retention_floor() -> None:
+    """A hand-driven run through the machine's rules (so `check_retention` judges every
+    step): holding subscriptions and an unacknowledged broadcast stop the floor; it only
+    rises; a seek below it is COMPACTED."""
+    machine = CoordinationMachine()
+    meta = (0, "")
+    machine.setup(True)
+    for _ in range(4):
+        machine.commit_segment(meta, "p1", 0, "next", 5, False, ["n1"])
+    assert machine.h.state.manifests["p1"].committed_through_lsn == 20
+    # An EARLIEST subscription that never committed holds everything.
+    machine.create_subscription(meta, "g1", ["v1"], pb.SUBSCRIPTION_START_EARLIEST, 0)
+    machine.delete_segments_before(meta, "p1", 0)
+    assert machine.h.state.manifests["p1"].deleted_before_lsn == 0
+    # Consumed through 7: [1, 5] may go, [6, 10] not.
+    machine.move_subscription(meta, "g1", "v1", 7, False, 0)
+    machine.delete_segments_before(meta, "p1", 0)
+    assert machine.h.state.manifests["p1"].deleted_before_lsn == 6
+    # A broadcast appended at lsn 12 and not acknowledged holds [11, 15].
+    broadcast_id = machine.create_broadcast(meta, ["v2"], [], "", b"b")
+    machine.record_broadcast_appended(meta, broadcast_id, False, "v2", 12, None)
+    machine.move_subscription(meta, "g1", "v1", 20, False, 0)
+    machine.delete_segments_before(meta, "p1", 0)
+    assert machine.h.state.manifests["p1"].deleted_before_lsn == 11
+    # A seek below the floor is refused, one at it is fine.
+    machine.move_subscription(meta, "g1", "v1", 3, True, 0)
+    assert machine.h.results[-1].rejection.code == E.COMPACTED
+    assert machine.h.results[-1].rejection.first_available == 11
+    machine.move_subscription(meta, "g1", "v1", 11, True, 0)
+    assert machine.h.results[-1].rejection.code == E.OK
+    machine.ack_broadcast(meta, broadcast_id, False, "v2", None)
+    machine.move_subscription(meta, "g1", "v1", 20, False, 0)
+    machine.delete_segments_before(meta, "p1", 0)
+    assert machine.h.state.manifests["p1"].deleted_before_lsn == 21
