@@ -516,7 +516,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 # Idle: keep time moving with a committed time-tick entry once the pchannel
                 # has had no write for the interval (shared by every stream of it).
                 owner.advance_time_tick(tick_interval_s)
-                await owner.wait_commit_change(min(CONSUME_POLL_S, tick_interval_s / 2))
+                await owner.wait_commit_change(min(CONSUME_POLL_S, tick_interval_s / 4))
                 continue
             if next_lsn > committed:
                 await wal.wait_appended(CONSUME_POLL_S)

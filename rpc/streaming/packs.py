@@ -300,6 +300,27 @@ class PackConsumer:
         """The end tick of the last pack committed (or resumed from)."""
         return self._committed_end
 
+    def status(self) -> dict[str, Any]:
+        """Where the consumer stands, per vchannel (for the caller's status and errors)."""
+        assembler = self._assembler
+        if assembler is None:
+            return {"started": False}
+        return {
+            "begin_time_tick": assembler.end_time_tick,
+            "committed_time_tick": self._committed_end,
+            "packs": self.delivered_count,
+            "commits": self.commits,
+            "vchannels": {
+                v: {
+                    "watermark": assembler.watermark(v),
+                    "buffered": assembler.buffered(v),
+                    "last_lsn": self._consumers[v].last_lsn,
+                    "connections": self._consumers[v].connections,
+                }
+                for v in assembler.vchannels
+            },
+        }
+
     async def start(self) -> PackConsumer:
         """Read the subscription and open a stream per vchannel (also done by ``async
         with`` and the first ``__anext__``)."""
