@@ -9,10 +9,14 @@ Every check compares the packs against what the producers had acknowledged.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +26,8 @@ from tests.cluster.conftest import Api, running_cluster
 from tests.cluster.wal_helpers import setup_channels, wait_assigned
 
 pytestmark = pytest.mark.cluster
+
+RAFTWAL = str(Path(sys.executable).with_name("raftwal"))
 
 TIMEOUT_S = float(os.environ.get("PACKS_TEST_TIMEOUT_S", 60))
 # vchannel -> pchannel index: two vchannels share pchannel 0, one is alone on pchannel 1.
@@ -131,18 +137,24 @@ def test_packs_complete_and_in_order_with_several_producers(env) -> None:
             _check_packs(packs, acked)
             # Concurrent producers and an interval of 100 ms: more than one pack.
             assert len(packs) > 1
-            # Closing committed the last pack: each vchannel's position is its last lsn,
-            # at the end tick of the pack that held it.
+            # Closing committed the last pack: each vchannel's position is its last lsn, at
+            # the end tick of the pack committed when it moved; the highest is the last
+            # pack's end, where a restart resumes.
             described = await client.coordinator.describe_subscription("pk_sub")
+            ends = {p.end_time_tick for p in packs}
+            ticks = []
             for vchannel in vchannels:
                 last = max(lsn for (v, lsn) in acked if v == vchannel)
                 (holder,) = [
                     p
                     for p in packs
-                    if any((m.vchannel, m.lsn) == (vchannel, last) for m in p.messages)
+                    if (vchannel, last) in {(m.vchannel, m.lsn) for m in p.messages}
                 ]
                 position = described.subscription.positions[vchannel]
-                assert (position.lsn, position.time_tick) == (last, holder.end_time_tick)
+                assert position.lsn == last
+                assert position.time_tick in ends and position.time_tick >= holder.end_time_tick
+                ticks.append(position.time_tick)
+            assert max(ticks) == packs[-1].end_time_tick
 
     asyncio.run(scenario())
 
@@ -267,3 +279,42 @@ def test_owner_killed_mid_stream_keeps_packs_complete_and_in_order(env) -> None:
         asyncio.run(scenario())
     finally:
         cluster.start_node(owner)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([RAFTWAL, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_the_cli_prints_packs_and_resumes(env) -> None:
+    cluster, api_client = env
+    names, _ = _channels(api_client, "pkcli")
+    endpoints = ",".join(cluster.endpoints)
+
+    async def setup() -> None:
+        async with StreamingClient(cluster.endpoints) as client:
+            await client.coordinator.create_subscription("pkcli_sub", [names["a"], names["c"]])
+            await _produce(client, {}, [names["a"], names["c"]], "cli", 6)
+
+    asyncio.run(setup())
+
+    def consume(*extra: str) -> subprocess.CompletedProcess[str]:
+        return _cli(
+            "consume", "--subscription", "pkcli_sub", "--packs", "--timeout-s", "3",
+            "--endpoints", endpoints, *extra,
+        )  # fmt: skip
+
+    done = consume("--json")
+    assert done.returncode == 0, done.stderr
+    packs = [json.loads(line) for line in done.stdout.splitlines()]
+    ticks = [int(m["time_tick"]) for p in packs for m in p["messages"]]
+    assert len(ticks) == 6 and ticks == sorted(ticks)
+    assert {m["vchannel"] for p in packs for m in p["messages"]} == {names["a"], names["c"]}
+    for before, pack in zip([None, *packs], packs, strict=False):
+        begin, end = int(pack["begin_time_tick"]), int(pack["end_time_tick"])
+        assert before is None or begin == int(before["end_time_tick"])
+        assert all(begin < int(m["time_tick"]) <= end for m in pack["messages"])
+    # Committed: a second run has nothing left, in text mode too.
+    again = consume()
+    assert again.returncode == 0 and "0 pack(s), 0 message(s)" in again.stderr, again
+    bad = consume("--vchannel", names["a"])
+    assert bad.returncode == 2 and "--packs reads every vchannel" in bad.stderr
