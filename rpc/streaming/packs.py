@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
-from rpc.errors import InvalidArgumentError, error_info
+from rpc.errors import InvalidArgumentError, RaftwalError, error_info
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
@@ -65,6 +65,12 @@ DEFAULT_TIME_TICK_INTERVAL_MS = 100
 # How long one wait for reader progress lasts before the consumer checks its readers and
 # commit timer again.
 WAIT_SLICE_S = 1.0
+# A commit refused for one of these (a pchannel's owner is being replaced, the Raft leader
+# moved) is tried again at the next commit point instead of failing the iteration; at
+# close it is retried, bounded by CLOSE_COMMIT_TIMEOUT_S.
+TRANSIENT_COMMIT_CODES = frozenset({E.NOT_OWNER, E.UNAVAILABLE, E.ON_SHUTDOWN, E.NOT_LEADER})
+CLOSE_COMMIT_TIMEOUT_S = 30.0
+CLOSE_COMMIT_RETRY_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -285,6 +291,8 @@ class PackConsumer:
         #: packs handed out and commits made, for the caller's status
         self.delivered_count = 0
         self.commits = 0
+        #: commits put off after a transient refusal (see TRANSIENT_COMMIT_CODES)
+        self.deferred_commits = 0
 
     @property
     def vchannels(self) -> tuple[str, ...]:
@@ -444,7 +452,7 @@ class PackConsumer:
         if self._uncommitted >= self.commit_every or due:
             await self._commit(self._delivered)
 
-    async def _commit(self, pack: Pack | None) -> None:
+    async def _commit(self, pack: Pack | None, defer: bool = True) -> None:
         if pack is None or pack.end_time_tick <= self._committed_end:
             return
         moved = {
@@ -453,12 +461,22 @@ class PackConsumer:
             if position[0] > self._committed_lsn.get(vchannel, 0)
         }
         if moved:
-            await self._client.coordinator.commit_subscription(
-                self.subscription,
-                moved,
-                member_id=self.member_id,
-                generation=self.generation,
-            )
+            try:
+                await self._client.coordinator.commit_subscription(
+                    self.subscription,
+                    moved,
+                    member_id=self.member_id,
+                    generation=self.generation,
+                )
+            except RaftwalError as error:
+                if not defer or error.info.code not in TRANSIENT_COMMIT_CODES:
+                    raise
+                # Nothing is lost: the pack stays uncommitted and the next commit point
+                # sends its positions again (a vchannel already committed is a no-op).
+                log.info("commit of %s deferred: %s", self.subscription, error)
+                self.deferred_commits += 1
+                self._last_commit_at = time.monotonic()
+                return
             for vchannel, (lsn, _) in moved.items():
                 self._committed_lsn[vchannel] = lsn
             self.commits += 1
@@ -491,9 +509,23 @@ class PackConsumer:
         self._wake.set()
         try:
             if self._assembler is not None:
-                await self._commit(self._previous if failed else self._delivered)
+                await self._commit_at_close(self._previous if failed else self._delivered)
         finally:
             await self._stop_streams()
+
+    async def _commit_at_close(self, pack: Pack | None) -> None:
+        deadline = time.monotonic() + CLOSE_COMMIT_TIMEOUT_S
+        while True:
+            try:
+                await self._commit(pack, defer=False)
+                return
+            except RaftwalError as error:
+                if (
+                    error.info.code not in TRANSIENT_COMMIT_CODES
+                    or time.monotonic() + CLOSE_COMMIT_RETRY_S > deadline
+                ):
+                    raise
+            await asyncio.sleep(CLOSE_COMMIT_RETRY_S)
 
     async def __aenter__(self) -> PackConsumer:
         return await self.start()

@@ -252,7 +252,10 @@ def test_owner_killed_mid_stream_keeps_packs_complete_and_in_order(env) -> None:
             await client.coordinator.create_subscription("pkkill_sub", vchannels)
             acked: Acked = {}
             packs: list[Pack] = []
-            async with PackConsumer(client, "pkkill_sub", retry_timeout_s=TIMEOUT_S) as consumer:
+            # Commits every 20 ms: some land while pchannel 0 has no owner (deferred).
+            async with PackConsumer(
+                client, "pkkill_sub", commit_interval_ms=20, retry_timeout_s=TIMEOUT_S
+            ) as consumer:
                 producing = asyncio.ensure_future(
                     asyncio.gather(
                         *(
@@ -272,6 +275,7 @@ def test_owner_killed_mid_stream_keeps_packs_complete_and_in_order(env) -> None:
                 await asyncio.wait_for(reading, TIMEOUT_S * 2)
             assert len(acked) == 300
             _check_packs(packs, acked)
+            print(f"owner kill: {len(packs)} packs, {consumer.deferred_commits} deferred commits")
             # Failover happened under the consumer: pchannel 0 has a newer term now.
             await asyncio.to_thread(wait_assigned, api_client, pchannels[0], min_term=term + 1)
 
