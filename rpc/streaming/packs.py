@@ -67,7 +67,7 @@ DEFAULT_TIME_TICK_INTERVAL_MS = 100
 WAIT_SLICE_S = 1.0
 # A commit refused for one of these (a pchannel's owner is being replaced, the Raft leader
 # moved) is tried again at the next commit point instead of failing the iteration; at
-# close it is retried, bounded by CLOSE_COMMIT_TIMEOUT_S.
+# close and on demand (commit()) it is retried, bounded by CLOSE_COMMIT_TIMEOUT_S.
 TRANSIENT_COMMIT_CODES = frozenset({E.NOT_OWNER, E.UNAVAILABLE, E.ON_SHUTDOWN, E.NOT_LEADER})
 CLOSE_COMMIT_TIMEOUT_S = 30.0
 CLOSE_COMMIT_RETRY_S = 0.2
@@ -486,8 +486,10 @@ class PackConsumer:
         self._last_commit_at = time.monotonic()
 
     async def commit(self) -> None:
-        """Commit every pack handed out so far (the caller is done with the last one)."""
-        await self._commit(self._delivered)
+        """Commit every pack handed out so far (the caller is done with the last one);
+        returns once committed, retrying transient refusals (an owner being replaced) for
+        up to CLOSE_COMMIT_TIMEOUT_S."""
+        await self._commit_retrying(self._delivered)
 
     async def _stop_streams(self) -> None:
         for task in self._readers.values():
@@ -509,11 +511,11 @@ class PackConsumer:
         self._wake.set()
         try:
             if self._assembler is not None:
-                await self._commit_at_close(self._previous if failed else self._delivered)
+                await self._commit_retrying(self._previous if failed else self._delivered)
         finally:
             await self._stop_streams()
 
-    async def _commit_at_close(self, pack: Pack | None) -> None:
+    async def _commit_retrying(self, pack: Pack | None) -> None:
         deadline = time.monotonic() + CLOSE_COMMIT_TIMEOUT_S
         while True:
             try:

@@ -322,3 +322,32 @@ def test_the_cli_prints_packs_and_resumes(env) -> None:
     assert again.returncode == 0 and "0 pack(s), 0 message(s)" in again.stderr, again
     bad = consume("--vchannel", names["a"])
     assert bad.returncode == 2 and "--packs reads every vchannel" in bad.stderr
+
+
+def test_a_commit_while_the_owner_is_replaced_waits_for_the_new_owner(env) -> None:
+    """The coordinator checks a commit against the pchannel's owner; while that owner is
+    dead and not yet replaced the check fails (UNAVAILABLE / NOT_OWNER): the consumer
+    retries instead of failing, and the position lands once the new owner serves."""
+    cluster, api_client = env
+    names, pchannels = _channels(api_client, "pkfo")
+    owner, term, _ = wait_assigned(api_client, pchannels[0])
+
+    async def scenario() -> None:
+        async with StreamingClient(cluster.endpoints) as client:
+            await client.coordinator.create_subscription("pkfo_sub", [names["a"]])
+            acked: Acked = {}
+            await _produce(client, acked, [names["a"]], "fo", 5)
+            packs: list[Pack] = []
+            async with PackConsumer(client, "pkfo_sub", commit_interval_ms=3_600_000) as reader:
+                await _read_until(reader, packs, lambda: _count(packs) >= 5)
+                cluster.kill(owner)
+                await reader.commit()
+            _check_packs(packs, acked)
+            described = await client.coordinator.describe_subscription("pkfo_sub")
+            assert described.subscription.positions[names["a"]].lsn == max(lsn for _, lsn in acked)
+
+    try:
+        asyncio.run(scenario())
+        wait_assigned(api_client, pchannels[0], min_term=term + 1)
+    finally:
+        cluster.start_node(owner)
