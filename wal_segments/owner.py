@@ -17,6 +17,9 @@ this node at term T, it
 3. **seals** the open segment at `segment_max_bytes` / `segment_max_age_ms` by writing a
    seal marker (so replicas roll at the same LSN) and proposes `CommitSegment` once the
    marker is committed.
+4. **keeps time moving** on an idle pchannel: `advance_time_tick` appends a time-tick entry
+   (TIME_TICK_MARKER) when nothing was written for a while and a Consume stream asks for
+   watermarks, so committed time ticks advance (time-tick packs).
 
 An owner that meets a higher term (a replica answers FENCED, or its own log was fenced)
 stops: every pending and later write fails with CHANNEL_FENCED; it never acknowledges

@@ -4,7 +4,9 @@ and ReadSegment, served by a pchannel's owner.
 The servicer validates, calls the data plane (``wal_segments``), and maps outcomes to gRPC
 statuses with an ErrorInfo; a bad request never reaches a file. Transactions are buffered
 here (bounded by count, size and the node's and each producer's byte budgets) and written
-as one replicated batch at commit. Depends on ``StreamingBackend`` and ``DataView``, never
+as one replicated batch at commit. A Consume that asks for time-tick watermarks gets the
+committed time tick it has read past, also while its pchannel is idle (the owner appends
+time-tick entries). Depends on ``StreamingBackend`` and ``DataView``, never
 on the node itself.
 """
 
