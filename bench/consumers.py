@@ -15,8 +15,11 @@ has it, else its default), one at a time (started, measured, stopped):
 - pack latency (raftwal only): a pack consumer over two vchannels on two pchannels, one of
   them silent; single messages sent `--pack-samples` times; latency = the ack of the
   message (the last of its tick) -> its pack delivered. p50/p99.
-- HOOK(shards): the exactly-once shard phase of `bench/shard_apply.py` plugs in at
-  `EXTRA_PHASES` below (a coroutine taking the running raftwal cluster's endpoints).
+- HOOK(shards): the exactly-once shard phase. When `bench/shard_apply.py` exists and
+  defines `PHASE`, it runs on the raftwal cluster after the consume phase:
+  `await shard_apply.PHASE(endpoints, vchannel, messages)` -> a dict of figures, reported
+  under "shard_apply" (the vchannel holds `messages` 100-byte messages then). Other phases
+  can be added to `EXTRA_PHASES` the same way.
 
     ./run bench consumers [--quick] [--json] [--skip-nats]
 
@@ -46,9 +49,16 @@ from rpc.streaming_client import PackConsumer, Producer, StreamingClient, Subscr
 PAYLOAD = b"x" * 100
 BUDGET_S = 300.0
 
-#: HOOK(shards): extra raftwal phases, name -> coroutine(endpoints, messages) -> figures.
-#: bench/shard_apply.py registers its exactly-once SQLite shard phase here.
-EXTRA_PHASES: dict[str, Callable[[list[str], int], Awaitable[dict[str, Any]]]] = {}
+#: HOOK(shards): extra raftwal phases, name -> coroutine(endpoints, vchannel, messages)
+#: -> figures, run after the consume phase on the same cluster and data.
+Phase = Callable[[list[str], str, int], Awaitable[dict[str, Any]]]
+EXTRA_PHASES: dict[str, Phase] = {}
+try:  # bench/shard_apply.py (the exactly-once SQLite shard phase), when it exists
+    import shard_apply  # type: ignore[import-not-found]
+except ModuleNotFoundError:
+    shard_apply = None
+if shard_apply is not None and hasattr(shard_apply, "PHASE"):
+    EXTRA_PHASES["shard_apply"] = shard_apply.PHASE
 
 
 def say(message: str) -> None:
@@ -174,7 +184,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             say(f"pack latency: {report['pack_latency_ms']}")
             for name, phase in EXTRA_PHASES.items():  # HOOK(shards)
-                report[name] = await phase(endpoints, args.messages)
+                say(f"{name}: running")
+                report[name] = await phase(endpoints, system._vchannels["small"], args.messages)
         finally:
             await system.stop()
         if not args.skip_nats:
