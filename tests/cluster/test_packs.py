@@ -18,9 +18,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from raftwal.cli import dev
+from rpc.errors import InvalidArgumentError, NotFoundError, from_rpc_error
+from rpc.protos import errors_pb2, streaming_pb2_grpc
+from rpc.protos import streaming_pb2 as wire
 from rpc.streaming_client import Pack, PackConsumer, Producer, StreamingClient
 from tests.cluster.conftest import Api, running_cluster
 from tests.cluster.wal_helpers import setup_channels, wait_assigned
@@ -28,6 +32,7 @@ from tests.cluster.wal_helpers import setup_channels, wait_assigned
 pytestmark = pytest.mark.cluster
 
 RAFTWAL = str(Path(sys.executable).with_name("raftwal"))
+E = errors_pb2
 
 TIMEOUT_S = float(os.environ.get("PACKS_TEST_TIMEOUT_S", 60))
 # vchannel -> pchannel index: two vchannels share pchannel 0, one is alone on pchannel 1.
@@ -351,3 +356,31 @@ def test_a_commit_while_the_owner_is_replaced_waits_for_the_new_owner(env) -> No
         wait_assigned(api_client, pchannels[0], min_term=term + 1)
     finally:
         cluster.start_node(owner)
+
+
+def test_bad_pack_requests_get_a_clear_error(env) -> None:
+    cluster, api_client = env
+    names, pchannels = _channels(api_client, "pkbad")
+    _, _, address = wait_assigned(api_client, pchannels[0])
+    # The watermark interval is checked by the node: INVALID_ARGUMENT with what was got.
+    for interval in (-1, 60_001):
+        request = wire.ConsumeRequest(vchannel=names["a"], time_tick_interval_ms=interval)
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as raised:
+            list(streaming_pb2_grpc.StreamingNodeStub(channel).Consume(request, timeout=5))
+        info = from_rpc_error(raised.value)
+        assert info.code == E.INVALID_ARGUMENT
+        assert f"time_tick_interval_ms ({interval}; expected 0..60000)" in info.message
+
+    async def scenario() -> None:
+        async with StreamingClient(cluster.endpoints) as client:
+            await client.coordinator.create_subscription("pkbad_sub", [names["a"]])
+            with pytest.raises(NotFoundError):
+                await PackConsumer(client, "nosuch").start()
+            with pytest.raises(InvalidArgumentError, match=r"\['pkbad_c'\]"):
+                await PackConsumer(client, "pkbad_sub", vchannels=[names["c"]]).start()
+            with pytest.raises(InvalidArgumentError, match="from_lsn given to a PackConsumer"):
+                PackConsumer(client, "pkbad_sub", from_lsn=3)
+            with pytest.raises(InvalidArgumentError, match="time_tick_interval_ms"):
+                PackConsumer(client, "pkbad_sub", time_tick_interval_ms=0)
+
+    asyncio.run(scenario())
