@@ -12,26 +12,23 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
 
 from raftwal.cli import dev
+from raftwal.cli.main import main
 from rpc.errors import InvalidArgumentError, NotFoundError, from_rpc_error
 from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from rpc.streaming_client import Pack, PackConsumer, Producer, StreamingClient
 from tests.cluster.conftest import Api, running_cluster
-from tests.cluster.wal_helpers import setup_channels, wait_assigned
+from tests.cluster.wal_helpers import setup_channels, wait_assigned, wait_nodes_up
 
 pytestmark = pytest.mark.cluster
 
-RAFTWAL = str(Path(sys.executable).with_name("raftwal"))
 E = errors_pb2
 
 TIMEOUT_S = float(os.environ.get("PACKS_TEST_TIMEOUT_S", 60))
@@ -288,13 +285,10 @@ def test_owner_killed_mid_stream_keeps_packs_complete_and_in_order(env) -> None:
         asyncio.run(scenario())
     finally:
         cluster.start_node(owner)
+        wait_nodes_up(api_client)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([RAFTWAL, *args], capture_output=True, text=True, timeout=120)
-
-
-def test_the_cli_prints_packs_and_resumes(env) -> None:
+def test_the_cli_prints_packs_and_resumes(env, capsys: pytest.CaptureFixture[str]) -> None:
     cluster, api_client = env
     names, _ = _channels(api_client, "pkcli")
     endpoints = ",".join(cluster.endpoints)
@@ -306,15 +300,19 @@ def test_the_cli_prints_packs_and_resumes(env) -> None:
 
     asyncio.run(setup())
 
-    def consume(*extra: str) -> subprocess.CompletedProcess[str]:
-        return _cli(
-            "consume", "--subscription", "pkcli_sub", "--packs", "--timeout-s", "3",
-            "--endpoints", endpoints, *extra,
+    def consume(*extra: str) -> tuple[int, str, str]:
+        # In process (the console script is `raftwal.cli.main:main`): no interpreter start
+        # per call on a loaded machine.
+        code = main(
+            ["consume", "--subscription", "pkcli_sub", "--packs", "--timeout-s", "3",
+             "--endpoints", endpoints, *extra]
         )  # fmt: skip
+        out, err = capsys.readouterr()
+        return code, out, err
 
-    done = consume("--json")
-    assert done.returncode == 0, done.stderr
-    packs = [json.loads(line) for line in done.stdout.splitlines()]
+    code, out, err = consume("--json")
+    assert code == 0, err
+    packs = [json.loads(line) for line in out.splitlines()]
     ticks = [int(m["time_tick"]) for p in packs for m in p["messages"]]
     assert len(ticks) == 6 and ticks == sorted(ticks)
     assert {m["vchannel"] for p in packs for m in p["messages"]} == {names["a"], names["c"]}
@@ -323,10 +321,12 @@ def test_the_cli_prints_packs_and_resumes(env) -> None:
         assert before is None or begin == int(before["end_time_tick"])
         assert all(begin < int(m["time_tick"]) <= end for m in pack["messages"])
     # Committed: a second run has nothing left, in text mode too.
-    again = consume()
-    assert again.returncode == 0 and "0 pack(s), 0 message(s)" in again.stderr, again
-    bad = consume("--vchannel", names["a"])
-    assert bad.returncode == 2 and "--packs reads every vchannel" in bad.stderr
+    code, out, err = consume()
+    assert code == 0 and "0 pack(s), 0 message(s)" in err, (out, err)
+    code, _, err = consume("--vchannel", names["a"])
+    assert code == 2 and "--packs reads every vchannel" in err
+    code, _, err = consume("--time-tick-interval-ms", "0")
+    assert code == 2 and "invalid --time-tick-interval-ms (0; expected 1..60000)" in err
 
 
 def test_a_commit_while_the_owner_is_replaced_waits_for_the_new_owner(env) -> None:
@@ -356,6 +356,7 @@ def test_a_commit_while_the_owner_is_replaced_waits_for_the_new_owner(env) -> No
         wait_assigned(api_client, pchannels[0], min_term=term + 1)
     finally:
         cluster.start_node(owner)
+        wait_nodes_up(api_client)
 
 
 def test_bad_pack_requests_get_a_clear_error(env) -> None:
@@ -365,9 +366,14 @@ def test_bad_pack_requests_get_a_clear_error(env) -> None:
     # The watermark interval is checked by the node: INVALID_ARGUMENT with what was got.
     for interval in (-1, 60_001):
         request = wire.ConsumeRequest(vchannel=names["a"], time_tick_interval_ms=interval)
-        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as raised:
-            list(streaming_pb2_grpc.StreamingNodeStub(channel).Consume(request, timeout=5))
-        info = from_rpc_error(raised.value)
+        for _ in range(20):  # bounded: a node restarted by an earlier test may still start
+            with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as raised:
+                list(streaming_pb2_grpc.StreamingNodeStub(channel).Consume(request, timeout=5))
+            info = from_rpc_error(raised.value)
+            if info.code != E.UNAVAILABLE:
+                break
+            time.sleep(0.5)
+            _, _, address = wait_assigned(api_client, pchannels[0])
         assert info.code == E.INVALID_ARGUMENT
         assert f"time_tick_interval_ms ({interval}; expected 0..60000)" in info.message
 
