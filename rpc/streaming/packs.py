@@ -318,6 +318,7 @@ class PackConsumer:
             "committed_time_tick": self._committed_end,
             "packs": self.delivered_count,
             "commits": self.commits,
+            "deferred_commits": self.deferred_commits,
             "vchannels": {
                 v: {
                     "watermark": assembler.watermark(v),
@@ -453,7 +454,11 @@ class PackConsumer:
             await self._commit(self._delivered)
 
     async def _commit(self, pack: Pack | None, defer: bool = True) -> None:
-        if pack is None or pack.end_time_tick <= self._committed_end:
+        if pack is None:
+            return
+        if pack.end_time_tick <= self._committed_end:
+            if pack is self._delivered:
+                self._uncommitted = 0
             return
         moved = {
             vchannel: position
