@@ -18,6 +18,8 @@
   after the last delivered LSN at the new owner when a stream breaks: no gap, no duplicate.
 - ``SubscriptionConsumer``: a ``Consumer`` of one vchannel of a subscription that starts
   where the subscription stands and commits its position as it goes (at least once).
+- ``PackConsumer``: time-tick packs (``Pack``) over a subscription's vchannels: every
+  message of a time-tick range, complete and in order, committed per pack (``packs``).
 - ``Txn``: ``BeginTxn`` / ``AppendTxn`` / ``CommitTxn`` / ``RollbackTxn`` on the owner of the
   vchannel's pchannel, with a keepalive task while open; an async context manager that
   commits on normal exit and rolls back on an exception.
@@ -63,6 +65,7 @@ from rpc.streaming.consumer import CONSUMER_PROBE_S as CONSUMER_PROBE_S
 from rpc.streaming.consumer import CONSUMER_PROBE_TIMEOUT_S as CONSUMER_PROBE_TIMEOUT_S
 from rpc.streaming.consumer import MAX_CONSUME_BATCH as MAX_CONSUME_BATCH
 from rpc.streaming.consumer import Consumer
+from rpc.streaming.packs import Pack, PackConsumer
 from rpc.streaming.producer import MAX_BATCH_BYTES as MAX_BATCH_BYTES
 from rpc.streaming.producer import MAX_BATCH_MESSAGES as MAX_BATCH_MESSAGES
 from rpc.streaming.producer import MAX_LINGER_MS as MAX_LINGER_MS
@@ -93,6 +96,8 @@ from rpc.streaming.txn import Txn
 __all__ = [
     "AssignmentCache",
     "Consumer",
+    "Pack",
+    "PackConsumer",
     "Position",
     "Producer",
     "ProducerStats",

@@ -123,6 +123,9 @@ class EntryFlags(enum.IntFlag):
     TERM_START = 1 << 4
     SEAL_MARKER = 1 << 5
     BROADCAST = 1 << 6
+    #: an owner's time-tick entry (msg_type TIME_TICK, no vchannel): it only moves the
+    #: pchannel's committed time tick forward while no producer writes (time-tick packs)
+    TIME_TICK_MARKER = 1 << 7
 
 
 KNOWN_FLAGS = int(
@@ -133,6 +136,7 @@ KNOWN_FLAGS = int(
     | EntryFlags.TERM_START
     | EntryFlags.SEAL_MARKER
     | EntryFlags.BROADCAST
+    | EntryFlags.TIME_TICK_MARKER
 )
 TXN_FLAGS = int(
     EntryFlags.TXN_BEGIN | EntryFlags.TXN_BODY | EntryFlags.TXN_COMMIT | EntryFlags.TXN_ROLLBACK
@@ -141,7 +145,7 @@ BROADCAST_FLAG = int(EntryFlags.BROADCAST)
 #: flags & TXN_FLAGS values with at most one bit set
 _SINGLE_TXN_BIT = {0: True, 1: True, 2: True, 4: True, 8: True}
 #: Entries the WAL writes for itself rather than for a producer.
-CONTROL_FLAGS = int(EntryFlags.TERM_START | EntryFlags.SEAL_MARKER)
+CONTROL_FLAGS = int(EntryFlags.TERM_START | EntryFlags.SEAL_MARKER | EntryFlags.TIME_TICK_MARKER)
 
 
 class MsgType(enum.IntEnum):

@@ -17,6 +17,9 @@ this node at term T, it
 3. **seals** the open segment at `segment_max_bytes` / `segment_max_age_ms` by writing a
    seal marker (so replicas roll at the same LSN) and proposes `CommitSegment` once the
    marker is committed.
+4. **keeps time moving** on an idle pchannel: `advance_time_tick` appends a time-tick entry
+   (TIME_TICK_MARKER) when nothing was written for a while and a Consume stream asks for
+   watermarks, so committed time ticks advance (time-tick packs).
 
 An owner that meets a higher term (a replica answers FENCED, or its own log was fenced)
 stops: every pending and later write fails with CHANNEL_FENCED; it never acknowledges
@@ -242,6 +245,8 @@ class ChannelOwner:
         self._committed_txns: OrderedDict[int, tuple[int, int]] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
         self._segment_opened_at = time.monotonic()
+        self._last_append_at = time.monotonic()
+        self._tick_task: asyncio.Task[None] | None = None
         self.commit_failures = 0
         self.last_commit_error = ""
         #: why the owner stopped after a local I/O failure ("" otherwise)
@@ -309,9 +314,14 @@ class ChannelOwner:
         for replica in self._replicas.values():
             if replica.task is not None:
                 replica.task.cancel()
-        for task in self._tasks:
+        ticking = [self._tick_task] if self._tick_task is not None else []
+        for task in [*self._tasks, *ticking]:
             task.cancel()
-        for task in [*self._tasks, *(r.task for r in self._replicas.values() if r.task)]:
+        for task in [
+            *self._tasks,
+            *ticking,
+            *(r.task for r in self._replicas.values() if r.task),
+        ]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
@@ -610,6 +620,43 @@ class ChannelOwner:
         await self._write_locked(batch.data, batch.meta)
         return lsn
 
+    # -- time ticks ---------------------------------------------------------------------------
+
+    def advance_time_tick(self, idle_s: float) -> bool:
+        """Start appending a time-tick entry (TIME_TICK_MARKER, no vchannel) when nothing
+        was appended for `idle_s` and every appended entry is committed; returns whether one
+        was started. Never waits: the entry commits like any other, and Consume streams see
+        the committed time tick move.
+
+        Why this is a safe watermark: the entry is committed only on a majority at this
+        term, a later owner adopts a log holding it and ticks strictly above it
+        (`hybrid_tick`), and ticks rise with LSNs within a term; so once an entry with tick
+        t is committed, no entry with a tick <= t can be committed after it. A fenced or
+        paused owner cannot commit one, so it cannot move the watermark either.
+        Concurrent callers share one append (one entry per pchannel per `idle_s` at most)."""
+        if (
+            self.state != "serving"
+            or self._tick_task is not None
+            or self._write_lock.locked()
+            or self.log.last_lsn != self.committed_lsn
+            or time.monotonic() - self._last_append_at < idle_s
+        ):
+            return False
+        self._tick_task = asyncio.create_task(self._append_time_tick())
+        return True
+
+    async def _append_time_tick(self) -> None:
+        try:
+            async with self._write_lock:
+                if self.state != "serving":
+                    return
+                await self._append_control(MsgType.TIME_TICK, int(EntryFlags.TIME_TICK_MARKER))
+        except WalError as error:
+            # The owner stopped or the disk refused: its streams see that on their own.
+            logger.debug("%s: time-tick append failed: %s", self.pchannel, error.info.message)
+        finally:
+            self._tick_task = None
+
     # -- writing -----------------------------------------------------------------------------
 
     async def _write_locked(self, frames: bytes, meta) -> None:  # type: ignore[no-untyped-def]
@@ -643,6 +690,7 @@ class ChannelOwner:
             replica.wake.set()
         if result.sealed:
             self._segment_opened_at = time.monotonic()
+        self._last_append_at = time.monotonic()
         task = asyncio.create_task(self._local_durable(result))
         task.add_done_callback(_log_failure)
 

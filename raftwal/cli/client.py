@@ -63,6 +63,7 @@ from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
 from rpc.streaming_client import (
     Consumer,
+    PackConsumer,
     Position,
     Producer,
     StreamingClient,
@@ -295,8 +296,29 @@ def register(commands: argparse._SubParsersAction) -> None:
     consume.add_argument(
         "--msg-types", default="", help="comma-separated message types to deliver (default all)"
     )
+    consume.add_argument(
+        "--packs",
+        action="store_true",
+        help="with --subscription: print time-tick packs over all its vchannels (every "
+        "message of a time-tick range, complete and in order) and commit per pack; --limit "
+        "then counts packs (default: off)",
+    )
+    consume.add_argument(
+        "--time-tick-interval-ms",
+        type=int,
+        default=100,
+        help="with --packs: ms without writes after which an idle pchannel's owner moves "
+        "its time tick (default: 100)",
+    )
     consume.set_defaults(
-        handler=_handler(_consume, {"lsn": "--from-lsn", "msg_types": "--msg-types"})
+        handler=_handler(
+            _consume,
+            {
+                "lsn": "--from-lsn",
+                "msg_types": "--msg-types",
+                "time_tick_interval_ms": "--time-tick-interval-ms",
+            },
+        )
     )
 
     balance = commands.add_parser(
@@ -1201,6 +1223,8 @@ async def _consume(args: argparse.Namespace, client: CoordinatorClient, target: 
             "--subscription starts where the subscription stands (got --from-beginning or "
             "--from-lsn too; expected neither: `raftwal subscription seek` moves it)"
         )
+    if args.packs:
+        return await _consume_packs(args, client, msg_types)
     console = _console()
     printed = 0
     async with StreamingClient(client) as streaming:
@@ -1239,6 +1263,66 @@ async def _consume(args: argparse.Namespace, client: CoordinatorClient, target: 
                 printed += 1
     if not args.json:
         print(f"{printed} entr{'y' if printed == 1 else 'ies'}", file=sys.stderr)
+    return 0
+
+
+async def _consume_packs(
+    args: argparse.Namespace, client: CoordinatorClient, msg_types: list[str]
+) -> int:
+    """`consume --subscription S --packs`: one line per pack (JSON: the pack with its
+    messages), then its messages in text mode."""
+    if not args.subscription:
+        raise CliError("--packs: needs --subscription (packs are cut over its vchannels)")
+    if args.vchannel:
+        raise CliError("--packs reads every vchannel of the subscription (got --vchannel too)")
+    if not 1 <= args.time_tick_interval_ms <= 60_000:
+        raise CliError(
+            f"invalid --time-tick-interval-ms ({args.time_tick_interval_ms}; expected 1..60000)"
+        )
+    console = _console()
+    packs = messages = 0
+    async with (
+        StreamingClient(client) as streaming,
+        PackConsumer(
+            streaming,
+            args.subscription,
+            time_tick_interval_ms=args.time_tick_interval_ms,
+            msg_types=msg_types,
+        ) as reader,
+    ):
+        while not args.limit or packs < args.limit:
+            try:
+                pack = await asyncio.wait_for(anext(reader), args.timeout_s)
+            except (StopAsyncIteration, TimeoutError):
+                break
+            packs += 1
+            messages += len(pack.messages)
+            if args.json:
+                _print_json(
+                    {
+                        "begin_time_tick": pack.begin_time_tick,
+                        "end_time_tick": pack.end_time_tick,
+                        "start_positions": {
+                            v: {"lsn": lsn, "time_tick": tick}
+                            for v, (lsn, tick) in pack.start_positions.items()
+                        },
+                        "end_positions": {
+                            v: {"lsn": lsn, "time_tick": tick}
+                            for v, (lsn, tick) in pack.end_positions.items()
+                        },
+                        "messages": [_to_dict(m) for m in pack.messages],
+                    }
+                )
+                continue
+            console.print(
+                f"pack ({pack.begin_time_tick}, {pack.end_time_tick}]: "
+                f"{len(pack.messages)} message(s)",
+                markup=False,
+            )
+            for entry in pack.messages:
+                _print_entry(console, entry, False)
+    if not args.json:
+        print(f"{packs} pack(s), {messages} message(s)", file=sys.stderr)
     return 0
 
 

@@ -517,7 +517,17 @@ class Node:
                 streaming_pb2.GetLatestTimeTickRequest(pchannel=pchannel), timeout=5.0
             )
         except grpc.aio.AioRpcError as error:
-            raise RaftwalError(from_rpc_error(error)) from None
+            info = from_rpc_error(error)
+            if info.code in (E.NOT_OWNER, E.CHANNEL_FENCED):
+                # The hinted owner is recovering the pchannel or was just replaced (a
+                # failover, the balancer): transient, so retryable, like no owner at all.
+                raise RaftwalError(
+                    error_info(
+                        E.UNAVAILABLE,
+                        f"pchannel {pchannel} is changing owner ({address}: {info.message})",
+                    )
+                ) from None
+            raise RaftwalError(info) from None
         return answer.committed_lsn, answer.time_tick
 
     def leader(self) -> NodeConfig | None:

@@ -4,7 +4,9 @@ and ReadSegment, served by a pchannel's owner.
 The servicer validates, calls the data plane (``wal_segments``), and maps outcomes to gRPC
 statuses with an ErrorInfo; a bad request never reaches a file. Transactions are buffered
 here (bounded by count, size and the node's and each producer's byte budgets) and written
-as one replicated batch at commit. Depends on ``StreamingBackend`` and ``DataView``, never
+as one replicated batch at commit. A Consume that asks for time-tick watermarks gets the
+committed time tick it has read past, also while its pchannel is idle (the owner appends
+time-tick entries). Depends on ``StreamingBackend`` and ``DataView``, never
 on the node itself.
 """
 
@@ -30,6 +32,7 @@ from rpc.protos import streaming_pb2 as wire
 from statemachine.types import DEFAULT_LIMITS as LIMITS
 from statemachine.validation import check_name
 from wal_segments.format import (
+    CONTROL_FLAGS,
     CONTROL_MSG_TYPES,
     MAX_KEY_BYTES,
     PRODUCIBLE_MSG_TYPES,
@@ -57,6 +60,8 @@ CONSUME_POLL_S = 1.0
 DEFAULT_CONSUME_BATCH = 1000
 MAX_CONSUME_BATCH = 10_000
 CONSUME_CHUNK_BYTES = 4 << 20
+#: ConsumeRequest.time_tick_interval_ms upper bound
+MAX_TIME_TICK_INTERVAL_MS = 60_000
 DEFAULT_TXN_KEEPALIVE_MS = 10_000
 MAX_TXN_KEEPALIVE_MS = 600_000
 MAX_TXN_BYTES = 16 << 20
@@ -449,6 +454,13 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                     E.INVALID_ARGUMENT,
                     f"invalid max_batch_entries ({batch_limit}; expected 1..{MAX_CONSUME_BATCH})",
                 )
+            tick_interval_ms = request.time_tick_interval_ms
+            if not 0 <= tick_interval_ms <= MAX_TIME_TICK_INTERVAL_MS:
+                raise fail(
+                    E.INVALID_ARGUMENT,
+                    f"invalid time_tick_interval_ms ({tick_interval_ms}; expected "
+                    f"0..{MAX_TIME_TICK_INTERVAL_MS})",
+                )
             owner = self._owner(pchannel)
         except (RaftwalError, WalError) as error:
             await self._abort(context, error)
@@ -470,6 +482,19 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         from_tick = request.from_time_tick if request.HasField("from_time_tick") else None
         include_control = request.include_control
         names = self._view.view.vchannel_names
+        # Time-tick watermark (see ConsumeResponse.committed_time_tick): the tick of the
+        # last committed entry this stream read past; 0 until known.
+        ticking = tick_interval_ms > 0
+        tick_interval_s = tick_interval_ms / 1000
+        watermark = sent_watermark = 0
+        if ticking and wal.first_lsn <= next_lsn - 1 <= owner.committed_lsn:
+            try:
+                before = wal.entries(next_lsn - 1, CONSUME_CHUNK_BYTES, next_lsn - 1)
+            except (LogError, OSError, KeyError, SegmentCorrupted) as error:
+                await self._abort(context, fail(E.INNER, f"read failed: {error}"))
+                return
+            if before:
+                watermark = before[-1].time_tick
         while True:
             if not owner.serving:
                 error = (
@@ -493,6 +518,18 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 await self._abort(context, _compacted(next_lsn, wal.first_lsn))
                 return
             committed = owner.committed_lsn
+            if ticking and watermark > sent_watermark:
+                # Read past entries of other vchannels (or control entries) only: say so.
+                sent_watermark = watermark
+                yield wire.ConsumeResponse(
+                    committed_lsn=committed, term=owner.term, committed_time_tick=watermark
+                )
+            if next_lsn > committed and ticking:
+                # Idle: keep time moving with a committed time-tick entry once the pchannel
+                # has had no write for the interval (shared by every stream of it).
+                owner.advance_time_tick(tick_interval_s)
+                await owner.wait_commit_change(min(CONSUME_POLL_S, tick_interval_s / 4))
+                continue
             if next_lsn > committed:
                 await wal.wait_appended(CONSUME_POLL_S)
                 # The commit point moves after the append: give it a moment.
@@ -527,10 +564,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             entries = entries[:cut]
             out = []
             for entry in entries:
-                if (
-                    entry.flags & (EntryFlags.TERM_START | EntryFlags.SEAL_MARKER)
-                    and not include_control
-                ):
+                if entry.flags & CONTROL_FLAGS and not include_control:
                     continue
                 if vchannel_id and entry.vchannel_id != vchannel_id:
                     continue
@@ -558,11 +592,21 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 )
             next_lsn = entries[-1].lsn + 1
             for start in range(0, len(out), batch_limit):
+                chunk = out[start : start + batch_limit]
+                last = start + batch_limit >= len(out)
                 yield wire.ConsumeResponse(
-                    entries=out[start : start + batch_limit],
+                    entries=chunk,
                     committed_lsn=committed,
                     term=owner.term,
+                    # A chunk before the last one covers only up to its own last entry.
+                    committed_time_tick=(
+                        (entries[-1].time_tick if last else chunk[-1].time_tick) if ticking else 0
+                    ),
                 )
+            if ticking:
+                watermark = entries[-1].time_tick
+                if out:
+                    sent_watermark = watermark
 
     # Transactions
 

@@ -139,7 +139,7 @@ class ProduceResult(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., positions: _Optional[_Iterable[_Union[Position, _Mapping]]] = ..., error: _Optional[_Union[_errors_pb2.ErrorInfo, _Mapping]] = ..., term: _Optional[int] = ..., duplicate: _Optional[bool] = ..., first_lsn: _Optional[int] = ..., time_ticks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ConsumeRequest(_message.Message):
-    __slots__ = ("vchannel", "pchannel", "policy", "lsn", "after_time_tick", "from_time_tick", "msg_types", "include_control", "max_batch_entries")
+    __slots__ = ("vchannel", "pchannel", "policy", "lsn", "after_time_tick", "from_time_tick", "msg_types", "include_control", "max_batch_entries", "time_tick_interval_ms")
     VCHANNEL_FIELD_NUMBER: _ClassVar[int]
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +149,7 @@ class ConsumeRequest(_message.Message):
     MSG_TYPES_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_CONTROL_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    TIME_TICK_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     vchannel: str
     pchannel: str
     policy: DeliverPolicy
@@ -158,17 +159,20 @@ class ConsumeRequest(_message.Message):
     msg_types: _containers.RepeatedScalarFieldContainer[str]
     include_control: bool
     max_batch_entries: int
-    def __init__(self, vchannel: _Optional[str] = ..., pchannel: _Optional[str] = ..., policy: _Optional[_Union[DeliverPolicy, str]] = ..., lsn: _Optional[int] = ..., after_time_tick: _Optional[int] = ..., from_time_tick: _Optional[int] = ..., msg_types: _Optional[_Iterable[str]] = ..., include_control: _Optional[bool] = ..., max_batch_entries: _Optional[int] = ...) -> None: ...
+    time_tick_interval_ms: int
+    def __init__(self, vchannel: _Optional[str] = ..., pchannel: _Optional[str] = ..., policy: _Optional[_Union[DeliverPolicy, str]] = ..., lsn: _Optional[int] = ..., after_time_tick: _Optional[int] = ..., from_time_tick: _Optional[int] = ..., msg_types: _Optional[_Iterable[str]] = ..., include_control: _Optional[bool] = ..., max_batch_entries: _Optional[int] = ..., time_tick_interval_ms: _Optional[int] = ...) -> None: ...
 
 class ConsumeResponse(_message.Message):
-    __slots__ = ("entries", "committed_lsn", "term")
+    __slots__ = ("entries", "committed_lsn", "term", "committed_time_tick")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_LSN_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_TIME_TICK_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[WalEntry]
     committed_lsn: int
     term: int
-    def __init__(self, entries: _Optional[_Iterable[_Union[WalEntry, _Mapping]]] = ..., committed_lsn: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
+    committed_time_tick: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[WalEntry, _Mapping]]] = ..., committed_lsn: _Optional[int] = ..., term: _Optional[int] = ..., committed_time_tick: _Optional[int] = ...) -> None: ...
 
 class BeginTxnRequest(_message.Message):
     __slots__ = ("vchannel", "keepalive_ms", "producer_id")

@@ -67,6 +67,12 @@ class Consumer:
     with UnavailableError after ``max_attempts`` consecutive failures or ``retry_timeout_s``
     without progress; non-retryable answers (COMPACTED, INVALID_ARGUMENT, ...) raise their
     typed error.
+
+    With ``time_tick_interval_ms`` the owner also reports a committed time-tick watermark
+    (``watermark``: every entry of the vchannel with a time tick at or below it has been
+    delivered, and none can be committed later), kept moving on an idle pchannel by
+    time-tick entries after that many ms; ``read_batch()`` returns a response's entries at
+    once, or none when only the watermark moved (time-tick packs, ``rpc.streaming.packs``).
     """
 
     def __init__(
@@ -81,6 +87,7 @@ class Consumer:
         msg_types: Sequence[str] | None = None,
         include_control: bool = False,
         max_batch_entries: int = 1000,
+        time_tick_interval_ms: int = 0,
         retry_timeout_s: float = DEFAULT_RETRY_TIMEOUT_S,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         attempt_timeout_s: float = DEFAULT_ATTEMPT_TIMEOUT_S,
@@ -103,6 +110,8 @@ class Consumer:
         if from_time_tick is not None and from_time_tick < 0:
             raise _invalid(f"invalid from_time_tick ({from_time_tick}; expected >= 0)")
         _check_range("max_batch_entries", max_batch_entries, 1, MAX_CONSUME_BATCH)
+        if time_tick_interval_ms:
+            _check_range("time_tick_interval_ms", time_tick_interval_ms, 1, 60_000)
         _check_range("retry_timeout_s", retry_timeout_s, 0.001, 3600)
         _check_range("max_attempts", max_attempts, 1, 1000)
         _check_range("attempt_timeout_s", attempt_timeout_s, 0.001, 3600)
@@ -120,6 +129,13 @@ class Consumer:
         self._msg_types = list(msg_types or ())
         self._include_control = include_control
         self._max_batch_entries = int(max_batch_entries)
+        self._time_tick_interval_ms = int(time_tick_interval_ms)
+        # The committed time tick of the responses taken (`_pending_watermark`) becomes
+        # `watermark` once their entries are handed out (undelivered entries are dropped at
+        # a reconnect, and so is the watermark that covered them).
+        self._pending_watermark = 0
+        #: every entry with time_tick <= this has been delivered (time_tick_interval_ms)
+        self.watermark = 0
         self.retry_timeout_s = retry_timeout_s
         self.max_attempts = int(max_attempts)
         self.attempt_timeout_s = attempt_timeout_s
@@ -191,6 +207,7 @@ class Consumer:
         self._read_task = None
         # Undelivered entries are read again after the last delivered one.
         self._buffer.clear()
+        self._pending_watermark = self.watermark
 
     async def __anext__(self) -> wire.WalEntry:
         while True:
@@ -202,7 +219,42 @@ class Consumer:
                     continue
                 self._last_lsn = entry.lsn
                 self.delivered += 1
+                if not self._buffer:
+                    self.watermark = max(self.watermark, self._pending_watermark)
                 return entry
+            if self._read_task is None:
+                await self._connect()
+                continue
+            done, _ = await asyncio.wait({self._read_task}, timeout=ROUTE_CHECK_S)
+            if self._closed:
+                raise StopAsyncIteration
+            if not done:
+                if not self._check_moved():
+                    await self._probe()
+                continue
+            await self._take(self._read_task)
+
+    async def read_batch(self) -> list[wire.WalEntry]:
+        """The next entries as they arrive, a whole response at a time (with
+        ``time_tick_interval_ms``, possibly none: only ``watermark`` moved). Raises
+        StopAsyncIteration once closed; otherwise what ``__anext__`` raises."""
+        while True:
+            if self._closed:
+                raise StopAsyncIteration
+            if self._buffer:
+                out = []
+                for entry in self._buffer:
+                    if self._last_lsn is not None and entry.lsn <= self._last_lsn:
+                        continue
+                    self._last_lsn = entry.lsn
+                    out.append(entry)
+                self._buffer.clear()
+                self.delivered += len(out)
+                self.watermark = max(self.watermark, self._pending_watermark)
+                return out
+            if self._pending_watermark > self.watermark:
+                self.watermark = self._pending_watermark
+                return []
             if self._read_task is None:
                 await self._connect()
                 continue
@@ -290,6 +342,8 @@ class Consumer:
                 self._route.pchannel, response.term, address, state=pb.PCHANNEL_STATE_ASSIGNED
             )
         self._buffer.extend(response.entries)
+        if response.committed_time_tick > self._pending_watermark:
+            self._pending_watermark = response.committed_time_tick
         self._read_task = asyncio.ensure_future(self._call.read())
 
     def _progress(self) -> None:
@@ -311,6 +365,7 @@ class Consumer:
             include_control=self._include_control,
             max_batch_entries=self._max_batch_entries,
             from_time_tick=self._from_time_tick,
+            time_tick_interval_ms=self._time_tick_interval_ms,
         )
 
     def _remaining_s(self) -> float:

@@ -9,7 +9,9 @@ What it commits: an entry counts as consumed once the caller asks for the next o
 calls ``commit()``, or leaves ``async with`` without an exception), so a crash between
 receiving an entry and finishing with it redelivers that entry: at least once. Commits go
 out every ``commit_every`` entries or ``commit_interval_ms``, whichever comes first, and at
-close. Exactly once needs the application's writes and the position in one transaction
+close. A commit due while reading runs in the background (one at a time), so reading never
+waits for Raft; its refusal is raised by the next ``__anext__``, and ``commit()`` and
+``close()`` wait for it. Exactly once needs the application's writes and the position in one transaction
 (not in this module).
 
 Positions move forward only; a commit the coordinator refuses raises its typed error.
@@ -77,6 +79,8 @@ class SubscriptionConsumer:
         self._committed: tuple[int, int] | None = None
         self._uncommitted = 0
         self._last_commit_at = time.monotonic()
+        # The commit running in the background (started by _maybe_commit), if any.
+        self._commit_task: asyncio.Future[None] | None = None
         #: entries handed out and positions committed, for the caller's status
         self.delivered_count = 0
         self.commits = 0
@@ -130,11 +134,28 @@ class SubscriptionConsumer:
         return entry
 
     async def _maybe_commit(self) -> None:
-        if self._delivered is None or self._uncommitted == 0:
+        self._reap()
+        if self._delivered is None or self._uncommitted == 0 or self._commit_task is not None:
             return
         due = time.monotonic() - self._last_commit_at >= self.commit_interval_s
         if self._uncommitted >= self.commit_every or due:
-            await self._commit(self._delivered)
+            self._uncommitted = 0
+            self._last_commit_at = time.monotonic()
+            self._commit_task = asyncio.ensure_future(self._commit(self._delivered))
+
+    def _reap(self) -> None:
+        """Collect a finished background commit: raises its error."""
+        task = self._commit_task
+        if task is not None and task.done():
+            self._commit_task = None
+            task.result()
+
+    async def _drain(self) -> None:
+        """Wait for the background commit, if any (raises its error)."""
+        task = self._commit_task
+        if task is not None:
+            self._commit_task = None
+            await task
 
     async def _commit(self, position: tuple[int, int] | None) -> None:
         if position is None or (self._committed is not None and position <= self._committed):
@@ -145,14 +166,20 @@ class SubscriptionConsumer:
             member_id=self.member_id,
             generation=self.generation,
         )
-        self._committed = position
-        self._uncommitted = 0
-        self._last_commit_at = time.monotonic()
+        if self._committed is None or position > self._committed:
+            self._committed = position
         self.commits += 1
+
+    async def _commit_now(self, position: tuple[int, int] | None) -> None:
+        await self._drain()
+        await self._commit(position)
+        if position is not None and position == self._delivered:
+            self._uncommitted = 0
+        self._last_commit_at = time.monotonic()
 
     async def commit(self) -> None:
         """Commit everything handed out so far (the caller is done with the last entry)."""
-        await self._commit(self._delivered)
+        await self._commit_now(self._delivered)
 
     @property
     def committed(self) -> tuple[int, int] | None:
@@ -164,7 +191,7 @@ class SubscriptionConsumer:
         `failed`: the caller did not finish with it) and close the stream."""
         try:
             if self._consumer is not None:
-                await self._commit(self._previous if failed else self._delivered)
+                await self._commit_now(self._previous if failed else self._delivered)
         finally:
             if self._consumer is not None:
                 await self._consumer.close()
