@@ -147,11 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     from raftwal.chaos.runner import register as register_chaos
     from raftwal.cli.client import register
+    from raftwal.cli.shards import register as register_shards
     from raftwal.cli.spark import register as register_spark
 
     register(commands)
     register_spark(commands)
     register_chaos(commands)
+    register_shards(commands)
     return parser
 
 

@@ -161,6 +161,7 @@ class Shard:
         record_max_bytes: int = 4 << 20,
         source: ShardSource | None = None,
         synchronous: str = "FULL",
+        commit_as_member: bool = True,
     ) -> None:
         _check_range("max_batch_messages", max_batch_messages, 1, 1_000_000)
         _check_range("linger_ms", linger_ms, 0, 60_000)
@@ -176,6 +177,9 @@ class Shard:
         self.token = token
         #: the member's current generation, for the fenced commit to Raft
         self.generation = generation if generation is not None else token
+        #: False: the process is not a subscription member (a standalone shard over a
+        #: subscription without members); its Raft commits then carry no member
+        self.commit_as_member = commit_as_member
         self.max_batch_messages = max_batch_messages
         self.linger_s = linger_ms / 1000
         self.commit_interval_s = commit_interval_ms / 1000
@@ -380,8 +384,8 @@ class Shard:
         await self._client.coordinator.commit_subscription(
             self.subscription,
             {self.vchannel: position},
-            member_id=self.member_id,
-            generation=self.generation,
+            member_id=self.member_id if self.commit_as_member else "",
+            generation=self.generation if self.commit_as_member else 0,
         )
         self._raft_committed = position
         self._last_raft_commit = now
