@@ -205,6 +205,8 @@ class Shard:
     async def recover(self) -> ShardStatus:
         """Replay the recovery log into the store, fence it, start the source."""
         started = time.monotonic()
+        # An unknown subscription or vchannel is NOT_FOUND before anything is created.
+        subscription_start = await self._subscription_start()
         await self.recovery_log.ensure()
         self.store = ShardStore(self.store_path, synchronous=self._synchronous)
         store = self.store
@@ -258,7 +260,7 @@ class Shard:
                 )
             )
         checkpoint = store.checkpoint()
-        start = {} if checkpoint.source_lsn else await self._subscription_start()
+        start = {} if checkpoint.source_lsn else subscription_start
         await self.source.start(checkpoint.source_lsn, **start)
         self.status.state = "RUNNING"
         self.status.checkpoint = checkpoint
@@ -433,7 +435,11 @@ def load_application(spec: str) -> Application:
     target = getattr(module, attr, None)
     if target is None:
         raise _invalid(f"module {module_name!r} has no {attr!r}")
-    app = target() if callable(target) and not isinstance(target, Application) else target
+    # A class (even one that looks like an Application) is instantiated; a factory called.
+    if isinstance(target, type) or (callable(target) and not isinstance(target, Application)):
+        app = target()
+    else:
+        app = target
     if not isinstance(app, Application):
         raise _invalid(f"{spec} is not an Application (expected init_store, consume and finalize)")
     return app
@@ -543,9 +549,15 @@ class ConsumerService:
         self._stops.pop(name).set()
         task = self._tasks.pop(name, None)
         self.shards.pop(name, None)
-        if task is not None:
-            with contextlib.suppress(asyncio.CancelledError, RaftwalError):
-                await asyncio.wait_for(task, 30)
+        if task is None:
+            return
+        try:
+            await asyncio.wait_for(task, 30)
+        except asyncio.CancelledError:
+            if asyncio.current_task() is not None and asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                raise
+        except Exception as error:  # noqa: BLE001 (a stopped shard's failure is logged, not raised)
+            log.warning("shard %s/%s stopped with %r", self.subscription, name, error)
 
     async def _stop_all(self) -> None:
         for name in list(self.shards):

@@ -2,11 +2,15 @@
 tests.cluster.shard_app:Counters``): per-key counters, plus one row per applied entry so a
 test can see that every LSN took effect exactly once.
 
-A payload is ``<key>:<anything>``.
+A payload is ``<key>:<anything>``. With ``SHARD_APP_PAUSE_FILE`` set and that file present,
+``consume`` touches ``<file>.entered`` and sleeps a moment inside the open transaction, so
+a test can SIGSTOP the process in the middle of one.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from collections import Counter
 from collections.abc import Sequence
 
@@ -21,6 +25,11 @@ class Counters:
         store.execute("CREATE TABLE IF NOT EXISTS applied (vchannel TEXT, lsn INTEGER)")
 
     def consume(self, store: ShardStore, entries: Sequence[wire.WalEntry]) -> None:
+        pause = os.environ.get("SHARD_APP_PAUSE_FILE", "")
+        if pause and os.path.exists(pause):
+            with open(f"{pause}.entered", "w") as marker:
+                marker.write(str(entries[0].lsn))
+            time.sleep(0.5)
         counts = Counter(entry.payload.split(b":", 1)[0].decode() for entry in entries)
         store.executemany(
             "INSERT INTO counters (key, n) VALUES (?, ?) "
