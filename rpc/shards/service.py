@@ -30,6 +30,7 @@ import contextlib
 import importlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,14 +78,29 @@ class ShardSource(Protocol):
 
 
 class VChannelSource:
-    """Entries of one vchannel after a position, in batches (a Consumer underneath)."""
+    """Entries of one vchannel after a position, in batches. A background task reads ahead
+    into a bounded buffer (`max_buffered` entries) while the shard commits, so the next
+    transaction takes everything that arrived meanwhile."""
 
-    def __init__(self, client: StreamingClientBase, vchannel: str, **options: Any) -> None:
+    def __init__(
+        self,
+        client: StreamingClientBase,
+        vchannel: str,
+        *,
+        max_buffered: int = 50_000,
+        **options: Any,
+    ) -> None:
+        _check_range("max_buffered", max_buffered, 1, 10_000_000)
         self._client = client
         self.vchannel = vchannel
+        self.max_buffered = max_buffered
         self._options = options
         self._consumer: Consumer | None = None
-        self._pending: asyncio.Task[wire.WalEntry] | None = None
+        self._buffer: deque[wire.WalEntry] = deque()
+        self._arrived = asyncio.Event()
+        self._room = asyncio.Event()
+        self._pump_task: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
 
     async def start(self, after_lsn: int, **start: Any) -> None:
         """After `after_lsn` when > 0, else where `start` says (Consumer's options)."""
@@ -92,34 +108,44 @@ class VChannelSource:
             start = {"start_after": after_lsn}
         self._consumer = Consumer(self._client, self.vchannel, **start, **self._options)
         await self._consumer.start()
+        self._pump_task = asyncio.create_task(self._pump(self._consumer))
+
+    async def _pump(self, consumer: Consumer) -> None:
+        try:
+            while True:
+                while len(self._buffer) >= self.max_buffered:
+                    self._room.clear()
+                    await self._room.wait()
+                entry = await consumer.__anext__()
+                self._buffer.append(entry)
+                self._arrived.set()
+        except StopAsyncIteration:
+            self._failure = _invalid(f"the source of {self.vchannel} was closed")
+        except Exception as error:  # noqa: BLE001 (handed to the shard by next_batch)
+            self._failure = error
+        self._arrived.set()
 
     async def next_batch(self, max_entries: int, linger_s: float) -> list[wire.WalEntry]:
-        """Up to `max_entries`; waits at most `linger_s` for the first, then takes what is
-        already buffered (never splitting a delivered batch across two waits)."""
-        consumer = self._consumer
-        if consumer is None:
+        """Up to `max_entries` of what has arrived; waits at most `linger_s` when nothing
+        has. Raises what reading raised (after the Consumer's bounded retries)."""
+        if self._pump_task is None:
             raise _invalid("source not started")
-        batch: list[wire.WalEntry] = []
-        deadline = time.monotonic() + linger_s
-        while len(batch) < max_entries:
-            if self._pending is None:
-                self._pending = asyncio.ensure_future(consumer.__anext__())
-            remaining = deadline - time.monotonic()
-            if not self._pending.done():
-                if remaining <= 0 and batch:
-                    break
-                done, _ = await asyncio.wait({self._pending}, timeout=max(0.0, remaining))
-                if not done:
-                    break
-            pending, self._pending = self._pending, None
-            batch.append(pending.result())
+        if not self._buffer and self._failure is None:
+            self._arrived.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), linger_s)
+        if not self._buffer and self._failure is not None:
+            raise self._failure
+        count = min(max_entries, len(self._buffer))
+        batch = [self._buffer.popleft() for _ in range(count)]
+        self._room.set()
         return batch
 
     async def close(self) -> None:
-        if self._pending is not None:
-            self._pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError, RaftwalError):
-                await self._pending
+        if self._pump_task is not None:
+            self._pump_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump_task
         if self._consumer is not None:
             await self._consumer.close()
 
