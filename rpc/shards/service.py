@@ -164,6 +164,12 @@ class ShardStatus:
     replayed_records: int = 0
     recovery_s: float = 0.0
     error: str = ""
+    #: seconds spent waiting for the source, in the application, appending to the
+    #: recovery log and committing SQLite (where the time of a transaction goes)
+    wait_s: float = 0.0
+    apply_s: float = 0.0
+    append_s: float = 0.0
+    commit_s: float = 0.0
 
 
 class Shard:
@@ -364,7 +370,10 @@ class Shard:
         store = self.store
         if store is None:
             raise _invalid("shard not recovered (call recover() first)")
+        waited = time.perf_counter()
         entries = await self.source.next_batch(self.max_batch_messages, self.linger_s)
+        applying = time.perf_counter()
+        self.status.wait_s += applying - waited
         if not entries:
             await self._commit_raft(force=False)
             return 0
@@ -383,13 +392,18 @@ class Shard:
                     f"store transaction too large for the recovery log ({len(payload)} bytes; "
                     f"expected <= {self.record_max_bytes}: lower max_batch_messages)"
                 )
+            appending = time.perf_counter()
+            self.status.apply_s += appending - applying
             rlog_lsn = await self.recovery_log.fenced_append(
                 payload, before.rlog_lsn, self._producer_id, self._next_sequence()
             )
         except BaseException:
             store.rollback()
             raise
+        committing = time.perf_counter()
+        self.status.append_s += committing - appending
         store.commit(rlog_lsn)
+        self.status.commit_s += time.perf_counter() - committing
         self.status.applied += len(entries)
         self.status.transactions += 1
         self.status.checkpoint = store.checkpoint()
@@ -409,14 +423,27 @@ class Shard:
         now = time.monotonic()
         if not force and now - self._last_raft_commit < self.commit_interval_s:
             return
-        await self._client.coordinator.commit_subscription(
-            self.subscription,
-            {self.vchannel: position},
-            member_id=self.member_id if self.commit_as_member else "",
-            generation=self.generation if self.commit_as_member else 0,
-        )
-        self._raft_committed = position
         self._last_raft_commit = now
+        try:
+            await self._client.coordinator.commit_subscription(
+                self.subscription,
+                {self.vchannel: position},
+                member_id=self.member_id if self.commit_as_member else "",
+                generation=self.generation if self.commit_as_member else 0,
+            )
+        except ChannelFencedError:
+            raise
+        except RaftwalError as error:
+            # The position in Raft only follows the store (lag, retention): a failed commit
+            # (an owner moving, a leader election) is retried with the next one.
+            log.info(
+                "shard %s/%s: position commit failed, retried later: %s",
+                self.subscription,
+                self.vchannel,
+                error,
+            )
+            return
+        self._raft_committed = position
 
     async def run(self, stop: asyncio.Event) -> None:
         """Transactions until `stop` is set (or a typed error: fenced, unavailable)."""
