@@ -1273,8 +1273,22 @@ def _seek_subscription(state, cmd: pb.SeekSubscription, ctx, limits) -> Outcome:
             f"invalid seek (lsn {cmd.lsn}, from_time_tick {cmd.from_time_tick}; expected "
             "either an lsn >= 1 or a from_time_tick >= 1)"
         )
+    targets = [cmd.vchannel] if cmd.vchannel else list(subscription.vchannels)
+    # lsn 1 is "from the beginning of the log" (earliest): always allowed. Another lsn
+    # below what retention kept would skip nothing it promises: COMPACTED, with the floor.
+    for vchannel in targets if cmd.lsn > 1 else []:
+        found = state.vchannels.get(vchannel)
+        manifest = state.manifests.get(found.pchannel) if found is not None else None
+        floor = manifest.deleted_before_lsn if manifest is not None else 0
+        if cmd.lsn < floor:
+            return Rejection(
+                E.COMPACTED,
+                f"lsn {cmd.lsn} of {show(vchannel)} was deleted by retention (expected "
+                f">= {floor}, the first available lsn; or seek to earliest)",
+                first_available_lsn=floor,
+            )
     emitter = _Emitter(state, ctx)
-    for vchannel in [cmd.vchannel] if cmd.vchannel else list(subscription.vchannels):
+    for vchannel in targets:
         emitter.emit(
             subscription_position_committed=pb.SubscriptionPositionCommitted(
                 name=cmd.name,

@@ -28,9 +28,15 @@ class Rejection:
     code: int  # an errors_pb2.ErrorCode value
     message: str
     current_term: int = 0
+    #: COMPACTED: the first LSN retention kept
+    first_available_lsn: int = 0
 
     def to_error_info(self) -> errors_pb2.ErrorInfo:
-        info = errors_pb2.ErrorInfo(message=self.message, current_term=self.current_term)
+        info = errors_pb2.ErrorInfo(
+            message=self.message,
+            current_term=self.current_term,
+            first_available_lsn=self.first_available_lsn,
+        )
         info.code = self.code  # type: ignore[assignment]
         return info
 

@@ -55,15 +55,17 @@ RESOURCE_EXHAUSTED: ErrorCode
 UNAVAILABLE: ErrorCode
 
 class ErrorInfo(_message.Message):
-    __slots__ = ("code", "message", "leader_hint", "current_term", "owner_hint")
+    __slots__ = ("code", "message", "leader_hint", "current_term", "owner_hint", "first_available_lsn")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     LEADER_HINT_FIELD_NUMBER: _ClassVar[int]
     CURRENT_TERM_FIELD_NUMBER: _ClassVar[int]
     OWNER_HINT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_AVAILABLE_LSN_FIELD_NUMBER: _ClassVar[int]
     code: ErrorCode
     message: str
     leader_hint: str
     current_term: int
     owner_hint: str
-    def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ..., leader_hint: _Optional[str] = ..., current_term: _Optional[int] = ..., owner_hint: _Optional[str] = ...) -> None: ...
+    first_available_lsn: int
+    def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ..., leader_hint: _Optional[str] = ..., current_term: _Optional[int] = ..., owner_hint: _Optional[str] = ..., first_available_lsn: _Optional[int] = ...) -> None: ...
