@@ -37,7 +37,7 @@ from rpc.errors import (
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
 from rpc.routing import _invalid
-from rpc.streaming.routing import StreamingClientBase, _classify_data
+from rpc.streaming.routing import StreamingClientBase, _check_range, _classify_data
 
 log = logging.getLogger(__name__)
 E = errors_pb2
@@ -68,6 +68,8 @@ class RecoveryLog:
         retry_timeout_s: float = 30.0,
         attempt_timeout_s: float = 5.0,
     ) -> None:
+        _check_range("retry_timeout_s", retry_timeout_s, 0.1, 3600)
+        _check_range("attempt_timeout_s", attempt_timeout_s, 0.1, 600)
         self._client = client
         self.pchannel = pchannel
         self.vchannel = vchannel

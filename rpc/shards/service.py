@@ -194,6 +194,8 @@ class Shard:
         source: ShardSource | None = None,
         synchronous: str = "FULL",
         commit_as_member: bool = True,
+        retry_timeout_s: float = 60.0,
+        attempt_timeout_s: float = 10.0,
     ) -> None:
         _check_range("max_batch_messages", max_batch_messages, 1, 1_000_000)
         _check_range("linger_ms", linger_ms, 0, 60_000)
@@ -219,7 +221,13 @@ class Shard:
         self.store_path = Path(store_path)
         self._synchronous = synchronous
         rlog_pchannel, rlog_vchannel = recovery_names(subscription, vchannel)
-        self.recovery_log = RecoveryLog(client, rlog_pchannel, rlog_vchannel)
+        self.recovery_log = RecoveryLog(
+            client,
+            rlog_pchannel,
+            rlog_vchannel,
+            retry_timeout_s=retry_timeout_s,
+            attempt_timeout_s=attempt_timeout_s,
+        )
         self.source: ShardSource = source or VChannelSource(client, vchannel)
         self.store: ShardStore | None = None
         self.status = ShardStatus(subscription, vchannel, token=token)
@@ -227,6 +235,11 @@ class Shard:
         self._sequence = time.time_ns() // 1000
         self._raft_committed: tuple[int, int] = (0, 0)
         self._last_raft_commit = 0.0
+        # At most one position commit in flight, beside the transactions (never awaited by
+        # them: Raft's latency must not stall the store); its fencing error is raised by
+        # the next run_once.
+        self._raft_task: asyncio.Task[None] | None = None
+        self._raft_failure: ChannelFencedError | None = None
 
     def _next_sequence(self) -> int:
         self._sequence += 1
@@ -375,7 +388,7 @@ class Shard:
         applying = time.perf_counter()
         self.status.wait_s += applying - waited
         if not entries:
-            await self._commit_raft(force=False)
+            self._position_in_background()
             return 0
         before = store.checkpoint()
         store.begin()
@@ -407,8 +420,32 @@ class Shard:
         self.status.applied += len(entries)
         self.status.transactions += 1
         self.status.checkpoint = store.checkpoint()
-        await self._commit_raft(force=False)
+        self._position_in_background()
         return len(entries)
+
+    def _position_in_background(self) -> None:
+        if self._raft_failure is not None:
+            raise self._raft_failure
+        if self._raft_task is not None and not self._raft_task.done():
+            return
+        if time.monotonic() - self._last_raft_commit < self.commit_interval_s:
+            return
+        self._raft_task = asyncio.create_task(self._background_commit())
+
+    async def _background_commit(self) -> None:
+        try:
+            await self._commit_raft(force=False)
+        except ChannelFencedError as error:
+            self._raft_failure = error
+
+    async def _finish_position(self) -> None:
+        """Wait for the commit in flight, then commit the final position."""
+        if self._raft_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._raft_task
+        if self._raft_failure is not None:
+            raise self._raft_failure
+        await self._commit_raft(force=True)
 
     async def _commit_raft(self, force: bool) -> None:
         """Move the subscription's position in Raft to the store's checkpoint (fenced by
@@ -451,7 +488,7 @@ class Shard:
             while not stop.is_set():
                 await self.run_once()
             with contextlib.suppress(ChannelFencedError):
-                await self._commit_raft(force=True)
+                await self._finish_position()
             self.status.state = "STOPPED"
         except ChannelFencedError as error:
             self.status.state = "FENCED"
@@ -463,6 +500,10 @@ class Shard:
             raise
 
     async def close(self) -> None:
+        if self._raft_task is not None and not self._raft_task.done():
+            self._raft_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._raft_task
         with contextlib.suppress(RaftwalError):
             await self.source.close()
         if self.store is not None:

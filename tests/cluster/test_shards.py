@@ -16,6 +16,7 @@ three-node cluster, with real SQLite files and real consumer processes.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
@@ -198,6 +199,29 @@ def test_exactly_once_across_kill9_and_a_lost_disk(env, tmp_path: Path) -> None:
         log_text = (tmp_path / "final.log").read_text()
         assert "stopped" in log_text
         print(log_text[-2000:])
+        # `raftwal shard list`: after the clean stop the shards are unassigned and the
+        # positions in Raft caught up with the stores.
+        listed = subprocess.run(
+            [
+                RAFTWAL,
+                "shard",
+                "list",
+                "--subscription",
+                "ek",
+                "--json",
+                "--endpoints",
+                ",".join(cluster.endpoints),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert listed.returncode == 0, listed.stderr
+        rows = {r["vchannel"]: r for r in map(json.loads, listed.stdout.splitlines())}
+        for vchannel, sent in acked.items():
+            assert rows[vchannel]["state"] == "UNASSIGNED"
+            assert rows[vchannel]["position_lsn"] == max(lsn for lsn, _ in sent)
+            assert rows[vchannel]["recovery_log"] == f"ek.{vchannel}.rlog"
         rebuilt = (tmp_path / "c2.log").read_text()
         # The owner after the lost disk rebuilt its stores from the recovery log.
         assert "replayed 0 records" not in rebuilt.split("RUNNING", 1)[-1].splitlines()[0], rebuilt
@@ -348,3 +372,38 @@ def test_an_older_token_cannot_commit_after_a_newer_owner_fenced(env, tmp_path: 
                 await new.close()
 
     asyncio.run(scenario())
+
+
+def test_consumer_run_and_shard_list_refuse_bad_input(env, tmp_path: Path) -> None:
+    cluster, _ = env
+    endpoints = ["--endpoints", ",".join(cluster.endpoints)]
+    environ = dict(os.environ, PYTHONPATH=str(ROOT))
+
+    def raftwal(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [RAFTWAL, *argv, *endpoints],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+            env=environ,
+        )
+
+    missing = raftwal(
+        "consumer",
+        "run",
+        "tests.cluster.shard_app:Counters",
+        "--subscription",
+        "nosuch",
+        "--data-dir",
+        str(tmp_path / "d"),
+    )
+    assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr, missing.stderr
+    bad_module = raftwal("consumer", "run", "no_such_module:App", "--subscription", "x")
+    assert bad_module.returncode == 2 and "no_such_module" in bad_module.stderr
+    not_app = raftwal("consumer", "run", "tests.cluster.shard_app:KEYS", "--subscription", "x")
+    assert not_app.returncode == 2 and "no 'KEYS'" in not_app.stderr, not_app.stderr
+    bad_spec = raftwal("consumer", "run", "justamodule", "--subscription", "x")
+    assert bad_spec.returncode == 2 and "expected MODULE:APP" in bad_spec.stderr
+    listed = raftwal("shard", "list", "--subscription", "nosuch")
+    assert listed.returncode == 1 and "NOT_FOUND" in listed.stderr
