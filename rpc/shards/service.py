@@ -311,7 +311,6 @@ class Shard:
         self.status.checkpoint = checkpoint
         self.status.replayed_records = replayed
         self.status.recovery_s = time.monotonic() - started
-        self._raft_committed = (checkpoint.source_lsn, checkpoint.source_time_tick)
         log.info(
             "shard %s/%s taken under token %d: %d records replayed in %.3f s, resuming after "
             "lsn %d",
@@ -338,6 +337,9 @@ class Shard:
                 )
             )
         position = found.positions.get(self.vchannel)
+        # Where Raft stands, which may be behind the store (a process killed before its
+        # position commit): the first commit after the takeover catches it up.
+        self._raft_committed = (position.lsn, position.time_tick) if position else (0, 0)
         if position is not None and position.lsn > 0:
             return {"start_after": position.lsn}
         if position is not None and position.from_time_tick > 0:
@@ -473,7 +475,7 @@ class Shard:
         except RaftwalError as error:
             # The position in Raft only follows the store (lag, retention): a failed commit
             # (an owner moving, a leader election) is retried with the next one.
-            log.info(
+            log.warning(
                 "shard %s/%s: position commit failed, retried later: %s",
                 self.subscription,
                 self.vchannel,
@@ -487,8 +489,15 @@ class Shard:
         try:
             while not stop.is_set():
                 await self.run_once()
-            with contextlib.suppress(ChannelFencedError):
+            try:
                 await self._finish_position()
+            except ChannelFencedError as error:
+                log.warning(
+                    "shard %s/%s: final position commit fenced: %s",
+                    self.subscription,
+                    self.vchannel,
+                    error,
+                )
             self.status.state = "STOPPED"
         except ChannelFencedError as error:
             self.status.state = "FENCED"
@@ -601,6 +610,13 @@ class ConsumerService:
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(stop.wait(), self.poll_s)
             finally:
+                # The final position commits carry the member's current generation (an
+                # assignment may have moved it since the last poll).
+                with contextlib.suppress(RaftwalError, asyncio.TimeoutError):
+                    generation, vchannels = await asyncio.wait_for(member.assignment(), 10)
+                    for name in vchannels:
+                        if name in self.shards:
+                            self.shards[name].generation = generation
                 await self._stop_all()
 
     async def _reconcile(self, generation: int, vchannels: list[str]) -> None:

@@ -103,6 +103,17 @@ async def _wait_applied(path: Path, count: int, process: subprocess.Popen | None
     )
 
 
+async def _wait_log(path: Path, text: str, count: int, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().count(text) >= count:
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"consumer exited with {process.returncode}: {path.read_text()}")
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{path} has not {count} x {text!r} within {TIMEOUT_S} s")
+
+
 def _consumer(
     tmp: Path, subscription: str, member: str, data_dir: Path, endpoints, pause_file: str = ""
 ) -> subprocess.Popen:
@@ -174,7 +185,9 @@ def test_exactly_once_across_kill9_and_a_lost_disk(env, tmp_path: Path) -> None:
                 )
                 # Killed at a random point once it applies: mid-transaction, between the
                 # recovery-log append and the SQLite commit, or idle.
-                await _wait_applied(paths["ek_a"], 1 + len(acked["ek_a"]) // 2, process)
+                found = _read_store(paths["ek_a"])
+                before = len(found[1]) if found else 0
+                await _wait_applied(paths["ek_a"], before + rng.randint(1, 600), process)
                 await asyncio.sleep(rng.uniform(0.0, 0.6))
                 _stop(process, signal.SIGKILL)
                 for vchannel, sent in zip(acked, await sending, strict=True):
@@ -188,6 +201,8 @@ def test_exactly_once_across_kill9_and_a_lost_disk(env, tmp_path: Path) -> None:
                             Path(f"{path}{suffix}").unlink(missing_ok=True)
             final = _consumer(tmp_path, "ek", "final", data_dir, cluster.endpoints)
             try:
+                # Both shards taken (so SIGTERM meets a running consumer), then caught up.
+                await _wait_log(tmp_path / "final.log", "RUNNING", 2, final)
                 for vchannel, path in paths.items():
                     await _wait_applied(path, len(acked[vchannel]), final)
             except BaseException:
@@ -220,7 +235,7 @@ def test_exactly_once_across_kill9_and_a_lost_disk(env, tmp_path: Path) -> None:
         rows = {r["vchannel"]: r for r in map(json.loads, listed.stdout.splitlines())}
         for vchannel, sent in acked.items():
             assert rows[vchannel]["state"] == "UNASSIGNED"
-            assert rows[vchannel]["position_lsn"] == max(lsn for lsn, _ in sent)
+            assert rows[vchannel]["position_lsn"] == max(lsn for lsn, _ in sent), (rows, log_text)
             assert rows[vchannel]["recovery_log"] == f"ek.{vchannel}.rlog"
         rebuilt = (tmp_path / "c2.log").read_text()
         # The owner after the lost disk rebuilt its stores from the recovery log.
