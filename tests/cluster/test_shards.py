@@ -181,13 +181,13 @@ def test_exactly_once_across_kill9_and_a_lost_disk(env, tmp_path: Path) -> None:
             for round_number in range(3):
                 process = _consumer(tmp_path, "ek", f"c{round_number}", data_dir, cluster.endpoints)
                 sending = asyncio.gather(
-                    *(_produce(client, vchannel, 600, rng) for vchannel in acked)
+                    *(_produce(client, vchannel, 300, rng) for vchannel in acked)
                 )
                 # Killed at a random point once it applies: mid-transaction, between the
                 # recovery-log append and the SQLite commit, or idle.
                 found = _read_store(paths["ek_a"])
                 before = len(found[1]) if found else 0
-                await _wait_applied(paths["ek_a"], before + rng.randint(1, 600), process)
+                await _wait_applied(paths["ek_a"], before + rng.randint(1, 300), process)
                 await asyncio.sleep(rng.uniform(0.0, 0.6))
                 _stop(process, signal.SIGKILL)
                 for vchannel, sent in zip(acked, await sending, strict=True):
@@ -414,11 +414,5 @@ def test_consumer_run_and_shard_list_refuse_bad_input(env, tmp_path: Path) -> No
         str(tmp_path / "d"),
     )
     assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr, missing.stderr
-    bad_module = raftwal("consumer", "run", "no_such_module:App", "--subscription", "x")
-    assert bad_module.returncode == 2 and "no_such_module" in bad_module.stderr
-    not_app = raftwal("consumer", "run", "tests.cluster.shard_app:KEYS", "--subscription", "x")
-    assert not_app.returncode == 2 and "no 'KEYS'" in not_app.stderr, not_app.stderr
-    bad_spec = raftwal("consumer", "run", "justamodule", "--subscription", "x")
-    assert bad_spec.returncode == 2 and "expected MODULE:APP" in bad_spec.stderr
     listed = raftwal("shard", "list", "--subscription", "nosuch")
     assert listed.returncode == 1 and "NOT_FOUND" in listed.stderr

@@ -109,3 +109,27 @@ def test_misuse_and_foreign_payloads_are_refused(tmp_path: Path) -> None:
     assert CHECKPOINT_TABLE in _tables(store)
     with pytest.raises(ValueError, match="invalid synchronous"):
         ShardStore(tmp_path / "d.sqlite", synchronous="sometimes")
+
+
+def test_load_application_names_what_is_wrong() -> None:
+    from rpc.shards import load_application
+
+    app = load_application("tests.cluster.shard_app:Counters")
+    assert type(app).__name__ == "Counters"
+    with pytest.raises(ValueError, match="expected MODULE:APP"):
+        load_application("justamodule")
+    with pytest.raises(ImportError, match="no_such_module"):
+        load_application("no_such_module:App")
+    with pytest.raises(ValueError, match="has no 'Nope'"):
+        load_application("tests.cluster.shard_app:Nope")
+    with pytest.raises(ValueError, match="is not an Application"):
+        load_application("tests.cluster.shard_app:Counter")  # collections.Counter
+
+
+def test_shard_store_paths_are_plain_names(tmp_path: Path) -> None:
+    from rpc.shards import shard_store_path
+
+    assert shard_store_path(tmp_path, "s", "v") == tmp_path / "s" / "v.sqlite"
+    for bad in ("", "..", "a/b", "x\x00"):
+        with pytest.raises(ValueError, match="plain name"):
+            shard_store_path(tmp_path, bad, "v")
