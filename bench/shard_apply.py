@@ -35,7 +35,7 @@ from typing import Any
 
 from raftwal.cli import dev
 from rpc.protos import streaming_pb2 as wire
-from rpc.shards import Shard, ShardStore
+from rpc.shards_client import Shard, ShardStore
 from rpc.streaming_client import Producer, StreamingClient
 
 PAYLOAD_BYTES = 100

@@ -31,7 +31,7 @@ from raftwal.cli.client import (
     add_security_arguments,
 )
 from rpc.client import ChannelFencedError, CoordinatorClient
-from rpc.shards import ConsumerService, ShardStatus, load_application, shard_rows
+from rpc.shards_client import ConsumerService, ShardStatus, load_application, shard_rows
 from rpc.streaming_client import StreamingClient
 
 

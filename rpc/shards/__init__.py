@@ -1,25 +1,9 @@
-"""Exactly-once consumer shards on SQLite (Gazette's consumer framework): the
-``Application`` interface, ``ShardStore`` (the SQLite store and its checkpoint),
-``RecoveryLog`` (the fenced recovery log), ``Shard`` and ``ConsumerService``.
+"""Exactly-once consumer shards, one module per part: ``store`` (``ShardStore``, the SQLite
+store and its checkpoint), ``recovery`` (``RecoveryLog``, the fenced recovery log) and
+``service`` (``Application``, ``Shard``, ``ConsumerService``). Callers import these names
+from ``rpc.shards_client``. Like all of ``rpc``, the package imports only ``rpc`` and
+third-party libraries.
 
-Nothing is defined here: this package re-exports its modules' public names. Like all of
-``rpc``, it imports only ``rpc`` and third-party libraries.
+This file must never import anything: importing any module of the package runs it first,
+so an import here would load the whole package (and could close an import cycle).
 """
-
-from __future__ import annotations
-
-from rpc.shards.recovery import RecoveryLog as RecoveryLog
-from rpc.shards.recovery import recovery_names as recovery_names
-from rpc.shards.service import Application as Application
-from rpc.shards.service import ConsumerService as ConsumerService
-from rpc.shards.service import Shard as Shard
-from rpc.shards.service import ShardSource as ShardSource
-from rpc.shards.service import ShardStatus as ShardStatus
-from rpc.shards.service import VChannelSource as VChannelSource
-from rpc.shards.service import load_application as load_application
-from rpc.shards.service import shard_rows as shard_rows
-from rpc.shards.service import shard_store_path as shard_store_path
-from rpc.shards.store import Checkpoint as Checkpoint
-from rpc.shards.store import Record as Record
-from rpc.shards.store import ShardStore as ShardStore
-from rpc.shards.store import StoreError as StoreError

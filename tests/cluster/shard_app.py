@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from rpc.protos import streaming_pb2 as wire
-from rpc.shards import ShardStore
+from rpc.shards_client import ShardStore
 
 
 class Counters:

@@ -32,8 +32,8 @@ import pytest
 
 from raftwal.cli import dev
 from rpc.client import ChannelFencedError, NotFoundError
-from rpc.shards import RecoveryLog, Shard, recovery_names, shard_store_path
 from rpc.shards.store import decode_record
+from rpc.shards_client import RecoveryLog, Shard, recovery_names, shard_store_path
 from rpc.streaming_client import Producer, StreamingClient
 from tests.cluster.conftest import Api, running_cluster
 from tests.cluster.shard_app import Counters

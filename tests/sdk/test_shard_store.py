@@ -112,7 +112,7 @@ def test_misuse_and_foreign_payloads_are_refused(tmp_path: Path) -> None:
 
 
 def test_load_application_names_what_is_wrong() -> None:
-    from rpc.shards import load_application
+    from rpc.shards_client import load_application
 
     app = load_application("tests.cluster.shard_app:Counters")
     assert type(app).__name__ == "Counters"
@@ -127,7 +127,7 @@ def test_load_application_names_what_is_wrong() -> None:
 
 
 def test_shard_store_paths_are_plain_names(tmp_path: Path) -> None:
-    from rpc.shards import shard_store_path
+    from rpc.shards_client import shard_store_path
 
     assert shard_store_path(tmp_path, "s", "v") == tmp_path / "s" / "v.sqlite"
     for bad in ("", "..", "a/b", "x\x00"):
