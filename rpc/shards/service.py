@@ -43,7 +43,7 @@ from rpc.protos import streaming_pb2 as wire
 from rpc.routing import _invalid
 from rpc.shards.recovery import RecoveryLog, recovery_names
 from rpc.shards.store import Checkpoint, Record, ShardStore, decode_record, encode_record
-from rpc.streaming.consumer import Consumer
+from rpc.streaming.consumer import MAX_CONSUME_BATCH, Consumer
 from rpc.streaming.routing import StreamingClientBase, _check_range
 from rpc.streaming.subscription import SubscriptionMember
 
@@ -94,7 +94,8 @@ class VChannelSource:
         self._client = client
         self.vchannel = vchannel
         self.max_buffered = max_buffered
-        self._options = options
+        # Large responses: fewer round trips per entry (the Consumer's own bound).
+        self._options = {"max_batch_entries": MAX_CONSUME_BATCH, **options}
         self._consumer: Consumer | None = None
         self._buffer: deque[wire.WalEntry] = deque()
         self._arrived = asyncio.Event()
@@ -118,6 +119,8 @@ class VChannelSource:
                     await self._room.wait()
                 entry = await consumer.__anext__()
                 self._buffer.append(entry)
+                # What the same response brought, without a coroutine per entry.
+                self._buffer.extend(consumer.drain(self.max_buffered - len(self._buffer)))
                 self._arrived.set()
         except StopAsyncIteration:
             self._failure = _invalid(f"the source of {self.vchannel} was closed")
