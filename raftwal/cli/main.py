@@ -182,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from raftwal.chaos.runner import register as register_chaos
     from raftwal.cli.client import register
+    from raftwal.cli.shards import register as register_shards
     from raftwal.cli.snapshot import register as register_snapshot
     from raftwal.cli.spark import register as register_spark
 
@@ -189,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_spark(commands)
     register_chaos(commands)
     register_snapshot(commands)
+    register_shards(commands)
     return parser
 
 

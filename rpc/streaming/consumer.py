@@ -267,6 +267,19 @@ class Consumer:
                 continue
             await self._take(self._read_task)
 
+    def drain(self, max_entries: int) -> list[wire.WalEntry]:
+        """Entries already received, without waiting (at most `max_entries`): what the next
+        ``__anext__`` calls would return, in bulk (in order, none delivered twice)."""
+        out: list[wire.WalEntry] = []
+        while self._buffer and len(out) < max_entries and not self._closed:
+            entry = self._buffer.popleft()
+            if self._last_lsn is not None and entry.lsn <= self._last_lsn:
+                continue
+            self._last_lsn = entry.lsn
+            self.delivered += 1
+            out.append(entry)
+        return out
+
     def _check_moved(self) -> bool:
         """Reconnect when the routing table has a newer serving owner than our stream's."""
         if self._pchannel is None or self._route is None:

@@ -745,6 +745,15 @@ ROWS = [
         sub_seek("s1", "v1", lsn=3, from_time_tick=1000), INVALID, "either an lsn"),
     row("seek_subscription/neither", [*VCHANNELS, subscribe("s1", "v1")], sub_seek("s1", "v1"),
         INVALID, "either an lsn"),
+    row("seek_subscription/below-retention",
+        [*SEGMENTS, subscribe("s1", "v1", no_retention_hold=True), delete_before("p1", 21)],
+        sub_seek("s1", "v1", lsn=15), E.COMPACTED, "expected >= 21, the first available lsn"),
+    row("seek_subscription/at-retention-floor",
+        [*SEGMENTS, subscribe("s1", "v1", no_retention_hold=True), delete_before("p1", 21)],
+        sub_seek("s1", "v1", lsn=21), ["subscription_position_committed"]),
+    row("seek_subscription/earliest-after-retention",
+        [*SEGMENTS, subscribe("s1", "v1", no_retention_hold=True), delete_before("p1", 21)],
+        sub_seek("s1", lsn=1), ["subscription_position_committed"]),
     # ---- subscription members
     row("join_subscription/new", [*VCHANNELS, subscribe("s1", "v1"), grant(10_000)],
         lambda h: sub_join("s1", "m1", h.lease()), ["subscription_member_joined"]),
@@ -848,6 +857,14 @@ def test_command_table(
         assert isinstance(direct, Rejection)
         assert (direct.code, direct.message) == (expect, result.rejection.message)
         assert domain_bytes(harness.state) == domain_bytes(before)
+
+
+def test_a_seek_below_retention_names_the_first_available_lsn() -> None:
+    setup = [*SEGMENTS, subscribe("s1", "v1", no_retention_hold=True), delete_before("p1", 21)]
+    harness, _, command_message = _run_row(setup, sub_seek("s1", "v1", lsn=3))
+    result = harness.apply(command_message)
+    assert result.rejection.code == E.COMPACTED
+    assert result.rejection.first_available == 21
 
 
 def test_table_covers_every_command_accept_and_reject() -> None:
