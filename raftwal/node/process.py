@@ -11,7 +11,11 @@ CoordinationBackend`` for the public servicer:
   local peer when it leads and otherwise forwards the command bytes to the leader's
   ``Cluster.Propose`` (a client never needs to know who leads); NOT_LEADER is answered only
   while no leader is known.
-- linearizable reads propose a ``Barrier`` and wait until this node has applied it.
+- ``propose_batch`` proposes several commands as one Raft entry (``Coordinator.
+  BatchWrite``), forwarded as a whole (``Cluster.ProposeBatch``) from a follower;
+- linearizable reads use ReadIndex, with no log entry: the leader confirms its leadership
+  with one heartbeat round (``RaftPeer.read_index``); a follower asks the leader for that
+  index (``Cluster.ReadIndex``) and answers once it has applied it.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from raft.errors import NotLeader, Overloaded, PeerClosed, UnknownOutcome
+from raft.errors import LeadershipUnconfirmed, NotLeader, Overloaded, PeerClosed, UnknownOutcome
 from raft.events import Compacted
 from raft.peer import RaftPeer, RaftTuning
 from raft.replica import CoordinationReplica
@@ -399,6 +403,85 @@ class Node:
             log.warning("node %s lags behind raft index %d", self.me.id, result.raft_index)
         return result
 
+    async def propose_batch(self, commands: list[pb.Command]) -> list[pb.CommandResult]:
+        """Propose `commands` as one Raft entry, applied in order; one result each.
+        Request ids and the proposer's time are stamped like ``propose``'s."""
+        stamp = now_ms()
+        encoded: list[bytes] = []
+        for command in commands:
+            if not command.proposed_at_ms:
+                command.proposed_at_ms = stamp
+            encoded.append(command.SerializeToString())
+        total = sum(len(data) for data in encoded)
+        if total > MAX_COMMAND_BYTES:
+            raise RaftwalError(
+                error_info(
+                    E.INVALID_ARGUMENT,
+                    f"batch too large ({total} bytes; expected at most {MAX_COMMAND_BYTES})",
+                )
+            )
+        results = await self.metrics.observe_proposal("batch", self.propose_batch_bytes(encoded))
+        index = max((result.raft_index for result in results), default=0)
+        if index and not await self.notifier.wait_index(
+            index, self.config.propose_timeout_ms / 1000
+        ):
+            log.warning("node %s lags behind raft index %d", self.me.id, index)
+        return results
+
+    async def propose_batch_bytes(
+        self, commands: list[bytes], forward: bool = True
+    ) -> list[pb.CommandResult]:
+        """Serialized commands as one entry (forwarded whole to the leader unless
+        `forward` is False); raises RaftwalError like ``propose_bytes``."""
+        self._require_peer()
+        timeout_s = self.config.propose_timeout_ms / 1000
+        try:
+            replies = await self.batcher.propose_group(commands)
+            return [pb.CommandResult.FromString(reply) for reply in replies]
+        except NotLeader as error:
+            leader = self._leader_for(error, forward)
+            stub = coordinator_pb2_grpc.ClusterStub(self.channel(leader.grpc_address))
+            try:
+                reply = await stub.ProposeBatch(
+                    api.ProposeBatchRequest(commands=commands, timeout_ms=int(timeout_s * 1000)),
+                    timeout=timeout_s + 1,
+                )
+            except grpc.aio.AioRpcError as rpc_error:
+                raise RaftwalError(self._forward_error(rpc_error, leader)) from None
+            return [pb.CommandResult.FromString(result) for result in reply.results]
+        except UnknownOutcome as error:
+            raise RaftwalError(
+                error_info(E.UNKNOWN, f"outcome unknown ({error}); retry with the same request ids")
+            ) from None
+        except (Overloaded, PeerClosed, OverflowError) as error:
+            raise RaftwalError(error_info(E.ON_SHUTDOWN, f"cannot propose now: {error}")) from None
+
+    def _leader_for(self, error: NotLeader, forward: bool) -> NodeConfig:
+        """The leader to forward to, or the NOT_LEADER error to answer."""
+        leader = (
+            self.config.node_by_raft_address(error.leader_address) if error.leader_address else None
+        )
+        if leader is None or leader.id == self.me.id or not forward:
+            raise RaftwalError(
+                error_info(
+                    E.NOT_LEADER,
+                    f"node {self.me.id} is not the Raft leader and knows no leader yet"
+                    if leader is None
+                    else f"node {self.me.id} is not the Raft leader",
+                    leader_hint=leader.grpc_address if leader is not None else "",
+                )
+            ) from None
+        return leader
+
+    @staticmethod
+    def _forward_error(error: grpc.aio.AioRpcError, leader: NodeConfig) -> errors_pb2.ErrorInfo:
+        info = from_rpc_error(error)
+        if info.code == E.NOT_LEADER and not info.leader_hint:
+            info.leader_hint = leader.grpc_address
+        if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            info = error_info(E.UNKNOWN, "forwarded proposal timed out; outcome unknown")
+        return info
+
     async def _propose_entry(self, entry: bytes) -> bytes:
         peer = self._require_peer()
         return await peer.propose_async(entry, self.config.propose_timeout_ms / 1000)
@@ -452,19 +535,74 @@ class Node:
             raise RaftwalError(info) from None
         return pb.CommandResult.FromString(reply.result)
 
+    async def read_index(self, timeout_s: float) -> tuple[int, int]:
+        """(raft index, term) for a linearizable read, on the leader only (ReadIndex: one
+        heartbeat round, no log entry); raises RaftwalError NOT_LEADER / UNAVAILABLE."""
+        peer = self._require_peer()
+        term = peer.raft_term()
+        try:
+            index = await peer.read_index_async(timeout_s)
+        except NotLeader as error:
+            leader = (
+                self.config.node_by_raft_address(error.leader_address)
+                if error.leader_address
+                else None
+            )
+            raise RaftwalError(
+                error_info(
+                    E.NOT_LEADER,
+                    f"node {self.me.id} is not the Raft leader ({error})",
+                    leader_hint=leader.grpc_address if leader is not None else "",
+                )
+            ) from None
+        except (LeadershipUnconfirmed, Overloaded) as error:
+            raise RaftwalError(
+                error_info(E.UNAVAILABLE, f"linearizable read failed: {error}")
+            ) from None
+        except PeerClosed as error:
+            raise RaftwalError(error_info(E.ON_SHUTDOWN, str(error))) from None
+        return index, term
+
+    async def _linearizable_point(self) -> None:
+        """Return once this node's applied state reflects every write acknowledged before
+        the call (ReadIndex: the leader's, or the leader's index applied here)."""
+        peer = self._require_peer()
+        timeout_s = self.config.propose_timeout_ms / 1000
+        if peer.is_leader():
+            await self.read_index(timeout_s)
+            return
+        leader = self.leader()
+        if leader is None or leader.id == self.me.id:
+            raise RaftwalError(
+                error_info(
+                    E.NOT_LEADER,
+                    f"node {self.me.id} knows no Raft leader: cannot serve a linearizable read",
+                )
+            )
+        stub = coordinator_pb2_grpc.ClusterStub(self.channel(leader.grpc_address))
+        try:
+            reply = await stub.ReadIndex(
+                api.ReadIndexRequest(timeout_ms=int(timeout_s * 1000)), timeout=timeout_s + 1
+            )
+        except grpc.aio.AioRpcError as error:
+            info = from_rpc_error(error)
+            if info.code == E.NOT_LEADER and not info.leader_hint:
+                info.leader_hint = leader.grpc_address
+            raise RaftwalError(info) from None
+        try:
+            await peer.wait_applied_async(reply.raft_index, timeout_s)
+        except (LeadershipUnconfirmed, Overloaded):
+            raise RaftwalError(
+                error_info(E.UNAVAILABLE, f"node {self.me.id} is too far behind the leader")
+            ) from None
+        except PeerClosed as error:
+            raise RaftwalError(error_info(E.ON_SHUTDOWN, str(error))) from None
+
     async def read(
         self, reader: Callable[[pb.CoordinationState], T], linearizable: bool
     ) -> tuple[T, int]:
         if linearizable:
-            barrier = await self.propose(pb.Command(barrier=pb.Barrier()))
-            if barrier.rejection.code != E.OK:
-                raise RaftwalError(barrier.rejection)
-            if not await self.notifier.wait_index(
-                barrier.raft_index, self.config.propose_timeout_ms / 1000
-            ):
-                raise RaftwalError(
-                    error_info(E.ON_SHUTDOWN, f"node {self.me.id} is too far behind the leader")
-                )
+            await self._linearizable_point()
 
         def with_revision(state: pb.CoordinationState) -> tuple[T, int]:
             return reader(state), state.revision
