@@ -183,6 +183,7 @@ class Node:
             tuning=RaftTuning(
                 election_timeout_min_s=self.config.raft_min_timeout_ms / 1000,
                 election_timeout_max_s=self.config.raft_max_timeout_ms / 1000,
+                leader_fallback_timeout_s=self.config.raft_leader_fallback_ms / 1000,
                 snapshot_every_entries=self.config.raft_snapshot_entries,
                 # Room for the largest valid command (a broadcast of 1 MiB plus envelope).
                 max_command_bytes=MAX_COMMAND_BYTES,
@@ -420,7 +421,10 @@ class Node:
                     f"batch too large ({total} bytes; expected at most {MAX_COMMAND_BYTES})",
                 )
             )
-        results = await self.metrics.observe_proposal("batch", self.propose_batch_bytes(encoded))
+        results = await self.metrics.observe_proposals(
+            [command.WhichOneof("body") or "none" for command in commands],
+            self.propose_batch_bytes(encoded),
+        )
         index = max((result.raft_index for result in results), default=0)
         if index and not await self.notifier.wait_index(
             index, self.config.propose_timeout_ms / 1000
