@@ -272,28 +272,80 @@ class _ReadIndex:
     confirmed: bool = False
 
 
+class LoopMailbox:
+    """Hands callables from other threads to one event loop, waking it once per batch.
+
+    `loop.call_soon_threadsafe` writes to the loop's self-pipe on every call; the tick
+    thread settles several things per tick (proposal outcomes, read indexes, the applied
+    notifier), so each of them cost a wakeup and a pipe write. Posts made while a drain is
+    already scheduled ride along with it: one wakeup per tick, whatever was settled in it.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+        self._scheduled = False
+        self.wakeups = 0
+        self.posts = 0
+
+    def post(self, function: Callable[..., None], *args: Any) -> None:
+        with self._lock:
+            self._items.append((function, args))
+            self.posts += 1
+            if self._scheduled:
+                return
+            self._scheduled = True
+            self.wakeups += 1
+        try:
+            self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:
+            logger.debug("event loop closed; %d posted callbacks dropped", len(self._items))
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+            self._scheduled = False
+        for function, args in items:
+            try:
+                function(*args)
+            except Exception:  # noqa: BLE001 (one bad callback must not drop the others)
+                logger.exception("posted callback failed")
+
+
+_mailboxes: dict[asyncio.AbstractEventLoop, LoopMailbox] = {}
+_mailboxes_lock = threading.Lock()
+
+
+def loop_mailbox(loop: asyncio.AbstractEventLoop) -> LoopMailbox:
+    """The mailbox of `loop` (one per loop, shared by every peer and listener)."""
+    with _mailboxes_lock:
+        mailbox = _mailboxes.get(loop)
+        if mailbox is None:
+            # Closed loops are dropped here, so the table stays as small as the live loops.
+            for old in [old for old in _mailboxes if old.is_closed()]:
+                del _mailboxes[old]
+            mailbox = _mailboxes[loop] = LoopMailbox(loop)
+        return mailbox
+
+
 async def _awaited(future: concurrent.futures.Future[Any]) -> Any:
-    """Await a future settled on the tick thread: one call_soon_threadsafe per outcome.
+    """Await a future settled on the tick thread, delivered through the loop's mailbox.
     Cancelling the await leaves the future to settle unobserved."""
     loop = asyncio.get_running_loop()
+    mailbox = loop_mailbox(loop)
     waiter: asyncio.Future[Any] = loop.create_future()
 
-    def deliver(done: concurrent.futures.Future[Any]) -> None:
-        def settle() -> None:
-            if waiter.done():
-                return
-            exception = done.exception()
-            if exception is not None:
-                waiter.set_exception(exception)
-            else:
-                waiter.set_result(done.result())
+    def settle(done: concurrent.futures.Future[Any]) -> None:
+        if waiter.done():
+            return  # the awaiting task was cancelled
+        exception = done.exception()
+        if exception is not None:
+            waiter.set_exception(exception)
+        else:
+            waiter.set_result(done.result())
 
-        try:
-            loop.call_soon_threadsafe(settle)
-        except RuntimeError:
-            logger.debug("event loop closed before a read outcome arrived")
-
-    future.add_done_callback(deliver)
+    future.add_done_callback(lambda done: mailbox.post(settle, done))
     return await waiter
 
 
@@ -553,28 +605,10 @@ class RaftPeer:
 
     async def propose_async(self, command: bytes, timeout_s: float) -> bytes:
         """`propose`, awaited: the result crosses from the tick thread to the running loop
-        with `loop.call_soon_threadsafe`. Cancelling the await does not cancel the proposal.
-        """
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[bytes] = loop.create_future()
-
-        def deliver(done: concurrent.futures.Future[bytes]) -> None:
-            def settle() -> None:
-                if waiter.done():
-                    return  # the awaiting task was cancelled
-                exception = done.exception()
-                if exception is not None:
-                    waiter.set_exception(exception)
-                else:
-                    waiter.set_result(done.result())
-
-            try:
-                loop.call_soon_threadsafe(settle)
-            except RuntimeError:
-                logger.debug("event loop closed before a proposal outcome arrived")
-
-        self.propose(command, timeout_s).add_done_callback(deliver)
-        return await waiter
+        through its `LoopMailbox` (one wakeup per tick for everything settled in it).
+        Cancelling the await does not cancel the proposal."""
+        result: bytes = await _awaited(self.propose(command, timeout_s))
+        return result
 
     # ------------------------------------------------------------ linearizable reads
 
@@ -627,11 +661,13 @@ class RaftPeer:
         return read.future
 
     async def read_index_async(self, timeout_s: float) -> int:
-        """`read_index`, awaited on the running loop (one call_soon_threadsafe)."""
-        return await _awaited(self.read_index(timeout_s))
+        """`read_index`, awaited on the running loop (through its `LoopMailbox`)."""
+        index: int = await _awaited(self.read_index(timeout_s))
+        return index
 
     async def wait_applied_async(self, index: int, timeout_s: float) -> int:
-        return await _awaited(self.wait_applied(index, timeout_s))
+        applied: int = await _awaited(self.wait_applied(index, timeout_s))
+        return applied
 
     def _mark_reads(self) -> None:
         """Tick thread, before the poll: take new reads, mark them, send one round."""

@@ -39,7 +39,7 @@ from grpc_reflection.v1alpha import reflection
 
 from raft.errors import LeadershipUnconfirmed, NotLeader, Overloaded, PeerClosed, UnknownOutcome
 from raft.events import Compacted
-from raft.peer import RaftPeer, RaftTuning
+from raft.peer import RaftPeer, RaftTuning, loop_mailbox
 from raft.replica import CoordinationReplica
 from raftwal.node import faults
 from raftwal.node.config import ClusterConfig, NodeConfig, check_transport_security
@@ -162,10 +162,11 @@ class Node:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         loop = self._loop
+        # Through the loop's mailbox: the applied notifier and the proposal outcomes of one
+        # Raft tick wake the event loop once (raft.peer.LoopMailbox).
+        mailbox = loop_mailbox(loop)
         self.replica.add_listener(
-            lambda revision, index: loop.call_soon_threadsafe(
-                self.notifier.advance, revision, index
-            )
+            lambda revision, index: mailbox.post(self.notifier.advance, revision, index)
         )
         others = [n for n in self.config.nodes if n.id != self.me.id]
         partners = [n.raft_address for n in others]
