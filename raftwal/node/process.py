@@ -68,6 +68,8 @@ E = errors_pb2
 T = TypeVar("T")
 
 MAX_COMMAND_BYTES = 2 * 1024 * 1024
+# Forwarded proposal calls a follower keeps in flight to the leader at once.
+FORWARDS_IN_FLIGHT = 4
 # A suspicion (HeartbeatRequest.suspect_node_ids) is repeated this long.
 SUSPECT_KEEP_S = 3.0
 
@@ -135,6 +137,10 @@ class Node:
         self.peer: RaftPeer | None = None
         self.coordinator = Coordinator(self)
         self.batcher = ProposalBatcher(self._propose_entry)
+        # A follower groups the proposals it forwards the same way: the commands that arrive
+        # while earlier forwards are in flight go to the leader as one Cluster.ProposeBatch
+        # (one gRPC call on the GIL-bound leader for many clients).
+        self.forwarder = ProposalBatcher(self._forward_entry, max_in_flight=FORWARDS_IN_FLIGHT)
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.data_view = NodeDataView(self)
@@ -439,21 +445,13 @@ class Node:
         """Serialized commands as one entry (forwarded whole to the leader unless
         `forward` is False); raises RaftwalError like ``propose_bytes``."""
         self._require_peer()
-        timeout_s = self.config.propose_timeout_ms / 1000
         try:
             replies = await self.batcher.propose_group(commands)
             return [pb.CommandResult.FromString(reply) for reply in replies]
         except NotLeader as error:
-            leader = self._leader_for(error, forward)
-            stub = coordinator_pb2_grpc.ClusterStub(self.channel(leader.grpc_address))
-            try:
-                reply = await stub.ProposeBatch(
-                    api.ProposeBatchRequest(commands=commands, timeout_ms=int(timeout_s * 1000)),
-                    timeout=timeout_s + 1,
-                )
-            except grpc.aio.AioRpcError as rpc_error:
-                raise RaftwalError(self._forward_error(rpc_error, leader)) from None
-            return [pb.CommandResult.FromString(result) for result in reply.results]
+            self._leader_for(error, forward)
+            replies = await self._forward_group(commands)
+            return [pb.CommandResult.FromString(reply) for reply in replies]
         except UnknownOutcome as error:
             raise RaftwalError(
                 error_info(E.UNKNOWN, f"outcome unknown ({error}); retry with the same request ids")
@@ -478,6 +476,46 @@ class Node:
             ) from None
         return leader
 
+    async def _forward_group(self, commands: list[bytes]) -> list[bytes]:
+        try:
+            return await self.forwarder.propose_group(commands)
+        except OverflowError as error:
+            raise RaftwalError(error_info(E.ON_SHUTDOWN, f"cannot forward now: {error}")) from None
+
+    async def _forward_entry(self, entry_bytes: bytes) -> bytes:
+        """The forwarder's "propose": send the commands gathered into `entry_bytes` (a
+        LogEntry) to the leader known now, as one Propose or ProposeBatch call; answers a
+        LogEntryResult. Raises RaftwalError (NOT_LEADER without a known leader, or the
+        leader's error, which every command of the group then gets)."""
+        entry = pb.LogEntry.FromString(entry_bytes)
+        commands = [entry.command] if entry.HasField("command") else list(entry.batch.commands)
+        leader = self.leader()
+        if leader is None or leader.id == self.me.id:
+            raise RaftwalError(
+                error_info(
+                    E.NOT_LEADER,
+                    f"node {self.me.id} is not the Raft leader and knows no leader yet",
+                )
+            )
+        timeout_s = self.config.propose_timeout_ms / 1000
+        stub = coordinator_pb2_grpc.ClusterStub(self.channel(leader.grpc_address))
+        try:
+            if len(commands) == 1:
+                single = await stub.Propose(
+                    api.ProposeRequest(command=commands[0], timeout_ms=int(timeout_s * 1000)),
+                    timeout=timeout_s + 1,
+                )
+                results = [single.result]
+            else:
+                many = await stub.ProposeBatch(
+                    api.ProposeBatchRequest(commands=commands, timeout_ms=int(timeout_s * 1000)),
+                    timeout=timeout_s + 1,
+                )
+                results = list(many.results)
+        except grpc.aio.AioRpcError as rpc_error:
+            raise RaftwalError(self._forward_error(rpc_error, leader)) from None
+        return pb.LogEntryResult(results=results).SerializeToString()
+
     @staticmethod
     def _forward_error(error: grpc.aio.AioRpcError, leader: NodeConfig) -> errors_pb2.ErrorInfo:
         info = from_rpc_error(error)
@@ -493,7 +531,6 @@ class Node:
 
     async def propose_bytes(self, data: bytes, forward: bool = True) -> pb.CommandResult:
         self._require_peer()
-        timeout_s = self.config.propose_timeout_ms / 1000
         try:
             reply = await self.batcher.propose(data)
             return pb.CommandResult.FromString(reply)
@@ -513,7 +550,8 @@ class Node:
                         leader_hint=leader.grpc_address if leader is not None else "",
                     )
                 ) from None
-            return await self._forward(leader, data, timeout_s)
+            (reply,) = await self._forward_group([data])
+            return pb.CommandResult.FromString(reply)
         except UnknownOutcome as error:
             raise RaftwalError(
                 error_info(
@@ -523,22 +561,6 @@ class Node:
             ) from None
         except (Overloaded, PeerClosed, OverflowError) as error:
             raise RaftwalError(error_info(E.ON_SHUTDOWN, f"cannot propose now: {error}")) from None
-
-    async def _forward(self, leader: NodeConfig, data: bytes, timeout_s: float) -> pb.CommandResult:
-        stub = coordinator_pb2_grpc.ClusterStub(self.channel(leader.grpc_address))
-        try:
-            reply = await stub.Propose(
-                api.ProposeRequest(command=data, timeout_ms=int(timeout_s * 1000)),
-                timeout=timeout_s + 1,
-            )
-        except grpc.aio.AioRpcError as error:
-            info = from_rpc_error(error)
-            if info.code == E.NOT_LEADER and not info.leader_hint:
-                info.leader_hint = leader.grpc_address
-            if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                info = error_info(E.UNKNOWN, "forwarded proposal timed out; outcome unknown")
-            raise RaftwalError(info) from None
-        return pb.CommandResult.FromString(reply.result)
 
     async def read_index(self, timeout_s: float) -> tuple[int, int]:
         """(raft index, term) for a linearizable read, on the leader only (ReadIndex: one
