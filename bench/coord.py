@@ -772,14 +772,15 @@ async def run_repetition(system: System, settings: Settings) -> RepetitionResult
 
     shared, close_shared = await system.shared_clients(settings.clients)
     sdk = getattr(system, "last_shared", None)
-    before = sdk.write_batches if sdk is not None else (0, 0)
+    # getattr: the same file also drives older checkouts (A/B runs) whose SDK has no batches.
+    before = getattr(sdk, "write_batches", (0, 0))
     try:
         cpu_task = asyncio.create_task(sample_cpu(system, settings.warmup_s, settings.duration_s))
         shared_load = await closed_loop(
             [step(c) for c in shared], settings.duration_s, settings.warmup_s, ERRORS
         )
         shared_cpu = await cpu_task
-        after = sdk.write_batches if sdk is not None else (0, 0)
+        after = getattr(sdk, "write_batches", (0, 0))
     finally:
         await close_shared()
     leaders = (leader, await system.leader())
