@@ -390,6 +390,42 @@ class GuardedTcpServer(TcpServer):
         self._TcpServer__onNewConnectionCallback(connection)
 
 
+class HeartbeatRounds:
+    """Counts, per partner, AppendEntries sent and `next_node_idx` answers received: the
+    leadership check of a ReadIndex read (raft/peer.py `_ReadIndex`).
+
+    pysyncobj answers every AppendEntries with at most one `next_node_idx` (syncobj.py
+    lines 955-1040; none at all when the sender's term is stale, line 938) and sends that
+    message for nothing else. So once more answers have arrived from a partner than
+    AppendEntries had been sent to it at some moment t, at least one answer is to an
+    AppendEntries sent after t (pigeonhole; no ordering across reconnects is needed), and
+    that partner accepted this leader's term after t. Lost messages only delay this.
+    Only the tick thread touches the counters.
+    """
+
+    def __init__(self) -> None:
+        self.sent_count: dict[str, int] = collections.defaultdict(int)
+        self.answered_count: dict[str, int] = collections.defaultdict(int)
+        self.on_answer: Callable[[], None] | None = None
+
+    def sent(self, node_id: str) -> None:
+        self.sent_count[node_id] += 1
+
+    def answered(self, node_id: str) -> None:
+        self.answered_count[node_id] += 1
+        if self.on_answer is not None:
+            self.on_answer()
+
+    def mark(self) -> dict[str, int]:
+        """The send counters now: a later check asks who answered past them."""
+        return dict(self.sent_count)
+
+    def answered_since(self, mark: dict[str, int]) -> int:
+        return sum(
+            1 for node_id, count in self.answered_count.items() if count > mark.get(node_id, 0)
+        )
+
+
 class DurableTransport(TCPTransport):
     """pysyncobj's TCP transport with acknowledgements routed through an `AckGate` and its
     port guarded by a `PortGuard` (incoming and outgoing connections alike)."""
@@ -404,6 +440,7 @@ class DurableTransport(TCPTransport):
     ):
         self._raftwal_gate = gate
         self._raftwal_guard = guard
+        self.raftwal_rounds = HeartbeatRounds()
         super().__init__(sync_obj, self_node, other_nodes)
 
     def _createServer(self) -> None:  # noqa: N802 (pysyncobj's name)
@@ -440,7 +477,16 @@ class DurableTransport(TCPTransport):
     def send(self, node: Any, message: Any) -> bool:
         if self._raftwal_gate.maybe_defer(node, message):
             return True
+        if type(message) is dict and message.get("type") == "append_entries":
+            self.raftwal_rounds.sent(str(node.id))
         return self.send_now(node, message)
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 (pysyncobj's)
+        # SyncObj handles the message first (term, match index, lastResponseTime), then the
+        # read rounds see the answer with the leader's state already updated.
+        super()._onMessageReceived(node, message)
+        if type(message) is dict and message.get("type") == "next_node_idx":
+            self.raftwal_rounds.answered(str(node.id))
 
     def send_now(self, node: Any, message: Any) -> bool:
         self._raftwal_gate.before_send(message)
@@ -606,6 +652,14 @@ class RaftwalSyncObj(SyncObj):
     def raftwal_send_append_entries(self) -> None:
         """Send AppendEntries to every follower now (syncobj.py line 1251)."""
         self._SyncObj__sendAppendEntries()
+
+    def raftwal_commit_term(self) -> int:
+        """The term of the entry at the commit index (0 if it is compacted away)."""
+        entries = self._SyncObj__getEntries(self._SyncObj__raftCommitIndex, 1)
+        return int(entries[0][2]) if entries else 0
+
+    def raftwal_cluster_size(self) -> int:
+        return len(self._SyncObj__otherNodes) + 1
 
     def raftwal_state(self) -> int:
         state = self._SyncObj__raftState

@@ -36,6 +36,12 @@ class UnknownOutcome(RaftError):
     """
 
 
+class LeadershipUnconfirmed(RaftError):
+    """A linearizable read could not be served: this peer did not hear from a majority
+    in its term within the wait (partitioned or deposed), or did not apply far enough.
+    Nothing was read; retry, possibly elsewhere."""
+
+
 class Overloaded(RaftError):
     """The command was refused before it reached the log (a bound was hit); retry later."""
 

@@ -64,6 +64,7 @@ from raft._pysyncobj_glue import (
 )
 from raft.errors import (
     FatalPeerError,
+    LeadershipUnconfirmed,
     NotLeader,
     Overloaded,
     PeerClosed,
@@ -251,6 +252,103 @@ class _Pending:
     timeout_s: float
 
 
+@dataclass
+class _ReadIndex:
+    """A linearizable read waiting on the tick thread.
+
+    Leader reads (`read_index`) go through: registered -> marked (term, commit index and
+    the heartbeat counters noted, one AppendEntries round sent) -> confirmed (a majority,
+    this peer included, answered a message sent after the mark, still in that term) ->
+    applied (lastApplied >= index) -> resolved with the index. `wait_applied` requests
+    start confirmed with a given index.
+    """
+
+    future: concurrent.futures.Future[int]
+    deadline: float
+    timeout_s: float
+    index: int = -1
+    term: int = -1
+    mark: dict[str, int] | None = None
+    confirmed: bool = False
+
+
+class LoopMailbox:
+    """Hands callables from other threads to one event loop, waking it once per batch.
+
+    `loop.call_soon_threadsafe` writes to the loop's self-pipe on every call; the tick
+    thread settles several things per tick (proposal outcomes, read indexes, the applied
+    notifier), so each of them cost a wakeup and a pipe write. Posts made while a drain is
+    already scheduled ride along with it: one wakeup per tick, whatever was settled in it.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+        self._scheduled = False
+        self.wakeups = 0
+        self.posts = 0
+
+    def post(self, function: Callable[..., None], *args: Any) -> None:
+        with self._lock:
+            self._items.append((function, args))
+            self.posts += 1
+            if self._scheduled:
+                return
+            self._scheduled = True
+            self.wakeups += 1
+        try:
+            self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:
+            logger.debug("event loop closed; %d posted callbacks dropped", len(self._items))
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+            self._scheduled = False
+        for function, args in items:
+            try:
+                function(*args)
+            except Exception:  # noqa: BLE001 (one bad callback must not drop the others)
+                logger.exception("posted callback failed")
+
+
+_mailboxes: dict[asyncio.AbstractEventLoop, LoopMailbox] = {}
+_mailboxes_lock = threading.Lock()
+
+
+def loop_mailbox(loop: asyncio.AbstractEventLoop) -> LoopMailbox:
+    """The mailbox of `loop` (one per loop, shared by every peer and listener)."""
+    with _mailboxes_lock:
+        mailbox = _mailboxes.get(loop)
+        if mailbox is None:
+            # Closed loops are dropped here, so the table stays as small as the live loops.
+            for old in [old for old in _mailboxes if old.is_closed()]:
+                del _mailboxes[old]
+            mailbox = _mailboxes[loop] = LoopMailbox(loop)
+        return mailbox
+
+
+async def _awaited(future: concurrent.futures.Future[Any]) -> Any:
+    """Await a future settled on the tick thread, delivered through the loop's mailbox.
+    Cancelling the await leaves the future to settle unobserved."""
+    loop = asyncio.get_running_loop()
+    mailbox = loop_mailbox(loop)
+    waiter: asyncio.Future[Any] = loop.create_future()
+
+    def settle(done: concurrent.futures.Future[Any]) -> None:
+        if waiter.done():
+            return  # the awaiting task was cancelled
+        exception = done.exception()
+        if exception is not None:
+            waiter.set_exception(exception)
+        else:
+            waiter.set_result(done.result())
+
+    future.add_done_callback(lambda done: mailbox.post(settle, done))
+    return await waiter
+
+
 def _host_of(address: str) -> str:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
@@ -356,6 +454,11 @@ class RaftPeer:
         # refuse their votes and this peer, whose election deadline ran out while it led,
         # starts an election of its own at once and takes the leadership back.
         self._proposals_paused_until = 0.0
+        # Linearizable reads: new ones (any thread, under _lock) and those the tick thread
+        # works on (tick thread only).
+        self._new_reads: list[_ReadIndex] = []
+        self._reads: list[_ReadIndex] = []
+        self.read_rounds = 0
 
         self._data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         remove_stale_temp_files(self._data_dir)
@@ -394,6 +497,8 @@ class RaftPeer:
             self._syncobj = self._started_syncobj = syncobj
             syncobj.raftwal_install_journal(self._journal, self._snapshot_index)
             self._gate.attach(self._journal, syncobj.raftwal_transport())
+            self._rounds = syncobj.raftwal_transport().raftwal_rounds
+            self._rounds.on_answer = self._check_reads
             self._wakeup = self._started_wakeup = Wakeup(syncobj._poller)
             syncobj.addOnTickCallback(self._before_poll)
             syncobj.addOnTickCallback(self._run_transfer)
@@ -512,28 +617,153 @@ class RaftPeer:
 
     async def propose_async(self, command: bytes, timeout_s: float) -> bytes:
         """`propose`, awaited: the result crosses from the tick thread to the running loop
-        with `loop.call_soon_threadsafe`. Cancelling the await does not cancel the proposal.
+        through its `LoopMailbox` (one wakeup per tick for everything settled in it).
+        Cancelling the await does not cancel the proposal."""
+        result: bytes = await _awaited(self.propose(command, timeout_s))
+        return result
+
+    # ------------------------------------------------------------ linearizable reads
+
+    def read_index(self, timeout_s: float) -> concurrent.futures.Future[int]:
+        """ReadIndex (Raft thesis 6.4): the future resolves to an index such that this
+        peer's applied state at that index reflects every entry committed before the call.
+
+        The leader notes its commit index (once an entry of its own term is committed),
+        sends one AppendEntries round and waits until a majority, itself included, answered
+        a message of that round in the same term, then until it has applied the index.
+        No log entry, no fsync. Reads arriving in the same tick share one round.
+        Fails with NotLeader on a non-leader or when leadership is lost meanwhile,
+        LeadershipUnconfirmed after `timeout_s`, PeerClosed after close().
         """
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[bytes] = loop.create_future()
+        return self._register_read(_ReadIndex(concurrent.futures.Future(), 0.0, timeout_s), True)
 
-        def deliver(done: concurrent.futures.Future[bytes]) -> None:
-            def settle() -> None:
-                if waiter.done():
-                    return  # the awaiting task was cancelled
-                exception = done.exception()
-                if exception is not None:
-                    waiter.set_exception(exception)
-                else:
-                    waiter.set_result(done.result())
+    def wait_applied(self, index: int, timeout_s: float) -> concurrent.futures.Future[int]:
+        """Resolves (to `index`) once this peer has applied every entry up to `index`, e.g.
+        a read index obtained from the leader; LeadershipUnconfirmed after `timeout_s`."""
+        read = _ReadIndex(concurrent.futures.Future(), 0.0, timeout_s, index=index)
+        read.confirmed = True
+        return self._register_read(read, False)
 
-            try:
-                loop.call_soon_threadsafe(settle)
-            except RuntimeError:
-                logger.debug("event loop closed before a proposal outcome arrived")
+    def _register_read(
+        self, read: _ReadIndex, needs_leader: bool
+    ) -> concurrent.futures.Future[int]:
+        if not 0 < read.timeout_s <= self._tuning.max_timeout_s:
+            raise ValueError(
+                f"invalid timeout_s ({read.timeout_s!r}; expected 0 < x <= "
+                f"{self._tuning.max_timeout_s})"
+            )
+        read.future.set_running_or_notify_cancel()
+        read.deadline = time.monotonic() + read.timeout_s
+        if needs_leader and not self.is_leader():
+            read.future.set_exception(NotLeader(self.leader_address()))
+            return read.future
+        with self._lock:
+            if self._closed or self._fatal is not None:
+                read.future.set_exception(
+                    PeerClosed(f"raft peer {self._self_address} is not running")
+                )
+                return read.future
+            if len(self._new_reads) + len(self._reads) >= self._tuning.max_pending_proposals:
+                read.future.set_exception(
+                    Overloaded(f"{len(self._new_reads) + len(self._reads)} reads pending")
+                )
+                return read.future
+            self._new_reads.append(read)
+        self._wakeup.notify()
+        return read.future
 
-        self.propose(command, timeout_s).add_done_callback(deliver)
-        return await waiter
+    async def read_index_async(self, timeout_s: float) -> int:
+        """`read_index`, awaited on the running loop (through its `LoopMailbox`)."""
+        index: int = await _awaited(self.read_index(timeout_s))
+        return index
+
+    async def wait_applied_async(self, index: int, timeout_s: float) -> int:
+        applied: int = await _awaited(self.wait_applied(index, timeout_s))
+        return applied
+
+    def _mark_reads(self) -> None:
+        """Tick thread, before the poll: take new reads, mark them, send one round."""
+        with self._lock:
+            new, self._new_reads = self._new_reads, []
+        syncobj = self._syncobj
+        leader = syncobj._isLeader()
+        term = syncobj.raftCurrentTerm
+        marked = False
+        for read in new:
+            if read.confirmed:
+                self._reads.append(read)
+                continue
+            if not leader:
+                read.future.set_exception(NotLeader(self.leader_address()))
+                continue
+            self._reads.append(read)
+        if leader:
+            # Raft's rule: a leader knows the commit index only once an entry of its own
+            # term is committed (pysyncobj appends a no-op when it wins, line 1213).
+            commit_term_current = syncobj.raftwal_commit_term() == term
+            for read in self._reads:
+                if read.mark is None and not read.confirmed and commit_term_current:
+                    if not marked:
+                        mark = self._rounds.mark()
+                        marked = True
+                    read.index = syncobj.raftCommitIndex
+                    read.term = term
+                    read.mark = mark
+            if marked:
+                self.read_rounds += 1
+                syncobj.raftwal_send_append_entries()
+        self._check_reads()
+
+    def _check_reads(self) -> None:
+        """Tick thread: resolve, fail or expire waiting reads."""
+        if not self._reads:
+            return
+        syncobj = self._syncobj
+        leader = syncobj._isLeader()
+        term = syncobj.raftCurrentTerm
+        applied = syncobj.raftLastApplied
+        majority = syncobj.raftwal_cluster_size() // 2 + 1
+        now = time.monotonic()
+        waiting: list[_ReadIndex] = []
+        confirmations: dict[int, bool] = {}
+        for read in self._reads:
+            if read.future.done():
+                continue
+            if not read.confirmed:
+                if not leader or (read.mark is not None and term != read.term):
+                    read.future.set_exception(
+                        NotLeader(self.leader_address(), "leadership lost during a read")
+                    )
+                    continue
+                if read.mark is None:
+                    # Waiting for this term's first commit (a fresh leader).
+                    if now < read.deadline:
+                        waiting.append(read)
+                    else:
+                        read.future.set_exception(
+                            LeadershipUnconfirmed(
+                                f"no entry of term {term} committed within {read.timeout_s}s"
+                            )
+                        )
+                    continue
+                key = id(read.mark)
+                if key not in confirmations:
+                    confirmations[key] = 1 + self._rounds.answered_since(read.mark) >= majority
+                read.confirmed = confirmations[key]
+            if read.confirmed and applied >= read.index:
+                read.future.set_result(read.index)
+                continue
+            if now >= read.deadline:
+                read.future.set_exception(
+                    LeadershipUnconfirmed(
+                        f"read not served within {read.timeout_s}s (leadership "
+                        f"{'confirmed' if read.confirmed else 'unconfirmed'}, applied "
+                        f"{applied}, read index {read.index})"
+                    )
+                )
+                continue
+            waiting.append(read)
+        self._reads = waiting
 
     def _on_command_result(self, proposal_id: int, result: Any, error: int) -> None:
         with self._lock:
@@ -584,8 +814,17 @@ class RaftPeer:
             pending = list(self._pending.values())
             self._pending.clear()
             self._deadlines.clear()
+            reads, self._new_reads = self._new_reads, []
+        thread = self._thread
+        if thread is None or not thread.is_alive() or thread is threading.current_thread():
+            # The tick thread has stopped: nobody else touches _reads any more.
+            reads += self._reads
+            self._reads = []
         for item in pending:
             item.future.set_exception(error)
+        for read in reads:
+            if not read.future.done():
+                read.future.set_exception(PeerClosed(f"raft peer stopped: {error}"))
 
     # ------------------------------------------------------- leadership transfer
 
@@ -805,6 +1044,8 @@ class RaftPeer:
         # (syncobj.py line 653), where the leader counts itself for every entry it holds.
         self._journal.sync()
         self._gate.flush()
+        if self._new_reads or self._reads:
+            self._mark_reads()
 
     def _shutdown_syncobj(self) -> None:
         if self._started_syncobj is not None:

@@ -14,6 +14,12 @@
   after an unknown outcome into the stored answer instead of a second application;
 - **typed errors**: each ``ErrorCode`` has a ``RaftwalError`` subclass (``error_for`` /
   ``raise_for``); errors that retrying cannot fix raise at once;
+- **coalesced writes**: concurrent ``grant_lease``, ``revoke_lease``, ``lock`` (without a
+  wait) and ``unlock`` calls on one client share RPCs: while ``max_writes_in_flight``
+  calls are on their way, new ones queue and leave together as one ``BatchWrite`` (up to
+  ``max_batch_ops``), which the cluster proposes as one Raft entry. Each write keeps its
+  own request id, result and typed error; a failed batch is retried whole with the same
+  ids. An idle client sends a write on its own at once, so a lone caller waits no longer;
 - **resumable streams**: ``watch_events`` resumes at the last delivered revision + 1 on
   another node, ``watch_assignments`` never goes back to an older version (both move when
   their node sends nothing, not even a progress notification, for
@@ -49,6 +55,7 @@ the data-plane SDK (``rpc.streaming``) or the sync client.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -86,6 +93,9 @@ from rpc.routing import (
     stream_failure,
     unexpected_loop_error,
 )
+
+# Writes queued for a batch beyond this many are refused (RESOURCE_EXHAUSTED).
+MAX_QUEUED_WRITES = 100_000
 
 # The logger name this client always used (it was all of rpc/client.py).
 log = logging.getLogger("rpc.client")
@@ -252,8 +262,15 @@ class CoordinatorClient:
         channel_options: Sequence[tuple[str, Any]] = (),
         security: ClientSecurity | None = None,
         watch_idle_timeout_s: float = DEFAULT_WATCH_IDLE_TIMEOUT_S,
+        coalesce_writes: bool = True,
+        max_writes_in_flight: int = 2,
+        max_batch_ops: int = 256,
     ) -> None:
         _check_positive("timeout_s", timeout_s)
+        if not 1 <= max_writes_in_flight <= 64:
+            raise _invalid(f"invalid max_writes_in_flight ({max_writes_in_flight}; expected 1..64)")
+        if not 1 <= max_batch_ops <= 1024:
+            raise _invalid(f"invalid max_batch_ops ({max_batch_ops}; expected 1..1024)")
         _check_positive("attempt_timeout_s", attempt_timeout_s)
         _check_positive("watch_idle_timeout_s", watch_idle_timeout_s)
         _check_positive("backoff_initial_s", backoff_initial_s)
@@ -282,6 +299,8 @@ class CoordinatorClient:
         self._stubs: dict[str, coordinator_pb2_grpc.CoordinatorStub] = {}
         self._keepers: set[LeaseKeeper] = set()
         self._closed = False
+        self._writes = _WriteCoalescer(self, max_writes_in_flight, max_batch_ops)
+        self._coalesce_writes = coalesce_writes
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -392,6 +411,17 @@ class CoordinatorClient:
             return await getattr(self._stub(target), method)(request, timeout=timeout_s)
 
         return await self._with_retries(method, attempt, extra_wait_s=extra_wait_s)
+
+    async def _write(self, method: str, op: api.BatchWriteOp, request: Any) -> Any:
+        """A lease or lock write: through the coalescer, or as its own RPC."""
+        if not self._coalesce_writes:
+            return await self._unary(method, request)
+        return await self._writes.submit(method, op, request)
+
+    @property
+    def write_batches(self) -> tuple[int, int]:
+        """(BatchWrite calls sent, writes they carried): how much coalescing happened."""
+        return self._writes.batches, self._writes.batched_ops
 
     @staticmethod
     def _request_id(request_id: str) -> str:
@@ -645,7 +675,7 @@ class CoordinatorClient:
         request = api.GrantLeaseRequest(
             request_id=self._request_id(request_id), ttl_ms=ttl_ms, holder=holder
         )
-        return await self._unary("GrantLease", request)
+        return await self._write("GrantLease", api.BatchWriteOp(grant_lease=request), request)
 
     async def keep_alive(self, lease_id: int) -> api.KeepAliveResponse:
         """Renew a lease once (one request over a fresh KeepAlive stream). A repeat after an
@@ -681,7 +711,7 @@ class CoordinatorClient:
 
     async def revoke_lease(self, lease_id: int, *, request_id: str = "") -> api.RevokeLeaseResponse:
         request = api.RevokeLeaseRequest(request_id=self._request_id(request_id), lease_id=lease_id)
-        return await self._unary("RevokeLease", request)
+        return await self._write("RevokeLease", api.BatchWriteOp(revoke_lease=request), request)
 
     async def lock(
         self,
@@ -702,13 +732,16 @@ class CoordinatorClient:
             lease_id=lease_id,
             wait_timeout_ms=wait_timeout_ms,
         )
-        return await self._unary("Lock", request, extra_wait_s=wait_timeout_ms / 1000)
+        if wait_timeout_ms:
+            # A waiting lock holds its call open on the server: never part of a batch.
+            return await self._unary("Lock", request, extra_wait_s=wait_timeout_ms / 1000)
+        return await self._write("Lock", api.BatchWriteOp(lock=request), request)
 
     async def unlock(self, key: str, lease_id: int, *, request_id: str = "") -> api.UnlockResponse:
         request = api.UnlockRequest(
             request_id=self._request_id(request_id), key=key, lease_id=lease_id
         )
-        return await self._unary("Unlock", request)
+        return await self._write("Unlock", api.BatchWriteOp(unlock=request), request)
 
     # -- broadcasts -----------------------------------------------------------------
 
@@ -844,6 +877,99 @@ class CoordinatorClient:
 # ---------------------------------------------------------------------------------------
 # Lease keeper
 # ---------------------------------------------------------------------------------------
+
+
+class _WriteCoalescer:
+    """Groups concurrent lease and lock writes of one client into ``BatchWrite`` calls.
+
+    At most ``max_in_flight`` calls are on their way. A write that finds a free slot and
+    nothing queued leaves at once as its own RPC (a lone caller's latency is unchanged);
+    otherwise it queues, and every freed slot takes up to ``max_batch_ops`` queued writes
+    as one ``BatchWrite`` (group commit one level above the node's). A caller cancelled
+    while its write is still queued takes it out; once sent, a write cannot be recalled.
+    """
+
+    def __init__(self, client: CoordinatorClient, max_in_flight: int, max_batch_ops: int) -> None:
+        self._client = client
+        self._max_in_flight = max_in_flight
+        self._max_batch_ops = max_batch_ops
+        self._queue: collections.deque[tuple[api.BatchWriteOp, asyncio.Future[Any]]] = (
+            collections.deque()
+        )
+        self._in_flight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.batches = 0
+        self.batched_ops = 0
+
+    async def submit(self, method: str, op: api.BatchWriteOp, request: Any) -> Any:
+        if self._in_flight < self._max_in_flight and not self._queue:
+            self._in_flight += 1
+            try:
+                return await self._client._unary(method, request)
+            finally:
+                self._in_flight -= 1
+                self._flush()
+        if len(self._queue) >= MAX_QUEUED_WRITES:
+            raise error_for(
+                error_info(
+                    E.RESOURCE_EXHAUSTED,
+                    f"too many queued writes ({len(self._queue)}; at most {MAX_QUEUED_WRITES})",
+                )
+            )
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append((op, future))
+        self._flush()
+        return await future
+
+    def _flush(self) -> None:
+        while self._queue and self._in_flight < self._max_in_flight:
+            batch: list[tuple[api.BatchWriteOp, asyncio.Future[Any]]] = []
+            while self._queue and len(batch) < self._max_batch_ops:
+                op, future = self._queue.popleft()
+                if not future.done():  # done = its caller was cancelled
+                    batch.append((op, future))
+            if not batch:
+                continue
+            self._in_flight += 1
+            task = asyncio.get_running_loop().create_task(self._send(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, batch: list[tuple[api.BatchWriteOp, asyncio.Future[Any]]]) -> None:
+        try:
+            request = api.BatchWriteRequest(ops=[op for op, _ in batch])
+            self.batches += 1
+            self.batched_ops += len(batch)
+            try:
+                response = await self._client._unary("BatchWrite", request)
+            except Exception as error:  # noqa: BLE001 (handed to every caller of the batch)
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(error)
+                return
+            if len(response.results) != len(batch):
+                error = error_for(
+                    error_info(
+                        E.INNER,
+                        f"BatchWrite of {len(batch)} ops answered with "
+                        f"{len(response.results)} results",
+                    )
+                )
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(error)
+                return
+            for (_, future), result in zip(batch, response.results, strict=True):
+                if future.done():
+                    continue
+                if result.error.code != E.OK:
+                    future.set_exception(error_for(result.error))
+                else:
+                    kind = result.WhichOneof("reply")
+                    future.set_result(getattr(result, kind) if kind else None)
+        finally:
+            self._in_flight -= 1
+            self._flush()
 
 
 class LeaseKeeper:

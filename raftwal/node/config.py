@@ -126,6 +126,10 @@ class ClusterConfig:
     # Raft election timeouts (ms): failover takes about one election timeout.
     raft_min_timeout_ms: int = 400
     raft_max_timeout_ms: int = 1200
+    # A Raft leader that heard from no majority for this long steps down (ms). Reads never
+    # rely on it (ReadIndex confirms leadership per read); it bounds how long a cut-off
+    # leader keeps accepting proposals that cannot commit.
+    raft_leader_fallback_ms: int = 2000
     # Raft snapshot after this many log entries.
     raft_snapshot_entries: int = 20_000
     grpc_max_message_bytes: int = 32 * 1024 * 1024

@@ -207,6 +207,23 @@ class NodeMetrics:
             self.proposal_rejections.labels(kind, error_code_name(result.rejection.code)).inc()
         return result
 
+    async def observe_proposals(
+        self, kinds: list[str], outcome: Awaitable[list[pb.CommandResult]]
+    ) -> list[pb.CommandResult]:
+        """``observe_proposal`` for the commands of one batch (one entry), kind by kind."""
+        for kind in kinds:
+            self.proposals.labels(kind).inc()
+        try:
+            results = await outcome
+        except RaftwalError as error:
+            for kind in kinds:
+                self.proposal_failures.labels(kind, error_code_name(error.info.code)).inc()
+            raise
+        for kind, result in zip(kinds, results, strict=False):
+            if result.rejection.code != E.OK:
+                self.proposal_rejections.labels(kind, error_code_name(result.rejection.code)).inc()
+        return results
+
     def batch_acknowledged(
         self, pchannel: str, messages: int, wal_bytes: int, latency_s: float
     ) -> None:

@@ -11,7 +11,6 @@ CoordinationBackend`` for the public servicer:
   local peer when it leads and otherwise forwards the command bytes to the leader's
   ``Cluster.Propose`` (a client never needs to know who leads); NOT_LEADER is answered only
   while no leader is known.
-- linearizable reads propose a ``Barrier`` and wait until this node has applied it.
 - a planned stop (SIGTERM or SIGINT) first hands over (``handover``): the node heartbeats
   as draining, so the coordinator moves the pchannels it owns to other replicas (each new
   owner fences and recovers the tail), waits until every one is ASSIGNED elsewhere, then
@@ -19,6 +18,11 @@ CoordinationBackend`` for the public servicer:
   ``handover_timeout_ms``; only then does it stop serving. A second signal stops it at
   once. Producers see NOT_OWNER / CHANNEL_FENCED answers and resend their unacknowledged
   batches, with the same sequences, to the new owners.
+- ``propose_batch`` proposes several commands as one Raft entry (``Coordinator.
+  BatchWrite``), forwarded as a whole (``Cluster.ProposeBatch``) from a follower;
+- linearizable reads use ReadIndex, with no log entry: the leader confirms its leadership
+  with one heartbeat round (``RaftPeer.read_index``); a follower asks the leader for that
+  index (``Cluster.ReadIndex``) and answers once it has applied it.
 """
 
 from __future__ import annotations
@@ -40,9 +44,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from raft.errors import NotLeader, Overloaded, PeerClosed, UnknownOutcome
+from raft.errors import LeadershipUnconfirmed, NotLeader, Overloaded, PeerClosed, UnknownOutcome
 from raft.events import Compacted
-from raft.peer import RaftPeer, RaftTuning
+from raft.peer import RaftPeer, RaftTuning, loop_mailbox
 from raft.replica import CoordinationReplica
 from raftwal.node import faults
 from raftwal.node.config import ClusterConfig, NodeConfig, check_transport_security
@@ -71,6 +75,8 @@ E = errors_pb2
 T = TypeVar("T")
 
 MAX_COMMAND_BYTES = 2 * 1024 * 1024
+# Forwarded proposal calls a follower keeps in flight to the leader at once.
+FORWARDS_IN_FLIGHT = 4
 # A suspicion (HeartbeatRequest.suspect_node_ids) is repeated this long.
 SUSPECT_KEEP_S = 3.0
 
@@ -156,6 +162,10 @@ class Node:
         self.peer: RaftPeer | None = None
         self.coordinator = Coordinator(self)
         self.batcher = ProposalBatcher(self._propose_entry)
+        # A follower groups the proposals it forwards the same way: the commands that arrive
+        # while earlier forwards are in flight go to the leader as one Cluster.ProposeBatch
+        # (one gRPC call on the GIL-bound leader for many clients).
+        self.forwarder = ProposalBatcher(self._forward_entry, max_in_flight=FORWARDS_IN_FLIGHT)
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.data_view = NodeDataView(self)
@@ -183,10 +193,11 @@ class Node:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         loop = self._loop
+        # Through the loop's mailbox: the applied notifier and the proposal outcomes of one
+        # Raft tick wake the event loop once (raft.peer.LoopMailbox).
+        mailbox = loop_mailbox(loop)
         self.replica.add_listener(
-            lambda revision, index: loop.call_soon_threadsafe(
-                self.notifier.advance, revision, index
-            )
+            lambda revision, index: mailbox.post(self.notifier.advance, revision, index)
         )
         others = [n for n in self.config.nodes if n.id != self.me.id]
         partners = [n.raft_address for n in others]
@@ -204,6 +215,7 @@ class Node:
             tuning=RaftTuning(
                 election_timeout_min_s=self.config.raft_min_timeout_ms / 1000,
                 election_timeout_max_s=self.config.raft_max_timeout_ms / 1000,
+                leader_fallback_timeout_s=self.config.raft_leader_fallback_ms / 1000,
                 snapshot_every_entries=self.config.raft_snapshot_entries,
                 # Room for the largest valid command (a broadcast of 1 MiB plus envelope).
                 max_command_bytes=MAX_COMMAND_BYTES,
@@ -577,13 +589,126 @@ class Node:
             log.warning("node %s lags behind raft index %d", self.me.id, result.raft_index)
         return result
 
+    async def propose_batch(self, commands: list[pb.Command]) -> list[pb.CommandResult]:
+        """Propose `commands` as one Raft entry, applied in order; one result each.
+        Request ids and the proposer's time are stamped like ``propose``'s."""
+        stamp = now_ms()
+        encoded: list[bytes] = []
+        for command in commands:
+            if not command.proposed_at_ms:
+                command.proposed_at_ms = stamp
+            encoded.append(command.SerializeToString())
+        total = sum(len(data) for data in encoded)
+        if total > MAX_COMMAND_BYTES:
+            raise RaftwalError(
+                error_info(
+                    E.INVALID_ARGUMENT,
+                    f"batch too large ({total} bytes; expected at most {MAX_COMMAND_BYTES})",
+                )
+            )
+        results = await self.metrics.observe_proposals(
+            [command.WhichOneof("body") or "none" for command in commands],
+            self.propose_batch_bytes(encoded),
+        )
+        index = max((result.raft_index for result in results), default=0)
+        if index and not await self.notifier.wait_index(
+            index, self.config.propose_timeout_ms / 1000
+        ):
+            log.warning("node %s lags behind raft index %d", self.me.id, index)
+        return results
+
+    async def propose_batch_bytes(
+        self, commands: list[bytes], forward: bool = True
+    ) -> list[pb.CommandResult]:
+        """Serialized commands as one entry (forwarded whole to the leader unless
+        `forward` is False); raises RaftwalError like ``propose_bytes``."""
+        self._require_peer()
+        try:
+            replies = await self.batcher.propose_group(commands)
+            return [pb.CommandResult.FromString(reply) for reply in replies]
+        except NotLeader as error:
+            self._leader_for(error, forward)
+            replies = await self._forward_group(commands)
+            return [pb.CommandResult.FromString(reply) for reply in replies]
+        except UnknownOutcome as error:
+            raise RaftwalError(
+                error_info(E.UNKNOWN, f"outcome unknown ({error}); retry with the same request ids")
+            ) from None
+        except (Overloaded, PeerClosed, OverflowError) as error:
+            raise RaftwalError(error_info(E.ON_SHUTDOWN, f"cannot propose now: {error}")) from None
+
+    def _leader_for(self, error: NotLeader, forward: bool) -> NodeConfig:
+        """The leader to forward to, or the NOT_LEADER error to answer."""
+        leader = (
+            self.config.node_by_raft_address(error.leader_address) if error.leader_address else None
+        )
+        if leader is None or leader.id == self.me.id or not forward:
+            raise RaftwalError(
+                error_info(
+                    E.NOT_LEADER,
+                    f"node {self.me.id} is not the Raft leader and knows no leader yet"
+                    if leader is None
+                    else f"node {self.me.id} is not the Raft leader",
+                    leader_hint=leader.grpc_address if leader is not None else "",
+                )
+            ) from None
+        return leader
+
+    async def _forward_group(self, commands: list[bytes]) -> list[bytes]:
+        try:
+            return await self.forwarder.propose_group(commands)
+        except OverflowError as error:
+            raise RaftwalError(error_info(E.ON_SHUTDOWN, f"cannot forward now: {error}")) from None
+
+    async def _forward_entry(self, entry_bytes: bytes) -> bytes:
+        """The forwarder's "propose": send the commands gathered into `entry_bytes` (a
+        LogEntry) to the leader known now, as one Propose or ProposeBatch call; answers a
+        LogEntryResult. Raises RaftwalError (NOT_LEADER without a known leader, or the
+        leader's error, which every command of the group then gets)."""
+        entry = pb.LogEntry.FromString(entry_bytes)
+        commands = [entry.command] if entry.HasField("command") else list(entry.batch.commands)
+        leader = self.leader()
+        if leader is None or leader.id == self.me.id:
+            raise RaftwalError(
+                error_info(
+                    E.NOT_LEADER,
+                    f"node {self.me.id} is not the Raft leader and knows no leader yet",
+                )
+            )
+        timeout_s = self.config.propose_timeout_ms / 1000
+        stub = coordinator_pb2_grpc.ClusterStub(self.channel(leader.grpc_address))
+        try:
+            if len(commands) == 1:
+                single = await stub.Propose(
+                    api.ProposeRequest(command=commands[0], timeout_ms=int(timeout_s * 1000)),
+                    timeout=timeout_s + 1,
+                )
+                results = [single.result]
+            else:
+                many = await stub.ProposeBatch(
+                    api.ProposeBatchRequest(commands=commands, timeout_ms=int(timeout_s * 1000)),
+                    timeout=timeout_s + 1,
+                )
+                results = list(many.results)
+        except grpc.aio.AioRpcError as rpc_error:
+            raise RaftwalError(self._forward_error(rpc_error, leader)) from None
+        return pb.LogEntryResult(results=results).SerializeToString()
+
+    @staticmethod
+    def _forward_error(error: grpc.aio.AioRpcError, leader: NodeConfig) -> errors_pb2.ErrorInfo:
+        info = from_rpc_error(error)
+        if info.code == E.NOT_LEADER and not info.leader_hint:
+            info.leader_hint = leader.grpc_address
+        if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            info = error_info(E.UNKNOWN, "forwarded proposal timed out; outcome unknown")
+        return info
+
     async def _propose_entry(self, entry: bytes) -> bytes:
         peer = self._require_peer()
         return await peer.propose_async(entry, self.config.propose_timeout_ms / 1000)
 
     async def propose_bytes(self, data: bytes, forward: bool = True) -> pb.CommandResult:
         self._require_peer()
-        timeout_s = self.config.propose_timeout_ms / 1000
         try:
             reply = await self.batcher.propose(data)
             return pb.CommandResult.FromString(reply)
@@ -603,7 +728,8 @@ class Node:
                         leader_hint=leader.grpc_address if leader is not None else "",
                     )
                 ) from None
-            return await self._forward(leader, data, timeout_s)
+            (reply,) = await self._forward_group([data])
+            return pb.CommandResult.FromString(reply)
         except UnknownOutcome as error:
             raise RaftwalError(
                 error_info(
@@ -614,35 +740,74 @@ class Node:
         except (Overloaded, PeerClosed, OverflowError) as error:
             raise RaftwalError(error_info(E.ON_SHUTDOWN, f"cannot propose now: {error}")) from None
 
-    async def _forward(self, leader: NodeConfig, data: bytes, timeout_s: float) -> pb.CommandResult:
+    async def read_index(self, timeout_s: float) -> tuple[int, int]:
+        """(raft index, term) for a linearizable read, on the leader only (ReadIndex: one
+        heartbeat round, no log entry); raises RaftwalError NOT_LEADER / UNAVAILABLE."""
+        peer = self._require_peer()
+        term = peer.raft_term()
+        try:
+            index = await peer.read_index_async(timeout_s)
+        except NotLeader as error:
+            leader = (
+                self.config.node_by_raft_address(error.leader_address)
+                if error.leader_address
+                else None
+            )
+            raise RaftwalError(
+                error_info(
+                    E.NOT_LEADER,
+                    f"node {self.me.id} is not the Raft leader ({error})",
+                    leader_hint=leader.grpc_address if leader is not None else "",
+                )
+            ) from None
+        except (LeadershipUnconfirmed, Overloaded) as error:
+            raise RaftwalError(
+                error_info(E.UNAVAILABLE, f"linearizable read failed: {error}")
+            ) from None
+        except PeerClosed as error:
+            raise RaftwalError(error_info(E.ON_SHUTDOWN, str(error))) from None
+        return index, term
+
+    async def _linearizable_point(self) -> None:
+        """Return once this node's applied state reflects every write acknowledged before
+        the call (ReadIndex: the leader's, or the leader's index applied here)."""
+        peer = self._require_peer()
+        timeout_s = self.config.propose_timeout_ms / 1000
+        if peer.is_leader():
+            await self.read_index(timeout_s)
+            return
+        leader = self.leader()
+        if leader is None or leader.id == self.me.id:
+            raise RaftwalError(
+                error_info(
+                    E.NOT_LEADER,
+                    f"node {self.me.id} knows no Raft leader: cannot serve a linearizable read",
+                )
+            )
         stub = coordinator_pb2_grpc.ClusterStub(self.channel(leader.grpc_address))
         try:
-            reply = await stub.Propose(
-                api.ProposeRequest(command=data, timeout_ms=int(timeout_s * 1000)),
-                timeout=timeout_s + 1,
+            reply = await stub.ReadIndex(
+                api.ReadIndexRequest(timeout_ms=int(timeout_s * 1000)), timeout=timeout_s + 1
             )
         except grpc.aio.AioRpcError as error:
             info = from_rpc_error(error)
             if info.code == E.NOT_LEADER and not info.leader_hint:
                 info.leader_hint = leader.grpc_address
-            if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                info = error_info(E.UNKNOWN, "forwarded proposal timed out; outcome unknown")
             raise RaftwalError(info) from None
-        return pb.CommandResult.FromString(reply.result)
+        try:
+            await peer.wait_applied_async(reply.raft_index, timeout_s)
+        except (LeadershipUnconfirmed, Overloaded):
+            raise RaftwalError(
+                error_info(E.UNAVAILABLE, f"node {self.me.id} is too far behind the leader")
+            ) from None
+        except PeerClosed as error:
+            raise RaftwalError(error_info(E.ON_SHUTDOWN, str(error))) from None
 
     async def read(
         self, reader: Callable[[pb.CoordinationState], T], linearizable: bool
     ) -> tuple[T, int]:
         if linearizable:
-            barrier = await self.propose(pb.Command(barrier=pb.Barrier()))
-            if barrier.rejection.code != E.OK:
-                raise RaftwalError(barrier.rejection)
-            if not await self.notifier.wait_index(
-                barrier.raft_index, self.config.propose_timeout_ms / 1000
-            ):
-                raise RaftwalError(
-                    error_info(E.ON_SHUTDOWN, f"node {self.me.id} is too far behind the leader")
-                )
+            await self._linearizable_point()
 
         def with_revision(state: pb.CoordinationState) -> tuple[T, int]:
             return reader(state), state.revision

@@ -11,11 +11,16 @@ serves many clients (group commit one level up).
 Errors of the underlying proposal (not leader, unknown outcome, ...) fail every command of
 that entry; each caller retries on its own (with its request id, so nothing applies
 twice).
+
+``propose_group`` submits the commands of one client batch (``Coordinator.BatchWrite``)
+as a unit: they are never split across entries (a group larger than the entry bounds is an
+entry of its own), so a batch is one Raft entry applied in order.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,8 +34,9 @@ ProposeEntry = Callable[[bytes], Awaitable[bytes]]
 
 @dataclass
 class _Waiting:
-    command: bytes
-    future: asyncio.Future[bytes]
+    commands: list[bytes]
+    size: int
+    future: asyncio.Future[list[bytes]]
 
 
 class ProposalBatcher:
@@ -48,7 +54,7 @@ class ProposalBatcher:
         self._max_batch_commands = max_batch_commands
         self._max_batch_bytes = max_batch_bytes
         self._max_queued = max_queued
-        self._queue: list[_Waiting] = []
+        self._queue: collections.deque[_Waiting] = collections.deque()
         self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self.entries = 0
@@ -56,10 +62,17 @@ class ProposalBatcher:
 
     async def propose(self, command: bytes) -> bytes:
         """Replicate one serialized Command; returns its serialized CommandResult."""
+        return (await self.propose_group([command]))[0]
+
+    async def propose_group(self, commands: list[bytes]) -> list[bytes]:
+        """Replicate serialized Commands in one Raft entry, applied in this order; returns
+        their serialized CommandResults in the same order."""
+        if not commands:
+            return []
         if len(self._queue) >= self._max_queued:
             raise OverflowError(f"too many queued proposals ({len(self._queue)})")
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Waiting(command, future))
+        future: asyncio.Future[list[bytes]] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Waiting(commands, sum(len(c) for c in commands), future))
         self._maybe_send()
         return await future
 
@@ -67,12 +80,17 @@ class ProposalBatcher:
         while self._queue and self._in_flight < self._max_in_flight:
             batch: list[_Waiting] = []
             size = 0
-            while self._queue and len(batch) < self._max_batch_commands:
+            count = 0
+            while self._queue:
                 waiting = self._queue[0]
-                if batch and size + len(waiting.command) > self._max_batch_bytes:
+                if batch and (
+                    size + waiting.size > self._max_batch_bytes
+                    or count + len(waiting.commands) > self._max_batch_commands
+                ):
                     break
-                batch.append(self._queue.pop(0))
-                size += len(waiting.command)
+                batch.append(self._queue.popleft())
+                size += waiting.size
+                count += len(waiting.commands)
             self._in_flight += 1
             task = asyncio.get_running_loop().create_task(self._send(batch))
             self._tasks.add(task)
@@ -80,12 +98,13 @@ class ProposalBatcher:
 
     async def _send(self, batch: list[_Waiting]) -> None:
         try:
-            if len(batch) == 1:
-                entry = pb.LogEntry(command=batch[0].command)
+            commands = [command for waiting in batch for command in waiting.commands]
+            if len(commands) == 1:
+                entry = pb.LogEntry(command=commands[0])
             else:
-                entry = pb.LogEntry(batch=pb.CommandBatch(commands=[w.command for w in batch]))
+                entry = pb.LogEntry(batch=pb.CommandBatch(commands=commands))
             self.entries += 1
-            self.commands += len(batch)
+            self.commands += len(commands)
             try:
                 reply = await self._propose_entry(entry.SerializeToString())
             except Exception as error:  # noqa: BLE001 (re-raised to every caller of the entry)
@@ -93,14 +112,17 @@ class ProposalBatcher:
                     if not waiting.future.done():
                         waiting.future.set_exception(error)
                 return
-            results = pb.LogEntryResult.FromString(reply).results
-            if len(results) != len(batch):
+            results = list(pb.LogEntryResult.FromString(reply).results)
+            if len(results) != len(commands):
                 raise AssertionError(
-                    f"log entry of {len(batch)} commands answered with {len(results)} results"
+                    f"log entry of {len(commands)} commands answered with {len(results)} results"
                 )
-            for waiting, result in zip(batch, results, strict=True):
+            start = 0
+            for waiting in batch:
+                end = start + len(waiting.commands)
                 if not waiting.future.done():
-                    waiting.future.set_result(result)
+                    waiting.future.set_result(results[start:end])
+                start = end
         finally:
             self._in_flight -= 1
             self._maybe_send()

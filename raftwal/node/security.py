@@ -99,6 +99,7 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
         "Lock",
         "Unlock",
         "WaitResourceKey",
+        "BatchWrite",
     ),
     **_methods("Coordinator", _WRITE, "Broadcast"),
     **_methods("Coordinator", _ACK, "Ack"),
@@ -130,7 +131,7 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
     **_methods("Coordinator", _READ, "ListSubscriptions", "DescribeSubscription"),
     **_methods("StreamingNode", _READ_DATA, "Consume", "ReadSegment"),
     **_methods("NodeManager", _NODE, "Assign", "Remove", "CollectStatus"),
-    **_methods("Cluster", _NODE, "Heartbeat", "Propose"),
+    **_methods("Cluster", _NODE, "Heartbeat", "Propose", "ProposeBatch", "ReadIndex"),
     **_methods("Replication", _NODE, "Append", "AppendBroadcast", "Fence", "Fetch"),
 }
 # Load balancers and orchestrators probe health without credentials.

@@ -155,6 +155,18 @@ class ClusterBackend(Protocol):
         False); raises RaftwalError (NOT_LEADER, ...)."""
         ...
 
+    def propose_batch_bytes(
+        self, commands: list[bytes], forward: bool = True
+    ) -> Awaitable[list[pb.CommandResult]]:
+        """Propose serialized commands as one Raft entry, applied in order; one result
+        each; raises RaftwalError like ``propose_bytes``."""
+        ...
+
+    def read_index(self, timeout_s: float) -> Awaitable[tuple[int, int]]:
+        """(raft index, term) a linearizable read must have applied, confirmed by a
+        heartbeat round on this leader; raises RaftwalError (NOT_LEADER, UNAVAILABLE)."""
+        ...
+
 
 class NodeManagerBackend(Protocol):
     """What ``NodeManagerServicer`` needs from its node."""

@@ -1,5 +1,6 @@
 """The node-internal ``Cluster`` service: heartbeats to the Raft leader (whose coordinator
-keeps them in memory) and proposals forwarded to it by followers.
+keeps them in memory), proposals forwarded to it by followers (one command, or a batch as
+one entry), and read indexes for followers serving linearizable reads (ReadIndex).
 
 Only nodes call it (role ``node``). A forwarded proposal is checked to be a command with a
 body before it reaches the Raft log. Depends on ``ClusterBackend``, never on the node.
@@ -22,6 +23,10 @@ E = errors_pb2
 
 # How long an Assign waits for this node to apply the assignment it is told about.
 MAX_PROPOSE_TIMEOUT_MS = 60_000
+# Commands of one forwarded batch (Coordinator.BatchWrite's bound).
+MAX_BATCH_COMMANDS = 1024
+# A ReadIndex request without a timeout waits this long for the heartbeat round.
+MAX_READ_INDEX_TIMEOUT_MS = 10_000
 
 
 class ClusterServicer(coordinator_pb2_grpc.ClusterServicer):
@@ -105,3 +110,59 @@ class ClusterServicer(coordinator_pb2_grpc.ClusterServicer):
         except RaftwalError as error:
             await context.abort_with_status(to_status(error.info))
         return api.ProposeResponse(result=result.SerializeToString())
+
+    async def ProposeBatch(self, request, context):
+        await self._check_timeout(request.timeout_ms, context)
+        count = len(request.commands)
+        if not 1 <= count <= MAX_BATCH_COMMANDS:
+            await context.abort_with_status(
+                to_status(
+                    error_info(
+                        E.INVALID_ARGUMENT,
+                        f"invalid number of commands ({count}; expected 1..{MAX_BATCH_COMMANDS})",
+                    )
+                )
+            )
+        for position, data in enumerate(request.commands):
+            try:
+                body = pb.Command.FromString(data).WhichOneof("body")
+            except DecodeError as error:
+                body, problem = None, f"undecodable ({error})"
+            else:
+                problem = "no body"
+            if body is None:
+                await context.abort_with_status(
+                    to_status(
+                        error_info(
+                            E.INVALID_ARGUMENT,
+                            f"invalid commands[{position}] ({len(data)} bytes, {problem}; "
+                            "expected a serialized raftwal.v1.Command with a body)",
+                        )
+                    )
+                )
+        try:
+            # Never forwarded again, like Propose.
+            results = await self._node.propose_batch_bytes(list(request.commands), forward=False)
+        except RaftwalError as error:
+            await context.abort_with_status(to_status(error.info))
+        return api.ProposeBatchResponse(results=[r.SerializeToString() for r in results])
+
+    async def ReadIndex(self, request, context):
+        await self._check_timeout(request.timeout_ms, context)
+        timeout_ms = request.timeout_ms or MAX_READ_INDEX_TIMEOUT_MS
+        try:
+            index, term = await self._node.read_index(timeout_ms / 1000)
+        except RaftwalError as error:
+            await context.abort_with_status(to_status(error.info))
+        return api.ReadIndexResponse(raft_index=index, term=term)
+
+    async def _check_timeout(self, timeout_ms: int, context) -> None:
+        if timeout_ms < 0 or timeout_ms > MAX_PROPOSE_TIMEOUT_MS:
+            await context.abort_with_status(
+                to_status(
+                    error_info(
+                        E.INVALID_ARGUMENT,
+                        f"invalid timeout_ms ({timeout_ms}; expected 0..{MAX_PROPOSE_TIMEOUT_MS})",
+                    )
+                )
+            )

@@ -49,6 +49,8 @@ WATCH_PROGRESS_S = 1.0
 # by default, a few rounds when votes split) and about the coordinator's node timeout.
 WATCH_LEADERLESS_S = 3.0
 EVENT_BATCH = 500
+# Ops of one BatchWrite.
+MAX_BATCH_OPS = 1024
 
 
 class CompactedHistory(Exception):
@@ -71,6 +73,11 @@ class CoordinationBackend(Protocol):
     async def propose(self, command: pb.Command) -> pb.CommandResult:
         """Replicate `command` (request id and time are stamped here if missing) and return
         its result; rejections come back inside the result, not as exceptions."""
+        ...
+
+    async def propose_batch(self, commands: list[pb.Command]) -> list[pb.CommandResult]:
+        """Replicate `commands` as one Raft entry, applied in order; one result each
+        (rejections inside the results)."""
         ...
 
     async def read(
@@ -712,6 +719,96 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             return api.UnlockResponse(revision=result.revision)
 
         return await self._call(context, work())
+
+    async def BatchWrite(self, request, context):
+        async def work() -> api.BatchWriteResponse:
+            _check_count("ops", len(request.ops), 1, MAX_BATCH_OPS)
+            results = [api.BatchWriteResult() for _ in request.ops]
+            commands: list[pb.Command] = []
+            positions: list[int] = []
+            for position, op in enumerate(request.ops):
+                try:
+                    commands.append(self._batch_command(op))
+                except RaftwalError as error:
+                    # A bad op is answered on its own and never proposed; the rest go on.
+                    results[position].error.CopyFrom(error.info)
+                    continue
+                positions.append(position)
+            if commands:
+                replies = await self._backend.propose_batch(commands)
+                for position, command, reply in zip(positions, commands, replies, strict=True):
+                    self._batch_reply(request.ops[position], command, reply, results[position])
+            return api.BatchWriteResponse(results=results)
+
+        return await self._call(context, work())
+
+    @staticmethod
+    def _batch_command(op: api.BatchWriteOp) -> pb.Command:
+        kind = op.WhichOneof("op")
+        if kind is None:
+            raise fail(
+                E.INVALID_ARGUMENT,
+                "invalid op (empty; expected one of grant_lease, revoke_lease, lock, unlock)",
+            )
+        inner = getattr(op, kind)
+        request_id = _new_request_id(inner.request_id)
+        if kind == "grant_lease":
+            return pb.Command(
+                request_id=request_id,
+                grant_lease=pb.GrantLease(ttl_ms=inner.ttl_ms, holder=inner.holder),
+            )
+        if kind == "revoke_lease":
+            return pb.Command(
+                request_id=request_id, revoke_lease=pb.RevokeLease(lease_id=inner.lease_id)
+            )
+        if kind == "lock":
+            if inner.wait_timeout_ms != 0:
+                raise fail(
+                    E.INVALID_ARGUMENT,
+                    f"invalid lock.wait_timeout_ms in a batch ({inner.wait_timeout_ms}; "
+                    "expected 0: a waiting Lock is a call of its own)",
+                )
+            return pb.Command(
+                request_id=request_id,
+                lock=pb.Lock(key=inner.key, mode=inner.mode, lease_id=inner.lease_id),
+            )
+        return pb.Command(
+            request_id=request_id, unlock=pb.Unlock(key=inner.key, lease_id=inner.lease_id)
+        )
+
+    @staticmethod
+    def _batch_reply(
+        op: api.BatchWriteOp,
+        command: pb.Command,
+        reply: pb.CommandResult,
+        out: api.BatchWriteResult,
+    ) -> None:
+        if reply.rejection.code != E.OK:
+            out.error.CopyFrom(reply.rejection)
+            return
+        out.error.code = E.OK
+        kind = op.WhichOneof("op")
+        if kind == "grant_lease":
+            out.grant_lease.CopyFrom(
+                api.GrantLeaseResponse(
+                    lease_id=reply.lease_id,
+                    ttl_ms=op.grant_lease.ttl_ms,
+                    deadline_ms=reply.lease_deadline_ms,
+                    revision=reply.revision,
+                )
+            )
+        elif kind == "revoke_lease":
+            out.revoke_lease.CopyFrom(api.RevokeLeaseResponse(revision=reply.revision))
+        elif kind == "lock":
+            out.lock.CopyFrom(
+                api.LockResponse(
+                    key=command.lock.key,
+                    fencing_token=reply.fencing_token,
+                    revision=reply.revision,
+                )
+            )
+        else:
+            out.unlock.CopyFrom(api.UnlockResponse(revision=reply.revision))
 
     # -- broadcasts -------------------------------------------------------------------
 

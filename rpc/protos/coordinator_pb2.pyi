@@ -1,4 +1,5 @@
 from rpc.protos import coordination_pb2 as _coordination_pb2
+from rpc.protos import errors_pb2 as _errors_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -778,6 +779,72 @@ class ProposeResponse(_message.Message):
     RESULT_FIELD_NUMBER: _ClassVar[int]
     result: bytes
     def __init__(self, result: _Optional[bytes] = ...) -> None: ...
+
+class BatchWriteOp(_message.Message):
+    __slots__ = ("grant_lease", "revoke_lease", "lock", "unlock")
+    GRANT_LEASE_FIELD_NUMBER: _ClassVar[int]
+    REVOKE_LEASE_FIELD_NUMBER: _ClassVar[int]
+    LOCK_FIELD_NUMBER: _ClassVar[int]
+    UNLOCK_FIELD_NUMBER: _ClassVar[int]
+    grant_lease: GrantLeaseRequest
+    revoke_lease: RevokeLeaseRequest
+    lock: LockRequest
+    unlock: UnlockRequest
+    def __init__(self, grant_lease: _Optional[_Union[GrantLeaseRequest, _Mapping]] = ..., revoke_lease: _Optional[_Union[RevokeLeaseRequest, _Mapping]] = ..., lock: _Optional[_Union[LockRequest, _Mapping]] = ..., unlock: _Optional[_Union[UnlockRequest, _Mapping]] = ...) -> None: ...
+
+class BatchWriteRequest(_message.Message):
+    __slots__ = ("ops",)
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    ops: _containers.RepeatedCompositeFieldContainer[BatchWriteOp]
+    def __init__(self, ops: _Optional[_Iterable[_Union[BatchWriteOp, _Mapping]]] = ...) -> None: ...
+
+class BatchWriteResult(_message.Message):
+    __slots__ = ("error", "grant_lease", "revoke_lease", "lock", "unlock")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    GRANT_LEASE_FIELD_NUMBER: _ClassVar[int]
+    REVOKE_LEASE_FIELD_NUMBER: _ClassVar[int]
+    LOCK_FIELD_NUMBER: _ClassVar[int]
+    UNLOCK_FIELD_NUMBER: _ClassVar[int]
+    error: _errors_pb2.ErrorInfo
+    grant_lease: GrantLeaseResponse
+    revoke_lease: RevokeLeaseResponse
+    lock: LockResponse
+    unlock: UnlockResponse
+    def __init__(self, error: _Optional[_Union[_errors_pb2.ErrorInfo, _Mapping]] = ..., grant_lease: _Optional[_Union[GrantLeaseResponse, _Mapping]] = ..., revoke_lease: _Optional[_Union[RevokeLeaseResponse, _Mapping]] = ..., lock: _Optional[_Union[LockResponse, _Mapping]] = ..., unlock: _Optional[_Union[UnlockResponse, _Mapping]] = ...) -> None: ...
+
+class BatchWriteResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[BatchWriteResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[BatchWriteResult, _Mapping]]] = ...) -> None: ...
+
+class ProposeBatchRequest(_message.Message):
+    __slots__ = ("commands", "timeout_ms")
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    commands: _containers.RepeatedScalarFieldContainer[bytes]
+    timeout_ms: int
+    def __init__(self, commands: _Optional[_Iterable[bytes]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class ProposeBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, results: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class ReadIndexRequest(_message.Message):
+    __slots__ = ("timeout_ms",)
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    timeout_ms: int
+    def __init__(self, timeout_ms: _Optional[int] = ...) -> None: ...
+
+class ReadIndexResponse(_message.Message):
+    __slots__ = ("raft_index", "term")
+    RAFT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    raft_index: int
+    term: int
+    def __init__(self, raft_index: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class WalDiskUsage(_message.Message):
     __slots__ = ("pchannel", "bytes", "first_lsn")

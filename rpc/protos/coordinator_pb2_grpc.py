@@ -174,6 +174,11 @@ class CoordinatorStub:
                 request_serializer=rpc_dot_protos_dot_coordinator__pb2.SaveSnapshotRequest.SerializeToString,
                 response_deserializer=rpc_dot_protos_dot_coordinator__pb2.SaveSnapshotResponse.FromString,
                 _registered_method=True)
+        self.BatchWrite = channel.unary_unary(
+                '/raftwal.v1.Coordinator/BatchWrite',
+                request_serializer=rpc_dot_protos_dot_coordinator__pb2.BatchWriteRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_coordinator__pb2.BatchWriteResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -349,6 +354,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BatchWrite(self, request, context):
+        """Several lease and lock writes in one call, proposed as one Raft entry and applied in
+        order; each keeps its own request id, result and error (see BatchWriteRequest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -491,6 +504,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.SaveSnapshot,
                     request_deserializer=rpc_dot_protos_dot_coordinator__pb2.SaveSnapshotRequest.FromString,
                     response_serializer=rpc_dot_protos_dot_coordinator__pb2.SaveSnapshotResponse.SerializeToString,
+            ),
+            'BatchWrite': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchWrite,
+                    request_deserializer=rpc_dot_protos_dot_coordinator__pb2.BatchWriteRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_coordinator__pb2.BatchWriteResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1259,6 +1277,33 @@ class Coordinator:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def BatchWrite(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Coordinator/BatchWrite',
+            rpc_dot_protos_dot_coordinator__pb2.BatchWriteRequest.SerializeToString,
+            rpc_dot_protos_dot_coordinator__pb2.BatchWriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class NodeManagerStub:
     """Missing associated documentation comment in .proto file."""
@@ -1437,6 +1482,16 @@ class ClusterStub:
                 request_serializer=rpc_dot_protos_dot_coordinator__pb2.ProposeRequest.SerializeToString,
                 response_deserializer=rpc_dot_protos_dot_coordinator__pb2.ProposeResponse.FromString,
                 _registered_method=True)
+        self.ProposeBatch = channel.unary_unary(
+                '/raftwal.v1.Cluster/ProposeBatch',
+                request_serializer=rpc_dot_protos_dot_coordinator__pb2.ProposeBatchRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_coordinator__pb2.ProposeBatchResponse.FromString,
+                _registered_method=True)
+        self.ReadIndex = channel.unary_unary(
+                '/raftwal.v1.Cluster/ReadIndex',
+                request_serializer=rpc_dot_protos_dot_coordinator__pb2.ReadIndexRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_coordinator__pb2.ReadIndexResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServicer:
@@ -1454,6 +1509,18 @@ class ClusterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProposeBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadIndex(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1466,6 +1533,16 @@ def add_ClusterServicer_to_server(servicer, server):
                     servicer.Propose,
                     request_deserializer=rpc_dot_protos_dot_coordinator__pb2.ProposeRequest.FromString,
                     response_serializer=rpc_dot_protos_dot_coordinator__pb2.ProposeResponse.SerializeToString,
+            ),
+            'ProposeBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProposeBatch,
+                    request_deserializer=rpc_dot_protos_dot_coordinator__pb2.ProposeBatchRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_coordinator__pb2.ProposeBatchResponse.SerializeToString,
+            ),
+            'ReadIndex': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadIndex,
+                    request_deserializer=rpc_dot_protos_dot_coordinator__pb2.ReadIndexRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_coordinator__pb2.ReadIndexResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1522,6 +1599,60 @@ class Cluster:
             '/raftwal.v1.Cluster/Propose',
             rpc_dot_protos_dot_coordinator__pb2.ProposeRequest.SerializeToString,
             rpc_dot_protos_dot_coordinator__pb2.ProposeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProposeBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Cluster/ProposeBatch',
+            rpc_dot_protos_dot_coordinator__pb2.ProposeBatchRequest.SerializeToString,
+            rpc_dot_protos_dot_coordinator__pb2.ProposeBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadIndex(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Cluster/ReadIndex',
+            rpc_dot_protos_dot_coordinator__pb2.ReadIndexRequest.SerializeToString,
+            rpc_dot_protos_dot_coordinator__pb2.ReadIndexResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,6 +49,7 @@ _LEASES_AND_LOCKS = {
     "Coordinator/Lock",
     "Coordinator/Unlock",
     "Coordinator/WaitResourceKey",
+    "Coordinator/BatchWrite",
 }
 _ADMIN_ONLY = {
     "Coordinator/CreateChannels",

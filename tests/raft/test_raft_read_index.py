@@ -1,0 +1,171 @@
+"""ReadIndex on in-process peers: `RaftPeer.read_index` and `wait_applied`.
+
+Three peers on 127.0.0.1 in this process (real transport, real fsync). Checked: a read
+index covers every proposal acknowledged before it; reads need a heartbeat round but
+append nothing and sync nothing (journal and sync counters unchanged); followers refuse
+with NotLeader and serve reads with `wait_applied` on the leader's index; a leader cut
+off from its followers (here: the followers closed) never confirms, and bad arguments
+and closed peers give typed errors. The cluster-level deposed-leader test lives in
+tests/cluster/test_batch_and_read_index.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from raft_harness import TEST_SECRET, free_ports
+
+from raft import NotLeader, PeerClosed, RaftPeer, RaftTuning
+from raft.errors import LeadershipUnconfirmed
+
+FAST = RaftTuning(
+    election_timeout_min_s=0.3,
+    election_timeout_max_s=0.6,
+    heartbeat_period_s=0.05,
+    # Long enough that a leader whose followers are gone still believes it leads while
+    # the test asks it for a read index.
+    leader_fallback_timeout_s=20.0,
+    connection_timeout_s=20.0,
+)
+
+
+class Items:
+    def __init__(self) -> None:
+        self.items: list[bytes] = []
+
+    def apply(self, command: bytes, raft_index: int) -> bytes:
+        self.items.append(command)
+        return raft_index.to_bytes(8, "big")
+
+    def take_snapshot(self) -> bytes:
+        return b"\n".join(self.items)
+
+    def restore_snapshot(self, data: bytes) -> None:
+        self.items = data.split(b"\n") if data else []
+
+
+@pytest.fixture
+def peers(tmp_path: Path) -> Iterator[list[tuple[RaftPeer, Items]]]:
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(3)]
+    started: list[tuple[RaftPeer, Items]] = []
+    try:
+        for n, address in enumerate(addresses):
+            app = Items()
+            peer = RaftPeer(
+                address,
+                addresses,
+                tmp_path / f"p{n}",
+                app.apply,
+                app.take_snapshot,
+                app.restore_snapshot,
+                tuning=FAST,
+                password=TEST_SECRET,
+            )
+            started.append((peer, app))
+        yield started
+    finally:
+        for peer, _ in started:
+            peer.close()
+
+
+def _leader(peers: list[tuple[RaftPeer, Items]]) -> tuple[RaftPeer, Items]:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        for peer, app in peers:
+            if peer.is_leader() and peer.read_index(5.0).result(10) > 0:
+                return peer, app
+        time.sleep(0.05)
+    raise AssertionError("no leader serving reads")
+
+
+def test_read_index_covers_acknowledged_writes_without_entries_or_syncs(peers) -> None:
+    leader, app = _leader(peers)
+    followers = [peer for peer, _ in peers if peer is not leader]
+    for n in range(20):
+        index = int.from_bytes(leader.propose(f"w{n}".encode(), 5.0).result(10), "big")
+        read = leader.read_index(5.0).result(10)
+        assert read >= index
+        assert app.items[-1] == f"w{n}".encode()  # applied by the time it resolves
+    status = leader.status()
+    rounds = leader.read_rounds
+    # 200 more reads (some concurrent): not one journal entry or sync more.
+    futures = [leader.read_index(5.0) for _ in range(100)]
+    indexes = [future.result(10) for future in futures]
+    indexes += [leader.read_index(5.0).result(10) for _ in range(100)]
+    assert set(indexes) == {status["commit_index"]}
+    after = leader.status()
+    assert after["journal_last_index"] == status["journal_last_index"]
+    assert after["journal_syncs"] == status["journal_syncs"]
+    # At most one heartbeat round per read (reads registered in one tick share one).
+    assert 0 < leader.read_rounds - rounds <= 200
+
+    for follower in followers:
+        deadline = time.monotonic() + 10
+        while follower.leader_address() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with pytest.raises(NotLeader) as refused:
+            follower.read_index(5.0).result(10)
+        assert refused.value.leader_address == leader.status()["self_address"]
+        # A follower serves a read once it applied the leader's read index.
+        target = leader.read_index(5.0).result(10)
+        assert follower.wait_applied(target, 5.0).result(10) == target
+        assert follower.last_applied_index() >= target
+
+
+def test_wait_applied_async_and_timeouts(peers) -> None:
+    leader, _ = _leader(peers)
+
+    async def scenario() -> None:
+        index = await leader.read_index_async(5.0)
+        assert await leader.wait_applied_async(index, 5.0) == index
+        with pytest.raises(LeadershipUnconfirmed, match="read not served within 0.2s"):
+            await leader.wait_applied_async(index + 1_000_000, 0.2)
+
+    asyncio.run(scenario())
+    with pytest.raises(ValueError, match=r"invalid timeout_s \(0; expected 0 < x <="):
+        leader.read_index(0)
+
+
+def test_leader_without_its_followers_never_confirms(peers) -> None:
+    leader, _ = _leader(peers)
+    for peer, _ in peers:
+        if peer is not leader:
+            peer.close()
+    # It still believes it leads (fallback 20 s), but no majority answers any more.
+    assert leader.is_leader()
+    started = time.monotonic()
+    with pytest.raises(LeadershipUnconfirmed, match="leadership unconfirmed"):
+        leader.read_index(1.0).result(10)
+    assert time.monotonic() - started >= 0.9
+    leader.close()
+    with pytest.raises(PeerClosed):
+        leader.read_index(1.0).result(10)
+
+
+def test_loop_mailbox_delivers_in_order_with_one_wakeup_per_batch() -> None:
+    from raft.peer import loop_mailbox
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        mailbox = loop_mailbox(loop)
+        assert loop_mailbox(loop) is mailbox
+        got: list[int] = []
+
+        def post_many() -> None:
+            for n in range(500):
+                mailbox.post(got.append, n)
+
+        # Posted from another thread while the loop is blocked in to_thread's wait: the
+        # loop drains them in few wakeups, in order, and loses none.
+        await asyncio.to_thread(post_many)
+        deadline = time.monotonic() + 5
+        while len(got) < 500 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert got == list(range(500))
+        assert mailbox.posts == 500 and mailbox.wakeups < 500
+
+    asyncio.run(scenario())
