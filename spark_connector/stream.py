@@ -142,7 +142,8 @@ class TailPartition(InputPartition):
         row_filter: RowFilter,
         vchannel_names: frozenset[str] | None,
     ) -> None:
-        super().__init__(f"pchannel {pchannel} lsn {from_lsn}..{to_lsn} (tail)")
+        self.label = f"pchannel {pchannel} lsn {from_lsn}..{to_lsn} (tail)"
+        super().__init__(self.label)
         self.pchannel = pchannel
         self.from_lsn = from_lsn
         self.to_lsn = to_lsn
