@@ -70,6 +70,12 @@ TAIL_ROWS_PER_BATCH = 8_192
 LATEST_CALL_TIMEOUT_S = 2.0
 #: Pause before a tail read retries at the (next) owner.
 RETRY_PAUSE_S = 0.2
+#: Spark asks for the latest offset again ~10 ms after an empty trigger: at most one round
+#: of calls per this interval, so an idle query does not spin on the cluster.
+MIN_POLL_INTERVAL_S = 0.1
+#: How long the driver reuses the list of covered pchannels and their owners (a failed
+#: call refreshes the owners at once).
+REFRESH_S = 5.0
 
 STARTING_EARLIEST = "earliest"
 STARTING_LATEST = "latest"
@@ -171,11 +177,19 @@ def _owners(options: ReadOptions, pchannels: Sequence[str]) -> dict[str, str]:
     return found
 
 
-def committed_lsns(options: ReadOptions, pchannels: Sequence[str]) -> dict[str, int]:
-    """{pchannel: its owner's committed LSN} for the pchannels whose owner answered now;
-    one missing from the answer is between owners (a failover) or unreachable."""
+def committed_lsns(
+    options: ReadOptions, pchannels: Sequence[str], owners: Mapping[str, str] | None = None
+) -> dict[str, int]:
+    """{pchannel: its owner's committed LSN} for the pchannels whose owner answered now
+    (`owners`: known addresses, else looked up); one missing from the answer is between
+    owners (a failover) or unreachable."""
     result: dict[str, int] = {}
-    for pchannel, address in _owners(options, pchannels).items():
+    if owners is None:
+        owners = _owners(options, pchannels)
+    for pchannel in pchannels:
+        address = owners.get(pchannel)
+        if address is None:
+            continue
         with channel(address, options) as chan:
             try:
                 answer = streaming_pb2_grpc.StreamingNodeStub(chan).GetLatestTimeTick(
@@ -219,8 +233,28 @@ class RaftwalStreamReader(DataSourceStreamReader):
         self._read = replace(options.read, seal_open_segments=False, as_of_revision=0)
         #: the last offset this reader returned (latestOffset() without arguments, Spark 4.0)
         self._last: dict[str, int] | None = None
+        #: driver-side caches (monotonic time of the lookup, value)
+        self._covered: tuple[float, list[str]] | None = None
+        self._owner_cache: tuple[float, dict[str, str]] | None = None
+        self._polled_at = 0.0
 
     def _pchannels(self) -> list[str]:
+        now = time.monotonic()
+        if self._covered is not None and now - self._covered[0] < REFRESH_S:
+            return self._covered[1]
+        covered = self._list_pchannels()
+        self._covered = (now, covered)
+        return covered
+
+    def _owners_now(self, pchannels: Sequence[str], refresh: bool) -> dict[str, str]:
+        now = time.monotonic()
+        cached = self._owner_cache
+        if refresh or cached is None or now - cached[0] >= REFRESH_S:
+            cached = (now, _owners(self._read, pchannels))
+            self._owner_cache = cached
+        return cached[1]
+
+    def _list_pchannels(self) -> list[str]:
         read = self._read
         channels = _on_any(
             read,
@@ -279,8 +313,15 @@ class RaftwalStreamReader(DataSourceStreamReader):
         # Spark 4.2+ passes the start and a ReadLimit (always ReadAllAvailable here: the
         # source declares no limit of its own); Spark 4.0/4.1 pass nothing.
         previous = dict(start if start is not None else (self._last or {}))
+        pause = self._polled_at + MIN_POLL_INTERVAL_S - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        self._polled_at = time.monotonic()
         pchannels = self._pchannels()
-        latest = committed_lsns(self._read, pchannels)
+        latest = committed_lsns(self._read, pchannels, self._owners_now(pchannels, False))
+        if len(latest) < len(pchannels):
+            # An owner moved or did not answer: look the owners up again now.
+            latest = committed_lsns(self._read, pchannels, self._owners_now(pchannels, True))
         offset = dict(previous)
         for pchannel in pchannels:
             # A new owner may briefly report less than its predecessor committed: an

@@ -129,7 +129,9 @@ def _wait_for(spark: Any, path: Path, want: set[tuple[str, int, bytes]], query: 
             return rows
         time.sleep(0.5)
     missing = want - {(v, lsn, p) for _, v, lsn, p in rows}
-    raise AssertionError(f"{len(missing)} acknowledged messages not in the sink: {sorted(missing)[:3]}")
+    raise AssertionError(
+        f"{len(missing)} acknowledged messages not in the sink: {sorted(missing)[:3]}"
+    )
 
 
 def _check_exactly_once(env: Env, rows: list[tuple[str, str, int, bytes]]) -> None:
@@ -257,9 +259,12 @@ def test_bad_stream_options_are_one_sentence(spark, env) -> None:
         ({"startingOffsets": '{"nosuch": 3}'}, "startingOffsets names pchannel(s) nosuch"),
     ):
         with pytest.raises(Exception) as caught:
-            query = env.stream(spark, **options).writeStream.format("memory").queryName(
-                "bad_stream"
-            ).start()
+            query = (
+                env.stream(spark, **options)
+                .writeStream.format("memory")
+                .queryName("bad_stream")
+                .start()
+            )
             try:
                 query.awaitTermination(60)
             finally:
