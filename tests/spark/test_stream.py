@@ -117,13 +117,50 @@ def _sink_rows(spark: Any, path: Path) -> list[tuple[str, str, int, bytes]]:
     ]
 
 
-def _wait_for(spark: Any, path: Path, want: set[tuple[str, int, bytes]], query: Any) -> list:
+#: Spark gives a Python worker a fixed 10 s to connect back; on a loaded 2-core machine the
+#: streaming source's worker sometimes misses it and the query stops. That is Spark's
+#: start-up, not the source: such a query is restarted from its checkpoint (which is what
+#: the exactly-once checks are about anyway), at most this many times.
+MAX_RESTARTS = 3
+ENVIRONMENTAL = "Python worker failed to connect back"
+
+
+class Query:
+    """A streaming query to a Parquet sink, restarted from its checkpoint when Spark's
+    Python worker failed to start in time."""
+
+    def __init__(self, env: Env, spark: Any, sink: Path, checkpoint: Path, **options: str):
+        self.start = lambda: (
+            env.stream(spark, **options)
+            .writeStream.format("parquet")
+            .option("path", str(sink))
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
+        self.query = self.start()
+        self.restarts = 0
+
+    def check(self) -> None:
+        error = self.query.exception()
+        if error is None:
+            return
+        if ENVIRONMENTAL in str(error) and self.restarts < MAX_RESTARTS:
+            self.restarts += 1
+            self.query.stop()
+            self.query = self.start()
+            return
+        raise AssertionError(f"the query failed: {error}")
+
+    def stop(self) -> None:
+        self.query.stop()
+
+
+def _wait_for(spark: Any, path: Path, want: set[tuple[str, int, bytes]], query: Query) -> list:
     """Sink rows once they include `want` (bounded by CATCH_UP_S)."""
     deadline = time.monotonic() + CATCH_UP_S
     rows: list[tuple[str, str, int, bytes]] = []
     while time.monotonic() < deadline:
-        if query is not None and query.exception() is not None:
-            raise AssertionError(f"the query failed: {query.exception()}")
+        query.check()
         rows = _sink_rows(spark, path)
         if want <= {(v, lsn, p) for _, v, lsn, p in rows}:
             return rows
@@ -148,14 +185,8 @@ def _check_exactly_once(env: Env, rows: list[tuple[str, str, int, bytes]]) -> No
         assert vchannel in VCHANNELS
 
 
-def _start(env: Env, spark: Any, sink: Path, checkpoint: Path, **options: str) -> Any:
-    return (
-        env.stream(spark, **options)
-        .writeStream.format("parquet")
-        .option("path", str(sink))
-        .option("checkpointLocation", str(checkpoint))
-        .start()
-    )
+def _start(env: Env, spark: Any, sink: Path, checkpoint: Path, **options: str) -> Query:
+    return Query(env, spark, sink, checkpoint, **options)
 
 
 def test_owner_killed_under_a_running_query_every_ack_exactly_once(spark, env, tmp_path) -> None:
@@ -191,7 +222,7 @@ def test_owner_killed_under_a_running_query_every_ack_exactly_once(spark, env, t
         assert not writer.is_alive()
         assert len(env.history[VCHANNELS[0]].acked) > 200
         rows = _wait_for(spark, sink, env.acked(), query)
-        assert query.exception() is None
+        query.check()
         _check_exactly_once(env, rows)
     finally:
         query.stop()
