@@ -234,6 +234,11 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             if lsn in reference.arrived
         ]
         batches = [p for p in query.recentProgress if p.numInputRows]
+        # Where a micro-batch's time goes (Spark's own phases), median over those with rows.
+        phases: dict[str, float] = {}
+        for name in sorted({k for p in batches for k in (p.durationMs or {})}):
+            values = [float(p.durationMs[name]) for p in batches if name in p.durationMs]
+            phases[name] = median(values)
         return {
             "bench": "spark_stream",
             "command": "./run bench spark_stream " + " ".join(sys.argv[1:]),
@@ -252,6 +257,8 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 "received": len(consume_ms),
             },
             "micro_batches_with_rows": len(batches),
+            "batch_phase_median_ms": phases,
+            "load_average_1m": os.getloadavg()[0],
             "reference_error": reference.error,
         }
     finally:
@@ -301,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
             f"p99 {c['p99']:.1f} ms ({c['received']} received)"
         )
         print(f"micro-batches with rows: {report['micro_batches_with_rows']}")
+        phases = ", ".join(f"{k} {v:.0f}" for k, v in report["batch_phase_median_ms"].items())
+        print(f"median ms per micro-batch phase: {phases}")
+        print(f"load average (1 min) at the end: {report['load_average_1m']:.1f}")
     return 0
 
 

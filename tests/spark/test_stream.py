@@ -10,17 +10,24 @@ the transaction rule of a tail read (a transaction belongs to the batch holding 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from raftwal.cli import dev
+from rpc.protos import coordination_pb2 as pb
+from rpc.protos import coordinator_pb2 as api
+from rpc.protos import coordinator_pb2_grpc, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from spark_connector.datasource import SCHEMA_DDL
 from spark_connector.fetch import RowFilter
@@ -346,3 +353,140 @@ def test_parse_starting_offsets() -> None:
     for bad in ('{"a": -1}', '{"a": true}', "[1]", "{", '{"": 1}'):
         with pytest.raises(ValueError, match="startingOffsets"):
             parse_starting_offsets(bad)
+
+
+def _delete_segments_before(env: Env, pchannel: str, before_lsn: int) -> None:
+    """Retention, as the state machine has it (DeleteSegmentsBefore): no node drives it yet,
+    so the test proposes it at the Raft leader through the node-to-node Propose."""
+    deadline = time.monotonic() + 60
+    last = ""
+    while time.monotonic() < deadline:
+        status = env.client.call("ClusterStatus", api.ClusterStatusRequest())
+        if status.leader_address:
+            command = pb.Command(
+                request_id=f"test-delete-{pchannel}-{before_lsn}",
+                delete_segments_before=pb.DeleteSegmentsBefore(
+                    pchannel=pchannel, before_lsn=before_lsn
+                ),
+            )
+            with grpc.insecure_channel(status.leader_address) as chan:
+                try:
+                    coordinator_pb2_grpc.ClusterStub(chan).Propose(
+                        api.ProposeRequest(command=command.SerializeToString(), timeout_ms=10_000),
+                        timeout=15,
+                    )
+                    return
+                except grpc.RpcError as error:
+                    last = f"{error.code()}: {error.details()}"
+        time.sleep(0.5)
+    raise AssertionError(f"DeleteSegmentsBefore not accepted: {last}")
+
+
+def _seal(env: Env, pchannel: str) -> None:
+    _, _, address = wait_assigned(env.client, pchannel)
+    with grpc.insecure_channel(address) as chan:
+        streaming_pb2_grpc.StreamingNodeStub(chan).Seal(
+            wire.SealRequest(pchannel=pchannel, timeout_ms=30_000), timeout=40
+        )
+
+
+def test_compacted_snapshot_and_offset_are_one_sentence(spark, env, tmp_path) -> None:
+    (pchannel,) = setup_channels(env.client, "stc", {"s_compact": 0})
+    wait_assigned(env.client, pchannel)
+    producer = Producer(env.client, pchannel, "stream-compact")
+    history = History()
+    try:
+        for round_ in range(2):
+            for k in range(5):
+                payloads = [b"c-%d-%d-%d" % (round_, k, i) for i in range(10)]
+                assert producer.send("s_compact", payloads, history)
+            _seal(env, pchannel)
+    finally:
+        producer.close()
+    listed = env.client.call("ListSegments", api.ListSegmentsRequest(pchannels=[pchannel]))
+    assert len(listed.segments) >= 2
+    old_revision = listed.revision
+    first = min(listed.segments, key=lambda s: s.first_lsn)
+    _delete_segments_before(env, pchannel, first.last_lsn + 1)
+    kept = first.last_lsn + 1
+
+    # A batch read at a revision whose segments retention deleted: one sentence.
+    with pytest.raises(Exception) as caught:
+        (
+            spark.read.format("raftwal")
+            .option("endpoints", env.endpoints)
+            .option("pchannels", pchannel)
+            .option("asOfRevision", str(old_revision))
+            .load()
+            .count()
+        )
+    message = connector_message(caught.value)
+    assert message is not None and "COMPACTED" in message and "\n" not in message, str(
+        caught.value
+    )[-1500:]
+    assert f"revision {old_revision}" in message, message
+
+    # The same from `raftwal spark-read`: exit 1 and exactly one error line.
+    raftwal = str(Path(sys.executable).with_name("raftwal"))
+    done = subprocess.run(
+        [
+            raftwal, "spark-read", "--endpoints", env.endpoints, "--pchannels", pchannel,
+            "--as-of-revision", str(old_revision), "--master", "local[1]",
+        ],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 1, (done.stdout, done.stderr[-2000:])
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "COMPACTED" in errors[0], done.stderr[-2000:]
+
+    # A stream whose start offset is below what retention kept: one sentence naming the
+    # first available LSN, never a silent skip.
+    query = (
+        spark.readStream.format("raftwal")
+        .option("endpoints", env.endpoints)
+        .option("pchannels", pchannel)
+        .option("startingOffsets", json.dumps({pchannel: 0}))
+        .load()
+        .writeStream.format("memory")
+        .queryName("compacted_stream")
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while query.exception() is None and time.monotonic() < deadline:
+            time.sleep(0.3)
+        error = query.exception()
+    finally:
+        query.stop()
+    assert error is not None
+    message = connector_message(error)
+    assert message is not None, str(error)[-1500:]
+    assert message.startswith(f"COMPACTED: pchannel {pchannel}: the stream's offset 0"), message
+    assert f"the first available LSN is {kept}" in message, message
+    # startingOffsets=earliest starts at what is kept, and gets exactly the kept messages.
+    query = (
+        spark.readStream.format("raftwal")
+        .option("endpoints", env.endpoints)
+        .option("pchannels", pchannel)
+        .load()
+        .writeStream.format("memory")
+        .queryName("kept_stream")
+        .start()
+    )
+    expected = sorted(a.lsn for a in history.acked if a.lsn >= kept)
+    try:
+        deadline = time.monotonic() + CATCH_UP_S
+        got: list[int] = []
+        while time.monotonic() < deadline:
+            got = sorted(
+                r.lsn
+                for r in spark.sql(
+                    "select lsn from kept_stream where msg_type = 'message'"
+                ).collect()
+            )
+            if len(got) >= len(expected):
+                break
+            time.sleep(0.3)
+    finally:
+        query.stop()
+    assert got == expected
