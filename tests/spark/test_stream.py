@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -377,16 +378,20 @@ def _delete_segments_before(env: Env, pchannel: str, before_lsn: int) -> None:
         if status.leader_address:
             command = pb.Command(
                 request_id=f"test-delete-{pchannel}-{before_lsn}",
+                proposed_at_ms=int(time.time() * 1000),
                 delete_segments_before=pb.DeleteSegmentsBefore(
                     pchannel=pchannel, before_lsn=before_lsn
                 ),
             )
             with grpc.insecure_channel(status.leader_address) as chan:
                 try:
-                    coordinator_pb2_grpc.ClusterStub(chan).Propose(
+                    answer = coordinator_pb2_grpc.ClusterStub(chan).Propose(
                         api.ProposeRequest(command=command.SerializeToString(), timeout_ms=10_000),
                         timeout=15,
                     )
+                    result = pb.CommandResult.FromString(answer.result)
+                    assert not result.rejection.code, result.rejection
+                    assert [e.WhichOneof("body") for e in result.events] == ["segments_deleted"]
                     return
                 except grpc.RpcError as error:
                     last = f"{error.code()}: {error.details()}"
@@ -402,8 +407,19 @@ def _seal(env: Env, pchannel: str) -> None:
         )
 
 
-@pytest.mark.timeout(600)
-def test_compacted_snapshot_and_offset_are_one_sentence(spark, env, tmp_path) -> None:
+@dataclass
+class Compacted:
+    pchannel: str
+    #: a revision from before retention deleted the first segment
+    old_revision: int
+    #: the first LSN retention kept
+    kept: int
+    history: History
+
+
+@pytest.fixture(scope="module")
+def compacted(env: Env) -> Compacted:
+    """A pchannel with two committed segments, the first deleted by retention."""
     (pchannel,) = setup_channels(env.client, "stc", {"s_compact": 0})
     wait_assigned(env.client, pchannel)
     producer = Producer(env.client, pchannel, "stream-compact")
@@ -418,42 +434,51 @@ def test_compacted_snapshot_and_offset_are_one_sentence(spark, env, tmp_path) ->
         producer.close()
     listed = env.client.call("ListSegments", api.ListSegmentsRequest(pchannels=[pchannel]))
     assert len(listed.segments) >= 2
-    old_revision = listed.revision
     first = min(listed.segments, key=lambda s: s.first_lsn)
     _delete_segments_before(env, pchannel, first.last_lsn + 1)
-    kept = first.last_lsn + 1
+    return Compacted(pchannel, listed.revision, first.last_lsn + 1, history)
 
-    # A batch read at a revision whose segments retention deleted: one sentence.
+
+def test_a_compacted_snapshot_is_one_sentence(spark, env, compacted) -> None:
+    # A batch read at a revision whose segments retention deleted since.
     with pytest.raises(Exception) as caught:
         (
             spark.read.format("raftwal")
             .option("endpoints", env.endpoints)
-            .option("pchannels", pchannel)
-            .option("asOfRevision", str(old_revision))
+            .option("pchannels", compacted.pchannel)
+            .option("asOfRevision", str(compacted.old_revision))
             .load()
             .count()
         )
     message = connector_message(caught.value)
-    assert message is not None and "COMPACTED" in message and "\n" not in message, str(
-        caught.value
-    )[-1500:]
-    assert f"revision {old_revision}" in message, message
+    assert message is not None, str(caught.value)[-1500:]
+    assert "COMPACTED" in message and "\n" not in message, message
+    assert f"committed by revision {compacted.old_revision} were deleted" in message, message
 
-    # The same from `raftwal spark-read`: exit 1 and exactly one error line.
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_spark_read_of_a_compacted_snapshot_is_one_sentence(env, compacted) -> None:
+    # `raftwal spark-read` starts its own JVM (minutes on a loaded 2-core machine): slow.
     raftwal = str(Path(sys.executable).with_name("raftwal"))
     done = subprocess.run(
         [
-            raftwal, "spark-read", "--endpoints", env.endpoints, "--pchannels", pchannel,
-            "--as-of-revision", str(old_revision), "--master", "local[1]",
+            raftwal, "spark-read", "--endpoints", env.endpoints, "--pchannels",
+            compacted.pchannel, "--as-of-revision", str(compacted.old_revision),
+            "--master", "local[1]",
         ],
-        capture_output=True, text=True, timeout=240,
+        capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 1, (done.stdout, done.stderr[-2000:])
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "COMPACTED" in errors[0], done.stderr[-2000:]
+    assert f"committed by revision {compacted.old_revision} were deleted" in errors[0]
 
-    # A stream whose start offset is below what retention kept: one sentence naming the
-    # first available LSN, never a silent skip.
+
+def test_a_stream_offset_below_retention_is_one_sentence(spark, env, compacted) -> None:
+    pchannel, kept = compacted.pchannel, compacted.kept
+    # A start offset below what retention kept: one sentence naming the first available
+    # LSN, never a silent skip.
     query = (
         spark.readStream.format("raftwal")
         .option("endpoints", env.endpoints)
@@ -486,7 +511,7 @@ def test_compacted_snapshot_and_offset_are_one_sentence(spark, env, tmp_path) ->
         .queryName("kept_stream")
         .start()
     )
-    expected = sorted(a.lsn for a in history.acked if a.lsn >= kept)
+    expected = sorted(a.lsn for a in compacted.history.acked if a.lsn >= kept)
     try:
         deadline = time.monotonic() + CATCH_UP_S
         got: list[int] = []
