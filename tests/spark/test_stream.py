@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,39 +125,38 @@ def _sink_rows(spark: Any, path: Path) -> list[tuple[str, str, int, bytes]]:
     ]
 
 
-#: Spark gives a Python worker a fixed 10 s to connect back; on a loaded 2-core machine the
-#: streaming source's worker sometimes misses it and the query stops. That is Spark's
-#: start-up, not the source: such a query is restarted from its checkpoint (which is what
-#: the exactly-once checks are about anyway), at most this many times.
-MAX_RESTARTS = 3
+#: Spark gives a Python worker a fixed 10 s to connect back (PythonWorkerFactory); on a
+#: loaded 2-core machine a new query's streaming-source worker sometimes misses it and the
+#: query stops before its first batch. That is Spark's start-up, not the source: such a
+#: query is started again (from its checkpoint, where it has one), at most this many times.
+MAX_RESTARTS = 8
 ENVIRONMENTAL = "Python worker failed to connect back"
 
 
 class Query:
-    """A streaming query to a Parquet sink, restarted from its checkpoint when Spark's
-    Python worker failed to start in time."""
+    """A streaming query, started again when Spark's Python worker failed to start."""
 
-    def __init__(self, env: Env, spark: Any, sink: Path, checkpoint: Path, **options: str):
-        self.start = lambda: (
-            env.stream(spark, **options)
-            .writeStream.format("parquet")
-            .option("path", str(sink))
-            .option("checkpointLocation", str(checkpoint))
-            .start()
-        )
-        self.query = self.start()
+    def __init__(self, start: Callable[[], Any]) -> None:
+        self.start = start
+        self.query = start()
         self.restarts = 0
 
-    def check(self) -> None:
+    def error(self) -> Any:
+        """The query's exception, or None while it runs (restarting it after an
+        environmental failure)."""
         error = self.query.exception()
-        if error is None:
-            return
-        if ENVIRONMENTAL in str(error) and self.restarts < MAX_RESTARTS:
+        if error is not None and ENVIRONMENTAL in str(error) and self.restarts < MAX_RESTARTS:
             self.restarts += 1
             self.query.stop()
+            time.sleep(2)
             self.query = self.start()
-            return
-        raise AssertionError(f"the query failed: {error}")
+            return None
+        return error
+
+    def check(self) -> None:
+        error = self.error()
+        if error is not None:
+            raise AssertionError(f"the query failed: {error}")
 
     def stop(self) -> None:
         self.query.stop()
@@ -194,7 +193,19 @@ def _check_exactly_once(env: Env, rows: list[tuple[str, str, int, bytes]]) -> No
 
 
 def _start(env: Env, spark: Any, sink: Path, checkpoint: Path, **options: str) -> Query:
-    return Query(env, spark, sink, checkpoint, **options)
+    return Query(
+        lambda: (
+            env.stream(spark, **options)
+            .writeStream.format("parquet")
+            .option("path", str(sink))
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
+    )
+
+
+def _memory(stream: Callable[[], Any], name: str) -> Query:
+    return Query(lambda: stream().writeStream.format("memory").queryName(name).start())
 
 
 @pytest.mark.timeout(600)
@@ -275,22 +286,20 @@ def test_query_stopped_and_restarted_from_its_checkpoint(spark, env, tmp_path) -
 def test_starting_offsets_latest_and_json(spark, env, tmp_path) -> None:
     env.produce(VCHANNELS[0], 2, tag="f")
     before = env.acked()
-    query = (
-        env.stream(spark, startingOffsets="latest")
-        .writeStream.format("memory")
-        .queryName("latest_stream")
-        .start()
-    )
+    query = _memory(lambda: env.stream(spark, startingOffsets="latest"), "latest_stream")
     try:
         # Wait for the first (empty) batch to fix the start, then produce.
-        deadline = time.monotonic() + 60
-        while query.lastProgress is None and time.monotonic() < deadline:
+        deadline = time.monotonic() + CATCH_UP_S
+        while query.query.lastProgress is None and time.monotonic() < deadline:
+            query.check()
             time.sleep(0.2)
+        assert query.query.lastProgress is not None
         env.produce(VCHANNELS[0], 2, tag="g")
         new = env.acked() - before
         deadline = time.monotonic() + CATCH_UP_S
         got: set[tuple[str, int, bytes]] = set()
         while time.monotonic() < deadline:
+            query.check()
             got = {
                 (r.vchannel, r.lsn, bytes(r.payload))
                 for r in spark.sql("select vchannel, lsn, payload from latest_stream").collect()
@@ -309,19 +318,22 @@ def test_bad_stream_options_are_one_sentence(spark, env) -> None:
         ({"asOfRevision": "5"}, "raftwal option asOfRevision: not supported by readStream"),
         ({"startingOffsets": '{"nosuch": 3}'}, "startingOffsets names pchannel(s) nosuch"),
     ):
-        with pytest.raises(Exception) as caught:
-            query = (
-                env.stream(spark, **options)
-                .writeStream.format("memory")
-                .queryName("bad_stream")
-                .start()
-            )
+        failure: Any = None
+        try:
+            query = _memory(lambda options=options: env.stream(spark, **options), "bad_stream")
+        except Exception as error:  # noqa: BLE001 (refused when the query starts)
+            failure = error
+        else:
             try:
-                query.awaitTermination(60)
+                deadline = time.monotonic() + CATCH_UP_S
+                while failure is None and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    failure = query.error()
             finally:
                 query.stop()
-        message = connector_message(caught.value)
-        assert message is not None and expected in message, str(caught.value)[-1500:]
+        assert failure is not None, options
+        message = connector_message(failure)
+        assert message is not None and expected in message, str(failure)[-1500:]
 
 
 def _entry(lsn: int, flags: int = 0, txn_id: int = 0, msg_type: str = "message") -> wire.WalEntry:
@@ -479,21 +491,22 @@ def test_a_stream_offset_below_retention_is_one_sentence(spark, env, compacted) 
     pchannel, kept = compacted.pchannel, compacted.kept
     # A start offset below what retention kept: one sentence naming the first available
     # LSN, never a silent skip.
-    query = (
-        spark.readStream.format("raftwal")
-        .option("endpoints", env.endpoints)
-        .option("pchannels", pchannel)
-        .option("startingOffsets", json.dumps({pchannel: 0}))
-        .load()
-        .writeStream.format("memory")
-        .queryName("compacted_stream")
-        .start()
+    query = _memory(
+        lambda: (
+            spark.readStream.format("raftwal")
+            .option("endpoints", env.endpoints)
+            .option("pchannels", pchannel)
+            .option("startingOffsets", json.dumps({pchannel: 0}))
+            .load()
+        ),
+        "compacted_stream",
     )
     try:
-        deadline = time.monotonic() + 120
-        while query.exception() is None and time.monotonic() < deadline:
+        deadline = time.monotonic() + CATCH_UP_S
+        error = query.error()
+        while error is None and time.monotonic() < deadline:
             time.sleep(0.3)
-        error = query.exception()
+            error = query.error()
     finally:
         query.stop()
     assert error is not None
@@ -502,20 +515,21 @@ def test_a_stream_offset_below_retention_is_one_sentence(spark, env, compacted) 
     assert message.startswith(f"COMPACTED: pchannel {pchannel}: the stream's offset 0"), message
     assert f"the first available LSN is {kept}" in message, message
     # startingOffsets=earliest starts at what is kept, and gets exactly the kept messages.
-    query = (
-        spark.readStream.format("raftwal")
-        .option("endpoints", env.endpoints)
-        .option("pchannels", pchannel)
-        .load()
-        .writeStream.format("memory")
-        .queryName("kept_stream")
-        .start()
+    query = _memory(
+        lambda: (
+            spark.readStream.format("raftwal")
+            .option("endpoints", env.endpoints)
+            .option("pchannels", pchannel)
+            .load()
+        ),
+        "kept_stream",
     )
     expected = sorted(a.lsn for a in compacted.history.acked if a.lsn >= kept)
     try:
         deadline = time.monotonic() + CATCH_UP_S
         got: list[int] = []
         while time.monotonic() < deadline:
+            query.check()
             got = sorted(
                 r.lsn
                 for r in spark.sql(
