@@ -248,6 +248,7 @@ def test_owner_killed_under_a_running_query_every_ack_exactly_once(spark, env, t
         query.stop()
 
 
+@pytest.mark.slow  # ~25 s on top of the default suite's budget; the owner-kill test stays
 @pytest.mark.timeout(600)
 def test_query_stopped_and_restarted_from_its_checkpoint(spark, env, tmp_path) -> None:
     sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
