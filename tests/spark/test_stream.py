@@ -246,6 +246,7 @@ def test_owner_killed_under_a_running_query_every_ack_exactly_once(spark, env, t
         _check_exactly_once(env, rows)
     finally:
         query.stop()
+    _check_segment_ids(env, spark, sink)
 
 
 @pytest.mark.slow  # ~25 s on top of the default suite's budget; the owner-kill test stays
@@ -272,14 +273,20 @@ def test_query_stopped_and_restarted_from_its_checkpoint(spark, env, tmp_path) -
         query.stop()
     _check_exactly_once(env, rows)
     assert set(first) <= set(rows)
-    # segment_id is what a batch read shows, also for rows read from the open segment at
-    # the owner (Consume's with_segment_id): once sealed, the manifest agrees.
+    _check_segment_ids(env, spark, sink)
+
+
+def _check_segment_ids(env: Env, spark: Any, sink: Path) -> None:
+    """segment_id is what a batch read shows, also for rows read from the open segment at
+    the owner (Consume's with_segment_id): once sealed, the manifest agrees."""
     for pchannel in env.pchannels:
         _seal(env, pchannel)
     listed = env.client.call("ListSegments", api.ListSegmentsRequest(pchannels=env.pchannels))
     segments = {(s.pchannel, s.segment_id): s for s in listed.segments}
     df = spark.read.schema(SCHEMA_DDL).parquet(str(sink))
-    for row in df.select("pchannel", "segment_id", "lsn").collect():
+    rows = df.select("pchannel", "segment_id", "lsn").collect()
+    assert rows
+    for row in rows:
         segment = segments[(row.pchannel, row.segment_id)]
         assert segment.first_lsn <= row.lsn <= segment.last_lsn, row
 
