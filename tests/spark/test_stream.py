@@ -420,11 +420,21 @@ def _delete_segments_before(env: Env, pchannel: str, before_lsn: int) -> None:
 
 
 def _seal(env: Env, pchannel: str) -> None:
-    _, _, address = wait_assigned(env.client, pchannel)
-    with grpc.insecure_channel(address) as chan:
-        streaming_pb2_grpc.StreamingNodeStub(chan).Seal(
-            wire.SealRequest(pchannel=pchannel, timeout_ms=30_000), timeout=40
-        )
+    """Seal the open segment and wait for its commit, at whichever node owns the pchannel
+    (the balancer may move it after a restart): bounded attempts."""
+    last: object = None
+    for _ in range(20):
+        _, _, address = wait_assigned(env.client, pchannel)
+        with grpc.insecure_channel(address) as chan:
+            try:
+                streaming_pb2_grpc.StreamingNodeStub(chan).Seal(
+                    wire.SealRequest(pchannel=pchannel, timeout_ms=30_000), timeout=40
+                )
+                return
+            except grpc.RpcError as error:
+                last = f"{error.code()}: {error.details()}"
+        time.sleep(0.5)
+    raise AssertionError(f"could not seal {pchannel}: {last}")
 
 
 @dataclass
