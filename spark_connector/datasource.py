@@ -22,6 +22,7 @@ from typing import Any
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
+    DataSourceStreamReader,
     EqualTo,
     Filter,
     GreaterThan,
@@ -36,6 +37,7 @@ from pyspark.sql.types import StructType
 from spark_connector.fetch import RowFilter, read_slice
 from spark_connector.options import ReadOptions, parse_options
 from spark_connector.plan import ConnectorError, SegmentSlice, Snapshot, plan, snapshot
+from spark_connector.stream import RaftwalStreamReader, stream_options
 from wal_segments.format import MSG_TYPE_CODES
 
 NAME = "raftwal"
@@ -253,12 +255,28 @@ class RaftwalDataSource(DataSource):
         except ValueError as error:
             raise ConnectorError(str(error)) from None
 
+    def _batch_options(self) -> ReadOptions:
+        if "startingoffsets" in {key.lower() for key in self.options}:
+            raise ConnectorError(
+                "raftwal option startingOffsets: only readStream takes it; a batch read "
+                "chooses its range with fromLsn/toLsn"
+            )
+        return self._options()
+
     def reader(self, schema: StructType) -> DataSourceReader:
-        return RaftwalReader(self._options())
+        return RaftwalReader(self._batch_options())
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+        """`spark.readStream.format("raftwal")` (spark_connector.stream)."""
+        read = self._options()
+        try:
+            return RaftwalStreamReader(stream_options(dict(self.options), read))
+        except ValueError as error:
+            raise ConnectorError(str(error)) from None
 
 
 class RaftwalPushdownDataSource(RaftwalDataSource):
     """The same source with `pushFilters` (needs spark.sql.python.filterPushdown.enabled)."""
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return RaftwalPushdownReader(self._options())
+        return RaftwalPushdownReader(self._batch_options())

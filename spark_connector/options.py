@@ -53,6 +53,8 @@ KNOWN_OPTIONS = {
     "timeoutseconds",
     "sealopensegments",
     "path",
+    # readStream only (spark_connector.stream)
+    "startingoffsets",
 }
 
 

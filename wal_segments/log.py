@@ -1038,6 +1038,12 @@ class PChannelLog:
             return self._segments[index].path
         return None
 
+    def segment_range(self, lsn: int) -> tuple[int, int]:
+        """(first, last) LSN of the segment holding `lsn` (the open one's last so far);
+        KeyError when no segment holds it."""
+        segment = self._segment_of(lsn)
+        return segment.first_lsn, segment.last_lsn
+
     def open_segment_first_lsn(self) -> int | None:
         """The first LSN of the segment open for appends (None: the next append opens one;
         a segment being sealed is not open)."""

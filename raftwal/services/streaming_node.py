@@ -481,6 +481,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         after = request.after_time_tick if request.HasField("after_time_tick") else None
         from_tick = request.from_time_tick if request.HasField("from_time_tick") else None
         include_control = request.include_control
+        with_segment_id = request.with_segment_id
         names = self._view.view.vchannel_names
         # Time-tick watermark (see ConsumeResponse.committed_time_tick): the tick of the
         # last committed entry this stream read past; 0 until known.
@@ -563,6 +564,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 continue
             entries = entries[:cut]
             out = []
+            # (first, last) LSN of the segment of the entry at hand, looked up once per
+            # segment, not per entry.
+            segment = (0, -1)
             for entry in entries:
                 if entry.flags & CONTROL_FLAGS and not include_control:
                     continue
@@ -574,6 +578,12 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                     continue
                 if types and entry.msg_type not in types:
                     continue
+                if with_segment_id and not segment[0] <= entry.lsn <= segment[1]:
+                    try:
+                        segment = wal.segment_range(entry.lsn)
+                    except KeyError as error:
+                        await self._abort(context, fail(E.INNER, f"read failed: {error}"))
+                        return
                 out.append(
                     wire.WalEntry(
                         pchannel=pchannel,
@@ -588,6 +598,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                         txn_id=entry.txn_id,
                         broadcast_id=entry.broadcast_id,
                         flags=entry.flags,
+                        segment_id=segment[0] if with_segment_id else 0,
                     )
                 )
             next_lsn = entries[-1].lsn + 1

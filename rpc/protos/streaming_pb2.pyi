@@ -56,7 +56,7 @@ class Message(_message.Message):
     def __init__(self, vchannel: _Optional[str] = ..., msg_type: _Optional[str] = ..., key: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class WalEntry(_message.Message):
-    __slots__ = ("pchannel", "vchannel", "lsn", "term", "time_tick", "msg_type", "key", "payload", "properties", "txn_id", "broadcast_id", "flags")
+    __slots__ = ("pchannel", "vchannel", "lsn", "term", "time_tick", "msg_type", "key", "payload", "properties", "txn_id", "broadcast_id", "flags", "segment_id")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class WalEntry(_message.Message):
     TXN_ID_FIELD_NUMBER: _ClassVar[int]
     BROADCAST_ID_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
     vchannel: str
     lsn: int
@@ -88,7 +89,8 @@ class WalEntry(_message.Message):
     txn_id: int
     broadcast_id: int
     flags: int
-    def __init__(self, pchannel: _Optional[str] = ..., vchannel: _Optional[str] = ..., lsn: _Optional[int] = ..., term: _Optional[int] = ..., time_tick: _Optional[int] = ..., msg_type: _Optional[str] = ..., key: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., txn_id: _Optional[int] = ..., broadcast_id: _Optional[int] = ..., flags: _Optional[int] = ...) -> None: ...
+    segment_id: int
+    def __init__(self, pchannel: _Optional[str] = ..., vchannel: _Optional[str] = ..., lsn: _Optional[int] = ..., term: _Optional[int] = ..., time_tick: _Optional[int] = ..., msg_type: _Optional[str] = ..., key: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., txn_id: _Optional[int] = ..., broadcast_id: _Optional[int] = ..., flags: _Optional[int] = ..., segment_id: _Optional[int] = ...) -> None: ...
 
 class Position(_message.Message):
     __slots__ = ("lsn", "time_tick")
@@ -139,7 +141,7 @@ class ProduceResult(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., positions: _Optional[_Iterable[_Union[Position, _Mapping]]] = ..., error: _Optional[_Union[_errors_pb2.ErrorInfo, _Mapping]] = ..., term: _Optional[int] = ..., duplicate: _Optional[bool] = ..., first_lsn: _Optional[int] = ..., time_ticks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ConsumeRequest(_message.Message):
-    __slots__ = ("vchannel", "pchannel", "policy", "lsn", "after_time_tick", "from_time_tick", "msg_types", "include_control", "max_batch_entries", "time_tick_interval_ms")
+    __slots__ = ("vchannel", "pchannel", "policy", "lsn", "after_time_tick", "from_time_tick", "msg_types", "include_control", "max_batch_entries", "time_tick_interval_ms", "with_segment_id")
     VCHANNEL_FIELD_NUMBER: _ClassVar[int]
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +152,7 @@ class ConsumeRequest(_message.Message):
     INCLUDE_CONTROL_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     TIME_TICK_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    WITH_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     vchannel: str
     pchannel: str
     policy: DeliverPolicy
@@ -160,7 +163,8 @@ class ConsumeRequest(_message.Message):
     include_control: bool
     max_batch_entries: int
     time_tick_interval_ms: int
-    def __init__(self, vchannel: _Optional[str] = ..., pchannel: _Optional[str] = ..., policy: _Optional[_Union[DeliverPolicy, str]] = ..., lsn: _Optional[int] = ..., after_time_tick: _Optional[int] = ..., from_time_tick: _Optional[int] = ..., msg_types: _Optional[_Iterable[str]] = ..., include_control: _Optional[bool] = ..., max_batch_entries: _Optional[int] = ..., time_tick_interval_ms: _Optional[int] = ...) -> None: ...
+    with_segment_id: bool
+    def __init__(self, vchannel: _Optional[str] = ..., pchannel: _Optional[str] = ..., policy: _Optional[_Union[DeliverPolicy, str]] = ..., lsn: _Optional[int] = ..., after_time_tick: _Optional[int] = ..., from_time_tick: _Optional[int] = ..., msg_types: _Optional[_Iterable[str]] = ..., include_control: _Optional[bool] = ..., max_batch_entries: _Optional[int] = ..., time_tick_interval_ms: _Optional[int] = ..., with_segment_id: _Optional[bool] = ...) -> None: ...
 
 class ConsumeResponse(_message.Message):
     __slots__ = ("entries", "committed_lsn", "term", "committed_time_tick")

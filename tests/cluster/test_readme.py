@@ -34,6 +34,7 @@ EXPECTED = [
     "pack (",
     "orders",
     "exactly once: True",
+    "streamed",
 ]
 
 

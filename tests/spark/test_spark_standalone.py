@@ -339,6 +339,86 @@ def test_executors_on_a_standalone_cluster_read_exactly_the_committed_messages(
     )
 
 
+def _run_stream_driver(
+    standalone: Standalone, request: dict[str, Any], directory: Path
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """`_stream_driver` in its own process (and session), started, not awaited."""
+    env = dict(os.environ)
+    env.update(
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYSPARK_PYTHON=sys.executable,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),
+    )
+    arguments = {
+        **request,
+        "master": standalone.master_url,
+        "directory": str(directory),
+        "jvm_log": str(directory / "stream-driver-jvm.log"),
+    }
+    log_path = directory / "stream-driver.log"
+    code = (
+        "import json, sys\n"
+        "from tests.spark.test_spark_standalone import _stream_driver\n"
+        "_stream_driver(json.loads(sys.argv[1]))\n"
+    )
+    driver = start_in_own_session(
+        [sys.executable, "-c", code, json.dumps(arguments)], cwd=REPO_ROOT, env=env,
+        log_path=log_path,
+    )  # fmt: skip
+    return driver, log_path
+
+
+def _wait_file(
+    path: Path, driver: subprocess.Popen[bytes], log_path: Path, timeout_s: float
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if driver.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(
+                f"no {path.name} (driver exit {driver.poll()})\n{_tail(log_path, 60)}"
+            )
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(300)
+def test_a_streaming_query_on_a_standalone_cluster_writes_every_ack_once(
+    standalone: Standalone, wal: Wal, tmp_path: Path
+) -> None:
+    """readStream on the standalone cluster's executors into a Parquet sink: what was there
+    before the query started, and what is produced while it runs, each row exactly once."""
+    standalone.wait_ready()
+    driver, log_path = _run_stream_driver(
+        standalone, {"endpoints": ",".join(wal.local.endpoints)}, tmp_path
+    )
+    try:
+        _wait_file(tmp_path / "stream-started", driver, log_path, DRIVER_TIMEOUT_S)
+        # Produced while the query runs: read from the open segments' committed prefixes
+        # and from segments sealed meanwhile.
+        wal.produce("orders", 15)
+        wal.produce("payments", 10)
+        expected = {
+            (vchannel, a.lsn, a.payload)
+            for vchannel, history in wal.history.items()
+            for a in history.acked
+        }
+        (tmp_path / "stream-expect.json").write_text(json.dumps({"rows": len(expected)}))
+        _wait_file(tmp_path / "stream-result.json", driver, log_path, DRIVER_TIMEOUT_S)
+        assert driver.wait(timeout=DRIVER_TIMEOUT_S) == 0, _tail(log_path, 60)
+    finally:
+        if driver.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait(timeout=STOP_GRACE_S)
+    result = json.loads((tmp_path / "stream-result.json").read_text())
+    assert len(result["block_managers"]) == 1 + WORKERS, result["block_managers"]
+    assert result["batches_with_rows"] >= 2, result
+    rows = [(v, lsn, bytes.fromhex(payload)) for v, lsn, payload in result["rows"]]
+    assert len(set(rows)) == len(rows), "duplicate rows"
+    assert set(rows) == expected, (
+        f"{len(set(rows) - expected)} unexpected, {len(expected - set(rows))} missing"
+    )
+
+
 # -- the driver (run as a script by _run_driver) ----------------------------------------------
 
 
@@ -404,6 +484,79 @@ def _driver(arguments: dict[str, Any]) -> None:
     finally:
         session.stop()
     Path(arguments["result"]).write_text(json.dumps(result))
+
+
+def _stream_driver(arguments: dict[str, Any]) -> None:
+    """A streaming query on the standalone master into a Parquet sink: writes
+    `stream-started` after its first batch, waits for `stream-expect.json` and until the
+    sink holds that many rows (bounded), then writes the sink's rows."""
+    import spark_connector
+    from spark_connector.datasource import SCHEMA_DDL
+    from tests.spark.conftest import start_test_session
+
+    directory = Path(arguments["directory"])
+    session = start_test_session(
+        arguments["master"],
+        "raftwal-standalone-stream",
+        {
+            "spark.executor.cores": "1",
+            "spark.executor.memory": "1g",
+            "spark.cores.max": str(WORKERS),
+            "spark.executorEnv.PYTHONPATH": str(REPO_ROOT),
+        },
+        jvm_log=Path(arguments["jvm_log"]),
+    )
+    try:
+        context = session.sparkContext
+        spark_connector.register(session)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        memory = context._jsc.sc().getExecutorMemoryStatus()
+        while memory.size() < 1 + WORKERS and time.monotonic() < deadline:
+            time.sleep(0.2)
+            memory = context._jsc.sc().getExecutorMemoryStatus()
+        sink = directory / "stream-sink"
+        query = (
+            session.readStream.format("raftwal")
+            .option("endpoints", arguments["endpoints"])
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(sink))
+            .option("checkpointLocation", str(directory / "stream-checkpoint"))
+            .start()
+        )
+
+        def sink_rows() -> list[Any]:
+            if not any((sink / "_spark_metadata").glob("[0-9]*")):
+                return []
+            df = session.read.schema(SCHEMA_DDL).parquet(str(sink))
+            return df.where("msg_type = 'message'").select("vchannel", "lsn", "payload").collect()
+
+        try:
+            deadline = time.monotonic() + DRIVER_TIMEOUT_S
+            while not sink_rows() and time.monotonic() < deadline:
+                assert query.exception() is None, query.exception()
+                time.sleep(0.5)
+            (directory / "stream-started").write_text("")
+            expect_path = directory / "stream-expect.json"
+            while not expect_path.exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            want = json.loads(expect_path.read_text())["rows"]
+            rows = sink_rows()
+            while len(rows) < want and time.monotonic() < deadline:
+                assert query.exception() is None, query.exception()
+                time.sleep(0.5)
+                rows = sink_rows()
+            batches = sum(1 for p in query.recentProgress if p.numInputRows)
+        finally:
+            query.stop()
+        result = {
+            "block_managers": sorted(memory.keys().mkString(",").split(",")),
+            "batches_with_rows": batches,
+            "rows": [(r.vchannel, r.lsn, bytes(r.payload).hex()) for r in rows],
+        }
+    finally:
+        session.stop()
+    (directory / "stream-result.json").write_text(json.dumps(result))
 
 
 if __name__ == "__main__":
