@@ -37,7 +37,7 @@ from rpc.protos import streaming_pb2_grpc
 from spark_connector.options import HIDDEN_MSG_TYPES, ReadOptions
 from spark_connector.plan import SegmentSlice, channel, describe
 from wal_segments import columnar
-from wal_segments.format import TXN_FLAGS, EntryFlags, FormatError, crc32c
+from wal_segments.format import CONTROL_FLAGS, TXN_FLAGS, EntryFlags, FormatError, crc32c
 from wal_segments.segment import SegmentCorrupted, SegmentReader, segment_file_name
 
 log = logging.getLogger(__name__)
@@ -305,6 +305,9 @@ def _mask(
         unfinished = len(committed) < len(begins)
         in_txn = pc.not_equal(txn_bits, _u64(0))
         keep = pc.if_else(in_txn, pc.is_in(headers.txn_id, value_set=committed), keep)
+    # Control entries (term starts, seal markers, an idle owner's time-tick entries for
+    # pack consumers) are the log's own bookkeeping, never rows, whatever msgTypes asks.
+    keep = pc.and_(keep, pc.equal(pc.bit_wise_and(headers.flags, _u64(CONTROL_FLAGS)), _u64(0)))
     if row_filter.msg_types is not None:
         allowed = pa.array(sorted(row_filter.msg_types), pa.uint64())
         keep = pc.and_(keep, pc.is_in(headers.msg_type, value_set=allowed))

@@ -56,7 +56,7 @@ from spark_connector.plan import (
     plan,
     snapshot,
 )
-from wal_segments.format import MSG_TYPE_CODES, TXN_FLAGS, EntryFlags
+from wal_segments.format import CONTROL_FLAGS, MSG_TYPE_CODES, TXN_FLAGS, EntryFlags
 
 log = logging.getLogger(__name__)
 E = errors_pb2
@@ -424,6 +424,8 @@ class _Rows:
 def _visible(entry: wire.WalEntry, part: TailPartition) -> bool:
     """The row filters of a batch read (fetch.RowFilter), on one entry."""
     row_filter = part.row_filter
+    if entry.flags & CONTROL_FLAGS:
+        return False
     code = MSG_TYPE_CODES.get(entry.msg_type, -1)
     if row_filter.msg_types is not None:
         if code not in row_filter.msg_types:

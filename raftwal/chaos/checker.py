@@ -64,6 +64,8 @@ class LogEntry:
     broadcast_id: int
     #: sha1 of the payload, hex
     digest: str
+    #: written by the WAL itself (a control flag: term start, seal, an idle owner's time tick)
+    control: bool = False
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,7 @@ def check_produce(
     found: dict[str, list[tuple[str, LogEntry]]] = {}
     for pchannel, entries in logs.items():
         for entry in entries:
-            if entry.msg_type in CONTROL_MSG_TYPES or entry.broadcast_id:
+            if entry.control or entry.msg_type in CONTROL_MSG_TYPES or entry.broadcast_id:
                 continue
             if entry.key not in produced:
                 out.add(
@@ -625,6 +627,7 @@ def check_spark(final: FinalState, out: _Violations) -> None:
         for entry in log:
             if (
                 segment.first_lsn <= entry.lsn <= segment.last_lsn
+                and not entry.control
                 and entry.msg_type not in CONTROL_MSG_TYPES
             ):
                 expected.add((segment.pchannel, entry.lsn, entry.digest))

@@ -77,6 +77,7 @@ from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from rpc.streaming_client import StreamingClient
+from wal_segments.format import CONTROL_FLAGS
 from wal_segments.segment import SegmentReader, segment_file_name
 
 FAULT_KINDS = ("kill", "pause", "partition", "restart")
@@ -488,6 +489,7 @@ async def read_log(address: str, pchannel: str, timeout_s: float) -> list[LogEnt
                                 key=payload_key(entry.payload),
                                 broadcast_id=entry.broadcast_id,
                                 digest=hashlib.sha1(entry.payload).hexdigest(),
+                                control=bool(entry.flags & CONTROL_FLAGS),
                             )
                         )
                     if entries and entries[-1].lsn >= target:

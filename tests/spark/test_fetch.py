@@ -13,7 +13,7 @@ import pytest
 from spark_connector.fetch import RowFilter, read_slice
 from spark_connector.options import parse_options
 from spark_connector.plan import SegmentSlice
-from wal_segments.format import Entry, EntryFlags, MsgType
+from wal_segments.format import CONTROL_FLAGS, Entry, EntryFlags, MsgType
 from wal_segments.segment import SegmentReader, SegmentWriter
 
 PCHANNEL = "p0"
@@ -22,7 +22,7 @@ NAMES = {1: "a", 2: "b"}
 
 def _entries(seed: int) -> list[Entry]:
     """Plain messages, complete transactions, one transaction with no commit (never
-    visible), a term start and a trailing seal marker."""
+    visible), a term start, owners' time-tick entries and a trailing seal marker."""
     rng = random.Random(seed)
     entries: list[Entry] = []
     lsn = 1
@@ -47,6 +47,8 @@ def _entries(seed: int) -> list[Entry]:
         if txn != 17:  # txn 17 never commits
             add(msg_type=int(MsgType.TXN_COMMIT), vchannel_id=1,
                 flags=int(EntryFlags.TXN_COMMIT), txn_id=txn)  # fmt: skip
+        if txn % 7 == 0:  # an idle owner's time-tick entry (for pack consumers)
+            add(msg_type=int(MsgType.TIME_TICK), flags=int(EntryFlags.TIME_TICK_MARKER))
     add(msg_type=int(MsgType.SEAL), flags=int(EntryFlags.SEAL_MARKER))
     return entries
 
@@ -80,8 +82,7 @@ def test_transactions_visible_whole_across_splits(tmp_path: Path, seed: int, spl
     expected = [
         e.lsn
         for e in entries
-        if not e.flags & (EntryFlags.TERM_START | EntryFlags.SEAL_MARKER)
-        and (e.txn_id == 0 or e.txn_id in committed)
+        if not e.flags & CONTROL_FLAGS and (e.txn_id == 0 or e.txn_id in committed)
     ]
     assert [r["lsn"] for r in rows] == expected
     assert all(r["txn_id"] != 17 for r in rows)

@@ -32,6 +32,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "spark_connector",
         # The checker reads the segment files the nodes wrote, as any reader could.
         "wal_segments.segment",
+        # ... and tells the WAL's own control entries from produced ones by their flags.
+        "wal_segments.format",
     ),
     "raftwal.cli": ("raftwal", "rpc", "raft", "wal_segments", "statemachine", "spark_connector"),
     "rpc": ("rpc",),
