@@ -33,6 +33,7 @@ the manifest does not name, or two exports writing one directory at once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import errno
 import fcntl
@@ -47,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spark_connector.options import parse_options
+from spark_connector.options import ReadOptions, parse_options
 from spark_connector.plan import ConnectorError, snapshot
 from wal_segments.format import PRODUCIBLE_MSG_TYPES
 
@@ -321,22 +322,7 @@ def export(
     started = time.monotonic()
     if pause_at is not None and pause_at[0] not in PAUSE_POINTS:
         raise ExportError(f"pause point {pause_at[0]!r} is not one of {', '.join(PAUSE_POINTS)}")
-    taken = sorted(k for k in source_options if k.lower() in OWN_OPTIONS)
-    if taken:
-        raise ExportError(f"option(s) {', '.join(taken)} are set by the export itself")
-    selection = {
-        "pchannels": sorted(set(pchannels)) if pchannels else None,
-        "vchannels": sorted(set(vchannels)) if vchannels else None,
-    }
-    options_map = dict(source_options)
-    if selection["pchannels"]:
-        options_map["pchannels"] = ",".join(selection["pchannels"])
-    if selection["vchannels"]:
-        options_map["vchannels"] = ",".join(selection["vchannels"])
-    try:
-        read_options = parse_options(options_map)
-    except ValueError as error:
-        raise ExportError(str(error)) from None
+    selection, options_map, read_options = _source(source_options, pchannels, vchannels)
     root = Path(to_dir).absolute()
     _check_directory(root)
     with _locked(root):
@@ -344,10 +330,7 @@ def export(
         if recovered:
             log.info("export %s: %s", root, recovered)
         if manifest["selection"] is not None and manifest["selection"] != selection:
-            raise ExportError(
-                f"{root} exports {_describe(manifest['selection'])}, not "
-                f"{_describe(selection)}: use another directory for another selection"
-            )
+            raise ExportError(_selection_mismatch(root, manifest["selection"], selection))
         # Everything acknowledged before now: seal the open segments, then one revision.
         try:
             snap = snapshot(read_options)
@@ -444,6 +427,60 @@ def export(
     )
 
 
+def _source(
+    source_options: Mapping[str, str], pchannels: list[str] | None, vchannels: list[str] | None
+) -> tuple[dict[str, Any], dict[str, str], ReadOptions]:
+    """(selection, the source's options with it, those options parsed)."""
+    taken = sorted(k for k in source_options if k.lower() in OWN_OPTIONS)
+    if taken:
+        raise ExportError(f"option(s) {', '.join(taken)} are set by the export itself")
+    selection = {
+        "pchannels": sorted(set(pchannels)) if pchannels else None,
+        "vchannels": sorted(set(vchannels)) if vchannels else None,
+    }
+    options_map = dict(source_options)
+    if selection["pchannels"]:
+        options_map["pchannels"] = ",".join(selection["pchannels"])
+    if selection["vchannels"]:
+        options_map["vchannels"] = ",".join(selection["vchannels"])
+    try:
+        return selection, options_map, parse_options(options_map)
+    except ValueError as error:
+        raise ExportError(str(error)) from None
+
+
+def preflight(
+    to_dir: str | Path,
+    source_options: Mapping[str, str],
+    *,
+    pchannels: list[str] | None = None,
+    vchannels: list[str] | None = None,
+) -> None:
+    """The checks an export makes before Spark starts, without starting it (the CLI runs
+    them first, so a mistake costs no JVM start): the options, the directory, the
+    selection against the directory's manifest, and the cluster's answer (reachable, the
+    named pchannels and vchannels exist). ExportError with one sentence."""
+    selection, _, read_options = _source(source_options, pchannels, vchannels)
+    root = Path(to_dir).absolute()
+    if root.exists():
+        if not root.is_dir():
+            raise ExportError(f"--to {root} is not a directory")
+        manifest = read_manifest(root)
+        if manifest["selection"] is not None and manifest["selection"] != selection:
+            raise ExportError(_selection_mismatch(root, manifest["selection"], selection))
+    try:
+        snapshot(dataclasses.replace(read_options, seal_open_segments=False))
+    except ConnectorError as error:
+        raise ExportError(str(error)) from None
+
+
+def _selection_mismatch(root: Path, had: Mapping[str, Any], asked: Mapping[str, Any]) -> str:
+    return (
+        f"{root} exports {_describe(had)}, not {_describe(asked)}: use another directory for "
+        "another selection"
+    )
+
+
 def _describe(selection: Mapping[str, Any]) -> str:
     parts = [f"{k} {','.join(v)}" for k, v in sorted(selection.items()) if v]
     return " and ".join(parts) if parts else "every vchannel"
@@ -533,6 +570,7 @@ __all__ = [
     "ExportResult",
     "committed_files",
     "export",
+    "preflight",
     "read_export",
     "read_manifest",
 ]

@@ -226,7 +226,7 @@ def run_export(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     import spark_connector
-    from spark_connector.export import ExportError, export, result_json
+    from spark_connector.export import ExportError, export, preflight, result_json
     from spark_connector.plan import ConnectorError, connector_message
     from spark_connector.session import SparkStartError
 
@@ -245,6 +245,15 @@ def run_export(args: argparse.Namespace) -> int:
         dirs = _local_dirs(args.dev_dir)
         if dirs:
             options.update(preferLocal="true", localDataDirs=dirs)
+    try:
+        # The mistakes one can see without Spark (options, directory, cluster, names), said
+        # before a JVM starts.
+        preflight(
+            args.to, options, pchannels=_names(args.pchannels), vchannels=_names(args.vchannels)
+        )
+    except ExportError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     try:
         spark = session(args.master, "raftwal export")
     except SparkStartError as error:
