@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240.0
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 # What each block, in README order, must print (a fragment of its output).
-EXPECTED = ["fencing token", "order 1 at lsn", "audit stands at lsn", "orders"]
+EXPECTED = ["fencing token", "order 1 at lsn", "audit stands at lsn", "orders", "exported"]
 
 
 def readme_blocks() -> list[str]:
