@@ -236,7 +236,8 @@ def _mid_write_filter(marker: str, after_rows: int, pause_s: float) -> Any:
     with the marker written: the task is then inside the Parquet write."""
     from pyspark.sql.functions import udf
 
-    def keep(_: Any) -> bool:
+    # No type hints: PySpark would try to read a pandas UDF type from them.
+    def keep(_):  # type: ignore[no-untyped-def]
         keep.seen += 1  # type: ignore[attr-defined]
         if keep.seen == after_rows:  # type: ignore[attr-defined]
             with open(marker, "w") as handle:
@@ -245,7 +246,7 @@ def _mid_write_filter(marker: str, after_rows: int, pause_s: float) -> Any:
         return True
 
     keep.seen = 0  # type: ignore[attr-defined]
-    return udf(keep, "boolean")
+    return udf(keep, "boolean", useArrow=False)
 
 
 def _recover(root: Path, manifest: dict[str, Any]) -> tuple[dict[str, Any], str]:
