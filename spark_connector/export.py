@@ -558,6 +558,8 @@ def _staged_files(
         if not _STAGED_FILE.match(path.name):
             continue
         values = _partition_values(relative)
+        # Hadoop's writer leaves the umask's mode (often 0644): data files stay private.
+        os.chmod(path, 0o600)
         final = relative.parent / f"part-r{version:06d}-{path.name.removeprefix('part-')}"
         metadata = pq.read_metadata(path)
         files.append(

@@ -191,6 +191,8 @@ def test_export_is_incremental_exact_and_natively_readable(spark, env, tmp_path)
     for entry in manifest["files"]:
         lsns = pq.read_table(target / entry["path"], columns=["lsn"]).column("lsn").to_pylist()
         assert lsns == sorted(lsns) and len(lsns) == entry["rows"], entry["path"]
+        assert ((target / entry["path"]).stat().st_mode & 0o777) == 0o600, entry["path"]
+        assert ((target / entry["path"]).parent.stat().st_mode & 0o777) == 0o700
     assert (target.stat().st_mode & 0o777) == 0o700
     assert ((target / MANIFEST).stat().st_mode & 0o777) == 0o600
 
