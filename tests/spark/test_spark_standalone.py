@@ -46,6 +46,8 @@ READY_TIMEOUT_S = 60.0
 #: The whole driver subprocess: JVM start, executors, two reads, stop.
 DRIVER_TIMEOUT_S = 120.0
 STOP_GRACE_S = 10.0
+#: The export's driver subprocess: JVM start, executors, snapshot, write, commit, read back.
+EXPORT_DRIVER_TIMEOUT_S = 300.0
 VCHANNELS = {"orders": 0, "payments": 1}
 
 
@@ -242,7 +244,12 @@ def wal(tmp_path: Path) -> Iterator[Wal]:
         local.stop_all()
 
 
-def _run_driver(standalone: Standalone, request: dict[str, Any], directory: Path) -> dict[str, Any]:
+def _run_driver(
+    standalone: Standalone,
+    request: dict[str, Any],
+    directory: Path,
+    timeout_s: float = DRIVER_TIMEOUT_S,
+) -> dict[str, Any]:
     """This module as a script in its own process (and session): the result it wrote."""
     result_path = directory / "driver-result.json"
     log_path = directory / "driver.log"
@@ -266,7 +273,7 @@ def _run_driver(standalone: Standalone, request: dict[str, Any], directory: Path
         log_path=log_path,
     )
     try:
-        code = driver.wait(timeout=DRIVER_TIMEOUT_S)
+        code = driver.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         code = None
     finally:
@@ -281,7 +288,7 @@ def _run_driver(standalone: Standalone, request: dict[str, Any], directory: Path
             for path in sorted(standalone.directory.glob("worker-*/app-*/*/stderr"))
         )
         raise AssertionError(
-            f"driver exited with {code} (timeout {DRIVER_TIMEOUT_S:.0f} s)\n"
+            f"driver exited with {code} (timeout {timeout_s:.0f} s)\n"
             f"--- driver.log\n{_tail(log_path, 60)}\n"
             f"--- driver-jvm.log\n{_tail(jvm_log_path, 40)}\n{executor_logs}\n{standalone.logs()}"
         )
@@ -442,7 +449,7 @@ def _export_driver(arguments: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_export_on_a_standalone_cluster_lands_exactly_the_acknowledged_messages(
     standalone: Standalone, wal: Wal, tmp_path: Path
 ) -> None:
@@ -452,6 +459,7 @@ def test_export_on_a_standalone_cluster_lands_exactly_the_acknowledged_messages(
         standalone,
         {"mode": "export", "endpoints": ",".join(wal.local.endpoints), "to": str(target)},
         tmp_path,
+        timeout_s=EXPORT_DRIVER_TIMEOUT_S,
     )
     assert result["master"] == standalone.master_url
     # The export seals the open segments first: every acknowledged message is in.
