@@ -17,7 +17,12 @@ a plain sum of hybrid time ticks overflows):
 (c) the ceiling: a Python data source (`raftwal_ceiling`, defined here) with the same
     schema and one partition per segment that yields pre-built Arrow batches cached in each
     Python worker: the limit of Spark's Python data source path;
-(d) `spark.read.parquet` of the same rows, written once from the connector.
+(d) `spark.read.parquet` of the same rows, written once from the connector;
+(e) `spark_connector.export.export` of every committed entry (preferLocal, as (b)) into a
+    new directory: snapshot, Spark job writing partitioned Parquet, manifest commit and
+    moves; its "rows/s" is the rows exported per second of the whole run;
+(f) the query over an export's directory (`spark.read.parquet(DIR)`, partitioned by
+    pchannel, vchannel and date), written once untimed.
 
 Every variant runs once untimed (warm-up, and the ceiling's workers build their cache),
 then `--repeat` timed rounds interleave the variants so that the machine's noise spreads
@@ -27,7 +32,8 @@ says where a segment's time goes, measured in this process without Spark.
     ./run bench spark_read [--messages N] [--segments S] [--pchannels P] [--batch B]
                            [--repeat R] [--keep-dir] [--json | --markdown]
 
-Targets (the Spark connector issue): (b) >= 0.85x (c), (a) >= 0.6x (c), (b) >= 0.5x (d).
+Targets (the Spark connector issue): (b) >= 0.85x (c), (a) >= 0.6x (c), (b) >= 0.5x (d);
+the export (issue 20 item 2): (e) >= 0.8x (b), (f) >= 1.0x (d).
 Everything started here (the nodes by pid, the SparkSession, temp dirs) is stopped and
 removed in `finally` blocks, Ctrl-C included.
 """
@@ -67,6 +73,7 @@ from rpc.protos import streaming_pb2 as wire
 from rpc.protos import streaming_pb2_grpc
 from rpc.streaming_client import list_segments
 from spark_connector.datasource import SCHEMA_DDL
+from spark_connector.export import export
 from spark_connector.fetch import CHUNK_BYTES, SPARK_SCHEMA, RowFilter, read_slice
 from spark_connector.options import ReadOptions, parse_options
 from spark_connector.plan import SegmentSlice, Snapshot, channel, plan, snapshot
@@ -86,12 +93,16 @@ TARGETS = [
     ("b", "c", 0.85, "connector preferLocal / ceiling"),
     ("a", "c", 0.6, "connector ReadSegment / ceiling"),
     ("b", "d", 0.5, "connector preferLocal / Parquet"),
+    ("e", "b", 0.8, "export (preferLocal) / connector preferLocal read"),
+    ("f", "d", 1.0, "query over the export / plain Parquet"),
 ]
 VARIANTS = {
     "a": "connector, ReadSegment (gRPC)",
     "b": "connector, preferLocal (local files)",
     "c": "ceiling: cached Arrow batches",
     "d": "spark.read.parquet",
+    "e": "export to Parquet (preferLocal)",
+    "f": "spark.read.parquet of the export",
 }
 
 PAYLOAD_BYTES = 100
@@ -565,12 +576,18 @@ class Variant:
     load: Callable[[], Any]
     runs_s: list[float]
     cold_runs: int = 0
+    #: instead of the query on `load()`: a run that returns what the query would
+    run: Callable[[], tuple[int, int, int, int]] | None = None
+    #: untimed, before each run
+    prepare: Callable[[], None] | None = None
 
 
 def timed_run(variant: Variant, expected: Expected) -> float:
     """Seconds of one run of the query on `variant`; a wrong answer fails the benchmark."""
+    if variant.prepare is not None:
+        variant.prepare()
     started = time.perf_counter()
-    got = aggregate(variant.load())
+    got = variant.run() if variant.run is not None else aggregate(variant.load())
     elapsed = time.perf_counter() - started
     if got != expected.values():
         raise BenchError(
@@ -755,7 +772,9 @@ def per_segment_costs(
     cores = min(SPARK_CORES, segments)
     out = {}
     for key in VARIANTS:
-        fixed = fixed_query_s["parquet" if key == "d" else "python_data_source"]
+        if key not in results:
+            continue
+        fixed = fixed_query_s["parquet" if key in ("d", "f") else "python_data_source"]
         out[key] = max(0.0, results[key]["median_s"] - fixed) * cores / segments
     return out
 
@@ -832,7 +851,7 @@ def variant_rows(report: dict[str, Any]) -> list[list[str]]:
     parquet = results["d"]["rows_per_s"]
     ceiling = results["c"]["rows_per_s"]
     rows = []
-    for key in ("a", "b", "c", "d"):
+    for key in [k for k in VARIANTS if k in results]:
         entry = results[key]
         rows.append(
             [
@@ -865,7 +884,8 @@ def _notes(report: dict[str, Any]) -> list[str]:
         f"committed segments over {settings['pchannels']} pchannels "
         f"({data['segment_bytes'] / 2**20:,.0f} MiB, {data['bytes_per_row']:.0f} bytes per "
         f"entry on disk); produced at {data['produce_msgs_per_s']:,.0f} msgs/s; Parquet "
-        f"{data['parquet_bytes'] / 2**20:,.0f} MiB in {data['parquet_files']} files",
+        f"{data['parquet_bytes'] / 2**20:,.0f} MiB in {data['parquet_files']} files; the "
+        f"export {data['export_bytes'] / 2**20:,.0f} MiB in {data['export_files']} files",
         f"query: count, sum(lsn), sum(time_tick % {TICK_MODULUS}), sum(length(payload)); all "
         "variants returned the expected values on every run; medians of "
         f"{settings['repeat']} interleaved rounds after one warm-up each",
@@ -1036,11 +1056,39 @@ def measure_in_spark(
         connector(local_options)().write.parquet(str(parquet_dir))
         connector(local_options)().limit(0).write.parquet(str(empty_parquet_dir))
         parquet_files = list(parquet_dir.glob("*.parquet"))
+        export_dir = root / "export"
+        say(f"exporting (untimed) to {export_dir}")
+        first = export(spark, export_dir, local_options)
+        if first.rows != expected.rows:
+            raise BenchError(f"the export wrote {first.rows:,} rows, expected {expected.rows:,}")
+        exports_root = root / "exports"
+        exports_root.mkdir()
+
+        def export_prepare() -> None:
+            # The previous timed export's directory goes, untimed (disk space).
+            for previous in exports_root.iterdir():
+                shutil.rmtree(previous)
+
+        def export_run() -> tuple[int, int, int, int]:
+            result = export(spark, exports_root / f"run-{time.monotonic_ns()}", local_options)
+            if result.rows != expected.rows:
+                raise BenchError(f"(e) exported {result.rows:,} rows, expected {expected.rows:,}")
+            return expected.values()
+
         variants = [
             Variant("a", VARIANTS["a"], connector(remote_options), []),
             Variant("b", VARIANTS["b"], connector(local_options), []),
             Variant("c", VARIANTS["c"], ceiling(every_segment), []),
             Variant("d", VARIANTS["d"], lambda: spark.read.parquet(str(parquet_dir)), []),
+            Variant(
+                "e",
+                VARIANTS["e"],
+                lambda: None,
+                [],
+                run=export_run,
+                prepare=export_prepare,
+            ),
+            Variant("f", VARIANTS["f"], lambda: spark.read.parquet(str(export_dir)), []),
         ]
         measure_variants(variants, expected, repeat, builds_dir)
         # The same query over no rows: what every query pays before its first row.
@@ -1060,6 +1108,8 @@ def measure_in_spark(
             "fixed_query_s": fixed_query_s,
             "parquet_bytes": sum(path.stat().st_size for path in parquet_files),
             "parquet_files": len(parquet_files),
+            "export_bytes": sum(p.stat().st_size for p in export_dir.rglob("part-*.parquet")),
+            "export_files": first.files,
             "pyspark": spark.version,
             "java": _java_version(spark),
         }
@@ -1173,6 +1223,8 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             ),
             "parquet_bytes": in_spark["parquet_bytes"],
             "parquet_files": in_spark["parquet_files"],
+            "export_bytes": in_spark["export_bytes"],
+            "export_files": in_spark["export_files"],
             "expected": dict(
                 zip(
                     ("rows", "sum_lsn", "sum_tick_mod", "sum_payload_bytes"),

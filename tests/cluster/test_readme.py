@@ -35,6 +35,7 @@ EXPECTED = [
     "orders",
     "exactly once: True",
     "streamed",
+    "exported",
 ]
 
 

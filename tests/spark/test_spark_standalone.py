@@ -46,6 +46,8 @@ READY_TIMEOUT_S = 60.0
 #: The whole driver subprocess: JVM start, executors, two reads, stop.
 DRIVER_TIMEOUT_S = 120.0
 STOP_GRACE_S = 10.0
+#: The export's driver subprocess: JVM start, executors, snapshot, write, commit, read back.
+EXPORT_DRIVER_TIMEOUT_S = 300.0
 VCHANNELS = {"orders": 0, "payments": 1}
 
 
@@ -242,7 +244,12 @@ def wal(tmp_path: Path) -> Iterator[Wal]:
         local.stop_all()
 
 
-def _run_driver(standalone: Standalone, request: dict[str, Any], directory: Path) -> dict[str, Any]:
+def _run_driver(
+    standalone: Standalone,
+    request: dict[str, Any],
+    directory: Path,
+    timeout_s: float = DRIVER_TIMEOUT_S,
+) -> dict[str, Any]:
     """This module as a script in its own process (and session): the result it wrote."""
     result_path = directory / "driver-result.json"
     log_path = directory / "driver.log"
@@ -266,7 +273,7 @@ def _run_driver(standalone: Standalone, request: dict[str, Any], directory: Path
         log_path=log_path,
     )
     try:
-        code = driver.wait(timeout=DRIVER_TIMEOUT_S)
+        code = driver.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         code = None
     finally:
@@ -281,7 +288,7 @@ def _run_driver(standalone: Standalone, request: dict[str, Any], directory: Path
             for path in sorted(standalone.directory.glob("worker-*/app-*/*/stderr"))
         )
         raise AssertionError(
-            f"driver exited with {code} (timeout {DRIVER_TIMEOUT_S:.0f} s)\n"
+            f"driver exited with {code} (timeout {timeout_s:.0f} s)\n"
             f"--- driver.log\n{_tail(log_path, 60)}\n"
             f"--- driver-jvm.log\n{_tail(jvm_log_path, 40)}\n{executor_logs}\n{standalone.logs()}"
         )
@@ -559,5 +566,71 @@ def _stream_driver(arguments: dict[str, Any]) -> None:
     (directory / "stream-result.json").write_text(json.dumps(result))
 
 
+def _export_driver(arguments: dict[str, Any]) -> None:
+    """The export's driver on the standalone cluster: its executors write the Parquet
+    files (into the shared local file system), the driver commits them."""
+    import spark_connector
+    from spark_connector.export import export, result_json
+    from tests.spark.conftest import start_test_session
+
+    session = start_test_session(
+        arguments["master"],
+        "raftwal-standalone-export",
+        {
+            "spark.executor.cores": "1",
+            "spark.executor.memory": "1g",
+            "spark.cores.max": str(WORKERS),
+            "spark.executorEnv.PYTHONPATH": str(REPO_ROOT),
+        },
+        jvm_log=Path(arguments["jvm_log"]),
+    )
+    try:
+        spark_connector.register(session)
+        result = result_json(
+            export(session, arguments["to"], {"endpoints": arguments["endpoints"]})
+        )
+        df = session.read.parquet(arguments["to"])
+        result["exported_rows"] = result.pop("rows")
+        result["rows"] = [
+            (r.vchannel, r.lsn, bytes(r.payload).hex())
+            for r in df.select("vchannel", "lsn", "payload").collect()
+        ]
+        result["master"] = session.sparkContext.master
+    finally:
+        session.stop()
+    Path(arguments["result"]).write_text(json.dumps(result))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_export_on_a_standalone_cluster_lands_exactly_the_acknowledged_messages(
+    standalone: Standalone, wal: Wal, tmp_path: Path
+) -> None:
+    standalone.wait_ready()
+    target = tmp_path / "export"
+    result = _run_driver(
+        standalone,
+        {"mode": "export", "endpoints": ",".join(wal.local.endpoints), "to": str(target)},
+        tmp_path,
+        timeout_s=EXPORT_DRIVER_TIMEOUT_S,
+    )
+    assert result["master"] == standalone.master_url
+    # The export seals the open segments first: every acknowledged message is in.
+    expected = {
+        (vchannel, a.lsn, a.payload) for vchannel, h in wal.history.items() for a in h.acked
+    }
+    rows = [(v, lsn, bytes.fromhex(payload)) for v, lsn, payload in result["rows"]]
+    assert len(rows) == len(set(rows)) == result["exported_rows"], "duplicate rows"
+    assert set(rows) == expected, (
+        f"{len(set(rows) - expected)} unexpected, {len(expected - set(rows))} missing"
+    )
+    manifest = json.loads((target / "_manifest").read_text())
+    assert manifest["revision"] == result["revision"] and manifest["pending_moves"] == []
+
+
 if __name__ == "__main__":
-    _driver(json.loads(sys.argv[1]))
+    request = json.loads(sys.argv[1])
+    if request.get("mode") == "export":
+        _export_driver(request)
+    else:
+        _driver(request)
