@@ -22,6 +22,15 @@ the status samples, and ``FinalState``: what the healed cluster holds) to a list
   earlier one's last vchannel could have been acked);
 - terms: in the sampled states, a pchannel's term never decreases with the revision, one
   (pchannel, term) has one owner, and a node's Raft term never decreases over time;
+- subscriptions (issue 15): the exactly-once shard's final store applied every committed
+  entry of its vchannel up to its checkpoint exactly once (each LSN once, per-key counters
+  equal to the entries per key in the committed log); an observed position never went
+  backwards, nor below a commit acknowledged before the observation, except across a Seek
+  of that vchannel; no two members committed on one vchannel under one generation, and no
+  member committed under an older generation after another member's newer one committed
+  there; every pack's ticks follow the previous pack's, its messages are in (time tick,
+  vchannel, lsn) order within (begin, end], and it holds exactly the committed entries of
+  its vchannels in that range;
 - after healing: every replica at one revision and state digest, every pchannel's WAL
   replicas durable up to its owner's committed LSN; committed segments
   contiguous, each replica's file with the manifest's digest and range, and the same
@@ -35,6 +44,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -639,6 +649,221 @@ def check_spark(final: FinalState, out: _Violations) -> None:
         out.add("spark-extra", f"Spark read {pchannel}@{lsn}, which no committed segment holds")
 
 
+def _data_entries(
+    logs: Mapping[str, Sequence[LogEntry]], vchannel_pchannel: Mapping[str, str], vchannel: str
+) -> list[LogEntry] | None:
+    """The entries a consumer of `vchannel` is delivered (None: its log is incomplete)."""
+    entries = logs.get(vchannel_pchannel.get(vchannel, ""))
+    if entries is None:
+        return None
+    return [
+        e
+        for e in entries
+        if e.vchannel == vchannel and not e.control and e.msg_type not in CONTROL_MSG_TYPES
+    ]
+
+
+def check_exactly_once(
+    history: History,
+    logs: Mapping[str, Sequence[LogEntry]],
+    vchannel_pchannel: Mapping[str, str],
+    out: _Violations,
+) -> None:
+    """The shard's final store against the committed log of its vchannel."""
+    for op in _ops(history, "shard_final"):
+        if op.outcome != OK:
+            out.add("shard-final", f"the shard's final store was not read: {op.error}")
+            continue
+        vchannel = op.value["vchannel"]
+        entries = _data_entries(logs, vchannel_pchannel, vchannel)
+        if entries is None:
+            continue
+        source_lsn = int(op.result["source_lsn"])
+        expected = [e for e in entries if e.lsn <= source_lsn]
+        if source_lsn and source_lsn not in {e.lsn for e in entries}:
+            out.add(
+                "shard-checkpoint",
+                f"{vchannel}: checkpoint lsn {source_lsn} is no committed entry of it",
+            )
+        applied = Counter(int(lsn) for lsn in op.result["applied"])
+        wanted = Counter(e.lsn for e in expected)
+        for lsn in sorted(set(applied) | set(wanted)):
+            if applied[lsn] != wanted[lsn]:
+                out.add(
+                    "exactly-once",
+                    f"{vchannel} lsn {lsn}: applied {applied[lsn]} times, expected "
+                    f"{wanted[lsn]} (checkpoint {source_lsn})",
+                )
+        counters = {str(k): int(n) for k, n in op.result["counters"].items()}
+        per_key = Counter(e.key.split(":", 1)[0] for e in expected)
+        for key in sorted(set(counters) | set(per_key)):
+            if counters.get(key, 0) != per_key[key]:
+                out.add(
+                    "shard-counter",
+                    f"{vchannel} key {key!r}: counter {counters.get(key, 0)}, committed "
+                    f"messages {per_key[key]} up to lsn {source_lsn}",
+                )
+
+
+def _seek_between(seeks: Sequence[Op], vchannel: str, after_s: float, before_s: float) -> bool:
+    """A Seek of `vchannel` (or of all) that may have taken effect in (after_s, before_s)."""
+    return any(
+        s.value.get("vchannel", "") in ("", vchannel)
+        and s.invoke_s < before_s
+        and s.complete_s > after_s
+        for s in seeks
+    )
+
+
+def check_positions(history: History, out: _Violations) -> None:
+    """Observed positions never go back, nor below an acknowledged commit, except across
+    a Seek."""
+    observed: dict[str, list[Op]] = {}
+    for op in _ops(history, "sub_observe"):
+        if op.outcome == OK:
+            observed.setdefault(op.value["subscription"], []).append(op)
+    seeks: dict[str, list[Op]] = {}
+    for op in _ops(history, "sub_seek"):
+        if op.outcome != FAIL:
+            seeks.setdefault(op.value["subscription"], []).append(op)
+    commits: dict[str, list[Op]] = {}
+    for op in _ops(history, "sub_commit"):
+        if op.outcome == OK:
+            commits.setdefault(op.value["subscription"], []).append(op)
+    for subscription, samples in sorted(observed.items()):
+        samples = sorted(samples, key=lambda o: o.invoke_s)
+        its_seeks = seeks.get(subscription, [])
+        last: dict[str, Op] = {}
+        for sample in samples:
+            for vchannel, lsn in sorted(sample.result["positions"].items()):
+                before = last.get(vchannel)
+                if (
+                    before is not None
+                    and lsn < before.result["positions"][vchannel]
+                    and not _seek_between(its_seeks, vchannel, before.invoke_s, sample.complete_s)
+                ):
+                    out.add(
+                        "position-backwards",
+                        f"{subscription}/{vchannel}: {before.result['positions'][vchannel]} at "
+                        f"{_t(before.complete_s)}, then {lsn} at {_t(sample.complete_s)} "
+                        "without a Seek",
+                    )
+                last[vchannel] = sample
+        for commit in commits.get(subscription, []):
+            vchannel, lsn = commit.value["vchannel"], int(commit.value["lsn"])
+            for sample in samples:
+                if sample.invoke_s <= commit.complete_s:
+                    continue
+                seen = sample.result["positions"].get(vchannel, 0)
+                if seen < lsn and not _seek_between(
+                    its_seeks, vchannel, commit.invoke_s, sample.complete_s
+                ):
+                    out.add(
+                        "position-lost",
+                        f"{subscription}/{vchannel}: commit of lsn {lsn} acknowledged at "
+                        f"{_t(commit.complete_s)}, position {seen} observed at "
+                        f"{_t(sample.invoke_s)} without a Seek",
+                    )
+                break
+
+
+def check_member_generations(history: History, out: _Violations) -> None:
+    """Per vchannel: acknowledged commits of different members never share a generation,
+    and none under an older generation began after a newer one's commit completed."""
+    by_vchannel: dict[tuple[str, str], list[Op]] = {}
+    for op in _ops(history, "sub_commit"):
+        if op.outcome == OK and op.value.get("member"):
+            key = (op.value["subscription"], op.value["vchannel"])
+            by_vchannel.setdefault(key, []).append(op)
+    for (subscription, vchannel), commits in sorted(by_vchannel.items()):
+        holders: dict[int, str] = {}
+        for op in commits:
+            generation, member = int(op.value["generation"]), op.value["member"]
+            other = holders.setdefault(generation, member)
+            if other != member:
+                out.add(
+                    "member-overlap",
+                    f"{subscription}/{vchannel}: {other} and {member} both committed under "
+                    f"generation {generation}",
+                )
+        # Newest generation whose commit completed, as time goes on.
+        done = sorted(commits, key=lambda o: o.complete_s)
+        for op in commits:
+            generation = int(op.value["generation"])
+            for newer in done:
+                if newer.complete_s >= op.invoke_s:
+                    break
+                if int(newer.value["generation"]) > generation and (
+                    newer.value["member"] != op.value["member"]
+                ):
+                    out.add(
+                        "member-overlap",
+                        f"{subscription}/{vchannel}: {op.value['member']} committed lsn "
+                        f"{op.value['lsn']} under generation {generation} at "
+                        f"{_t(op.invoke_s)}, after {newer.value['member']} had committed "
+                        f"under generation {newer.value['generation']} at "
+                        f"{_t(newer.complete_s)}",
+                    )
+                    break
+
+
+def check_packs(
+    history: History,
+    logs: Mapping[str, Sequence[LogEntry]],
+    vchannel_pchannel: Mapping[str, str],
+    out: _Violations,
+) -> None:
+    """Every pack in order after the previous one of its consumer, and complete."""
+    previous: dict[tuple[str, int], Op] = {}
+    ticks: dict[str, list[tuple[int, tuple[str, int]]]] = {}
+    for op in _ops(history, "pack"):
+        if op.outcome != OK:
+            continue
+        r = op.result
+        begin, end = int(r["begin"]), int(r["end"])
+        name = f"{op.value['subscription']} pack ({begin}, {end}]"
+        stream = (op.value["subscription"], int(op.value["incarnation"]))
+        before = previous.get(stream)
+        if before is not None and int(before.result["end"]) != begin:
+            out.add(
+                "pack-order",
+                f"{name} follows a pack ending at {before.result['end']} (consumer {stream[1]})",
+            )
+        previous[stream] = op
+        if end <= begin:
+            out.add("pack-order", f"{name}: end not after begin")
+        messages = [(str(v), int(lsn), int(tick)) for v, lsn, tick in r["messages"]]
+        ordered = sorted(messages, key=lambda m: (m[2], m[0], m[1]))
+        if messages != ordered:
+            out.add("pack-order", f"{name}: messages not in (time tick, vchannel, lsn) order")
+        outside = [m for m in messages if not begin < m[2] <= end]
+        if outside:
+            out.add("pack-order", f"{name}: {len(outside)} messages outside it, e.g. {outside[0]}")
+        vchannels = sorted(r["end_positions"])
+        got = {(m[0], m[1]) for m in messages}
+        if len(got) != len(messages):
+            out.add("pack-duplicate", f"{name}: a message twice")
+        expected: set[tuple[str, int]] = set()
+        readable = True
+        for vchannel in vchannels:
+            if vchannel not in ticks:
+                entries = _data_entries(logs, vchannel_pchannel, vchannel)
+                if entries is None:
+                    readable = False
+                    continue
+                ticks[vchannel] = sorted((e.time_tick, (vchannel, e.lsn)) for e in entries)
+            row = ticks[vchannel]
+            low = bisect.bisect_right(row, (begin, ("\uffff", math.inf)))  # type: ignore[arg-type]
+            high = bisect.bisect_right(row, (end, ("\uffff", math.inf)))  # type: ignore[arg-type]
+            expected.update(position for _, position in row[low:high])
+        if not readable:
+            continue
+        for vchannel, lsn in sorted(expected - got)[:3]:
+            out.add("pack-incomplete", f"{name}: committed {vchannel} lsn {lsn} missing")
+        for vchannel, lsn in sorted(got - expected)[:3]:
+            out.add("pack-uncommitted", f"{name}: {vchannel} lsn {lsn} is no committed entry")
+
+
 def check(
     history: History,
     deliveries: Mapping[str, Sequence[Delivery]],
@@ -661,6 +886,10 @@ def check(
     check_lock_beliefs(history, out)
     check_broadcasts(history, logs, complete, vchannel_pchannel, out)
     check_terms(samples, out)
+    check_exactly_once(history, logs, vchannel_pchannel, out)
+    check_positions(history, out)
+    check_member_generations(history, out)
+    check_packs(history, logs, vchannel_pchannel, out)
     if not final.converged:
         out.add("divergence", final.convergence_detail)
     if final.replica_detail:

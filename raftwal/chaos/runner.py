@@ -58,6 +58,7 @@ from raftwal.chaos.checker import (
     check,
 )
 from raftwal.chaos.net import LINK_MODES, ProxyNet
+from raftwal.chaos.subscribers import MemberClient, PackClient, PositionSampler, ShardClient
 from raftwal.chaos.workload import (
     OK,
     BroadcastClient,
@@ -123,6 +124,11 @@ class ChaosOptions:
     rate_per_s: float = 150.0
     payload_bytes: int = 256
     segment_max_bytes: int = 64 * 1024
+    #: members of the consumer-group subscription (0: none), and whether a pack consumer
+    #: and an exactly-once shard application run (issue 15)
+    subscription_members: int = 2
+    packs: bool = True
+    shard: bool = True
 
     def validate(self) -> None:
         unknown = sorted(set(self.faults) - set(FAULT_KINDS))
@@ -734,6 +740,9 @@ async def _run(
                 )
                 for k in range(options.broadcasters)
             ]
+            consumer_side = await _setup_subscribers(
+                streaming, vchannels, tag, directory, history, rng, options
+            )
             nemesis = Nemesis(cluster, proxies, sampler, history, progress)
             plan = plan_faults(options.seed, options.faults, options.duration_s)
             sampler_task = asyncio.create_task(sampler.run(stop), name="sampler")
@@ -747,6 +756,7 @@ async def _run(
                 ),
                 *(asyncio.create_task(lk.run(stop), name=lk.name) for lk in lockers),
                 *(asyncio.create_task(b.run(stop), name=b.name) for b in broadcasters),
+                *consumer_side.tasks(stop),
             ]
             progress(
                 f"workload on {len(vchannels)} vchannels / {len(pchannels)} pchannels; "
@@ -765,6 +775,7 @@ async def _run(
             await gather_bounded(workload, DRAIN_TIMEOUT_S + 30, problems.append)
             for broadcaster in broadcasters:
                 await broadcaster.finish(DRAIN_TIMEOUT_S)
+            await consumer_side.finish()
             final = FinalState()
             status, missing = await wait_recovered(endpoints, pchannels, RECOVERY_TIMEOUT_S)
             if missing:
@@ -803,6 +814,7 @@ async def _run(
                     for reason in ("released", "lost", "expired")
                 },
                 "spark_rows": -1 if final.spark_rows is None else len(final.spark_rows),
+                **consumer_side.figures(history),
             }
         finally:
             await sampler.close()
@@ -909,6 +921,104 @@ async def _read_final(
             except RuntimeError as error:
                 final.spark_error = f"Spark read failed: {error}"
                 break
+
+
+@dataclass
+class _ConsumerSide:
+    """The issue-15 clients of one run (see raftwal.chaos.subscribers)."""
+
+    members: list[MemberClient]
+    packs: PackClient | None
+    shard: ShardClient | None
+    positions: PositionSampler | None
+
+    def tasks(self, stop: asyncio.Event) -> list[asyncio.Task[None]]:
+        tasks = [asyncio.create_task(m.run(stop), name=m.name) for m in self.members]
+        if self.packs is not None:
+            tasks.append(asyncio.create_task(self.packs.run(stop), name="packs"))
+        if self.shard is not None:
+            tasks.append(asyncio.create_task(self.shard.run(stop), name="shard"))
+        if self.positions is not None:
+            tasks.append(asyncio.create_task(self.positions.run(stop), name="positions"))
+        return tasks
+
+    async def finish(self) -> None:
+        if self.shard is not None:
+            await self.shard.finish()
+
+    def figures(self, history: History) -> dict[str, int]:
+        counts = history.counts()
+        return {
+            "subscription_commits_ok": counts.get("sub_commit", {}).get(OK, 0),
+            "subscription_commits_fenced": counts.get("sub_commit", {}).get("fail", 0),
+            "member_sessions": sum(m.sessions for m in self.members),
+            "subscription_seeks_ok": counts.get("sub_seek", {}).get(OK, 0),
+            "packs": self.packs.packs if self.packs is not None else 0,
+            "pack_consumers": self.packs.incarnation if self.packs is not None else 0,
+            "pack_messages": sum(
+                len(op.result.get("messages", ())) for op in history.ops if op.kind == "pack"
+            ),
+            "shard_takeovers": self.shard.token if self.shard is not None else 0,
+            "shard_applied": sum(
+                len(op.result.get("applied", ())) for op in history.ops if op.kind == "shard_final"
+            ),
+        }
+
+
+async def _setup_subscribers(
+    streaming: StreamingClient,
+    vchannels: Sequence[str],
+    tag: str,
+    directory: Path,
+    history: History,
+    rng: random.Random,
+    options: ChaosOptions,
+) -> _ConsumerSide:
+    coordinator = streaming.coordinator
+    group, packs, shard = f"chaos{tag}-group", f"chaos{tag}-packs", f"chaos{tag}-shard"
+    if options.subscription_members:
+        await coordinator.create_subscription(group, vchannels)
+    if options.packs:
+        await coordinator.create_subscription(packs, vchannels)
+    if options.shard:
+        await coordinator.create_subscription(shard, vchannels[:1])
+    subscriptions = [
+        name
+        for name, wanted in (
+            (group, options.subscription_members),
+            (packs, options.packs),
+            (shard, options.shard),
+        )
+        if wanted
+    ]
+    shard_dir = directory / "shards"
+    shard_dir.mkdir(mode=0o700, exist_ok=True)
+    return _ConsumerSide(
+        members=[
+            MemberClient(f"m{k}", streaming, group, history, random.Random(rng.getrandbits(64)))
+            for k in range(options.subscription_members)
+        ],
+        packs=PackClient(streaming, packs, history) if options.packs else None,
+        shard=(
+            ShardClient(
+                streaming,
+                shard,
+                vchannels[0],
+                shard_dir,
+                history,
+                random.Random(rng.getrandbits(64)),
+            )
+            if options.shard
+            else None
+        ),
+        positions=(
+            PositionSampler(
+                streaming, subscriptions, group, history, random.Random(rng.getrandbits(64))
+            )
+            if subscriptions
+            else None
+        ),
+    )
 
 
 def _ineffective(report: ChaosReport) -> list[str]:
