@@ -399,3 +399,183 @@ def test_an_unreadable_log_and_no_recovery_are_violations() -> None:
     final.converged, final.convergence_detail = False, "digests differ"
     kinds = _kinds(history, final)
     assert {"unreadable-log", "recovery", "divergence"} <= set(kinds)
+
+
+# -- issue 15: exactly-once shard, subscription positions, members, packs ------------------
+
+
+def _shard_final(history: History, source_lsn: int, applied: list[int], counters: dict) -> Op:
+    return _op(
+        history,
+        "shard",
+        "shard_final",
+        9.0,
+        9.5,
+        OK,
+        {"vchannel": V},
+        {"source_lsn": source_lsn, "applied": applied, "counters": counters, "token": 3},
+    )
+
+
+def test_exactly_once_shard_passes_when_it_matches_the_log() -> None:
+    history, final = _clean()
+    _shard_final(history, 4, [2, 3, 4], {"p0": 2, "p1": 1})
+    assert _kinds(history, final) == []
+    history, final = _clean()
+    _shard_final(history, 3, [2, 3], {"p0": 2})  # behind the log's end: fine
+    assert _kinds(history, final) == []
+
+
+@pytest.mark.parametrize(
+    ("applied", "counters", "kinds"),
+    [
+        ([2, 3, 3, 4], {"p0": 3, "p1": 1}, ["exactly-once", "shard-counter"]),  # twice
+        ([2, 4], {"p0": 1, "p1": 1}, ["exactly-once", "shard-counter"]),  # lost
+        ([2, 3, 4, 7], {"p0": 2, "p1": 1}, ["exactly-once"]),  # not in the log
+        ([2, 3, 4], {"p0": 1, "p1": 1}, ["shard-counter"]),  # counter off
+        ([2, 3, 4], {"p0": 2, "p1": 1, "p9": 1}, ["shard-counter"]),  # a key nobody wrote
+    ],
+)
+def test_exactly_once_shard_violations(applied: list[int], counters: dict, kinds: list) -> None:
+    history, final = _clean()
+    _shard_final(history, 4, applied, counters)
+    assert _kinds(history, final) == kinds
+
+
+def test_shard_checkpoint_must_be_a_committed_entry() -> None:
+    history, final = _clean()
+    _shard_final(history, 9, [2, 3, 4], {"p0": 2, "p1": 1})
+    assert _kinds(history, final) == ["shard-checkpoint"]
+
+
+def _observe(history: History, at: float, positions: dict, subscription: str = "g") -> Op:
+    return _op(
+        history,
+        "positions",
+        "sub_observe",
+        at,
+        at + 0.1,
+        OK,
+        {"subscription": subscription},
+        {"positions": positions, "members": {}},
+    )
+
+
+def _seek(history: History, at: float, outcome: str, vchannel: str = V) -> Op:
+    value = {"subscription": "g", "vchannel": vchannel, "lsn": 1}
+    return _op(history, "positions", "sub_seek", at, at + 0.1, outcome, value)
+
+
+def _commit(
+    history: History,
+    member: str,
+    generation: int,
+    lsn: int,
+    start: float,
+    outcome: str = OK,
+    vchannel: str = V,
+) -> Op:
+    value = {
+        "subscription": "g",
+        "member": member,
+        "generation": generation,
+        "vchannel": vchannel,
+        "lsn": lsn,
+    }
+    return _op(history, member, "sub_commit", start, start + 0.1, outcome, value)
+
+
+def test_positions_never_go_back_except_through_seek() -> None:
+    history, final = _clean()
+    _observe(history, 1.0, {V: 5})
+    _observe(history, 2.0, {V: 5})
+    _observe(history, 3.0, {V: 7})
+    assert _kinds(history, final) == []
+    _observe(history, 4.0, {V: 3})
+    assert _kinds(history, final) == ["position-backwards"]
+    # A seek of another vchannel, or one that failed, explains nothing ...
+    _seek(history, 3.5, OK, vchannel="other")
+    _seek(history, 3.5, FAIL)
+    assert _kinds(history, final) == ["position-backwards"]
+    # ... one of this vchannel between the two observations does, even of unknown outcome.
+    _seek(history, 3.5, UNKNOWN)
+    assert _kinds(history, final) == []
+
+
+def test_an_acknowledged_commit_is_never_lost() -> None:
+    history, final = _clean()
+    _commit(history, "m1", 10, 6, 1.0)
+    _observe(history, 0.5, {V: 2})  # before the commit completed: may not show it
+    _observe(history, 2.0, {V: 6})
+    assert _kinds(history, final) == []
+    history, final = _clean()
+    _commit(history, "m1", 10, 6, 1.0)
+    _observe(history, 2.0, {V: 4})
+    assert _kinds(history, final) == ["position-lost"]
+    _seek(history, 1.5, OK)
+    assert _kinds(history, final) == []
+
+
+def test_members_with_overlapping_generations_must_not_both_commit() -> None:
+    history, final = _clean()
+    _commit(history, "m1", 10, 3, 1.0)
+    _commit(history, "m2", 12, 5, 2.0)
+    _commit(history, "m1", 10, 6, 3.0, outcome=FAIL)  # fenced: fine
+    _commit(history, "m1", 10, 6, 3.0, outcome=UNKNOWN)  # not known to have happened
+    _commit(history, "m1", 11, 4, 1.5, vchannel="other")  # another vchannel
+    assert _kinds(history, final) == []
+    # The old generation still committed after the new one had.
+    _commit(history, "m1", 10, 7, 3.5)
+    assert _kinds(history, final) == ["member-overlap"]
+    # Two members under one generation.
+    history, final = _clean()
+    _commit(history, "m1", 10, 3, 1.0)
+    _commit(history, "m2", 10, 5, 1.05)
+    assert _kinds(history, final) == ["member-overlap"]
+
+
+def _pack(history: History, begin: int, end: int, messages: list, incarnation: int = 1) -> Op:
+    positions = {V: [messages[-1][1] if messages else 0, end]}
+    return _op(
+        history,
+        "packs",
+        "pack",
+        float(end),
+        float(end) + 0.1,
+        OK,
+        {"subscription": "p", "incarnation": incarnation},
+        {
+            "begin": begin,
+            "end": end,
+            "start_positions": {V: [0, begin]},
+            "end_positions": positions,
+            "messages": messages,
+        },
+    )
+
+
+def test_complete_packs_in_order_pass() -> None:
+    history, final = _clean()
+    _pack(history, 0, 25, [[V, 2, 20]])
+    _pack(history, 25, 40, [[V, 3, 30], [V, 4, 40]])
+    # A new consumer may deliver a range again (at least once), as long as it is complete.
+    _pack(history, 25, 40, [[V, 3, 30], [V, 4, 40]], incarnation=2)
+    assert _kinds(history, final) == []
+
+
+@pytest.mark.parametrize(
+    ("second", "kinds"),
+    [
+        ((25, 40, [[V, 3, 30]]), ["pack-incomplete"]),
+        ((30, 40, [[V, 4, 40]]), ["pack-order"]),  # a gap after the first pack
+        ((25, 40, [[V, 4, 40], [V, 3, 30]]), ["pack-order"]),  # out of order
+        ((25, 35, [[V, 3, 30], [V, 4, 40]]), ["pack-order", "pack-uncommitted"]),  # outside
+        ((25, 40, [[V, 3, 30], [V, 4, 40], [V, 9, 35]]), ["pack-order", "pack-uncommitted"]),
+        ((25, 40, [[V, 3, 30], [V, 3, 30], [V, 4, 40]]), ["pack-duplicate"]),
+    ],
+)
+def test_pack_violations(second: tuple, kinds: list) -> None:
+    history, final = _clean()
+    _pack(history, 0, 25, [[V, 2, 20]])
+    _pack(history, *second)
+    assert _kinds(history, final) == kinds
