@@ -429,8 +429,10 @@ class ShardClient:
         except RaftwalError as error:
             op.error = f"draining failed: {str(error)[:200]}"
         store = shard.store
-        counters = dict(store.execute("SELECT key, n FROM counters").fetchall())
-        applied = [row[0] for row in store.execute("SELECT lsn FROM applied ORDER BY rowid")]
+        # Reads outside a store transaction go to the connection (the store's execute is
+        # for the application's writes).
+        counters = dict(store.conn.execute("SELECT key, n FROM counters").fetchall())
+        applied = [row[0] for row in store.conn.execute("SELECT lsn FROM applied ORDER BY rowid")]
         checkpoint = store.checkpoint()
         self.history.ok(
             op,
