@@ -164,8 +164,24 @@ class Coordinator:
             channel = state.pchannels.get(command.assign_pchannel.pchannel)
             return channel is not None and channel.term == 0
 
+        def owned_by_warming(command: pb.Command) -> bool:
+            # Planned over the settled nodes only, a warming owner looks dead to the
+            # balancer; it is alive, so what it owns stays until it has settled (a stuck
+            # ASSIGNING pchannel still moves).
+            channel = state.pchannels.get(command.assign_pchannel.pchannel)
+            return (
+                channel is not None
+                and channel.owner_node_id in warming
+                and channel.name not in stuck
+            )
+
+        warming = set(live) - set(settled)
         initial = [c for c in plan(state, live, stuck_pchannels=stuck) if first_placement(c)]
-        moves = [c for c in plan(state, settled, stuck_pchannels=stuck) if not first_placement(c)]
+        moves = [
+            c
+            for c in plan(state, settled, stuck_pchannels=stuck)
+            if not first_placement(c) and not owned_by_warming(c)
+        ]
         return initial + moves
 
     def _warming(self, node_id: str, wall_ms: int) -> bool:

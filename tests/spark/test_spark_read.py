@@ -131,6 +131,11 @@ def _expected(env: Env, vchannel: str, through: int) -> list[tuple[str, int, byt
 
 
 def test_rows_equal_the_acknowledged_messages_of_committed_segments(spark, env) -> None:
+    # A few messages that stay in the open segments: the fixture's own tail may have been
+    # sealed already by a pchannel move (a new term seals the inherited segment).
+    env.produce("orders", env.pchannels[0], 1)
+    env.produce("payments", env.pchannels[1], 1)
+    _settle(env)  # a roll those caused has committed before the manifest is compared
     segments = env.segments()
     assert len(segments.segments) >= 4, "the fixture should commit several segments"
     # sealOpenSegments=false: committed segments only, as they stand (the open ones unread).

@@ -387,6 +387,7 @@ def _wait_file(
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_streaming_query_on_a_standalone_cluster_writes_every_ack_once(
     standalone: Standalone, wal: Wal, tmp_path: Path

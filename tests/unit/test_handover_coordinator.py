@@ -197,3 +197,17 @@ async def test_first_placements_spread_over_warming_nodes_too() -> None:
     _beat(coordinator, "n3", incarnation=started_now_ms)
     await coordinator.tick()
     assert sorted(owner for _, _, owner in _moves(host)) == ["n1", "n2", "n3"]
+
+
+async def test_a_warming_owner_keeps_what_it_was_given() -> None:
+    # A pchannel first placed on a node that is still warming up must not be moved away at
+    # once because that node is not a move target yet: a warming node is alive. (It was:
+    # a fresh cluster moved new pchannels at term 2 a moment after placing them.)
+    host = FakeHost(_state())  # p is owned by n1 at term 1
+    coordinator = await _leading(host)
+    started_now_ms = int(time.time() * 1000)
+    _beat(coordinator, "n1", incarnation=started_now_ms)  # the owner is warming up
+    _beat(coordinator, "n2")
+    _beat(coordinator, "n3")
+    await coordinator.tick()
+    assert _moves(host) == []
