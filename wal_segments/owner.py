@@ -429,7 +429,7 @@ class ChannelOwner:
             self.log.last_term,
             self.log.last_lsn,
         ):
-            await self._adopt(best.node_id, best.last_lsn)
+            await self._adopt(best.node_id, best.last_lsn, best.last_term)
         self._check_current()
         await self._drop_partial_txn()
         await self._rebuild_producers()
@@ -466,10 +466,29 @@ class ChannelOwner:
             self.committed_lsn,
         )
 
-    async def _adopt(self, source: str, source_last_lsn: int) -> None:
-        """Copy the suffix this log lacks from `source`, backing up on a mismatch."""
+    async def _adopt(self, source: str, source_last_lsn: int, source_last_term: int) -> None:
+        """Make this log equal to `source`'s (fenced at this term, so it no longer grows):
+        cut what it lacks, backing up on a mismatch, and copy its suffix.
+
+        Equal, not merely as long: a stale owner coming back may hold an uncommitted
+        suffix of an old term that is longer than the best log, which holds committed
+        entries of a newer term at those LSNs. Anything past the best log's end is on no
+        majority (the best log holds every committed entry), so it was never committed."""
+        if self.log.last_lsn > source_last_lsn:
+            logger.warning(
+                "%s: dropping lsn %d..%d (term %d at the end): the log of %s ends at lsn %d of "
+                "term %d",
+                self.pchannel,
+                source_last_lsn + 1,
+                self.log.last_lsn,
+                self.log.last_term,
+                source,
+                source_last_lsn,
+                source_last_term,
+            )
+            await self.log.truncate_after(source_last_lsn)
         attempt = 0
-        while self.log.last_lsn < source_last_lsn:
+        while (self.log.last_lsn, self.log.last_term) != (source_last_lsn, source_last_term):
             self._check_current()
             request = wire.FetchRequest(
                 pchannel=self.pchannel,

@@ -79,6 +79,8 @@ MAX_COMMAND_BYTES = 2 * 1024 * 1024
 FORWARDS_IN_FLIGHT = 4
 # A suspicion (HeartbeatRequest.suspect_node_ids) is repeated this long.
 SUSPECT_KEEP_S = 3.0
+# How long a follower waits for the leader to confirm a read index it forwarded.
+FORWARDED_READ_INDEX_S = 2.0
 
 SERVICE_NAMES = (
     api.DESCRIPTOR.services_by_name["Coordinator"].full_name,
@@ -785,11 +787,24 @@ class Node:
                 )
             )
         stub = coordinator_pb2_grpc.ClusterStub(self.channel(leader.grpc_address))
+        # A live leader confirms a read index in one heartbeat round; one that does not
+        # answer within FORWARDED_READ_INDEX_S is paused, partitioned or dead. Say so
+        # while the client still has time to ask another node, rather than holding the
+        # call for the whole propose timeout.
+        forward_s = min(timeout_s, FORWARDED_READ_INDEX_S)
         try:
             reply = await stub.ReadIndex(
-                api.ReadIndexRequest(timeout_ms=int(timeout_s * 1000)), timeout=timeout_s + 1
+                api.ReadIndexRequest(timeout_ms=int(forward_s * 1000)), timeout=forward_s + 0.5
             )
         except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise RaftwalError(
+                    error_info(
+                        E.UNAVAILABLE,
+                        f"node {self.me.id}: the Raft leader {leader.id} did not confirm a "
+                        f"read index within {forward_s:g} s; cannot serve a linearizable read",
+                    )
+                ) from None
             info = from_rpc_error(error)
             if info.code == E.NOT_LEADER and not info.leader_hint:
                 info.leader_hint = leader.grpc_address

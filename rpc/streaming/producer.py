@@ -435,7 +435,7 @@ class Producer:
         message = _message(vchannel, payload, key, msg_type, properties)
         pchannel = self._client.router.cached_pchannel(vchannel)
         if pchannel is None:
-            pchannel = await self._client.router.pchannel_of(vchannel)
+            pchannel = await self._client.router.pchannel_of(vchannel, self.retry_timeout_s)
         size = message.ByteSize()
         if size > MAX_MESSAGE_BYTES:
             raise _invalid(

@@ -372,9 +372,29 @@ class AssignmentCache:
     def cached_pchannel(self, vchannel: str) -> str | None:
         return self._vchannels.get(vchannel) or self._looked_up.get(vchannel)
 
-    async def pchannel_of(self, vchannel: str) -> str:
-        """The pchannel `vchannel` lives on. Unknown to the watch: asked once (linearizably)
-        of the coordinator; raises ChannelNotExistError when it has no such vchannel."""
+    async def pchannel_of(self, vchannel: str, timeout_s: float = 0.0) -> str:
+        """The pchannel `vchannel` lives on. Unknown to the watch: asked (linearizably) of
+        the coordinator; raises ChannelNotExistError when it has no such vchannel.
+
+        With `timeout_s`, a lookup that no node could answer (UnavailableError: a paused
+        leader, an election) is asked again until `timeout_s` has passed, so that a caller
+        with a retry budget (a producer's ``retry_timeout_s``) is not failed sooner by the
+        coordinator client's own deadline."""
+        deadline = time.monotonic() + timeout_s
+        backoff = _Backoff(0.05, 1.0)
+        while True:
+            try:
+                return await self._pchannel_of(vchannel)
+            except ClientClosedError:
+                raise
+            except UnavailableError:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closed:
+                    raise
+                log.debug("looking up vchannel %s failed; asking again", vchannel)
+                await asyncio.sleep(backoff.next_delay(remaining))
+
+    async def _pchannel_of(self, vchannel: str) -> str:
         known = self.cached_pchannel(vchannel)
         if known:
             return known

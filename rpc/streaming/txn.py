@@ -143,7 +143,9 @@ class Txn:
         if self.state != "new":
             raise _state_error(f"txn already begun (state {self.state})")
         router = self._client.router
-        pchannel = router.cached_pchannel(self.vchannel) or await router.pchannel_of(self.vchannel)
+        pchannel = router.cached_pchannel(self.vchannel) or await router.pchannel_of(
+            self.vchannel, self.timeout_s
+        )
         request = wire.BeginTxnRequest(vchannel=self.vchannel, keepalive_ms=self.keepalive_ms)
         started = time.monotonic()
         backoff = _Backoff(0.05, 1.0)

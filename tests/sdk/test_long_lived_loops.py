@@ -243,6 +243,49 @@ async def test_assignment_cache_and_producer_survive_a_kill_and_end_typed_when_c
         await client.close()
 
 
+async def test_a_send_waits_out_a_lookup_no_node_can_answer_within_retry_timeout(
+    cluster: dev.LocalCluster,
+) -> None:
+    """Two of three nodes are paused for longer than the coordinator client's deadline
+    (10 s): no node can answer the producer's linearizable vchannel lookup. The send has
+    retry_timeout_s 40: it asks again until the nodes come back and is acknowledged once.
+    It used to fail with UnreachableError after the coordinator client's 10 s, whatever
+    the producer's budget (seen in CI as a flaky consumer test under load)."""
+    async with StreamingClient(cluster.endpoints) as setup:
+        _, vchannel = await _replicated_vchannel(setup, "loopsl")
+    paused = [n.id for n in cluster.config.nodes][1:]
+    client = StreamingClient(cluster.endpoints)
+    producer = Producer(client, retry_timeout_s=40)
+    try:
+        for node in paused:
+            await asyncio.to_thread(cluster.kill, node, signal.SIGSTOP)
+        try:
+            sending = asyncio.create_task(producer.send(vchannel, b"after the outage"))
+            await asyncio.sleep(13)
+            assert not sending.done() or sending.exception() is None, sending.exception()
+        finally:
+            for node in paused:
+                cluster.kill(node, signal.SIGCONT)
+        position = await asyncio.wait_for(sending, TEST_TIMEOUT_S)
+        async with StreamingClient(cluster.endpoints) as reader:
+            await _wait_all_up(reader)
+            consumer = Consumer(reader, vchannel)
+            try:
+                seen = []
+                async for entry in consumer:
+                    seen.append((entry.lsn, entry.payload))
+                    if entry.lsn >= position.lsn:
+                        break
+            finally:
+                await consumer.close()
+        assert [p for _, p in seen].count(b"after the outage") == 1, seen
+        assert (position.lsn, b"after the outage") in seen
+    finally:
+        with contextlib.suppress(RaftwalError, RuntimeError):
+            await producer.close(timeout_s=5)
+        await client.close()
+
+
 # ---------------------------------------------------------------------------------------
 # Consumer
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,282 @@
+"""`ChannelOwner` recovery over three real `PChannelLog`s (real segment files, fsync on):
+a new owner fences a majority, adopts the most up-to-date log among them and only then
+starts its term. The replicas are reached through a loopback transport that does what the
+Replication service does with the same log calls (fence, fetch, append with log matching).
+
+The case that matters is a stale owner coming back: it holds an uncommitted suffix of an
+old term that is *longer* than the majority's log, while the majority has committed entries
+of a newer term at those LSNs. Adopting must make its log equal to the best one (cut the
+stale suffix), not merely long enough; otherwise its next term's entries sit on top of the
+stale suffix, a later owner adopts that log, and committed entries are lost."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from rpc.protos import errors_pb2 as E
+from rpc.protos import streaming_pb2 as wire
+from wal_segments.catalog import Catalog
+from wal_segments.format import Entry, MsgType, encode_batch
+from wal_segments.fsync_policy import parse_fsync_policy
+from wal_segments.log import Fenced, Mismatch, PChannelLog
+from wal_segments.owner import ChannelOwner, OwnerConfig
+
+PCHANNEL = "p_recover"
+NODES = ("n1", "n2", "n3")
+
+
+def entry(lsn: int, term: int) -> Entry:
+    return Entry(
+        lsn=lsn,
+        term=term,
+        time_tick=100 * lsn + term,
+        msg_type=int(MsgType.MESSAGE),
+        vchannel_id=1,
+        payload=f"{lsn}@{term}".encode(),
+    )
+
+
+async def write(log: PChannelLog, term: int, entries: list[Entry]) -> None:
+    prev = entries[0].lsn - 1
+    result = await log.append(
+        term, prev, log.term_at(prev) if prev else 0, encode_batch(entries).data
+    )
+    await log.wait_durable(result)
+
+
+def terms(log: PChannelLog) -> list[tuple[int, int]]:
+    return [(e.lsn, e.term) for e in log.iter_entries(log.first_lsn, log.last_lsn)]
+
+
+class _Stream:
+    """One Append stream to a replica's log: each request is applied in order, as the
+    Replication service applies it, and answered once durable."""
+
+    def __init__(self, log: PChannelLog) -> None:
+        self._log = log
+        self._answers: asyncio.Queue[wire.AppendResponse | None] = asyncio.Queue()
+
+    async def write(self, request: wire.AppendRequest) -> None:
+        log = self._log
+        try:
+            if request.frames:
+                result = await log.append(
+                    request.term, request.prev_lsn, request.prev_term, request.frames
+                )
+                await log.wait_durable(result)
+                durable = result.last_lsn
+            else:
+                if request.term < log.fenced_term:
+                    raise Fenced(request.term, log.fenced_term)
+                log.check_match(request.prev_lsn, request.prev_term)
+                durable = request.prev_lsn
+        except Fenced as error:
+            answer = wire.AppendResponse(
+                request_id=request.request_id,
+                status=wire.APPEND_STATUS_FENCED,
+                fenced_term=error.fenced_term,
+            )
+        except Mismatch as error:
+            answer = wire.AppendResponse(
+                request_id=request.request_id,
+                status=wire.APPEND_STATUS_MISMATCH,
+                last_lsn=log.last_lsn,
+                last_term=log.last_term,
+                conflict_term=error.conflict_term,
+                conflict_first_lsn=error.conflict_first_lsn,
+            )
+        except Exception as error:  # noqa: BLE001 - reported to the owner, as the service does
+            answer = wire.AppendResponse(
+                request_id=request.request_id, status=wire.APPEND_STATUS_ERROR
+            )
+            answer.error.code = E.INNER
+            answer.error.message = str(error)[:500]
+        else:
+            committed = min(request.committed_lsn, durable)
+            if committed > log.committed_lsn:
+                log.committed_lsn = committed
+            answer = wire.AppendResponse(
+                request_id=request.request_id,
+                status=wire.APPEND_STATUS_OK,
+                durable_lsn=durable,
+                last_lsn=log.last_lsn,
+                last_term=log.last_term,
+            )
+        await self._answers.put(answer)
+
+    async def responses(self) -> AsyncIterator[wire.AppendResponse]:
+        while True:
+            answer = await self._answers.get()
+            if answer is None:
+                return
+            yield answer
+
+    def cancel(self) -> None:
+        self._answers.put_nowait(None)
+
+
+class Loopback:
+    """The owner's `ReplicaTransport` and `Proposer`, backed by the other nodes' logs."""
+
+    def __init__(self, logs: dict[str, PChannelLog], down: frozenset[str] = frozenset()) -> None:
+        self.logs = logs
+        self.down = down
+        self.ready: list[tuple[int, int]] = []
+
+    def _reach(self, node_id: str) -> PChannelLog:
+        if node_id in self.down:
+            raise ConnectionError(f"{node_id} is down")
+        return self.logs[node_id]
+
+    def open_append(self, node_id: str) -> _Stream:
+        return _Stream(self._reach(node_id))
+
+    async def fence(self, node_id: str, request: wire.FenceRequest) -> wire.FenceResponse:
+        log = self._reach(node_id)
+        position = await log.fence(request.term)
+        return wire.FenceResponse(
+            fenced_term=log.fenced_term,
+            last_lsn=position.last_lsn,
+            last_term=position.last_term,
+            last_time_tick=position.last_time_tick,
+            node_id=node_id,
+        )
+
+    async def fetch(self, node_id: str, request: wire.FetchRequest) -> wire.FetchResponse:
+        log = self._reach(node_id)
+        if request.term < log.fenced_term:
+            return wire.FetchResponse(status=wire.APPEND_STATUS_FENCED, fenced_term=log.fenced_term)
+        try:
+            log.check_match(request.prev_lsn, request.prev_term)
+        except Mismatch as error:
+            return wire.FetchResponse(
+                status=wire.APPEND_STATUS_MISMATCH,
+                last_lsn=log.last_lsn,
+                last_term=log.last_term,
+                conflict_term=error.conflict_term,
+                conflict_first_lsn=error.conflict_first_lsn,
+            )
+        return wire.FetchResponse(
+            status=wire.APPEND_STATUS_OK,
+            frames=log.read_frames(request.prev_lsn + 1, max(request.max_bytes, 1 << 16)),
+            last_lsn=log.last_lsn,
+            last_term=log.last_term,
+        )
+
+    async def pchannel_ready(self, pchannel: str, term: int, start_lsn: int) -> int:
+        self.ready.append((term, start_lsn))
+        return E.OK
+
+    async def commit_segment(self, pchannel: str, term: int, fields: dict[str, object]) -> int:
+        return E.OK
+
+    def committed_through(self, pchannel: str) -> int:
+        return 0
+
+    def still_assigned(self, pchannel: str, term: int) -> bool:
+        return True
+
+
+@pytest.fixture
+async def logs(tmp_path: Path):
+    opened: dict[str, PChannelLog] = {}
+    for node in NODES:
+        root = tmp_path / node
+        root.mkdir(mode=0o700)
+        catalog = Catalog(root / "catalog.db")
+        opened[node] = await PChannelLog.open(
+            root / "segments", PCHANNEL, catalog, parse_fsync_policy("always")
+        )
+    yield opened
+    for log in opened.values():
+        await log.close()
+        log.catalog.close()
+
+
+async def recover(
+    logs: dict[str, PChannelLog], node: str, term: int, down: frozenset[str] = frozenset()
+) -> ChannelOwner:
+    transport = Loopback(logs, down)
+    owner = ChannelOwner(
+        pchannel=PCHANNEL,
+        term=term,
+        node_id=node,
+        replica_node_ids=[n for n in NODES if n != node],
+        log=logs[node],
+        transport=transport,
+        proposer=transport,
+        config=OwnerConfig(retry_min_s=0.01, retry_max_s=0.05, rpc_timeout_s=2.0),
+    )
+    owner.start()
+    await asyncio.wait_for(owner.ready.wait(), 20)
+    return owner
+
+
+async def test_a_stale_owner_with_a_longer_old_suffix_adopts_the_newer_majority_log(logs):
+    """n1 (term 1) wrote 1..12 but only 1..8 reached n2 and n3; n3 then owned term 2 and
+    committed 9..10 on {n3, n2}. n1 is assigned term 3: its log (12 at term 1) is longer
+    than the majority's (10 at term 2) but older. It must serve from a log that holds
+    9..10 of term 2 and none of its own 9..12 of term 1, and so must every replica."""
+    n1, n2, n3 = (logs[n] for n in NODES)
+    for log in logs.values():
+        await log.fence(1)
+    await write(n1, 1, [entry(lsn, 1) for lsn in range(1, 13)])
+    for log in (n2, n3):
+        await write(log, 1, [entry(lsn, 1) for lsn in range(1, 9)])
+    for log in (n2, n3):
+        await log.fence(2)
+        await write(log, 2, [entry(9, 2), entry(10, 2)])
+        log.committed_lsn = 10
+    n1.committed_lsn = 8
+    committed = terms(n2)
+
+    owner = await recover(logs, "n1", 3)
+    try:
+        # The committed prefix is intact on the new owner, and its term starts after it.
+        assert terms(n1)[:10] == committed
+        assert owner.start_lsn > 10
+        assert all(term == 3 for _, term in terms(n1)[10:])
+
+        # Every replica converges on the same log, committed entries included.
+        async def converged() -> bool:
+            while not (terms(n2) == terms(n1) == terms(n3)):
+                await asyncio.sleep(0.02)
+            return True
+
+        await asyncio.wait_for(converged(), 10)
+        assert terms(n3)[:10] == committed
+    finally:
+        await owner.close()
+
+
+async def test_a_longer_but_older_local_suffix_is_cut_even_when_it_ends_past_the_best(logs):
+    """The same as above, with the best log ending in the middle of the stale suffix's
+    segment of terms: n1 has 1..6 at term 1 and 7..15 at term 2 (uncommitted past 8); n2
+    has 1..6 at term 1, 7..8 at term 2 and 9 at term 4. n1 at term 5 must end up holding
+    9 at term 4 and nothing of its 9..15 at term 2."""
+    n1, n2, n3 = (logs[n] for n in NODES)
+    for log in logs.values():
+        await log.fence(2)
+    await write(
+        n1, 2, [entry(lsn, 1) for lsn in range(1, 7)] + [entry(lsn, 2) for lsn in range(7, 16)]
+    )
+    for log in (n2, n3):
+        await write(log, 2, [entry(lsn, 1) for lsn in range(1, 7)] + [entry(7, 2), entry(8, 2)])
+    await n2.fence(4)
+    await write(n2, 4, [entry(9, 4)])
+    n2.committed_lsn = 8
+    n3.committed_lsn = 8
+    n1.committed_lsn = 8
+    # n3 is down: the majority is {n1, n2}, and n2's log is the most up to date.
+    expected = terms(n2)
+    owner = await recover(logs, "n1", 5, down=frozenset({"n3"}))
+    try:
+        assert terms(n1)[:9] == expected
+        assert all(term == 5 for _, term in terms(n1)[9:])
+        assert terms(n2) == terms(n1)
+    finally:
+        await owner.close()
