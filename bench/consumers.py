@@ -15,11 +15,11 @@ has it, else its default), one at a time (started, measured, stopped):
 - pack latency (raftwal only): a pack consumer over two vchannels on two pchannels, one of
   them silent; single messages sent `--pack-samples` times; latency = the ack of the
   message (the last of its tick) -> its pack delivered. p50/p99.
-- HOOK(shards): the exactly-once shard phase. When `bench/shard_apply.py` exists and
-  defines `PHASE`, it runs on the raftwal cluster after the consume phase:
-  `await shard_apply.PHASE(endpoints, vchannel, messages)` -> a dict of figures, reported
-  under "shard_apply" (the vchannel holds `messages` 100-byte messages then). Other phases
-  can be added to `EXTRA_PHASES` the same way.
+- the exactly-once shard phase: `bench/shard_apply.py`'s `PHASE` runs on the raftwal
+  cluster after the consume phase: `await shard_apply.PHASE(endpoints, vchannel,
+  messages)` -> a dict of figures, reported under "shard_apply" (it produces `messages`
+  keyed 100-byte messages to a vchannel of its own, then applies them with each
+  application three times). Other phases can be added to `EXTRA_PHASES` the same way.
 
     ./run bench consumers [--quick] [--json] [--skip-nats]
 
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import nats.errors
+import shard_apply  # bench/shard_apply.py: the exactly-once SQLite shard phase
 import wal  # bench/wal.py: the raftwal and JetStream systems, started and stopped by pid
 from nats.js.api import AckPolicy, ConsumerConfig
 
@@ -49,16 +50,10 @@ from rpc.streaming_client import PackConsumer, Producer, StreamingClient, Subscr
 PAYLOAD = b"x" * 100
 BUDGET_S = 300.0
 
-#: HOOK(shards): extra raftwal phases, name -> coroutine(endpoints, vchannel, messages)
-#: -> figures, run after the consume phase on the same cluster and data.
+#: extra raftwal phases, name -> coroutine(endpoints, vchannel, messages) -> figures, run
+#: after the consume phase on the same cluster.
 Phase = Callable[[list[str], str, int], Awaitable[dict[str, Any]]]
-EXTRA_PHASES: dict[str, Phase] = {}
-try:  # bench/shard_apply.py (the exactly-once SQLite shard phase), when it exists
-    import shard_apply  # type: ignore[import-not-found]
-except ModuleNotFoundError:
-    shard_apply = None
-if shard_apply is not None and hasattr(shard_apply, "PHASE"):
-    EXTRA_PHASES["shard_apply"] = shard_apply.PHASE
+EXTRA_PHASES: dict[str, Phase] = {"shard_apply": shard_apply.PHASE}
 
 
 def say(message: str) -> None:
@@ -183,7 +178,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "samples": len(delays),
             }
             say(f"pack latency: {report['pack_latency_ms']}")
-            for name, phase in EXTRA_PHASES.items():  # HOOK(shards)
+            for name, phase in EXTRA_PHASES.items():
                 say(f"{name}: running")
                 report[name] = await phase(endpoints, system._vchannels["small"], args.messages)
         finally:

@@ -227,6 +227,44 @@ async def run(
     }
 
 
+async def phase(endpoints: list[str], vchannel: str, messages: int) -> dict[str, Any]:
+    """The shard phase of ``bench/consumers.py``, on its raftwal cluster: `messages` keyed
+    100 B messages on a vchannel of this phase's own (the consume phase's payloads carry no
+    keys), then each application three times; the same figures as `run`."""
+    del vchannel
+    root = Path(tempfile.mkdtemp(prefix="shard-phase-"))
+    apps = ("counters", "per_message")
+    try:
+        async with StreamingClient(endpoints) as client:
+            await client.coordinator.create_channels(names=["bench_shards_p"])
+            await client.coordinator.create_vchannel("bench_shards", "bench_shards_p")
+            await client.router.owner("bench_shards_p", 60)
+            await _fill(client, "bench_shards", messages)
+            runs = [
+                await _one_run(client, app_name, run_number, "bench_shards", messages, root, 10_000)
+                for run_number in range(3)
+                for app_name in apps
+            ]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {
+        app_name: {
+            "msgs_per_s": [r["msgs_per_s"] for r in runs if r["app"] == app_name],
+            "median_msgs_per_s": round(
+                statistics.median(r["msgs_per_s"] for r in runs if r["app"] == app_name)
+            ),
+            "median_recovery_s": statistics.median(
+                r["recovery_s"] for r in runs if r["app"] == app_name
+            ),
+        }
+        for app_name in apps
+    }
+
+
+#: picked up by bench/consumers.py (its EXTRA_PHASES)
+PHASE = phase
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=200_000, help="messages (200000)")

@@ -1061,7 +1061,15 @@ class PChannelLog:
         event.set()
 
     async def wait_appended(self, timeout_s: float) -> None:
+        """Return after the next append or commit advance (or `timeout_s`)."""
         await wait_event(self._appended, timeout_s)
+
+    def advance_committed(self, lsn: int) -> None:
+        """Raise the committed LSN learned from the owner (never lowers it) and wake the
+        readers tailing this log (a replica serving committed entries)."""
+        if lsn > self.committed_lsn:
+            self.committed_lsn = lsn
+            self._notify()
 
 
 def _segment_row(pchannel: str, sealed: SealedSegment) -> SegmentRow:

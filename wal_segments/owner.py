@@ -742,6 +742,10 @@ class ChannelOwner:
             self.committed_lsn = point
             self.log.committed_lsn = max(self.log.committed_lsn, point)
             self._notify_progress()
+            # Idle senders pass the new commit point on at once (a heartbeat), so that
+            # replicas serving reads see it without waiting for the next write.
+            for replica in self._replicas.values():
+                replica.wake.set()
 
     async def _wait_committed(self, lsn: int, recovering: bool = False) -> None:
         while self.committed_lsn < lsn:
@@ -953,10 +957,14 @@ class ChannelOwner:
             request_id = 0
             # Always send at least one request so that the replica reports where it is.
             first = True
+            sent_committed = -1
             while True:
                 if replica.next_lsn > self.log.last_lsn and not first:
                     replica.wake.clear()
-                    if replica.next_lsn > self.log.last_lsn:
+                    if (
+                        replica.next_lsn > self.log.last_lsn
+                        and sent_committed >= self.committed_lsn
+                    ):
                         await wait_event(replica.wake, 1.0)
                         if replica.next_lsn > self.log.last_lsn:
                             # Idle: a heartbeat carrying the committed LSN.
@@ -970,6 +978,7 @@ class ChannelOwner:
                     prev_term = self.log.term_at(lsn - 1) if lsn - 1 >= self.log.first_lsn else 0
                     frames, last = b"", lsn - 1
                 request_id += 1
+                sent_committed = self.committed_lsn
                 await stream.write(
                     wire.AppendRequest(
                         pchannel=self.pchannel,
@@ -977,7 +986,7 @@ class ChannelOwner:
                         prev_lsn=lsn - 1,
                         prev_term=prev_term,
                         frames=frames,
-                        committed_lsn=self.committed_lsn,
+                        committed_lsn=sent_committed,
                         request_id=request_id,
                         owner_node_id=self.node_id,
                         frames_crc=crc,

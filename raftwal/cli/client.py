@@ -304,6 +304,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "then counts packs (default: off)",
     )
     consume.add_argument(
+        "--prefer-replica",
+        action="store_true",
+        help="read from a replica of the pchannel that is not its owner (the same committed "
+        "entries; falls back to the owner when it fails; not with --packs) (default: off)",
+    )
+    consume.add_argument(
         "--time-tick-interval-ms",
         type=int,
         default=100,
@@ -1223,6 +1229,11 @@ async def _consume(args: argparse.Namespace, client: CoordinatorClient, target: 
             "--subscription starts where the subscription stands (got --from-beginning or "
             "--from-lsn too; expected neither: `raftwal subscription seek` moves it)"
         )
+    if args.packs and args.prefer_replica:
+        raise CliError(
+            "--prefer-replica with --packs (expected one of them: packs read from the owner, "
+            "which keeps an idle pchannel's time ticks moving)"
+        )
     if args.packs:
         return await _consume_packs(args, client, msg_types)
     console = _console()
@@ -1243,7 +1254,11 @@ async def _consume(args: argparse.Namespace, client: CoordinatorClient, target: 
         reader: Consumer | SubscriptionConsumer
         if args.subscription:
             reader = SubscriptionConsumer(
-                streaming, args.subscription, vchannel, msg_types=msg_types
+                streaming,
+                args.subscription,
+                vchannel,
+                msg_types=msg_types,
+                prefer_replica=args.prefer_replica,
             )
         else:
             reader = Consumer(
@@ -1252,6 +1267,7 @@ async def _consume(args: argparse.Namespace, client: CoordinatorClient, target: 
                 from_lsn=args.from_lsn,
                 latest=not args.from_beginning and args.from_lsn is None,
                 msg_types=msg_types,
+                prefer_replica=args.prefer_replica,
             )
         async with reader:
             while not args.limit or printed < args.limit:

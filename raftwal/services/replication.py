@@ -321,9 +321,7 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                             ),
                         )
                         return
-                    committed = min(request.committed_lsn, durable_lsn)
-                    if committed > wal.committed_lsn:
-                        wal.committed_lsn = committed
+                    wal.advance_committed(min(request.committed_lsn, durable_lsn))
                     _settle(
                         future,
                         wire.AppendResponse(

@@ -169,6 +169,94 @@ class _Ended:
 # -- the public service ----------------------------------------------------------------------
 
 
+class _OwnerSource:
+    """What Consume reads on the owner: every committed entry of its term and before."""
+
+    replica = False
+
+    def __init__(self, servicer: StreamingNodeServicer, pchannel: str, owner: Any) -> None:
+        self._servicer = servicer
+        self.pchannel = pchannel
+        self.owner = owner
+        self.log = owner.log
+
+    @property
+    def committed(self) -> int:
+        return int(self.owner.committed_lsn)
+
+    @property
+    def term(self) -> int:
+        return int(self.owner.term)
+
+    def stopped(self) -> RaftwalError | None:
+        owner = self.owner
+        if owner.serving:
+            return None
+        hint = self._servicer._view.owner_hint(self.pchannel)[0]
+        if owner.state == "fenced":
+            return fail(
+                E.CHANNEL_FENCED,
+                f"pchannel {self.pchannel} moved on from term {owner.term}",
+                current_term=owner.fenced_by,
+                owner_hint=hint,
+            )
+        return fail(
+            E.NOT_OWNER,
+            f"node {self._servicer._node.me.id} stopped serving {self.pchannel}",
+            owner_hint=hint,
+        )
+
+    async def wait_commit_change(self, timeout_s: float) -> None:
+        await self.owner.wait_commit_change(timeout_s)
+
+    async def wait_beyond(self, lsn: int, timeout_s: float) -> None:
+        """Wait (bounded) for `lsn` to be appended and then committed."""
+        await self.log.wait_appended(timeout_s)
+        # The commit point moves after the append: give it a moment.
+        if self.owner.committed_lsn < lsn:
+            await self.owner.wait_commit_change(timeout_s)
+
+
+class _ReplicaSource:
+    """What Consume reads on a replica that does not own the pchannel: the entries its log
+    holds durably and knows to be committed (the owner's commit point arrives with every
+    append and heartbeat). Committed entries are never truncated, so nothing served here
+    can be taken back, whoever owns the pchannel later."""
+
+    replica = True
+
+    def __init__(self, servicer: StreamingNodeServicer, pchannel: str, log: Any) -> None:
+        self._servicer = servicer
+        self.pchannel = pchannel
+        self.log = log
+
+    @property
+    def committed(self) -> int:
+        return min(int(self.log.committed_lsn), int(self.log.last_lsn))
+
+    @property
+    def term(self) -> int:
+        return int(self.log.fenced_term)
+
+    def stopped(self) -> RaftwalError | None:
+        servicer = self._servicer
+        assignment = servicer._view.view.assignments.get(self.pchannel)
+        me = servicer._node.me.id
+        if self.log.closed or assignment is None or me not in assignment.replica_node_ids:
+            return fail(
+                E.NOT_OWNER,
+                f"node {me} no longer holds a replica of pchannel {self.pchannel}",
+                owner_hint=servicer._view.owner_hint(self.pchannel)[0],
+            )
+        return None
+
+    async def wait_commit_change(self, timeout_s: float) -> None:
+        await self.log.wait_appended(timeout_s)
+
+    async def wait_beyond(self, lsn: int, timeout_s: float) -> None:
+        await self.log.wait_appended(timeout_s)
+
+
 class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
     def __init__(self, node: StreamingBackend, plane: DataPlane, view: DataView) -> None:
         self._node = node
@@ -214,6 +302,21 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 current_term=term,
             )
         return owner
+
+    async def _read_source(
+        self, pchannel: str, from_replica: bool
+    ) -> _OwnerSource | _ReplicaSource:
+        """The owner when this node serves `pchannel`; else, with `from_replica`, this node's
+        replica of it; else the owner's NOT_OWNER / CHANNEL_FENCED answer."""
+        try:
+            return _OwnerSource(self, pchannel, self._owner(pchannel))
+        except RaftwalError as error:
+            if not from_replica or error.info.code not in (E.NOT_OWNER, E.CHANNEL_FENCED):
+                raise
+            assignment = self._view.view.assignments.get(pchannel)
+            if assignment is None or self._node.me.id not in assignment.replica_node_ids:
+                raise
+        return _ReplicaSource(self, pchannel, await self._plane.log(pchannel))
 
     def _vchannel(self, name: str, pchannel: str | None = None) -> VChannelInfo:
         bad = check_name("vchannel", name, LIMITS)
@@ -461,16 +564,18 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                     f"invalid time_tick_interval_ms ({tick_interval_ms}; expected "
                     f"0..{MAX_TIME_TICK_INTERVAL_MS})",
                 )
-            owner = self._owner(pchannel)
+            source = await self._read_source(
+                pchannel, request.from_replica and not tick_interval_ms
+            )
         except (RaftwalError, WalError) as error:
             await self._abort(context, error)
             return
-        wal = owner.log
+        wal = source.log
         policy = request.policy or wire.DELIVER_POLICY_ALL
         if policy == wire.DELIVER_POLICY_ALL:
             next_lsn = wal.first_lsn
         elif policy == wire.DELIVER_POLICY_LATEST:
-            next_lsn = owner.committed_lsn + 1
+            next_lsn = source.committed + 1
         elif policy == wire.DELIVER_POLICY_START_FROM:
             next_lsn = max(request.lsn, 1)
         else:
@@ -488,7 +593,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         ticking = tick_interval_ms > 0
         tick_interval_s = tick_interval_ms / 1000
         watermark = sent_watermark = 0
-        if ticking and wal.first_lsn <= next_lsn - 1 <= owner.committed_lsn:
+        if ticking and wal.first_lsn <= next_lsn - 1 <= source.committed:
             try:
                 before = wal.entries(next_lsn - 1, CONSUME_CHUNK_BYTES, next_lsn - 1)
             except (LogError, OSError, KeyError, SegmentCorrupted) as error:
@@ -497,45 +602,29 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             if before:
                 watermark = before[-1].time_tick
         while True:
-            if not owner.serving:
-                error = (
-                    fail(
-                        E.CHANNEL_FENCED,
-                        f"pchannel {pchannel} moved on from term {owner.term}",
-                        current_term=owner.fenced_by,
-                        owner_hint=self._view.owner_hint(pchannel)[0],
-                    )
-                    if owner.state == "fenced"
-                    else fail(
-                        E.NOT_OWNER,
-                        f"node {self._node.me.id} stopped serving {pchannel}",
-                        owner_hint=self._view.owner_hint(pchannel)[0],
-                    )
-                )
-                await self._abort(context, error)
+            stopped = source.stopped()
+            if stopped is not None:
+                await self._abort(context, stopped)
                 return
             if next_lsn < wal.first_lsn:
                 # Retention deleted what this reader had not reached yet.
                 await self._abort(context, _compacted(next_lsn, wal.first_lsn))
                 return
-            committed = owner.committed_lsn
+            committed = source.committed
             if ticking and watermark > sent_watermark:
                 # Read past entries of other vchannels (or control entries) only: say so.
                 sent_watermark = watermark
                 yield wire.ConsumeResponse(
-                    committed_lsn=committed, term=owner.term, committed_time_tick=watermark
+                    committed_lsn=committed, term=source.term, committed_time_tick=watermark
                 )
-            if next_lsn > committed and ticking:
+            if next_lsn > committed and isinstance(source, _OwnerSource) and ticking:
                 # Idle: keep time moving with a committed time-tick entry once the pchannel
                 # has had no write for the interval (shared by every stream of it).
-                owner.advance_time_tick(tick_interval_s)
-                await owner.wait_commit_change(min(CONSUME_POLL_S, tick_interval_s / 4))
+                source.owner.advance_time_tick(tick_interval_s)
+                await source.wait_commit_change(min(CONSUME_POLL_S, tick_interval_s / 4))
                 continue
             if next_lsn > committed:
-                await wal.wait_appended(CONSUME_POLL_S)
-                # The commit point moves after the append: give it a moment.
-                if owner.committed_lsn < next_lsn:
-                    await owner.wait_commit_change(CONSUME_POLL_S)
+                await source.wait_beyond(next_lsn, CONSUME_POLL_S)
                 continue
             try:
                 entries = wal.entries(next_lsn, CONSUME_CHUNK_BYTES, committed)
@@ -543,7 +632,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 await self._abort(context, fail(E.INNER, f"read failed: {error}"))
                 return
             if not entries:
-                await owner.wait_commit_change(CONSUME_POLL_S)
+                await source.wait_commit_change(CONSUME_POLL_S)
                 continue
             # A transaction is delivered whole: hold back an incomplete one at the end.
             cut = _complete_prefix(entries)
@@ -558,8 +647,8 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 cut = _complete_prefix(entries)
             if cut == 0:
                 # Only an incomplete txn is committed so far: wait for the rest.
-                await owner.wait_commit_change(CONSUME_POLL_S)
-                if owner.committed_lsn == committed:
+                await source.wait_commit_change(CONSUME_POLL_S)
+                if source.committed == committed:
                     await wal.wait_appended(CONSUME_POLL_S)
                 continue
             entries = entries[:cut]
@@ -608,7 +697,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 yield wire.ConsumeResponse(
                     entries=chunk,
                     committed_lsn=committed,
-                    term=owner.term,
+                    term=source.term,
                     # A chunk before the last one covers only up to its own last entry.
                     committed_time_tick=(
                         (entries[-1].time_tick if last else chunk[-1].time_tick) if ticking else 0
@@ -899,12 +988,12 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             bad = check_name("pchannel", request.pchannel, LIMITS)
             if bad is not None:
                 raise fail(E.INVALID_ARGUMENT, bad.message)
-            owner = self._owner(request.pchannel)
+            source = await self._read_source(request.pchannel, request.from_replica)
             return wire.GetLatestTimeTickResponse(
-                time_tick=owner.log.last_time_tick,
-                last_lsn=owner.log.last_lsn,
-                committed_lsn=owner.committed_lsn,
-                term=owner.term,
+                time_tick=source.log.last_time_tick,
+                last_lsn=source.log.last_lsn,
+                committed_lsn=source.committed,
+                term=source.term,
             )
 
         return await self._unary(context, work())

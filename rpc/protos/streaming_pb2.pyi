@@ -141,7 +141,7 @@ class ProduceResult(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., positions: _Optional[_Iterable[_Union[Position, _Mapping]]] = ..., error: _Optional[_Union[_errors_pb2.ErrorInfo, _Mapping]] = ..., term: _Optional[int] = ..., duplicate: _Optional[bool] = ..., first_lsn: _Optional[int] = ..., time_ticks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ConsumeRequest(_message.Message):
-    __slots__ = ("vchannel", "pchannel", "policy", "lsn", "after_time_tick", "from_time_tick", "msg_types", "include_control", "max_batch_entries", "time_tick_interval_ms", "with_segment_id")
+    __slots__ = ("vchannel", "pchannel", "policy", "lsn", "after_time_tick", "from_time_tick", "msg_types", "include_control", "max_batch_entries", "time_tick_interval_ms", "with_segment_id", "from_replica")
     VCHANNEL_FIELD_NUMBER: _ClassVar[int]
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +153,7 @@ class ConsumeRequest(_message.Message):
     MAX_BATCH_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     TIME_TICK_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     WITH_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_REPLICA_FIELD_NUMBER: _ClassVar[int]
     vchannel: str
     pchannel: str
     policy: DeliverPolicy
@@ -164,7 +165,8 @@ class ConsumeRequest(_message.Message):
     max_batch_entries: int
     time_tick_interval_ms: int
     with_segment_id: bool
-    def __init__(self, vchannel: _Optional[str] = ..., pchannel: _Optional[str] = ..., policy: _Optional[_Union[DeliverPolicy, str]] = ..., lsn: _Optional[int] = ..., after_time_tick: _Optional[int] = ..., from_time_tick: _Optional[int] = ..., msg_types: _Optional[_Iterable[str]] = ..., include_control: _Optional[bool] = ..., max_batch_entries: _Optional[int] = ..., time_tick_interval_ms: _Optional[int] = ..., with_segment_id: _Optional[bool] = ...) -> None: ...
+    from_replica: bool
+    def __init__(self, vchannel: _Optional[str] = ..., pchannel: _Optional[str] = ..., policy: _Optional[_Union[DeliverPolicy, str]] = ..., lsn: _Optional[int] = ..., after_time_tick: _Optional[int] = ..., from_time_tick: _Optional[int] = ..., msg_types: _Optional[_Iterable[str]] = ..., include_control: _Optional[bool] = ..., max_batch_entries: _Optional[int] = ..., time_tick_interval_ms: _Optional[int] = ..., with_segment_id: _Optional[bool] = ..., from_replica: _Optional[bool] = ...) -> None: ...
 
 class ConsumeResponse(_message.Message):
     __slots__ = ("entries", "committed_lsn", "term", "committed_time_tick")
@@ -257,10 +259,12 @@ class KeepAliveTxnResponse(_message.Message):
     def __init__(self, expires_in_ms: _Optional[int] = ...) -> None: ...
 
 class GetLatestTimeTickRequest(_message.Message):
-    __slots__ = ("pchannel",)
+    __slots__ = ("pchannel", "from_replica")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    FROM_REPLICA_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
-    def __init__(self, pchannel: _Optional[str] = ...) -> None: ...
+    from_replica: bool
+    def __init__(self, pchannel: _Optional[str] = ..., from_replica: _Optional[bool] = ...) -> None: ...
 
 class GetLatestTimeTickResponse(_message.Message):
     __slots__ = ("time_tick", "last_lsn", "committed_lsn", "term")

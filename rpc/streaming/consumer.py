@@ -11,7 +11,9 @@ nor may it import ``rpc.streaming.client`` (which builds consumers).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import random
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -50,6 +52,8 @@ MAX_CONSUME_BATCH = 10_000
 # by CONSUMER_PROBE_TIMEOUT_S) to find out whether the owner is still there.
 CONSUMER_PROBE_S = 5.0
 CONSUMER_PROBE_TIMEOUT_S = 2.0
+# After a replica failed a consumer (``prefer_replica``), it reads from the owner this long.
+REPLICA_HOLD_S = 5.0
 
 
 # ---------------------------------------------------------------------------------------
@@ -73,6 +77,13 @@ class Consumer:
     delivered, and none can be committed later), kept moving on an idle pchannel by
     time-tick entries after that many ms; ``read_batch()`` returns a response's entries at
     once, or none when only the watermark moved (time-tick packs, ``rpc.streaming.packs``).
+
+    With ``prefer_replica`` the stream goes to a node of the pchannel's replica set other
+    than its owner (one picked at random per consumer, so that consumers spread over the
+    set), which serves the entries it knows to be committed: the same entries in the same
+    order, a few milliseconds later than the owner. When that replica cannot serve (down,
+    no longer in the set), the consumer reads from the owner for a while. Not with
+    ``time_tick_interval_ms`` (the owner keeps an idle pchannel's time moving).
     """
 
     def __init__(
@@ -93,6 +104,7 @@ class Consumer:
         attempt_timeout_s: float = DEFAULT_ATTEMPT_TIMEOUT_S,
         backoff_initial_s: float = 0.05,
         backoff_max_s: float = 1.0,
+        prefer_replica: bool = False,
     ) -> None:
         chosen = [
             name
@@ -115,7 +127,18 @@ class Consumer:
         _check_range("retry_timeout_s", retry_timeout_s, 0.001, 3600)
         _check_range("max_attempts", max_attempts, 1, 1000)
         _check_range("attempt_timeout_s", attempt_timeout_s, 0.001, 3600)
+        if prefer_replica and time_tick_interval_ms:
+            raise _invalid(
+                "invalid prefer_replica with time_tick_interval_ms (expected one of them: "
+                "time-tick streams are served by the owner)"
+            )
         self.vchannel = vchannel
+        self.prefer_replica = bool(prefer_replica)
+        # Which replica this consumer prefers (spread), moved on after each replica failure.
+        self._replica_turn = random.randrange(1 << 16)
+        self._replica_hold_until = 0.0
+        #: the current stream is at a replica, not at the owner
+        self.on_replica = False
         self._client, self._owns_client = _resolve(client_or_endpoints)
         self._latest = latest
         if from_lsn is not None:
@@ -310,7 +333,9 @@ class Consumer:
         address, term = self._route.owner_address, self._route.term
         try:
             await self._client.stub(address).GetLatestTimeTick(
-                wire.GetLatestTimeTickRequest(pchannel=self._pchannel),
+                wire.GetLatestTimeTickRequest(
+                    pchannel=self._pchannel, from_replica=self.on_replica
+                ),
                 timeout=min(self.attempt_timeout_s, CONSUMER_PROBE_TIMEOUT_S),
             )
         except grpc.aio.AioRpcError as error:
@@ -379,6 +404,7 @@ class Consumer:
             max_batch_entries=self._max_batch_entries,
             from_time_tick=self._from_time_tick,
             time_tick_interval_ms=self._time_tick_interval_ms,
+            from_replica=self.on_replica,
         )
 
     def _remaining_s(self) -> float:
@@ -402,6 +428,13 @@ class Consumer:
                 )
                 self._policy, self._lsn = wire.DELIVER_POLICY_START_AFTER, latest.committed_lsn
                 self._latest = False
+            replica = self._replica_address(route)
+            self.on_replica = bool(replica)
+            if replica:
+                # The stream's route is the replica's: probes and failures are about it.
+                address = replica
+                route = dataclasses.replace(route, owner_address=replica)
+                stub = self._client.stub(replica)
             self._route = route
             self._call = stub.Consume(self._request())
             self._read_task = asyncio.ensure_future(self._call.read())
@@ -415,6 +448,15 @@ class Consumer:
         except UnavailableError as error:
             await self._failed(error.info, True, address, term)
 
+    def _replica_address(self, route: Route) -> str:
+        """The replica to read from ("" for the owner)."""
+        candidates = [a for a in route.replica_addresses if a and a != route.owner_address]
+        if not self.prefer_replica or not candidates:
+            return ""
+        if time.monotonic() < self._replica_hold_until:
+            return ""
+        return sorted(candidates)[self._replica_turn % len(candidates)]
+
     async def _failed(
         self, info: errors_pb2.ErrorInfo, retryable: bool, address: str, term: int
     ) -> None:
@@ -424,7 +466,19 @@ class Consumer:
             retryable = True
         if not retryable:
             raise error_for(info)
-        if self._pchannel is not None:
+        if self.on_replica:
+            # A replica failed us: read from the owner for a while, then the next replica.
+            # The routing table's view of the owner is not touched.
+            self.on_replica = False
+            self._replica_turn += 1
+            self._replica_hold_until = time.monotonic() + REPLICA_HOLD_S
+            log.info(
+                "replica %s of %s failed a consumer (%s); reading from the owner",
+                address,
+                self._pchannel,
+                info.message,
+            )
+        elif self._pchannel is not None:
             self._client.router.report_failure(self._pchannel, address, term, info)
         now = time.monotonic()
         if self._outage_started is None:

@@ -116,6 +116,8 @@ class Route:
     state: int = pb.PCHANNEL_STATE_UNSPECIFIED
     vchannels: tuple[str, ...] = ()
     from_hint: bool = False
+    #: gRPC addresses of the replica set's nodes other than the owner (replica reads)
+    replica_addresses: tuple[str, ...] = ()
 
     @property
     def assigned(self) -> bool:
@@ -322,6 +324,7 @@ class AssignmentCache:
     def _apply(self, discovery: api.AssignmentDiscovery) -> None:
         routes: dict[str, Route] = {}
         vchannels: dict[str, str] = {}
+        addresses = {node.node_id: node.address for node in discovery.nodes}
         for channel in discovery.channels:
             routes[channel.pchannel] = Route(
                 pchannel=channel.pchannel,
@@ -330,6 +333,11 @@ class AssignmentCache:
                 owner_node_id=channel.owner_node_id,
                 state=channel.state,
                 vchannels=tuple(channel.vchannels),
+                replica_addresses=tuple(
+                    addresses[node]
+                    for node in channel.replica_node_ids
+                    if node != channel.owner_node_id and addresses.get(node)
+                ),
             )
             for name in channel.vchannels:
                 vchannels[name] = channel.pchannel
