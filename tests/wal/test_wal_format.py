@@ -30,6 +30,7 @@ from wal_segments.format import (
     encode_footer,
     encode_footer_parts,
     encode_properties,
+    frame_headers,
     msg_type_code,
     msg_type_name,
     scan_batch,
@@ -229,3 +230,41 @@ def test_footer_parts_reference_the_index_and_match_the_one_buffer_footer():
     # The index part is a view of the writer's own array, not a copy of it.
     offsets[0] = 48
     assert bytes(parts.body[1][:8]) == (48).to_bytes(8, "little")
+
+
+def test_frame_headers_find_what_decode_batch_decodes_and_catch_a_changed_byte():
+    """The Consume path's reader: every frame's header and body, with no Entry built, equal
+    to the full decoder's; a byte changed anywhere in a frame (header, key, payload,
+    properties, padding) or a cut batch is a FormatError naming the frame."""
+    entries = varied_entries(40)
+    data = encode_batch(entries).data
+    frames = frame_headers(data)
+    assert [fields[2] for _, fields in frames] == [e.lsn for e in entries]
+    for (offset, fields), entry in zip(frames, entries, strict=True):
+        key_start = offset + ENTRY_HEADER_SIZE
+        payload_start = key_start + fields[11]
+        properties_start = payload_start + fields[12]
+        assert (fields[3], fields[4], fields[5], fields[8], fields[10]) == (
+            entry.term,
+            entry.time_tick,
+            entry.vchannel_id,
+            entry.msg_type,
+            entry.flags,
+        )
+        assert data[key_start:payload_start] == entry.key
+        assert data[payload_start:properties_start] == entry.payload
+        assert (
+            decode_properties(data[properties_start : properties_start + fields[1]])
+            == entry.properties
+        )
+    assert frame_headers(b"") == []
+    third = frames[2][0]
+    for position in range(frames[2][0] + 4, frames[3][0]):
+        changed = bytearray(data)
+        changed[position] ^= 0x01
+        with pytest.raises(FormatError) as raised:
+            frame_headers(bytes(changed))
+        # A changed length may move the frame's end; either way the bad frame is named.
+        assert raised.value.offset == third, position
+    with pytest.raises(FormatError, match="past the end|incomplete"):
+        frame_headers(data[: frames[5][0] + ENTRY_HEADER_SIZE + 1])
