@@ -390,31 +390,71 @@ class GuardedTcpServer(TcpServer):
         self._TcpServer__onNewConnectionCallback(connection)
 
 
-class HeartbeatRounds:
-    """Counts, per partner, AppendEntries sent and `next_node_idx` answers received: the
-    leadership check of a ReadIndex read (raft/peer.py `_ReadIndex`).
+#: Key this transport adds to a follower's `next_node_idx` answer: the term it answers in.
+ANSWER_TERM_KEY = "raftwal_term"
 
-    pysyncobj answers every AppendEntries with at most one `next_node_idx` (syncobj.py
-    lines 955-1040; none at all when the sender's term is stale, line 938) and sends that
-    message for nothing else. So once more answers have arrived from a partner than
-    AppendEntries had been sent to it at some moment t, at least one answer is to an
-    AppendEntries sent after t (pigeonhole; no ordering across reconnects is needed), and
-    that partner accepted this leader's term after t. Lost messages only delay this.
+
+class HeartbeatRounds:
+    """Counts, per partner, AppendEntries sent and `next_node_idx` answers received in this
+    node's current leadership term: the leadership check of a ReadIndex read (raft/peer.py
+    `_ReadIndex`).
+
+    pysyncobj answers an AppendEntries with at most one `next_node_idx` (syncobj.py lines
+    955-1040; none at all when the sender's term is stale, line 938) and sends that
+    message for nothing else; this transport stamps each answer with the term the follower
+    answered in, which is the AppendEntries' term. So once more answers of term T have
+    arrived from a partner than AppendEntries of term T had been sent to it at some moment
+    t, at least one answer is to an AppendEntries sent after t (pigeonhole; no ordering
+    across reconnects is needed), and that partner accepted this leader's term after t.
     Only the tick thread touches the counters.
+
+    What is never answered would hold a partner's answers below its sends for good: with k
+    unanswered, every later read needs k + 1 answers after its mark, which the few
+    heartbeats of a read's timeout never bring once a fault has eaten hundreds. That used
+    to happen three ways, and after a healed partition or pause every linearizable read
+    failed for as long as that leader lasted (chaos seeds 20261123 and 4242):
+
+    - AppendEntries of an earlier term, which a follower that moved on never answers: the
+      counters start afresh with each term (`begin_term`), and answers stamped with
+      another term are not counted;
+    - sends to a partner with no connection, which pysyncobj drops and says so: only what
+      went into a live connection counts;
+    - what was in flight when a connection closed: when the transport has no connection to
+      a partner left, `connection_lost` sets its sends back to its answers. An answer that
+      arrives later comes over a connection made afterwards, to an AppendEntries sent after
+      the loss. A connection that closes while a newer one to the same partner is up
+      (pysyncobj replaces an incoming connection without closing the old one) changes
+      nothing: answers to what was sent before may still come over the newer one.
     """
 
     def __init__(self) -> None:
+        self.term = 0
         self.sent_count: dict[str, int] = collections.defaultdict(int)
         self.answered_count: dict[str, int] = collections.defaultdict(int)
         self.on_answer: Callable[[], None] | None = None
 
-    def sent(self, node_id: str) -> None:
+    def begin_term(self, term: int) -> None:
+        if term != self.term:
+            self.term = term
+            self.sent_count.clear()
+            self.answered_count.clear()
+
+    def sent(self, node_id: str, term: int) -> None:
+        self.begin_term(term)
         self.sent_count[node_id] += 1
 
-    def answered(self, node_id: str) -> None:
+    def answered(self, node_id: str, term: int | None) -> None:
+        """An answer from `node_id` in `term` (None: an unstamped answer, from a node
+        without this transport: taken as one of the current term)."""
+        if term is not None and term != self.term:
+            return
         self.answered_count[node_id] += 1
         if self.on_answer is not None:
             self.on_answer()
+
+    def connection_lost(self, node_id: str) -> None:
+        """No connection to `node_id` is left: its unanswered AppendEntries never will be."""
+        self.sent_count[node_id] = self.answered_count[node_id]
 
     def mark(self) -> dict[str, int]:
         """The send counters now: a later check asks who answered past them."""
@@ -469,24 +509,39 @@ class DurableTransport(TCPTransport):
             connection.__class__ = GuardedTcpConnection
             connection.raftwal_guard(self._raftwal_guard, None)
 
+    def _onNodeDisconnected(self, node: Any) -> None:  # noqa: N802 (pysyncobj's name)
+        current = self._connections.get(node)
+        if current is None or current.state != CONNECTION_STATE.CONNECTED:
+            self.raftwal_rounds.connection_lost(str(node.id))
+        super()._onNodeDisconnected(node)
+
     def _onTick(self) -> None:  # noqa: N802 (pysyncobj's name)
         super()._onTick()
         if isinstance(self._server, GuardedTcpServer):
             self._server.raftwal_sweep(monotonicTime())
 
     def send(self, node: Any, message: Any) -> bool:
+        kind = message.get("type") if type(message) is dict else None
+        if kind == "next_node_idx":
+            # The term this answer is given in (the AppendEntries' term): the leader counts
+            # it only for reads of that term. Stamped before any deferral.
+            message[ANSWER_TERM_KEY] = self._syncObj.raftCurrentTerm
         if self._raftwal_gate.maybe_defer(node, message):
             return True
-        if type(message) is dict and message.get("type") == "append_entries":
-            self.raftwal_rounds.sent(str(node.id))
-        return self.send_now(node, message)
+        sent = self.send_now(node, message)
+        # Only what went into a live connection can be answered (pysyncobj drops a message
+        # for a partner it is not connected to, and says so).
+        if sent and kind == "append_entries":
+            self.raftwal_rounds.sent(str(node.id), int(message["term"]))
+        return sent
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 (pysyncobj's)
         # SyncObj handles the message first (term, match index, lastResponseTime), then the
         # read rounds see the answer with the leader's state already updated.
         super()._onMessageReceived(node, message)
         if type(message) is dict and message.get("type") == "next_node_idx":
-            self.raftwal_rounds.answered(str(node.id))
+            term = message.get(ANSWER_TERM_KEY)
+            self.raftwal_rounds.answered(str(node.id), term if type(term) is int else None)
 
     def send_now(self, node: Any, message: Any) -> bool:
         self._raftwal_gate.before_send(message)

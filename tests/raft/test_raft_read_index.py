@@ -146,6 +146,56 @@ def test_leader_without_its_followers_never_confirms(peers) -> None:
         leader.read_index(1.0).result(10)
 
 
+def test_reads_confirm_again_after_the_followers_were_away(peers, tmp_path: Path) -> None:
+    """Both followers stop for 3 s while the leader keeps its leadership (fallback 20 s)
+    and heartbeats into closed connections; they restart (slow to start an election, so
+    the leader stays) and a read confirms again within a few heartbeats. It used to count
+    every AppendEntries it tried to send, delivered or not, as awaiting an answer: after
+    the outage a read needed ~60 answers more than it could get before its timeout, and
+    linearizable reads failed for as long as that leader lasted (chaos seeds 20261123 and
+    4242 after a healed partition)."""
+    leader, _ = _leader(peers)
+    addresses = [peer.status()["self_address"] for peer, _ in peers]
+    away = [(n, peer) for n, (peer, _) in enumerate(peers) if peer is not leader]
+    for _, peer in away:
+        peer.close()
+    time.sleep(3.0)
+    assert leader.is_leader()
+    patient = RaftTuning(
+        election_timeout_min_s=5.0,
+        election_timeout_max_s=6.0,
+        heartbeat_period_s=0.05,
+        leader_fallback_timeout_s=20.0,
+        connection_timeout_s=20.0,
+    )
+    for n, _ in away:
+        app = Items()
+        back = RaftPeer(
+            addresses[n],
+            addresses,
+            tmp_path / f"p{n}",
+            app.apply,
+            app.take_snapshot,
+            app.restore_snapshot,
+            tuning=patient,
+            password=TEST_SECRET,
+        )
+        peers.append((back, app))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            index = leader.read_index(1.0).result(10)
+            break
+        except LeadershipUnconfirmed:
+            assert leader.is_leader(), "the leader was deposed: the test proves nothing"
+    else:
+        raise AssertionError("no read confirmed within 10 s of the followers' return")
+    assert index > 0 and leader.is_leader()
+    started = time.monotonic()
+    assert leader.read_index(1.0).result(10) >= index
+    assert time.monotonic() - started < 0.5
+
+
 def test_loop_mailbox_delivers_in_order_with_one_wakeup_per_batch() -> None:
     from raft.peer import loop_mailbox
 
