@@ -709,6 +709,19 @@ async def _status(args: argparse.Namespace, client: CoordinatorClient, target: T
     replication = _replication_table(status.members)
     if replication.row_count:
         console.print(replication)
+    if status.under_replicated:
+        short = Table(title="under-replicated pchannels")
+        for column in ("pchannel", "replicas", "live", "wanted", "DOWN"):
+            short.add_column(column)
+        for item in status.under_replicated:
+            short.add_row(
+                item.pchannel,
+                ",".join(item.replica_node_ids),
+                f"[red]{item.live}[/]",
+                str(item.wanted),
+                ",".join(item.down_node_ids) or "-",
+            )
+        console.print(short)
     retention = _retention_table(status)
     if retention.row_count:
         console.print(retention)

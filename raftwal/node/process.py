@@ -36,7 +36,7 @@ import os
 import signal
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -66,6 +66,7 @@ from rpc.errors import RaftwalError, error_info, from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2, streaming_pb2_grpc
+from statemachine.types import DEFAULT_LIMITS
 from wal_segments.fsync_policy import parse_fsync_policy
 from wal_segments.owner import ChannelOwner, OwnerConfig
 from wal_segments.plane import DataPlane
@@ -134,6 +135,34 @@ class AppliedNotifier:
                 return False
             await self.wait_change(remaining)
         return True
+
+
+def under_replicated(
+    pchannels: Sequence[pb.PChannel], nodes: Sequence[pb.Node]
+) -> list[api.UnderReplicated]:
+    """The placed, not dropped pchannels whose replica set is smaller than it should be
+    (its replica_count, capped by the nodes there are: a set placed while a node was DOWN
+    is never widened) or holds a node that is DOWN."""
+    down = {n.node_id for n in nodes if n.state == pb.NODE_STATE_DOWN}
+    out = []
+    for channel in pchannels:
+        replicas = list(channel.replica_node_ids)
+        if not replicas or channel.state == pb.PCHANNEL_STATE_DROPPED:
+            continue
+        wanted = min(channel.replica_count or DEFAULT_LIMITS.default_replica_count, len(nodes))
+        lost = [n for n in replicas if n in down]
+        live = len(replicas) - len(lost)
+        if live < wanted:
+            out.append(
+                api.UnderReplicated(
+                    pchannel=channel.name,
+                    replica_node_ids=replicas,
+                    down_node_ids=lost,
+                    wanted=wanted,
+                    live=live,
+                )
+            )
+    return out
 
 
 class Node:
@@ -913,6 +942,7 @@ class Node:
         if leader is not None:
             response.leader_node_id = leader.id
             response.leader_address = leader.grpc_address
+        response.under_replicated.extend(under_replicated(response.pchannels, response.nodes))
         response.warnings.extend(self._warnings(response))
         return response
 
@@ -956,6 +986,13 @@ class Node:
                     )
         for pchannel, error in sorted(self.plane.problems().items()):
             warnings.append(f"pchannel {pchannel}: {error}")
+        for short in response.under_replicated:
+            warnings.append(
+                f"pchannel {short.pchannel} is under-replicated: {short.live} of {short.wanted} "
+                f"replicas live (set {','.join(short.replica_node_ids)}"
+                + (f"; DOWN: {','.join(short.down_node_ids)}" if short.down_node_ids else "")
+                + ")"
+            )
         lag_limit = self.config.replica_lag_warn_entries
         for member in response.members:
             for owner in member.owners:

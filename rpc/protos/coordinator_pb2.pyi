@@ -435,7 +435,7 @@ class ReplicaPosition(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., durable_lsn: _Optional[int] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("leader_node_id", "leader_address", "members", "nodes", "pchannels", "revision", "balance_policy", "warnings", "leases", "locks", "pending_broadcasts", "retention")
+    __slots__ = ("leader_node_id", "leader_address", "members", "nodes", "pchannels", "revision", "balance_policy", "warnings", "leases", "locks", "pending_broadcasts", "retention", "under_replicated")
     LEADER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
@@ -448,6 +448,7 @@ class ClusterStatusResponse(_message.Message):
     LOCKS_FIELD_NUMBER: _ClassVar[int]
     PENDING_BROADCASTS_FIELD_NUMBER: _ClassVar[int]
     RETENTION_FIELD_NUMBER: _ClassVar[int]
+    UNDER_REPLICATED_FIELD_NUMBER: _ClassVar[int]
     leader_node_id: str
     leader_address: str
     members: _containers.RepeatedCompositeFieldContainer[MemberStatus]
@@ -460,7 +461,8 @@ class ClusterStatusResponse(_message.Message):
     locks: int
     pending_broadcasts: int
     retention: _containers.RepeatedCompositeFieldContainer[RetentionStatus]
-    def __init__(self, leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[_coordination_pb2.Node, _Mapping]]] = ..., pchannels: _Optional[_Iterable[_Union[_coordination_pb2.PChannel, _Mapping]]] = ..., revision: _Optional[int] = ..., balance_policy: _Optional[_Union[_coordination_pb2.BalancePolicy, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., leases: _Optional[int] = ..., locks: _Optional[int] = ..., pending_broadcasts: _Optional[int] = ..., retention: _Optional[_Iterable[_Union[RetentionStatus, _Mapping]]] = ...) -> None: ...
+    under_replicated: _containers.RepeatedCompositeFieldContainer[UnderReplicated]
+    def __init__(self, leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[_coordination_pb2.Node, _Mapping]]] = ..., pchannels: _Optional[_Iterable[_Union[_coordination_pb2.PChannel, _Mapping]]] = ..., revision: _Optional[int] = ..., balance_policy: _Optional[_Union[_coordination_pb2.BalancePolicy, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., leases: _Optional[int] = ..., locks: _Optional[int] = ..., pending_broadcasts: _Optional[int] = ..., retention: _Optional[_Iterable[_Union[RetentionStatus, _Mapping]]] = ..., under_replicated: _Optional[_Iterable[_Union[UnderReplicated, _Mapping]]] = ...) -> None: ...
 
 class ListSegmentsRequest(_message.Message):
     __slots__ = ("pchannels", "as_of_revision")
@@ -855,6 +857,20 @@ class WalDiskUsage(_message.Message):
     bytes: int
     first_lsn: int
     def __init__(self, pchannel: _Optional[str] = ..., bytes: _Optional[int] = ..., first_lsn: _Optional[int] = ...) -> None: ...
+
+class UnderReplicated(_message.Message):
+    __slots__ = ("pchannel", "replica_node_ids", "down_node_ids", "wanted", "live")
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    DOWN_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    WANTED_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    pchannel: str
+    replica_node_ids: _containers.RepeatedScalarFieldContainer[str]
+    down_node_ids: _containers.RepeatedScalarFieldContainer[str]
+    wanted: int
+    live: int
+    def __init__(self, pchannel: _Optional[str] = ..., replica_node_ids: _Optional[_Iterable[str]] = ..., down_node_ids: _Optional[_Iterable[str]] = ..., wanted: _Optional[int] = ..., live: _Optional[int] = ...) -> None: ...
 
 class RetentionStatus(_message.Message):
     __slots__ = ("pchannel", "deleted_before_lsn", "committed_segments", "committed_bytes", "committed_through_lsn")
