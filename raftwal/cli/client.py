@@ -150,8 +150,9 @@ def client_security(args: argparse.Namespace, target: Target) -> ClientSecurity:
 # ---------------------------------------------------------------------------------------
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    """Add the client sub-commands to the ``raftwal`` parser's sub-parsers."""
+def common_arguments() -> argparse.ArgumentParser:
+    """The options every client command takes: where the cluster is, the call bound,
+    JSON output and the transport security."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--endpoints",
@@ -172,6 +173,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     common.add_argument("--json", action="store_true", help="print JSON for machines")
     add_security_arguments(common)
+    return common
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add the client sub-commands to the ``raftwal`` parser's sub-parsers."""
+    common = common_arguments()
 
     status = commands.add_parser("status", parents=[common], help="cluster members and state")
     status.add_argument(

@@ -28,39 +28,15 @@ from raftwal.cli.client import (
     Target,
     _console,
     _handler,
-    add_security_arguments,
+    common_arguments,
 )
 from rpc.client import ChannelFencedError, CoordinatorClient
 from rpc.shards_client import ConsumerService, ShardStatus, load_application, shard_rows
 from rpc.streaming_client import StreamingClient
 
 
-def _common() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--endpoints",
-        help="comma-separated gRPC addresses host:port (default: $RAFTWAL_ENDPOINTS, else "
-        "the dev cluster file <dev-dir>/cluster.json)",
-    )
-    common.add_argument(
-        "--dev-dir",
-        type=Path,
-        default=Path(".raftwal-dev"),
-        help="directory of `raftwal dev up` (default: .raftwal-dev)",
-    )
-    common.add_argument(
-        "--timeout-s",
-        type=float,
-        default=10.0,
-        help="bound on each call, retries included, in seconds (default: 10)",
-    )
-    common.add_argument("--json", action="store_true", help="print JSON for machines")
-    add_security_arguments(common)
-    return common
-
-
 def register(commands: argparse._SubParsersAction) -> None:
-    common = _common()
+    common = common_arguments()
     shard = commands.add_parser(
         "shard",
         help="exactly-once consumer shards: one per (subscription, vchannel)",

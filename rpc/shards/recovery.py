@@ -90,6 +90,23 @@ class RecoveryLog:
         )
         return route.owner_address, route.term, self._client.stub(route.owner_address)
 
+    async def _rpc_failed(
+        self,
+        what: str,
+        error: grpc.aio.AioRpcError,
+        address: str,
+        term: int,
+        deadline: float,
+        attempt: int,
+    ) -> None:
+        """A call to the owner failed: raise its typed error when it is final, else tell
+        the routing table and wait before the next attempt (`_retrying`)."""
+        info, retryable = _classify_data(error)
+        if not retryable and info.code not in _RETRY_CODES:
+            raise error_for(info) from error
+        self._client.router.report_failure(self.pchannel, address, term, info)
+        await self._retrying(what, deadline, attempt, info.message)
+
     async def _retrying(self, what: str, deadline: float, attempt: int, info: object) -> None:
         if time.monotonic() >= deadline:
             raise UnavailableError(
@@ -157,12 +174,8 @@ class RecoveryLog:
                 attempt += 1
                 await self._retrying("read", deadline, attempt, "stream ended")
             except grpc.aio.AioRpcError as error:
-                info, retryable = _classify_data(error)
-                if not retryable and info.code not in _RETRY_CODES:
-                    raise error_for(info) from error
-                self._client.router.report_failure(self.pchannel, address, term, info)
                 attempt += 1
-                await self._retrying("read", deadline, attempt, info.message)
+                await self._rpc_failed("read", error, address, term, deadline, attempt)
             except (UnavailableError, TimeoutError) as error:
                 attempt += 1
                 await self._retrying("read", deadline, attempt, repr(error))
@@ -194,12 +207,8 @@ class RecoveryLog:
                     continue
                 return result
             except grpc.aio.AioRpcError as error:
-                info, retryable = _classify_data(error)
-                if not retryable and info.code not in _RETRY_CODES:
-                    raise error_for(info) from error
-                self._client.router.report_failure(self.pchannel, address, term, info)
                 attempt += 1
-                await self._retrying("append", deadline, attempt, info.message)
+                await self._rpc_failed("append", error, address, term, deadline, attempt)
             except (UnavailableError, TimeoutError) as error:
                 attempt += 1
                 await self._retrying("append", deadline, attempt, repr(error))

@@ -16,7 +16,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -59,6 +59,22 @@ REPLICA_HOLD_S = 5.0
 # ---------------------------------------------------------------------------------------
 # Consumer
 # ---------------------------------------------------------------------------------------
+
+
+#: Consumer options that choose where to start: refused by readers that start where their
+#: subscription stands.
+START_OPTIONS = ("from_lsn", "start_after", "latest", "from_time_tick")
+
+
+def refuse_start_options(reader: str, options: Mapping[str, object]) -> None:
+    """InvalidArgumentError when `options` (passed on to a Consumer) choose a start:
+    a subscription's readers start where the subscription stands."""
+    for option in START_OPTIONS:
+        if option in options:
+            raise _invalid(
+                f"{option} given to a {reader} (expected none: it starts where the "
+                "subscription stands; seek the subscription to move it)"
+            )
 
 
 class Consumer:

@@ -31,7 +31,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
 from rpc.routing import _invalid
-from rpc.streaming.consumer import Consumer
+from rpc.streaming.consumer import Consumer, refuse_start_options
 from rpc.streaming.routing import StreamingClientBase, _check_range
 
 E = errors_pb2
@@ -55,12 +55,7 @@ class SubscriptionConsumer:
     ) -> None:
         _check_range("commit_every", commit_every, 1, 1_000_000)
         _check_range("commit_interval_ms", commit_interval_ms, 1, 3_600_000)
-        for option in ("from_lsn", "start_after", "latest", "from_time_tick"):
-            if option in consumer_options:
-                raise _invalid(
-                    f"{option} given to a SubscriptionConsumer (expected none: it starts "
-                    "where the subscription stands; seek the subscription to move it)"
-                )
+        refuse_start_options("SubscriptionConsumer", consumer_options)
         self._client = client
         self.subscription = subscription
         self.vchannel = vchannel

@@ -48,24 +48,31 @@ class Items:
         self.items = data.split(b"\n") if data else []
 
 
+def _start(
+    addresses: list[str], n: int, directory: Path, tuning: RaftTuning
+) -> tuple[RaftPeer, Items]:
+    """Peer `n` of `addresses`, its state in `directory`/p<n> (kept across restarts)."""
+    app = Items()
+    peer = RaftPeer(
+        addresses[n],
+        addresses,
+        directory / f"p{n}",
+        app.apply,
+        app.take_snapshot,
+        app.restore_snapshot,
+        tuning=tuning,
+        password=TEST_SECRET,
+    )
+    return peer, app
+
+
 @pytest.fixture
 def peers(tmp_path: Path) -> Iterator[list[tuple[RaftPeer, Items]]]:
     addresses = [f"127.0.0.1:{port}" for port in free_ports(3)]
     started: list[tuple[RaftPeer, Items]] = []
     try:
-        for n, address in enumerate(addresses):
-            app = Items()
-            peer = RaftPeer(
-                address,
-                addresses,
-                tmp_path / f"p{n}",
-                app.apply,
-                app.take_snapshot,
-                app.restore_snapshot,
-                tuning=FAST,
-                password=TEST_SECRET,
-            )
-            started.append((peer, app))
+        for n in range(len(addresses)):
+            started.append(_start(addresses, n, tmp_path, FAST))
         yield started
     finally:
         for peer, _ in started:
@@ -147,13 +154,13 @@ def test_leader_without_its_followers_never_confirms(peers) -> None:
 
 
 def test_reads_confirm_again_after_the_followers_were_away(peers, tmp_path: Path) -> None:
-    """Both followers stop for 3 s while the leader keeps its leadership (fallback 20 s)
-    and heartbeats into closed connections; they restart (slow to start an election, so
-    the leader stays) and a read confirms again within a few heartbeats. It used to count
-    every AppendEntries it tried to send, delivered or not, as awaiting an answer: after
-    the outage a read needed ~60 answers more than it could get before its timeout, and
-    linearizable reads failed for as long as that leader lasted (chaos seeds 20261123 and
-    4242 after a healed partition)."""
+    """Both followers stop for 3 s while the leader keeps its leadership (fallback 20 s);
+    they restart (slow to start an election, so the leader stays) and a read confirms
+    again within a few heartbeats. This passes on the read-round counting before its fix
+    too (pysyncobj sends nothing to a peer it is not connected to, so closed followers
+    leave no unanswered sends): the sends that used to stall reads for good (earlier-term
+    AppendEntries a follower ignores, in flight on a closed connection) are covered by
+    tests/raft/test_read_rounds.py and by chaos seeds 20261123 and 4242."""
     leader, _ = _leader(peers)
     addresses = [peer.status()["self_address"] for peer, _ in peers]
     away = [(n, peer) for n, (peer, _) in enumerate(peers) if peer is not leader]
@@ -169,18 +176,7 @@ def test_reads_confirm_again_after_the_followers_were_away(peers, tmp_path: Path
         connection_timeout_s=20.0,
     )
     for n, _ in away:
-        app = Items()
-        back = RaftPeer(
-            addresses[n],
-            addresses,
-            tmp_path / f"p{n}",
-            app.apply,
-            app.take_snapshot,
-            app.restore_snapshot,
-            tuning=patient,
-            password=TEST_SECRET,
-        )
-        peers.append((back, app))
+        peers.append(_start(addresses, n, tmp_path, patient))
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import dataclasses
 import json
 import signal
 import time
@@ -35,8 +34,7 @@ TEST_TIMEOUT_S = 60.0
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dev.LocalCluster]:
     directory = tmp_path_factory.mktemp("replica-reads")
-    config = dataclasses.replace(dev.make_config(directory.resolve(), 3))
-    local = dev.up(directory, 3, timeout_s=60, config=config)
+    local = dev.up(directory, 3, timeout_s=60, config=dev.make_config(directory.resolve(), 3))
     try:
         yield local
     finally:
