@@ -28,6 +28,7 @@ from raftwal.services.backend import (
     StateReader,
     VChannelInfo,
 )
+from rpc.errors import RaftwalError
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
@@ -75,6 +76,7 @@ class NodeDataView:
     def __init__(self, node: DataPlaneHost) -> None:
         self._node = node
         self.view = DataViewSnapshot()
+        self._reassign_attempts = 0
 
     def refresh(self) -> None:
         def reader(state: pb.CoordinationState) -> DataViewSnapshot:
@@ -113,11 +115,19 @@ class NodeDataView:
         return self.view.assignments
 
     async def reassign_to_self(self, pchannel: str, term: int) -> None:
+        """Propose the next term of `pchannel` to this node; raises RaftwalError when it is
+        rejected, so that the data plane asks again on a later reconcile (a rejection
+        such as "node n1 is DOWN" right after a restart or a restore passes). Each attempt
+        has a request id of its own: the state machine keeps a rejection for retries of
+        the same id, and a second acceptance cannot happen (it would be at a stale term)."""
         assignment = self.view.assignments.get(pchannel)
         replicas = list(assignment.replica_node_ids) if assignment else []
+        self._reassign_attempts += 1
         result = await self._node.propose(
             pb.Command(
-                request_id=f"reassign:{pchannel}:{term + 1}:{self._node.me.id}",
+                request_id=(
+                    f"reassign:{pchannel}:{term + 1}:{self._node.me.id}:{self._reassign_attempts}"
+                ),
                 assign_pchannel=pb.AssignPChannel(
                     pchannel=pchannel,
                     term=term + 1,
@@ -127,7 +137,7 @@ class NodeDataView:
             )
         )
         if result.rejection.code != E.OK:
-            log.info("reassign %s to self rejected: %s", pchannel, result.rejection.message)
+            raise RaftwalError(result.rejection)
 
     # Proposer
 
