@@ -16,11 +16,19 @@ Rules, in order:
    move: the acknowledged WAL entries live on a majority of that set, and tail recovery
    needs a majority of the same set to find them. A pchannel with no eligible replica
    stays where it is (the coordinator reports it).
-3. When the policy allows rebalancing, pchannels move from the most to the least loaded
+3. **Replica repair.** A pchannel whose owner is eligible gets a new replica set at term + 1
+   when a member is in ``replace_nodes`` (DOWN for longer than the coordinator's
+   ``replica_replace_after_ms``) or, once ready, when its set is smaller than it should be
+   (``replica_count``, capped by the UP unfrozen nodes). Each such member is swapped for
+   (and a short set widened by) the eligible non-member holding the fewest replicas; with
+   no such node the set stays as it is (it never shrinks). The change is safe because the
+   new owner's recovery consults the last ready set too (``stable_replica_node_ids``), and
+   the state machine allows one change at a time (none while the last one is not ready).
+4. When the policy allows rebalancing, pchannels move from the most to the least loaded
    eligible node while the difference exceeds one, again only within replica sets.
 
-Moves per round are bounded (recovery by ``Limits.max_recovery_moves_per_round``,
-rebalancing by the policy's ``max_moves_per_round``). The output depends only on the
+Moves per round are bounded (recovery by ``Limits.max_recovery_moves_per_round``, repair
+by ``Limits.max_repairs_per_round``, rebalancing by the policy's ``max_moves_per_round``). The output depends only on the
 inputs: nodes and pchannels are visited in sorted order and ties break by node id.
 """
 
@@ -61,6 +69,7 @@ def plan(
     live_nodes: Iterable[str],
     stuck_pchannels: Iterable[str] = (),
     limits: Limits = DEFAULT_LIMITS,
+    replace_nodes: Iterable[str] = (),
 ) -> list[pb.Command]:
     """The AssignPChannel commands that bring the placement back in line with the policy."""
     eligible = eligible_nodes(state, live_nodes)
@@ -134,6 +143,7 @@ def plan(
         commands.append(_assign(channel, owner, replicas))
         moved.add(name)
 
+    commands.extend(_repairs(state, eligible, set(replace_nodes), moved, replica_load, limits))
     if not state.balance_policy.allow_rebalance:
         return commands
     budget = state.balance_policy.max_moves_per_round or limits.default_moves_per_round
@@ -165,6 +175,59 @@ def plan(
         owner_load[target] += 1
         del owners[name]
         rebalanced += 1
+    return commands
+
+
+def settled(channel: pb.PChannel) -> bool:
+    """No replica set change of `channel` is waiting for a ready term."""
+    stable = channel.stable_replica_node_ids
+    return not stable or set(stable) == set(channel.replica_node_ids)
+
+
+def _repairs(
+    state: pb.CoordinationState,
+    eligible: list[str],
+    replace: set[str],
+    moved: set[str],
+    replica_load: dict[str, int],
+    limits: Limits,
+) -> list[pb.Command]:
+    """Rule 3: replace long-DOWN members and widen short replica sets."""
+    eligible_set = set(eligible)
+    up = sum(
+        1 for node in state.nodes.values() if node.state == pb.NODE_STATE_UP and not node.frozen
+    )
+    commands: list[pb.Command] = []
+    for name in sorted(state.pchannels):
+        if len(commands) >= limits.max_repairs_per_round:
+            break
+        channel = state.pchannels[name]
+        if (
+            name in moved
+            or channel.term == 0
+            or channel.state == pb.PCHANNEL_STATE_DROPPED
+            or channel.owner_node_id not in eligible_set
+            or not settled(channel)
+        ):
+            continue
+        current = list(channel.replica_node_ids)
+        candidates = sorted(
+            (n for n in eligible if n not in current),
+            key=lambda node_id: (replica_load.get(node_id, 0), node_id),
+        )
+        wanted = min(channel.replica_count or limits.default_replica_count, up)
+        members = list(current)
+        for index, node_id in enumerate(members):
+            if node_id in replace and node_id != channel.owner_node_id and candidates:
+                members[index] = candidates.pop(0)
+        if channel.state == pb.PCHANNEL_STATE_ASSIGNED:
+            while len(members) < wanted and candidates:
+                members.append(candidates.pop(0))
+        if members == current:
+            continue
+        for node_id in set(members) - set(current):
+            replica_load[node_id] = replica_load.get(node_id, 0) + 1
+        commands.append(_assign(channel, channel.owner_node_id, members))
     return commands
 
 

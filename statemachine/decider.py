@@ -292,6 +292,21 @@ def _assign_pchannel(state, cmd: pb.AssignPChannel, ctx, limits) -> Outcome:
         bad = _node_or_error(state, node_id, limits)
         if bad:
             return bad
+    stable = list(channel.stable_replica_node_ids)
+    if (
+        stable
+        and set(replicas) != set(channel.replica_node_ids)
+        and set(channel.replica_node_ids) != set(stable)
+    ):
+        # One replica set change at a time: a new owner's recovery consults the last ready
+        # set and the current one, never an older one.
+        return Rejection(
+            E.INVALID_ARGUMENT,
+            f"replica set of {cmd.pchannel} changes from {','.join(channel.replica_node_ids)} "
+            f"to {','.join(replicas)} while the change from {','.join(stable)} is not ready; "
+            f"expected the same set until a term with it is ready",
+            current_term=channel.term,
+        )
     emitter = _Emitter(state, ctx)
     emitter.emit(
         pchannel_assigned=pb.PChannelAssigned(

@@ -70,6 +70,10 @@ def _pchannel_became_ready(state, e: pb.PChannelBecameReady, revision, limits: L
     channel = state.pchannels[e.pchannel]
     assert channel.term == e.term and channel.owner_node_id == e.node_id
     channel.state = pb.PCHANNEL_STATE_ASSIGNED
+    # The term-start entry is on a majority of this set, with every entry before it.
+    if list(channel.stable_replica_node_ids) != list(channel.replica_node_ids):
+        del channel.stable_replica_node_ids[:]
+        channel.stable_replica_node_ids.extend(channel.replica_node_ids)
     current = channel.history[-1]
     current.start_lsn = e.start_lsn
     # The previous owner's term ends where this one starts (if it ever wrote anything).

@@ -78,6 +78,8 @@ class Limits:
     max_moves_per_round_limit: int = 1024
     default_moves_per_round: int = 16
     max_recovery_moves_per_round: int = 256
+    # Replica set changes per balancer round: each one copies a pchannel's log to a node.
+    max_repairs_per_round: int = 4
     dedup_window: int = 4096
     # Proposer times beyond year 9999 are rejected: deadlines (time + ttl) must stay far
     # inside int64, and one absurd clock must never poison the state machine's clock.

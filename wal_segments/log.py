@@ -171,6 +171,15 @@ class _Waiter:
     future: asyncio.Future[None] = field(repr=False)
 
 
+def _release(segments: list[_Segment]) -> list[Path]:
+    """Close the read descriptors of segments leaving the log; returns their paths."""
+    for segment in segments:
+        if segment.read_fd is not None:
+            os.close(segment.read_fd)
+            segment.read_fd = None
+    return [segment.path for segment in segments]
+
+
 class PChannelLog:
     """A pchannel's segments in `directory`. Create with `await PChannelLog.open(...)`."""
 
@@ -553,15 +562,27 @@ class PChannelLog:
         meta: BatchMeta | None = None,
         *,
         batch_crc: int | None = None,
+        from_log_start: bool = False,
     ) -> AppendResult:
         """Append encoded frames written at (or copied by an owner at) `term` after the entry
         (prev_lsn, prev_term). Raises Fenced, Mismatch or BadBatch; never writes a batch that
-        fails verification. Returns where the log ends and what to wait durable."""
+        fails verification. Returns where the log ends and what to wait durable.
+
+        `from_log_start`: prev_lsn + 1 is the first LSN the sender retains (retention deleted
+        what is below, so prev_term is unknown). A log that ends before prev_lsn, or holds
+        prev_lsn and so cannot check it, drops everything it holds (all of it is below the
+        retention floor, or will be sent again) and starts at prev_lsn + 1."""
         async with self._lock:
             self._check_usable()
             if term < self.fenced_term:
                 raise Fenced(term, self.fenced_term)
             await self._raise_fence(term)
+            if (
+                from_log_start
+                and prev_lsn > 0
+                and (prev_lsn > self.last_lsn or prev_lsn >= self.first_lsn)
+            ):
+                await self._restart_at_locked(prev_lsn + 1)
             self.check_match(prev_lsn, prev_term)
             if prev_lsn < self.first_lsn - 1:
                 raise BadBatch(
@@ -844,12 +865,7 @@ class PChannelLog:
                 f"{self.committed_lsn})"
             )
         logger.warning("%s: truncating divergent suffix after lsn %d", self.pchannel, lsn)
-        if self._group is not None:
-            await self._group.close()
-            self._group = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        await self._close_writer_locked()
         while self._segments and self._segments[-1].first_lsn > lsn:
             segment = self._segments.pop()
             self._firsts.pop()
@@ -889,6 +905,49 @@ class PChannelLog:
             self.last_term, self.last_time_tick = 0, self.last_time_tick
         self._notify()
 
+    async def _close_writer_locked(self) -> None:
+        if self._group is not None:
+            await self._group.close()
+            self._group = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    async def _restart_at_locked(self, first_lsn: int) -> None:
+        """Drop every segment and start the log empty at `first_lsn` (a replica catching up
+        from an owner whose retained log starts there). The floor is recorded first, so a
+        crash part-way leaves files the next open deletes, or a log the owner resets again."""
+        await self._wait_seals()
+        if self._seal_failure is not None:
+            raise LogError(f"{self.pchannel}: a seal failed ({self._seal_failure!r}); reopen")
+        logger.warning(
+            "%s: dropping lsn %d..%d to start at lsn %d (the owner's first retained entry)",
+            self.pchannel,
+            self.first_lsn,
+            self.last_lsn,
+            first_lsn,
+        )
+        self._generation += 1
+        self._truncations.append((self._generation, 0))
+        del self._truncations[:-64]
+        await self._close_writer_locked()
+        segments, self._segments, self._firsts = self._segments, [], []
+        paths = _release(segments)
+
+        def drop_all() -> None:
+            self.catalog.raise_retention_floor(self.pchannel, first_lsn)
+            for path in paths:
+                path.unlink(missing_ok=True)
+            fsync_directory(self.directory)
+            self.catalog.delete_segments_from(self.pchannel, 0)
+
+        await asyncio.to_thread(drop_all)
+        self.last_lsn = first_lsn - 1
+        self.last_term = 0
+        self.last_time_tick = -1
+        self.committed_lsn = first_lsn - 1
+        self._notify()
+
     # -- retention -----------------------------------------------------------------------------
 
     async def delete_before(self, lsn: int) -> int:
@@ -915,11 +974,7 @@ class PChannelLog:
             # Readers run on this loop: once the segments leave the lists, nobody opens them.
             del self._segments[: len(doomed)]
             del self._firsts[: len(doomed)]
-            for segment in doomed:
-                if segment.read_fd is not None:
-                    os.close(segment.read_fd)
-                    segment.read_fd = None
-            paths = [segment.path for segment in doomed]
+            paths = _release(doomed)
 
         def unlink_all() -> None:
             for path in paths:

@@ -4,7 +4,8 @@ and commit.
 What lives here: `ChannelOwner`. Created when the coordination state assigns a pchannel to
 this node at term T, it
 1. **recovers the tail**: fences every replica at T (each persists it and reports its last
-   (lsn, term)), waits for a majority (itself included), adopts the most up-to-date log
+   (lsn, term)), waits for a majority (itself included) and, when T changes the replica
+   set, for ceil(n/2) of the last ready set as well (`stable_replica_node_ids`), adopts the most up-to-date log
    (highest last term, then highest LSN) by fetching the missing suffix, drops a trailing
    transaction that has no commit entry (it was never acknowledged), seals the inherited
    open segment with a seal marker and appends a term-start entry at T, replicates to a
@@ -221,12 +222,20 @@ class ChannelOwner:
         config: OwnerConfig,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         observer: WriteObserver | None = None,
+        stable_replica_node_ids: Sequence[str] = (),
     ) -> None:
         self.pchannel = pchannel
         self.term = term
         self.node_id = node_id
         self.replica_ids = list(dict.fromkeys([node_id, *replica_node_ids]))
         self.majority = len(self.replica_ids) // 2 + 1
+        # The replica set at the last ready term, when this term changes it: every
+        # acknowledged entry is on a majority of that set, so recovery fences enough of it
+        # that the rest could never form a majority (its read quorum, ceil(n / 2)) and
+        # takes the most up-to-date log among those too.
+        stable = list(dict.fromkeys(stable_replica_node_ids))
+        self.stable_ids = stable if set(stable) != set(self.replica_ids) else []
+        self.stable_quorum = (len(self.stable_ids) + 1) // 2
         self.log = log
         self.transport = transport
         self.proposer = proposer
@@ -412,9 +421,18 @@ class ChannelOwner:
                 node_id=self.node_id,
             )
         }
-        pending = {asyncio.create_task(self._fence_replica(n)): n for n in self._replicas}
+        to_fence = list(self._replicas) + [
+            n for n in self.stable_ids if n not in self._replicas and n != self.node_id
+        ]
+        pending = {asyncio.create_task(self._fence_replica(n)): n for n in to_fence}
+
+        def enough() -> bool:
+            if sum(1 for n in positions if n in self.replica_ids) < self.majority:
+                return False
+            return sum(1 for n in positions if n in self.stable_ids) >= self.stable_quorum
+
         try:
-            while len(positions) < self.majority:
+            while not enough():
                 if not pending:
                     raise WalError(E.ON_SHUTDOWN, "no majority to fence")
                 done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -1003,6 +1021,7 @@ class ChannelOwner:
                         request_id=request_id,
                         owner_node_id=self.node_id,
                         frames_crc=crc,
+                        from_log_start=lsn == self.log.first_lsn and lsn > 1,
                     )
                 )
                 replica.next_lsn = last + 1

@@ -73,6 +73,8 @@ class Assignment:
     owner_node_id: str
     state: str
     replica_node_ids: tuple[str, ...]
+    # The replica set at the last ready term (empty: none yet, or the same set).
+    stable_replica_node_ids: tuple[str, ...] = ()
 
 
 class CoordinationView(Protocol):
@@ -258,6 +260,7 @@ class DataPlane:
             term=assignment.term,
             node_id=self.node_id,
             replica_node_ids=assignment.replica_node_ids,
+            stable_replica_node_ids=assignment.stable_replica_node_ids,
             log=log,
             transport=self.transport,
             proposer=self.proposer,

@@ -94,6 +94,11 @@ class ClusterConfig:
     coordinator_tick_ms: int = 200
     # An ASSIGNING pchannel not ready after this long is reassigned with a new term.
     assign_timeout_ms: int = 15_000
+    # Replica repair: a node DOWN for this long (as seen by the current Raft leader) is
+    # replaced in every replica set by an UP node outside it, when there is one; the new
+    # replica copies the pchannel's log before the pchannel serves again. 0: never (then
+    # `status` keeps listing such pchannels as under-replicated).
+    replica_replace_after_ms: int = 300_000
     # On SIGTERM a node hands over (its pchannels move, then its Raft leadership) before
     # it stops; after this long it stops anyway (a second SIGTERM stops it at once).
     handover_timeout_ms: int = 10_000
@@ -184,7 +189,9 @@ _TIMINGS = {
 }
 
 # Settings where 0 switches the limit off.
-_ZERO_MEANS_OFF = frozenset({"event_retention_ms", "wal_retention_ms", "wal_retention_bytes"})
+_ZERO_MEANS_OFF = frozenset(
+    {"event_retention_ms", "wal_retention_ms", "wal_retention_bytes", "replica_replace_after_ms"}
+)
 
 
 def is_loopback(host: str) -> bool:

@@ -21,7 +21,9 @@
 - The balancer (``statemachine.balancer.plan``) is asked for moves; each accepted
   ``AssignPChannel`` is followed by ``NodeManager.Assign`` on the new owner, and ASSIGNING
   pchannels are re-sent to their owner until they are ready; one stuck for longer than
-  ``assign_timeout_ms`` is reassigned with a new term.
+  ``assign_timeout_ms`` is reassigned with a new term. Replica repair: a node DOWN for
+  ``replica_replace_after_ms`` (counted by this leader) is replaced in replica sets, and
+  short sets are widened (``statemachine.balancer``, rule 3).
 
 Every proposal is bounded by the propose timeout; failures are logged and retried on the
 next tick, never in a tight loop.
@@ -129,6 +131,10 @@ class Coordinator:
         self._broadcast_tasks: set[asyncio.Task[None]] = set()
         # Nodes handing over before a planned stop (HeartbeatRequest.draining).
         self.draining: set[str] = set()
+        # node id -> since when (time.monotonic()) this leader has seen it DOWN: replica
+        # repair replaces it after replica_replace_after_ms. A new leader starts counting
+        # afresh, which only delays a repair.
+        self._down_since: dict[str, float] = {}
 
     def _send_assign(self, address: str, pchannel: str, term: int) -> None:
         # Bounded by call_assign's deadline; the set keeps the task referenced until done.
@@ -150,15 +156,33 @@ class Coordinator:
         else:
             self.draining.discard(request.node_id)
 
+    def replaceable(self, state: pb.CoordinationState, now: float) -> list[str]:
+        """Nodes DOWN for longer than replica_replace_after_ms (none when it is 0)."""
+        for node_id, info in state.nodes.items():
+            if info.state == pb.NODE_STATE_DOWN:
+                self._down_since.setdefault(node_id, now)
+            else:
+                self._down_since.pop(node_id, None)
+        for node_id in [n for n in self._down_since if n not in state.nodes]:
+            del self._down_since[node_id]
+        after_ms = self._node.config.replica_replace_after_ms
+        if after_ms <= 0:
+            return []
+        return sorted(n for n, since in self._down_since.items() if now - since >= after_ms / 1000)
+
     @staticmethod
     def _plan(
-        state: pb.CoordinationState, live: list[str], settled: list[str], stuck: list[str]
+        state: pb.CoordinationState,
+        live: list[str],
+        settled: list[str],
+        stuck: list[str],
+        replace: list[str] = (),  # type: ignore[assignment]
     ) -> list[pb.Command]:
         """The balancer's moves. Moves go to settled nodes only (not warming up) while there
         are any; a pchannel's first placement may use every live node, so that a cluster
         whose nodes started a moment apart does not put everything on the first one."""
         if not settled or len(settled) == len(live):
-            return plan(state, live, stuck_pchannels=stuck)
+            return plan(state, live, stuck_pchannels=stuck, replace_nodes=replace)
 
         def first_placement(command: pb.Command) -> bool:
             channel = state.pchannels.get(command.assign_pchannel.pchannel)
@@ -179,7 +203,7 @@ class Coordinator:
         initial = [c for c in plan(state, live, stuck_pchannels=stuck) if first_placement(c)]
         moves = [
             c
-            for c in plan(state, settled, stuck_pchannels=stuck)
+            for c in plan(state, settled, stuck_pchannels=stuck, replace_nodes=replace)
             if not first_placement(c) and not owned_by_warming(c)
         ]
         return initial + moves
@@ -352,7 +376,8 @@ class Coordinator:
                 if info.state == pb.NODE_STATE_UP
             )
         )
-        for command in [] if settling else self._plan(state, live, settled, stuck):
+        replace = self.replaceable(state, now)
+        for command in [] if settling else self._plan(state, live, settled, stuck, replace):
             assign = command.assign_pchannel
             result = await self._propose(assign_pchannel=assign)
             if result.rejection.code == E.OK:

@@ -92,6 +92,7 @@ class NodeDataView:
                         owner_node_id=channel.owner_node_id,
                         state=_STATE_NAMES[channel.state],
                         replica_node_ids=tuple(channel.replica_node_ids),
+                        stable_replica_node_ids=tuple(channel.stable_replica_node_ids),
                     )
             for name, vchannel in state.vchannels.items():
                 view.vchannels[name] = VChannelInfo(

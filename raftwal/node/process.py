@@ -141,8 +141,8 @@ def under_replicated(
     pchannels: Sequence[pb.PChannel], nodes: Sequence[pb.Node]
 ) -> list[api.UnderReplicated]:
     """The placed, not dropped pchannels whose replica set is smaller than it should be
-    (its replica_count, capped by the nodes there are: a set placed while a node was DOWN
-    is never widened) or holds a node that is DOWN."""
+    (its replica_count, capped by the nodes there are: a set placed while a node was DOWN,
+    until replica repair widens it) or holds a node that is DOWN."""
     down = {n.node_id for n in nodes if n.state == pb.NODE_STATE_DOWN}
     out = []
     for channel in pchannels:

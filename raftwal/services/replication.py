@@ -254,6 +254,7 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                         request.prev_term,
                         request.frames,
                         batch_crc=request.frames_crc if request.HasField("frames_crc") else None,
+                        from_log_start=request.from_log_start,
                     )
                 else:
                     # A heartbeat: log matching only.

@@ -129,7 +129,7 @@ class AssignmentHistoryEntry(_message.Message):
     def __init__(self, term: _Optional[int] = ..., node_id: _Optional[str] = ..., start_lsn: _Optional[int] = ..., end_lsn: _Optional[int] = ...) -> None: ...
 
 class PChannel(_message.Message):
-    __slots__ = ("name", "term", "owner_node_id", "replica_node_ids", "state", "access_mode", "history", "owner", "replica_count", "created_revision")
+    __slots__ = ("name", "term", "owner_node_id", "replica_node_ids", "state", "access_mode", "history", "owner", "replica_count", "created_revision", "stable_replica_node_ids")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     OWNER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +140,7 @@ class PChannel(_message.Message):
     OWNER_FIELD_NUMBER: _ClassVar[int]
     REPLICA_COUNT_FIELD_NUMBER: _ClassVar[int]
     CREATED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    STABLE_REPLICA_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     term: int
     owner_node_id: str
@@ -150,7 +151,8 @@ class PChannel(_message.Message):
     owner: OwnerDescription
     replica_count: int
     created_revision: int
-    def __init__(self, name: _Optional[str] = ..., term: _Optional[int] = ..., owner_node_id: _Optional[str] = ..., replica_node_ids: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[PChannelState, str]] = ..., access_mode: _Optional[_Union[AccessMode, str]] = ..., history: _Optional[_Iterable[_Union[AssignmentHistoryEntry, _Mapping]]] = ..., owner: _Optional[_Union[OwnerDescription, _Mapping]] = ..., replica_count: _Optional[int] = ..., created_revision: _Optional[int] = ...) -> None: ...
+    stable_replica_node_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., term: _Optional[int] = ..., owner_node_id: _Optional[str] = ..., replica_node_ids: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[PChannelState, str]] = ..., access_mode: _Optional[_Union[AccessMode, str]] = ..., history: _Optional[_Iterable[_Union[AssignmentHistoryEntry, _Mapping]]] = ..., owner: _Optional[_Union[OwnerDescription, _Mapping]] = ..., replica_count: _Optional[int] = ..., created_revision: _Optional[int] = ..., stable_replica_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class VChannel(_message.Message):
     __slots__ = ("name", "id", "pchannel", "state", "owner", "created_revision")

@@ -333,7 +333,7 @@ class ReadSegmentResponse(_message.Message):
     def __init__(self, frames: _Optional[bytes] = ..., first_lsn: _Optional[int] = ..., last_lsn: _Optional[int] = ..., segment_digest: _Optional[int] = ..., segment_count: _Optional[int] = ..., node_id: _Optional[str] = ..., frames_crc: _Optional[int] = ..., frame_offsets: _Optional[bytes] = ...) -> None: ...
 
 class AppendRequest(_message.Message):
-    __slots__ = ("pchannel", "term", "prev_lsn", "prev_term", "frames", "committed_lsn", "request_id", "owner_node_id", "frames_crc")
+    __slots__ = ("pchannel", "term", "prev_lsn", "prev_term", "frames", "committed_lsn", "request_id", "owner_node_id", "frames_crc", "from_log_start")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     PREV_LSN_FIELD_NUMBER: _ClassVar[int]
@@ -343,6 +343,7 @@ class AppendRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
     FRAMES_CRC_FIELD_NUMBER: _ClassVar[int]
+    FROM_LOG_START_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
     term: int
     prev_lsn: int
@@ -352,7 +353,8 @@ class AppendRequest(_message.Message):
     request_id: int
     owner_node_id: str
     frames_crc: int
-    def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., prev_lsn: _Optional[int] = ..., prev_term: _Optional[int] = ..., frames: _Optional[bytes] = ..., committed_lsn: _Optional[int] = ..., request_id: _Optional[int] = ..., owner_node_id: _Optional[str] = ..., frames_crc: _Optional[int] = ...) -> None: ...
+    from_log_start: bool
+    def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., prev_lsn: _Optional[int] = ..., prev_term: _Optional[int] = ..., frames: _Optional[bytes] = ..., committed_lsn: _Optional[int] = ..., request_id: _Optional[int] = ..., owner_node_id: _Optional[str] = ..., frames_crc: _Optional[int] = ..., from_log_start: _Optional[bool] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
     __slots__ = ("request_id", "status", "durable_lsn", "last_lsn", "last_term", "fenced_term", "conflict_term", "conflict_first_lsn", "error")

@@ -1,9 +1,8 @@
 """`raftwal status` lists under-replicated pchannels, against a real three-node cluster: a
 pchannel whose replica set holds a node that was killed is listed (and warned about, so
 `status` exits 1) until that node is back; a pchannel created while a node was DOWN is
-placed on the two nodes UP then, and stays listed after the node returns, because its
-replica set is never widened (there is no replica repair yet). The pure rule is tested on
-its own below."""
+placed on the two nodes UP then, and stays listed until replica repair widens its set
+once the node is back. The pure rule is tested on its own below."""
 
 from __future__ import annotations
 
@@ -107,10 +106,10 @@ def test_status_lists_under_replicated_pchannels(env: tuple[dev.LocalCluster, Ap
         lambda d: _node_states(d).get(victim) == "NODE_STATE_UP" and full not in _short(d),
         f"{victim} UP again and {full} no longer listed",
     )
-    # No replica repair yet: the narrow set stays narrow, and says so.
-    item = _short(data)[narrow]
-    assert (item["live"], item["wanted"]) == (2, 3)
-    assert code == 1
+    # Replica repair widens the narrow set once the node is back, and it is no longer listed.
+    code, data = _until(cluster, lambda d: narrow not in _short(d), f"{narrow} widened")
+    widened = {p["name"]: p for p in data["pchannels"]}[narrow]
+    assert sorted(widened["replica_node_ids"]) == ["n1", "n2", "n3"]
 
 
 def _channel(name: str, replicas: list[str], count: int = 3, **fields) -> pb.PChannel:

@@ -210,8 +210,10 @@ def test_plan_is_deterministic_and_always_valid(seed):
                 "mark_node_up": pb.MarkNodeUp,
             }[kind]
             run(state, pb.Command(**{kind: message(node_id=target)}))
-        first = plan(state, live)
-        second = plan(copy_state(state), list(reversed(live)))
+        replace = [n for n in nodes if state.nodes[n].state == pb.NODE_STATE_DOWN]
+        replace = [n for n in replace if rng.random() < 0.5]
+        first = plan(state, live, replace_nodes=replace)
+        second = plan(copy_state(state), list(reversed(live)), replace_nodes=replace)
         assert [c.SerializeToString() for c in first] == [c.SerializeToString() for c in second], (
             seed
         )
@@ -224,6 +226,92 @@ def test_plan_is_deterministic_and_always_valid(seed):
             if channel.term and channel.owner_node_id not in eligible:
                 # Only acceptable when no replica of it is eligible.
                 assert not eligible & set(channel.replica_node_ids), (seed, step, channel)
+
+
+def _sets(state: pb.CoordinationState) -> dict[str, list[str]]:
+    return {n: list(c.replica_node_ids) for n, c in sorted(state.pchannels.items())}
+
+
+def test_a_long_down_replica_is_replaced_by_a_node_outside_the_set():
+    state = cluster(3, 3)
+    for channel in state.pchannels.values():
+        channel.replica_count = 2
+    apply_plan(state, plan(state, ["n1", "n2", "n3"]))
+    make_ready(state)
+    before = _sets(state)
+    assert all(len(members) == 2 for members in before.values())
+    run(state, pb.Command(mark_node_down=pb.MarkNodeDown(node_id="n2")))
+    # DOWN, but not for long yet: only the owner moves (rule 2), sets stay.
+    first = plan(state, ["n1", "n3"])
+    apply_plan(state, first)
+    make_ready(state)
+    assert _sets(state) == before
+    # DOWN for long: every set holding n2 gets n3 or n1 in its place, at term + 1, with the
+    # same (eligible) owner.
+    owners_before = {n: c.owner_node_id for n, c in state.pchannels.items()}
+    terms_before = {n: c.term for n, c in state.pchannels.items()}
+    commands = plan(state, ["n1", "n3"], replace_nodes=["n2"])
+    changed = {c.assign_pchannel.pchannel for c in commands}
+    assert changed == {n for n, m in before.items() if "n2" in m}
+    apply_plan(state, commands)
+    for name in changed:
+        channel = state.pchannels[name]
+        assert "n2" not in channel.replica_node_ids
+        assert len(channel.replica_node_ids) == 2
+        assert channel.owner_node_id == owners_before[name]
+        assert channel.term == terms_before[name] + 1
+        # Not ready yet: the last ready set is still the one with n2.
+        assert "n2" in channel.stable_replica_node_ids
+    # One change at a time: nothing more until the new sets are ready.
+    assert plan(state, ["n1", "n3"], replace_nodes=["n2"]) == []
+    make_ready(state)
+    assert plan(state, ["n1", "n3"], replace_nodes=["n2"]) == []
+
+
+def test_no_node_outside_the_set_means_the_set_stays():
+    state = cluster(3, 2)
+    apply_plan(state, plan(state, ["n1", "n2", "n3"]))
+    make_ready(state)
+    run(state, pb.Command(mark_node_down=pb.MarkNodeDown(node_id="n3")))
+    apply_plan(state, plan(state, ["n1", "n2"]))
+    make_ready(state)
+    assert plan(state, ["n1", "n2"], replace_nodes=["n3"]) == []
+    assert all(len(m) == 3 for m in _sets(state).values())
+
+
+def test_a_short_set_is_widened_once_ready_and_a_node_is_back():
+    state = cluster(3, 1)
+    run(state, pb.Command(mark_node_down=pb.MarkNodeDown(node_id="n3")))
+    apply_plan(state, plan(state, ["n1", "n2"]))
+    assert _sets(state) == {"p_0": ["n1", "n2"]}
+    # Not ready: not widened yet.
+    run(state, pb.Command(mark_node_up=pb.MarkNodeUp(node_id="n3")))
+    assert plan(state, ["n1", "n2", "n3"]) == []
+    make_ready(state)
+    commands = plan(state, ["n1", "n2", "n3"])
+    assert [list(c.assign_pchannel.replica_node_ids) for c in commands] == [["n1", "n2", "n3"]]
+    apply_plan(state, commands)
+    make_ready(state)
+    assert plan(state, ["n1", "n2", "n3"]) == []
+
+
+def test_a_stuck_pchannel_whose_set_lost_a_majority_is_repaired():
+    """Set {n1, n2}; n1 (the owner) dies: the move to n2 cannot recover (it needs both),
+    but the set is settled, so n1 can be replaced and n2's recovery then consults the last
+    ready set {n1, n2} (one of two suffices) and the new one {n2, n3}."""
+    state = cluster(3, 1)
+    state.pchannels["p_0"].replica_count = 2
+    apply_plan(state, plan(state, ["n1", "n2", "n3"]))
+    make_ready(state)
+    assert _sets(state) == {"p_0": ["n1", "n2"]}
+    run(state, pb.Command(mark_node_down=pb.MarkNodeDown(node_id="n1")))
+    apply_plan(state, plan(state, ["n2", "n3"]))
+    channel = state.pchannels["p_0"]
+    assert (channel.owner_node_id, channel.state) == ("n2", pb.PCHANNEL_STATE_ASSIGNING)
+    commands = plan(state, ["n2", "n3"], replace_nodes=["n1"])
+    assert [list(c.assign_pchannel.replica_node_ids) for c in commands] == [["n3", "n2"]]
+    apply_plan(state, commands)
+    assert list(channel.stable_replica_node_ids) == ["n1", "n2"]
 
 
 # ---------------------------------------------------------------------------------------

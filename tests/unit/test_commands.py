@@ -933,10 +933,11 @@ def test_assign_adds_owner_to_replicas_and_appends_history() -> None:
 
 def test_ready_sets_start_lsn_and_closes_previous_written_term() -> None:
     h = Harness()
-    h.ok(*PCHANNEL, assign("p1", 1, "n1"), ready("p1", 1, "n1", 1))
-    h.ok(assign("p1", 2, "n2"), ready("p1", 2, "n2", 101))
+    rs = ["n1", "n2", "n3"]
+    h.ok(*PCHANNEL, assign("p1", 1, "n1", rs), ready("p1", 1, "n1", 1))
+    h.ok(assign("p1", 2, "n2", rs), ready("p1", 2, "n2", 101))
     # Term 3 never becomes ready: term 4 closes term 2 (the last one that wrote).
-    h.ok(assign("p1", 3, "n3"), assign("p1", 4, "n1"), ready("p1", 4, "n1", 251))
+    h.ok(assign("p1", 3, "n3", rs), assign("p1", 4, "n1", rs), ready("p1", 4, "n1", 251))
     channel = h.state.pchannels["p1"]
     assert channel.state == pb.PCHANNEL_STATE_ASSIGNED
     assert [(e.term, e.node_id, e.start_lsn, e.end_lsn) for e in channel.history] == [
@@ -1493,3 +1494,29 @@ def test_restore_keeps_the_saved_content_and_continues_its_revisions() -> None:
     assert lease.lease_id == source.state.revision + 1
     # A second restore is refused: the cluster is no longer fresh.
     h.reject(restore(saved), E.ALREADY_EXISTS)
+
+
+def test_replica_set_changes_one_at_a_time_each_waiting_for_a_ready_term() -> None:
+    """The last ready set is recorded (`stable_replica_node_ids`); while a change to the
+    set is not ready, the set cannot change again (a new owner's recovery consults only
+    the last ready set and the current one), but the pchannel can still move within it."""
+    h = Harness()
+    h.ok(*PCHANNEL, assign("p1", 1, "n1", ["n1", "n2"]))
+    channel = h.state.pchannels["p1"]
+    # Before any ready term, nothing was acknowledged: any set is allowed.
+    h.ok(assign("p1", 2, "n1", ["n1", "n3"]))
+    assert list(channel.stable_replica_node_ids) == []
+    h.ok(ready("p1", 2, "n1", 1))
+    assert list(channel.stable_replica_node_ids) == ["n1", "n3"]
+    h.ok(assign("p1", 3, "n1", ["n1", "n2"]))
+    assert list(channel.stable_replica_node_ids) == ["n1", "n3"]
+    rejected = h.reject(assign("p1", 4, "n1", ["n1", "n2", "n3"]), INVALID)
+    assert "while the change from n1,n3 is not ready" in rejected.rejection.message
+    # Moving within the pending set is allowed, going back to the stable set is not
+    # (owners of the unready terms with the pending set may still be recovering).
+    h.ok(assign("p1", 4, "n2", ["n2", "n1"]))
+    h.reject(assign("p1", 5, "n3", ["n3", "n1"]), INVALID)
+    assert list(channel.stable_replica_node_ids) == ["n1", "n3"]
+    h.ok(assign("p1", 5, "n1", ["n1", "n2"]), ready("p1", 5, "n1", 50))
+    assert list(channel.stable_replica_node_ids) == ["n1", "n2"]
+    h.ok(assign("p1", 6, "n1", ["n1", "n2", "n3"]))

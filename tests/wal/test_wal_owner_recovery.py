@@ -65,7 +65,11 @@ class _Stream:
         try:
             if request.frames:
                 result = await log.append(
-                    request.term, request.prev_lsn, request.prev_term, request.frames
+                    request.term,
+                    request.prev_lsn,
+                    request.prev_term,
+                    request.frames,
+                    from_log_start=request.from_log_start,
                 )
                 await log.wait_durable(result)
                 durable = result.last_lsn
@@ -181,10 +185,9 @@ class Loopback:
         return True
 
 
-@pytest.fixture
-async def logs(tmp_path: Path):
+async def _open_logs(tmp_path: Path, nodes: tuple[str, ...]):
     opened: dict[str, PChannelLog] = {}
-    for node in NODES:
+    for node in nodes:
         root = tmp_path / node
         root.mkdir(mode=0o700)
         catalog = Catalog(root / "catalog.db")
@@ -195,6 +198,12 @@ async def logs(tmp_path: Path):
     for log in opened.values():
         await log.close()
         log.catalog.close()
+
+
+@pytest.fixture
+async def logs(tmp_path: Path):
+    async for opened in _open_logs(tmp_path, NODES):
+        yield opened
 
 
 async def recover(
@@ -280,3 +289,92 @@ async def test_a_longer_but_older_local_suffix_is_cut_even_when_it_ends_past_the
         assert terms(n2) == terms(n1)
     finally:
         await owner.close()
+
+
+@pytest.fixture
+async def four_logs(tmp_path: Path):
+    async for opened in _open_logs(tmp_path, (*NODES, "n4")):
+        yield opened
+
+
+async def test_a_replica_set_change_consults_the_last_ready_set(four_logs):
+    """The last ready set was {n1, n2, n3}: 1..10 are committed on {n2, n3}, n1 lagged at 4.
+    Term 2 changes the set to {n1, n4} (n4 is new and empty). A majority of the new set
+    alone holds none of 5..10: recovery must also fence ceil(3/2) = 2 of the last ready set
+    (n3 is down: n1 and n2), adopt n2's log and copy it to n4 before the term is ready."""
+    logs = four_logs
+    n1, n2, n3, n4 = (logs[n] for n in (*NODES, "n4"))
+    for log in (n1, n2, n3):
+        await log.fence(1)
+    await write(n1, 1, [entry(lsn, 1) for lsn in range(1, 5)])
+    for log in (n2, n3):
+        await write(log, 1, [entry(lsn, 1) for lsn in range(1, 11)])
+        log.committed_lsn = 10
+    committed = terms(n2)
+    transport = Loopback(logs, frozenset({"n3"}))
+    owner = ChannelOwner(
+        pchannel=PCHANNEL,
+        term=2,
+        node_id="n1",
+        replica_node_ids=["n4"],
+        stable_replica_node_ids=list(NODES),
+        log=n1,
+        transport=transport,
+        proposer=transport,
+        config=OwnerConfig(retry_min_s=0.01, retry_max_s=0.05, rpc_timeout_s=2.0),
+    )
+    owner.start()
+    try:
+        await asyncio.wait_for(owner.ready.wait(), 20)
+        assert terms(n1)[:10] == committed
+        assert owner.start_lsn > 10
+        # The term-start entry is on both members of the new set, so n4 holds 1..10 too.
+        assert terms(n4)[: owner.start_lsn] == terms(n1)[: owner.start_lsn]
+        # n2, outside the new set, was fenced at term 2 (its old owner can no longer write).
+        assert n2.fenced_term == 2
+    finally:
+        await owner.close()
+
+
+async def test_replicas_behind_the_owners_retained_log_restart_at_its_first_entry(logs):
+    """Retention deleted 1..10 on the owner n1 (its log starts at 11). n2 is a new, empty
+    replica; n3 was away and holds only 1..3. Neither can match an entry the owner still
+    has, so the owner sends from its first entry marked `from_log_start`: each drops what
+    it holds and starts its log at 11, and both end equal to the owner's. Without it the
+    owner backs up to its first entry and is refused forever, and the term never starts."""
+    from tests.wal.test_wal_log import append as append_entries
+    from tests.wal.test_wal_log import run
+
+    n1, n2, n3 = (logs[n] for n in NODES)
+    for log in logs.values():
+        await log.fence(1)
+    for first in (1, 6, 11):
+        batch = run(first, first + 4, 1, seal_at=(first + 4,))
+        await append_entries(n1, 1, first - 1, n1.term_at(first - 1), batch)
+    await append_entries(n1, 1, 15, 1, run(16, 17, 1))
+    n1.committed_lsn = 17
+    assert await n1.delete_before(11) == 2 and n1.first_lsn == 11
+    await append_entries(n3, 1, 0, 0, run(1, 3, 1))
+
+    owner = await recover(logs, "n1", 2)
+    try:
+
+        async def converged() -> None:
+            while not terms(n2) == terms(n3) == terms(n1):
+                await asyncio.sleep(0.02)
+
+        await asyncio.wait_for(converged(), 10)
+        assert n2.first_lsn == n3.first_lsn == 11
+        assert terms(n2)[:7] == [(lsn, 1) for lsn in range(11, 18)]
+        assert n3.catalog.retention_floor(PCHANNEL) == 11
+    finally:
+        await owner.close()
+    # The restarted logs open again as they were left.
+    for name in ("n2", "n3"):
+        log = logs[name]
+        before = terms(log)
+        await log.close()
+        logs[name] = await PChannelLog.open(
+            log.directory, PCHANNEL, log.catalog, parse_fsync_policy("always")
+        )
+        assert terms(logs[name]) == before
