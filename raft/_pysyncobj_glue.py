@@ -20,7 +20,7 @@ import os
 import socket
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -460,9 +460,13 @@ class HeartbeatRounds:
         """The send counters now: a later check asks who answered past them."""
         return dict(self.sent_count)
 
-    def answered_since(self, mark: dict[str, int]) -> int:
+    def answered_since(self, mark: dict[str, int], voters: Collection[str] | None = None) -> int:
+        """Partners that answered past `mark`; only those in `voters` when given (a
+        read-only node, which pysyncobj also sends AppendEntries to, never counts)."""
         return sum(
-            1 for node_id, count in self.answered_count.items() if count > mark.get(node_id, 0)
+            1
+            for node_id, count in self.answered_count.items()
+            if count > mark.get(node_id, 0) and (voters is None or node_id in voters)
         )
 
 
@@ -644,7 +648,7 @@ class RaftwalSyncObj(SyncObj):
 
     def __init__(
         self,
-        self_address: str,
+        self_address: str | None,
         partner_addresses: list[str],
         conf: SyncObjConf,
         apply_entry: Callable[[bytes, int], bytes],
@@ -715,6 +719,10 @@ class RaftwalSyncObj(SyncObj):
 
     def raftwal_cluster_size(self) -> int:
         return len(self._SyncObj__otherNodes) + 1
+
+    def raftwal_voter_ids(self) -> set[str]:
+        """The other voting members' ids (their addresses; read-only nodes are not)."""
+        return {str(node.id) for node in self._SyncObj__otherNodes}
 
     def raftwal_state(self) -> int:
         state = self._SyncObj__raftState

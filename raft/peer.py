@@ -386,8 +386,15 @@ class RaftPeer:
         partner_dial_addresses: Mapping[str, str] | None = None,
         on_fatal: Callable[[FatalPeerError], None] | None = None,
         durability_observer: Callable[[DurabilityEvent], None] | None = None,
+        voter: bool = True,
     ) -> None:
         """Open (or create) `data_dir`, recover, bind and start ticking.
+
+        `voter=False` makes a non-voting member (pysyncobj's read-only node): it binds no
+        port, dials the voters (`partner_addresses`), receives and durably applies the
+        committed log like a follower, never votes, never counts toward a commit or a read
+        quorum, and never leads; `propose` answers NotLeader with the leader's address.
+        `self_address` is then only its name in logs and status.
 
         On return the peer has restored its snapshot and applied every entry its durable
         commit index covers. `durable=False` skips every fsync: unsafe, for benchmarks only.
@@ -424,6 +431,7 @@ class RaftPeer:
             )
 
         self._self_address = self_address
+        self._voter = voter
         self._data_dir = Path(data_dir)
         self._apply = apply
         self._take_snapshot = take_snapshot
@@ -484,7 +492,7 @@ class RaftPeer:
             conf = self._make_conf(tuning, password, bind_address or self_address, snapshot_path)
             try:
                 syncobj = RaftwalSyncObj(
-                    self_address,
+                    self_address if voter else None,
                     partners,
                     conf,
                     self._apply_entry,
@@ -516,8 +524,9 @@ class RaftPeer:
         )
         self._thread.start()
         logger.info(
-            "raft peer %s started (partners %s, durable=%s, commit %d, applied %d)",
+            "raft peer %s started (%s; partners %s, durable=%s, commit %d, applied %d)",
             self_address,
+            "voter" if voter else "non-voting",
             ", ".join(partners) or "none",
             durable,
             self.commit_index(),
@@ -748,7 +757,8 @@ class RaftPeer:
                     continue
                 key = id(read.mark)
                 if key not in confirmations:
-                    confirmations[key] = 1 + self._rounds.answered_since(read.mark) >= majority
+                    answered = self._rounds.answered_since(read.mark, syncobj.raftwal_voter_ids())
+                    confirmations[key] = 1 + answered >= majority
                 read.confirmed = confirmations[key]
             if read.confirmed and applied >= read.index:
                 read.future.set_result(read.index)
@@ -938,6 +948,7 @@ class RaftPeer:
             pending = len(self._pending)
         return {
             "self_address": self._self_address,
+            "voter": self._voter,
             "state": STATE_NAMES.get(syncobj.raftwal_state(), "unknown"),
             "leader": self.leader_address(),
             "term": self.raft_term(),
@@ -1093,7 +1104,8 @@ class RaftPeer:
             error = FatalPeerError(f"take_snapshot failed: {exc!r}")
             self._set_fatal(error)
             raise error from exc
-        cluster_addresses = tuple(sorted(str(node.id) for node in cluster))
+        # A non-voting peer is not in its own cluster (pysyncobj puts its None self in).
+        cluster_addresses = tuple(sorted(str(node.id) for node in cluster if node is not None))
         last = (bytes(last_entry[0]), int(last_entry[1]), int(last_entry[2]))
         prev = (bytes(prev_entry[0]), int(prev_entry[1]), int(prev_entry[2]))
         blob = encode_snapshot(last, prev, cluster_addresses, app_state)

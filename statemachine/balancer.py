@@ -18,7 +18,7 @@ Rules, in order:
    stays where it is (the coordinator reports it).
 3. **Replica repair.** A pchannel whose owner is eligible gets a new replica set at term + 1
    when a member is in ``replace_nodes`` (DOWN for longer than the coordinator's
-   ``replica_replace_after_ms``) or, once ready, when its set is smaller than it should be
+   ``replica_replace_after_ms``) or frozen (a node being drained), or, once ready, when its set is smaller than it should be
    (``replica_count``, capped by the UP unfrozen nodes). Each such member is swapped for
    (and a short set widened by) the eligible non-member holding the fewest replicas; with
    no such node the set stays as it is (it never shrinks). The change is safe because the
@@ -194,6 +194,8 @@ def _repairs(
 ) -> list[pb.Command]:
     """Rule 3: replace long-DOWN members and widen short replica sets."""
     eligible_set = set(eligible)
+    # A frozen node is being drained: it leaves the replica sets as a DOWN one would.
+    replace = replace | {node_id for node_id, node in state.nodes.items() if node.frozen}
     up = sum(
         1 for node in state.nodes.values() if node.state == pb.NODE_STATE_UP and not node.frozen
     )

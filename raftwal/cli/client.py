@@ -679,8 +679,9 @@ async def _status(args: argparse.Namespace, client: CoordinatorClient, target: T
         f"  rebalance {'on' if status.balance_policy.allow_rebalance else 'off'}"
     )
     members = Table(title="members")
-    for column in ("", "id", "gRPC", "Raft", "pid", "reachable", "term", "commit", "applied"):
+    for column in ("", "id", "role", "gRPC", "Raft", "pid", "reachable", "term", "commit"):
         members.add_column(column)
+    members.add_column("applied")
     members.add_column("durable")
     members.add_column("revision")
     for member in status.members:
@@ -688,6 +689,7 @@ async def _status(args: argparse.Namespace, client: CoordinatorClient, target: T
         members.add_row(
             "*" if member.is_leader or member.node_id == status.leader_node_id else "",
             member.node_id,
+            member.role or "voter",
             member.grpc_address,
             member.raft_address,
             str(pid) if pid else "-",

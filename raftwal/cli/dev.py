@@ -226,7 +226,10 @@ class LocalCluster:
         (self.directory / CLUSTER_FILE).write_text(json.dumps(data, indent=2))
 
 
-def make_config(directory: Path, nodes: int, host: str = "127.0.0.1") -> ClusterConfig:
+def make_config(
+    directory: Path, nodes: int, host: str = "127.0.0.1", data_nodes: int = 0
+) -> ClusterConfig:
+    """`nodes` nodes n1..nN on free ports; the last `data_nodes` of them do not vote."""
     ports = free_ports(nodes * 3, host)
     members = tuple(
         NodeConfig(
@@ -236,6 +239,7 @@ def make_config(directory: Path, nodes: int, host: str = "127.0.0.1") -> Cluster
             raft_port=ports[3 * k + 1],
             metrics_port=ports[3 * k + 2],
             data_dir=(directory / f"n{k + 1}").resolve(),
+            role="data" if k >= nodes - data_nodes else "voter",
         )
         for k in range(nodes)
     )
@@ -294,6 +298,7 @@ def up(
     env: dict[str, str] | None = None,
     config: ClusterConfig | None = None,
     secure: bool = False,
+    data_nodes: int = 0,
 ) -> LocalCluster:
     directory = directory.resolve()
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -305,7 +310,7 @@ def up(
                 f"a dev cluster is already running from {directory} (pids "
                 f"{', '.join(str(m['pid']) for m in alive)}); run `raftwal dev down` first"
             )
-    config = config or make_config(directory, nodes)
+    config = config or make_config(directory, nodes, data_nodes=data_nodes)
     # Even on loopback the Raft transport gets a secret: pysyncobj unpickles what peers
     # send, so without one any local user could run code in the nodes.
     secret_path = directory / SECRET_FILE

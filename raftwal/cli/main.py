@@ -124,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
     dev_commands = dev.add_subparsers(dest="dev_command", metavar="ACTION", required=True)
     dev_up = dev_commands.add_parser("up", help="start local nodes in the background")
     dev_up.add_argument("--nodes", type=int, default=3, help="how many nodes (default: 3)")
+    dev_up.add_argument(
+        "--data-nodes",
+        type=int,
+        default=0,
+        help="how many of them (the last ones) follow Raft without voting (default: 0)",
+    )
     _dev_dir_argument(dev_up)
     dev_up.add_argument(
         "--timeout-s",
@@ -257,10 +263,24 @@ def _dev_up(args: argparse.Namespace) -> int:
     if not 1 <= args.nodes <= 9:
         print(f"error: invalid --nodes ({args.nodes}; expected 1..9)", file=sys.stderr)
         return 2
+    if not 0 <= args.data_nodes < args.nodes:
+        print(
+            f"error: invalid --data-nodes ({args.data_nodes}; expected 0..{args.nodes - 1}: "
+            "at least one node votes)",
+            file=sys.stderr,
+        )
+        return 2
     env = dict(os.environ)
     env[LOG_FORMAT_ENV] = args.log_format
     try:
-        cluster = dev.up(args.dir, args.nodes, args.timeout_s, env=env, secure=args.secure)
+        cluster = dev.up(
+            args.dir,
+            args.nodes,
+            args.timeout_s,
+            env=env,
+            secure=args.secure,
+            data_nodes=args.data_nodes,
+        )
     except (RuntimeError, TimeoutError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -269,6 +289,7 @@ def _dev_up(args: argparse.Namespace) -> int:
             "id": n.id,
             "grpc": n.grpc_address,
             "raft": n.raft_address,
+            "role": n.role,
             "metrics": f"http://{n.host}:{n.metrics_port}/metrics" if n.metrics_port else None,
             "pid": cluster.pid(n.id),
         }
@@ -288,7 +309,7 @@ def _dev_up(args: argparse.Namespace) -> int:
         print(f"raftwal dev cluster up ({len(members)} nodes, state in {cluster.directory})")
         for member in members:
             print(
-                f"  {member['id']}  grpc {member['grpc']}  raft {member['raft']}  "
+                f"  {member['id']}  {member['role']}  grpc {member['grpc']}  raft {member['raft']}  "
                 f"metrics {member['metrics'] or '-'}  pid {member['pid']}"
             )
         print(f"endpoints: {','.join(m['grpc'] for m in members)}")

@@ -22,6 +22,9 @@ tls_key_file = "/etc/raftwal/n1.key"  # (also allowed in [cluster], for every no
 # suite does): outgoing connections only; a peer's identity stays its own address.
 peer_raft_addresses = { "n2" = "127.0.0.1:7402" }
 peer_grpc_addresses = { "n2" = "127.0.0.1:7502" }
+# Optional: "data" makes a node that follows the Raft log without voting; it owns
+# pchannels and holds replicas like any other (default "voter"). Keep 3 or 5 voters.
+role = "voter"
 ```
 
 Every ``[cluster]`` timing can be overridden by ``RAFTWAL_<NAME>`` (upper case) in the
@@ -66,6 +69,15 @@ class NodeConfig:
     # and gRPC connections only; a peer's identity stays its raft_address / grpc_address.
     peer_raft_addresses: tuple[tuple[str, str], ...] = ()
     peer_grpc_addresses: tuple[tuple[str, str], ...] = ()
+    # "voter": a Raft member that votes and counts toward commits; "data": a node that
+    # follows the Raft log without voting (pysyncobj's read-only node) and otherwise does
+    # what every node does (owns pchannels, holds replicas, serves clients), so a
+    # cluster grows past its three or five voters.
+    role: str = "voter"
+
+    @property
+    def voter(self) -> bool:
+        return self.role == "voter"
 
     @property
     def grpc_address(self) -> str:
@@ -173,6 +185,10 @@ class ClusterConfig:
         known = ", ".join(n.id for n in self.nodes)
         raise ConfigError(f"unknown node id {node_id!r} (expected one of: {known})")
 
+    @property
+    def voters(self) -> tuple[NodeConfig, ...]:
+        return tuple(node for node in self.nodes if node.voter)
+
     def node_by_raft_address(self, raft_address: str) -> NodeConfig | None:
         for node in self.nodes:
             if node.raft_address == raft_address:
@@ -201,6 +217,16 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+NODE_ROLES = ("voter", "data")
+
+
+def _role(table: Mapping[str, object], where: str) -> str:
+    role = table.get("role", "voter")
+    if role not in NODE_ROLES:
+        raise ConfigError(f"invalid {where}.role ({role!r}; expected one of {NODE_ROLES})")
+    return str(role)
 
 
 def _int(table: Mapping[str, object], key: str, where: str, low: int, high: int) -> int:
@@ -305,11 +331,17 @@ def parse_config(
                 tls_key_file=key_file,
                 peer_raft_addresses=_peer_addresses(raw, "peer_raft_addresses", where),
                 peer_grpc_addresses=_peer_addresses(raw, "peer_grpc_addresses", where),
+                role=_role(raw, where),
             )
         )
     ids = [n.id for n in nodes]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"duplicate node ids ({ids}; expected each once)")
+    if not any(n.voter for n in nodes):
+        raise ConfigError(
+            f"no voting node (roles {', '.join(f'{n.id}={n.role}' for n in nodes)}; expected "
+            'at least one node with role = "voter", the default: three or five of them)'
+        )
     for node in nodes:
         for peer_id, _ in (*node.peer_raft_addresses, *node.peer_grpc_addresses):
             if peer_id == node.id or peer_id not in ids:
@@ -501,6 +533,8 @@ def render_config(config: ClusterConfig, secret_file: str | None = None) -> str:
             f"metrics_port = {node.metrics_port}",
             f'data_dir = "{node.data_dir}"',
         ]
+        if not node.voter:
+            lines.append(f'role = "{node.role}"')
         if node.tls_cert_file is not None:
             lines += [
                 f'tls_cert_file = "{node.tls_cert_file}"',

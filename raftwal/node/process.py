@@ -230,7 +230,9 @@ class Node:
         self.replica.add_listener(
             lambda revision, index: mailbox.post(self.notifier.advance, revision, index)
         )
-        others = [n for n in self.config.nodes if n.id != self.me.id]
+        # A data node follows the voters without voting; voters know only each other
+        # (a data node connects to them, as pysyncobj's read-only node).
+        others = [n for n in self.config.voters if n.id != self.me.id]
         partners = [n.raft_address for n in others]
         # A peer may be dialled elsewhere than at its own address (config peer_*_addresses,
         # e.g. the chaos suite's per-link proxies); its identity stays its own address.
@@ -254,6 +256,7 @@ class Node:
             ),
             partner_dial_addresses={a: d for a, d in dial.items() if a != d},
             on_fatal=self._on_fatal,
+            voter=self.me.voter,
         )
         revision, index = self.replica.applied()
         self.notifier.advance(revision, index)
@@ -887,6 +890,7 @@ class Node:
             node_id=self.me.id,
             grpc_address=self.me.grpc_address,
             raft_address=self.me.raft_address,
+            role=self.me.role,
             is_leader=self.peer.is_leader(),
             reachable=True,
             raft_term=self.peer.raft_term(),
@@ -958,6 +962,7 @@ class Node:
                 node_id=node.id,
                 grpc_address=node.grpc_address,
                 raft_address=node.raft_address,
+                role=node.role,
                 reachable=False,
             )
 

@@ -377,7 +377,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self, consistency: _Optional[_Union[Consistency, str]] = ...) -> None: ...
 
 class MemberStatus(_message.Message):
-    __slots__ = ("node_id", "grpc_address", "raft_address", "is_leader", "reachable", "raft_term", "commit_index", "applied_index", "revision", "state_digest", "pid", "durable_index", "owners", "wal_disk", "data_dir_bytes")
+    __slots__ = ("node_id", "grpc_address", "raft_address", "is_leader", "reachable", "raft_term", "commit_index", "applied_index", "revision", "state_digest", "pid", "durable_index", "owners", "wal_disk", "data_dir_bytes", "role")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -393,6 +393,7 @@ class MemberStatus(_message.Message):
     OWNERS_FIELD_NUMBER: _ClassVar[int]
     WAL_DISK_FIELD_NUMBER: _ClassVar[int]
     DATA_DIR_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     grpc_address: str
     raft_address: str
@@ -408,7 +409,8 @@ class MemberStatus(_message.Message):
     owners: _containers.RepeatedCompositeFieldContainer[OwnerStatus]
     wal_disk: _containers.RepeatedCompositeFieldContainer[WalDiskUsage]
     data_dir_bytes: int
-    def __init__(self, node_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., raft_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., reachable: _Optional[bool] = ..., raft_term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ..., pid: _Optional[int] = ..., durable_index: _Optional[int] = ..., owners: _Optional[_Iterable[_Union[OwnerStatus, _Mapping]]] = ..., wal_disk: _Optional[_Iterable[_Union[WalDiskUsage, _Mapping]]] = ..., data_dir_bytes: _Optional[int] = ...) -> None: ...
+    role: str
+    def __init__(self, node_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., raft_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., reachable: _Optional[bool] = ..., raft_term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ..., pid: _Optional[int] = ..., durable_index: _Optional[int] = ..., owners: _Optional[_Iterable[_Union[OwnerStatus, _Mapping]]] = ..., wal_disk: _Optional[_Iterable[_Union[WalDiskUsage, _Mapping]]] = ..., data_dir_bytes: _Optional[int] = ..., role: _Optional[str] = ...) -> None: ...
 
 class OwnerStatus(_message.Message):
     __slots__ = ("pchannel", "term", "state", "last_lsn", "committed_lsn", "replicas")

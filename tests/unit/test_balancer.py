@@ -268,6 +268,26 @@ def test_a_long_down_replica_is_replaced_by_a_node_outside_the_set():
     assert plan(state, ["n1", "n3"], replace_nodes=["n2"]) == []
 
 
+def test_a_frozen_node_is_drained_of_owners_and_replicas():
+    state = cluster(4, 6)
+    for channel in state.pchannels.values():
+        channel.replica_count = 3
+    live = ["n1", "n2", "n3", "n4"]
+    apply_plan(state, plan(state, live))
+    make_ready(state)
+    assert any("n4" in members for members in _sets(state).values())
+    run(state, pb.Command(freeze_node=pb.FreezeNode(node_id="n4")))
+    for _ in range(10):
+        commands = plan(state, live)
+        if not commands:
+            break
+        apply_plan(state, commands)
+        make_ready(state)
+    assert all("n4" not in members for members in _sets(state).values())
+    assert all(len(members) == 3 for members in _sets(state).values())
+    assert "n4" not in {c.owner_node_id for c in state.pchannels.values()}
+
+
 def test_no_node_outside_the_set_means_the_set_stays():
     state = cluster(3, 2)
     apply_plan(state, plan(state, ["n1", "n2", "n3"]))

@@ -61,6 +61,8 @@ def test_secret_from_file_and_environment(tmp_path: Path) -> None:
             {"nodes": NODES, "cluster": {"raft_min_timeout_ms": 900, "raft_max_timeout_ms": 800}},
             "expected min < max",
         ),
+        ({"nodes": [{**NODES[0], "role": "witness"}]}, "nodes\\[0\\].role \\('witness'"),
+        ({"nodes": [{**n, "role": "data"} for n in NODES]}, "no voting node"),
     ],
 )
 def test_invalid_configs_say_what_was_expected(tmp_path: Path, data, message) -> None:
@@ -111,8 +113,17 @@ def test_config_template_loads_and_uses_the_secret_file(tmp_path: Path) -> None:
     check_transport_security(config, config.node("n1"))
 
 
+def test_data_nodes_do_not_vote(tmp_path: Path) -> None:
+    nodes = [*NODES, {"id": "n3", "grpc_port": 7203, "raft_port": 7303, "role": "data"}]
+    config = parse_config({"nodes": nodes}, tmp_path, environ={})
+    assert [n.id for n in config.voters] == ["n1", "n2"]
+    assert config.node("n3").role == "data" and not config.node("n3").voter
+    assert config.node("n1").role == "voter" and config.node("n1").voter
+
+
 def test_render_then_load_round_trips(tmp_path: Path) -> None:
-    config = parse_config({"nodes": NODES, "cluster": {"node_timeout_ms": 4321}}, tmp_path, {})
+    nodes = [*NODES, {"id": "n3", "grpc_port": 7203, "raft_port": 7303, "role": "data"}]
+    config = parse_config({"nodes": nodes, "cluster": {"node_timeout_ms": 4321}}, tmp_path, {})
     path = tmp_path / "raftwal.toml"
     path.write_text(render_config(config))
     loaded = load_config(path, environ={})
