@@ -122,6 +122,10 @@ class FinalState:
     recovery_error: str = ""
     #: ClusterStatus warnings once converged (reported, not judged)
     warnings: list[str] = field(default_factory=list)
+    #: pchannel -> (owner, replica set) once converged, and each non-owner member's
+    #: committed log read from it (or why it could not be read)
+    replica_sets: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    replica_logs: dict[str, dict[str, list[LogEntry] | str]] = field(default_factory=dict)
 
 
 class _Violations:
@@ -864,6 +868,46 @@ def check_packs(
             out.add("pack-uncommitted", f"{name}: {vchannel} lsn {lsn} is no committed entry")
 
 
+def check_replica_holders(final: FinalState, out: _Violations) -> None:
+    """Once converged, a majority of each pchannel's replica set (its owner included)
+    holds every committed entry, and no member holds anything else at those LSNs: what
+    replica repair must preserve through every set change."""
+    for pchannel, (owner, members) in sorted(final.replica_sets.items()):
+        log = final.logs.get(pchannel)
+        if log is None or pchannel in final.log_errors:
+            continue
+        expected = [(e.lsn, e.term, e.digest) for e in log]
+        holders = [owner]
+        for node_id in members:
+            if node_id == owner:
+                continue
+            theirs = final.replica_logs.get(pchannel, {}).get(node_id)
+            if isinstance(theirs, str) or theirs is None:
+                continue
+            # Read after the owner's log: it may have a few (time-tick) entries more.
+            got = [(e.lsn, e.term, e.digest) for e in theirs]
+            common = min(len(got), len(expected))
+            if got[:common] != expected[:common]:
+                first = next(i for i in range(common) if got[i] != expected[i])
+                out.add(
+                    "replica-log",
+                    f"{pchannel}: replica {node_id}'s committed log differs from the owner "
+                    f"{owner}'s at lsn {expected[first][0]} (term {got[first][1]} vs "
+                    f"{expected[first][1]})",
+                )
+            elif len(got) >= len(expected):
+                holders.append(node_id)
+        if len(holders) < len(members) // 2 + 1:
+            unread = {
+                n: v for n, v in final.replica_logs.get(pchannel, {}).items() if isinstance(v, str)
+            }
+            out.add(
+                "replica-holders",
+                f"{pchannel}: only {', '.join(holders)} of its set {', '.join(members)} hold all "
+                f"{len(expected)} committed entries (unreadable: {unread or 'none'})",
+            )
+
+
 def check(
     history: History,
     deliveries: Mapping[str, Sequence[Delivery]],
@@ -895,5 +939,6 @@ def check(
     if final.replica_detail:
         out.add("replica-stuck", final.replica_detail)
     check_segments(final, out)
+    check_replica_holders(final, out)
     check_spark(final, out)
     return out.result()

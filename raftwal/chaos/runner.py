@@ -82,10 +82,19 @@ from wal_segments.format import CONTROL_FLAGS
 from wal_segments.segment import SegmentReader, segment_file_name
 
 FAULT_KINDS = ("kill", "pause", "partition", "restart")
+# Asked for by name only: a node killed for longer than replica_replace_after_ms, so that
+# replica repair replaces it while the workload runs (with a node outside the sets).
+EXTRA_FAULT_KINDS = ("outage",)
 PARTITION_VARIANTS = ("isolate-leader", "isolate-owner", "split", "bridge")
 NODE_TARGETS = ("leader", "owner", "random")
 # Seconds a fault is held (restart has no hold: the node comes back at once).
-HOLD_S = {"kill": (2.0, 7.0), "pause": (2.0, 7.0), "partition": (3.0, 9.0), "restart": (0.0, 0.0)}
+HOLD_S = {
+    "kill": (2.0, 7.0),
+    "pause": (2.0, 7.0),
+    "partition": (3.0, 9.0),
+    "restart": (0.0, 0.0),
+    "outage": (10.0, 16.0),
+}
 GAP_S = (1.0, 4.0)
 # The workload's first seconds are fault-free, so that every client is up before the first
 # fault (a run that fails to start must not be blamed on the nemesis).
@@ -131,13 +140,32 @@ class ChaosOptions:
     subscription_members: int = 2
     packs: bool = True
     shard: bool = True
+    #: nodes, of which the last `data_nodes` do not vote; pchannels' replica_count (0: the
+    #: default, 3); replica repair after a node is DOWN this long (0: the default, 5 min)
+    nodes: int = NODES
+    data_nodes: int = 0
+    replica_count: int = 0
+    replace_after_ms: int = 0
 
     def validate(self) -> None:
-        unknown = sorted(set(self.faults) - set(FAULT_KINDS))
+        unknown = sorted(set(self.faults) - set(FAULT_KINDS + EXTRA_FAULT_KINDS))
         if unknown or not self.faults:
             raise ValueError(
                 f"invalid faults ({','.join(self.faults) or 'none'}; expected one or more of "
-                f"{','.join(FAULT_KINDS)})"
+                f"{','.join(FAULT_KINDS + EXTRA_FAULT_KINDS)})"
+            )
+        if not 3 <= self.nodes <= 5 or not 0 <= self.data_nodes <= self.nodes - 3:
+            raise ValueError(
+                f"invalid nodes/data_nodes ({self.nodes}/{self.data_nodes}; expected 3..5 "
+                "nodes with at least 3 voters)"
+            )
+        if not 0 <= self.replica_count <= self.nodes:
+            raise ValueError(
+                f"invalid replica_count ({self.replica_count}; expected 0..{self.nodes})"
+            )
+        if not 0 <= self.replace_after_ms <= 3_600_000:
+            raise ValueError(
+                f"invalid replace_after_ms ({self.replace_after_ms}; expected 0..3600000)"
             )
         if not 5 <= self.duration_s <= 24 * 3600:
             raise ValueError(f"invalid duration ({self.duration_s} s; expected 5 s .. 24 h)")
@@ -342,7 +370,7 @@ class Nemesis:
             return FaultRecord(fault.label, fault.kind, [node], detail, start)
         node, why = await self._target(fault.variant, fault.pick)
         pid = self.cluster.pid(node)
-        if fault.kind == "kill":
+        if fault.kind in ("kill", "outage"):
             await asyncio.to_thread(self.cluster.kill, node, signal.SIGKILL)
             self.killed.add(node)
             detail = f"kill -9 {node} ({why}, pid {pid}) for {fault.hold_s:.1f} s"
@@ -389,7 +417,7 @@ async def _status(
 
 
 async def wait_recovered(
-    endpoints: Sequence[str], pchannels: Sequence[str], timeout_s: float
+    endpoints: Sequence[str], pchannels: Sequence[str], timeout_s: float, nodes: int = NODES
 ) -> tuple[api.ClusterStatusResponse | None, str]:
     """(status, "") once a leader is known, every node is UP and every pchannel ASSIGNED;
     (last status, what was missing) after `timeout_s`."""
@@ -401,7 +429,7 @@ async def wait_recovered(
             down = [n.node_id for n in status.nodes if n.state != pb.NODE_STATE_UP]
             states = {p.name: p.state for p in status.pchannels}
             unassigned = [p for p in pchannels if states.get(p) != pb.PCHANNEL_STATE_ASSIGNED]
-            if status.leader_node_id and len(status.nodes) >= NODES and not down and not unassigned:
+            if status.leader_node_id and len(status.nodes) >= nodes and not down and not unassigned:
                 return status, ""
             missing = (
                 f"leader {status.leader_node_id or '-'}, nodes not UP {down or '-'}, "
@@ -424,7 +452,7 @@ async def wait_converged(endpoints: Sequence[str], timeout_s: float) -> tuple[st
             reachable = [m for m in members if m[1]]
             state_problem = ""
             if not (
-                len(reachable) == NODES
+                len(reachable) == len(members)
                 and len({m[2] for m in reachable}) == 1
                 and len({m[3] for m in reachable}) == 1
             ):
@@ -454,9 +482,12 @@ async def wait_converged(endpoints: Sequence[str], timeout_s: float) -> tuple[st
     )
 
 
-async def read_log(address: str, pchannel: str, timeout_s: float) -> list[LogEntry]:
-    """Every committed entry of `pchannel` (control entries too) from its owner, up to the
-    committed LSN the owner reported first. Raises RuntimeError when it cannot."""
+async def read_log(
+    address: str, pchannel: str, timeout_s: float, from_replica: bool = False
+) -> list[LogEntry]:
+    """Every committed entry of `pchannel` (control entries too) from its owner (or, with
+    `from_replica`, from the replica at `address`), up to the committed LSN it reported
+    first. Raises RuntimeError when it cannot."""
     deadline = time.monotonic() + timeout_s
     entries: list[LogEntry] = []
     target: int | None = None
@@ -475,10 +506,12 @@ async def read_log(address: str, pchannel: str, timeout_s: float) -> list[LogEnt
                 lsn=entries[-1].lsn if entries else 0,
                 include_control=True,
                 max_batch_entries=5000,
+                from_replica=from_replica,
             )
             if target is None:
                 latest = await stub.GetLatestTimeTick(
-                    wire.GetLatestTimeTickRequest(pchannel=pchannel), timeout=5.0
+                    wire.GetLatestTimeTickRequest(pchannel=pchannel, from_replica=from_replica),
+                    timeout=5.0,
                 )
                 target = latest.committed_lsn
                 if target == 0:
@@ -649,6 +682,8 @@ def _cluster_env(options: ChaosOptions) -> dict[str, str]:
     env["RAFTWAL_SEGMENT_MAX_BYTES"] = str(options.segment_max_bytes)
     # Failover within a couple of seconds, so that faults of a few seconds matter.
     env["RAFTWAL_NODE_TIMEOUT_MS"] = "2000"
+    if options.replace_after_ms:
+        env["RAFTWAL_REPLICA_REPLACE_AFTER_MS"] = str(options.replace_after_ms)
     return env
 
 
@@ -656,7 +691,9 @@ async def _setup_channels(
     client: CoordinatorClient, endpoints: Sequence[str], options: ChaosOptions, tag: str
 ) -> dict[str, str]:
     """Create the pchannels and vchannels; vchannel -> pchannel once all are ASSIGNED."""
-    response = await client.create_channels(count=options.pchannels, prefix=f"chaos{tag}")
+    response = await client.create_channels(
+        count=options.pchannels, prefix=f"chaos{tag}", replica_count=options.replica_count
+    )
     pchannels = list(response.pchannels)
     mapping = {}
     for index in range(options.vchannels):
@@ -664,7 +701,7 @@ async def _setup_channels(
         pchannel = pchannels[index % len(pchannels)]
         await client.create_vchannel(name, pchannel)
         mapping[name] = pchannel
-    _, missing = await wait_recovered(endpoints, pchannels, START_TIMEOUT_S)
+    _, missing = await wait_recovered(endpoints, pchannels, START_TIMEOUT_S, options.nodes)
     if missing:
         raise SetupFailed(f"channels not ready after {START_TIMEOUT_S:.0f} s: {missing}")
     return mapping
@@ -677,7 +714,7 @@ async def _run(
     report.directory = str(directory)
     rng = random.Random(options.seed)
     tag = uuid.UUID(int=rng.getrandbits(128)).hex[:6]
-    config = dev.make_config(directory, NODES)
+    config = dev.make_config(directory, options.nodes, data_nodes=options.data_nodes)
     proxies = ProxyNet(config.nodes)
     proxies.start()
     cluster: dev.LocalCluster | None = None
@@ -689,7 +726,7 @@ async def _run(
         config = replace(config, nodes=proxies.configure(config.nodes))
         try:
             cluster = await asyncio.to_thread(
-                dev.up, directory, NODES, START_TIMEOUT_S, _cluster_env(options), config
+                dev.up, directory, options.nodes, START_TIMEOUT_S, _cluster_env(options), config
             )
         except (RuntimeError, TimeoutError, OSError) as error:
             raise SetupFailed(f"the cluster did not start: {error}") from None
@@ -706,6 +743,12 @@ async def _run(
             vchannel_pchannel = await _setup_channels(coordinator, endpoints, options, tag)
             vchannels = sorted(vchannel_pchannel)
             pchannels = sorted(set(vchannel_pchannel.values()))
+            first = await _status(endpoints)
+            initial_sets = {
+                p.name: tuple(sorted(p.replica_node_ids))
+                for p in (first.pchannels if first is not None else ())
+                if p.name in pchannels
+            }
             stop = asyncio.Event()
             producers = [
                 ProducerClient(
@@ -779,7 +822,9 @@ async def _run(
                 await broadcaster.finish(DRAIN_TIMEOUT_S)
             await consumer_side.finish(problems.append)
             final = FinalState()
-            status, missing = await wait_recovered(endpoints, pchannels, RECOVERY_TIMEOUT_S)
+            status, missing = await wait_recovered(
+                endpoints, pchannels, RECOVERY_TIMEOUT_S, options.nodes
+            )
             if missing:
                 final.recovery_error = (
                     f"the cluster did not recover within {RECOVERY_TIMEOUT_S:.0f} s of healing: "
@@ -816,6 +861,14 @@ async def _run(
                     for reason in ("released", "lost", "expired")
                 },
                 "spark_rows": -1 if final.spark_rows is None else len(final.spark_rows),
+                # Replica repair: pchannels whose replica set changed during the run, and
+                # replica logs read back for the majority-of-holders check.
+                "replica_sets_changed": sum(
+                    1
+                    for name, (_, members) in final.replica_sets.items()
+                    if name in initial_sets and tuple(sorted(members)) != initial_sets[name]
+                ),
+                "replica_logs": sum(len(logs) for logs in final.replica_logs.values()),
                 **consumer_side.figures(history),
             }
         finally:
@@ -874,7 +927,7 @@ async def _read_final(
                     except (RuntimeError, grpc.aio.AioRpcError) as failure:
                         error = f"{failure}"
             await asyncio.sleep(1.0)
-            status, _ = await wait_recovered(endpoints, pchannels, 20.0)
+            status, _ = await wait_recovered(endpoints, pchannels, 20.0, options.nodes)
         else:
             final.log_errors[pchannel] = error
     final.convergence_detail, final.replica_detail = await wait_converged(
@@ -882,6 +935,8 @@ async def _read_final(
     )
     final.converged = not final.convergence_detail
     last = await _status(endpoints)
+    if last is not None:
+        await _read_replicas(final, last, pchannels)
     final.warnings = list(last.warnings) if last is not None else []
     manifest_revision = 0
     async with grpc.aio.insecure_channel(endpoints[0]) as channel:
@@ -927,6 +982,27 @@ async def _read_final(
             except RuntimeError as error:
                 final.spark_error = f"Spark read failed: {error}"
                 break
+
+
+async def _read_replicas(
+    final: FinalState, status: api.ClusterStatusResponse, pchannels: Sequence[str]
+) -> None:
+    """Each final replica's committed log of each pchannel (not the owner's: that one is
+    `final.logs`), for the check that a majority of the set holds every entry."""
+    addresses = {n.node_id: n.address for n in status.nodes}
+    for channel in status.pchannels:
+        if channel.name not in pchannels:
+            continue
+        final.replica_sets[channel.name] = (channel.owner_node_id, tuple(channel.replica_node_ids))
+        for node_id in channel.replica_node_ids:
+            if node_id == channel.owner_node_id:
+                continue
+            try:
+                final.replica_logs.setdefault(channel.name, {})[node_id] = await read_log(
+                    addresses.get(node_id, ""), channel.name, 20.0, from_replica=True
+                )
+            except (RuntimeError, grpc.aio.AioRpcError) as error:
+                final.replica_logs.setdefault(channel.name, {})[node_id] = str(error)
 
 
 @dataclass
@@ -1089,7 +1165,7 @@ def parse_duration(text: str) -> float:
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "chaos",
-        help="nemesis + workload + checker against a local three-node cluster",
+        help="nemesis + workload + checker against a local cluster (three nodes by default)",
         description="Start three nodes on 127.0.0.1 behind per-link proxies, run a workload "
         "while injecting faults from a seeded schedule, heal, and check the history and the "
         "final state. Exit code 0: no violation; 1: violations; 3: the run proved nothing "
@@ -1105,7 +1181,22 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--faults",
         default=",".join(FAULT_KINDS),
-        help=f"comma-separated subset of {','.join(FAULT_KINDS)} (default: all)",
+        help=f"comma-separated subset of {','.join(FAULT_KINDS + EXTRA_FAULT_KINDS)} "
+        f"(default: {','.join(FAULT_KINDS)}; outage: a node killed for 10-16 s, long enough "
+        "for replica repair with --replace-after-ms)",
+    )
+    parser.add_argument("--nodes", type=int, default=NODES, help="nodes (3..5, default 3)")
+    parser.add_argument(
+        "--data-nodes", type=int, default=0, help="how many of them do not vote (default 0)"
+    )
+    parser.add_argument(
+        "--replica-count", type=int, default=0, help="replicas per pchannel (default 3)"
+    )
+    parser.add_argument(
+        "--replace-after-ms",
+        type=int,
+        default=0,
+        help="replica repair replaces a node DOWN this long (default: the cluster's, 5 min)",
     )
     parser.add_argument(
         "--spark",
@@ -1135,6 +1226,10 @@ def _command(args: argparse.Namespace) -> int:
         directory=args.dir,
         keep_dir=args.keep_dir,
         rate_per_s=args.rate,
+        nodes=args.nodes,
+        data_nodes=args.data_nodes,
+        replica_count=args.replica_count,
+        replace_after_ms=args.replace_after_ms,
     )
     try:
         options.validate()

@@ -67,3 +67,25 @@ def test_chaos_ten_minutes(tmp_path: Path) -> None:
     seed = int(os.environ.get("RAFTWAL_CHAOS_SLOW_SEED", "20261124"))
     options = ChaosOptions(seed=seed, duration_s=600, directory=tmp_path / "chaos")
     _assert_clean(run_chaos(options, progress=print))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_chaos_with_a_data_node_and_replica_repair(tmp_path: Path) -> None:
+    """Four nodes (three voters and a data node), outages long enough that replica repair
+    replaces the dead node in replica sets while the workload runs; the checker adds that
+    a majority of each final replica set holds every committed entry."""
+    seed = int(os.environ.get("RAFTWAL_CHAOS_REPAIR_SEED", "1126"))
+    duration = float(os.environ.get("RAFTWAL_CHAOS_REPAIR_DURATION_S", "600"))
+    options = ChaosOptions(
+        seed=seed,
+        duration_s=duration,
+        faults=(*FAULT_KINDS, "outage"),
+        directory=tmp_path / "chaos",
+        nodes=4,
+        data_nodes=1,
+        replace_after_ms=4000,
+    )
+    report = run_chaos(options, progress=print)
+    _assert_clean(report)
+    assert report.checked["replica_logs"] > 0

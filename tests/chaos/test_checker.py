@@ -579,3 +579,20 @@ def test_pack_violations(second: tuple, kinds: list) -> None:
     _pack(history, 0, 25, [[V, 2, 20]])
     _pack(history, *second)
     assert _kinds(history, final) == kinds
+
+
+def test_a_majority_of_the_final_replica_set_must_hold_every_committed_entry() -> None:
+    history, final = _clean()
+    log = final.logs[P]
+    final.replica_sets[P] = ("n1", ("n1", "n2", "n4"))
+    # Both replicas hold the log (one with a time-tick entry more, read later): fine.
+    later = [*log, _entry(5, "", msg_type="time_tick")]
+    final.replica_logs[P] = {"n2": list(log), "n4": later}
+    assert _kinds(history, final) == []
+    # One replica lags and the other is unreadable: only the owner holds everything.
+    final.replica_logs[P] = {"n2": log[:2], "n4": "UNAVAILABLE"}
+    assert _kinds(history, final) == ["replica-holders"]
+    # One holds all, the other holds a different entry at an LSN: a divergent replica.
+    other = [*log[:3], _entry(4, "p9:chaos_v0:0", term=2)]
+    final.replica_logs[P] = {"n2": list(log), "n4": other}
+    assert _kinds(history, final) == ["replica-log"]

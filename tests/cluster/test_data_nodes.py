@@ -3,9 +3,9 @@ nodes (`role = "data"`: they follow the Raft log without voting), on real proces
 
 A producer on eight pchannels spread over all five nodes: the balancer places owners and
 replica sets on the data nodes too. A data node is killed (its pchannels move to other
-members of their replica sets), then the Raft leader (a voter takes over; the data nodes
-follow it); every acknowledged message is read back once, in order, and no data node ever
-leads.
+members of their replica sets) and restarted, then the Raft leader is killed (a voter
+takes over; the data nodes follow it); every acknowledged message is read back once, in
+order, and no data node ever leads.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from raftwal.cli import dev
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from tests.cluster.conftest import Api, rid
-from tests.cluster.wal_helpers import History, Producer, consume_all
+from tests.cluster.wal_helpers import History, Producer, consume_all, wait_nodes_up
 
 pytestmark = pytest.mark.cluster
 
@@ -116,7 +116,11 @@ def test_five_nodes_three_voters_a_producer_over_all_of_them(
         placed = _placed(client, names)
         assert "n5" not in {c.owner_node_id for c in placed.values()}
 
-        # The Raft leader dies: a voter takes over, the data nodes follow it.
+        # n5 comes back (with three replicas per pchannel, a second dead node could take a
+        # majority of some set); then the Raft leader dies: a voter takes over, the data
+        # nodes follow it.
+        cluster.start_node("n5")
+        wait_nodes_up(client, count=5)
         leader = client.status().leader_node_id
         assert leader in VOTERS
         cluster.kill(leader, signal.SIGKILL)
