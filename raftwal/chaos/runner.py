@@ -861,13 +861,9 @@ async def _run(
                     for reason in ("released", "lost", "expired")
                 },
                 "spark_rows": -1 if final.spark_rows is None else len(final.spark_rows),
-                # Replica repair: pchannels whose replica set changed during the run, and
-                # replica logs read back for the majority-of-holders check.
-                "replica_sets_changed": sum(
-                    1
-                    for name, (_, members) in final.replica_sets.items()
-                    if name in initial_sets and tuple(sorted(members)) != initial_sets[name]
-                ),
+                # Replica repair: replica set changes seen in the status samples (in
+                # revision order), and replica logs read back for the holders check.
+                "replica_set_changes": _replica_set_changes(sampler.samples, initial_sets),
                 "replica_logs": sum(len(logs) for logs in final.replica_logs.values()),
                 **consumer_side.figures(history),
             }
@@ -982,6 +978,21 @@ async def _read_final(
             except RuntimeError as error:
                 final.spark_error = f"Spark read failed: {error}"
                 break
+
+
+def _replica_set_changes(
+    samples: Sequence[StatusSample], initial: dict[str, tuple[str, ...]]
+) -> int:
+    """How many times a pchannel's replica set changed, as the samples saw it (ordered by
+    revision, so that a node answering from an older state does not count twice)."""
+    current = dict(initial)
+    changes = 0
+    for sample in sorted(samples, key=lambda s: s.revision):
+        for name, members in sample.replica_sets.items():
+            if name in current and members and members != current[name]:
+                current[name] = members
+                changes += 1
+    return changes
 
 
 async def _read_replicas(

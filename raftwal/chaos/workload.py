@@ -583,6 +583,8 @@ class StatusSample:
     raft_terms: dict[str, int]
     #: node id -> gRPC address
     addresses: dict[str, str]
+    #: pchannel -> its replica set, sorted
+    replica_sets: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 class StatusSampler:
@@ -628,6 +630,7 @@ class StatusSampler:
                 pchannels={p.name: (p.term, p.owner_node_id, p.state) for p in status.pchannels},
                 raft_terms={m.node_id: m.raft_term for m in status.members if m.reachable},
                 addresses={n.node_id: n.address for n in status.nodes},
+                replica_sets={p.name: tuple(sorted(p.replica_node_ids)) for p in status.pchannels},
             )
             self.samples.append(sample)
             return sample
