@@ -11,7 +11,10 @@ a time, each the median of `--repeat` passes:
 - build: a `WalEntry` per entry from the header fields (decoded beforehand, untimed) and
   slices of the read buffer;
 - serialize: `ConsumeResponse` of 1,000 entries (100 B) or 400 (10 KiB: 4 MiB), then
-  `SerializeToString`.
+  `SerializeToString`;
+- prebuilt: what Consume does instead of build + serialize since consume_wire: each
+  entry's protobuf bytes written from the header fields and buffer slices, joined into
+  responses of the same size (one copy of each payload).
 
     ./run bench consume_path [--entries N] [--payload-bytes B] [--repeat R] [--json]
 
@@ -29,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from raftwal.services import consume_wire
 from rpc.protos import streaming_pb2 as wire
 from wal_segments.catalog import Catalog
 from wal_segments.format import (
@@ -99,6 +103,37 @@ def _build(data: bytes, frames: list) -> list[wire.WalEntry]:  # type: ignore[ty
     return out
 
 
+def _prebuilt(data: bytes, frames: list, per_response: int) -> list[bytes]:  # type: ignore[type-arg]
+    encoder = consume_wire.EntryEncoder("p", lambda _code: "message")
+    view = memoryview(data)
+    parts = []
+    for offset, fields in frames:
+        key_start = offset + ENTRY_HEADER_SIZE
+        payload_start = key_start + fields[11]
+        payload_end = payload_start + fields[12]
+        parts.append(
+            encoder.entry(
+                view,
+                "v",
+                fields[2],
+                fields[3],
+                fields[4],
+                fields[8],
+                (key_start, payload_start),
+                (payload_start, payload_end),
+                fields[6],
+                fields[7],
+                fields[10],
+                0,
+                None,
+            )
+        )
+    return [
+        consume_wire.response(parts[i : i + per_response], len(parts), 1, 0)
+        for i in range(0, len(parts), per_response)
+    ]
+
+
 def _timed(step, repeat: int) -> float:  # type: ignore[no-untyped-def]
     times = []
     for _ in range(repeat):
@@ -132,6 +167,10 @@ async def run(entries: int, payload_bytes: int, repeat: int) -> dict[str, float]
                         entries=built[i : i + per_response], committed_lsn=entries, term=1
                     ).SerializeToString()
                     for i in range(0, len(built), per_response)
+                ],
+                "prebuilt": lambda: [
+                    _prebuilt(data, f, per_response)
+                    for data, f in zip(chunks, headers, strict=True)
                 ],
             }
             return {

@@ -56,6 +56,7 @@ from raftwal.node.metrics import NodeMetrics
 from raftwal.node.proposals import ProposalBatcher
 from raftwal.node.security import NodeSecurity
 from raftwal.services.cluster import ClusterServicer
+from raftwal.services.consume_wire import add_streaming_node_servicer
 from raftwal.services.coordinator import CompactedHistory, CoordinatorServicer
 from raftwal.services.decoding import DecodeInterceptor
 from raftwal.services.node_manager import NodeManagerServicer
@@ -277,9 +278,8 @@ class Node:
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self), server)
         coordinator_pb2_grpc.add_NodeManagerServicer_to_server(NodeManagerServicer(self), server)
         coordinator_pb2_grpc.add_ClusterServicer_to_server(ClusterServicer(self), server)
-        streaming_pb2_grpc.add_StreamingNodeServicer_to_server(
-            StreamingNodeServicer(self, self.plane, self.data_view), server
-        )
+        # Consume's replies are pre-built bytes (raftwal.services.consume_wire).
+        add_streaming_node_servicer(StreamingNodeServicer(self, self.plane, self.data_view), server)
         streaming_pb2_grpc.add_ReplicationServicer_to_server(
             ReplicationServicer(self, self.plane), server
         )
