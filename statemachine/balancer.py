@@ -18,8 +18,9 @@ Rules, in order:
    stays where it is (the coordinator reports it).
 3. **Replica repair.** A pchannel whose owner is eligible gets a new replica set at term + 1
    when a member is in ``replace_nodes`` (DOWN for longer than the coordinator's
-   ``replica_replace_after_ms``) or frozen (a node being drained), or, once ready, when its set is smaller than it should be
-   (``replica_count``, capped by the UP unfrozen nodes). Each such member is swapped for
+   ``replica_replace_after_ms``) or frozen (a node being drained), or, once ready, when
+   its set is smaller than it should be (``replica_count``, capped by the UP unfrozen
+   nodes). Each such member is swapped for
    (and a short set widened by) the eligible non-member holding the fewest replicas; with
    no such node the set stays as it is (it never shrinks). The change is safe because the
    new owner's recovery consults the last ready set too (``stable_replica_node_ids``), and
@@ -28,8 +29,9 @@ Rules, in order:
    eligible node while the difference exceeds one, again only within replica sets.
 
 Moves per round are bounded (recovery by ``Limits.max_recovery_moves_per_round``, repair
-by ``Limits.max_repairs_per_round``, rebalancing by the policy's ``max_moves_per_round``). The output depends only on the
-inputs: nodes and pchannels are visited in sorted order and ties break by node id.
+by ``Limits.max_repairs_per_round``, rebalancing by the policy's ``max_moves_per_round``).
+The output depends only on the inputs: nodes and pchannels are visited in sorted order
+and ties break by node id. A pchannel gets at most one command per round.
 """
 
 from __future__ import annotations
@@ -143,7 +145,9 @@ def plan(
         commands.append(_assign(channel, owner, replicas))
         moved.add(name)
 
-    commands.extend(_repairs(state, eligible, set(replace_nodes), moved, replica_load, limits))
+    repairs = _repairs(state, eligible, set(replace_nodes), moved, replica_load, limits)
+    commands.extend(repairs)
+    moved.update(c.assign_pchannel.pchannel for c in repairs)
     if not state.balance_policy.allow_rebalance:
         return commands
     budget = state.balance_policy.max_moves_per_round or limits.default_moves_per_round

@@ -217,6 +217,8 @@ def test_plan_is_deterministic_and_always_valid(seed):
         assert [c.SerializeToString() for c in first] == [c.SerializeToString() for c in second], (
             seed
         )
+        names = [c.assign_pchannel.pchannel for c in first]
+        assert len(names) == len(set(names)), (seed, step, names)
         snapshot = snapshot_state(state)
         apply_plan(state, first)
         assert snapshot != snapshot_state(state) or not first
@@ -421,3 +423,29 @@ def test_moves_per_round_are_bounded() -> None:
         rounds += 1
     assert sorted(len(v) for v in _held(state).values()) == [4, 4]
     assert rounds == 4
+
+
+def test_a_repaired_pchannel_is_not_also_rebalanced_in_the_same_round():
+    """Both rules would pick the same pchannels (all owned by n1, all holding the long-DOWN
+    n4): it gets the repair only, and one command per pchannel per round."""
+    state = cluster(5, 4)
+    for name in sorted(state.pchannels):
+        assert (
+            run(
+                state,
+                pb.Command(
+                    assign_pchannel=pb.AssignPChannel(
+                        pchannel=name, term=1, node_id="n1", replica_node_ids=["n1", "n2", "n4"]
+                    )
+                ),
+            ).rejection.code
+            == errors_pb2.OK
+        )
+    make_ready(state)
+    run(state, pb.Command(mark_node_down=pb.MarkNodeDown(node_id="n4")))
+    commands = plan(state, ["n1", "n2", "n3", "n5"], replace_nodes=["n4"])
+    names = [c.assign_pchannel.pchannel for c in commands]
+    assert len(names) == len(set(names)), names
+    repaired = [c for c in commands if "n4" not in c.assign_pchannel.replica_node_ids]
+    assert len(repaired) == 4
+    apply_plan(state, commands)
