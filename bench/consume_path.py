@@ -106,28 +106,7 @@ def _build(data: bytes, frames: list) -> list[wire.WalEntry]:  # type: ignore[ty
 def _prebuilt(data: bytes, frames: list, per_response: int) -> list[bytes]:  # type: ignore[type-arg]
     encoder = consume_wire.EntryEncoder("p", lambda _code: "message")
     view = memoryview(data)
-    parts = []
-    for offset, fields in frames:
-        key_start = offset + ENTRY_HEADER_SIZE
-        payload_start = key_start + fields[11]
-        payload_end = payload_start + fields[12]
-        parts.append(
-            encoder.entry(
-                view,
-                "v",
-                fields[2],
-                fields[3],
-                fields[4],
-                fields[8],
-                (key_start, payload_start),
-                (payload_start, payload_end),
-                fields[6],
-                fields[7],
-                fields[10],
-                0,
-                None,
-            )
-        )
+    parts = [encoder.entry(view, offset, fields, "v") for offset, fields in frames]
     return [
         consume_wire.response(parts[i : i + per_response], len(parts), 1, 0)
         for i in range(0, len(parts), per_response)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -176,7 +176,7 @@ class Coordinator:
         live: list[str],
         settled: list[str],
         stuck: list[str],
-        replace: list[str] = (),  # type: ignore[assignment]
+        replace: Sequence[str] = (),
     ) -> list[pb.Command]:
         """The balancer's moves. Moves go to settled nodes only (not warming up) while there
         are any; a pchannel's first placement may use every live node, so that a cluster

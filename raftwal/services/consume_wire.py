@@ -23,6 +23,7 @@ import grpc
 
 from rpc.protos import streaming_pb2 as wire
 from rpc.protos import streaming_pb2_grpc
+from wal_segments.format import ENTRY_HEADER_SIZE, HeaderFields
 
 # One byte tags: (field number << 3) | wire type (0 varint, 2 length-delimited).
 _ENTRIES = b"\x0a"  # ConsumeResponse.entries = 1
@@ -105,21 +106,22 @@ class EntryEncoder:
     def entry(
         self,
         data: bytes | memoryview,
+        offset: int,
+        fields: HeaderFields,
         vchannel: str,
-        lsn: int,
-        term: int,
-        time_tick: int,
-        msg_type: int,
-        key: tuple[int, int],
-        payload: tuple[int, int],
-        txn_id: int,
-        broadcast_id: int,
-        flags: int,
-        segment_id: int,
-        properties: dict[str, str] | None,
+        segment_id: int = 0,
+        properties: dict[str, str] | None = None,
     ) -> tuple[Any, ...]:
-        """The parts of one `entries` field of a ConsumeResponse (joined by `response`):
-        `key` and `payload` are (start, end) offsets into `data`, not copied here."""
+        """The parts of one `entries` field of a ConsumeResponse (joined by `response`)
+        for the frame at `offset` of `data` whose header is `fields` (as
+        `wal_segments.format.frame_headers` gives them): its key and payload are taken as
+        slices of `data`, the payload not copied here. `properties` are the decoded ones
+        to show (the caller filters them)."""
+        lsn, term, time_tick = fields[2], fields[3], fields[4]
+        txn_id, broadcast_id, msg_type, flags = fields[6], fields[7], fields[8], fields[10]
+        key_start = offset + ENTRY_HEADER_SIZE
+        key_end = payload_start = key_start + fields[11]
+        payload_end = payload_start + fields[12]
         vchannel_field = self._vchannels.get(vchannel)
         if vchannel_field is None:
             vchannel_field = self._vchannels[vchannel] = text_field(_VCHANNEL, vchannel)
@@ -128,7 +130,6 @@ class EntryEncoder:
             msg_type_field = self._msg_types[msg_type] = text_field(
                 _MSG_TYPE, self._msg_type_name(msg_type)
             )
-        key_start, key_end = key
         cached = self._varint
         # lsn, term and time_tick are never zero in a log, and an explicit zero parses
         # the same in proto3: written unconditionally.
@@ -148,7 +149,6 @@ class EntryEncoder:
                 else b"",
             )
         )
-        payload_start, payload_end = payload
         payload_len = payload_end - payload_start
         tail = (
             b"".join(

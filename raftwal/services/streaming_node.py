@@ -672,15 +672,13 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             # segment, not per entry.
             segment = (0, -1)
             for offset, fields in frames:
-                (_, properties_len, lsn, term, time_tick, entry_vchannel, txn_id, broadcast_id) = (
-                    fields[:8]
+                properties_len, lsn, time_tick, entry_vchannel = (
+                    fields[1],
+                    fields[2],
+                    fields[4],
+                    fields[5],
                 )
-                msg_type, flags, key_len, payload_len = (
-                    fields[8],
-                    fields[10],
-                    fields[11],
-                    fields[12],
-                )
+                msg_type, flags = fields[8], fields[10]
                 if flags & CONTROL_FLAGS and not include_control:
                     continue
                 if vchannel_id and entry_vchannel != vchannel_id:
@@ -697,11 +695,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                     except KeyError as error:
                         await self._abort(context, fail(E.INNER, f"read failed: {error}"))
                         return
-                key_start = offset + ENTRY_HEADER_SIZE
-                payload_start = key_start + key_len
-                properties_start = payload_start + payload_len
                 properties = None
                 if properties_len:
+                    properties_start = offset + ENTRY_HEADER_SIZE + fields[11] + fields[12]
                     try:
                         properties = _visible(
                             decode_properties(
@@ -717,16 +713,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 out.append(
                     encoder.entry(
                         data,
+                        offset,
+                        fields,
                         names.get(entry_vchannel, ""),
-                        lsn,
-                        term,
-                        time_tick,
-                        msg_type,
-                        (key_start, payload_start),
-                        (payload_start, properties_start),
-                        txn_id,
-                        broadcast_id,
-                        flags,
                         segment[0] if with_segment_id else 0,
                         properties,
                     )

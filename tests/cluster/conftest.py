@@ -119,11 +119,16 @@ def rid() -> str:
 
 @contextlib.contextmanager
 def running_cluster(
-    directory: Path, env: dict[str, str] | None = None
+    directory: Path,
+    env: dict[str, str] | None = None,
+    nodes: int = 3,
+    data_nodes: int = 0,
+    timeout_s: float = 60.0,
 ) -> Iterator[tuple[dev.LocalCluster, Api]]:
-    """Three nodes started in `directory` (with `env` for their settings) and a test client;
-    both stopped on exit. For modules that need a cluster of their own."""
-    local = dev.up(directory, 3, timeout_s=60, env=env)
+    """`nodes` nodes (the last `data_nodes` of them not voting) started in `directory`
+    (with `env` for their settings) and a test client; both stopped on exit. For modules
+    that need a cluster of their own."""
+    local = dev.up(directory, nodes, timeout_s=timeout_s, env=env, data_nodes=data_nodes)
     client = Api(local.endpoints)
     try:
         yield local, client

@@ -21,7 +21,7 @@ import pytest
 from raftwal.cli import dev
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
-from tests.cluster.conftest import Api, rid
+from tests.cluster.conftest import Api, rid, running_cluster
 from tests.cluster.wal_helpers import History, Producer, consume_all, wait_nodes_up
 
 pytestmark = pytest.mark.cluster
@@ -36,13 +36,8 @@ TIMEOUT_S = 60.0
 def five(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dev.LocalCluster, Api]]:
     directory: Path = tmp_path_factory.mktemp("five")
     env = {**os.environ, "RAFTWAL_NODE_TIMEOUT_MS": "2000"}
-    local = dev.up(directory, 5, timeout_s=90, env=env, data_nodes=2)
-    client = Api(local.endpoints)
-    try:
-        yield local, client
-    finally:
-        client.close()
-        local.stop_all()
+    with running_cluster(directory, env, nodes=5, data_nodes=2, timeout_s=90) as running:
+        yield running
 
 
 def _placed(client: Api, names: list[str]) -> dict[str, pb.PChannel]:

@@ -17,7 +17,6 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ import pytest
 from raftwal.cli import dev
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
-from tests.cluster.conftest import Api, rid
+from tests.cluster.conftest import Api, rid, running_cluster
 from tests.cluster.wal_helpers import History, Producer, consume_all, wait_nodes_up
 from wal_segments.segment import list_segment_files
 
@@ -35,14 +34,10 @@ SEGMENT_BYTES = 32 * 1024
 TIMEOUT_S = 90.0
 
 
-@dataclass
-class RepairCluster:
-    cluster: dev.LocalCluster
-    client: Api
-
-
 @pytest.fixture(scope="module")
-def repair_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RepairCluster]:
+def repair_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[dev.LocalCluster, Api]]:
     directory: Path = tmp_path_factory.mktemp("repair")
     env = {
         **os.environ,
@@ -50,13 +45,8 @@ def repair_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RepairC
         "RAFTWAL_REPLICA_REPLACE_AFTER_MS": "3000",
         "RAFTWAL_SEGMENT_MAX_BYTES": str(SEGMENT_BYTES),
     }
-    local = dev.up(directory, 3, timeout_s=60, env=env)
-    client = Api(local.endpoints)
-    try:
-        yield RepairCluster(local, client)
-    finally:
-        client.close()
-        local.stop_all()
+    with running_cluster(directory, env) as running:
+        yield running
 
 
 def _channel(client: Api, name: str) -> pb.PChannel:
@@ -96,9 +86,9 @@ def _segment_firsts(cluster: dev.LocalCluster, node_id: str, pchannel: str) -> l
 
 
 def test_dead_replicas_are_replaced_and_every_acknowledged_entry_survives(
-    repair_cluster: RepairCluster,
+    repair_cluster: tuple[dev.LocalCluster, Api],
 ) -> None:
-    cluster, client = repair_cluster.cluster, repair_cluster.client
+    cluster, client = repair_cluster
     wait_nodes_up(client)
     created = client.call(
         "CreateChannels",

@@ -80,31 +80,15 @@ def test_prebuilt_replies_parse_to_what_protobuf_builds(seed: int, as_view: bool
     encoder = EntryEncoder("p_main", msg_type_name)
     parts = []
     for (offset, fields), entry in zip(frame_headers(data), entries, strict=True):
-        properties_len, lsn, term, tick, vchannel, txn_id, broadcast_id = fields[1:8]
-        msg_type, flags, key_len, payload_len = fields[8], fields[10], fields[11], fields[12]
-        key_start = offset + ENTRY_HEADER_SIZE
-        payload_start = key_start + key_len
-        properties_start = payload_start + payload_len
+        properties_start = offset + ENTRY_HEADER_SIZE + fields[11] + fields[12]
         properties = (
-            decode_properties(data[properties_start : properties_start + properties_len])
-            if properties_len
+            decode_properties(data[properties_start : properties_start + fields[1]])
+            if fields[1]
             else None
         )
         parts.append(
             encoder.entry(
-                buffer,
-                NAMES[vchannel],
-                lsn,
-                term,
-                tick,
-                msg_type,
-                (key_start, payload_start),
-                (payload_start, properties_start),
-                txn_id,
-                broadcast_id,
-                flags,
-                entry.lsn % 3 * 1000,
-                properties,
+                buffer, offset, fields, NAMES[fields[5]], entry.lsn % 3 * 1000, properties
             )
         )
     built = response(parts, committed_lsn=123_456_789_012, term=7, committed_time_tick=0)
