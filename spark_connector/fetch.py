@@ -47,8 +47,8 @@ INTERNAL_PROPERTIES = pa.array(["rw.producer", "rw.seq", "rw.count"], pa.string(
 #: Rows fetched per step when a split partition reads on to finish a transaction.
 TXN_TAIL_STEP = 65_536
 #: ReadSegment's chunk size. Large messages stall a gRPC stream on HTTP/2 flow control:
-#: one segment read in 8 MiB chunks ran at about 210 MB/s, in 1 MiB chunks at about 310
-#: (BENCHMARKS.md, "Consume").
+#: segments read in 8 MiB chunks ran at about 265 MB/s, in 1 MiB chunks at about 410
+#: (`./run bench read_chunks`; BENCHMARKS.md, "Consume").
 CHUNK_BYTES = 1 << 20
 #: Up to this many rows filtered out, a batch is sliced around them instead of filtered.
 FEW_DROPPED_ROWS = 64
