@@ -15,6 +15,7 @@ unrelated PyPI distribution `raft`; never install both in one environment.
 """
 
 from raft.errors import (
+    ChangeRefused,
     FatalPeerError,
     JournalCorrupted,
     NotLeader,
@@ -27,6 +28,7 @@ from raft.errors import (
 from raft.peer import DurabilityEvent, RaftPeer, RaftTuning, is_loopback_address
 
 __all__ = [
+    "ChangeRefused",
     "DurabilityEvent",
     "FatalPeerError",
     "JournalCorrupted",

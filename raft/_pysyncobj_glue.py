@@ -43,6 +43,24 @@ SUPPORTED_PYSYNCOBJ_VERSION = "0.3.17"
 
 # pysyncobj's command type byte of a no-op entry (syncobj.py _COMMAND_TYPE.NO_OP).
 NO_OP_COMMAND = b"\x01"
+# ... and of a membership change (_COMMAND_TYPE.MEMBERSHIP, lines 384 and 400): the byte,
+# then pysyncobj's pickle of ["add" | "rem", address, TCPNode(address)].
+MEMBERSHIP_COMMAND_TYPE = 2
+
+
+def membership_request(command: bytes) -> tuple[str, str] | None:
+    """("add" | "rem", address) of a pysyncobj membership entry; None for any other entry.
+
+    The entry is pysyncobj's own pickle, and it only ever comes from this peer's journal or
+    an authenticated peer (the same bytes pysyncobj unpickles itself, line 1418)."""
+    if not command or command[0] != MEMBERSHIP_COMMAND_TYPE:
+        return None
+    request = pysyncobj_pickle.loads(command[1:])
+    kind, address = str(request[0]), str(request[1])
+    if kind not in ("add", "rem"):
+        return None
+    return kind, address
+
 
 # pysyncobj's raft states (syncobj.py _RAFT_STATE).
 STATE_NAMES = {0: "follower", 1: "candidate", 2: "leader"}
@@ -655,6 +673,7 @@ class RaftwalSyncObj(SyncObj):
         gate: AckGate,
         guard: PortGuard,
         dial_addresses: dict[str, str] | None = None,
+        own_address: str | None = None,
     ) -> None:
         # Set before SyncObj.__init__, which scans dir(self) for replicated methods.
         self._raftwal_apply_entry = apply_entry
@@ -664,9 +683,123 @@ class RaftwalSyncObj(SyncObj):
             self._raftwal_transport = transport
             return transport
 
-        dial = dial_addresses or {}
-        partners = [DialedNode(a, dial[a]) if a in dial else a for a in partner_addresses]
+        # This peer's address, also on a read-only peer (whose pysyncobj self is None).
+        self._raftwal_own_address = own_address or str(self_address)
+        self._raftwal_dial = dict(dial_addresses or {})
+        # Called on the tick thread after the voter set changed (a membership entry was
+        # appended, received, rolled back, or a snapshot replaced the set).
+        self.raftwal_on_membership: Callable[[], None] | None = None
+        partners = [self._raftwal_node(a) for a in partner_addresses]
         super().__init__(self_address, partners, conf=conf, transportClass=make_transport)
+
+    def _raftwal_node(self, address: str) -> TCPNode:
+        dial = self._raftwal_dial.get(address)
+        return (
+            DialedNode(address, dial) if dial is not None and dial != address else TCPNode(address)
+        )
+
+    # ---- membership change (dynamicMembershipChange=True)
+    #
+    # pysyncobj applies a membership entry to its voter set as soon as it is in the log
+    # (appended by the leader, line 526; received by a follower, line 1009), undoes it when
+    # a conflicting leader truncates it (line 993), and re-applies it, as a no-op, when it
+    # commits (line 887). Two overrides keep our node objects (a partner may be dialled
+    # through a proxy: DialedNode) and keep a peer from ever adding itself (pysyncobj
+    # compares with its self node, which is None on a read-only peer).
+
+    def _SyncObj__doChangeCluster(  # noqa: N802 (overrides a mangled name)
+        self, request: Any, reverse: bool = False
+    ) -> bool:
+        kind, address = str(request[0]), str(request[1])
+        if address == self._raftwal_own_address:
+            # This peer itself: a voter is its own member already (and never removes
+            # itself: pysyncobj refuses that too), and a read-only peer being promoted
+            # restarts as a voter rather than dial itself.
+            return False
+        changed = bool(
+            SyncObj._SyncObj__doChangeCluster(  # type: ignore[attr-defined]
+                self, [kind, address, self._raftwal_node(address)], reverse
+            )
+        )
+        if changed and self.raftwal_on_membership is not None:
+            self.raftwal_on_membership()
+        return changed
+
+    def _SyncObj__changeCluster(self, request: Any) -> bool:  # noqa: N802 (mangled name)
+        # The leader, about to append a membership entry (line 526). pysyncobj means to
+        # allow one change at a time (line 1361) but never sets __changeClusterIDx, so it
+        # would append a second change before the first commits; check the log instead.
+        # It does refuse until the no-op of the leader's term is applied (line 1357), the
+        # known pitfall of single-server changes after a leader change.
+        noop_index = self._SyncObj__noopIDx
+        if noop_index is None or self._SyncObj__raftLastApplied < noop_index:
+            return False
+        if self.raftwal_membership_pending():
+            return False
+        return bool(self._SyncObj__doChangeCluster(request))
+
+    def _SyncObj__updateClusterConfiguration(  # noqa: N802 (overrides a mangled name)
+        self, new_nodes: Any
+    ) -> None:
+        # A snapshot's member list (line 1508): addresses, this peer's own among them.
+        addresses = {str(getattr(node, "id", node)) for node in new_nodes if node is not None}
+        addresses.discard(self._raftwal_own_address)
+        SyncObj._SyncObj__updateClusterConfiguration(  # type: ignore[attr-defined]
+            self, [self._raftwal_node(a) for a in sorted(addresses)]
+        )
+        if self.raftwal_on_membership is not None:
+            self.raftwal_on_membership()
+
+    def raftwal_apply_uncommitted_membership(self) -> None:
+        """At start, after the committed log was replayed: a membership entry takes effect
+        once it is in the log (Raft's single-server change), committed or not. pysyncobj
+        replays only the committed ones (line 887); apply the rest, in order."""
+        commit = self._SyncObj__raftCommitIndex
+        for command, _index, _term in self._SyncObj__getEntries(commit + 1):
+            request = membership_request(bytes(command))
+            if request is not None:
+                self._SyncObj__doChangeCluster(list(request))
+
+    def raftwal_membership_at(self, index: int) -> set[str]:
+        """The voter addresses as of raft index `index` (this peer's own included when it is
+        a voter): today's set with every membership entry after `index` undone. A snapshot
+        at `index` records this set, not today's, which may hold changes a new leader
+        truncates later."""
+        members = {str(node.id) for node in self._SyncObj__otherNodes}
+        if self._SyncObj__selfNode is not None:
+            members.add(self._raftwal_own_address)
+        for command, _index, _term in reversed(self._SyncObj__getEntries(index + 1)):
+            request = membership_request(bytes(command))
+            if request is None:
+                continue
+            kind, address = request
+            if kind == "add":
+                members.discard(address)
+            else:
+                members.add(address)
+        return members
+
+    def raftwal_membership_pending(self) -> bool:
+        """A membership entry is in the log but not committed: another change is refused,
+        and the voter set may still move back."""
+        commit = self._SyncObj__raftCommitIndex
+        return any(
+            membership_request(bytes(command)) is not None
+            for command, _index, _term in self._SyncObj__getEntries(commit + 1)
+        )
+
+    def raftwal_change_membership(
+        self, kind: str, address: str, callback: Callable[[Any, int], None]
+    ) -> None:
+        """Queue a membership change; pysyncobj appends it on the leader's next tick if the
+        leader committed an entry of its own term (its no-op) and no other change is
+        uncommitted (`__changeCluster`, line 1356), else the callback gets REQUEST_DENIED.
+        The entry carries a plain TCPNode: the peers' own node objects are made on
+        receipt (`_SyncObj__doChangeCluster`)."""
+        if kind == "add":
+            self.addNodeToCluster(address, callback)
+        else:
+            self.removeNodeFromCluster(address, callback)
 
     @replicated
     def raftwal_apply(self, command: bytes) -> bytes:
@@ -722,7 +855,7 @@ class RaftwalSyncObj(SyncObj):
 
     def raftwal_voter_ids(self) -> set[str]:
         """The other voting members' ids (their addresses; read-only nodes are not)."""
-        return {str(node.id) for node in self._SyncObj__otherNodes}
+        return {str(node.id) for node in list(self._SyncObj__otherNodes)}
 
     def raftwal_state(self) -> int:
         state = self._SyncObj__raftState

@@ -46,6 +46,12 @@ class Overloaded(RaftError):
     """The command was refused before it reached the log (a bound was hit); retry later."""
 
 
+class ChangeRefused(RaftError):
+    """A membership change was refused (not appended): another change is not committed
+    yet, this leader has not committed an entry of its own term, or the change would not
+    change anything. Nothing happened; ask again once the cause is gone."""
+
+
 class PeerClosed(RaftError):
     """The peer is closed or stopped after a fatal error; nothing was proposed."""
 

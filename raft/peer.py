@@ -63,6 +63,7 @@ from raft._pysyncobj_glue import (
     install_log_filter,
 )
 from raft.errors import (
+    ChangeRefused,
     FatalPeerError,
     LeadershipUnconfirmed,
     NotLeader,
@@ -409,12 +410,13 @@ class RaftPeer:
         tuning = tuning or RaftTuning()
         tuning.validate()
         partners = [address for address in partner_addresses if address != self_address]
+        # Any peer may be named, not only today's partners: a member added later is
+        # dialled through this map too.
         dial_addresses = dict(partner_dial_addresses or {})
-        unknown = sorted(set(dial_addresses) - set(partners))
-        if unknown:
+        if self_address in dial_addresses:
             raise ValueError(
-                f"invalid partner_dial_addresses (for {', '.join(unknown)}; expected partners "
-                f"among {', '.join(partners) or 'none'})"
+                f"invalid partner_dial_addresses (names this peer, {self_address}; expected "
+                "other peers only)"
             )
         for address in [self_address, *partners, *dial_addresses.values()]:
             _host_of(address)
@@ -467,6 +469,11 @@ class RaftPeer:
         self._new_reads: list[_ReadIndex] = []
         self._reads: list[_ReadIndex] = []
         self.read_rounds = 0
+        # The voter set (addresses, this peer's own included when it votes) and whether a
+        # membership entry is uncommitted; written on the tick thread, read anywhere.
+        self._voters: tuple[str, ...] = ()
+        self._membership_pending = False
+        self._membership_changed = False
 
         self._data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         remove_stale_temp_files(self._data_dir)
@@ -499,6 +506,7 @@ class RaftPeer:
                     self._gate,
                     self._port_guard,
                     dial_addresses,
+                    own_address=self_address,
                 )
             except SyncObjException as exc:
                 raise OSError(f"cannot bind the raft port of {self_address}: {exc}") from exc
@@ -515,6 +523,11 @@ class RaftPeer:
             self._tick_once(0.0)
             if self._fatal is not None:
                 raise self._fatal
+            # The voter set is the last one in the log, committed or not (the replay
+            # applied the committed changes).
+            syncobj.raftwal_apply_uncommitted_membership()
+            syncobj.raftwal_on_membership = self._on_membership
+            self._refresh_membership()
         except BaseException:
             self._shutdown_syncobj()
             self._journal.close()
@@ -563,7 +576,9 @@ class RaftPeer:
             bindRetryTime=tuning.bind_retry_s,
             maxBindRetries=tuning.bind_retries,
             onStateChanged=self._on_state_changed,
-            dynamicMembershipChange=False,
+            # Voters are added and removed through the log (change_membership); the
+            # overrides in raft/_pysyncobj_glue.py keep that durable and proxy-aware.
+            dynamicMembershipChange=True,
         )
 
     # ---------------------------------------------------------------- proposing
@@ -588,6 +603,15 @@ class RaftPeer:
             raise ValueError(
                 f"invalid timeout_s ({timeout_s!r}; expected 0 < x <= {self._tuning.max_timeout_s})"
             )
+        return self._submit(
+            timeout_s, lambda callback: self._syncobj.raftwal_apply(command, callback=callback)
+        )
+
+    def _submit(
+        self, timeout_s: float, send: Callable[[Callable[[Any, int], None]], None]
+    ) -> concurrent.futures.Future[bytes]:
+        """Register a pending proposal and hand it to pysyncobj through `send(callback)`
+        (a command or a membership change); the future settles like ``propose``'s."""
         future: concurrent.futures.Future[bytes] = concurrent.futures.Future()
         # Running futures cannot be cancelled: a proposal cannot be taken back.
         future.set_running_or_notify_cancel()
@@ -618,9 +642,7 @@ class RaftPeer:
             proposal_id = next(self._proposal_ids)
             self._pending[proposal_id] = _Pending(future, timeout_s)
             heapq.heappush(self._deadlines, (time.monotonic() + timeout_s, proposal_id))
-        self._syncobj.raftwal_apply(
-            command, callback=functools.partial(self._on_command_result, proposal_id)
-        )
+        send(functools.partial(self._on_command_result, proposal_id))
         self._wakeup.notify()
         return future
 
@@ -796,6 +818,11 @@ class RaftPeer:
             return NotLeader(leader, f"entry discarded by a new leader (leader hint: {leader})")
         if error in (FAIL_REASON.LEADER_CHANGED, FAIL_REASON.UNKNOWN_OUTCOME):
             return UnknownOutcome(f"outcome unknown (pysyncobj reason {error})")
+        if error == FAIL_REASON.REQUEST_DENIED:
+            return ChangeRefused(
+                "membership change refused: another change is not committed yet, or this "
+                "leader has not committed an entry of its term yet"
+            )
         return RaftError(f"proposal refused (pysyncobj reason {error})")
 
     def _expire_proposals(self) -> None:
@@ -933,6 +960,88 @@ class RaftPeer:
         reason: frame_too_large, bad_frame, auth_timeout, too_many_unauthenticated."""
         return dict(self._port_guard.refusals)
 
+    # ------------------------------------------------------------ membership change
+
+    def voters(self) -> tuple[str, ...]:
+        """The voting members' addresses, sorted, as this peer's log has them (the last
+        membership entry in it, committed or not; this peer's own address when it votes)."""
+        return self._voters
+
+    def membership_pending(self) -> bool:
+        """A membership entry is in this peer's log but not committed yet."""
+        return self._membership_pending
+
+    def change_membership(
+        self, kind: str, address: str, timeout_s: float
+    ) -> concurrent.futures.Future[None]:
+        """Add (`kind="add"`) or remove (`"remove"`) one voter, on the leader: Raft's
+        single-server change through pysyncobj's membership entries. The future resolves
+        once the entry commits (the new set counts from its append on).
+
+        Refused at once (ChangeRefused, nothing appended) when the change would change
+        nothing, when it would remove this leader (transfer leadership first), or on the
+        tick thread when another change is uncommitted or this leader has not committed
+        an entry of its own term (the known pitfall of single-server changes after a
+        leader change). An added peer must already follow the log (a non-voting peer
+        restarted as a voter, or about to be): until it answers, it counts as down.
+        NotLeader, UnknownOutcome, Overloaded and PeerClosed as for `propose`.
+        """
+        if kind not in ("add", "remove"):
+            raise ValueError(f"invalid kind ({kind!r}; expected 'add' or 'remove')")
+        _host_of(address)
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()
+        voters = set(self._voters)
+        refusal = None
+        if kind == "add" and address in voters:
+            refusal = f"{address} is a voter already"
+        elif kind == "remove" and address not in voters:
+            refusal = f"{address} is not a voter"
+        elif kind == "remove" and address == self._self_address:
+            refusal = f"{address} leads: transfer the leadership before removing it"
+        elif kind == "remove" and len(voters) <= 1:
+            refusal = "refusing to remove the last voter"
+        if refusal is not None:
+            future.set_exception(ChangeRefused(refusal))
+            return future
+
+        def settle(done: concurrent.futures.Future[bytes]) -> None:
+            error = done.exception()
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(None)
+
+        entry = "add" if kind == "add" else "rem"
+        self._submit(
+            timeout_s,
+            lambda callback: self._syncobj.raftwal_change_membership(entry, address, callback),
+        ).add_done_callback(settle)
+        return future
+
+    def _on_membership(self) -> None:
+        """Tick thread: pysyncobj changed the voter set (possibly only for a moment: a
+        follower undoes and redoes the entries of an overlapping resend)."""
+        self._membership_changed = True
+
+    def _refresh_membership(self) -> None:
+        """Tick thread, once per tick after the poll's messages (and the constructor):
+        publish the voter set and whether a change is uncommitted."""
+        self._membership_changed = False
+        syncobj = self._syncobj
+        voters = syncobj.raftwal_voter_ids()
+        if self._voter:
+            voters.add(self._self_address)
+        self._membership_pending = syncobj.raftwal_membership_pending()
+        previous, self._voters = self._voters, tuple(sorted(voters))
+        if previous and previous != self._voters:
+            logger.warning(
+                "raft peer %s: voters now %s (were %s)",
+                self._self_address,
+                ", ".join(self._voters),
+                ", ".join(previous),
+            )
+
     def request_snapshot(self) -> None:
         """Ask for a snapshot + journal compaction at the next tick."""
         self._syncobj.forceLogCompaction()
@@ -964,6 +1073,8 @@ class RaftPeer:
             "snapshots_written": self._snapshots_written,
             "pending_proposals": pending,
             "partners_connected": partners,
+            "voters": list(self._voters),
+            "membership_pending": self._membership_pending,
             "durable": self._durable,
             "safety_net_syncs": self._safety_net_syncs,
             "tick_errors": self._tick_errors_total,
@@ -1057,6 +1168,8 @@ class RaftPeer:
         self._gate.flush()
         if self._new_reads or self._reads:
             self._mark_reads()
+        if self._membership_changed or self._membership_pending:
+            self._refresh_membership()
 
     def _shutdown_syncobj(self) -> None:
         if self._started_syncobj is not None:
@@ -1104,9 +1217,13 @@ class RaftPeer:
             error = FatalPeerError(f"take_snapshot failed: {exc!r}")
             self._set_fatal(error)
             raise error from exc
-        # A non-voting peer is not in its own cluster (pysyncobj puts its None self in).
-        cluster_addresses = tuple(sorted(str(node.id) for node in cluster if node is not None))
         last = (bytes(last_entry[0]), int(last_entry[1]), int(last_entry[2]))
+        # The voters as of the snapshot's index, not today's: a membership entry after it
+        # may still be truncated by a new leader, and a restart from this snapshot must not
+        # count a voter that never was (pysyncobj passes today's set, line 1469). A
+        # non-voting peer is not in its own set.
+        del cluster
+        cluster_addresses = tuple(sorted(self._syncobj.raftwal_membership_at(last[1])))
         prev = (bytes(prev_entry[0]), int(prev_entry[1]), int(prev_entry[2]))
         blob = encode_snapshot(last, prev, cluster_addresses, app_state)
         try:

@@ -873,6 +873,31 @@ class CoordinatorClient:
         )
         return await self._unary("SetBalancePolicy", request)
 
+    # -- Raft membership ------------------------------------------------------------
+
+    async def change_membership(
+        self, node_id: str, add: bool, *, timeout_ms: int = 0
+    ) -> api.ChangeMembershipResponse:
+        """Make `node_id` (a configured node) a Raft voter (`add`, it must be a caught-up
+        data node) or a data node again (it must hold nothing: freeze it and wait first).
+        Answered by the leader. Raises IgnoredOperationError when a precondition does not
+        hold (the message says which); ``changed`` is False when the node had that role
+        already, so a retry is safe."""
+        request = api.ChangeMembershipRequest(
+            node_id=node_id,
+            action=api.MEMBERSHIP_ACTION_ADD if add else api.MEMBERSHIP_ACTION_REMOVE,
+            timeout_ms=timeout_ms,
+        )
+        extra_wait_s = (timeout_ms or 10_000) / 1000
+        return await self._unary("ChangeMembership", request, extra_wait_s=extra_wait_s)
+
+    async def list_members(self) -> api.ListMembersResponse:
+        """The Raft voters as the leader's log has them, and whether a change is pending."""
+        response: api.ListMembersResponse = await self._unary(
+            "ListMembers", api.ListMembersRequest()
+        )
+        return response
+
 
 # ---------------------------------------------------------------------------------------
 # Lease keeper

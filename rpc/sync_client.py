@@ -274,6 +274,17 @@ class Client:
             )
         )
 
+    def change_membership(
+        self, node_id: str, add: bool, *, timeout_ms: int = 0
+    ) -> api.ChangeMembershipResponse:
+        return self._run(
+            self._async.change_membership(node_id, add, timeout_ms=timeout_ms),
+            extra_wait_s=(timeout_ms or 10_000) / 1000,
+        )
+
+    def list_members(self) -> api.ListMembersResponse:
+        return self._run(self._async.list_members())
+
 
 class SyncLeaseKeeper:
     """Context manager keeping a lease alive on the client's loop; ``alive`` and

@@ -188,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from raftwal.chaos.runner import register as register_chaos
     from raftwal.cli.client import register
+    from raftwal.cli.member import register as register_member
     from raftwal.cli.shards import register as register_shards
     from raftwal.cli.snapshot import register as register_snapshot
     from raftwal.cli.spark import register as register_spark
@@ -197,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_chaos(commands)
     register_snapshot(commands)
     register_shards(commands)
+    register_member(commands)
     return parser
 
 
@@ -224,17 +226,28 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 def _run_node(args: argparse.Namespace) -> int:
     import asyncio
+    import logging
+    import os
 
     from raftwal.node.config import ConfigError, load_config
+    from raftwal.node.membership import RoleFileError
     from raftwal.node.process import run_node
 
     try:
         config = load_config(args.config)
         config.node(args.id)
-        asyncio.run(run_node(config, args.id))
-    except ConfigError as error:
+        restart = asyncio.run(run_node(config, args.id))
+    except (ConfigError, RoleFileError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if restart:
+        # The node changed its Raft role (raftwal member add / remove) and stopped
+        # cleanly: start the same command line again in this process (same pid, so
+        # whatever supervises it sees no exit); it reads its new role from role.json.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, sys.orig_argv)
     return 0
 
 

@@ -44,7 +44,14 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from raft.errors import LeadershipUnconfirmed, NotLeader, Overloaded, PeerClosed, UnknownOutcome
+from raft.errors import (
+    ChangeRefused,
+    LeadershipUnconfirmed,
+    NotLeader,
+    Overloaded,
+    PeerClosed,
+    UnknownOutcome,
+)
 from raft.events import Compacted
 from raft.peer import RaftPeer, RaftTuning, loop_mailbox
 from raft.replica import CoordinationReplica
@@ -52,6 +59,12 @@ from raftwal.node import faults
 from raftwal.node.config import ClusterConfig, NodeConfig, check_transport_security
 from raftwal.node.coordinator import Coordinator
 from raftwal.node.data_plane import GrpcReplicaTransport, NodeDataView, reconcile_loop
+from raftwal.node.membership import (
+    MAX_PROMOTION_LAG_ENTRIES,
+    load_role,
+    store_role,
+    wanted_role,
+)
 from raftwal.node.metrics import NodeMetrics
 from raftwal.node.proposals import ProposalBatcher
 from raftwal.node.security import NodeSecurity
@@ -177,6 +190,10 @@ class Node:
         self.incarnation = now_ms()
         data_dir = self.me.data_dir
         prepare_data_dir(data_dir)
+        # The role this node runs in: the configured one until `raftwal member` changed it
+        # (raftwal/node/membership.py). A switch restarts the process in the new role.
+        self.role = load_role(data_dir, self.me.role)
+        self.restart_requested = False
         self.replica = CoordinationReplica(data_dir)
         self.metrics = NodeMetrics(self)
         self.notifier = AppliedNotifier()
@@ -232,11 +249,13 @@ class Node:
             lambda revision, index: mailbox.post(self.notifier.advance, revision, index)
         )
         # A data node follows the voters without voting; voters know only each other
-        # (a data node connects to them, as pysyncobj's read-only node).
-        others = [n for n in self.config.voters if n.id != self.me.id]
-        partners = [n.raft_address for n in others]
+        # (a data node connects to them, as pysyncobj's read-only node). The configured
+        # voters are the first voter set; the Raft log and snapshots hold every change
+        # since, and the peer replays them.
+        partners = [n.raft_address for n in self.config.voters if n.id != self.me.id]
         # A peer may be dialled elsewhere than at its own address (config peer_*_addresses,
         # e.g. the chaos suite's per-link proxies); its identity stays its own address.
+        others = [n for n in self.config.nodes if n.id != self.me.id]
         dial = {n.raft_address: self.me.dial_raft_address(n) for n in others}
         self.peer = RaftPeer(
             self_address=self.me.raft_address,
@@ -257,7 +276,7 @@ class Node:
             ),
             partner_dial_addresses={a: d for a, d in dial.items() if a != d},
             on_fatal=self._on_fatal,
-            voter=self.me.voter,
+            voter=self.role == "voter",
         )
         revision, index = self.replica.applied()
         self.notifier.advance(revision, index)
@@ -344,6 +363,8 @@ class Node:
         await self.stop()
 
     def _on_stop_signal(self) -> None:
+        # An operator's stop wins over a pending role switch: stop, do not restart.
+        self.restart_requested = False
         if self._stop_requested.is_set():
             log.warning("node %s: second stop signal, stopping without handover", self.me.id)
             self._handover_abort.set()
@@ -890,7 +911,7 @@ class Node:
             node_id=self.me.id,
             grpc_address=self.me.grpc_address,
             raft_address=self.me.raft_address,
-            role=self.me.role,
+            role=self.role,
             is_leader=self.peer.is_leader(),
             reachable=True,
             raft_term=self.peer.raft_term(),
@@ -1079,10 +1100,174 @@ class Node:
                         answer = await stub.Heartbeat(request, timeout=max(interval, 0.5))
                         if self.draining and answer.draining_seen:
                             self._note_handover_targets(answer.handover_targets)
+                        await self._follow_membership(
+                            list(answer.voter_node_ids), answer.membership_settled
+                        )
                     except grpc.aio.AioRpcError as error:
                         log.debug("heartbeat to %s failed: %s", leader.id, error.code())
             self._heartbeat_now.clear()
             await wait_event(self._heartbeat_now, interval)
+
+    async def _follow_membership(self, voter_node_ids: list[str], settled: bool) -> None:
+        """Switch this node's role when the leader's settled voter set says so: remember
+        the new role durably, then stop as for a planned restart (handover first) and let
+        ``main`` start the same command again (``restart_requested``)."""
+        wanted = wanted_role(self.me.id, voter_node_ids, settled)
+        if wanted is None or wanted == self.role or self._stop_requested.is_set():
+            return
+        log.warning(
+            "node %s: the Raft voters are now %s; restarting as a %s node (was %s)",
+            self.me.id,
+            ", ".join(voter_node_ids),
+            "voting" if wanted == "voter" else "data",
+            self.role,
+        )
+        await asyncio.to_thread(store_role, self.me.data_dir, wanted)
+        self.restart_requested = True
+        self._stop_requested.set()
+
+    # -- Raft membership (Coordinator.ChangeMembership / ListMembers) -------------------
+
+    def voter_node_ids(self) -> list[str]:
+        """The voters as this node's log has them, as node ids (an address no configured
+        node has stays an address)."""
+        peer = self._require_peer()
+        ids = []
+        for address in peer.voters():
+            node = self.config.node_by_raft_address(address)
+            ids.append(node.id if node is not None else address)
+        return sorted(ids)
+
+    def membership(self) -> tuple[list[str], bool]:
+        peer = self._require_peer()
+        return self.voter_node_ids(), not peer.membership_pending()
+
+    def _require_leader(self) -> RaftPeer:
+        peer = self._require_peer()
+        if not peer.is_leader():
+            self._leader_for(NotLeader(peer.leader_address()), forward=False)
+        return peer
+
+    def list_members(self) -> api.ListMembersResponse:
+        peer = self._require_leader()
+        return api.ListMembersResponse(
+            voter_node_ids=self.voter_node_ids(),
+            change_pending=peer.membership_pending(),
+            leader_node_id=self.me.id,
+        )
+
+    async def change_membership(
+        self, node_id: str, add: bool, timeout_s: float
+    ) -> tuple[list[str], bool]:
+        peer = self._require_leader()
+        if node_id not in {n.id for n in self.config.nodes}:
+            raise RaftwalError(
+                error_info(
+                    E.NOT_FOUND,
+                    f"unknown node {node_id!r} (expected one of the configured nodes: "
+                    f"{', '.join(n.id for n in self.config.nodes)})",
+                )
+            )
+        node = self.config.node(node_id)
+        voters = self.voter_node_ids()
+        if (node_id in voters) == add:
+            return voters, False
+
+        def refuse(message: str) -> RaftwalError:
+            return RaftwalError(error_info(E.IGNORED_OPERATION, message))
+
+        if peer.membership_pending():
+            raise refuse("another membership change is not committed yet; retry shortly")
+        if add:
+            member = await self._collect_member(node)
+            if not member.reachable:
+                raise refuse(
+                    f"node {node_id} does not answer: start it (as a data node) and let it "
+                    "catch up before making it a voter"
+                )
+            behind = peer.commit_index() - member.applied_index
+            if behind > MAX_PROMOTION_LAG_ENTRIES:
+                raise refuse(
+                    f"node {node_id} is {behind} Raft entries behind (applied "
+                    f"{member.applied_index} of {peer.commit_index()}; expected at most "
+                    f"{MAX_PROMOTION_LAG_ENTRIES} behind): let it catch up first"
+                )
+        else:
+            if node_id == self.me.id:
+                # A leader never removes itself: move the leadership, and let the caller
+                # ask the next leader (NOT_LEADER is retried with its hint).
+                await self._hand_over_leadership(time.monotonic() + timeout_s)
+                leader = self.leader()
+                raise RaftwalError(
+                    error_info(
+                        E.NOT_LEADER,
+                        f"node {node_id} led; the leadership moved away from it first: "
+                        "ask the new leader",
+                        leader_hint=leader.grpc_address
+                        if leader is not None and leader.id != self.me.id
+                        else "",
+                    )
+                )
+            held = self._held_by(node_id)
+            if held:
+                raise refuse(
+                    f"node {node_id} still holds {', '.join(held[:8])}"
+                    f"{' and more' if len(held) > 8 else ''}: freeze it "
+                    "(raftwal balance freeze) and wait until its pchannels moved and it left "
+                    "every replica set (raftwal member remove does both)"
+                )
+            connected = peer.status()["partners_connected"]
+            remaining = [v for v in peer.voters() if v != node.raft_address]
+            live = sum(1 for v in remaining if v == self.me.raft_address or connected.get(v, False))
+            if live <= len(remaining) // 2:
+                raise refuse(
+                    f"removing {node_id} would leave {len(remaining)} voters of which only "
+                    f"{live} are connected to the leader (expected a majority, "
+                    f"{len(remaining) // 2 + 1}): bring the others back first"
+                )
+        try:
+            await asyncio.wrap_future(
+                peer.change_membership("add" if add else "remove", node.raft_address, timeout_s)
+            )
+        except ChangeRefused as error:
+            raise refuse(str(error)) from None
+        except NotLeader as error:
+            self._leader_for(error, forward=False)
+        except UnknownOutcome as error:
+            raise RaftwalError(
+                error_info(E.UNKNOWN, f"outcome unknown ({error}); ask ListMembers")
+            ) from None
+        except (Overloaded, PeerClosed) as error:
+            raise RaftwalError(error_info(E.ON_SHUTDOWN, f"cannot change now: {error}")) from None
+        log.warning(
+            "node %s: %s node %s as a Raft voter; voters now %s",
+            self.me.id,
+            "added" if add else "removed",
+            node_id,
+            ", ".join(self.voter_node_ids()),
+        )
+        return self.voter_node_ids(), True
+
+    def _held_by(self, node_id: str) -> list[str]:
+        """What `node_id` still holds in the applied state: pchannels it owns, replica
+        sets it is in."""
+
+        def reader(state: pb.CoordinationState) -> list[str]:
+            held = []
+            for name in sorted(state.pchannels):
+                channel = state.pchannels[name]
+                if channel.state == pb.PCHANNEL_STATE_DROPPED:
+                    continue
+                if channel.owner_node_id == node_id:
+                    held.append(f"pchannel {name}")
+                elif (
+                    node_id in channel.replica_node_ids
+                    or node_id in channel.stable_replica_node_ids
+                ):
+                    held.append(f"a replica of {name}")
+            return held
+
+        return self.replica.read(reader)
 
     def _note_handover_targets(self, targets: int) -> None:
         self._handover_targets = targets
@@ -1194,7 +1379,9 @@ def _return_large_blocks_to_the_system() -> None:
         log.debug("mallopt(M_MMAP_THRESHOLD) refused; keeping malloc's defaults")
 
 
-async def run_node(config: ClusterConfig, node_id: str) -> None:
+async def run_node(config: ClusterConfig, node_id: str) -> bool:
+    """Run the node until it stops; True when it stopped to restart in another Raft role
+    (``raftwal member``): the caller then starts the same command again."""
     _return_large_blocks_to_the_system()
     # Every file the node creates (segments, catalog.db, events.db, the Raft journal and
     # snapshots, SQLite's side files) is for its own user only: 0600 in 0700 directories.
@@ -1203,3 +1390,4 @@ async def run_node(config: ClusterConfig, node_id: str) -> None:
     faults.install_from_environment(node_id)
     node = Node(config, node_id)
     await node.run_until_stopped()
+    return node.restart_requested

@@ -78,6 +78,7 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
         "DropVChannel",
         "SetBalancePolicy",
         "SaveSnapshot",
+        "ChangeMembership",
     ),
     **_methods(
         "Coordinator",
@@ -87,6 +88,7 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
         "WatchAssignments",
         "ClusterStatus",
         "ListSegments",
+        "ListMembers",
     ),
     # Nodes backfill their event history from each other.
     **_methods("Coordinator", _READ | _NODE, "WatchEvents"),

@@ -150,6 +150,11 @@ class ClusterBackend(Protocol):
 
     def applied_revision(self) -> int: ...
 
+    def membership(self) -> tuple[list[str], bool]:
+        """(the Raft voters as node ids, whether that set is settled: no membership entry
+        uncommitted), as this node's log has them."""
+        ...
+
     def propose_bytes(self, data: bytes, forward: bool = True) -> Awaitable[pb.CommandResult]:
         """Propose serialized command bytes (forwarded to the leader unless `forward` is
         False); raises RaftwalError (NOT_LEADER, ...)."""

@@ -67,8 +67,12 @@ class ClusterServicer(coordinator_pb2_grpc.ClusterServicer):
                 )
             )
         self._node.coordinator.record_heartbeat(request)
+        voters, settled = self._node.membership()
         response = api.HeartbeatResponse(
-            leader_node_id=self._node.me.id, revision=self._node.applied_revision()
+            leader_node_id=self._node.me.id,
+            revision=self._node.applied_revision(),
+            voter_node_ids=voters,
+            membership_settled=settled,
         )
         if request.draining:
             response.draining_seen = True

@@ -51,6 +51,9 @@ WATCH_LEADERLESS_S = 3.0
 EVENT_BATCH = 500
 # Ops of one BatchWrite.
 MAX_BATCH_OPS = 1024
+# How long a membership change may take to commit (ChangeMembershipRequest.timeout_ms).
+DEFAULT_MEMBERSHIP_TIMEOUT_MS = 10_000
+MAX_MEMBERSHIP_TIMEOUT_MS = 60_000
 
 
 class CompactedHistory(Exception):
@@ -106,6 +109,18 @@ class CoordinationBackend(Protocol):
     async def latest_position(self, pchannel: str) -> tuple[int, int]:
         """(committed LSN, latest time tick) of `pchannel`, asked of its owner; raises
         RaftwalError (CHANNEL_NOT_EXIST, NOT_OWNER, UNAVAILABLE...) when no owner answers."""
+        ...
+
+    async def change_membership(
+        self, node_id: str, add: bool, timeout_s: float
+    ) -> tuple[list[str], bool]:
+        """Make `node_id` a Raft voter (`add`) or a data node; (voters after it, changed).
+        Raises RaftwalError (NOT_LEADER, NOT_FOUND, IGNORED_OPERATION when a precondition
+        does not hold, UNKNOWN when the outcome is unknown)."""
+        ...
+
+    def list_members(self) -> api.ListMembersResponse:
+        """The leader's voter set; raises RaftwalError NOT_LEADER on another node."""
         ...
 
 
@@ -1085,6 +1100,41 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             return api.ListSegmentsResponse(
                 segments=[s for s in segments if s.committed_revision <= as_of], revision=as_of
             )
+
+        return await self._call(context, work())
+
+    async def ChangeMembership(self, request, context):
+        async def work() -> api.ChangeMembershipResponse:
+            if request.action not in (
+                api.MEMBERSHIP_ACTION_ADD,
+                api.MEMBERSHIP_ACTION_REMOVE,
+            ):
+                raise fail(
+                    E.INVALID_ARGUMENT,
+                    f"invalid action ({request.action}; expected MEMBERSHIP_ACTION_ADD or "
+                    "MEMBERSHIP_ACTION_REMOVE)",
+                )
+            if not 0 <= request.timeout_ms <= MAX_MEMBERSHIP_TIMEOUT_MS:
+                raise fail(
+                    E.INVALID_ARGUMENT,
+                    f"invalid timeout_ms ({request.timeout_ms}; expected "
+                    f"0..{MAX_MEMBERSHIP_TIMEOUT_MS})",
+                )
+            bad = check_name("node_id", request.node_id, LIMITS)
+            if bad is not None:
+                raise fail(E.INVALID_ARGUMENT, bad.message)
+            voters, changed = await self._backend.change_membership(
+                request.node_id,
+                request.action == api.MEMBERSHIP_ACTION_ADD,
+                (request.timeout_ms or DEFAULT_MEMBERSHIP_TIMEOUT_MS) / 1000,
+            )
+            return api.ChangeMembershipResponse(voter_node_ids=voters, changed=changed)
+
+        return await self._call(context, work())
+
+    async def ListMembers(self, request, context):
+        async def work() -> api.ListMembersResponse:
+            return self._backend.list_members()
 
         return await self._call(context, work())
 

@@ -26,6 +26,12 @@ class SeekTarget(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SEEK_TARGET_LATEST: _ClassVar[SeekTarget]
     SEEK_TARGET_LSN: _ClassVar[SeekTarget]
     SEEK_TARGET_TIME_TICK: _ClassVar[SeekTarget]
+
+class MembershipAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MEMBERSHIP_ACTION_UNSPECIFIED: _ClassVar[MembershipAction]
+    MEMBERSHIP_ACTION_ADD: _ClassVar[MembershipAction]
+    MEMBERSHIP_ACTION_REMOVE: _ClassVar[MembershipAction]
 CONSISTENCY_LINEARIZABLE: Consistency
 CONSISTENCY_SERIALIZABLE: Consistency
 WAIT_MODE_ONCE: WaitMode
@@ -35,6 +41,9 @@ SEEK_TARGET_EARLIEST: SeekTarget
 SEEK_TARGET_LATEST: SeekTarget
 SEEK_TARGET_LSN: SeekTarget
 SEEK_TARGET_TIME_TICK: SeekTarget
+MEMBERSHIP_ACTION_UNSPECIFIED: MembershipAction
+MEMBERSHIP_ACTION_ADD: MembershipAction
+MEMBERSHIP_ACTION_REMOVE: MembershipAction
 
 class CreateChannelsRequest(_message.Message):
     __slots__ = ("request_id", "names", "prefix", "count", "owner", "replica_count")
@@ -759,16 +768,20 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., serving_terms: _Optional[_Mapping[str, int]] = ..., suspect_node_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("leader_node_id", "revision", "draining_seen", "handover_targets")
+    __slots__ = ("leader_node_id", "revision", "draining_seen", "handover_targets", "voter_node_ids", "membership_settled")
     LEADER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     DRAINING_SEEN_FIELD_NUMBER: _ClassVar[int]
     HANDOVER_TARGETS_FIELD_NUMBER: _ClassVar[int]
+    VOTER_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERSHIP_SETTLED_FIELD_NUMBER: _ClassVar[int]
     leader_node_id: str
     revision: int
     draining_seen: bool
     handover_targets: int
-    def __init__(self, leader_node_id: _Optional[str] = ..., revision: _Optional[int] = ..., draining_seen: _Optional[bool] = ..., handover_targets: _Optional[int] = ...) -> None: ...
+    voter_node_ids: _containers.RepeatedScalarFieldContainer[str]
+    membership_settled: bool
+    def __init__(self, leader_node_id: _Optional[str] = ..., revision: _Optional[int] = ..., draining_seen: _Optional[bool] = ..., handover_targets: _Optional[int] = ..., voter_node_ids: _Optional[_Iterable[str]] = ..., membership_settled: _Optional[bool] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
     __slots__ = ("command", "timeout_ms")
@@ -901,3 +914,35 @@ class SaveSnapshotResponse(_message.Message):
     revision: int
     state_digest: str
     def __init__(self, state: _Optional[bytes] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ...) -> None: ...
+
+class ChangeMembershipRequest(_message.Message):
+    __slots__ = ("node_id", "action", "timeout_ms")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    action: MembershipAction
+    timeout_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., action: _Optional[_Union[MembershipAction, str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class ChangeMembershipResponse(_message.Message):
+    __slots__ = ("voter_node_ids", "changed")
+    VOTER_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    voter_node_ids: _containers.RepeatedScalarFieldContainer[str]
+    changed: bool
+    def __init__(self, voter_node_ids: _Optional[_Iterable[str]] = ..., changed: _Optional[bool] = ...) -> None: ...
+
+class ListMembersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListMembersResponse(_message.Message):
+    __slots__ = ("voter_node_ids", "change_pending", "leader_node_id")
+    VOTER_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_PENDING_FIELD_NUMBER: _ClassVar[int]
+    LEADER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    voter_node_ids: _containers.RepeatedScalarFieldContainer[str]
+    change_pending: bool
+    leader_node_id: str
+    def __init__(self, voter_node_ids: _Optional[_Iterable[str]] = ..., change_pending: _Optional[bool] = ..., leader_node_id: _Optional[str] = ...) -> None: ...

@@ -174,6 +174,16 @@ class CoordinatorStub:
                 request_serializer=rpc_dot_protos_dot_coordinator__pb2.SaveSnapshotRequest.SerializeToString,
                 response_deserializer=rpc_dot_protos_dot_coordinator__pb2.SaveSnapshotResponse.FromString,
                 _registered_method=True)
+        self.ChangeMembership = channel.unary_unary(
+                '/raftwal.v1.Coordinator/ChangeMembership',
+                request_serializer=rpc_dot_protos_dot_coordinator__pb2.ChangeMembershipRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_coordinator__pb2.ChangeMembershipResponse.FromString,
+                _registered_method=True)
+        self.ListMembers = channel.unary_unary(
+                '/raftwal.v1.Coordinator/ListMembers',
+                request_serializer=rpc_dot_protos_dot_coordinator__pb2.ListMembersRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_coordinator__pb2.ListMembersResponse.FromString,
+                _registered_method=True)
         self.BatchWrite = channel.unary_unary(
                 '/raftwal.v1.Coordinator/BatchWrite',
                 request_serializer=rpc_dot_protos_dot_coordinator__pb2.BatchWriteRequest.SerializeToString,
@@ -354,6 +364,19 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ChangeMembership(self, request, context):
+        """Raft membership (raftwal member add | remove | list): answered by the leader.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListMembers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def BatchWrite(self, request, context):
         """Several lease and lock writes in one call, proposed as one Raft entry and applied in
         order; each keeps its own request id, result and error (see BatchWriteRequest).
@@ -504,6 +527,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.SaveSnapshot,
                     request_deserializer=rpc_dot_protos_dot_coordinator__pb2.SaveSnapshotRequest.FromString,
                     response_serializer=rpc_dot_protos_dot_coordinator__pb2.SaveSnapshotResponse.SerializeToString,
+            ),
+            'ChangeMembership': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeMembership,
+                    request_deserializer=rpc_dot_protos_dot_coordinator__pb2.ChangeMembershipRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_coordinator__pb2.ChangeMembershipResponse.SerializeToString,
+            ),
+            'ListMembers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMembers,
+                    request_deserializer=rpc_dot_protos_dot_coordinator__pb2.ListMembersRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_coordinator__pb2.ListMembersResponse.SerializeToString,
             ),
             'BatchWrite': grpc.unary_unary_rpc_method_handler(
                     servicer.BatchWrite,
@@ -1267,6 +1300,60 @@ class Coordinator:
             '/raftwal.v1.Coordinator/SaveSnapshot',
             rpc_dot_protos_dot_coordinator__pb2.SaveSnapshotRequest.SerializeToString,
             rpc_dot_protos_dot_coordinator__pb2.SaveSnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeMembership(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Coordinator/ChangeMembership',
+            rpc_dot_protos_dot_coordinator__pb2.ChangeMembershipRequest.SerializeToString,
+            rpc_dot_protos_dot_coordinator__pb2.ChangeMembershipResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMembers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Coordinator/ListMembers',
+            rpc_dot_protos_dot_coordinator__pb2.ListMembersRequest.SerializeToString,
+            rpc_dot_protos_dot_coordinator__pb2.ListMembersResponse.FromString,
             options,
             channel_credentials,
             insecure,

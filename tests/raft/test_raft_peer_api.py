@@ -51,8 +51,14 @@ class ListApp:
         self.indexes = []
 
 
+_SOLO_PORTS: dict[Path, int] = {}
+
+
 def _solo(data_dir: Path, app: ListApp, **kwargs: object) -> RaftPeer:
-    (port,) = free_ports(1)
+    # A peer's address is its identity in the membership its snapshots record: a restart
+    # from the same directory keeps its port.
+    port = _SOLO_PORTS.get(data_dir) or free_ports(1)[0]
+    _SOLO_PORTS[data_dir] = port
     peer = RaftPeer(
         f"127.0.0.1:{port}",
         [],

@@ -38,6 +38,7 @@ _METADATA = {
     "Coordinator/WatchAssignments",
     "Coordinator/ClusterStatus",
     "Coordinator/ListSegments",
+    "Coordinator/ListMembers",
     "Coordinator/WatchEvents",
     "StreamingNode/GetLatestTimeTick",
     "StreamingNode/Seal",
@@ -58,6 +59,7 @@ _ADMIN_ONLY = {
     "Coordinator/DropVChannel",
     "Coordinator/SetBalancePolicy",
     "Coordinator/SaveSnapshot",
+    "Coordinator/ChangeMembership",
 }
 _PRODUCE = {
     "StreamingNode/Produce",

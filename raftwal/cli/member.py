@@ -1,0 +1,270 @@
+"""`raftwal member list | add | remove`: the Raft voters (etcd's `etcdctl member`).
+
+- ``list``: every configured node, its role in the leader's log (voter or data node), the
+  role it runs in, whether it answers, how far its Raft log is behind, and what it holds.
+- ``add NODE``: make a data node a voter (etcd's learner promotion). The node must be
+  running as a data node (``role = "data"`` in its ``[[nodes]]`` table) and caught up;
+  the command retries while it catches up, then waits until the node has restarted
+  itself as a voter.
+- ``remove NODE``: drain the node (freeze it: its pchannels move, the balancer replaces it
+  in every replica set), wait until it holds nothing, then remove it from the voters and
+  wait until it has restarted as a data node. It stays frozen: stop it, or unfreeze it to
+  keep it as a data node (``raftwal balance unfreeze NODE``).
+
+Each waits at most ``--wait-s`` and exits 1 with what it was waiting for when that runs out.
+One change at a time: the cluster refuses a second while the first is uncommitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+from rich.table import Table
+
+from raftwal.cli.client import (
+    CliError,
+    Target,
+    _console,
+    _handler,
+    _print_json,
+    common_arguments,
+)
+from rpc.client import CoordinatorClient, IgnoredOperationError
+from rpc.protos import coordination_pb2 as pb
+from rpc.protos import coordinator_pb2 as api
+
+POLL_S = 0.5
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    common = common_arguments()
+    member = commands.add_parser(
+        "member",
+        help="the Raft voters: list them, make a data node a voter, make a voter a data node",
+        description="A cluster keeps 3 or 5 voters; every other node is a data node that "
+        "follows the Raft log without voting. `add` promotes a caught-up data node, `remove` "
+        "drains a voter and demotes it. Each node restarts itself in its new role.",
+    )
+    actions = member.add_subparsers(dest="member_command", metavar="ACTION")
+    actions.required = True
+    listing = actions.add_parser("list", parents=[common], help="voters and data nodes")
+    listing.set_defaults(handler=_handler(_list))
+    for name, text, default_wait in (
+        ("add", "make the data node NODE a voter", 120.0),
+        ("remove", "drain the voter NODE and make it a data node", 300.0),
+    ):
+        sub = actions.add_parser(name, parents=[common], help=text)
+        sub.add_argument("node", metavar="NODE", help="a node id of the cluster configuration")
+        sub.add_argument(
+            "--wait-s",
+            type=float,
+            default=default_wait,
+            help=f"how long to wait for the whole change (default: {default_wait:.0f})",
+        )
+        sub.set_defaults(handler=_handler(_add if name == "add" else _remove))
+
+
+def _member_rows(
+    status: api.ClusterStatusResponse, members: api.ListMembersResponse
+) -> list[dict[str, object]]:
+    voters = set(members.voter_node_ids)
+    leader_commit = max((m.commit_index for m in status.members if m.is_leader), default=0)
+    frozen = {node.node_id for node in status.nodes if node.frozen}
+    rows = []
+    for member in status.members:
+        owned = sum(
+            1
+            for c in status.pchannels
+            if c.owner_node_id == member.node_id and c.state != pb.PCHANNEL_STATE_DROPPED
+        )
+        replicas = sum(
+            1
+            for c in status.pchannels
+            if member.node_id in c.replica_node_ids and c.state != pb.PCHANNEL_STATE_DROPPED
+        )
+        rows.append(
+            {
+                "node_id": member.node_id,
+                "role": "voter" if member.node_id in voters else "data",
+                "running_as": member.role if member.reachable else "",
+                "reachable": member.reachable,
+                "leader": member.is_leader,
+                "raft_behind": max(0, leader_commit - member.applied_index)
+                if member.reachable
+                else None,
+                "frozen": member.node_id in frozen,
+                "pchannels_owned": owned,
+                "replicas_held": replicas,
+            }
+        )
+    return rows
+
+
+async def _list(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
+    members = await client.list_members()
+    status = await client.cluster_status()
+    rows = _member_rows(status, members)
+    if args.json:
+        _print_json(
+            {
+                "voter_node_ids": list(members.voter_node_ids),
+                "change_pending": members.change_pending,
+                "leader_node_id": members.leader_node_id,
+                "members": rows,
+            }
+        )
+        return 0
+    console = _console()
+    console.print(
+        f"voters {', '.join(members.voter_node_ids)}  leader {members.leader_node_id}"
+        + ("  [yellow]a change is not committed yet[/]" if members.change_pending else "")
+    )
+    table = Table()
+    for column in (
+        "node",
+        "role",
+        "running as",
+        "answers",
+        "raft behind",
+        "frozen",
+        "owns",
+        "replicas",
+    ):
+        table.add_column(column)
+    for row in rows:
+        running = str(row["running_as"])
+        mismatch = running and running != row["role"]
+        table.add_row(
+            str(row["node_id"]) + (" (leader)" if row["leader"] else ""),
+            str(row["role"]),
+            f"[yellow]{running}[/]" if mismatch else running or "-",
+            "yes" if row["reachable"] else "[red]no[/]",
+            "-" if row["raft_behind"] is None else str(row["raft_behind"]),
+            "yes" if row["frozen"] else "",
+            str(row["pchannels_owned"]),
+            str(row["replicas_held"]),
+        )
+    console.print(table)
+    return 0
+
+
+def _say(args: argparse.Namespace, text: str) -> None:
+    if not args.json:
+        _console().print(text)
+
+
+async def _change(
+    args: argparse.Namespace, client: CoordinatorClient, add: bool, deadline: float
+) -> api.ChangeMembershipResponse:
+    """ChangeMembership, asked again while a precondition does not hold yet (the node
+    catching up, another change committing) until `deadline`."""
+    while True:
+        try:
+            return await client.change_membership(args.node, add)
+        except IgnoredOperationError as error:
+            if time.monotonic() + POLL_S >= deadline:
+                raise CliError(
+                    f"gave up after --wait-s {args.wait_s:g}: {error.info.message}"
+                ) from None
+            await asyncio.sleep(POLL_S)
+
+
+async def _wait_running_as(
+    args: argparse.Namespace, client: CoordinatorClient, role: str, deadline: float
+) -> bool:
+    """Wait until NODE answers and runs as `role`; False if it does not answer by then."""
+    while True:
+        status = await client.cluster_status()
+        member = next((m for m in status.members if m.node_id == args.node), None)
+        if member is not None and member.reachable and member.role == role:
+            return True
+        if time.monotonic() + POLL_S >= deadline:
+            return False
+        await asyncio.sleep(POLL_S)
+
+
+async def _add(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
+    started = time.monotonic()
+    deadline = started + args.wait_s
+    response = await _change(args, client, True, deadline)
+    if not response.changed:
+        _say(args, f"{args.node} is a voter already")
+    if not await _wait_running_as(args, client, "voter", deadline):
+        raise CliError(
+            f"{args.node} is a voter in the Raft log, but did not answer as one within "
+            f"--wait-s {args.wait_s:g} (it restarts itself as a voter; see its log)"
+        )
+    _report(args, response, started, f"{args.node} is a voter")
+    return 0
+
+
+def _report(
+    args: argparse.Namespace, response: api.ChangeMembershipResponse, started: float, text: str
+) -> None:
+    seconds = time.monotonic() - started
+    if args.json:
+        _print_json(
+            {
+                "node_id": args.node,
+                "changed": response.changed,
+                "voter_node_ids": list(response.voter_node_ids),
+                "seconds": round(seconds, 3),
+            }
+        )
+    else:
+        _say(args, f"{text}; voters {', '.join(response.voter_node_ids)} ({seconds:.1f} s)")
+
+
+def _held(status: api.ClusterStatusResponse, node_id: str) -> tuple[int, int]:
+    owned = replicas = 0
+    for channel in status.pchannels:
+        if channel.state == pb.PCHANNEL_STATE_DROPPED:
+            continue
+        if channel.owner_node_id == node_id:
+            owned += 1
+        elif node_id in channel.replica_node_ids or node_id in channel.stable_replica_node_ids:
+            replicas += 1
+    return owned, replicas
+
+
+async def _remove(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
+    started = time.monotonic()
+    deadline = started + args.wait_s
+    status = await client.cluster_status()
+    known = {m.node_id for m in status.members}
+    if args.node not in known:
+        raise CliError(
+            f"NODE: unknown node {args.node[:64]!r} (expected one of {', '.join(sorted(known))})"
+        )
+    policy = status.balance_policy
+    if args.node not in {n.node_id for n in status.nodes if n.frozen}:
+        await client.set_balance_policy(
+            policy.allow_rebalance, policy.max_moves_per_round, freeze=[args.node]
+        )
+        _say(args, f"froze {args.node}: its pchannels move and it leaves every replica set")
+    while True:
+        owned, replicas = _held(await client.cluster_status(), args.node)
+        if owned == 0 and replicas == 0:
+            break
+        if time.monotonic() + POLL_S >= deadline:
+            raise CliError(
+                f"{args.node} still owns {owned} pchannel(s) and holds {replicas} replica(s) "
+                f"after --wait-s {args.wait_s:g}: the balancer needs another node to move them "
+                "to (see raftwal status)"
+            )
+        await asyncio.sleep(POLL_S)
+    _say(args, f"{args.node} holds nothing ({time.monotonic() - started:.1f} s)")
+    response = await _change(args, client, False, deadline)
+    if response.changed and not await _wait_running_as(args, client, "data", deadline):
+        _say(args, f"{args.node} did not answer as a data node yet (stopped, or restarting)")
+    _report(
+        args,
+        response,
+        started,
+        (f"{args.node} is a data node now" if response.changed else f"{args.node} was not a voter")
+        + f"; it stays frozen: stop it, or `raftwal balance unfreeze {args.node}` to keep it "
+        "as a data node",
+    )
+    return 0
