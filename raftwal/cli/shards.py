@@ -31,6 +31,7 @@ from raftwal.cli.client import (
     common_arguments,
 )
 from rpc.client import ChannelFencedError, CoordinatorClient
+from rpc.shards.recovery import is_recovery_hold
 from rpc.shards_client import ConsumerService, ShardStatus, load_application, shard_rows
 from rpc.streaming_client import StreamingClient
 
@@ -94,7 +95,7 @@ async def _shard_list(args: argparse.Namespace, client: CoordinatorClient, targe
         names = [args.subscription]
     else:
         listed = await client.list_subscriptions()
-        names = sorted(s.name for s in listed.subscriptions)
+        names = sorted(s.name for s in listed.subscriptions if not is_recovery_hold(s.name))
     rows = []
     for name in names:
         rows.extend(shard_rows(await client.describe_subscription(name)))

@@ -56,6 +56,12 @@ def recovery_names(subscription: str, vchannel: str) -> tuple[str, str]:
     return f"{base}.p", base
 
 
+def is_recovery_hold(subscription: str) -> bool:
+    """True for the subscription a recovery log holds retention with (`RecoveryLog.
+    hold_name`): it has no consumers, and shard listings leave it out."""
+    return subscription.endswith(".rlog.p")
+
+
 class RecoveryLog:
     """The recovery log of one shard (see the module docstring)."""
 
@@ -77,12 +83,27 @@ class RecoveryLog:
         self.attempt_timeout_s = attempt_timeout_s
 
     async def ensure(self, replica_count: int = 0) -> None:
-        """Create the log's pchannel and vchannel unless they exist."""
+        """Create the log's pchannel and vchannel unless they exist, and the subscription
+        that keeps WAL retention off the log (`hold_name`)."""
         coordinator = self._client.coordinator
         with contextlib.suppress(AlreadyExistsError):
             await coordinator.create_channels(names=[self.pchannel], replica_count=replica_count)
         with contextlib.suppress(AlreadyExistsError):
             await coordinator.create_vchannel(self.vchannel, self.pchannel)
+        # The log is the store's only history (no store snapshots): a new owner on an
+        # empty disk replays it from its first record, so retention must never delete
+        # any of it. A subscription from EARLIEST that never commits a position holds
+        # the whole pchannel (creating the same one again is a no-op).
+        await coordinator.create_subscription(
+            self.hold_name, [self.vchannel], start="earliest", holds_retention=True
+        )
+
+    @property
+    def hold_name(self) -> str:
+        """The subscription that holds the log against WAL retention: named after the
+        log's pchannel (subscriptions have their own namespace; a longer name could pass
+        the name limit that the pchannel's own name meets)."""
+        return self.pchannel
 
     async def _owner_stub(self, deadline: float) -> tuple[str, int, object]:
         route = await self._client.router.owner(
