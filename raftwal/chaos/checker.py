@@ -120,6 +120,8 @@ class FinalState:
     #: the SparkSession could not start (not a finding about the cluster)
     spark_unavailable: str = ""
     recovery_error: str = ""
+    #: the voter set did not settle, or a node runs in another role than it gives it
+    membership_error: str = ""
     #: ClusterStatus warnings once converged (reported, not judged)
     warnings: list[str] = field(default_factory=list)
     #: pchannel -> (owner, replica set) once converged, and each non-owner member's
@@ -919,6 +921,8 @@ def check(
     out = _Violations()
     if final.recovery_error:
         out.add("recovery", final.recovery_error)
+    if final.membership_error:
+        out.add("membership", final.membership_error)
     for pchannel, error in sorted(final.log_errors.items()):
         out.add("unreadable-log", f"{pchannel}: {error}")
     complete = {p for p in final.logs if p not in final.log_errors}

@@ -72,7 +72,9 @@ from raftwal.chaos.workload import (
     payload_key,
 )
 from raftwal.cli import dev
-from rpc.client import CoordinatorClient
+from raftwal.cli.client import CliError
+from raftwal.cli.member import demote, promote
+from rpc.client import CoordinatorClient, RaftwalError
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, streaming_pb2_grpc
@@ -82,9 +84,12 @@ from wal_segments.format import CONTROL_FLAGS
 from wal_segments.segment import SegmentReader, segment_file_name
 
 FAULT_KINDS = ("kill", "pause", "partition", "restart")
-# Asked for by name only: a node killed for longer than replica_replace_after_ms, so that
-# replica repair replaces it while the workload runs (with a node outside the sets).
-EXTRA_FAULT_KINDS = ("outage",)
+# Asked for by name only: "outage", a node killed for longer than replica_replace_after_ms,
+# so that replica repair replaces it while the workload runs (with a node outside the
+# sets); "member", a voter replaced by a data node (`raftwal member add` of a data node,
+# then `member remove` of a voter: drained, removed, restarted as a data node; unfrozen
+# when the fault is healed, so it can come back later). "member" needs a data node.
+EXTRA_FAULT_KINDS = ("outage", "member")
 PARTITION_VARIANTS = ("isolate-leader", "isolate-owner", "split", "bridge")
 NODE_TARGETS = ("leader", "owner", "random")
 # Seconds a fault is held (restart has no hold: the node comes back at once).
@@ -94,7 +99,10 @@ HOLD_S = {
     "partition": (3.0, 9.0),
     "restart": (0.0, 0.0),
     "outage": (10.0, 16.0),
+    "member": (1.0, 4.0),
 }
+# The bound of one membership swap (promotion, then drain and removal).
+MEMBER_WAIT_S = 90.0
 GAP_S = (1.0, 4.0)
 # The workload's first seconds are fault-free, so that every client is up before the first
 # fault (a run that fails to start must not be blamed on the nemesis).
@@ -153,6 +161,11 @@ class ChaosOptions:
             raise ValueError(
                 f"invalid faults ({','.join(self.faults) or 'none'}; expected one or more of "
                 f"{','.join(FAULT_KINDS + EXTRA_FAULT_KINDS)})"
+            )
+        if "member" in self.faults and self.data_nodes < 1:
+            raise ValueError(
+                f"invalid faults (member with {self.data_nodes} data nodes; expected at least "
+                "one data node to swap in)"
             )
         if not 3 <= self.nodes <= 5 or not 0 <= self.data_nodes <= self.nodes - 3:
             raise ValueError(
@@ -304,8 +317,11 @@ class Nemesis:
         sampler: StatusSampler,
         history: History,
         progress: Callable[[str], None],
+        client: CoordinatorClient | None = None,
     ) -> None:
         self.cluster = cluster
+        #: for membership swaps ("member" faults)
+        self.client = client
         self.proxies = proxies
         self.sampler = sampler
         self.history = history
@@ -314,6 +330,10 @@ class Nemesis:
         self.records: list[FaultRecord] = []
         self.killed: set[str] = set()
         self.paused: set[str] = set()
+        #: voters removed by a "member" fault, frozen until healed
+        self.frozen: set[str] = set()
+        self.member_changes = 0
+        self.member_failures: list[str] = []
 
     async def run(self, plan: Sequence[PlannedFault], deadline: float) -> None:
         await self._sleep_until(min(deadline, time.monotonic() + WARMUP_S))
@@ -368,6 +388,8 @@ class Nemesis:
                 await asyncio.to_thread(self.proxies.cut, node, other, fault.mode)
             detail = f"{node} ({why}) | {', '.join(others)} ({fault.mode})"
             return FaultRecord(fault.label, fault.kind, [node], detail, start)
+        if fault.kind == "member":
+            return await self._swap_voter(fault, start)
         node, why = await self._target(fault.variant, fault.pick)
         pid = self.cluster.pid(node)
         if fault.kind in ("kill", "outage"):
@@ -385,7 +407,7 @@ class Nemesis:
         return FaultRecord(fault.label, fault.kind, [node], detail, start)
 
     async def heal(self) -> None:
-        """Undo whatever is in effect: links, paused and killed nodes."""
+        """Undo whatever is in effect: links, paused and killed nodes, frozen nodes."""
         await asyncio.to_thread(self.proxies.heal_all)
         for node in sorted(self.paused):
             self.cluster.kill(node, signal.SIGCONT)
@@ -393,6 +415,50 @@ class Nemesis:
         for node in sorted(self.killed):
             await asyncio.to_thread(self.cluster.start_node, node)
         self.killed.clear()
+        if self.frozen and self.client is not None:
+            try:
+                policy = (await self.client.cluster_status()).balance_policy
+                await self.client.set_balance_policy(
+                    policy.allow_rebalance, policy.max_moves_per_round, unfreeze=sorted(self.frozen)
+                )
+                self.frozen.clear()
+            except RaftwalError as error:
+                # Kept: the next heal (at the latest the final one) tries again.
+                self.progress(f"unfreezing {', '.join(sorted(self.frozen))} failed: {error}")
+
+    async def _swap_voter(self, fault: PlannedFault, start: float) -> FaultRecord:
+        """Promote a data node, then drain and remove a voter (the leader, a pchannel's
+        owner or a random one, as the variant says): the cluster keeps its voter count."""
+        assert self.client is not None, "member faults need a client"
+        began = time.monotonic()
+        try:
+            voters = list((await self.client.list_members()).voter_node_ids)
+            spares = [n for n in self.node_ids if n not in voters]
+            if not spares:
+                raise CliError(f"no data node to promote (voters {', '.join(voters)})")
+            incoming = spares[fault.pick % len(spares)]
+            outgoing, why = await self._target(fault.variant, fault.pick)
+            if outgoing not in voters:
+                outgoing, why = voters[fault.pick % len(voters)], "a random voter"
+        except (CliError, RaftwalError) as error:
+            detail = f"no swap: {error}"
+            self.member_failures.append(detail)
+            return FaultRecord(fault.label, fault.kind, [], detail, start)
+        quiet: Callable[[str], None] = lambda _text: None  # noqa: E731
+        try:
+            await promote(self.client, incoming, MEMBER_WAIT_S, quiet)
+            self.member_changes += 1
+            self.frozen.add(outgoing)
+            await demote(self.client, outgoing, MEMBER_WAIT_S, quiet)
+            self.member_changes += 1
+            detail = (
+                f"{incoming} promoted, {outgoing} ({why}) drained and removed in "
+                f"{time.monotonic() - began:.1f} s"
+            )
+        except (CliError, RaftwalError) as error:
+            detail = f"swap {incoming} in / {outgoing} out FAILED: {error}"
+            self.member_failures.append(detail)
+        return FaultRecord(fault.label, fault.kind, [incoming, outgoing], detail, start)
 
 
 # ---------------------------------------------------------------------------------------
@@ -437,6 +503,39 @@ async def wait_recovered(
             )
         await asyncio.sleep(0.5)
     return status, missing
+
+
+async def wait_membership_converged(
+    client: CoordinatorClient, voters: int, timeout_s: float
+) -> str:
+    """Wait until the voter set is settled, holds `voters` nodes, and every node runs in
+    the role the set gives it. Returns "" then, else what still differs."""
+    deadline = time.monotonic() + timeout_s
+    problem = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            members = await client.list_members()
+            status = await client.cluster_status()
+        except RaftwalError as error:
+            problem = f"no answer: {error}"
+        else:
+            wrong = [
+                f"{m.node_id} runs as {m.role or '?'}"
+                for m in status.members
+                if not m.reachable
+                or m.role != ("voter" if m.node_id in members.voter_node_ids else "data")
+            ]
+            problem = ""
+            if members.change_pending or len(members.voter_node_ids) != voters or wrong:
+                problem = (
+                    f"voters {', '.join(members.voter_node_ids)} (expected {voters}), change "
+                    f"pending {members.change_pending}, "
+                    f"roles differing: {', '.join(wrong) or 'none'}"
+                )
+            if not problem:
+                return ""
+        await asyncio.sleep(0.5)
+    return f"membership did not converge within {timeout_s:.0f} s: {problem}"
 
 
 async def wait_converged(endpoints: Sequence[str], timeout_s: float) -> tuple[str, str]:
@@ -788,7 +887,7 @@ async def _run(
             consumer_side = await _setup_subscribers(
                 streaming, vchannels, tag, directory, history, rng, options
             )
-            nemesis = Nemesis(cluster, proxies, sampler, history, progress)
+            nemesis = Nemesis(cluster, proxies, sampler, history, progress, coordinator)
             plan = plan_faults(options.seed, options.faults, options.duration_s)
             sampler_task = asyncio.create_task(sampler.run(stop), name="sampler")
             consumer_tasks = [
@@ -830,6 +929,10 @@ async def _run(
                     f"the cluster did not recover within {RECOVERY_TIMEOUT_S:.0f} s of healing: "
                     f"{missing}"
                 )
+            if "member" in options.faults:
+                final.membership_error = await wait_membership_converged(
+                    coordinator, options.nodes - options.data_nodes, CONVERGENCE_TIMEOUT_S
+                )
             progress(f"{history.now():7.1f}s  recovered; reading the final state")
             await _read_final(final, status, endpoints, pchannels, cluster, options, progress)
             await gather_bounded([sampler_task, *consumer_tasks], 15, problems.append)
@@ -865,6 +968,8 @@ async def _run(
                 # revision order), and replica logs read back for the holders check.
                 "replica_set_changes": _replica_set_changes(sampler.samples, initial_sets),
                 "replica_logs": sum(len(logs) for logs in final.replica_logs.values()),
+                # Membership swaps: voter set changes committed ("member" faults).
+                "membership_changes": nemesis.member_changes,
                 **consumer_side.figures(history),
             }
         finally:
@@ -890,6 +995,8 @@ async def _run(
         report.faults[record.kind] = report.faults.get(record.kind, 0) + 1
         report.fault_variants[record.label] = report.fault_variants.get(record.label, 0) + 1
     report.notes.extend(problems)
+    if nemesis is not None:
+        report.notes.extend(f"membership swap: {f}" for f in nemesis.member_failures)
     report.ineffective = [setup_error] if setup_error else []
     report.ineffective += _ineffective(report)
     if options.keep_dir or not report.ok:
@@ -1194,7 +1301,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=",".join(FAULT_KINDS),
         help=f"comma-separated subset of {','.join(FAULT_KINDS + EXTRA_FAULT_KINDS)} "
         f"(default: {','.join(FAULT_KINDS)}; outage: a node killed for 10-16 s, long enough "
-        "for replica repair with --replace-after-ms)",
+        "for replica repair with --replace-after-ms; member: a data node promoted and a "
+        "voter drained and removed, needs --data-nodes)",
     )
     parser.add_argument("--nodes", type=int, default=NODES, help="nodes (3..5, default 3)")
     parser.add_argument(

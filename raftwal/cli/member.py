@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Callable
 
 from rich.table import Table
 
@@ -156,28 +157,26 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 
 async def _change(
-    args: argparse.Namespace, client: CoordinatorClient, add: bool, deadline: float
+    client: CoordinatorClient, node_id: str, add: bool, wait_s: float, deadline: float
 ) -> api.ChangeMembershipResponse:
     """ChangeMembership, asked again while a precondition does not hold yet (the node
     catching up, another change committing) until `deadline`."""
     while True:
         try:
-            return await client.change_membership(args.node, add)
+            return await client.change_membership(node_id, add)
         except IgnoredOperationError as error:
             if time.monotonic() + POLL_S >= deadline:
-                raise CliError(
-                    f"gave up after --wait-s {args.wait_s:g}: {error.info.message}"
-                ) from None
+                raise CliError(f"gave up after --wait-s {wait_s:g}: {error.info.message}") from None
             await asyncio.sleep(POLL_S)
 
 
 async def _wait_running_as(
-    args: argparse.Namespace, client: CoordinatorClient, role: str, deadline: float
+    client: CoordinatorClient, node_id: str, role: str, deadline: float
 ) -> bool:
-    """Wait until NODE answers and runs as `role`; False if it does not answer by then."""
+    """Wait until `node_id` answers and runs as `role`; False if it does not by then."""
     while True:
         status = await client.cluster_status()
-        member = next((m for m in status.members if m.node_id == args.node), None)
+        member = next((m for m in status.members if m.node_id == node_id), None)
         if member is not None and member.reachable and member.role == role:
             return True
         if time.monotonic() + POLL_S >= deadline:
@@ -185,17 +184,26 @@ async def _wait_running_as(
         await asyncio.sleep(POLL_S)
 
 
+async def promote(
+    client: CoordinatorClient, node_id: str, wait_s: float, say: Callable[[str], None]
+) -> api.ChangeMembershipResponse:
+    """Make the data node `node_id` a voter and wait until it runs as one (at most
+    `wait_s`); raises CliError when that time runs out, RaftwalError for the rest."""
+    deadline = time.monotonic() + wait_s
+    response = await _change(client, node_id, True, wait_s, deadline)
+    if not response.changed:
+        say(f"{node_id} is a voter already")
+    if not await _wait_running_as(client, node_id, "voter", deadline):
+        raise CliError(
+            f"{node_id} is a voter in the Raft log, but did not answer as one within "
+            f"--wait-s {wait_s:g} (it restarts itself as a voter; see its log)"
+        )
+    return response
+
+
 async def _add(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
     started = time.monotonic()
-    deadline = started + args.wait_s
-    response = await _change(args, client, True, deadline)
-    if not response.changed:
-        _say(args, f"{args.node} is a voter already")
-    if not await _wait_running_as(args, client, "voter", deadline):
-        raise CliError(
-            f"{args.node} is a voter in the Raft log, but did not answer as one within "
-            f"--wait-s {args.wait_s:g} (it restarts itself as a voter; see its log)"
-        )
+    response = await promote(client, args.node, args.wait_s, lambda text: _say(args, text))
     _report(args, response, started, f"{args.node} is a voter")
     return 0
 
@@ -229,36 +237,47 @@ def _held(status: api.ClusterStatusResponse, node_id: str) -> tuple[int, int]:
     return owned, replicas
 
 
-async def _remove(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
+async def demote(
+    client: CoordinatorClient, node_id: str, wait_s: float, say: Callable[[str], None]
+) -> api.ChangeMembershipResponse:
+    """Freeze `node_id`, wait until it holds nothing, remove it from the voters and wait
+    until it runs as a data node (at most `wait_s` for all of it); raises CliError when
+    that time runs out, RaftwalError for the rest."""
     started = time.monotonic()
-    deadline = started + args.wait_s
+    deadline = started + wait_s
     status = await client.cluster_status()
     known = {m.node_id for m in status.members}
-    if args.node not in known:
+    if node_id not in known:
         raise CliError(
-            f"NODE: unknown node {args.node[:64]!r} (expected one of {', '.join(sorted(known))})"
+            f"NODE: unknown node {node_id[:64]!r} (expected one of {', '.join(sorted(known))})"
         )
     policy = status.balance_policy
-    if args.node not in {n.node_id for n in status.nodes if n.frozen}:
+    if node_id not in {n.node_id for n in status.nodes if n.frozen}:
         await client.set_balance_policy(
-            policy.allow_rebalance, policy.max_moves_per_round, freeze=[args.node]
+            policy.allow_rebalance, policy.max_moves_per_round, freeze=[node_id]
         )
-        _say(args, f"froze {args.node}: its pchannels move and it leaves every replica set")
+        say(f"froze {node_id}: its pchannels move and it leaves every replica set")
     while True:
-        owned, replicas = _held(await client.cluster_status(), args.node)
+        owned, replicas = _held(await client.cluster_status(), node_id)
         if owned == 0 and replicas == 0:
             break
         if time.monotonic() + POLL_S >= deadline:
             raise CliError(
-                f"{args.node} still owns {owned} pchannel(s) and holds {replicas} replica(s) "
-                f"after --wait-s {args.wait_s:g}: the balancer needs another node to move them "
+                f"{node_id} still owns {owned} pchannel(s) and holds {replicas} replica(s) "
+                f"after --wait-s {wait_s:g}: the balancer needs another node to move them "
                 "to (see raftwal status)"
             )
         await asyncio.sleep(POLL_S)
-    _say(args, f"{args.node} holds nothing ({time.monotonic() - started:.1f} s)")
-    response = await _change(args, client, False, deadline)
-    if response.changed and not await _wait_running_as(args, client, "data", deadline):
-        _say(args, f"{args.node} did not answer as a data node yet (stopped, or restarting)")
+    say(f"{node_id} holds nothing ({time.monotonic() - started:.1f} s)")
+    response = await _change(client, node_id, False, wait_s, deadline)
+    if response.changed and not await _wait_running_as(client, node_id, "data", deadline):
+        say(f"{node_id} did not answer as a data node yet (stopped, or restarting)")
+    return response
+
+
+async def _remove(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
+    started = time.monotonic()
+    response = await demote(client, args.node, args.wait_s, lambda text: _say(args, text))
     _report(
         args,
         response,

@@ -89,3 +89,26 @@ def test_chaos_with_a_data_node_and_replica_repair(tmp_path: Path) -> None:
     report = run_chaos(options, progress=print)
     _assert_clean(report)
     assert report.checked["replica_logs"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_chaos_with_membership_changes(tmp_path: Path) -> None:
+    """Four nodes (three voters and a data node); besides kills, pauses, restarts,
+    partitions and outages, the nemesis swaps a voter for the data node (promote it, then
+    drain and remove the voter, which restarts as a data node). The checker adds that the
+    voter set settles at three voters with every node running in its role."""
+    seed = int(os.environ.get("RAFTWAL_CHAOS_MEMBER_SEED", "1127"))
+    duration = float(os.environ.get("RAFTWAL_CHAOS_MEMBER_DURATION_S", "600"))
+    options = ChaosOptions(
+        seed=seed,
+        duration_s=duration,
+        faults=(*FAULT_KINDS, "outage", "member"),
+        directory=tmp_path / "chaos",
+        nodes=4,
+        data_nodes=1,
+        replace_after_ms=4000,
+    )
+    report = run_chaos(options, progress=print)
+    _assert_clean(report)
+    assert report.checked["membership_changes"] >= 2

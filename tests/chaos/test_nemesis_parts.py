@@ -18,6 +18,7 @@ from raftwal.chaos.runner import (
     FAULT_KINDS,
     HOLD_S,
     PARTITION_VARIANTS,
+    ChaosOptions,
     parse_duration,
     plan_faults,
 )
@@ -150,3 +151,9 @@ def test_peer_addresses_parse_render_and_validate() -> None:
     data["nodes"][0]["peer_raft_addresses"] = {"n2": "nowhere"}
     with pytest.raises(ConfigError, match="expected host:port"):
         parse_config(data, Path("/tmp"), environ={})
+
+
+def test_member_faults_need_a_data_node() -> None:
+    with pytest.raises(ValueError, match="member with 0 data nodes"):
+        ChaosOptions(seed=1, faults=("kill", "member")).validate()
+    ChaosOptions(seed=1, faults=("kill", "member"), nodes=4, data_nodes=1).validate()
