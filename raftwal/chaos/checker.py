@@ -120,6 +120,9 @@ class FinalState:
     #: the SparkSession could not start (not a finding about the cluster)
     spark_unavailable: str = ""
     recovery_error: str = ""
+    #: pchannel -> the first LSN WAL retention kept, frozen before the final reads (absent:
+    #: 1, nothing deleted). Acknowledged entries below it may be gone; none above it.
+    floors: dict[str, int] = field(default_factory=dict)
     #: the voter set did not settle, or a node runs in another role than it gives it
     membership_error: str = ""
     #: ClusterStatus warnings once converged (reported, not judged)
@@ -163,12 +166,19 @@ def _ops(history: History, *kinds: str) -> list[Op]:
 # ---------------------------------------------------------------------------------------
 
 
-def check_logs(logs: Mapping[str, Sequence[LogEntry]], out: _Violations) -> None:
+def check_logs(
+    logs: Mapping[str, Sequence[LogEntry]], out: _Violations, floors: Mapping[str, int]
+) -> None:
     for pchannel, entries in sorted(logs.items()):
         if not entries:
             continue
-        if entries[0].lsn != 1:
-            out.add("lsn-order", f"{pchannel}: the log starts at lsn {entries[0].lsn}, not 1")
+        floor = floors.get(pchannel, 1)
+        if entries[0].lsn != floor:
+            out.add(
+                "lsn-order",
+                f"{pchannel}: the log starts at lsn {entries[0].lsn}, not {floor} (the first "
+                "lsn retention kept)",
+            )
         for before, after in zip(entries, entries[1:], strict=False):
             if after.lsn != before.lsn + 1:
                 out.add(
@@ -194,8 +204,11 @@ def check_produce(
     logs: Mapping[str, Sequence[LogEntry]],
     vchannel_pchannel: Mapping[str, str],
     out: _Violations,
+    floors: Mapping[str, int],
 ) -> None:
-    """`logs` holds the complete final logs; messages of the other pchannels are skipped."""
+    """`logs` holds the complete final logs; messages of the other pchannels are skipped.
+    An acknowledged message below its pchannel's retention floor may be gone; every
+    acknowledged message at or above it must be there."""
     produced = {
         op.value["key"]: op
         for op in _ops(history, "produce")
@@ -219,6 +232,8 @@ def check_produce(
         if len(places) > 1:
             out.add("duplicate", f"{key} ({op.outcome}, op {op.index}) is in the log at {where}")
         if op.outcome == OK:
+            if not places and int(op.result["lsn"]) < floors.get(op.result["pchannel"], 1):
+                continue  # deleted by retention
             if not places:
                 out.add(
                     "lost",
@@ -259,9 +274,11 @@ def check_consumers(
     logs: Mapping[str, Sequence[LogEntry]],
     complete_logs: set[str],
     out: _Violations,
+    floors: Mapping[str, int],
 ) -> None:
     for vchannel, delivered in sorted(deliveries.items()):
         pchannel = vchannel_pchannel[vchannel]
+        floor = floors.get(pchannel, 1)
         by_lsn = {e.lsn: e for e in logs.get(pchannel, ())}
         last = 0
         for item in delivered:
@@ -273,7 +290,7 @@ def check_consumers(
             last = max(last, item.lsn)
             entry = by_lsn.get(item.lsn)
             if entry is None:
-                if pchannel in complete_logs:
+                if pchannel in complete_logs and item.lsn >= floor:
                     out.add(
                         "dirty-read",
                         f"consumer of {vchannel} was delivered {item.key!r} at lsn {item.lsn}, "
@@ -439,7 +456,11 @@ def check_broadcasts(
     complete_logs: set[str],
     vchannel_pchannel: Mapping[str, str],
     out: _Violations,
+    floors: Mapping[str, int] | None = None,
 ) -> None:
+    """Broadcasts against the final logs; below a retention floor an appended broadcast
+    may be gone (retention keeps unacknowledged ones only)."""
+    floors = floors or {}
     jobs = _broadcasts(history)
     by_message = {job.message: job for job in jobs.values()}
     seen: dict[str, list[tuple[str, LogEntry]]] = {}
@@ -488,6 +509,10 @@ def check_broadcasts(
         for vchannel in job.vchannels:
             found = per_vchannel.get(vchannel, [])
             reported = job.appended.get(vchannel)
+            floor = floors.get(vchannel_pchannel[vchannel], 1)
+            deleted = floor > 1 and (reported is None or reported < floor)
+            if not found and deleted:
+                continue
             if not found:
                 if vchannel_pchannel[vchannel] in complete_logs:
                     out.add(
@@ -582,7 +607,7 @@ def check_segments(final: FinalState, out: _Violations) -> None:
         by_pchannel.setdefault(segment.pchannel, []).append(segment)
     for pchannel, segments in sorted(by_pchannel.items()):
         segments.sort(key=lambda s: s.first_lsn)
-        expected_first = 1
+        expected_first = final.floors.get(pchannel, 1)
         log = {e.lsn: e for e in final.logs.get(pchannel, ())}
         complete = pchannel not in final.log_errors
         for segment in segments:
@@ -674,8 +699,10 @@ def check_exactly_once(
     logs: Mapping[str, Sequence[LogEntry]],
     vchannel_pchannel: Mapping[str, str],
     out: _Violations,
+    floors: Mapping[str, int],
 ) -> None:
-    """The shard's final store against the committed log of its vchannel."""
+    """The shard's final store against the committed log of its vchannel (from the
+    retention floor on: the per-key counters only when nothing was deleted)."""
     for op in _ops(history, "shard_final"):
         if op.outcome != OK:
             out.add("shard-final", f"the shard's final store was not read: {op.error}")
@@ -685,13 +712,14 @@ def check_exactly_once(
         if entries is None:
             continue
         source_lsn = int(op.result["source_lsn"])
+        floor = floors.get(vchannel_pchannel[vchannel], 1)
         expected = [e for e in entries if e.lsn <= source_lsn]
-        if source_lsn and source_lsn not in {e.lsn for e in entries}:
+        if source_lsn >= floor and source_lsn not in {e.lsn for e in entries}:
             out.add(
                 "shard-checkpoint",
                 f"{vchannel}: checkpoint lsn {source_lsn} is no committed entry of it",
             )
-        applied = Counter(int(lsn) for lsn in op.result["applied"])
+        applied = Counter(int(lsn) for lsn in op.result["applied"] if int(lsn) >= floor)
         wanted = Counter(e.lsn for e in expected)
         for lsn in sorted(set(applied) | set(wanted)):
             if applied[lsn] != wanted[lsn]:
@@ -700,6 +728,8 @@ def check_exactly_once(
                     f"{vchannel} lsn {lsn}: applied {applied[lsn]} times, expected "
                     f"{wanted[lsn]} (checkpoint {source_lsn})",
                 )
+        if floor > 1:
+            continue  # the counters count messages retention deleted since
         counters = {str(k): int(n) for k, n in op.result["counters"].items()}
         per_key = Counter(e.key.split(":", 1)[0] for e in expected)
         for key in sorted(set(counters) | set(per_key)):
@@ -818,8 +848,10 @@ def check_packs(
     logs: Mapping[str, Sequence[LogEntry]],
     vchannel_pchannel: Mapping[str, str],
     out: _Violations,
+    floors: Mapping[str, int],
 ) -> None:
-    """Every pack in order after the previous one of its consumer, and complete."""
+    """Every pack in order after the previous one of its consumer, and complete (compared
+    with the final logs from the retention floor on)."""
     previous: dict[tuple[str, int], Op] = {}
     ticks: dict[str, list[tuple[int, tuple[str, int]]]] = {}
     for op in _ops(history, "pack"):
@@ -849,6 +881,7 @@ def check_packs(
         got = {(m[0], m[1]) for m in messages}
         if len(got) != len(messages):
             out.add("pack-duplicate", f"{name}: a message twice")
+        got = {(v, lsn) for v, lsn in got if lsn >= floors.get(vchannel_pchannel.get(v, ""), 1)}
         expected: set[tuple[str, int]] = set()
         readable = True
         for vchannel in vchannels:
@@ -927,17 +960,18 @@ def check(
         out.add("unreadable-log", f"{pchannel}: {error}")
     complete = {p for p in final.logs if p not in final.log_errors}
     logs = {p: e for p, e in final.logs.items() if p in complete}
-    check_logs(logs, out)
-    check_produce(history, logs, vchannel_pchannel, out)
-    check_consumers(deliveries, vchannel_pchannel, final.logs, complete, out)
+    floors = final.floors
+    check_logs(logs, out, floors)
+    check_produce(history, logs, vchannel_pchannel, out, floors)
+    check_consumers(deliveries, vchannel_pchannel, final.logs, complete, out, floors)
     check_locks(history, out)
     check_lock_beliefs(history, out)
-    check_broadcasts(history, logs, complete, vchannel_pchannel, out)
+    check_broadcasts(history, logs, complete, vchannel_pchannel, out, floors)
     check_terms(samples, out)
-    check_exactly_once(history, logs, vchannel_pchannel, out)
+    check_exactly_once(history, logs, vchannel_pchannel, out, floors)
     check_positions(history, out)
     check_member_generations(history, out)
-    check_packs(history, logs, vchannel_pchannel, out)
+    check_packs(history, logs, vchannel_pchannel, out, floors)
     if not final.converged:
         out.add("divergence", final.convergence_detail)
     if final.replica_detail:

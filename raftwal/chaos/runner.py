@@ -154,6 +154,9 @@ class ChaosOptions:
     data_nodes: int = 0
     replica_count: int = 0
     replace_after_ms: int = 0
+    #: WAL retention by size per pchannel while the faults run (0: off, the cluster's
+    #: default of 7 days by age only); checked every second
+    retention_bytes: int = 0
 
     def validate(self) -> None:
         unknown = sorted(set(self.faults) - set(FAULT_KINDS + EXTRA_FAULT_KINDS))
@@ -179,6 +182,11 @@ class ChaosOptions:
         if not 0 <= self.replace_after_ms <= 3_600_000:
             raise ValueError(
                 f"invalid replace_after_ms ({self.replace_after_ms}; expected 0..3600000)"
+            )
+        if self.retention_bytes and not (self.segment_max_bytes <= self.retention_bytes <= 1 << 40):
+            raise ValueError(
+                f"invalid retention_bytes ({self.retention_bytes}; expected 0 or "
+                f"{self.segment_max_bytes}..{1 << 40}, at least one segment)"
             )
         if not 5 <= self.duration_s <= 24 * 3600:
             raise ValueError(f"invalid duration ({self.duration_s} s; expected 5 s .. 24 h)")
@@ -505,6 +513,16 @@ async def wait_recovered(
     return status, missing
 
 
+async def _floors(client: CoordinatorClient, pchannels: Sequence[str]) -> dict[str, int]:
+    """pchannel -> the first LSN retention kept (a linearizable read)."""
+    status = await client.cluster_status()
+    return {
+        row.pchannel: max(1, row.deleted_before_lsn)
+        for row in status.retention
+        if row.pchannel in pchannels
+    }
+
+
 async def wait_membership_converged(
     client: CoordinatorClient, voters: int, timeout_s: float
 ) -> str:
@@ -582,11 +600,12 @@ async def wait_converged(endpoints: Sequence[str], timeout_s: float) -> tuple[st
 
 
 async def read_log(
-    address: str, pchannel: str, timeout_s: float, from_replica: bool = False
+    address: str, pchannel: str, timeout_s: float, from_replica: bool = False, floor: int = 1
 ) -> list[LogEntry]:
-    """Every committed entry of `pchannel` (control entries too) from its owner (or, with
-    `from_replica`, from the replica at `address`), up to the committed LSN it reported
-    first. Raises RuntimeError when it cannot."""
+    """Every committed entry of `pchannel` (control entries too) from `floor` (the first
+    LSN retention kept) on, from its owner (or, with `from_replica`, from the replica at
+    `address`), up to the committed LSN it reported first. Raises RuntimeError when it
+    cannot (COMPACTED included: the floor is frozen before the final reads)."""
     deadline = time.monotonic() + timeout_s
     entries: list[LogEntry] = []
     target: int | None = None
@@ -601,8 +620,10 @@ async def read_log(
                 return entries
             request = wire.ConsumeRequest(
                 pchannel=pchannel,
-                policy=wire.DELIVER_POLICY_START_AFTER if entries else wire.DELIVER_POLICY_ALL,
-                lsn=entries[-1].lsn if entries else 0,
+                policy=wire.DELIVER_POLICY_START_AFTER
+                if entries or floor > 1
+                else wire.DELIVER_POLICY_ALL,
+                lsn=entries[-1].lsn if entries else floor - 1,
                 include_control=True,
                 max_batch_entries=5000,
                 from_replica=from_replica,
@@ -783,6 +804,9 @@ def _cluster_env(options: ChaosOptions) -> dict[str, str]:
     env["RAFTWAL_NODE_TIMEOUT_MS"] = "2000"
     if options.replace_after_ms:
         env["RAFTWAL_REPLICA_REPLACE_AFTER_MS"] = str(options.replace_after_ms)
+    if options.retention_bytes:
+        env["RAFTWAL_WAL_RETENTION_BYTES"] = str(options.retention_bytes)
+        env["RAFTWAL_WAL_RETENTION_CHECK_MS"] = "1000"
     return env
 
 
@@ -916,11 +940,18 @@ async def _run(
                 await nemesis.heal()
             progress(f"{history.now():7.1f}s  healed; letting the workload finish")
             stop.set()
+            final = FinalState()
+            if options.retention_bytes:
+                # Retention stops here, so that what the final reads see stays put: a
+                # subscription from EARLIEST that never moves holds every entry still
+                # there (the state machine bounds every later deletion by it).
+                await coordinator.create_subscription(f"chaos{tag}-freeze", vchannels)
+                final.floors = await _floors(coordinator, pchannels)
+                progress(f"{history.now():7.1f}s  retention frozen at {final.floors}")
             await gather_bounded(workload, DRAIN_TIMEOUT_S + 30, problems.append)
             for broadcaster in broadcasters:
                 await broadcaster.finish(DRAIN_TIMEOUT_S)
             await consumer_side.finish(problems.append)
-            final = FinalState()
             status, missing = await wait_recovered(
                 endpoints, pchannels, RECOVERY_TIMEOUT_S, options.nodes
             )
@@ -943,6 +974,13 @@ async def _run(
                 vchannel_pchannel,
                 final,
             )
+            # Subscriptions hold retention: none of their readers may ever be told that
+            # what they still need was deleted.
+            report.violations += [
+                Violation("retention-overtook-holder", error)
+                for error in consumer_side.errors()
+                if "COMPACTED" in error
+            ]
             report.notes += [f"ClusterStatus warning after healing: {w}" for w in final.warnings]
             if final.spark_rows is None and final.spark_unavailable:
                 report.spark_unavailable = final.spark_unavailable
@@ -970,6 +1008,17 @@ async def _run(
                 "replica_logs": sum(len(logs) for logs in final.replica_logs.values()),
                 # Membership swaps: voter set changes committed ("member" faults).
                 "membership_changes": nemesis.member_changes,
+                # Retention: entries deleted below the final floors, and acknowledged
+                # messages among them (the rest must all be in the final logs).
+                "retention_deleted_entries": sum(f - 1 for f in final.floors.values()),
+                "acked_below_floor": sum(
+                    1
+                    for op in history.ops
+                    if op.kind == "produce"
+                    and op.outcome == OK
+                    and int(op.result["lsn"]) < final.floors.get(op.result["pchannel"], 1)
+                ),
+                "consumer_compacted_skips": sum(c.skips for c in consumers),
                 **consumer_side.figures(history),
             }
         finally:
@@ -1024,7 +1073,10 @@ async def _read_final(
                 if address:
                     try:
                         final.logs[pchannel] = await read_log(
-                            address, pchannel, FINAL_READ_TIMEOUT_S
+                            address,
+                            pchannel,
+                            FINAL_READ_TIMEOUT_S,
+                            floor=final.floors.get(pchannel, 1),
                         )
                         break
                     except (RuntimeError, grpc.aio.AioRpcError) as failure:
@@ -1117,7 +1169,11 @@ async def _read_replicas(
                 continue
             try:
                 final.replica_logs.setdefault(channel.name, {})[node_id] = await read_log(
-                    addresses.get(node_id, ""), channel.name, 20.0, from_replica=True
+                    addresses.get(node_id, ""),
+                    channel.name,
+                    20.0,
+                    from_replica=True,
+                    floor=final.floors.get(channel.name, 1),
                 )
             except (RuntimeError, grpc.aio.AioRpcError) as error:
                 final.replica_logs.setdefault(channel.name, {})[node_id] = str(error)
@@ -1148,6 +1204,15 @@ class _ConsumerSide:
                 await asyncio.wait_for(self.shard.finish(), SHARD_FINISH_TIMEOUT_S)
             except Exception as error:  # noqa: BLE001 - reported, the run goes on to checking
                 on_problem(f"the shard's final store could not be read: {error!r}")
+
+    def errors(self) -> list[str]:
+        """What the subscription clients ran into (each recovered and went on)."""
+        found = [f"member {m.name}: {e}" for m in self.members for e in m.errors]
+        if self.packs is not None:
+            found += [f"packs: {e}" for e in self.packs.errors]
+        if self.shard is not None:
+            found += [f"shard: {e}" for e in self.shard.errors]
+        return found
 
     def figures(self, history: History) -> dict[str, int]:
         counts = history.counts()
@@ -1318,6 +1383,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="replica repair replaces a node DOWN this long (default: the cluster's, 5 min)",
     )
     parser.add_argument(
+        "--retention-bytes",
+        type=int,
+        default=0,
+        help="WAL retention by size per pchannel during the run, checked every second "
+        "(default 0: off); the checker then allows acknowledged entries below the final "
+        "floor to be gone, and no other",
+    )
+    parser.add_argument(
         "--spark",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -1349,6 +1422,7 @@ def _command(args: argparse.Namespace) -> int:
         data_nodes=args.data_nodes,
         replica_count=args.replica_count,
         replace_after_ms=args.replace_after_ms,
+        retention_bytes=args.retention_bytes,
     )
     try:
         options.validate()

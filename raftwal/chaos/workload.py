@@ -40,7 +40,7 @@ from typing import Any
 
 import grpc
 
-from rpc.client import CoordinatorClient, LeaseKeeper, RaftwalError
+from rpc.client import CompactedError, CoordinatorClient, LeaseKeeper, RaftwalError
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
 from rpc.streaming_client import Consumer, StreamingClient
@@ -251,10 +251,15 @@ class ConsumerClient:
         self.delivered: list[Delivery] = []
         self.restarts = 0
         self.errors: list[str] = []
+        #: times retention overtook it (COMPACTED): it went on at the first entry kept
+        self.skips = 0
+        self._resume_after: int | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set() and self.restarts < 1000:
             last = self.delivered[-1].lsn if self.delivered else None
+            if self._resume_after is not None and (last is None or last < self._resume_after):
+                last = self._resume_after
             consumer = Consumer(self.client, self.vchannel, start_after=last, retry_timeout_s=60.0)
             stopper = asyncio.create_task(self._close_on(stop, consumer))
             try:
@@ -262,6 +267,11 @@ class ConsumerClient:
                     self.delivered.append(
                         Delivery(entry.lsn, payload_key(entry.payload), entry.broadcast_id)
                     )
+            except CompactedError as error:
+                # A plain consumer holds nothing: retention may pass it (a subscription
+                # would hold it). Go on at the first entry kept, as an application would.
+                self.skips += 1
+                self._resume_after = max(0, error.info.first_available - 1)
             except RaftwalError as error:
                 self.restarts += 1
                 self.errors.append(describe(error))

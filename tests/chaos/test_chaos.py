@@ -93,11 +93,14 @@ def test_chaos_with_a_data_node_and_replica_repair(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_chaos_with_membership_changes(tmp_path: Path) -> None:
+def test_chaos_with_membership_changes_and_retention(tmp_path: Path) -> None:
     """Four nodes (three voters and a data node); besides kills, pauses, restarts,
     partitions and outages, the nemesis swaps a voter for the data node (promote it, then
-    drain and remove the voter, which restarts as a data node). The checker adds that the
-    voter set settles at three voters with every node running in its role."""
+    drain and remove the voter, which restarts as a data node), and WAL retention keeps
+    256 KiB per pchannel, deleting segments throughout. The checker adds that the voter
+    set settles at three voters with every node running in its role, that no acknowledged
+    entry at or above the final retention floor is lost, and that no subscription reader
+    is ever told that what it still holds was deleted."""
     seed = int(os.environ.get("RAFTWAL_CHAOS_MEMBER_SEED", "1127"))
     duration = float(os.environ.get("RAFTWAL_CHAOS_MEMBER_DURATION_S", "600"))
     options = ChaosOptions(
@@ -108,7 +111,9 @@ def test_chaos_with_membership_changes(tmp_path: Path) -> None:
         nodes=4,
         data_nodes=1,
         replace_after_ms=4000,
+        retention_bytes=256 * 1024,
     )
     report = run_chaos(options, progress=print)
     _assert_clean(report)
     assert report.checked["membership_changes"] >= 2
+    assert report.checked["retention_deleted_entries"] > 0

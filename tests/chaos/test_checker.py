@@ -119,6 +119,26 @@ def test_lost_acknowledged_message() -> None:
     assert "lost" in _kinds(history, final)
 
 
+def test_retention_may_delete_below_its_floor_and_nothing_above() -> None:
+    history, final = _clean()
+    # Retention deleted lsn 1..2 (the first segment ended there); the log starts at 3.
+    final.floors = {P: 3}
+    final.logs[P] = [e for e in final.logs[P] if e.lsn >= 3]
+    final.segments = [SegmentInfo(P, 3, 3, 1, 7, ("n1",))]
+    final.segment_files = []
+    final.spark_rows = {(P, 3, _digest("p0:chaos_v0:1"))}
+    deliveries = {V: [Delivery(2, "p0:chaos_v0:0", 0), Delivery(3, "p0:chaos_v0:1", 0)]}
+    assert _kinds(history, final, deliveries) == []
+    # Above the floor, an acknowledged message must still be there.
+    final.logs[P] = [e for e in final.logs[P] if e.lsn != 3]
+    assert "lost" in _kinds(history, final, deliveries)
+    # And the log starts at the floor, not after it.
+    history, final = _clean()
+    final.floors = {P: 2}
+    final.logs[P] = [e for e in final.logs[P] if e.lsn >= 3]
+    assert {"lost", "lsn-order"} <= set(_kinds(history, final))
+
+
 def test_acknowledged_at_another_lsn() -> None:
     history, final = _clean()
     history.ops[0].result["lsn"] = 3
