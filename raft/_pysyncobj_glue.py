@@ -810,7 +810,9 @@ class RaftwalSyncObj(SyncObj):
 
     # ---- private-state accessors (names mangled by SyncObj's double underscores)
 
-    def raftwal_install_journal(self, journal: DurableJournal, min_commit_index: int) -> None:
+    def raftwal_install_journal(
+        self, journal: DurableJournal, min_commit_index: int, voter: bool = True
+    ) -> None:
         """Swap the MemoryJournal SyncObj.__init__ made (conf.journalFile=None) for ours.
 
         Repeats what SyncObj.__init__ does with a fresh journal (lines 166-176): a no-op
@@ -828,8 +830,18 @@ class RaftwalSyncObj(SyncObj):
             journal.add(NO_OP_COMMAND, 1, 0)
             journal.sync()
         self._SyncObj__raftLog = journal
-        self._SyncObj__raftCurrentTerm = max(journal.getCurrentTerm(), journal[-1][2])
-        self._SyncObj__votedForNodeId = journal.getVotedForNodeId()
+        if voter:
+            self._SyncObj__raftCurrentTerm = max(journal.getCurrentTerm(), journal[-1][2])
+            self._SyncObj__votedForNodeId = journal.getVotedForNodeId()
+        else:
+            # A read-only peer never votes, so the term it stored only keeps it from
+            # following a leader of a lower term: the last entry's term is enough. A voter
+            # removed from the set may have stored a term far above the cluster's (it
+            # called elections nobody answered); restarted as a data node with that term it
+            # would ignore the real leader's AppendEntries for good. Whatever it follows
+            # from a lower term is still only applied once committed.
+            self._SyncObj__raftCurrentTerm = journal[-1][2]
+            self._SyncObj__votedForNodeId = None
         commit_index = journal.getRaftCommitIndex()
         ceiling = max(journal.last_index, min_commit_index)
         if commit_index > ceiling:

@@ -511,7 +511,7 @@ class RaftPeer:
             except SyncObjException as exc:
                 raise OSError(f"cannot bind the raft port of {self_address}: {exc}") from exc
             self._syncobj = self._started_syncobj = syncobj
-            syncobj.raftwal_install_journal(self._journal, self._snapshot_index)
+            syncobj.raftwal_install_journal(self._journal, self._snapshot_index, voter)
             self._gate.attach(self._journal, syncobj.raftwal_transport())
             self._rounds = syncobj.raftwal_transport().raftwal_rounds
             self._rounds.on_answer = self._check_reads

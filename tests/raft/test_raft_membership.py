@@ -23,6 +23,7 @@ from test_raft_non_voter import _start as start_member
 from test_raft_read_index import FAST, Items
 
 from raft import ChangeRefused, RaftPeer
+from raft.journal import DurableJournal
 
 TUNING = replace(FAST, snapshot_every_entries=8)
 
@@ -148,3 +149,27 @@ def test_one_change_at_a_time(cluster: tuple[Peers, list[str], str]) -> None:
     with pytest.raises(ChangeRefused):
         leader.change_membership("remove", leader.status()["self_address"], 5.0).result(10)
     assert leader.voters() == tuple(sorted([*bootstrap, learner]))
+
+
+def test_a_removed_voter_with_a_higher_term_follows_as_a_non_voter(
+    cluster: tuple[Peers, list[str], str], tmp_path: Path
+) -> None:
+    """A removed voter that called elections nobody answered has stored a term above the
+    cluster's; restarted as a non-voter it must still follow the leader (chaos seed 1129:
+    it ignored every AppendEntries of the lower term and never applied anything again)."""
+    peers, bootstrap, _learner = cluster
+    leader = _leader(peers)
+    leader_address = leader.status()["self_address"]
+    gone = next(a for a in bootstrap if a != leader_address)
+    leader.change_membership("remove", gone, 5.0).result(10)
+    peers.pop(gone)[0].close()
+    # What its lonely elections leave behind: a stored term well above the leader's.
+    journal = DurableJournal(tmp_path / gone, durable=True)
+    journal.setCurrentTerm(leader.raft_term() + 50, None)
+    journal.close()
+    peers[gone] = _start(gone, bootstrap, tmp_path / gone, False)
+    for n in range(10):
+        leader.propose(f"after-{n}".encode(), 5.0).result(10)
+    target = leader.read_index(5.0).result(10)
+    assert peers[gone][0].wait_applied(target, 10.0).result(15) >= target
+    assert peers[gone][1].items[-1] == b"after-9"
