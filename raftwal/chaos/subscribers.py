@@ -503,5 +503,8 @@ class PositionSampler:
             )
         except RaftwalError as error:
             self.history.failed(op, error)
+            if error.code == E.COMPACTED and error.info.first_available > lsn:
+                # Retention deleted that far back: seek to the first entry it kept.
+                await self._seek(subscription, vchannel, error.info.first_available)
         else:
             self.history.ok(op)

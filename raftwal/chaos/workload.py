@@ -58,6 +58,8 @@ NOT_DONE_CODES = frozenset(
         E.NOT_FOUND,
         E.ALREADY_EXISTS,
         E.IGNORED_OPERATION,
+        # A read or a seek below the retention floor: refused, nothing changed.
+        E.COMPACTED,
     }
 )
 LEASE_TTL_MS = 4000

@@ -190,6 +190,7 @@ async def promote(
     """Make the data node `node_id` a voter and wait until it runs as one (at most
     `wait_s`); raises CliError when that time runs out, RaftwalError for the rest."""
     deadline = time.monotonic() + wait_s
+    _known(await client.cluster_status(), node_id)
     response = await _change(client, node_id, True, wait_s, deadline)
     if not response.changed:
         say(f"{node_id} is a voter already")
@@ -225,6 +226,14 @@ def _report(
         _say(args, f"{text}; voters {', '.join(response.voter_node_ids)} ({seconds:.1f} s)")
 
 
+def _known(status: api.ClusterStatusResponse, node_id: str) -> None:
+    known = {m.node_id for m in status.members}
+    if node_id not in known:
+        raise CliError(
+            f"NODE: unknown node {node_id[:64]!r} (expected one of {', '.join(sorted(known))})"
+        )
+
+
 def _held(status: api.ClusterStatusResponse, node_id: str) -> tuple[int, int]:
     owned = replicas = 0
     for channel in status.pchannels:
@@ -246,11 +255,7 @@ async def demote(
     started = time.monotonic()
     deadline = started + wait_s
     status = await client.cluster_status()
-    known = {m.node_id for m in status.members}
-    if node_id not in known:
-        raise CliError(
-            f"NODE: unknown node {node_id[:64]!r} (expected one of {', '.join(sorted(known))})"
-        )
+    _known(status, node_id)
     policy = status.balance_policy
     if node_id not in {n.node_id for n in status.nodes if n.frozen}:
         await client.set_balance_policy(

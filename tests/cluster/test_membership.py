@@ -22,12 +22,21 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from raftwal.cli import dev
+from rpc.errors import from_rpc_error
 from rpc.protos import coordinator_pb2 as api
+from rpc.protos import errors_pb2
 from tests.cluster.conftest import Api, rid, running_cluster
-from tests.cluster.wal_helpers import History, Producer, consume_all, wait_nodes_up
+from tests.cluster.wal_helpers import (
+    History,
+    Producer,
+    consume_all,
+    wait_assigned,
+    wait_nodes_up,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -43,8 +52,8 @@ def four(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dev.LocalCl
         yield running
 
 
-def _cli(cluster: dev.LocalCluster, *args: str, timeout_s: float = 200.0) -> dict:
-    done = subprocess.run(
+def _run_cli(cluster: dev.LocalCluster, *args: str, timeout_s: float = 200.0):  # type: ignore[no-untyped-def]
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -60,6 +69,10 @@ def _cli(cluster: dev.LocalCluster, *args: str, timeout_s: float = 200.0) -> dic
         timeout=timeout_s,
         check=False,
     )
+
+
+def _cli(cluster: dev.LocalCluster, *args: str, timeout_s: float = 200.0) -> dict:
+    done = _run_cli(cluster, *args, timeout_s=timeout_s)
     assert done.returncode == 0, (args, done.returncode, done.stdout, done.stderr)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     return json.loads(lines[-1])
@@ -94,6 +107,45 @@ def _wait(condition, what: str, timeout_s: float = TIMEOUT_S) -> None:  # type: 
             last = error
         time.sleep(0.3)
     raise AssertionError(f"{what} not reached in {timeout_s} s (last error: {last})")
+
+
+def test_member_commands_refuse_what_cannot_be_done_with_one_sentence(
+    four: tuple[dev.LocalCluster, Api],
+) -> None:
+    cluster, client = four
+    # A node that is no member of the configuration: a usage error (exit 2), one line,
+    # nothing changed.
+    for action in ("add", "remove"):
+        done = _run_cli(cluster, action, "n9", timeout_s=60)
+        assert done.returncode == 2, (action, done.stdout, done.stderr)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "n9" in lines[0] and "expected one of" in lines[0], lines
+    # A voter already: nothing to do, and saying so is success.
+    assert _cli(cluster, "add", "n1")["changed"] is False
+    # Straight to the RPC: the leader refuses to remove a voter that still holds a
+    # pchannel or a replica, and says what to do.
+    created = client.call(
+        "CreateChannels", api.CreateChannelsRequest(request_id=rid(), prefix="err", count=2)
+    )
+    for name in created.pchannels:
+        wait_assigned(client, name)
+    placed = [c for c in client.status().pchannels if c.name in created.pchannels]
+    holder = sorted(n for c in placed for n in {c.owner_node_id, *c.replica_node_ids} if n != "n4")[
+        0
+    ]
+    with pytest.raises(grpc.RpcError) as refused:
+        client.call(
+            "ChangeMembership",
+            api.ChangeMembershipRequest(node_id=holder, action=api.MEMBERSHIP_ACTION_REMOVE),
+        )
+    info = from_rpc_error(refused.value)
+    assert info.code == errors_pb2.IGNORED_OPERATION, info
+    assert "freeze it" in info.message, info.message
+    # Bad input: a clear INVALID_ARGUMENT.
+    with pytest.raises(grpc.RpcError) as invalid:
+        client.call("ChangeMembership", api.ChangeMembershipRequest(node_id="n2"))
+    assert from_rpc_error(invalid.value).code == errors_pb2.INVALID_ARGUMENT
+    assert _voters(client) == ["n1", "n2", "n3"]
 
 
 def test_add_a_voter_remove_a_voter_and_the_membership_survives_restarts(
