@@ -72,9 +72,8 @@ from raftwal.chaos.workload import (
     payload_key,
 )
 from raftwal.cli import dev
-from raftwal.cli.client import CliError
-from raftwal.cli.member import demote, promote
 from rpc.client import CoordinatorClient, RaftwalError
+from rpc.membership import MembershipTimeout, demote, promote
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, streaming_pb2_grpc
@@ -443,12 +442,12 @@ class Nemesis:
             voters = list((await self.client.list_members()).voter_node_ids)
             spares = [n for n in self.node_ids if n not in voters]
             if not spares:
-                raise CliError(f"no data node to promote (voters {', '.join(voters)})")
+                raise MembershipTimeout(f"no data node to promote (voters {', '.join(voters)})")
             incoming = spares[fault.pick % len(spares)]
             outgoing, why = await self._target(fault.variant, fault.pick)
             if outgoing not in voters:
                 outgoing, why = voters[fault.pick % len(voters)], "a random voter"
-        except (CliError, RaftwalError) as error:
+        except (MembershipTimeout, RaftwalError) as error:
             detail = f"no swap: {error}"
             self.member_failures.append(detail)
             return FaultRecord(fault.label, fault.kind, [], detail, start)
@@ -463,7 +462,7 @@ class Nemesis:
                 f"{incoming} promoted, {outgoing} ({why}) drained and removed in "
                 f"{time.monotonic() - began:.1f} s"
             )
-        except (CliError, RaftwalError) as error:
+        except (MembershipTimeout, RaftwalError) as error:
             detail = f"swap {incoming} in / {outgoing} out FAILED: {error}"
             self.member_failures.append(detail)
         return FaultRecord(fault.label, fault.kind, [incoming, outgoing], detail, start)

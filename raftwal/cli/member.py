@@ -18,13 +18,14 @@ One change at a time: the cluster refuses a second while the first is uncommitte
 from __future__ import annotations
 
 import argparse
-import asyncio
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable
 
 from rich.table import Table
 
 from raftwal.cli.client import (
+    EXIT_ERROR,
     CliError,
     Target,
     _console,
@@ -32,11 +33,10 @@ from raftwal.cli.client import (
     _print_json,
     common_arguments,
 )
-from rpc.client import CoordinatorClient, IgnoredOperationError
+from rpc.client import CoordinatorClient, NotFoundError
+from rpc.membership import MembershipTimeout, demote, promote
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
-
-POLL_S = 0.5
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -156,57 +156,29 @@ def _say(args: argparse.Namespace, text: str) -> None:
         _console().print(text)
 
 
-async def _change(
-    client: CoordinatorClient, node_id: str, add: bool, wait_s: float, deadline: float
-) -> api.ChangeMembershipResponse:
-    """ChangeMembership, asked again while a precondition does not hold yet (the node
-    catching up, another change committing) until `deadline`."""
-    while True:
-        try:
-            return await client.change_membership(node_id, add)
-        except IgnoredOperationError as error:
-            if time.monotonic() + POLL_S >= deadline:
-                raise CliError(f"gave up after --wait-s {wait_s:g}: {error.info.message}") from None
-            await asyncio.sleep(POLL_S)
-
-
-async def _wait_running_as(
-    client: CoordinatorClient, node_id: str, role: str, deadline: float
-) -> bool:
-    """Wait until `node_id` answers and runs as `role`; False if it does not by then."""
-    while True:
-        status = await client.cluster_status()
-        member = next((m for m in status.members if m.node_id == node_id), None)
-        if member is not None and member.reachable and member.role == role:
-            return True
-        if time.monotonic() + POLL_S >= deadline:
-            return False
-        await asyncio.sleep(POLL_S)
-
-
-async def promote(
-    client: CoordinatorClient, node_id: str, wait_s: float, say: Callable[[str], None]
-) -> api.ChangeMembershipResponse:
-    """Make the data node `node_id` a voter and wait until it runs as one (at most
-    `wait_s`); raises CliError when that time runs out, RaftwalError for the rest."""
-    deadline = time.monotonic() + wait_s
-    _known(await client.cluster_status(), node_id)
-    response = await _change(client, node_id, True, wait_s, deadline)
-    if not response.changed:
-        say(f"{node_id} is a voter already")
-    if not await _wait_running_as(client, node_id, "voter", deadline):
-        raise CliError(
-            f"{node_id} is a voter in the Raft log, but did not answer as one within "
-            f"--wait-s {wait_s:g} (it restarts itself as a voter; see its log)"
-        )
-    return response
-
-
 async def _add(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
     started = time.monotonic()
-    response = await promote(client, args.node, args.wait_s, lambda text: _say(args, text))
+    response = await _changed(
+        args, promote(client, args.node, args.wait_s, lambda text: _say(args, text))
+    )
+    if response is None:
+        return EXIT_ERROR
     _report(args, response, started, f"{args.node} is a voter")
     return 0
+
+
+async def _changed(
+    args: argparse.Namespace, change: Awaitable[api.ChangeMembershipResponse]
+) -> api.ChangeMembershipResponse | None:
+    """The change's answer; None (after saying why on stderr) when --wait-s ran out. An
+    unknown node is a usage error (exit 2)."""
+    try:
+        return await change
+    except NotFoundError as error:
+        raise CliError(f"NODE: {error.info.message}") from None
+    except MembershipTimeout as error:
+        print(f"error: gave up after --wait-s {args.wait_s:g}: {error}", file=sys.stderr)
+        return None
 
 
 def _report(
@@ -226,63 +198,13 @@ def _report(
         _say(args, f"{text}; voters {', '.join(response.voter_node_ids)} ({seconds:.1f} s)")
 
 
-def _known(status: api.ClusterStatusResponse, node_id: str) -> None:
-    known = {m.node_id for m in status.members}
-    if node_id not in known:
-        raise CliError(
-            f"NODE: unknown node {node_id[:64]!r} (expected one of {', '.join(sorted(known))})"
-        )
-
-
-def _held(status: api.ClusterStatusResponse, node_id: str) -> tuple[int, int]:
-    owned = replicas = 0
-    for channel in status.pchannels:
-        if channel.state == pb.PCHANNEL_STATE_DROPPED:
-            continue
-        if channel.owner_node_id == node_id:
-            owned += 1
-        elif node_id in channel.replica_node_ids or node_id in channel.stable_replica_node_ids:
-            replicas += 1
-    return owned, replicas
-
-
-async def demote(
-    client: CoordinatorClient, node_id: str, wait_s: float, say: Callable[[str], None]
-) -> api.ChangeMembershipResponse:
-    """Freeze `node_id`, wait until it holds nothing, remove it from the voters and wait
-    until it runs as a data node (at most `wait_s` for all of it); raises CliError when
-    that time runs out, RaftwalError for the rest."""
-    started = time.monotonic()
-    deadline = started + wait_s
-    status = await client.cluster_status()
-    _known(status, node_id)
-    policy = status.balance_policy
-    if node_id not in {n.node_id for n in status.nodes if n.frozen}:
-        await client.set_balance_policy(
-            policy.allow_rebalance, policy.max_moves_per_round, freeze=[node_id]
-        )
-        say(f"froze {node_id}: its pchannels move and it leaves every replica set")
-    while True:
-        owned, replicas = _held(await client.cluster_status(), node_id)
-        if owned == 0 and replicas == 0:
-            break
-        if time.monotonic() + POLL_S >= deadline:
-            raise CliError(
-                f"{node_id} still owns {owned} pchannel(s) and holds {replicas} replica(s) "
-                f"after --wait-s {wait_s:g}: the balancer needs another node to move them "
-                "to (see raftwal status)"
-            )
-        await asyncio.sleep(POLL_S)
-    say(f"{node_id} holds nothing ({time.monotonic() - started:.1f} s)")
-    response = await _change(client, node_id, False, wait_s, deadline)
-    if response.changed and not await _wait_running_as(client, node_id, "data", deadline):
-        say(f"{node_id} did not answer as a data node yet (stopped, or restarting)")
-    return response
-
-
 async def _remove(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
     started = time.monotonic()
-    response = await demote(client, args.node, args.wait_s, lambda text: _say(args, text))
+    response = await _changed(
+        args, demote(client, args.node, args.wait_s, lambda text: _say(args, text))
+    )
+    if response is None:
+        return EXIT_ERROR
     _report(
         args,
         response,

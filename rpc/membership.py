@@ -1,0 +1,133 @@
+"""Raft membership changes as an operator runs them (``raftwal member add | remove``), for
+any program: ``promote`` a data node to voter, ``demote`` a voter after draining it.
+
+Both wait, bounded by `wait_s`, until the node runs in its new role; they raise
+``MembershipTimeout`` when that time runs out (saying what was still awaited), NotFoundError
+for a node the cluster does not know, and the SDK's typed errors for the rest. The leader
+refuses a change whose precondition does not hold yet (IGNORED_OPERATION: the node still
+catching up, another change committing); these functions ask again until `wait_s` runs out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from rpc.coordinator_client import CoordinatorClient
+from rpc.errors import IgnoredOperationError, NotFoundError, error_info
+from rpc.protos import coordination_pb2 as pb
+from rpc.protos import coordinator_pb2 as api
+from rpc.protos import errors_pb2
+
+POLL_S = 0.5
+
+
+class MembershipTimeout(TimeoutError):
+    """A membership change did not finish within its time; the message says what was
+    still awaited (what already happened stays done: a retry picks up from there)."""
+
+
+async def _change(
+    client: CoordinatorClient, node_id: str, add: bool, deadline: float
+) -> api.ChangeMembershipResponse:
+    """ChangeMembership, asked again while a precondition does not hold yet (the node
+    catching up, another change committing) until `deadline`."""
+    while True:
+        try:
+            return await client.change_membership(node_id, add)
+        except IgnoredOperationError as error:
+            if time.monotonic() + POLL_S >= deadline:
+                raise MembershipTimeout(error.info.message) from None
+            await asyncio.sleep(POLL_S)
+
+
+async def _wait_running_as(
+    client: CoordinatorClient, node_id: str, role: str, deadline: float
+) -> bool:
+    """Wait until `node_id` answers and runs as `role`; False if it does not by then."""
+    while True:
+        status = await client.cluster_status()
+        member = next((m for m in status.members if m.node_id == node_id), None)
+        if member is not None and member.reachable and member.role == role:
+            return True
+        if time.monotonic() + POLL_S >= deadline:
+            return False
+        await asyncio.sleep(POLL_S)
+
+
+async def promote(
+    client: CoordinatorClient, node_id: str, wait_s: float, say: Callable[[str], None]
+) -> api.ChangeMembershipResponse:
+    """Make the data node `node_id` a voter and wait until it runs as one (at most
+    `wait_s`); raises MembershipTimeout when that time runs out, RaftwalError for the
+    rest."""
+    deadline = time.monotonic() + wait_s
+    known_node(await client.cluster_status(), node_id)
+    response = await _change(client, node_id, True, deadline)
+    if not response.changed:
+        say(f"{node_id} is a voter already")
+    if not await _wait_running_as(client, node_id, "voter", deadline):
+        raise MembershipTimeout(
+            f"{node_id} is a voter in the Raft log, but did not answer as one within "
+            f"{wait_s:g} s (it restarts itself as a voter; see its log)"
+        )
+    return response
+
+
+def known_node(status: api.ClusterStatusResponse, node_id: str) -> None:
+    """Raise NotFoundError unless `node_id` is a member of the cluster's configuration."""
+    known = {m.node_id for m in status.members}
+    if node_id not in known:
+        raise NotFoundError(
+            error_info(
+                errors_pb2.NOT_FOUND,
+                f"unknown node {node_id[:64]!r} (expected one of {', '.join(sorted(known))})",
+            )
+        )
+
+
+def _held(status: api.ClusterStatusResponse, node_id: str) -> tuple[int, int]:
+    owned = replicas = 0
+    for channel in status.pchannels:
+        if channel.state == pb.PCHANNEL_STATE_DROPPED:
+            continue
+        if channel.owner_node_id == node_id:
+            owned += 1
+        elif node_id in channel.replica_node_ids or node_id in channel.stable_replica_node_ids:
+            replicas += 1
+    return owned, replicas
+
+
+async def demote(
+    client: CoordinatorClient, node_id: str, wait_s: float, say: Callable[[str], None]
+) -> api.ChangeMembershipResponse:
+    """Freeze `node_id`, wait until it holds nothing, remove it from the voters and wait
+    until it runs as a data node (at most `wait_s` for all of it); raises MembershipTimeout when
+    that time runs out, RaftwalError for the rest."""
+    started = time.monotonic()
+    deadline = started + wait_s
+    status = await client.cluster_status()
+    known_node(status, node_id)
+    policy = status.balance_policy
+    if node_id not in {n.node_id for n in status.nodes if n.frozen}:
+        await client.set_balance_policy(
+            policy.allow_rebalance, policy.max_moves_per_round, freeze=[node_id]
+        )
+        say(f"froze {node_id}: its pchannels move and it leaves every replica set")
+    while True:
+        owned, replicas = _held(await client.cluster_status(), node_id)
+        if owned == 0 and replicas == 0:
+            break
+        if time.monotonic() + POLL_S >= deadline:
+            raise MembershipTimeout(
+                f"{node_id} still owns {owned} pchannel(s) and holds {replicas} replica(s) "
+                f"after {wait_s:g} s: the balancer needs another node to move them "
+                "to (see raftwal status)"
+            )
+        await asyncio.sleep(POLL_S)
+    say(f"{node_id} holds nothing ({time.monotonic() - started:.1f} s)")
+    response = await _change(client, node_id, False, deadline)
+    if response.changed and not await _wait_running_as(client, node_id, "data", deadline):
+        say(f"{node_id} did not answer as a data node yet (stopped, or restarting)")
+    return response
