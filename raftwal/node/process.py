@@ -1122,7 +1122,12 @@ class Node:
             "voting" if wanted == "voter" else "data",
             self.role,
         )
-        await asyncio.to_thread(store_role, self.me.data_dir, wanted)
+        try:
+            await asyncio.to_thread(store_role, self.me.data_dir, wanted)
+        except OSError as error:
+            # Not switching without remembering: the next heartbeat answer asks again.
+            log.error("node %s: cannot store its new role: %s", self.me.id, error)
+            return
         self.restart_requested = True
         self._stop_requested.set()
 
