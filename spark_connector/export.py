@@ -1,9 +1,12 @@
 """Incremental, exactly-once export of committed WAL entries to Parquet (driver side).
 
-What lives here: `export`, a Spark job that reads with the `raftwal` source (only committed
-transactions; the WAL's control entries - term starts, seals and transaction markers - left
-out) and lands the rows as Parquet under one directory, partitioned by pchannel, vchannel
-and the UTC date of the time tick:
+What lives here: `export`, a Spark job that reads with the `raftwal` source's plan and
+reader (only committed transactions; the WAL's control entries - term starts, seals and
+transaction markers - left out) and lands the rows as Parquet under one directory,
+partitioned by pchannel, vchannel and the UTC date of the time tick. Each Spark task reads
+one input partition of the source and writes its Arrow batches with pyarrow, in the Python
+worker: the rows never cross into the JVM. The files are what Spark's own writer would
+produce for `partitionBy("pchannel", "vchannel", "date")`:
 
     DIR/_manifest                                   the commit point (JSON)
     DIR/pchannel=P/vchannel=V/date=YYYY-MM-DD/part-rNNNNNN-....parquet
@@ -17,7 +20,8 @@ or `.`, so the manifest, the staging area and the lock never reach a reader.
 Exactly once: `_manifest` is the only commit point. A run (1) finishes or discards what an
 interrupted run left, (2) takes a snapshot of the cluster at one revision (sealing the open
 segments, so everything acknowledged before it is in), (3) reads the LSNs after the
-bookmark up to that snapshot's committed end with Spark, into its own staging directory,
+bookmark up to that snapshot's committed end with Spark, into its own staging directory
+(each file fsynced, under a name a retried task writes again rather than beside),
 (4) writes the new manifest atomically (temp file, fsync, rename, fsync of the directory):
 it names every committed file, the new bookmark (per pchannel: the last exported LSN and
 the segments exported) and the moves still to do, (5) moves the staged files into place
@@ -63,6 +67,7 @@ PARTITION_COLUMNS = ("pchannel", "vchannel", "date")
 #: Bits of a hybrid time tick below its physical milliseconds (`wal_segments.owner`).
 TICK_LOGICAL_BITS = 18
 MS_PER_DAY = 86_400_000
+EPOCH = datetime.date(1970, 1, 1)
 #: Options the export sets itself; a caller passing them would change what a bookmark means.
 OWN_OPTIONS = frozenset(
     {"fromlsn", "tolsn", "asofrevision", "msgtypes", "sealopensegments", "pchannels", "vchannels"}
@@ -78,14 +83,13 @@ PAUSE_POINTS = (
 )
 #: How long a run waits at a pause point before it goes on.
 PAUSE_MAX_S = 300.0
-#: Rows a task passes to the Parquet writer before a `mid-write` pause.
+#: Rows a task writes into its first Parquet file before a `mid-write` pause.
 MID_WRITE_PAUSE_AFTER_ROWS = 50
-CONCURRENT_WRITERS_CONF = "spark.sql.maxConcurrentOutputFileWriters"
-#: Open Parquet writers per task (one per partition directory it meets; past this many,
-#: Spark falls back to sorting the rest).
-CONCURRENT_WRITERS = 32
+#: Parquet codecs by the `compression` names the export takes.
+CODECS = {"snappy": "snappy", "zstd": "zstd", "gzip": "gzip", "lz4": "lz4", "none": "none"}
+#: Columns not dictionary-encoded: random payloads only fill a dictionary page in vain.
+PLAIN_COLUMNS = frozenset({"payload"})
 _RUN_NAME = re.compile(r"^run-\d{6}$")
-_STAGED_FILE = re.compile(r"^part-.*\.parquet$")
 
 
 class ExportError(RuntimeError):
@@ -235,43 +239,6 @@ def _pause(pause_at: tuple[str, Path] | None, point: str) -> None:
     time.sleep(PAUSE_MAX_S)
 
 
-def _mid_write_filter(marker: str, after_rows: int, pause_s: float) -> Any:
-    """A row filter keeping every row that, in each task, stops after `after_rows` rows
-    with the marker written: the task is then inside the Parquet write."""
-    from pyspark.sql.functions import udf
-
-    # No type hints: PySpark would try to read a pandas UDF type from them.
-    def keep(_):  # type: ignore[no-untyped-def]
-        keep.seen += 1  # type: ignore[attr-defined]
-        if keep.seen == after_rows:  # type: ignore[attr-defined]
-            with open(marker, "w") as handle:
-                handle.write(f"mid-write {os.getpid()}\n")
-            time.sleep(pause_s)
-        return True
-
-    keep.seen = 0  # type: ignore[attr-defined]
-    return udf(keep, "boolean", useArrow=False)
-
-
-@contextlib.contextmanager
-def _concurrent_writers(spark: Any) -> Iterator[None]:
-    """The write without a sort: Spark otherwise sorts every task's rows by the partition
-    columns before a partitioned write (copying every payload). With concurrent writers a
-    task keeps one open file per (pchannel, vchannel, date) it meets, and the rows stay in
-    LSN order, so each file's row-group statistics on `lsn` and `time_tick` are tight.
-    The session's own setting is restored afterwards."""
-    conf = spark.conf
-    previous = conf.get(CONCURRENT_WRITERS_CONF, None)
-    conf.set(CONCURRENT_WRITERS_CONF, str(CONCURRENT_WRITERS))
-    try:
-        yield
-    finally:
-        if previous is None:
-            conf.unset(CONCURRENT_WRITERS_CONF)
-        else:
-            conf.set(CONCURRENT_WRITERS_CONF, previous)
-
-
 def _recover(root: Path, manifest: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """Finish the moves a committed run left, then delete every uncommitted staging file."""
     notes: list[str] = []
@@ -319,13 +286,6 @@ def _check_directory(root: Path) -> None:
     _mkdir(root)
 
 
-def _partition_values(relative: Path) -> dict[str, str]:
-    values = dict(part.split("=", 1) for part in relative.parts[:-1] if "=" in part)
-    if set(values) != set(PARTITION_COLUMNS):
-        raise ExportError(f"unexpected staged file {relative} (partitions {sorted(values)})")
-    return values
-
-
 def export(
     spark: Any,
     to_dir: str | Path,
@@ -344,6 +304,8 @@ def export(
     fails, since its bookmark would not say what was exported. Raises ExportError (one
     sentence) when the run cannot start; a failed Spark job raises Spark's error."""
     started = time.monotonic()
+    if compression not in CODECS:
+        raise ExportError(f"compression {compression!r} is not one of {', '.join(CODECS)}")
     if pause_at is not None and pause_at[0] not in PAUSE_POINTS:
         raise ExportError(f"pause point {pause_at[0]!r} is not one of {', '.join(PAUSE_POINTS)}")
     selection, options_map, read_options = _source(source_options, pchannels, vchannels)
@@ -381,18 +343,16 @@ def export(
         if read_lsns:
             _pause(pause_at, "before-write")
             _mkdir(root / STAGING)
-            df = _dataframe(spark, options_map, snap.revision, read_lsns)
-            if pause_at is not None and pause_at[0] == "mid-write":
-                keep = _mid_write_filter(str(pause_at[1]), MID_WRITE_PAUSE_AFTER_ROWS, PAUSE_MAX_S)
-                df = df.where(keep(df["lsn"]))
-            with _concurrent_writers(spark):
-                (
-                    df.write.mode("errorifexists")
-                    .option("compression", compression)
-                    .partitionBy(*PARTITION_COLUMNS)
-                    .parquet(str(staged_root))
-                )
-            new_files, moves = _staged_files(root, staged_root, version)
+            staged = _write_staged(
+                spark,
+                options_map,
+                snap.revision,
+                read_lsns,
+                staged_root,
+                compression,
+                str(pause_at[1]) if pause_at is not None and pause_at[0] == "mid-write" else None,
+            )
+            new_files, moves = _committed_names(root, staged_root, staged, version)
         _pause(pause_at, "before-commit")
         for pchannel, segments in new_segments.items():
             entry = dict(bookmark.get(pchannel, {"through_lsn": 0, "segments": [], "rows": 0}))
@@ -520,13 +480,25 @@ def _covered_pchannels(options: Any, snap: Any) -> set[str]:
     return wanted
 
 
-def _dataframe(
-    spark: Any, options: Mapping[str, str], revision: int, read_lsns: Mapping[str, tuple[int, int]]
-) -> Any:
-    """The rows of the LSN ranges at `revision`, with the partition column `date`."""
-    from pyspark.sql import functions as F
+def _write_staged(
+    spark: Any,
+    options: Mapping[str, str],
+    revision: int,
+    read_lsns: Mapping[str, tuple[int, int]],
+    staged_root: Path,
+    compression: str,
+    mid_write_marker: str | None,
+) -> list[dict[str, Any]]:
+    """Stage the rows of the LSN ranges at `revision` as Parquet under `staged_root`: one
+    Spark task per input partition of the `raftwal` source (the connector's own plan at
+    that revision), each reading its slice with the connector's reader and writing it with
+    pyarrow. The files staged, as the tasks report them.
 
-    reader = spark.read.format("raftwal")
+    Why not `DataFrame.write`: the rows are Arrow batches in the Python worker already, and
+    Spark's writer would first hand every row to the JVM (the Python source path's main
+    cost, see BENCHMARKS.md) to encode the same Parquet there."""
+    from spark_connector.datasource import RaftwalReader, SlicePartition
+
     settings = {
         **options,
         "asOfRevision": str(revision),
@@ -536,42 +508,165 @@ def _dataframe(
         # stay out; the connector shows only committed transactions' entries anyway.
         "msgTypes": ",".join(PRODUCIBLE_MSG_TYPES),
     }
-    for key, value in settings.items():
-        reader = reader.option(key, value)
-    df = reader.load()
-    days = F.floor(F.shiftright(df["time_tick"], TICK_LOGICAL_BITS) / MS_PER_DAY).cast("int")
-    return df.withColumn("date", F.date_add(F.lit(datetime.date(1970, 1, 1)), days))
+    try:
+        reader = RaftwalReader(parse_options(settings))
+        partitions = [p for p in reader.partitions() if isinstance(p, SlicePartition)]
+    except (ValueError, ConnectorError) as error:
+        raise ExportError(str(error)) from None
+    if not partitions:
+        return []
+    task = _StageTask(str(staged_root), reader.options, CODECS[compression], mid_write_marker)
+    rdd = spark.sparkContext.parallelize(list(enumerate(partitions)), len(partitions))
+    staged: list[dict[str, Any]] = rdd.mapPartitions(task).collect()
+    return staged
 
 
-def _staged_files(
-    root: Path, staged_root: Path, version: int
-) -> tuple[list[dict[str, Any]], list[list[str]]]:
-    """The Parquet files a run staged: their manifest entries and [staged, final] moves."""
+@dataclass(frozen=True)
+class _StageTask:
+    """What a Spark task runs (pickled to the executors): stage its slices' rows."""
+
+    staged_root: str
+    options: ReadOptions
+    codec: str
+    mid_write_marker: str | None
+
+    def __call__(self, items: Iterator[tuple[int, Any]]) -> Iterator[dict[str, Any]]:
+        for index, partition in items:
+            yield from stage_slice(
+                index,
+                partition,
+                Path(self.staged_root),
+                self.options,
+                self.codec,
+                self.mid_write_marker,
+            )
+
+
+def stage_slice(
+    index: int,
+    partition: Any,
+    staged_root: Path,
+    options: ReadOptions,
+    codec: str,
+    mid_write_marker: str | None = None,
+) -> list[dict[str, Any]]:
+    """Write one input partition's rows (a `datasource.SlicePartition`) as Parquet, one
+    file per (vchannel, date) under `staged_root/pchannel=P/vchannel=V/date=D/`, named
+    `part-<index>.<codec>.parquet`: a retried task writes the same names again (through a
+    hidden temporary file and a rename), so an attempt never leaves a second copy. Each
+    file is fsynced with its directory before the task reports it: the manifest that names
+    it is committed only after every task has reported."""
+    import pyarrow as pa
+
+    from spark_connector.fetch import read_slice
+
+    batches = list(read_slice(partition.part, options, partition.names, partition.row_filter))
+    table = pa.Table.from_batches(batches) if batches else None
+    if table is None or table.num_rows == 0:
+        return []
+    staged: list[dict[str, Any]] = []
+    for vchannel, date, rows in partition_rows(table):
+        relative = (
+            Path(f"pchannel={partition.part.pchannel}")
+            / f"vchannel={vchannel}"
+            / f"date={date}"
+            / (
+                f"part-{index:05d}.parquet"
+                if codec == "none"
+                else f"part-{index:05d}.{codec}.parquet"
+            )
+        )
+        pause = mid_write_marker if not staged else None
+        _write_parquet(rows, staged_root / relative, codec, pause)
+        staged.append(
+            {
+                "staged": str(relative),
+                "rows": rows.num_rows,
+                "bytes": (staged_root / relative).stat().st_size,
+                "pchannel": partition.part.pchannel,
+                "vchannel": vchannel,
+                "date": date,
+            }
+        )
+    return staged
+
+
+def partition_rows(table: Any) -> list[tuple[str, str, Any]]:
+    """A table of the source's rows (one pchannel) cut by the export's partition columns:
+    [(vchannel, date, rows without pchannel and vchannel)], sorted, each keeping the rows'
+    order. The date is the UTC day of the time tick's physical milliseconds."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    days = pc.divide(pc.shift_right(table["time_tick"], TICK_LOGICAL_BITS), MS_PER_DAY)
+    keys = pa.table({"vchannel": table["vchannel"], "day": days})
+    groups = sorted(
+        zip(*keys.group_by(["vchannel", "day"]).aggregate([]).to_pydict().values(), strict=True)
+    )
+    data = table.drop_columns(["pchannel", "vchannel"])
+    cut: list[tuple[str, str, Any]] = []
+    for vchannel, day in groups:
+        rows = data
+        if len(groups) > 1:
+            rows = data.filter(
+                pc.and_(pc.equal(keys["vchannel"], vchannel), pc.equal(days, pa.scalar(day)))
+            )
+        cut.append((vchannel, (EPOCH + datetime.timedelta(days=day)).isoformat(), rows))
+    return cut
+
+
+def _write_parquet(table: Any, path: Path, codec: str, mid_write_marker: str | None) -> None:
     import pyarrow.parquet as pq
 
+    _mkdir(path.parent)
+    temporary = path.with_name(f".{path.name}.tmp")
+    # Created 0600 before pyarrow opens it (pyarrow keeps an existing file's mode).
+    os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+    with pq.ParquetWriter(
+        str(temporary),
+        table.schema,
+        compression=codec,
+        use_dictionary=[n for n in table.schema.names if n not in PLAIN_COLUMNS],
+    ) as writer:
+        if mid_write_marker is None:
+            writer.write_table(table)
+        else:
+            head = min(MID_WRITE_PAUSE_AFTER_ROWS, table.num_rows)
+            writer.write_table(table.slice(0, head))
+            with open(mid_write_marker, "w") as handle:
+                handle.write(f"mid-write {os.getpid()}\n")
+            time.sleep(PAUSE_MAX_S)
+            writer.write_table(table.slice(head))
+    fd = os.open(temporary, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+    _fsync_dir(path.parent)
+
+
+def _committed_names(
+    root: Path, staged_root: Path, staged: list[dict[str, Any]], version: int
+) -> tuple[list[dict[str, Any]], list[list[str]]]:
+    """The staged files' manifest entries and [staged, final] moves."""
     files: list[dict[str, Any]] = []
     moves: list[list[str]] = []
-    for path in sorted(staged_root.rglob("*.parquet")):
-        relative = path.relative_to(staged_root)
-        if any(part.startswith(("_", ".")) for part in relative.parts):
-            continue  # Spark's own bookkeeping (_temporary, .crc files)
-        if not _STAGED_FILE.match(path.name):
-            continue
-        values = _partition_values(relative)
-        # Hadoop's writer leaves the umask's mode (often 0644): data files stay private.
-        os.chmod(path, 0o600)
-        final = relative.parent / f"part-r{version:06d}-{path.name.removeprefix('part-')}"
-        metadata = pq.read_metadata(path)
+    for entry in sorted(staged, key=lambda e: e["staged"]):
+        relative = Path(entry["staged"])
+        final = relative.parent / f"part-r{version:06d}-{relative.name.removeprefix('part-')}"
         files.append(
             {
                 "path": str(final),
-                "rows": metadata.num_rows,
-                "bytes": path.stat().st_size,
+                "rows": entry["rows"],
+                "bytes": entry["bytes"],
                 "version": version,
-                **values,
+                **{column: entry[column] for column in PARTITION_COLUMNS},
             }
         )
-        moves.append([str(path.relative_to(root)), str(final)])
+        moves.append([str((staged_root / relative).relative_to(root)), str(final)])
+    if len({final for _, final in moves}) != len(moves):
+        raise ExportError(f"{staged_root}: two tasks staged the same file")
     return files, moves
 
 
