@@ -27,13 +27,13 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from rpc.protos import streaming_pb2 as wire
-from rpc.protos import streaming_pb2_grpc
 from spark_connector.options import HIDDEN_MSG_TYPES, ReadOptions
 from spark_connector.plan import SegmentSlice, channel, describe
 from wal_segments import columnar
@@ -166,8 +166,8 @@ def _remote_frames(
         name = f"replica {node_id} ({address})"
         try:
             with channel(address, options) as chan:
-                stub = streaming_pb2_grpc.StreamingNodeStub(chan)
-                stream = stub.ReadSegment(
+                chunks = read_segment_chunks(
+                    chan,
                     wire.ReadSegmentRequest(
                         pchannel=part.pchannel,
                         segment_id=part.segment_id,
@@ -176,22 +176,21 @@ def _remote_frames(
                         max_chunk_bytes=CHUNK_BYTES,
                         with_offsets=True,
                     ),
-                    timeout=options.timeout_s,
+                    options.timeout_s,
                 )
-                frames: list[bytes] = []
+                frames: list[memoryview] = []
                 offset_parts: list[pa.Array] = []
                 size = 0
                 running = 0
                 expected_lsn = low
                 problem = None
-                for index, chunk in enumerate(stream):
+                for index, chunk in enumerate(chunks):
                     if index == 0 and chunk.segment_digest != part.digest:
                         problem = (
                             f"digest {chunk.segment_digest:#010x} differs from the committed "
                             f"{part.digest:#010x}"
                         )
                         break
-                    # Each read of a bytes field copies it (upb): read every field once.
                     data, offsets_bytes = chunk.frames, chunk.frame_offsets
                     first_lsn, last_lsn = chunk.first_lsn, chunk.last_lsn
                     n = last_lsn - first_lsn + 1
@@ -224,11 +223,17 @@ def _remote_frames(
         except grpc.RpcError as error:
             failures.append(f"{name}: {describe(error)}")
             continue
-        buffer = pa.py_buffer(b"".join(frames))
-        if buffer.address % 8:
-            aligned = pa.allocate_buffer(buffer.size)
-            memoryview(aligned).cast("B")[:] = memoryview(buffer).cast("B")
-            buffer = aligned
+        except FormatError as error:
+            failures.append(f"{name}: {error.reason}")
+            continue
+        # One copy of every chunk, into one buffer Arrow allocates aligned.
+        buffer = pa.allocate_buffer(size)
+        target = memoryview(buffer).cast("B")
+        position = 0
+        for data in frames:
+            target[position : position + len(data)] = data
+            position += len(data)
+        del target
         return _Frames(
             buffer=buffer,
             offsets=pa.concat_arrays(offset_parts),
@@ -239,6 +244,112 @@ def _remote_frames(
             source=f"{part.label} from {name}",
         )
     return None
+
+
+@dataclass(frozen=True)
+class SegmentChunk:
+    """One ReadSegmentResponse, its `frames` a view of the received bytes (no copy)."""
+
+    frames: memoryview
+    frame_offsets: bytes
+    first_lsn: int
+    last_lsn: int
+    segment_digest: int
+    frames_crc: int
+
+
+#: ReadSegment's full method name (the generated stub's).
+READ_SEGMENT_METHOD = "/raftwal.v1.StreamingNode/ReadSegment"
+
+
+def read_segment_chunks(
+    chan: grpc.Channel, request: wire.ReadSegmentRequest, timeout_s: float
+) -> Iterator[SegmentChunk]:
+    """ReadSegment's chunks, each parsed from the bytes gRPC received: the frames stay a
+    view of them instead of being copied into a message and out of it again."""
+    call = chan.unary_stream(
+        READ_SEGMENT_METHOD,
+        request_serializer=wire.ReadSegmentRequest.SerializeToString,
+        response_deserializer=None,
+    )
+    for raw in call(request, timeout=timeout_s):
+        yield parse_segment_chunk(raw)
+
+
+#: ReadSegmentResponse's fields by number: (name, wire type).
+_CHUNK_FIELDS = {
+    1: ("frames", 2),
+    2: ("first_lsn", 0),
+    3: ("last_lsn", 0),
+    4: ("segment_digest", 0),
+    5: ("segment_count", 0),
+    6: ("node_id", 2),
+    7: ("frames_crc", 0),
+    8: ("frame_offsets", 2),
+}
+
+
+def _varint(raw: bytes, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if position >= len(raw) or shift > 63:
+            raise FormatError(position, "a truncated or overlong varint in a ReadSegment chunk")
+        byte = raw[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
+
+
+def parse_segment_chunk(raw: bytes) -> SegmentChunk:
+    """A serialized ReadSegmentResponse, parsed as protobuf would (the last occurrence of
+    a field wins, unknown fields are skipped, int64s are two's complement); FormatError
+    for bytes that are not one."""
+    view = memoryview(raw)
+    fields: dict[str, Any] = {}
+    position = 0
+    end = len(raw)
+    while position < end:
+        tag, position = _varint(raw, position)
+        number, wire_type = tag >> 3, tag & 7
+        value: int | memoryview
+        if wire_type == 0:
+            value, position = _varint(raw, position)
+        elif wire_type == 2:
+            length, position = _varint(raw, position)
+            if position + length > end:
+                raise FormatError(position, "a field runs past the end of a ReadSegment chunk")
+            value = view[position : position + length]
+            position += length
+        elif wire_type == 1 or wire_type == 5:
+            position += 8 if wire_type == 1 else 4
+            if position > end:
+                raise FormatError(position, "a field runs past the end of a ReadSegment chunk")
+            continue
+        else:
+            raise FormatError(position, f"wire type {wire_type} in a ReadSegment chunk")
+        known = _CHUNK_FIELDS.get(number)
+        if known is None:
+            continue
+        if known[1] != wire_type:
+            raise FormatError(
+                position, f"field {number} of a ReadSegment chunk has wire type {wire_type}"
+            )
+        fields[known[0]] = value
+
+    def signed(name: str) -> int:
+        value = int(fields.get(name, 0))
+        return value - (1 << 64) if value >= 1 << 63 else value
+
+    return SegmentChunk(
+        frames=fields.get("frames", view[0:0]),
+        frame_offsets=bytes(fields.get("frame_offsets", b"")),
+        first_lsn=signed("first_lsn"),
+        last_lsn=signed("last_lsn"),
+        segment_digest=int(fields.get("segment_digest", 0)) & 0xFFFFFFFF,
+        frames_crc=int(fields.get("frames_crc", 0)) & 0xFFFFFFFF,
+    )
 
 
 def _frames(part: SegmentSlice, options: ReadOptions, low: int, high: int) -> _Frames:

@@ -5,7 +5,7 @@ every payload twice more and costs about 17 us per 10 KiB entry in this process
 (BENCHMARKS.md, "Consume"). Here each entry's protobuf encoding is written directly:
 its few scalar fields as varints, its key and payload as slices of the buffer read from
 the segment, joined once into the response. The Consume method is registered with a
-response serializer that passes such bytes through (`serialize_consume`), so gRPC sends
+response serializer that passes such bytes through (`serialize_prebuilt`), so gRPC sends
 them as they are; clients parse an ordinary `ConsumeResponse`.
 
 Field numbers are those of `rpc/protos/streaming.proto` (`WalEntry`, `ConsumeResponse`);
@@ -38,6 +38,7 @@ _TIME_TICK = 0x28  # = 5
 _MSG_TYPE = 0x32  # = 6
 _KEY = 0x3A  # = 7
 _PAYLOAD = b"\x42"  # = 8
+_SEGMENT_FRAMES = b"\x0a"  # ReadSegmentResponse.frames = 1
 _TXN_ID = 0x50  # = 10
 _BROADCAST_ID = 0x58  # = 11
 _FLAGS = 0x60  # = 12
@@ -205,11 +206,20 @@ def response(
     return b"".join(itertools.chain(itertools.chain.from_iterable(entries), (trailer,)))
 
 
-def serialize_consume(reply: bytes | wire.ConsumeResponse) -> bytes:
-    """The Consume method's response serializer: pre-built bytes pass through."""
+def serialize_prebuilt(reply: Any) -> bytes:
+    """The response serializer of Consume and ReadSegment: pre-built bytes pass through,
+    a message is serialized."""
     if type(reply) is bytes:
         return reply
-    return reply.SerializeToString()  # type: ignore[union-attr]
+    return reply.SerializeToString()  # type: ignore[no-any-return]
+
+
+def read_segment_response(head: wire.ReadSegmentResponse, frames: Any) -> bytes:
+    """A ReadSegmentResponse's bytes: `head` (every field but `frames`) and then `frames`
+    (any buffer) as field 1. Protobuf parses fields in any order, so this is the message
+    with `frames` set; the frames are copied once, by the join."""
+    size = memoryview(frames).nbytes
+    return b"".join((head.SerializeToString(), _SEGMENT_FRAMES, varint(size), frames))
 
 
 class _Captured:
@@ -229,15 +239,20 @@ class _Captured:
 
 
 def add_streaming_node_servicer(servicer: Any, server: grpc.aio.Server) -> None:
-    """`add_StreamingNodeServicer_to_server`, with Consume's replies serialized by
-    `serialize_consume` (its generator yields pre-built bytes)."""
+    """`add_StreamingNodeServicer_to_server`, with the replies of Consume and ReadSegment
+    serialized by `serialize_prebuilt` (their generators yield pre-built bytes)."""
     captured = _Captured()
     streaming_pb2_grpc.add_StreamingNodeServicer_to_server(servicer, captured)
     handlers = captured.handlers
     handlers["Consume"] = grpc.unary_stream_rpc_method_handler(
         servicer.Consume,
         request_deserializer=wire.ConsumeRequest.FromString,
-        response_serializer=serialize_consume,
+        response_serializer=serialize_prebuilt,
+    )
+    handlers["ReadSegment"] = grpc.unary_stream_rpc_method_handler(
+        servicer.ReadSegment,
+        request_deserializer=wire.ReadSegmentRequest.FromString,
+        response_serializer=serialize_prebuilt,
     )
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(captured.name, handlers),)

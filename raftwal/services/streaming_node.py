@@ -725,7 +725,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             next_lsn = last_fields[2] + 1
             for start in range(0, len(out), batch_limit):
                 end = min(start + batch_limit, len(out))
-                # Pre-built bytes (consume_wire.serialize_consume passes them through).
+                # Pre-built bytes (consume_wire.serialize_prebuilt passes them through).
                 yield consume_wire.response(  # type: ignore[misc]
                     out[start:end],
                     committed,
@@ -1133,21 +1133,22 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                     end_row = following - 1
                 end_row = max(end_row, row + 1)
                 end = frame_start(end_row)
-                data = bytes(view[begin:end])
-                response = wire.ReadSegmentResponse(
-                    frames=data,
+                data = view[begin:end]
+                # The small fields through protobuf; the frames appended as they lie in
+                # the file (one copy, by the join), sent as they are by the serializer.
+                head = wire.ReadSegmentResponse(
                     first_lsn=reader.first_lsn + row,
                     last_lsn=reader.first_lsn + end_row - 1,
                     node_id=self._node.me.id,
                     frames_crc=crc32c(data),
                 )
                 if request.with_offsets:
-                    response.frame_offsets = reader.row_offsets(row, end_row, begin)
+                    head.frame_offsets = reader.row_offsets(row, end_row, begin)
                 if first:
-                    response.segment_digest = reader.digest
-                    response.segment_count = reader.entry_count
+                    head.segment_digest = reader.digest
+                    head.segment_count = reader.entry_count
                     first = False
-                yield response
+                yield consume_wire.read_segment_response(head, data)
                 row = end_row
         finally:
             reader.close()

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from raftwal.services.consume_wire import EntryEncoder, response, serialize_consume, varint
+from raftwal.services.consume_wire import EntryEncoder, response, serialize_prebuilt, varint
 from rpc.protos import streaming_pb2 as wire
 from wal_segments.format import (
     ENTRY_HEADER_SIZE,
@@ -99,8 +99,8 @@ def test_prebuilt_replies_parse_to_what_protobuf_builds(seed: int, as_view: bool
         term=7,
     )
     assert parsed == expected
-    assert serialize_consume(built) is built
-    assert wire.ConsumeResponse.FromString(serialize_consume(expected)) == expected
+    assert serialize_prebuilt(built) is built
+    assert wire.ConsumeResponse.FromString(serialize_prebuilt(expected)) == expected
 
 
 def test_empty_response_and_varints() -> None:
