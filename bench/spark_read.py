@@ -79,6 +79,7 @@ from spark_connector.fetch import (
     SPARK_SCHEMA,
     RowFilter,
     SegmentChunk,
+    gather,
     read_segment_chunks,
     read_slice,
 )
@@ -673,16 +674,6 @@ def breakdown(
     chunks = transfer()
     frames = [chunk.frames for chunk in chunks]
 
-    def gather() -> pa.Buffer:
-        # What the connector does with the chunks: one copy into an aligned buffer.
-        buffer = pa.allocate_buffer(sum(len(f) for f in frames))
-        target = memoryview(buffer).cast("B")
-        position = 0
-        for data in frames:
-            target[position : position + len(data)] = data
-            position += len(data)
-        return buffer
-
     with SegmentReader.open(path) as reader:
         buffer, index = reader.buffer, reader.index
 
@@ -711,7 +702,7 @@ def breakdown(
         stages = {
             "readsegment_transfer_s": _median_time(transfer, repeat),
             "crc32c_one_pass_s": _median_time(lambda: [crc32c(f) for f in frames], repeat),
-            "join_chunks_s": _median_time(gather, repeat),
+            "join_chunks_s": _median_time(lambda: gather(frames), repeat),
             "open_verify_blocks_s": _median_time(lambda: SegmentReader.open(path).close(), repeat),
             "decode_headers_s": _median_time(decode, repeat),
             "build_columns_s": _median_time(build, repeat),

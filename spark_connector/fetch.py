@@ -226,16 +226,8 @@ def _remote_frames(
         except FormatError as error:
             failures.append(f"{name}: {error.reason}")
             continue
-        # One copy of every chunk, into one buffer Arrow allocates aligned.
-        buffer = pa.allocate_buffer(size)
-        target = memoryview(buffer).cast("B")
-        position = 0
-        for data in frames:
-            target[position : position + len(data)] = data
-            position += len(data)
-        del target
         return _Frames(
-            buffer=buffer,
+            buffer=gather(frames),
             offsets=pa.concat_arrays(offset_parts),
             first_lsn=low,
             end_offset=size,
@@ -244,6 +236,17 @@ def _remote_frames(
             source=f"{part.label} from {name}",
         )
     return None
+
+
+def gather(chunks: list[memoryview]) -> pa.Buffer:
+    """The chunks copied once, in order, into one buffer Arrow allocates aligned."""
+    buffer = pa.allocate_buffer(sum(len(chunk) for chunk in chunks))
+    target = memoryview(buffer).cast("B")
+    position = 0
+    for chunk in chunks:
+        target[position : position + len(chunk)] = chunk
+        position += len(chunk)
+    return buffer
 
 
 @dataclass(frozen=True)
