@@ -269,6 +269,21 @@ class GuardedTcpConnection(TcpConnection):
             return limits.max_frame_bytes
         return limits.max_unauthenticated_frame_bytes
 
+    def _TcpConnection__processConnection(self, descr: int, event_type: int) -> None:  # noqa: N802
+        """Bytes (or an EOF) waiting to be read mean the peer is not silent: count that as
+        a read before pysyncobj's connection-timeout check, which it runs before reading
+        (tcp_connection.py line 185). Two followers never talk between elections, so
+        their link is idle for longer than connectionTimeout, and the check dropped the
+        link with the first RequestVote that arrived on it: every failover after a quiet
+        spell took a second election round. A silent peer still times out: it causes no
+        read event."""
+        connection: Any = self  # pysyncobj's private, untyped attributes
+        if event_type & POLL_EVENT_TYPE.READ and connection.state == CONNECTION_STATE.CONNECTED:
+            connection._TcpConnection__lastReadTime = max(
+                connection._TcpConnection__lastReadTime, monotonicTime()
+            )
+        TcpConnection._TcpConnection__processConnection(self, descr, event_type)  # type: ignore[attr-defined]
+
     def _TcpConnection__processRead(self) -> bool:  # noqa: N802 (overrides a mangled name)
         sock = self._TcpConnection__socket
         try:
