@@ -214,7 +214,7 @@ def test_failover_after_quiet_period_elects_in_one_round(cluster: Cluster) -> No
         term = leader.status()["status"]["term"]
         survivors = [peer for peer in cluster.running() if peer is not leader]
         cluster.wait_until(
-            lambda: all(
+            lambda survivors=survivors: all(
                 all(p.status()["status"]["partners_connected"].values()) for p in survivors
             ),
             5.0,
