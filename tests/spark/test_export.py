@@ -280,6 +280,18 @@ def test_export_of_chosen_vchannels_and_clear_errors(spark, env, tmp_path) -> No
     (broken / MANIFEST).write_text("{")
     with pytest.raises(ExportError, match="is not valid JSON"):
         export(spark, broken, {"endpoints": env.endpoints})
+    with pytest.raises(ExportError, match="compression 'brotli' is not one of"):
+        export(spark, tmp_path / "x", {"endpoints": env.endpoints}, compression="brotli")
+
+
+@pytest.mark.parametrize("codec", ["zstd", "gzip", "lz4", "none"])
+def test_export_with_every_codec_reads_back_in_spark(spark, env, tmp_path, codec) -> None:
+    target = tmp_path / codec
+    result = export(spark, target, {"endpoints": env.endpoints}, compression=codec)
+    assert result.files > 0
+    suffix = ".parquet" if codec == "none" else f".{codec}.parquet"
+    assert all(f["path"].endswith(suffix) for f in read_manifest(target)["files"])
+    _assert_exactly(_parquet_rows(spark, target), env.acked())
 
 
 # -- the real process, killed -----------------------------------------------------------------
