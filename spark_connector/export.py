@@ -619,7 +619,9 @@ def _write_parquet(table: Any, path: Path, codec: str, mid_write_marker: str | N
     import pyarrow.parquet as pq
 
     _mkdir(path.parent)
-    temporary = path.with_name(f".{path.name}.tmp")
+    # One temporary file per attempt: two attempts of one task (speculation) never write
+    # into the same file; whichever renames last leaves a whole file, with the same rows.
+    temporary = path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
     # Created 0600 before pyarrow opens it (pyarrow keeps an existing file's mode).
     os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
     with pq.ParquetWriter(

@@ -23,8 +23,11 @@ from raft import NotLeader, PeerClosed, RaftPeer, RaftTuning
 from raft.errors import LeadershipUnconfirmed
 
 FAST = RaftTuning(
-    election_timeout_min_s=0.3,
-    election_timeout_max_s=0.6,
+    # The three peers share this process's GIL. With 0.3-0.6 s, a loaded CI host once
+    # starved a follower long enough to call an election mid-test, and the leader the
+    # test had found was no longer the one the followers named.
+    election_timeout_min_s=1.0,
+    election_timeout_max_s=2.0,
     heartbeat_period_s=0.05,
     # Long enough that a leader whose followers are gone still believes it leads while
     # the test asks it for a read index.
