@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rpc.protos import streaming_pb2 as wire
+from rpc.segment_transfer import TransferError, receive, transfer_host
 from spark_connector.options import HIDDEN_MSG_TYPES, ReadOptions
 from spark_connector.plan import SegmentSlice, channel, describe
 from wal_segments import columnar
@@ -156,86 +157,136 @@ def _local_frames(part: SegmentSlice, options: ReadOptions, low: int, high: int)
 def _remote_frames(
     part: SegmentSlice, options: ReadOptions, low: int, high: int, failures: list[str]
 ) -> _Frames | None:
-    """Frames from the first replica that serves them verified; failures are appended."""
+    """Frames from the first replica that serves them verified; failures are appended.
+    Each replica is asked for a bulk transfer first (its transfer port, no gRPC copies);
+    when that fails in transit, the same replica streams them over gRPC."""
     # Spread whole-segment reads over the replicas instead of all hitting the first one.
     count = len(part.replicas)
     start = part.segment_id % count
     order = part.replicas[start:] + part.replicas[:start]
-    whole = low == part.first_lsn and high == part.last_lsn
     for node_id, address in order:
         name = f"replica {node_id} ({address})"
-        try:
-            with channel(address, options) as chan:
-                chunks = read_segment_chunks(
-                    chan,
-                    wire.ReadSegmentRequest(
-                        pchannel=part.pchannel,
-                        segment_id=part.segment_id,
-                        from_lsn=low,
-                        to_lsn=high,
-                        max_chunk_bytes=CHUNK_BYTES,
-                        with_offsets=True,
-                    ),
-                    options.timeout_s,
+        for bulk in (True, False) if options.bulk_transfer else (False,):
+            try:
+                with channel(address, options) as chan:
+                    got = _read_replica(chan, part, options, address, low, high, bulk)
+            except grpc.RpcError as error:
+                failures.append(f"{name}: {describe(error)}")
+                break
+            except FormatError as error:
+                failures.append(f"{name}: {error.reason}")
+                break
+            except TransferError as error:
+                log.warning(
+                    "%s: bulk transfer from %s failed (%s); streaming", part.label, name, error
                 )
-                frames: list[memoryview] = []
-                offset_parts: list[pa.Array] = []
-                size = 0
-                running = 0
-                expected_lsn = low
-                problem = None
-                for index, chunk in enumerate(chunks):
-                    if index == 0 and chunk.segment_digest != part.digest:
-                        problem = (
-                            f"digest {chunk.segment_digest:#010x} differs from the committed "
-                            f"{part.digest:#010x}"
-                        )
-                        break
-                    data, offsets_bytes = chunk.frames, chunk.frame_offsets
-                    first_lsn, last_lsn = chunk.first_lsn, chunk.last_lsn
-                    n = last_lsn - first_lsn + 1
-                    if first_lsn != expected_lsn or n < 1 or len(offsets_bytes) != 8 * n:
-                        problem = f"chunk at lsn {first_lsn} out of sequence or malformed"
-                        break
-                    if whole:
-                        # The committed digest over every chunk checks the whole transfer.
-                        running = crc32c(data, running)
-                    elif crc32c(data) != chunk.frames_crc:
-                        problem = f"chunk at lsn {first_lsn} failed its crc in transfer"
-                        break
-                    relative = pa.Array.from_buffers(
-                        pa.uint64(), n, [None, pa.py_buffer(offsets_bytes)]
-                    )
-                    offset_parts.append(pc.add(relative, pa.scalar(size, pa.uint64())))
-                    frames.append(data)
-                    size += len(data)
-                    expected_lsn = last_lsn + 1
-                if problem is None and expected_lsn != high + 1:
-                    problem = f"stream ended at lsn {expected_lsn - 1}, expected {high}"
-                if problem is None and whole and running != part.digest:
-                    problem = (
-                        f"bytes hash to {running:#010x}, not the committed digest "
-                        f"{part.digest:#010x}"
-                    )
-                if problem is not None:
-                    failures.append(f"{name}: {problem}")
-                    continue
-        except grpc.RpcError as error:
-            failures.append(f"{name}: {describe(error)}")
-            continue
-        except FormatError as error:
-            failures.append(f"{name}: {error.reason}")
-            continue
-        return _Frames(
-            buffer=gather(frames),
-            offsets=pa.concat_arrays(offset_parts),
-            first_lsn=low,
-            end_offset=size,
-            lower_bound=0,
-            start_offset=0,
-            source=f"{part.label} from {name}",
-        )
+                continue
+            if isinstance(got, str):
+                failures.append(f"{name}: {got}")
+                break
+            return dataclasses.replace(got, source=f"{part.label} from {name}")
     return None
+
+
+def _read_replica(
+    chan: grpc.Channel,
+    part: SegmentSlice,
+    options: ReadOptions,
+    address: str,
+    low: int,
+    high: int,
+    bulk: bool,
+) -> _Frames | str:
+    """Rows `low`..`high` of `part` from one replica, verified, or what was wrong with
+    them. TransferError when a bulk transfer failed in transit (the caller streams)."""
+    whole = low == part.first_lsn and high == part.last_lsn
+    chunks = read_segment_chunks(
+        chan,
+        wire.ReadSegmentRequest(
+            pchannel=part.pchannel,
+            segment_id=part.segment_id,
+            from_lsn=low,
+            to_lsn=high,
+            max_chunk_bytes=CHUNK_BYTES,
+            with_offsets=True,
+            bulk=bulk,
+        ),
+        options.timeout_s,
+    )
+    frames: list[memoryview] = []
+    offset_parts: list[pa.Array] = []
+    size = 0
+    running = 0
+    expected_lsn = low
+    for index, chunk in enumerate(chunks):
+        if index == 0 and chunk.segment_digest != part.digest:
+            return (
+                f"digest {chunk.segment_digest:#010x} differs from the committed "
+                f"{part.digest:#010x}"
+            )
+        offsets_bytes = chunk.frame_offsets
+        first_lsn, last_lsn = chunk.first_lsn, chunk.last_lsn
+        n = last_lsn - first_lsn + 1
+        if first_lsn != expected_lsn or n < 1 or len(offsets_bytes) != 8 * n:
+            return f"chunk at lsn {first_lsn} out of sequence or malformed"
+        if chunk.transfer_ticket:
+            if index != 0 or last_lsn != high or chunk.transfer_bytes < 0:
+                return f"a bulk transfer offer at lsn {first_lsn} that does not cover {low}..{high}"
+            return _transferred(part, options, address, chunk, whole)
+        data = chunk.frames
+        if whole:
+            # The committed digest over every chunk checks the whole transfer.
+            running = crc32c(data, running)
+        elif crc32c(data) != chunk.frames_crc:
+            return f"chunk at lsn {first_lsn} failed its crc in transfer"
+        relative = pa.Array.from_buffers(pa.uint64(), n, [None, pa.py_buffer(offsets_bytes)])
+        offset_parts.append(pc.add(relative, pa.scalar(size, pa.uint64())))
+        frames.append(data)
+        size += len(data)
+        expected_lsn = last_lsn + 1
+    if expected_lsn != high + 1:
+        return f"stream ended at lsn {expected_lsn - 1}, expected {high}"
+    if whole and running != part.digest:
+        return f"bytes hash to {running:#010x}, not the committed digest {part.digest:#010x}"
+    return _Frames(
+        buffer=gather(frames),
+        offsets=pa.concat_arrays(offset_parts),
+        first_lsn=low,
+        end_offset=size,
+        lower_bound=0,
+        start_offset=0,
+        source="",
+    )
+
+
+def _transferred(
+    part: SegmentSlice, options: ReadOptions, address: str, offer: SegmentChunk, whole: bool
+) -> _Frames | str:
+    """The frames a bulk transfer `offer` announces, received into one buffer and checked
+    against the committed digest (a whole segment) or the offer's crc."""
+    size = offer.transfer_bytes
+    buffer = pa.allocate_buffer(size)
+    receive(
+        transfer_host(address),
+        offer.transfer_port,
+        offer.transfer_ticket,
+        memoryview(buffer).cast("B"),
+        options.timeout_s,
+    )
+    want = part.digest if whole else offer.frames_crc
+    got = crc32c(memoryview(buffer))
+    if got != want:
+        return f"bytes of the bulk transfer hash to {got:#010x}, expected {want:#010x}"
+    n = offer.last_lsn - offer.first_lsn + 1
+    return _Frames(
+        buffer=buffer,
+        offsets=pa.Array.from_buffers(pa.uint64(), n, [None, pa.py_buffer(offer.frame_offsets)]),
+        first_lsn=offer.first_lsn,
+        end_offset=size,
+        lower_bound=0,
+        start_offset=0,
+        source="",
+    )
 
 
 def gather(chunks: list[memoryview]) -> pa.Buffer:
@@ -259,6 +310,10 @@ class SegmentChunk:
     last_lsn: int
     segment_digest: int
     frames_crc: int
+    #: a bulk transfer's offer (empty ticket: the frames are in this chunk)
+    transfer_ticket: bytes = b""
+    transfer_port: int = 0
+    transfer_bytes: int = 0
 
 
 #: ReadSegment's full method name (the generated stub's).
@@ -289,6 +344,9 @@ _CHUNK_FIELDS = {
     6: ("node_id", 2),
     7: ("frames_crc", 0),
     8: ("frame_offsets", 2),
+    9: ("transfer_ticket", 2),
+    10: ("transfer_port", 0),
+    11: ("transfer_bytes", 0),
 }
 
 
@@ -352,6 +410,9 @@ def parse_segment_chunk(raw: bytes) -> SegmentChunk:
         last_lsn=signed("last_lsn"),
         segment_digest=int(fields.get("segment_digest", 0)) & 0xFFFFFFFF,
         frames_crc=int(fields.get("frames_crc", 0)) & 0xFFFFFFFF,
+        transfer_ticket=bytes(fields.get("transfer_ticket", b"")),
+        transfer_port=int(fields.get("transfer_port", 0)) & 0xFFFFFFFF,
+        transfer_bytes=signed("transfer_bytes"),
     )
 
 

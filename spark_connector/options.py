@@ -52,6 +52,7 @@ KNOWN_OPTIONS = {
     "tlskeyfile",
     "timeoutseconds",
     "sealopensegments",
+    "bulktransfer",
     "path",
     # readStream only (spark_connector.stream)
     "startingoffsets",
@@ -79,6 +80,10 @@ class ReadOptions:
     #: seal every open segment of the read's pchannels before reading the manifest, so the
     #: read sees everything acknowledged before it started (false: committed segments only)
     seal_open_segments: bool = True
+    #: fetch segments over the nodes' segment transfer ports (false: the gRPC stream
+    #: only, e.g. when a firewall closes those ports and every attempt would wait for
+    #: the connect timeout before falling back)
+    bulk_transfer: bool = True
 
     def lsn_bounds(self, pchannel: str) -> tuple[int | None, int | None]:
         low = self.from_lsn.get(pchannel, self.from_lsn.get("*"))
@@ -235,4 +240,5 @@ def parse_options(options: Mapping[str, str]) -> ReadOptions:
         security=security,
         timeout_s=timeout_s,
         seal_open_segments=_bool("sealOpenSegments", lowered.get("sealopensegments"), default=True),
+        bulk_transfer=_bool("bulkTransfer", lowered.get("bulktransfer"), default=True),
     )

@@ -15,6 +15,7 @@ host = "127.0.0.1"
 grpc_port = 7201
 raft_port = 7301
 metrics_port = 9201                   # Prometheus /metrics on host (0 or absent: off)
+transfer_port = 7601                  # segment transfers (absent or 0: any free port; -1: off)
 data_dir = "/var/lib/raftwal/n1"
 tls_cert_file = "/etc/raftwal/n1.pem" # this node's certificate chain and key: TLS is on
 tls_key_file = "/etc/raftwal/n1.key"  # (also allowed in [cluster], for every node)
@@ -61,6 +62,9 @@ class NodeConfig:
     raft_port: int
     data_dir: Path
     metrics_port: int = 0
+    # The segment transfer port (raftwal.services.segment_transfer): 0 = any free port,
+    # -1 = none (ReadSegment then always streams over gRPC). Unused when TLS is on.
+    transfer_port: int = 0
     # PEM certificate chain and private key of this node's gRPC port (TLS when set).
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
@@ -326,6 +330,9 @@ def parse_config(
                 metrics_port=_int(raw, "metrics_port", where, 0, 65535)
                 if "metrics_port" in raw
                 else 0,
+                transfer_port=_int(raw, "transfer_port", where, -1, 65535)
+                if "transfer_port" in raw
+                else 0,
                 data_dir=(base_dir / data_dir).resolve(),
                 tls_cert_file=cert_file,
                 tls_key_file=key_file,
@@ -531,6 +538,7 @@ def render_config(config: ClusterConfig, secret_file: str | None = None) -> str:
             f"grpc_port = {node.grpc_port}",
             f"raft_port = {node.raft_port}",
             f"metrics_port = {node.metrics_port}",
+            f"transfer_port = {node.transfer_port}",
             f'data_dir = "{node.data_dir}"',
         ]
         if not node.voter:

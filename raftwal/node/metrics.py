@@ -45,6 +45,7 @@ from raft.replica import CoordinationReplica
 from raftwal import __version__
 from raftwal.node.config import NodeConfig
 from raftwal.node.metrics_http import MetricsServer
+from raftwal.services.segment_transfer import SegmentTransfers
 from rpc.errors import RaftwalError
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
@@ -124,6 +125,9 @@ class MetricsHost(Protocol):
 
     @property
     def event_loop(self) -> asyncio.AbstractEventLoop | None: ...
+
+    @property
+    def segment_transfers(self) -> SegmentTransfers | None: ...
 
     def is_leader(self) -> bool: ...
 
@@ -279,6 +283,19 @@ class _NodeCollector(Collector):
         yield from self._state()
         yield from self._event_store()
         yield from self._wal()
+        transfers = node.segment_transfers
+        if transfers is not None:
+            outcomes = CounterMetricFamily(
+                "raftwal_segment_transfers",
+                "Connections to the segment transfer port, by outcome: served (the frames "
+                "sent), refused (no valid ticket: unknown, used, expired, or a bad hello), "
+                "failed (cut short: the reader went away or stalled, or the file was gone), "
+                "turned_away (closed at once: too many connections).",
+                labels=["outcome"],
+            )
+            for outcome, count in sorted(dict(transfers.counts).items()):
+                outcomes.add_metric([outcome], float(count))
+            yield outcomes
         loop = node.event_loop
         if loop is not None:
             # all_tasks copies the loop's task set with a retry, safe from this thread.

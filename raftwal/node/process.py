@@ -74,6 +74,7 @@ from raftwal.services.coordinator import CompactedHistory, CoordinatorServicer
 from raftwal.services.decoding import DecodeInterceptor
 from raftwal.services.node_manager import NodeManagerServicer
 from raftwal.services.replication import ReplicationServicer
+from raftwal.services.segment_transfer import SegmentTransfers
 from raftwal.services.streaming_node import StreamingNodeServicer
 from rpc.aio import wait_event
 from rpc.errors import RaftwalError, error_info, from_rpc_error
@@ -216,6 +217,7 @@ class Node:
         # (one gRPC call on the GIL-bound leader for many clients).
         self.forwarder = ProposalBatcher(self._forward_entry, max_in_flight=FORWARDS_IN_FLIGHT)
         self._server: grpc.aio.Server | None = None
+        self.segment_transfers: SegmentTransfers | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.data_view = NodeDataView(self)
         # node id -> monotonic time it was suspected (see HeartbeatRequest.suspect_node_ids)
@@ -297,8 +299,17 @@ class Node:
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self), server)
         coordinator_pb2_grpc.add_NodeManagerServicer_to_server(NodeManagerServicer(self), server)
         coordinator_pb2_grpc.add_ClusterServicer_to_server(ClusterServicer(self), server)
+        # Sealed segments go to readers over the transfer port (sendfile, no copies here)
+        # when gRPC is plaintext; with TLS they stay on the encrypted gRPC stream.
+        if self.security.server_credentials is None and self.me.transfer_port >= 0:
+            transfers = SegmentTransfers(self.me.host, self.me.transfer_port)
+            await transfers.start()
+            self.segment_transfers = transfers
         # Consume's replies are pre-built bytes (raftwal.services.consume_wire).
-        add_streaming_node_servicer(StreamingNodeServicer(self, self.plane, self.data_view), server)
+        add_streaming_node_servicer(
+            StreamingNodeServicer(self, self.plane, self.data_view, self.segment_transfers),
+            server,
+        )
         streaming_pb2_grpc.add_ReplicationServicer_to_server(
             ReplicationServicer(self, self.plane), server
         )
@@ -320,6 +331,13 @@ class Node:
         self._health = health_servicer
         if self.me.metrics_port:
             self.metrics.serve(self.me.host, self.me.metrics_port)
+        if self.segment_transfers is not None:
+            log.info(
+                "node %s serves segment transfers on %s:%d",
+                self.me.id,
+                self.me.host,
+                self.segment_transfers.port,
+            )
         self._tasks = [
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(self.coordinator.run(), name="coordinator"),
@@ -519,6 +537,8 @@ class Node:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.segment_transfers is not None:
+            await self.segment_transfers.close()
         await self.plane.close()
         if self._server is not None:
             await self._server.stop(grace=1.0)

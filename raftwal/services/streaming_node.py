@@ -27,6 +27,7 @@ import grpc
 from raftwal.services import consume_wire
 from raftwal.services.backend import DataView, StreamingBackend, VChannelInfo
 from raftwal.services.common import fail
+from raftwal.services.segment_transfer import SegmentTransfers
 from rpc.errors import RaftwalError, error_info, to_status
 from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
@@ -266,10 +267,18 @@ class _ReplicaSource:
 
 
 class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
-    def __init__(self, node: StreamingBackend, plane: DataPlane, view: DataView) -> None:
+    def __init__(
+        self,
+        node: StreamingBackend,
+        plane: DataPlane,
+        view: DataView,
+        transfers: SegmentTransfers | None = None,
+    ) -> None:
         self._node = node
         self._plane = plane
         self._view = view
+        # The segment transfer port, for ReadSegment's bulk requests (None: streams only).
+        self._transfers = transfers
         self._txns: dict[int, _Txn] = {}
         self._txn_counter = itertools.count(1)
         self._ended: OrderedDict[int, _Ended] = OrderedDict()
@@ -1118,6 +1127,11 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 return reader.data_end if row >= count else int(offsets[row])
 
             row, stop_row = low - reader.first_lsn, high - reader.first_lsn + 1
+            if request.bulk and self._transfers is not None:
+                offer = self._bulk_offer(request, reader, path, row, stop_row, frame_start)
+                if offer is not None:
+                    yield offer
+                    return
             first = True
             view = memoryview(reader._buffer)  # noqa: SLF001
             while row < stop_row:
@@ -1152,6 +1166,43 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 row = end_row
         finally:
             reader.close()
+
+    def _bulk_offer(
+        self,
+        request: wire.ReadSegmentRequest,
+        reader: SegmentReader,
+        path: Any,
+        row: int,
+        stop_row: int,
+        frame_start: Any,
+    ) -> bytes | None:
+        """ReadSegment's one reply for a bulk transfer of rows [row, stop_row), or None when
+        the transfer port takes no ticket now (the caller streams chunks instead)."""
+        assert self._transfers is not None
+        begin, end = frame_start(row), frame_start(stop_row)
+        try:
+            ticket = self._transfers.offer(path, begin, end - begin)
+        except OSError as error:
+            log.warning("no bulk transfer of %s: %s; streaming it", path, error)
+            return None
+        if ticket is None:
+            return None
+        whole = row == 0 and stop_row == reader.entry_count
+        head = wire.ReadSegmentResponse(
+            first_lsn=reader.first_lsn + row,
+            last_lsn=reader.first_lsn + stop_row - 1,
+            node_id=self._node.me.id,
+            segment_digest=reader.digest,
+            segment_count=reader.entry_count,
+            # The digest is the crc32c of the whole segment's frames; a part is hashed
+            # here, from the file that SegmentReader.open verified.
+            frames_crc=reader.digest if whole else crc32c(memoryview(reader._buffer)[begin:end]),  # noqa: SLF001
+            frame_offsets=reader.row_offsets(row, stop_row, begin) if request.with_offsets else b"",
+            transfer_ticket=ticket,
+            transfer_port=self._transfers.port,
+            transfer_bytes=end - begin,
+        )
+        return head.SerializeToString()
 
 
 _INTERNAL_PROPERTIES = ("rw.producer", "rw.seq", "rw.count")

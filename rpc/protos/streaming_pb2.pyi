@@ -297,23 +297,25 @@ class SealResponse(_message.Message):
     def __init__(self, committed_through_lsn: _Optional[int] = ..., term: _Optional[int] = ..., sealed: _Optional[bool] = ...) -> None: ...
 
 class ReadSegmentRequest(_message.Message):
-    __slots__ = ("pchannel", "segment_id", "from_lsn", "to_lsn", "max_chunk_bytes", "with_offsets")
+    __slots__ = ("pchannel", "segment_id", "from_lsn", "to_lsn", "max_chunk_bytes", "with_offsets", "bulk")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_LSN_FIELD_NUMBER: _ClassVar[int]
     TO_LSN_FIELD_NUMBER: _ClassVar[int]
     MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     WITH_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    BULK_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
     segment_id: int
     from_lsn: int
     to_lsn: int
     max_chunk_bytes: int
     with_offsets: bool
-    def __init__(self, pchannel: _Optional[str] = ..., segment_id: _Optional[int] = ..., from_lsn: _Optional[int] = ..., to_lsn: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., with_offsets: _Optional[bool] = ...) -> None: ...
+    bulk: bool
+    def __init__(self, pchannel: _Optional[str] = ..., segment_id: _Optional[int] = ..., from_lsn: _Optional[int] = ..., to_lsn: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., with_offsets: _Optional[bool] = ..., bulk: _Optional[bool] = ...) -> None: ...
 
 class ReadSegmentResponse(_message.Message):
-    __slots__ = ("frames", "first_lsn", "last_lsn", "segment_digest", "segment_count", "node_id", "frames_crc", "frame_offsets")
+    __slots__ = ("frames", "first_lsn", "last_lsn", "segment_digest", "segment_count", "node_id", "frames_crc", "frame_offsets", "transfer_ticket", "transfer_port", "transfer_bytes")
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     FIRST_LSN_FIELD_NUMBER: _ClassVar[int]
     LAST_LSN_FIELD_NUMBER: _ClassVar[int]
@@ -322,6 +324,9 @@ class ReadSegmentResponse(_message.Message):
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     FRAMES_CRC_FIELD_NUMBER: _ClassVar[int]
     FRAME_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_TICKET_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_PORT_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_BYTES_FIELD_NUMBER: _ClassVar[int]
     frames: bytes
     first_lsn: int
     last_lsn: int
@@ -330,7 +335,10 @@ class ReadSegmentResponse(_message.Message):
     node_id: str
     frames_crc: int
     frame_offsets: bytes
-    def __init__(self, frames: _Optional[bytes] = ..., first_lsn: _Optional[int] = ..., last_lsn: _Optional[int] = ..., segment_digest: _Optional[int] = ..., segment_count: _Optional[int] = ..., node_id: _Optional[str] = ..., frames_crc: _Optional[int] = ..., frame_offsets: _Optional[bytes] = ...) -> None: ...
+    transfer_ticket: bytes
+    transfer_port: int
+    transfer_bytes: int
+    def __init__(self, frames: _Optional[bytes] = ..., first_lsn: _Optional[int] = ..., last_lsn: _Optional[int] = ..., segment_digest: _Optional[int] = ..., segment_count: _Optional[int] = ..., node_id: _Optional[str] = ..., frames_crc: _Optional[int] = ..., frame_offsets: _Optional[bytes] = ..., transfer_ticket: _Optional[bytes] = ..., transfer_port: _Optional[int] = ..., transfer_bytes: _Optional[int] = ...) -> None: ...
 
 class AppendRequest(_message.Message):
     __slots__ = ("pchannel", "term", "prev_lsn", "prev_term", "frames", "committed_lsn", "request_id", "owner_node_id", "frames_crc", "from_log_start")

@@ -4,23 +4,33 @@ with an ErrorInfo (never a crash), GetLatestTimeTick, and ListSegments as of a r
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import struct
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from raftwal.cli import dev
+from raftwal.services.segment_transfer import MAX_CONNECTIONS
+from rpc import segment_transfer
 from rpc.errors import from_rpc_error
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
+from spark_connector import fetch
+from spark_connector.options import parse_options
+from spark_connector.plan import plan, snapshot
 from tests.cluster.conftest import Api
 from tests.cluster.wal_helpers import list_segments, setup_channels, wait_assigned
 from wal_segments.format import crc32c
+from wal_segments.segment import SegmentReader, segment_file_name
 
 pytestmark = pytest.mark.cluster
 E = errors_pb2
@@ -351,3 +361,222 @@ def test_read_segment_chunks_at_frame_boundaries_with_crcs_and_offsets(env) -> N
                 running = crc32c(chunk.frames, running)
             if not low:
                 assert running == segment.digest
+
+
+def _committed_segments(env) -> list:  # type: ignore[no-untyped-def]
+    """The env pchannel's committed segments, producing enough to seal some if there are
+    none yet (so that a test also runs alone)."""
+    _, client, pchannel, address = env
+    listed = list_segments(client, pchannel)
+    if not listed.segments:
+        for index in range(40):
+            _produce(
+                address,
+                wire.ProduceRequest(
+                    pchannel=pchannel, messages=[_message("api_a", b"b" * 1000 + b"%d" % index)]
+                ),
+            )
+    deadline = time.monotonic() + 15
+    while not listed.segments and time.monotonic() < deadline:
+        time.sleep(0.2)
+        listed = list_segments(client, pchannel)
+    assert listed.segments, "16 KiB segments should have been sealed and committed"
+    return list(listed.segments)
+
+
+def _bulk_offer(address: str, request: wire.ReadSegmentRequest) -> wire.ReadSegmentResponse:
+    with grpc.insecure_channel(address) as channel:
+        (offer,) = list(
+            streaming_pb2_grpc.StreamingNodeStub(channel).ReadSegment(request, timeout=10)
+        )
+    return offer
+
+
+def test_read_segment_bulk_transfer_matches_the_stream_and_tickets_work_once(env) -> None:
+    """A bulk ReadSegment answers one offer without frames; the transfer port then sends
+    the same bytes the gRPC stream does, once per ticket. A bad hello, a used or an unknown
+    ticket are refused, and the node keeps serving."""
+    _, client, pchannel, _ = env
+    segment = _committed_segments(env)[0]
+    node_addresses = {n.node_id: n.address for n in client.status().nodes}
+    for node_id in segment.replica_node_ids:
+        address = node_addresses[node_id]
+        host = segment_transfer.transfer_host(address)
+        for low, high in ((0, 0), (segment.first_lsn + 1, segment.last_lsn - 1)):
+            request = wire.ReadSegmentRequest(
+                pchannel=pchannel,
+                segment_id=segment.segment_id,
+                from_lsn=low,
+                to_lsn=high,
+                with_offsets=True,
+            )
+            with grpc.insecure_channel(address) as channel:
+                streamed = list(
+                    streaming_pb2_grpc.StreamingNodeStub(channel).ReadSegment(request, timeout=10)
+                )
+            request.bulk = True
+            offer = _bulk_offer(address, request)
+            assert offer.frames == b"" and len(offer.transfer_ticket) == 32
+            assert (offer.first_lsn, offer.last_lsn) == (
+                streamed[0].first_lsn,
+                streamed[-1].last_lsn,
+            )
+            assert offer.segment_digest == segment.digest
+            frames = b"".join(chunk.frames for chunk in streamed)
+            assert offer.transfer_bytes == len(frames)
+            target = bytearray(offer.transfer_bytes)
+            segment_transfer.receive(
+                host, offer.transfer_port, offer.transfer_ticket, memoryview(target), 10.0
+            )
+            assert bytes(target) == frames
+            assert crc32c(target) == offer.frames_crc
+            if not low:
+                assert offer.frames_crc == segment.digest
+            # The offsets index the transferred bytes as the stream's index its chunks.
+            offsets = struct.unpack(
+                f"<{offer.last_lsn - offer.first_lsn + 1}Q", offer.frame_offsets
+            )
+            starts, base = [], 0
+            for chunk in streamed:
+                count = chunk.last_lsn - chunk.first_lsn + 1
+                starts += [base + o for o in struct.unpack(f"<{count}Q", chunk.frame_offsets)]
+                base += len(chunk.frames)
+            assert list(offsets) == starts
+            # A ticket works once.
+            with pytest.raises(segment_transfer.TransferError, match="refused"):
+                segment_transfer.receive(
+                    host, offer.transfer_port, offer.transfer_ticket, memoryview(target), 10.0
+                )
+        port = offer.transfer_port
+        # An unknown ticket and a wrong hello are refused with one byte; a connection that
+        # sends part of a hello and goes away is dropped.
+        with pytest.raises(segment_transfer.TransferError, match="refused"):
+            segment_transfer.receive(host, port, b"\x07" * 32, memoryview(bytearray(10)), 10.0)
+        with socket.create_connection((host, port), timeout=10) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\n" + b"x" * 60)
+            assert sock.recv(1) == segment_transfer.REFUSED
+        with socket.create_connection((host, port), timeout=10) as sock:
+            sock.sendall(segment_transfer.HELLO[:3])
+        # Still serving: a fresh offer transfers.
+        request = wire.ReadSegmentRequest(
+            pchannel=pchannel, segment_id=segment.segment_id, bulk=True, with_offsets=True
+        )
+        offer = _bulk_offer(address, request)
+        target = bytearray(offer.transfer_bytes)
+        segment_transfer.receive(host, port, offer.transfer_ticket, memoryview(target), 10.0)
+        assert crc32c(target) == segment.digest
+
+
+def test_connector_fetch_uses_the_transfer_port_and_streams_when_it_fails(
+    env, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Spark connector's fetch of a committed segment: by bulk transfer, the same bytes
+    as the segment file; when the transfer fails in transit, the same replica streams them
+    over gRPC instead, with a warning, and the read still succeeds."""
+    local, client, pchannel, _ = env
+    _committed_segments(env)
+    options = parse_options({"endpoints": ",".join(local.endpoints), "pchannels": pchannel})
+    part = next(p for p in plan(options, snapshot(options)) if p.pchannel == pchannel)
+    node_id = part.replicas[part.segment_id % len(part.replicas)][0]
+    data_dir = next(n.data_dir for n in local.config.nodes if n.id == node_id)
+    with SegmentReader.open(
+        data_dir / "wal" / pchannel / segment_file_name(part.segment_id)
+    ) as on_disk:
+        expected = bytes(memoryview(on_disk._buffer)[on_disk.header_len : on_disk.data_end])
+    transfers: list[int] = []
+    real_receive = fetch.receive
+
+    def counted(*args: object, **kwargs: object) -> None:
+        transfers.append(1)
+        real_receive(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fetch, "receive", counted)
+    frames = fetch._frames(part, options, part.first_lsn, part.last_lsn)
+    assert transfers == [1]
+    assert bytes(memoryview(frames.buffer)[: frames.end_offset]) == expected
+    assert len(frames.offsets) == part.last_lsn - part.first_lsn + 1
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise segment_transfer.TransferError("closed the transfer after 0 of 1 bytes")
+
+    monkeypatch.setattr(fetch, "receive", broken)
+    with caplog.at_level("WARNING", logger="spark_connector.fetch"):
+        frames = fetch._frames(part, options, part.first_lsn, part.last_lsn)
+    assert bytes(memoryview(frames.buffer)[: frames.end_offset]) == expected
+    assert "bulk transfer" in caplog.text and "streaming" in caplog.text
+    # bulkTransfer=false: the gRPC stream only, no transfer tried.
+    caplog.clear()
+    streamed_only = parse_options(
+        {"endpoints": ",".join(local.endpoints), "pchannels": pchannel, "bulkTransfer": "false"}
+    )
+    with caplog.at_level("WARNING", logger="spark_connector.fetch"):
+        frames = fetch._frames(part, streamed_only, part.first_lsn, part.last_lsn)
+    assert bytes(memoryview(frames.buffer)[: frames.end_offset]) == expected
+    assert "bulk transfer" not in caplog.text
+
+
+def test_transfer_port_caps_connections_before_any_ticket(env) -> None:
+    """Connections that send no ticket hold at most MAX_CONNECTIONS slots: the next one is
+    closed at once, and once they go the port serves again."""
+    local, client, pchannel, _ = env
+    segment = _committed_segments(env)[0]
+    address = {n.node_id: n.address for n in client.status().nodes}[segment.replica_node_ids[0]]
+    request = wire.ReadSegmentRequest(pchannel=pchannel, segment_id=segment.segment_id, bulk=True)
+    offer = _bulk_offer(address, request)
+    host, port = segment_transfer.transfer_host(address), offer.transfer_port
+    idle = [socket.create_connection((host, port), timeout=10) for _ in range(MAX_CONNECTIONS)]
+    try:
+        time.sleep(0.5)  # the node has accepted them all
+        with socket.create_connection((host, port), timeout=10) as extra:
+            extra.sendall(segment_transfer.HELLO + offer.transfer_ticket)
+            try:
+                answer = extra.recv(1)
+            except ConnectionResetError:
+                answer = b""
+            assert answer == b"", "a connection past the cap must be closed unanswered"
+    finally:
+        for sock in idle:
+            sock.close()
+    # The turned-away connection did not use the ticket: it still transfers.
+    deadline = time.monotonic() + 10
+    target = bytearray(offer.transfer_bytes)
+    while True:
+        try:
+            segment_transfer.receive(host, port, offer.transfer_ticket, memoryview(target), 10.0)
+            break
+        except segment_transfer.TransferError:
+            # The node may not have seen every idle connection close yet.
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    assert crc32c(target) == segment.digest
+    # Operators see it: the node counts the connections it turned away.
+    node = next(n for n in local.config.nodes if n.grpc_address == address)
+    with urllib.request.urlopen(f"http://{node.host}:{node.metrics_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    counts = {
+        sample.labels["outcome"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "raftwal_segment_transfers"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+    assert counts["turned_away"] >= 1 and counts["served"] >= 1, counts
+
+
+def test_transfer_port_drops_a_silent_connection(env) -> None:
+    """A connection that never sends its ticket is closed after HELLO_TIMEOUT_S."""
+    _, client, pchannel, _ = env
+    segment = _committed_segments(env)[0]
+    address = {n.node_id: n.address for n in client.status().nodes}[segment.replica_node_ids[0]]
+    request = wire.ReadSegmentRequest(pchannel=pchannel, segment_id=segment.segment_id, bulk=True)
+    port = _bulk_offer(address, request).transfer_port
+    host = segment_transfer.transfer_host(address)
+    started = time.monotonic()
+    with socket.create_connection(
+        (host, port), timeout=segment_transfer.HELLO_TIMEOUT_S + 5
+    ) as sock:
+        sock.sendall(segment_transfer.HELLO)  # and no ticket
+        with contextlib.suppress(ConnectionResetError):
+            assert sock.recv(1) == b""
+    waited = time.monotonic() - started
+    assert segment_transfer.HELLO_TIMEOUT_S - 0.5 <= waited < segment_transfer.HELLO_TIMEOUT_S + 5

@@ -36,6 +36,7 @@ from spark_connector.options import parse_options
 from spark_connector.plan import ConnectorError, snapshot
 from tests.cluster.conftest import Api
 from tests.cluster.wal_helpers import setup_channels, wait_assigned
+from wal_segments.format import crc32c
 
 pytestmark = pytest.mark.cluster
 E = errors_pb2
@@ -279,3 +280,42 @@ def test_spark_connector_plans_with_credentials(secure) -> None:
     assert "sec_spark_v" in planned.vchannel_ids
     with pytest.raises(ConnectorError, match="UNAUTHENTICATED: no bearer token"):
         snapshot(parse_options({"endpoints": endpoints, **credentials}))
+
+
+def test_a_tls_node_streams_segments_instead_of_offering_its_transfer_port(secure) -> None:
+    """The segment transfer port speaks plain TCP, so a node with TLS never offers it: a
+    bulk ReadSegment gets the frames on the encrypted gRPC stream."""
+    local, admin = secure
+    (pchannel,) = setup_channels(admin, "sec_bulk", {"sec_bulk_v": 0})
+    _, _, owner = wait_assigned(admin, pchannel)
+    with local.client_security("producer").channel(owner) as channel:
+        stub = streaming_pb2_grpc.StreamingNodeStub(channel)
+        request = wire.ProduceRequest(
+            request_id=1,
+            pchannel=pchannel,
+            messages=[wire.Message(vchannel="sec_bulk_v", payload=b"p%d" % k) for k in range(20)],
+        )
+        (result,) = list(stub.Produce(iter([request]), timeout=CALL_TIMEOUT_S))
+        assert len(result.positions) == 20, result
+    last_lsn = result.positions[-1].lsn
+    with local.client_security("admin").channel(owner) as channel:
+        sealed = streaming_pb2_grpc.StreamingNodeStub(channel).Seal(
+            wire.SealRequest(pchannel=pchannel), timeout=15
+        )
+    assert sealed.committed_through_lsn >= last_lsn
+    listed = admin.call("ListSegments", api.ListSegmentsRequest(pchannels=[pchannel]))
+    segment = listed.segments[0]
+    with local.client_security("reader").channel(owner) as channel:
+        chunks = list(
+            streaming_pb2_grpc.StreamingNodeStub(channel).ReadSegment(
+                wire.ReadSegmentRequest(
+                    pchannel=pchannel, segment_id=segment.segment_id, bulk=True
+                ),
+                timeout=CALL_TIMEOUT_S,
+            )
+        )
+    assert chunks and not any(c.transfer_ticket or c.transfer_port for c in chunks)
+    running = 0
+    for chunk in chunks:
+        running = crc32c(chunk.frames, running)
+    assert running == segment.digest

@@ -21,7 +21,16 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("raftwal", "rpc", "raft", "wal_segments", "statemachine", "spark_connector")
 
 # What each layer may import, besides itself (prefixes of module names).
-_LOWER = ("wal_segments", "raft", "statemachine", "rpc.protos", "rpc.errors", "rpc.aio")
+_LOWER = (
+    "wal_segments",
+    "raft",
+    "statemachine",
+    "rpc.protos",
+    "rpc.errors",
+    "rpc.aio",
+    # the segment transfer protocol's constants (the reader's side lives there too)
+    "rpc.segment_transfer",
+)
 ALLOWED: dict[str, tuple[str, ...]] = {
     "raftwal.services": ("raftwal.services", *_LOWER),
     "raftwal.node": ("raftwal.node", "raftwal.services", "rpc.credentials", *_LOWER),

@@ -75,3 +75,19 @@ def test_parse_skips_unknown_fields_and_takes_the_last_occurrence() -> None:
 def test_parse_refuses_bytes_that_are_not_a_chunk(raw: bytes) -> None:
     with pytest.raises(FormatError):
         parse_segment_chunk(raw)
+
+
+def test_parse_reads_a_bulk_transfer_offer() -> None:
+    ticket = bytes(range(32))
+    message = _head(
+        segment_digest=0x89ABCDEF,
+        transfer_ticket=ticket,
+        transfer_port=65535,
+        transfer_bytes=44_040_192,
+    )
+    chunk = parse_segment_chunk(message.SerializeToString())
+    assert chunk.transfer_ticket == ticket
+    assert (chunk.transfer_port, chunk.transfer_bytes) == (65535, 44_040_192)
+    assert bytes(chunk.frames) == b""
+    # A plain chunk has no offer.
+    assert parse_segment_chunk(_head().SerializeToString()).transfer_ticket == b""

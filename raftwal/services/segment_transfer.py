@@ -1,0 +1,161 @@
+"""The node's segment transfer port (the protocol: `rpc.segment_transfer`).
+
+ReadSegment, after its checks, calls `SegmentTransfers.offer` for a bulk request; the
+ticket it gets back goes to the reader in the gRPC reply, and the reader redeems it here.
+The frames go from the file to the socket by `sendfile`, so no byte of them passes
+through this process.
+
+Nothing a connection sends is trusted before its ticket matched: the node reads exactly
+the hello and the ticket (40 bytes) within `HELLO_TIMEOUT_S`, keeps at most
+`MAX_CONNECTIONS` connections (more are closed at once), and at most `MAX_TICKETS`
+outstanding tickets (past that, ReadSegment streams its chunks over gRPC instead). A ticket
+is looked up by its SHA-256 digest, works once, and expires after `TICKET_TTL_S`. A ticket
+holds a path, not an open file: the file is opened when the ticket is redeemed, so idle
+tickets hold no descriptors. If retention deleted the segment in between, the connection
+is closed unanswered and the reader falls back to the gRPC stream, which then says what
+happened (COMPACTED or NOT_FOUND). The reader checks what it received against the
+committed digest (or the offer's crc) either way.
+
+The port speaks plain TCP. A node whose gRPC port uses TLS offers no bulk transfers (see
+`raftwal.node.process`): its readers get the gRPC stream, encrypted, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rpc.segment_transfer import ACCEPTED, HELLO, HELLO_TIMEOUT_S, REFUSED, TICKET_BYTES
+
+log = logging.getLogger(__name__)
+
+#: Connections open at once (reading a hello or sending frames); more are closed at once.
+MAX_CONNECTIONS = 64
+#: Outstanding tickets; past this, ReadSegment streams over gRPC instead.
+MAX_TICKETS = 256
+#: How long a ticket stays good after ReadSegment handed it out.
+TICKET_TTL_S = 10.0
+#: A transfer that sends slower than this is cut (a reader that stopped reading).
+MIN_TRANSFER_BYTES_PER_S = 1 << 20
+MIN_TRANSFER_S = 30.0
+#: Bytes the stream reader buffers from a connection before its ticket matched.
+READ_LIMIT = 4096
+
+
+@dataclass
+class _Ticket:
+    path: Path
+    begin: int
+    length: int
+    expiry: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+
+class SegmentTransfers:
+    """The transfer port of one node: `start`, then `offer` from ReadSegment; `close`."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._host, self._port = host, port
+        self._server: asyncio.Server | None = None
+        self._tickets: dict[bytes, _Ticket] = {}
+        self._connections = 0
+        self.port = 0  # the bound port, once started
+        #: served, refused (bad or expired ticket), failed (cut short), turned away (cap)
+        self.counts = {"served": 0, "refused": 0, "failed": 0, "turned_away": 0}
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(
+            self._serve, self._host, self._port, limit=READ_LIMIT
+        )
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self.port
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+            self._server = None
+        for key in list(self._tickets):
+            self._drop(key)
+
+    def offer(self, path: Path, begin: int, length: int) -> bytes | None:
+        """A ticket for `length` bytes of `path` from `begin`, or None when this node takes
+        no more tickets right now (the caller streams instead). OSError if the file is
+        gone or shorter than the range."""
+        if self._server is None or len(self._tickets) >= MAX_TICKETS:
+            return None
+        if begin < 0 or length < 0 or begin + length > os.stat(path).st_size:
+            raise OSError(f"{path} is shorter than the range {begin}+{length}")
+        ticket = secrets.token_bytes(TICKET_BYTES)
+        key = hashlib.sha256(ticket).digest()
+        entry = _Ticket(path, begin, length)
+        entry.expiry = asyncio.get_running_loop().call_later(TICKET_TTL_S, self._drop, key)
+        self._tickets[key] = entry
+        return ticket
+
+    def _drop(self, key: bytes) -> None:
+        entry = self._tickets.pop(key, None)
+        if entry is not None and entry.expiry is not None:
+            entry.expiry.cancel()
+
+    def _claim(self, ticket: bytes) -> _Ticket | None:
+        entry = self._tickets.pop(hashlib.sha256(ticket).digest(), None)
+        if entry is not None and entry.expiry is not None:
+            entry.expiry.cancel()
+        return entry
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._connections >= MAX_CONNECTIONS:
+            self.counts["turned_away"] += 1
+            writer.transport.abort()
+            return
+        self._connections += 1
+        entry: _Ticket | None = None
+        try:
+            hello = await asyncio.wait_for(
+                reader.readexactly(len(HELLO) + TICKET_BYTES), HELLO_TIMEOUT_S
+            )
+            if hello[: len(HELLO)] == HELLO:
+                entry = self._claim(hello[len(HELLO) :])
+            if entry is None:
+                self.counts["refused"] += 1
+                writer.write(REFUSED)
+                await asyncio.wait_for(writer.drain(), HELLO_TIMEOUT_S)
+                return
+            file = open(entry.path, "rb", buffering=0)  # noqa: SIM115 - closed below
+            try:
+                if os.fstat(file.fileno()).st_size < entry.begin + entry.length:
+                    raise OSError(f"{entry.path} is shorter than the offered range")
+                writer.write(ACCEPTED)
+                timeout = max(MIN_TRANSFER_S, entry.length / MIN_TRANSFER_BYTES_PER_S)
+                loop = asyncio.get_running_loop()
+                await asyncio.wait_for(
+                    loop.sendfile(writer.transport, file, entry.begin, entry.length), timeout
+                )
+                await asyncio.wait_for(writer.drain(), HELLO_TIMEOUT_S)
+            finally:
+                file.close()
+            self.counts["served"] += 1
+        except (asyncio.IncompleteReadError, TimeoutError, ConnectionError, OSError) as error:
+            # A reader that went away, sent garbage or stalled: nothing to answer. The
+            # reader sees a short transfer and reads another way.
+            self.counts["failed" if entry is not None else "refused"] += 1
+            log.debug(
+                "segment transfer from %s ended: %r", writer.get_extra_info("peername"), error
+            )
+            writer.transport.abort()
+        except Exception:  # a bug here must not take the event loop's callback with it
+            self.counts["failed"] += 1
+            log.exception("segment transfer from %s failed", writer.get_extra_info("peername"))
+            writer.transport.abort()
+        finally:
+            self._connections -= 1
+            writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
