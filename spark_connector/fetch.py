@@ -22,9 +22,11 @@ the WAL never seals, but a reader does not rely on that) are not shown.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,9 @@ TXN_TAIL_STEP = 65_536
 #: segments read in 8 MiB chunks ran at about 265 MB/s, in 1 MiB chunks at about 410
 #: (`./run bench read_chunks`; BENCHMARKS.md, "Consume").
 CHUNK_BYTES = 1 << 20
+#: A partition read from a replica is fetched in pieces of at most this many rows (about
+#: 17 MiB of 100-byte messages), the next while the current one is decoded.
+PIECE_ROWS = 100_000
 #: Up to this many rows filtered out, a batch is sliced around them instead of filtered.
 FEW_DROPPED_ROWS = 64
 HEADER_FIELDS = tuple(f.name for f in dataclasses.fields(columnar.HeaderColumns))
@@ -507,18 +512,71 @@ def _mask(
     return keep, unfinished
 
 
+def _pieces(part: SegmentSlice, options: ReadOptions) -> list[SegmentSlice]:
+    """`part` cut into consecutive LSN ranges of at most PIECE_ROWS rows, when its frames
+    come from a replica (with `preferLocal` they are on hand: one piece)."""
+    rows = part.to_lsn - part.from_lsn + 1
+    if options.prefer_local or rows < 2 * PIECE_ROWS:
+        return [part]
+    count = -(-rows // PIECE_ROWS)
+    bounds = [part.from_lsn + rows * k // count for k in range(count + 1)]
+    return [
+        dataclasses.replace(part, from_lsn=low, to_lsn=high - 1)
+        for low, high in itertools.pairwise(bounds)
+    ]
+
+
 def read_slice(
     part: SegmentSlice,
     options: ReadOptions,
     vchannel_names: Mapping[int, str],
     row_filter: RowFilter,
 ) -> Iterator[pa.RecordBatch]:
-    """The partition's rows, filtered, as RecordBatches of `columnar.SCHEMA`."""
+    """The partition's rows, filtered, as RecordBatches of `columnar.SCHEMA`.
+
+    Frames from a replica come in pieces (`_pieces`), each fetched in a background thread
+    while the one before is decoded and handed to Spark: the transfer's wait overlaps the
+    work instead of preceding it. A piece is read like a partition of its own (a
+    transaction belongs to the piece holding its begin entry, which reads on to its
+    commit), so the rows are the same as in one piece."""
+    pieces = _pieces(part, options)
+    if len(pieces) == 1:
+        yield from _read_piece(part, options, vchannel_names, row_filter, None)
+        return
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raftwal-fetch")
+
+    def fetch(piece: SegmentSlice) -> Future[_Frames]:
+        return pool.submit(_frames, piece, options, piece.from_lsn, piece.to_lsn)
+
+    upcoming = fetch(pieces[0])
+    try:
+        for index, piece in enumerate(pieces):
+            frames = upcoming.result()
+            if index + 1 < len(pieces):
+                upcoming = fetch(pieces[index + 1])
+            yield from _read_piece(piece, options, vchannel_names, row_filter, frames)
+    finally:
+        # A read stopped early (an error, or Spark needs no more rows) does not wait for
+        # the fetch in flight; its thread ends with the fetch, bounded by timeoutSeconds.
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _read_piece(
+    part: SegmentSlice,
+    options: ReadOptions,
+    vchannel_names: Mapping[int, str],
+    row_filter: RowFilter,
+    fetched: _Frames | None,
+) -> Iterator[pa.RecordBatch]:
+    """The rows of `part`, whose frames `fetched` holds already when not None."""
     started = time.monotonic()
     high = part.to_lsn
     fetch_high = high
     while True:
-        frames = _frames(part, options, part.from_lsn, fetch_high)
+        if fetched is not None:
+            frames, fetched = fetched, None
+        else:
+            frames = _frames(part, options, part.from_lsn, fetch_high)
         headers = frames.headers()
         keep, unfinished = _mask(headers, row_filter, high)
         if not unfinished or fetch_high >= part.last_lsn:

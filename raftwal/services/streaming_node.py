@@ -16,6 +16,7 @@ import asyncio
 import bisect
 import itertools
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -279,6 +280,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         self._view = view
         # The segment transfer port, for ReadSegment's bulk requests (None: streams only).
         self._transfers = transfers
+        self._segments = _RecentSegments()
         self._txns: dict[int, _Txn] = {}
         self._txn_counter = itertools.count(1)
         self._ended: OrderedDict[int, _Ended] = OrderedDict()
@@ -1106,7 +1108,8 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                     f"node {self._node.me.id} holds no committed segment {request.segment_id} "
                     f"of {request.pchannel}",
                 )
-            reader = await asyncio.to_thread(SegmentReader.open, path)
+            held = await self._segments.acquire(path)
+            reader = held.reader
         except (RaftwalError, WalError) as error:
             await self._abort(context, error)
             return
@@ -1165,7 +1168,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 yield consume_wire.read_segment_response(head, data)
                 row = end_row
         finally:
-            reader.close()
+            self._segments.release(held)
 
     def _bulk_offer(
         self,
@@ -1203,6 +1206,72 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             transfer_bytes=end - begin,
         )
         return head.SerializeToString()
+
+
+@dataclass(eq=False)
+class _HeldSegment:
+    key: tuple[str, int, int, int]
+    reader: SegmentReader
+    users: int = 0
+    last_used: float = 0.0
+
+
+class _RecentSegments:
+    """Sealed segments ReadSegment opened (and verified: every block crc) in the last
+    KEEP_S seconds, kept open for the next call. The Spark connector fetches a segment in
+    pieces, one call each; without this the node would verify the whole file per piece.
+
+    An entry is keyed by the file's path, inode, size and mtime, so a file replaced under
+    the same name is opened anew; it is closed once unused for KEEP_S (a deleted segment's
+    space comes back then) or when more than MOST are open."""
+
+    KEEP_S = 5.0
+    MOST = 8
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[str, int, int, int], _HeldSegment] = {}
+        self._sweep_handle: asyncio.TimerHandle | None = None
+
+    async def acquire(self, path: Any) -> _HeldSegment:
+        st = os.stat(path)
+        key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+        held = self._held.get(key)
+        if held is None:
+            reader = await asyncio.to_thread(SegmentReader.open, path)
+            held = self._held.get(key)  # opened meanwhile by another call?
+            if held is None:
+                held = self._held[key] = _HeldSegment(key, reader)
+            else:
+                reader.close()
+        held.users += 1
+        held.last_used = asyncio.get_running_loop().time()
+        return held
+
+    def release(self, held: _HeldSegment) -> None:
+        held.users -= 1
+        held.last_used = asyncio.get_running_loop().time()
+        if self._held.get(held.key) is not held:  # evicted while in use: ours to close
+            if held.users == 0:
+                held.reader.close()
+            return
+        self._sweep()
+
+    def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        by_age = sorted(self._held.values(), key=lambda h: h.last_used)
+        excess = len(by_age) - self.MOST
+        for held in by_age:
+            if now - held.last_used >= self.KEEP_S or excess > 0:
+                del self._held[held.key]
+                excess -= 1
+                if held.users == 0:
+                    held.reader.close()
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+            self._sweep_handle = None
+        if self._held:
+            self._sweep_handle = loop.call_later(self.KEEP_S, self._sweep)
 
 
 _INTERNAL_PROPERTIES = ("rw.producer", "rw.seq", "rw.count")

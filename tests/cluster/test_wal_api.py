@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import pyarrow as pa
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -580,3 +581,34 @@ def test_transfer_port_drops_a_silent_connection(env) -> None:
             assert sock.recv(1) == b""
     waited = time.monotonic() - started
     assert segment_transfer.HELLO_TIMEOUT_S - 0.5 <= waited < segment_transfer.HELLO_TIMEOUT_S + 5
+
+
+def test_connector_reads_a_segment_in_pieces_from_the_replicas(
+    env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition read from the replicas in pieces (each a ReadSegment offer and a
+    transfer, the next fetched while the last is decoded) gives the rows of the local
+    file read in one piece."""
+    local, _, pchannel, _ = env
+    _committed_segments(env)
+    endpoints = ",".join(local.endpoints)
+    remote = parse_options({"endpoints": endpoints, "pchannels": pchannel})
+    part = next(p for p in plan(remote, snapshot(remote)) if p.pchannel == pchannel)
+    dirs = ",".join(f"{n.id}={n.data_dir}" for n in local.config.nodes)
+    on_disk = parse_options(
+        {
+            "endpoints": endpoints,
+            "pchannels": pchannel,
+            "preferLocal": "true",
+            "localDataDirs": dirs,
+        }
+    )
+    names = {vchannel_id: name for name, vchannel_id in snapshot(remote).vchannel_ids.items()}
+    expected = pa.Table.from_batches(
+        list(fetch.read_slice(part, on_disk, names, fetch.RowFilter()))
+    )
+    assert expected.num_rows > 6
+    monkeypatch.setattr(fetch, "PIECE_ROWS", 3)
+    batches = list(fetch.read_slice(part, remote, names, fetch.RowFilter()))
+    assert len(batches) >= 2
+    assert pa.Table.from_batches(batches, schema=expected.schema).equals(expected)

@@ -5,11 +5,13 @@ and filters, against rows computed from the entries written."""
 from __future__ import annotations
 
 import random
+import threading
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
+from spark_connector import fetch
 from spark_connector.fetch import RowFilter, read_slice
 from spark_connector.options import parse_options
 from spark_connector.plan import SegmentSlice
@@ -95,6 +97,65 @@ def test_transactions_visible_whole_across_splits(tmp_path: Path, seed: int, spl
         assert row["payload"] == entry.payload
         assert row["vchannel"] == NAMES.get(entry.vchannel_id, "")
         assert row["txn_id"] == (entry.txn_id or None)
+
+
+@pytest.mark.parametrize("piece_rows", [1, 3, 8])
+def test_a_remote_read_in_pieces_gives_the_rows_of_one_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, piece_rows: int
+) -> None:
+    """A partition fetched from a replica comes in pieces, the next fetched in a thread
+    while the current one is decoded; transactions that span pieces appear whole and
+    once, as in one read. (The frames come from the file here, through the same `_frames`
+    seam the replicas' transfer uses.)"""
+    entries = _entries(4)
+    reader = _write(tmp_path, entries)
+    last = entries[-1].lsn
+    part = SegmentSlice(PCHANNEL, 1, 1, last, reader.digest, 1, last, (("n1", "127.0.0.1:1"),))
+    local = parse_options(
+        {"endpoints": "127.0.0.1:1", "preferLocal": "true", "localDataDirs": f"n1={tmp_path}"}
+    )
+    whole = pa.Table.from_batches(list(read_slice(part, local, NAMES, RowFilter())))
+    remote = parse_options({"endpoints": "127.0.0.1:1"})
+    fetched: list[tuple[int, int]] = []
+    threads: set[str] = set()
+    real_frames = fetch._frames
+
+    def from_the_file(piece: SegmentSlice, options: object, low: int, high: int) -> object:
+        fetched.append((low, high))
+        threads.add(threading.current_thread().name)
+        return real_frames(piece, local, low, high)
+
+    monkeypatch.setattr(fetch, "PIECE_ROWS", piece_rows)
+    monkeypatch.setattr(fetch, "_frames", from_the_file)
+    batches = list(read_slice(part, remote, NAMES, RowFilter()))
+    assert len(fetched) >= last // piece_rows - 1
+    assert fetched[0][0] == 1 and max(high for _, high in fetched) == last
+    assert any(name.startswith("raftwal-fetch") for name in threads)
+    assert pa.Table.from_batches(batches, schema=whole.schema).equals(whole)
+
+
+def test_a_failed_piece_fails_the_read_with_its_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entries = _entries(5)
+    reader = _write(tmp_path, entries)
+    last = entries[-1].lsn
+    part = SegmentSlice(PCHANNEL, 1, 1, last, reader.digest, 1, last, (("n1", "127.0.0.1:1"),))
+    local = parse_options(
+        {"endpoints": "127.0.0.1:1", "preferLocal": "true", "localDataDirs": f"n1={tmp_path}"}
+    )
+    real_frames = fetch._frames
+
+    def second_fails(piece: SegmentSlice, options: object, low: int, high: int) -> object:
+        if low > 1:
+            raise fetch.SegmentUnreadable(f"{piece.label} (lsn {low}..{high}): every replica down")
+        return real_frames(piece, local, low, high)
+
+    monkeypatch.setattr(fetch, "PIECE_ROWS", 10)
+    monkeypatch.setattr(fetch, "_frames", second_fails)
+    reading = read_slice(part, parse_options({"endpoints": "127.0.0.1:1"}), NAMES, RowFilter())
+    with pytest.raises(fetch.SegmentUnreadable, match="every replica down"):
+        list(reading)
 
 
 def test_row_filters(tmp_path: Path) -> None:
