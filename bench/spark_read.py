@@ -27,8 +27,8 @@ a plain sum of hybrid time ticks overflows):
 
 Every variant runs once untimed (warm-up, and the ceiling's workers build their cache),
 then `--repeat` timed rounds interleave the variants so that the machine's noise spreads
-over all of them, each round starting one variant later (a round's first query pays a
-JVM warm-up); every run's answer is checked against the expected one. A breakdown then
+over all of them, each round after an untimed query of the ceiling over one segment (the
+first Python-source query after the Parquet-only variants pays a JVM warm-up); every run's answer is checked against the expected one. A breakdown then
 says where a segment's time goes, measured in this process without Spark.
 
     ./run bench spark_read [--messages N] [--segments S] [--pchannels P] [--batch B]
@@ -127,6 +127,7 @@ SPARK_DRIVER_MEMORY = "2g"
 REQUEST_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 90.0
 ASSIGN_TIMEOUT_S = 60.0
+ASSIGN_STABLE_S = 2.0
 # The committed manifest must reach the expected segments within this long after the last
 # acknowledgement; if it stays unchanged for SETTLE_QUIET_S before that, the run goes on
 # with what is committed (and says so).
@@ -433,9 +434,13 @@ async def produce_pchannel(
 
 
 async def wait_assigned(client: CoordinatorClient, pchannels: Sequence[str]) -> dict[str, str]:
-    """pchannel -> owner gRPC address, once every pchannel is ASSIGNED."""
+    """pchannel -> owner gRPC address, once every pchannel is ASSIGNED to the same owner
+    for ASSIGN_STABLE_S (a new cluster still balances its pchannels over the nodes as
+    they register, and the producers here do not follow an owner that moves)."""
     deadline = time.monotonic() + ASSIGN_TIMEOUT_S
     reason = "not checked yet"
+    seen: dict[str, str] = {}
+    since = time.monotonic()
     while time.monotonic() < deadline:
         status = await client.cluster_status()
         addresses = {n.node_id: n.address for n in status.nodes}
@@ -444,9 +449,11 @@ async def wait_assigned(client: CoordinatorClient, pchannels: Sequence[str]) -> 
             if entry.name in pchannels and entry.state == pb.PCHANNEL_STATE_ASSIGNED:
                 owners[entry.name] = addresses.get(entry.owner_node_id, "")
         missing = [p for p in pchannels if not owners.get(p)]
-        if not missing:
+        if owners != seen:
+            seen, since = owners, time.monotonic()
+        if not missing and time.monotonic() - since >= ASSIGN_STABLE_S:
             return owners
-        reason = f"not assigned yet: {', '.join(missing)}"
+        reason = f"not assigned yet: {', '.join(missing)}" if missing else "owners moving"
         await asyncio.sleep(0.2)
     raise BenchError(f"pchannels not assigned after {ASSIGN_TIMEOUT_S:.0f} s ({reason})")
 
@@ -609,19 +616,24 @@ def timed_run(variant: Variant, expected: Expected) -> float:
 
 
 def measure_variants(
-    variants: list[Variant], expected: Expected, repeat: int, builds_dir: Path
+    variants: list[Variant],
+    expected: Expected,
+    repeat: int,
+    builds_dir: Path,
+    round_warmup: Callable[[], object] | None = None,
 ) -> None:
-    """One untimed run each, then `repeat` interleaved timed rounds."""
+    """One untimed run each, then `repeat` interleaved timed rounds, each after an
+    untimed `round_warmup`."""
     for variant in variants:
         say(f"warm-up ({variant.key}) {variant.label}")
         elapsed = timed_run(variant, expected)
         say(f"  {elapsed:.2f} s (untimed)")
     for round_number in range(1, repeat + 1):
-        # Each round starts one variant later: the first query of a round runs slower
-        # (its first tasks wait ~0.5-1 s on the JVM after the Parquet-only variants), and
-        # that cost must not always fall on (a).
-        shift = (round_number - 1) % len(variants)
-        for variant in variants[shift:] + variants[:shift]:
+        if round_warmup is not None:
+            # The first Python-source query after the Parquet-only variants runs slower
+            # (its first tasks wait 0.5-1 s on the JVM); that must not fall on (a).
+            round_warmup()
+        for variant in variants:
             for _attempt in range(MAX_COLD_CEILING_RETRIES + 1):
                 builds_before = len(list(builds_dir.iterdir()))
                 elapsed = timed_run(variant, expected)
@@ -1114,7 +1126,13 @@ def measure_in_spark(
             ),
             Variant("f", VARIANTS["f"], lambda: spark.read.parquet(str(export_dir)), []),
         ]
-        measure_variants(variants, expected, repeat, builds_dir)
+        measure_variants(
+            variants,
+            expected,
+            repeat,
+            builds_dir,
+            round_warmup=lambda: aggregate(ceiling(every_segment[:1])()),
+        )
         # The same query over no rows: what every query pays before its first row.
         no_rows = Expected(0, 0, 0, 0)
         fixed_query_s = {
