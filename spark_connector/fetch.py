@@ -40,7 +40,14 @@ from rpc.segment_transfer import TransferError, receive, transfer_host
 from spark_connector.options import HIDDEN_MSG_TYPES, ReadOptions
 from spark_connector.plan import SegmentSlice, channel, describe
 from wal_segments import columnar
-from wal_segments.format import CONTROL_FLAGS, TXN_FLAGS, EntryFlags, FormatError, crc32c
+from wal_segments.format import (
+    CONTROL_FLAGS,
+    MAX_SEGMENT_BYTES,
+    TXN_FLAGS,
+    EntryFlags,
+    FormatError,
+    crc32c,
+)
 from wal_segments.segment import SegmentCorrupted, SegmentReader, segment_file_name
 
 log = logging.getLogger(__name__)
@@ -235,8 +242,14 @@ def _read_replica(
         if first_lsn != expected_lsn or n < 1 or len(offsets_bytes) != 8 * n:
             return f"chunk at lsn {first_lsn} out of sequence or malformed"
         if chunk.transfer_ticket:
-            if index != 0 or last_lsn != high or chunk.transfer_bytes < 0:
+            if index != 0 or last_lsn != high:
                 return f"a bulk transfer offer at lsn {first_lsn} that does not cover {low}..{high}"
+            if not 0 < chunk.transfer_bytes <= MAX_SEGMENT_BYTES:
+                # Checked before anything is allocated for it.
+                return (
+                    f"a bulk transfer offer of {chunk.transfer_bytes:,} bytes (expected "
+                    f"1..{MAX_SEGMENT_BYTES:,})"
+                )
             return _transferred(part, options, address, chunk, whole)
         data = chunk.frames
         if whole:

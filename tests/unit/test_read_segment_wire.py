@@ -7,7 +7,10 @@ import pytest
 
 from raftwal.services.consume_wire import read_segment_response, serialize_prebuilt
 from rpc.protos import streaming_pb2 as wire
+from spark_connector import fetch
 from spark_connector.fetch import parse_segment_chunk
+from spark_connector.options import parse_options
+from spark_connector.plan import SegmentSlice
 from wal_segments.format import FormatError
 
 FRAMES = bytes(range(256)) * 40 + b"tail"
@@ -91,3 +94,32 @@ def test_parse_reads_a_bulk_transfer_offer() -> None:
     assert bytes(chunk.frames) == b""
     # A plain chunk has no offer.
     assert parse_segment_chunk(_head().SerializeToString()).transfer_ticket == b""
+
+
+@pytest.mark.parametrize("announced", [0, -5, (1 << 30) + 1, 1 << 40])
+def test_a_bulk_offer_of_an_impossible_size_is_refused_before_any_allocation(
+    monkeypatch: pytest.MonkeyPatch, announced: int
+) -> None:
+    """A replica's offer is checked before the reader allocates its buffer or connects:
+    a size no segment can have names the replica's problem, and nothing is received."""
+    part = SegmentSlice("p0", 1, 1, 2, 0xABCD, 1, 2, (("n1", "127.0.0.1:1"),))
+    offer = parse_segment_chunk(
+        wire.ReadSegmentResponse(
+            first_lsn=1,
+            last_lsn=2,
+            segment_digest=0xABCD,
+            frame_offsets=b"\x00" * 16,
+            transfer_ticket=b"t" * 32,
+            transfer_port=9,
+            transfer_bytes=announced,
+        ).SerializeToString()
+    )
+    monkeypatch.setattr(fetch, "read_segment_chunks", lambda *_args: iter([offer]))
+
+    def never(*_args: object) -> None:
+        raise AssertionError("nothing may be received for an impossible offer")
+
+    monkeypatch.setattr(fetch, "receive", never)
+    options = parse_options({"endpoints": "127.0.0.1:1"})
+    got = fetch._read_replica(None, part, options, "127.0.0.1:1", 1, 2, True)  # type: ignore[arg-type]
+    assert isinstance(got, str) and "bulk transfer offer of" in got
