@@ -16,14 +16,24 @@ by the reader (out of gRPC's buffers, into one buffer): about 4 copies of every 
 Python processes. Here the only copies are the kernel's, into the socket and out of it
 into the reader's final buffer (BENCHMARKS.md, "Segment transfer port").
 
+When the node's gRPC port uses TLS, so does this port, with the same certificates: the
+reader connects with `client_tls(security)`, its gRPC credentials as an `ssl` context.
+
 This module is the reader's side and the protocol's constants; the node's side is
 `raftwal.services.segment_transfer`.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import socket
+import ssl
+import tempfile
 import time
+from pathlib import Path
+
+from rpc.credentials import ClientSecurity
 
 #: What a reader sends first, before its ticket (the protocol's name and version).
 HELLO = b"RWSEGXF1"
@@ -50,10 +60,45 @@ def transfer_host(grpc_address: str) -> str:
     return host
 
 
-def receive(host: str, port: int, ticket: bytes, target: memoryview, timeout_s: float) -> None:
+@functools.lru_cache(maxsize=8)
+def client_tls(security: ClientSecurity) -> ssl.SSLContext | None:
+    """The `ssl` context for `security`'s TLS (its CA, or the system's, and its client
+    certificate for mutual TLS), or None for plaintext. Python's `ssl` loads a certificate
+    and key only from files: they are written to a private temporary directory (0700,
+    files 0600), loaded, and removed at once."""
+    if not security.tls:
+        return None
+    roots = security.root_certificates
+    context = ssl.create_default_context(cadata=roots.decode("ascii") if roots else None)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if security.certificate_chain is not None and security.private_key is not None:
+        with tempfile.TemporaryDirectory(prefix="raftwal-tls-") as directory:
+            paths = []
+            for name, pem in (
+                ("chain.pem", security.certificate_chain),
+                ("key.pem", security.private_key),
+            ):
+                path = Path(directory) / name
+                descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(descriptor, "wb") as handle:
+                    handle.write(pem)
+                paths.append(path)
+            context.load_cert_chain(paths[0], paths[1])
+    return context
+
+
+def receive(
+    host: str,
+    port: int,
+    ticket: bytes,
+    target: memoryview,
+    timeout_s: float,
+    tls: ssl.SSLContext | None = None,
+) -> None:
     """Fill `target` (writable, exactly the announced size) with the frames the node at
-    `host`:`port` sends for `ticket`; TransferError when it refuses, stops early, or the
-    whole transfer takes longer than `timeout_s`."""
+    `host`:`port` sends for `ticket`, over `tls` when given (the node's port speaks TLS
+    when its gRPC port does); TransferError when it refuses, stops early, or the whole
+    transfer takes longer than `timeout_s`."""
     if len(ticket) != TICKET_BYTES:
         raise TransferError(f"invalid ticket ({len(ticket)} bytes; expected {TICKET_BYTES})")
     if not 1 <= port <= 65535:
@@ -63,9 +108,13 @@ def receive(host: str, port: int, ticket: bytes, target: memoryview, timeout_s: 
         sock = socket.create_connection((host, port), timeout=min(timeout_s, CONNECT_TIMEOUT_S))
     except OSError as error:
         raise TransferError(f"cannot connect to {host}:{port}: {error}") from None
-    with sock:
+    try:
         try:
             sock.settimeout(max(0.001, deadline - time.monotonic()))
+            if tls is not None:
+                # The handshake runs here, within the socket's timeout; the wrapped socket
+                # takes over the connection.
+                sock = tls.wrap_socket(sock, server_hostname=host)
             sock.sendall(HELLO + ticket)
             status = sock.recv(1)
             if status != ACCEPTED:
@@ -91,3 +140,5 @@ def receive(host: str, port: int, ticket: bytes, target: memoryview, timeout_s: 
             raise TransferError(f"{host}:{port}: no progress within {timeout_s:g} s") from None
         except OSError as error:
             raise TransferError(f"{host}:{port}: {error}") from None
+    finally:
+        sock.close()

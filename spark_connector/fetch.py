@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rpc.protos import streaming_pb2 as wire
-from rpc.segment_transfer import TransferError, receive, transfer_host
+from rpc.segment_transfer import TransferError, client_tls, receive, transfer_host
 from spark_connector.options import HIDDEN_MSG_TYPES, ReadOptions
 from spark_connector.plan import SegmentSlice, channel, describe
 from wal_segments import columnar
@@ -290,6 +290,7 @@ def _transferred(
         offer.transfer_ticket,
         memoryview(buffer).cast("B"),
         options.timeout_s,
+        client_tls(options.security),
     )
     want = part.digest if whole else offer.frames_crc
     got = crc32c(memoryview(buffer))

@@ -63,7 +63,7 @@ class NodeConfig:
     data_dir: Path
     metrics_port: int = 0
     # The segment transfer port (raftwal.services.segment_transfer): 0 = any free port,
-    # -1 = none (ReadSegment then always streams over gRPC). Unused when TLS is on.
+    # -1 = none (ReadSegment then always streams over gRPC). TLS as the gRPC port.
     transfer_port: int = 0
     # PEM certificate chain and private key of this node's gRPC port (TLS when set).
     tls_cert_file: Path | None = None

@@ -299,10 +299,13 @@ class Node:
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self), server)
         coordinator_pb2_grpc.add_NodeManagerServicer_to_server(NodeManagerServicer(self), server)
         coordinator_pb2_grpc.add_ClusterServicer_to_server(ClusterServicer(self), server)
-        # Sealed segments go to readers over the transfer port (sendfile, no copies here)
-        # when gRPC is plaintext; with TLS they stay on the encrypted gRPC stream.
-        if self.security.server_credentials is None and self.me.transfer_port >= 0:
-            transfers = SegmentTransfers(self.me.host, self.me.transfer_port)
+        # Sealed segments go to readers over the transfer port: by sendfile, with no copy
+        # in this process, when gRPC is plaintext; over TLS with the gRPC port's files
+        # when it is not.
+        if self.me.transfer_port >= 0:
+            transfers = SegmentTransfers(
+                self.me.host, self.me.transfer_port, self.security.transfer_tls
+            )
             await transfers.start()
             self.segment_transfers = transfers
         # Consume's replies are pre-built bytes (raftwal.services.consume_wire).

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import ssl
 import stat
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -338,6 +339,9 @@ class NodeSecurity:
     server_credentials: grpc.ServerCredentials | None
     interceptors: tuple[grpc.aio.ServerInterceptor, ...]
     client: ClientSecurity
+    #: The segment transfer port's TLS (the gRPC port's certificate, key, CA and client
+    #: authentication), or None when gRPC is plaintext.
+    transfer_tls: ssl.SSLContext | None = None
 
     @property
     def summary(self) -> str:
@@ -393,4 +397,24 @@ class NodeSecurity:
             private_key=key,
         )
         interceptors = (AuthInterceptor(table),) if table is not None else ()
-        return cls(credentials, interceptors, client)
+        transfer_tls = None
+        if chain is not None and key is not None:
+            assert node.tls_cert_file is not None and node.tls_key_file is not None
+            transfer_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            transfer_tls.minimum_version = ssl.TLSVersion.TLSv1_2
+            try:
+                transfer_tls.load_cert_chain(node.tls_cert_file, node.tls_key_file)
+                if config.tls_client_auth == "require":
+                    transfer_tls.verify_mode = ssl.CERT_REQUIRED
+                    if ca is None:
+                        raise ConfigError(
+                            'tls_client_auth = "require" without tls_ca_file (expected the CA '
+                            "that signs the clients' certificates)"
+                        )
+                    transfer_tls.load_verify_locations(cadata=ca.decode("ascii"))
+            except (ssl.SSLError, OSError, UnicodeDecodeError) as error:
+                raise ConfigError(
+                    f"invalid TLS files of node {node.id} for the segment transfer port "
+                    f"({error}; expected the PEM certificate chain and key gRPC uses)"
+                ) from None
+        return cls(credentials, interceptors, client, transfer_tls)

@@ -16,8 +16,11 @@ is closed unanswered and the reader falls back to the gRPC stream, which then sa
 happened (COMPACTED or NOT_FOUND). The reader checks what it received against the
 committed digest (or the offer's crc) either way.
 
-The port speaks plain TCP. A node whose gRPC port uses TLS offers no bulk transfers (see
-`raftwal.node.process`): its readers get the gRPC stream, encrypted, as before.
+A node whose gRPC port uses TLS speaks TLS here too, with the same certificate, key, CA
+and client authentication. The handshake starts only after the connection cap let the
+connection in, and it must end, with the hello and the ticket, within HELLO_TIMEOUT_S.
+Over TLS the frames cannot go by `sendfile`: asyncio reads the file in chunks and
+encrypts them, still without gRPC's framing and copies.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import hashlib
 import logging
 import os
 import secrets
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,8 +63,9 @@ class _Ticket:
 class SegmentTransfers:
     """The transfer port of one node: `start`, then `offer` from ReadSegment; `close`."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
         self._host, self._port = host, port
+        self._tls = tls
         self._server: asyncio.Server | None = None
         self._tickets: dict[bytes, _Ticket] = {}
         self._connections = 0
@@ -118,9 +123,10 @@ class SegmentTransfers:
         self._connections += 1
         entry: _Ticket | None = None
         try:
-            hello = await asyncio.wait_for(
-                reader.readexactly(len(HELLO) + TICKET_BYTES), HELLO_TIMEOUT_S
-            )
+            async with asyncio.timeout(HELLO_TIMEOUT_S):
+                if self._tls is not None:
+                    await writer.start_tls(self._tls, ssl_handshake_timeout=HELLO_TIMEOUT_S)
+                hello = await reader.readexactly(len(HELLO) + TICKET_BYTES)
             if hello[: len(HELLO)] == HELLO:
                 entry = self._claim(hello[len(HELLO) :])
             if entry is None:

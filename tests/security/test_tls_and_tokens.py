@@ -25,6 +25,7 @@ import grpc
 import pytest
 
 from raftwal.cli import dev, devcerts
+from rpc import segment_transfer
 from rpc.client import CoordinatorClient, PermissionDeniedError, UnauthenticatedError
 from rpc.credentials import ClientSecurity
 from rpc.errors import from_rpc_error
@@ -32,8 +33,9 @@ from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from rpc.streaming_client import Consumer, Producer, StreamingClient
+from spark_connector import fetch
 from spark_connector.options import parse_options
-from spark_connector.plan import ConnectorError, snapshot
+from spark_connector.plan import ConnectorError, plan, snapshot
 from tests.cluster.conftest import Api
 from tests.cluster.wal_helpers import setup_channels, wait_assigned
 from wal_segments.format import crc32c
@@ -282,9 +284,13 @@ def test_spark_connector_plans_with_credentials(secure) -> None:
         snapshot(parse_options({"endpoints": endpoints, **credentials}))
 
 
-def test_a_tls_node_streams_segments_instead_of_offering_its_transfer_port(secure) -> None:
-    """The segment transfer port speaks plain TCP, so a node with TLS never offers it: a
-    bulk ReadSegment gets the frames on the encrypted gRPC stream."""
+def test_segment_transfers_speak_tls_with_the_grpc_ports_certificates(
+    secure, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A TLS node's transfer port speaks TLS with its gRPC certificates and mutual TLS: a
+    reader with the cluster's credentials gets the stream's bytes; a plaintext connection
+    and one without a client certificate get nothing, and their tickets still work; the
+    connector's fetch goes over it."""
     local, admin = secure
     (pchannel,) = setup_channels(admin, "sec_bulk", {"sec_bulk_v": 0})
     _, _, owner = wait_assigned(admin, pchannel)
@@ -305,17 +311,66 @@ def test_a_tls_node_streams_segments_instead_of_offering_its_transfer_port(secur
     assert sealed.committed_through_lsn >= last_lsn
     listed = admin.call("ListSegments", api.ListSegmentsRequest(pchannels=[pchannel]))
     segment = listed.segments[0]
-    with local.client_security("reader").channel(owner) as channel:
-        chunks = list(
-            streaming_pb2_grpc.StreamingNodeStub(channel).ReadSegment(
-                wire.ReadSegmentRequest(
-                    pchannel=pchannel, segment_id=segment.segment_id, bulk=True
-                ),
-                timeout=CALL_TIMEOUT_S,
+    reader = local.client_security("reader")
+
+    def read(bulk: bool) -> list[wire.ReadSegmentResponse]:
+        with reader.channel(owner) as channel:
+            return list(
+                streaming_pb2_grpc.StreamingNodeStub(channel).ReadSegment(
+                    wire.ReadSegmentRequest(
+                        pchannel=pchannel, segment_id=segment.segment_id, bulk=bulk
+                    ),
+                    timeout=CALL_TIMEOUT_S,
+                )
             )
+
+    frames = b"".join(chunk.frames for chunk in read(False))
+    assert crc32c(frames) == segment.digest
+    (offer,) = read(True)
+    assert offer.frames == b"" and len(offer.transfer_ticket) == 32
+    host, port = segment_transfer.transfer_host(owner), offer.transfer_port
+    target = bytearray(offer.transfer_bytes)
+    # Plaintext, and TLS without the client certificate: no bytes, and the ticket is
+    # not used up.
+    with pytest.raises(segment_transfer.TransferError):
+        segment_transfer.receive(host, port, offer.transfer_ticket, memoryview(target), 5.0)
+    no_client_cert = _security(local, certificate_chain=None, private_key=None)
+    with pytest.raises(segment_transfer.TransferError):
+        segment_transfer.receive(
+            host,
+            port,
+            offer.transfer_ticket,
+            memoryview(target),
+            5.0,
+            segment_transfer.client_tls(no_client_cert),
         )
-    assert chunks and not any(c.transfer_ticket or c.transfer_port for c in chunks)
-    running = 0
-    for chunk in chunks:
-        running = crc32c(chunk.frames, running)
-    assert running == segment.digest
+    segment_transfer.receive(
+        host,
+        port,
+        offer.transfer_ticket,
+        memoryview(target),
+        CALL_TIMEOUT_S,
+        segment_transfer.client_tls(reader),
+    )
+    assert bytes(target) == frames
+    # The Spark connector's fetch, with the reader's credentials as Spark options.
+    files = local.security
+    assert files is not None
+    options = parse_options(
+        {
+            "endpoints": ",".join(local.endpoints),
+            "pchannels": pchannel,
+            "tokenFile": str(files.token_files["reader"]),
+            "tlsCaFile": str(files.ca_file),
+            "tlsCertFile": str(files.client_cert_file),
+            "tlsKeyFile": str(files.client_key_file),
+        }
+    )
+    part = next(p for p in plan(options, snapshot(options)) if p.segment_id == segment.segment_id)
+    failures: list[str] = []
+    with caplog.at_level("WARNING", logger="spark_connector.fetch"):
+        fetched = fetch._remote_frames(part, options, part.first_lsn, part.last_lsn, failures)
+    assert fetched is not None and not failures, failures
+    assert "bulk transfer" not in caplog.text, "the fetch fell back to the gRPC stream"
+    assert "replica" in fetched.source
+    assert bytes(memoryview(fetched.buffer)[: fetched.end_offset]) == frames
