@@ -13,7 +13,7 @@ import pytest
 
 from spark_connector import fetch
 from spark_connector.fetch import RowFilter, read_slice
-from spark_connector.options import parse_options
+from spark_connector.options import ReadOptions, parse_options
 from spark_connector.plan import SegmentSlice
 from wal_segments.format import CONTROL_FLAGS, Entry, EntryFlags, MsgType
 from wal_segments.segment import SegmentReader, SegmentWriter
@@ -99,6 +99,18 @@ def test_transactions_visible_whole_across_splits(tmp_path: Path, seed: int, spl
         assert row["txn_id"] == (entry.txn_id or None)
 
 
+def _whole_segment(tmp_path: Path, entries: list[Entry]) -> tuple[SegmentSlice, ReadOptions]:
+    """`entries` written as one sealed segment: its whole-segment partition, and options
+    that read it from the file."""
+    reader = _write(tmp_path, entries)
+    last = entries[-1].lsn
+    part = SegmentSlice(PCHANNEL, 1, 1, last, reader.digest, 1, last, (("n1", "127.0.0.1:1"),))
+    local = parse_options(
+        {"endpoints": "127.0.0.1:1", "preferLocal": "true", "localDataDirs": f"n1={tmp_path}"}
+    )
+    return part, local
+
+
 @pytest.mark.parametrize("piece_rows", [1, 3, 8])
 def test_a_remote_read_in_pieces_gives_the_rows_of_one_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, piece_rows: int
@@ -107,13 +119,8 @@ def test_a_remote_read_in_pieces_gives_the_rows_of_one_read(
     while the current one is decoded; transactions that span pieces appear whole and
     once, as in one read. (The frames come from the file here, through the same `_frames`
     seam the replicas' transfer uses.)"""
-    entries = _entries(4)
-    reader = _write(tmp_path, entries)
-    last = entries[-1].lsn
-    part = SegmentSlice(PCHANNEL, 1, 1, last, reader.digest, 1, last, (("n1", "127.0.0.1:1"),))
-    local = parse_options(
-        {"endpoints": "127.0.0.1:1", "preferLocal": "true", "localDataDirs": f"n1={tmp_path}"}
-    )
+    part, local = _whole_segment(tmp_path, _entries(4))
+    last = part.last_lsn
     whole = pa.Table.from_batches(list(read_slice(part, local, NAMES, RowFilter())))
     remote = parse_options({"endpoints": "127.0.0.1:1"})
     fetched: list[tuple[int, int]] = []
@@ -137,13 +144,7 @@ def test_a_remote_read_in_pieces_gives_the_rows_of_one_read(
 def test_a_failed_piece_fails_the_read_with_its_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    entries = _entries(5)
-    reader = _write(tmp_path, entries)
-    last = entries[-1].lsn
-    part = SegmentSlice(PCHANNEL, 1, 1, last, reader.digest, 1, last, (("n1", "127.0.0.1:1"),))
-    local = parse_options(
-        {"endpoints": "127.0.0.1:1", "preferLocal": "true", "localDataDirs": f"n1={tmp_path}"}
-    )
+    part, local = _whole_segment(tmp_path, _entries(5))
     real_frames = fetch._frames
 
     def second_fails(piece: SegmentSlice, options: object, low: int, high: int) -> object:
