@@ -202,14 +202,25 @@ def test_wrong_password_peer_is_kept_out(tmp_path: Path) -> None:
 #: RaftPeer's default `connection_timeout_s`: a link that read nothing for this long used
 #: to be dropped by the next event on it, which for an idle link is the first message.
 CONNECTION_TIMEOUT_S = 2.0
+#: Failovers the one-round test may take to see two that elected in one round.
+FAILOVER_ATTEMPTS = 4
 
 
 def test_failover_after_quiet_period_elects_in_one_round(cluster: Cluster) -> None:
     """Two followers never talk between elections. The first RequestVote between them
     arrives on a link idle for longer than the connection timeout, and pysyncobj checked
     that timeout before reading: the vote request was dropped with the link, so every
-    failover took a second election round (the term went up by 2)."""
-    for _ in range(2):
+    failover took a second election round (the term went up by 2).
+
+    A genuine split vote also takes two rounds: both followers time out within the few
+    milliseconds a vote request takes to be persisted, sent and read. Their deadlines are
+    drawn at the same heartbeat, uniform over the 0.8 s election range, so that happens in
+    a few percent of failovers (3 of about 130 in a loop of this test). So the test asks
+    for two one-round failovers out of at most four: without the fix there are none, and
+    with it, three split votes in four failovers would take about 1 run in 10,000."""
+    one_round: list[int] = []
+    rounds: list[tuple[int, list[int]]] = []
+    for _ in range(FAILOVER_ATTEMPTS):
         leader = cluster.wait_for_leader(ELECTION_BOUND_S, among=cluster.running())
         term = leader.status()["status"]["term"]
         survivors = [peer for peer in cluster.running() if peer is not leader]
@@ -223,10 +234,13 @@ def test_failover_after_quiet_period_elects_in_one_round(cluster: Cluster) -> No
         time.sleep(CONNECTION_TIMEOUT_S + 0.5)  # the followers' link goes quiet
         leader.kill9()
         new_leader = cluster.wait_for_leader(FAILOVER_BOUND_S, among=survivors)
-        terms = [peer.status()["status"]["term"] for peer in survivors]
-        # One round: the first candidate wins (a real split vote needs both followers to
-        # time out within the few milliseconds a vote request takes; rare).
-        assert terms == [term + 1] * 2, (term, terms, cluster.log_tail())
         assert new_leader is not leader
+        terms = [peer.status()["status"]["term"] for peer in survivors]
+        rounds.append((term, terms))
+        if terms == [term + 1] * 2:
+            one_round.append(term)
         leader.start()
         cluster.wait_converged(15.0, peers=cluster.peers)
+        if len(one_round) == 2:
+            break
+    assert len(one_round) == 2, (rounds, cluster.log_tail())
