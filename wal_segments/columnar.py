@@ -3,7 +3,8 @@
 What lives here: the Arrow schema Spark reads (`SCHEMA`) and the functions that turn a
 verified segment buffer plus its footer index into columns, using only pyarrow compute
 kernels: the fixed 72-byte headers are gathered as 64-bit words (`take` at frame offset / 8
-+ word number), and key, payload and properties are cut out of the file by a zero-copy
++ word number, a block of frames at a time so that the block's headers are read from the
+CPU cache), and key, payload and properties are cut out of the file by a zero-copy
 "pieces" binary array whose offsets are the interleaved section boundaries of every frame,
 then gathered with one `take` each. No per-row Python object is created, and numpy is not
 needed.
@@ -17,7 +18,7 @@ or crafted file yields a `FormatError`, never an out-of-bounds read or wrong row
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -99,13 +100,40 @@ def _i32(value: int) -> pa.Scalar:
 _INT64 = pa.int64()
 
 
+#: Longest index sequence kept for reuse (per element type): `arange` and the interleave
+#: patterns are sliced from a cached array instead of being built for every decode
+#: (building 750,000 of them took 4 ms, a tenth of a segment's decode). At most 8 MiB per
+#: cached sequence; longer ones are built each time.
+_SEQUENCE_CACHE_MAX = 1 << 20
+
+_sequences: dict[tuple[object, ...], pa.Array] = {}
+
+
+def _sequence(key: tuple[object, ...], count: int, build: Callable[[int], pa.Array]) -> pa.Array:
+    """The first `count` elements of the prefix-stable sequence `build` makes, from a
+    cache that grows by doubling up to `_SEQUENCE_CACHE_MAX` elements."""
+    cached = _sequences.get(key)
+    if cached is not None and len(cached) >= count:
+        return cached.slice(0, count)
+    if count > _SEQUENCE_CACHE_MAX:
+        return build(count)
+    grown = min(_SEQUENCE_CACHE_MAX, max(count, 2 * len(cached) if cached is not None else 0))
+    built = build(grown)
+    _sequences[key] = built  # a plain assignment: a racing thread at worst builds it twice
+    return built.slice(0, count)
+
+
+def _build_arange(count: int, type_: pa.DataType) -> pa.Array:
+    return pc.subtract(
+        pc.cumulative_sum(pa.repeat(pa.scalar(1, type_), count)), pa.scalar(1, type_)
+    )
+
+
 def arange(count: int, type_: pa.DataType = _INT64) -> pa.Array:
     """0, 1, ..., count - 1 without a Python loop."""
     if count == 0:
         return pa.array([], type_)
-    return pc.subtract(
-        pc.cumulative_sum(pa.repeat(pa.scalar(1, type_), count)), pa.scalar(1, type_)
-    )
+    return _sequence(("arange", type_), count, lambda n: _build_arange(n, type_))
 
 
 def word_views(buffer: pa.Buffer) -> tuple[pa.Array, pa.Array]:
@@ -195,6 +223,42 @@ class _Checks:
         self.pending.clear()
 
 
+#: Frames whose header words are gathered together. Gathering each of the nine words over a
+#: whole segment read its headers from memory nine times (a 42 MiB segment does not fit in
+#: the cache); a block's headers (two cache lines each, 4 MiB for 32,768 frames) stay
+#: cached across its nine gathers. Measured on a 250,000-frame segment: 20-21 ms for the
+#: nine whole-segment gathers, 11-12 ms in blocks, including the concatenation.
+GATHER_BLOCK_FRAMES = 32_768
+
+# The header words decode_headers reads, in the order _gather_words returns them; the
+# first three unsigned, the rest signed.
+_UNSIGNED_WORDS = (WORD_CRC_PROPERTIES_LEN, WORD_MSG_TYPE_FLAGS, WORD_KEY_PAYLOAD_LEN)
+_SIGNED_WORDS = (
+    WORD_LSN,
+    WORD_TERM,
+    WORD_TIME_TICK,
+    WORD_VCHANNEL_ID,
+    WORD_TXN_ID,
+    WORD_BROADCAST_ID,
+)
+_WORD_SHIFTS = tuple(_u64(number) for number in _UNSIGNED_WORDS + _SIGNED_WORDS)
+
+
+def _gather_words(buffer: pa.Buffer, base: pa.Array) -> list[pa.Array]:
+    """The header words of the frames whose first word is at `base` (uint64 word indexes,
+    in bounds: the caller checked them), block by block, each block's words together."""
+    unsigned, _ = word_views(buffer)
+    count = len(base)
+    blocks: list[list[pa.Array]] = [[] for _ in _WORD_SHIFTS]
+    for start in range(0, count, GATHER_BLOCK_FRAMES):
+        block = base.slice(start, GATHER_BLOCK_FRAMES)
+        for parts, shift in zip(blocks, _WORD_SHIFTS, strict=True):
+            parts.append(pc.take(unsigned, pc.add(block, shift), boundscheck=False))
+    words = [parts[0] if len(parts) == 1 else pa.concat_arrays(parts) for parts in blocks]
+    signed_from = len(_UNSIGNED_WORDS)
+    return words[:signed_from] + [word.view(pa.int64()) for word in words[signed_from:]]
+
+
 def decode_headers(
     buffer: pa.Buffer,
     offsets: pa.Array,
@@ -232,16 +296,18 @@ def decode_headers(
             1,
             "index offsets overlap",
         )
-    unsigned, signed = word_views(buffer)
-    base = pc.shift_right(offsets, _u64(3))
-
-    def word(array: pa.Array, number: int) -> pa.Array:
-        # In bounds: every offset + the header size is <= end_offset <= the buffer size.
-        return pc.take(array, pc.add(base, _u64(number)), boundscheck=False)
-
-    crc_properties = word(unsigned, WORD_CRC_PROPERTIES_LEN)
-    type_flags = word(unsigned, WORD_MSG_TYPE_FLAGS)
-    lengths = word(unsigned, WORD_KEY_PAYLOAD_LEN)
+    # In bounds: every offset + the header size is <= end_offset <= the buffer size.
+    (
+        crc_properties,
+        type_flags,
+        lengths,
+        lsn,
+        term,
+        time_tick,
+        vchannel_id,
+        txn_id,
+        broadcast_id,
+    ) = _gather_words(buffer, pc.shift_right(offsets, _u64(3)))
     low32 = _u64(0xFFFFFFFF)
     properties_len = pc.shift_right(crc_properties, _u64(32))
     key_len = pc.bit_wise_and(lengths, low32)
@@ -281,12 +347,6 @@ def decode_headers(
         pc.is_valid(pc.take(_MSG_TYPE_NAME_ARRAY, msg_type)), offsets, 0, "unknown msg_type"
     )
 
-    lsn = word(signed, WORD_LSN)
-    term = word(signed, WORD_TERM)
-    time_tick = word(signed, WORD_TIME_TICK)
-    vchannel_id = word(signed, WORD_VCHANNEL_ID)
-    txn_id = word(signed, WORD_TXN_ID)
-    broadcast_id = word(signed, WORD_BROADCAST_ID)
     checks.require(
         pc.equal(lsn, pc.add(arange(count), _i64(first_lsn))),
         offsets,
@@ -344,12 +404,17 @@ def _interleave(columns: list[pa.Array]) -> pa.Array:
     """[a0, b0, c0, a1, b1, c1, ...] from equally long int32 columns a, b, c."""
     width = len(columns)
     count = len(columns[0])
-    positions = arange(width * count, pa.int32())
-    index = pc.add(
-        pc.multiply(pc.remainder(positions, _i32(width)), _i32(count)),
-        pc.divide(positions, _i32(width)),
+    total = width * count
+    # Element p of the result is element p // width of column p % width, which sits at
+    # (p % width) * count + p // width in the concatenation.
+    column = _sequence(
+        ("column", width), total, lambda n: pc.remainder(_build_arange(n, pa.int32()), _i32(width))
     )
-    return pc.take(pa.concat_arrays(columns), index)
+    row = _sequence(
+        ("row", width), total, lambda n: pc.divide(_build_arange(n, pa.int32()), _i32(width))
+    )
+    index = pc.add(pc.multiply(column, _i32(count)), row)
+    return pc.take(pa.concat_arrays(columns), index, boundscheck=False)
 
 
 def _gather_sections(

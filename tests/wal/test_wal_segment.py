@@ -16,6 +16,7 @@ from tests.wal.segment_helpers import (
     varied_entries,
     write_segment,
 )
+from wal_segments import columnar
 from wal_segments.columnar import SCHEMA
 from wal_segments.format import (
     ENTRY_HEADER,
@@ -363,7 +364,7 @@ def test_every_flipped_byte_of_a_sealed_segment_is_detected(tmp_path: Path):
         assert caught.value.path == "damaged.seg"
 
 
-def test_sealed_reader_rejects_an_index_that_does_not_chain(tmp_path: Path):
+def test_sealed_reader_rejects_an_index_that_does_not_chain(tmp_path: Path, decode_tuning: None):
     # A writer bug (not bit rot): block crcs are right but the index lies.
     entries = simple_entries(4)
     path = write_segment(tmp_path, entries, seal=False)
@@ -430,7 +431,18 @@ def _expected_columns(entries: list[Entry], segment_id: int) -> dict[str, list]:
     }
 
 
-def test_to_arrow_equals_the_entries_column_by_column(tmp_path: Path):
+@pytest.fixture(params=["default", "small blocks and caches"])
+def decode_tuning(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The columnar decoder as shipped, and with header-gather blocks of 7 frames and a
+    sequence cache of 50 elements, so that 200 entries span many blocks, the cached
+    index sequences grow, and the longest ones are built uncached."""
+    monkeypatch.setattr(columnar, "_sequences", {})
+    if request.param != "default":
+        monkeypatch.setattr(columnar, "GATHER_BLOCK_FRAMES", 7)
+        monkeypatch.setattr(columnar, "_SEQUENCE_CACHE_MAX", 50)
+
+
+def test_to_arrow_equals_the_entries_column_by_column(tmp_path: Path, decode_tuning: None):
     entries = varied_entries(200, first_lsn=5000, term=3)
     path = write_segment(tmp_path, entries, seal=True, batch_size=17)
     with SegmentReader.open(path) as reader:
@@ -461,6 +473,24 @@ def test_to_arrow_equals_the_entries_column_by_column(tmp_path: Path):
         start, end = reader.byte_range((5010, 5019))
         raw = path.read_bytes()[start:end]
         assert [e.lsn for e in scan_and_decode(raw)] == list(range(5010, 5020))
+
+
+def test_index_sequences_from_the_cache_equal_fresh_ones(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(columnar, "_sequences", {})
+    monkeypatch.setattr(columnar, "_SEQUENCE_CACHE_MAX", 40)
+    for count in (1, 5, 3, 17, 40, 41, 100, 2):  # grows, is sliced, and overflows the cap
+        for type_ in (pa.int32(), pa.int64()):
+            assert columnar.arange(count, type_).to_pylist() == list(range(count))
+            assert columnar.arange(count, type_).type == type_
+        for width in (2, 3, 4):
+            columns = [
+                pa.array([100 * number + row for row in range(count)], pa.int32())
+                for number in range(width)
+            ]
+            assert columnar._interleave(columns).to_pylist() == [
+                100 * number + row for row in range(count) for number in range(width)
+            ]
+    assert columnar.arange(0, pa.int32()).to_pylist() == []
 
 
 def scan_and_decode(raw: bytes) -> list[Entry]:
