@@ -11,6 +11,12 @@ thinly are scheduling noise. `bench/wal.py` measures the half-load p99 that the 
 names, after its throughput phases; this isolates it.
 
     ./run bench wal_tail [--rates 55000,40000,25000] [--duration-s 8] [--json]
+                         [--stall-watch-ms 12]
+
+`--stall-watch-ms N` also watches the event loop of every node and of this process
+(`bench/stallwatch/sitecustomize.py`): each phase then reports, per process, the stalls
+longer than N ms and the innermost raftwal frames they were caught in. Ordinary short
+work in those frames means CPU starvation; one long operation shows as the same frame.
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from _harness import percentile
+from stallwatch.sitecustomize import install as install_stall_watch
 from wal import SIZES, RaftwalWal, close_all, paced_load, say
 
 
@@ -41,8 +49,55 @@ def bunches(timeline: list[tuple[float, float]], late_s: float) -> list[dict[str
     ]
 
 
+STALL_WATCH_DIR = Path(__file__).resolve().parent / "stallwatch"
+#: Path fragments of the frames a stall is attributed to (the innermost one found).
+PROJECT_PATHS = ("/raftwal/", "/wal_segments/", "/rpc/", "/raft/", "/bench/")
+
+
+def watch_stalls(root: Path, threshold_ms: float) -> str:
+    """Have the nodes started from now on (and this process's loop) report event-loop
+    stalls over `threshold_ms`; returns the report files' prefix."""
+    prefix = str(root / "stalls")
+    os.environ["RAFTWAL_STALL_WATCH"] = prefix
+    os.environ["RAFTWAL_STALL_WATCH_MS"] = str(threshold_ms)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(STALL_WATCH_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    install_stall_watch(asyncio.get_running_loop(), prefix, threshold_ms / 1000)
+    return prefix
+
+
+def stall_summary(prefix: str, start: float, end: float) -> dict[str, Any]:
+    """Per process: the stalls that began in [start, end] (wall clock), their longest, and
+    the innermost project frames they were caught in, most frequent first."""
+    by_process: dict[str, dict[str, Any]] = {}
+    for path in sorted(Path(prefix).parent.glob(Path(prefix).name + ".*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            stall = json.loads(line)
+            began = stall["at"] - stall["lag_ms"] / 1000
+            if not start <= began <= end:
+                continue
+            entry = by_process.setdefault(
+                stall["process"], {"stalls": 0, "longest_ms": 0.0, "frames": {}}
+            )
+            entry["stalls"] += 1
+            entry["longest_ms"] = max(entry["longest_ms"], stall["lag_ms"])
+            ours = [
+                f
+                for f in stall["stack"]
+                if any(p in f for p in PROJECT_PATHS) and "/stallwatch/" not in f
+            ]
+            innermost = stall["stack"][-1].rsplit("/", 1)[-1] if stall["stack"] else "?"
+            frame = ours[-1].rsplit("/", 1)[-1] if ours else f"(no project frame: {innermost})"
+            entry["frames"][frame] = entry["frames"].get(frame, 0) + 1
+    for entry in by_process.values():
+        entry["frames"] = dict(sorted(entry["frames"].items(), key=lambda kv: -kv[1])[:5])
+    return dict(sorted(by_process.items()))
+
+
 async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     payloads = {size: os.urandom(length) for size, length in SIZES.items()}
+    stall_prefix = watch_stalls(root, args.stall_watch_ms) if args.stall_watch_ms else None
     system = RaftwalWal(root / "raftwal", payloads)
     await system.start()
     phases = []
@@ -51,6 +106,7 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         try:
             await paced_load(producers, args.rates[-1], 2.0)  # warm-up
             for rate in args.rates:
+                started = time.time()
                 result = await paced_load(producers, rate, args.duration_s)
                 samples = result.latencies.samples_s
                 phase = {
@@ -64,6 +120,8 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                     "max_ms": round(max(samples, default=0.0) * 1000, 2),
                     "bunches": bunches(result.timeline, args.late_ms / 1000),
                 }
+                if stall_prefix is not None:
+                    phase["stalls"] = stall_summary(stall_prefix, started, time.time())
                 phases.append(phase)
                 big = [b for b in phase["bunches"] if b["late_batches"] >= 10]
                 say(
@@ -72,6 +130,11 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                     f"{len(phase['bunches'])} windows with batches over {args.late_ms:g} ms, "
                     f"{len(big)} of them with 10 or more: {big}"
                 )
+                if stall_prefix is not None:
+                    say(
+                        f"  event-loop stalls over {args.stall_watch_ms:g} ms: "
+                        + (json.dumps(phase["stalls"]) if phase["stalls"] else "none")
+                    )
         finally:
             await close_all(producers)
     finally:
@@ -96,6 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-s", type=float, default=8.0, help="seconds per phase (8)")
     parser.add_argument("--producers", type=int, default=8, help="producers (8)")
     parser.add_argument("--late-ms", type=float, default=20.0, help="a late batch (20 ms)")
+    parser.add_argument(
+        "--stall-watch-ms",
+        type=float,
+        default=0.0,
+        help="report event-loop stalls over this many ms per process (0: off)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="wal-tail-"))
