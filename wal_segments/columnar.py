@@ -100,10 +100,11 @@ def _i32(value: int) -> pa.Scalar:
 _INT64 = pa.int64()
 
 
-#: Longest index sequence kept for reuse (per element type): `arange` and the interleave
-#: patterns are sliced from a cached array instead of being built for every decode
-#: (building 750,000 of them took 4 ms, a tenth of a segment's decode). At most 8 MiB per
-#: cached sequence; longer ones are built each time.
+#: Longest index sequence kept for reuse: `arange` and the interleave patterns are sliced
+#: from a cached array instead of being built for every decode (building 750,000 of them
+#: took 4 ms, a tenth of a segment's decode). At most 8 MiB per cached sequence (int64
+#: aranges; int32 ones and the patterns of each width, 4 MiB), about 30 MiB in a process
+#: that decodes with and without properties; longer sequences are built each time.
 _SEQUENCE_CACHE_MAX = 1 << 20
 
 _sequences: dict[tuple[object, ...], pa.Array] = {}
