@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from raftwal.chaos.workload import FAIL, History, Op, payload_key
+from rpc.aio import wait_event
 from rpc.errors import RaftwalError
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
@@ -67,8 +68,7 @@ def _fenced_is_fail(op: Op, error: BaseException) -> None:
 
 
 async def _pause(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
+    await wait_event(stop, seconds)
 
 
 class MemberClient:

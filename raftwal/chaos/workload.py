@@ -40,6 +40,7 @@ from typing import Any
 
 import grpc
 
+from rpc.aio import wait_event
 from rpc.client import CompactedError, CoordinatorClient, LeaseKeeper, RaftwalError
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
@@ -215,8 +216,7 @@ class ProducerClient:
                 next_at += self.interval_s
                 delay = next_at - time.monotonic()
                 if delay > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), delay)
+                    await wait_event(stop, delay)
                 else:
                     next_at = time.monotonic()
             with contextlib.suppress(TimeoutError):
@@ -277,8 +277,7 @@ class ConsumerClient:
             except RaftwalError as error:
                 self.restarts += 1
                 self.errors.append(describe(error))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 0.5)
+                await wait_event(stop, 0.5)
             finally:
                 stopper.cancel()
                 await consumer.close()
@@ -370,8 +369,7 @@ class LockClient:
                     # The lease was revoked or is gone: the next round takes a new one.
                     await keeper.stop()
                     keeper, lease_id = None, 0
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.rng.uniform(0.0, 0.3))
+                await wait_event(stop, self.rng.uniform(0.0, 0.3))
         finally:
             if keeper is not None:
                 await keeper.stop()
@@ -553,8 +551,7 @@ class BroadcastClient:
             for job in pending:
                 await self.drive(job, BROADCAST_APPEND_WAIT_S)
             if [j for j in self.jobs if not j.complete and j.drives < MAX_DRIVES]:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 1.0)
+                await wait_event(stop, 1.0)
                 continue
             count += 1
             job = BroadcastJob(
@@ -568,8 +565,7 @@ class BroadcastClient:
             if answered or last.outcome == UNKNOWN:
                 self.jobs.append(job)
                 await self.drive(job, BROADCAST_APPEND_WAIT_S)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.rng.uniform(0.1, 0.5))
+            await wait_event(stop, self.rng.uniform(0.1, 0.5))
 
     async def finish(self, budget_s: float) -> None:
         deadline = time.monotonic() + budget_s
@@ -651,8 +647,7 @@ class StatusSampler:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await self.sample()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), STATUS_INTERVAL_S)
+            await wait_event(stop, STATUS_INTERVAL_S)
 
     async def close(self) -> None:
         for channel in self._channels.values():

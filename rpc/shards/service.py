@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from rpc.aio import wait_event
 from rpc.errors import ChannelFencedError, NotFoundError, RaftwalError, error_info
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
@@ -135,8 +136,7 @@ class VChannelSource:
             raise _invalid("source not started")
         if not self._buffer and self._failure is None:
             self._arrived.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), linger_s)
+            await wait_event(self._arrived, linger_s)
         if not self._buffer and self._failure is not None:
             raise self._failure
         count = min(max_entries, len(self._buffer))
@@ -610,8 +610,7 @@ class ConsumerService:
                             if error is not None:
                                 raise error
                             del self._tasks[name]
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(stop.wait(), self.poll_s)
+                    await wait_event(stop, self.poll_s)
             finally:
                 # The final position commits carry the member's current generation (an
                 # assignment may have moved it since the last poll).

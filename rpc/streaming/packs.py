@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
+from rpc.aio import wait_event
 from rpc.errors import InvalidArgumentError, RaftwalError, error_info
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
@@ -394,8 +395,7 @@ class PackConsumer:
                     and assembler.watermark(vchannel) > assembler.watermark()
                 ):
                     self._room.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._room.wait(), WAIT_SLICE_S)
+                    await wait_event(self._room, WAIT_SLICE_S)
                 entries = await consumer.read_batch()
                 assembler.add(vchannel, entries, consumer.watermark)
                 self._wake.set()
@@ -439,8 +439,7 @@ class PackConsumer:
                     await self._commit(self._delivered)
                     continue
                 wait_s = min(wait_s, due_in)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait_s)
+            await wait_event(self._wake, wait_s)
 
     async def _maybe_commit(self) -> None:
         due = time.monotonic() - self._last_commit_at >= self.commit_interval_s

@@ -74,3 +74,26 @@ async def test_wait_within_returns_times_out_and_never_loses_a_cancel() -> None:
         return wait_within(event.wait(), 10)
 
     assert await _cancel_as_the_event_is_set(wait_for_set) == "cancelled"
+
+
+async def test_a_pack_consumer_waiting_for_a_pack_keeps_its_cancellation() -> None:
+    """The hang `raftwal consume --packs --timeout-s 3` met in CI: the CLI's wait_for
+    cancelled `anext(reader)` just as the consumer's wait for its wake-up event ended, the
+    cancellation was swallowed, and the wait_for waited for that task for ever."""
+    from rpc.streaming.packs import PackAssembler, PackConsumer
+
+    consumer = PackConsumer(None, "s")  # type: ignore[arg-type] (never reaches the client)
+    consumer._assembler = PackAssembler(["v"])  # started, with nothing to cut
+    task = asyncio.create_task(anext(consumer))
+    await asyncio.sleep(0.01)
+    consumer._wake.set()
+    task.cancel()
+    for _ in range(2):
+        await asyncio.sleep(0.02)
+        consumer._wake.set()
+    done, _ = await asyncio.wait({task}, timeout=1.0)
+    if not done:  # the lost cancellation: stop the loop for good, then fail
+        consumer._closed = True
+        consumer._wake.set()
+        await asyncio.wait({task}, timeout=2.0)
+    assert done and task.cancelled()
