@@ -229,15 +229,21 @@ class LocalCluster:
 def make_config(
     directory: Path, nodes: int, host: str = "127.0.0.1", data_nodes: int = 0
 ) -> ClusterConfig:
-    """`nodes` nodes n1..nN on free ports; the last `data_nodes` of them do not vote."""
-    ports = free_ports(nodes * 3, host)
+    """`nodes` nodes n1..nN on free ports; the last `data_nodes` of them do not vote.
+
+    Every port is picked here, the segment transfer port too: a node binding port 0 gets a
+    port from the kernel's ephemeral range, the same range these picks come from, and could
+    take a port picked for a node that has not bound it yet (CI saw a node's transfer port
+    take another node's metrics port, which then failed to start)."""
+    ports = free_ports(nodes * 4, host)
     members = tuple(
         NodeConfig(
             id=f"n{k + 1}",
             host=host,
-            grpc_port=ports[3 * k],
-            raft_port=ports[3 * k + 1],
-            metrics_port=ports[3 * k + 2],
+            grpc_port=ports[4 * k],
+            raft_port=ports[4 * k + 1],
+            metrics_port=ports[4 * k + 2],
+            transfer_port=ports[4 * k + 3],
             data_dir=(directory / f"n{k + 1}").resolve(),
             role="data" if k >= nodes - data_nodes else "voter",
         )
