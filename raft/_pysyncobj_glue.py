@@ -425,6 +425,11 @@ class GuardedTcpServer(TcpServer):
 
 #: Key this transport adds to a follower's `next_node_idx` answer: the term it answers in.
 ANSWER_TERM_KEY = "raftwal_term"
+# Set on a RequestVote of the election a TimeoutNow started (leadership transfer): the
+# vote guard lets it through.
+TRANSFER_VOTE_KEY = "raftwal_transfer"
+# pysyncobj's _RAFT_STATE.LEADER.
+_RAFT_LEADER_STATE = 2
 
 
 class HeartbeatRounds:
@@ -458,12 +463,25 @@ class HeartbeatRounds:
       the loss. A connection that closes while a newer one to the same partner is up
       (pysyncobj replaces an incoming connection without closing the old one) changes
       nothing: answers to what was sent before may still come over the newer one.
+
+    The same counting dates the leader's lease (raft/peer.py, `RaftPeer.lease_read_index`):
+    each send's time is taken before it leaves, and the n-th answer of a term from a
+    partner proves that partner accepted this leader's term no earlier than the n-th send
+    to it (n answers are to n distinct sends, since pysyncobj answers each AppendEntries at
+    most once, so one of them is to the n-th send or a later one). `confirmed_at` keeps,
+    per partner, the send time of that n-th send.
     """
 
     def __init__(self) -> None:
         self.term = 0
         self.sent_count: dict[str, int] = collections.defaultdict(int)
         self.answered_count: dict[str, int] = collections.defaultdict(int)
+        # Send times of the sends not yet matched by an answer, oldest first, and the send
+        # time each partner's latest answer proves (see the class docstring).
+        self.unanswered_sent_at: dict[str, collections.deque[float]] = collections.defaultdict(
+            collections.deque
+        )
+        self.confirmed_at: dict[str, float] = {}
         self.on_answer: Callable[[], None] | None = None
 
     def begin_term(self, term: int) -> None:
@@ -471,10 +489,15 @@ class HeartbeatRounds:
             self.term = term
             self.sent_count.clear()
             self.answered_count.clear()
+            self.unanswered_sent_at.clear()
+            self.confirmed_at.clear()
 
-    def sent(self, node_id: str, term: int) -> None:
+    def sent(self, node_id: str, term: int, at: float | None = None) -> None:
+        """An AppendEntries of `term` went to `node_id`; `at` is a time taken before it was
+        handed to the connection (None: not dated, it never extends a lease)."""
         self.begin_term(term)
         self.sent_count[node_id] += 1
+        self.unanswered_sent_at[node_id].append(-1.0 if at is None else at)
 
     def answered(self, node_id: str, term: int | None) -> None:
         """An answer from `node_id` in `term` (None: an unstamped answer, from a node
@@ -482,12 +505,29 @@ class HeartbeatRounds:
         if term is not None and term != self.term:
             return
         self.answered_count[node_id] += 1
+        pending = self.unanswered_sent_at.get(node_id)
+        if pending:
+            at = pending.popleft()
+            if at > self.confirmed_at.get(node_id, -1.0):
+                self.confirmed_at[node_id] = at
         if self.on_answer is not None:
             self.on_answer()
 
     def connection_lost(self, node_id: str) -> None:
         """No connection to `node_id` is left: its unanswered AppendEntries never will be."""
         self.sent_count[node_id] = self.answered_count[node_id]
+        self.unanswered_sent_at.pop(node_id, None)
+
+    def confirmed_since(self, voters: Collection[str], needed: int) -> float | None:
+        """The latest time t such that `needed` of `voters` each answered an AppendEntries
+        of this term sent at or after t; None when fewer than `needed` answered any."""
+        if needed <= 0:
+            return None
+        times = sorted(
+            (at for node_id, at in self.confirmed_at.items() if node_id in voters and at >= 0),
+            reverse=True,
+        )
+        return times[needed - 1] if len(times) >= needed else None
 
     def mark(self) -> dict[str, int]:
         """The send counters now: a later check asks who answered past them."""
@@ -518,6 +558,12 @@ class DurableTransport(TCPTransport):
         self._raftwal_gate = gate
         self._raftwal_guard = guard
         self.raftwal_rounds = HeartbeatRounds()
+        # The vote guard (`_raftwal_vote_guard`; 0: off). A node counts its own start as
+        # contact: a voter restarted inside its leader's lease must not vote it away.
+        self.raftwal_vote_guard_s = 0.0
+        self.raftwal_leader_contact = monotonicTime()
+        self.raftwal_votes_ignored = 0
+        self.raftwal_transfer_vote_term = -1
         super().__init__(sync_obj, self_node, other_nodes)
 
     def _createServer(self) -> None:  # noqa: N802 (pysyncobj's name)
@@ -563,22 +609,63 @@ class DurableTransport(TCPTransport):
             # The term this answer is given in (the AppendEntries' term): the leader counts
             # it only for reads of that term. Stamped before any deferral.
             message[ANSWER_TERM_KEY] = self._syncObj.raftCurrentTerm
+        elif kind == "request_vote" and message.get("term") == self.raftwal_transfer_vote_term:
+            # The election a TimeoutNow from our leader started (the leader gave up its
+            # lease first): voters grant it inside their vote guard too.
+            message[TRANSFER_VOTE_KEY] = True
         if self._raftwal_gate.maybe_defer(node, message):
             return True
+        # Taken before the message can reach the partner: the lease counts from here.
+        at = monotonicTime()
         sent = self.send_now(node, message)
         # Only what went into a live connection can be answered (pysyncobj drops a message
         # for a partner it is not connected to, and says so).
         if sent and kind == "append_entries":
-            self.raftwal_rounds.sent(str(node.id), int(message["term"]))
+            self.raftwal_rounds.sent(str(node.id), int(message["term"]), at)
         return sent
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 (pysyncobj's)
+        if type(message) is dict and not self._raftwal_vote_guard(node, message):
+            return
         # SyncObj handles the message first (term, match index, lastResponseTime), then the
         # read rounds see the answer with the leader's state already updated.
         super()._onMessageReceived(node, message)
         if type(message) is dict and message.get("type") == "next_node_idx":
             term = message.get(ANSWER_TERM_KEY)
             self.raftwal_rounds.answered(str(node.id), term if type(term) is int else None)
+
+    def _raftwal_vote_guard(self, node: Any, message: dict[str, Any]) -> bool:
+        """False for a RequestVote this node must ignore: it heard from its leader less
+        than `raftwal_vote_guard_s` ago (Raft thesis 4.2.3, etcd's CheckQuorum lease). The
+        leader's lease relies on it (raft/peer.py `lease_read_index`): while a majority
+        guards, no other leader can be elected. Also notes when the leader's AppendEntries
+        and TimeoutNow arrive (the same tests pysyncobj applies, syncobj.py lines 911-952)."""
+        kind = message.get("type")
+        sync = self._syncObj
+        if kind == "append_entries":
+            term = message.get("term")
+            if type(term) is int and term >= sync.raftCurrentTerm:
+                self.raftwal_leader_contact = monotonicTime()
+        elif kind == "timeout_now":
+            term = message.get("term")
+            if (
+                type(term) is int
+                and term >= sync.raftCurrentTerm
+                and node == sync._SyncObj__raftLeader
+            ):
+                # pysyncobj starts an election at the next tick, one term up.
+                self.raftwal_transfer_vote_term = sync.raftCurrentTerm + 1
+        elif kind == "request_vote":
+            guard_s = self.raftwal_vote_guard_s
+            if (
+                guard_s > 0
+                and message.get(TRANSFER_VOTE_KEY) is not True
+                and sync._SyncObj__raftState != _RAFT_LEADER_STATE
+                and monotonicTime() - self.raftwal_leader_contact < guard_s
+            ):
+                self.raftwal_votes_ignored += 1
+                return False
+        return True
 
     def send_now(self, node: Any, message: Any) -> bool:
         self._raftwal_gate.before_send(message)

@@ -135,6 +135,29 @@ class RaftTuning:
     bind_retries: int = 10
     bind_retry_s: float = 0.1
     close_timeout_s: float = 10.0
+    # The vote guard: a voter that heard from its leader less than this fraction of
+    # election_timeout_min_s ago ignores RequestVote (except the election a leadership
+    # transfer starts). Below 1, so it never delays the election after a leader died (no
+    # follower times out sooner than election_timeout_min_s). The leader's lease relies
+    # on it at every voter: keep it the same across the cluster.
+    vote_guard_fraction: float = 0.75
+    # Lease reads (`RaftPeer.lease_read_index`): a leader that a majority answered within
+    # the last vote_guard_s * (1 - max_clock_drift) serves linearizable reads without a
+    # heartbeat round. max_clock_drift bounds how much faster or slower any voter's
+    # monotonic clock may run than the leader's over one guard window (NTP slews by at
+    # most 0.05%; 0.1 is two hundred times that).
+    lease_reads: bool = True
+    max_clock_drift: float = 0.1
+
+    def vote_guard_s(self) -> float:
+        return self.vote_guard_fraction * self.election_timeout_min_s
+
+    def lease_s(self) -> float:
+        """How long after the send of an AppendEntries a majority answered the leader
+        serves lease reads (0: lease reads are off)."""
+        if not self.lease_reads:
+            return 0.0
+        return self.vote_guard_s() * (1 - self.max_clock_drift)
 
     def validate(self) -> None:
         def check(ok: bool, name: str, value: object, expected: str) -> None:
@@ -215,6 +238,21 @@ class RaftTuning:
         check(self.bind_retries > 0, "bind_retries", self.bind_retries, "> 0")
         check(self.bind_retry_s > 0, "bind_retry_s", self.bind_retry_s, "> 0")
         check(self.close_timeout_s > 0, "close_timeout_s", self.close_timeout_s, "> 0")
+        check(
+            0 <= self.vote_guard_fraction < 1,
+            "vote_guard_fraction",
+            self.vote_guard_fraction,
+            "0 <= x < 1",
+        )
+        check(0 < self.max_clock_drift < 1, "max_clock_drift", self.max_clock_drift, "0 < x < 1")
+        check(
+            not self.lease_reads or self.lease_s() > 2 * self.heartbeat_period_s,
+            "lease_reads",
+            self.lease_reads,
+            f"False, or a lease (vote_guard_fraction * election_timeout_min_s * (1 - "
+            f"max_clock_drift) = {self.lease_s():g} s) longer than two heartbeats "
+            f"({2 * self.heartbeat_period_s:g} s)",
+        )
 
     def derived_max_frame_bytes(self) -> int:
         """The largest frame an authenticated peer sends: an AppendEntries batch (or a
@@ -469,6 +507,15 @@ class RaftPeer:
         self._new_reads: list[_ReadIndex] = []
         self._reads: list[_ReadIndex] = []
         self.read_rounds = 0
+        # The leader's lease: (term, monotonic time it ends), published by the tick thread
+        # and read by any thread in lease_read_index; None when there is none. A term in
+        # which this peer started a leadership transfer has no lease any more, and
+        # _lease_commit_term is the term whose own first entry is known committed.
+        self._lease_s = tuning.lease_s()
+        self._lease: tuple[int, float] | None = None
+        self._lease_revoked_term = -1
+        self._lease_commit_term = -1
+        self.lease_reads = 0
         # The voter set (addresses, this peer's own included when it votes) and whether a
         # membership entry is uncommitted; written on the tick thread, read anywhere.
         self._voters: tuple[str, ...] = ()
@@ -514,7 +561,8 @@ class RaftPeer:
             syncobj.raftwal_install_journal(self._journal, self._snapshot_index, voter)
             self._gate.attach(self._journal, syncobj.raftwal_transport())
             self._rounds = syncobj.raftwal_transport().raftwal_rounds
-            self._rounds.on_answer = self._check_reads
+            self._rounds.on_answer = self._on_answer
+            syncobj.raftwal_transport().raftwal_vote_guard_s = tuning.vote_guard_s()
             self._wakeup = self._started_wakeup = Wakeup(syncobj._poller)
             syncobj.addOnTickCallback(self._before_poll)
             syncobj.addOnTickCallback(self._run_transfer)
@@ -745,6 +793,62 @@ class RaftPeer:
                 syncobj.raftwal_send_append_entries()
         self._check_reads()
 
+    def lease_read_index(self) -> int | None:
+        """A read index without a heartbeat round, or None (then use `read_index`).
+
+        Any thread. While this peer leads with a valid lease, no other leader can exist
+        (a majority answered it within the lease and ignores RequestVote for the vote
+        guard, which is longer; `RaftTuning.max_clock_drift` bounds the clocks), so its
+        commit index covers every write acknowledged before the call, as ReadIndex's does.
+        The caller serves the read once `last_applied_index()` reaches the index
+        (`wait_applied`). None when lease reads are off, this peer does not lead, its lease
+        ran out or was given up for a leadership transfer, or no entry of its term is
+        committed yet.
+        """
+        lease = self._lease
+        if lease is None:
+            return None
+        term, until = lease
+        syncobj = self._syncobj
+        if time.monotonic() >= until or not syncobj._isLeader() or syncobj.raftCurrentTerm != term:
+            return None
+        self.lease_reads += 1
+        return int(syncobj.raftCommitIndex)
+
+    def _on_answer(self) -> None:
+        """Tick thread: a follower answered an AppendEntries of this term."""
+        self._renew_lease()
+        self._check_reads()
+
+    def _renew_lease(self) -> None:
+        """Tick thread: publish the lease the answers received so far prove."""
+        if not self._lease_s:
+            return
+        syncobj = self._syncobj
+        term = syncobj.raftCurrentTerm
+        if not syncobj._isLeader() or term == self._lease_revoked_term:
+            self._lease = None
+            return
+        if self._lease_commit_term != term:
+            # Raft's rule, as for ReadIndex: a leader knows the commit index only once an
+            # entry of its own term is committed.
+            if syncobj.raftwal_commit_term() != term:
+                return
+            self._lease_commit_term = term
+        needed = syncobj.raftwal_cluster_size() // 2  # a majority, this peer aside
+        if needed == 0:
+            start: float | None = time.monotonic()
+        elif self._rounds.term != term:
+            return
+        else:
+            start = self._rounds.confirmed_since(syncobj.raftwal_voter_ids(), needed)
+        if start is None:
+            return
+        until = start + self._lease_s
+        current = self._lease
+        if current is None or current[0] != term or until > current[1]:
+            self._lease = (term, until)
+
     def _check_reads(self) -> None:
         """Tick thread: resolve, fail or expire waiting reads."""
         if not self._reads:
@@ -902,6 +1006,10 @@ class RaftPeer:
             future, self._transfer = self._transfer, None
         if future is None:
             return
+        # The target's election bypasses the other voters' vote guard, so the lease that
+        # guard backs ends here, before TimeoutNow can leave, for the rest of this term.
+        self._lease_revoked_term = self._syncobj.raftCurrentTerm
+        self._lease = None
         outcome: list[int] = []
         # pysyncobj answers synchronously (transferLeadership never queues).
         self._syncobj.transferLeadership(None, lambda _result, error: outcome.append(error))
@@ -1078,6 +1186,9 @@ class RaftPeer:
             "durable": self._durable,
             "safety_net_syncs": self._safety_net_syncs,
             "tick_errors": self._tick_errors_total,
+            "lease_reads": self.lease_reads,
+            "read_rounds": self.read_rounds,
+            "votes_ignored": syncobj.raftwal_transport().raftwal_votes_ignored,
             "fatal_error": None if self._fatal is None else str(self._fatal),
             "closed": self._closed,
         }
@@ -1166,6 +1277,7 @@ class RaftPeer:
         # (syncobj.py line 653), where the leader counts itself for every entry it holds.
         self._journal.sync()
         self._gate.flush()
+        self._renew_lease()
         if self._new_reads or self._reads:
             self._mark_reads()
         if self._membership_changed or self._membership_pending:

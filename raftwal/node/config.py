@@ -148,9 +148,14 @@ class ClusterConfig:
     raft_min_timeout_ms: int = 400
     raft_max_timeout_ms: int = 1200
     # A Raft leader that heard from no majority for this long steps down (ms). Reads never
-    # rely on it (ReadIndex confirms leadership per read); it bounds how long a cut-off
-    # leader keeps accepting proposals that cannot commit.
+    # rely on it (a lease or ReadIndex confirms leadership per read); it bounds how long a
+    # cut-off leader keeps accepting proposals that cannot commit.
     raft_leader_fallback_ms: int = 2000
+    # Linearizable reads on the leader from its lease (no message per read) while a
+    # majority answered it within 0.675 x raft_min_timeout_ms; false: ReadIndex (one
+    # heartbeat round per read) always. Leases assume no node's monotonic clock runs more
+    # than 10% faster or slower than another's (docs/architecture.md, section 9).
+    raft_lease_reads: bool = True
     # Raft snapshot after this many log entries.
     raft_snapshot_entries: int = 20_000
     grpc_max_message_bytes: int = 32 * 1024 * 1024
@@ -385,6 +390,17 @@ def parse_config(
     except ValueError as error:
         raise ConfigError(f"invalid cluster.wal_fsync_policy: {error}") from None
     overrides["wal_fsync_policy"] = str(policy)
+    lease_reads = cluster_table.get("raft_lease_reads", config.raft_lease_reads)
+    lease_env = environ.get("RAFTWAL_RAFT_LEASE_READS")
+    if lease_env is not None:
+        lease_reads = {"true": True, "1": True, "false": False, "0": False}.get(
+            lease_env.strip().lower(), lease_env
+        )
+    if not isinstance(lease_reads, bool):
+        raise ConfigError(
+            f"invalid cluster.raft_lease_reads ({lease_reads!r}; expected true or false)"
+        )
+    overrides["raft_lease_reads"] = lease_reads
     overrides["tls_ca_file"] = _path(cluster_table, "tls_ca_file", "cluster", base_dir, environ)
     overrides["auth_tokens_file"] = _path(
         cluster_table, "auth_tokens_file", "cluster", base_dir, environ
@@ -505,6 +521,9 @@ data_dir = "/var/lib/raftwal/n{number}"   # created 0700; keep it on a local dis
 # writes one, mode 0600). A node refuses to start without it. RAFTWAL_SECRET overrides it.
 secret_file = "{secret_file}"
 node_timeout_ms = 3000
+# Linearizable reads from the Raft leader's lease (no message per read; assumes the nodes'
+# clocks tick within 10% of each other). false: one heartbeat round per read (ReadIndex).
+# raft_lease_reads = true
 # gRPC security (optional): TLS, mutual TLS and bearer tokens per role; see SECURITY.md.
 # tls_cert_file = "/etc/raftwal/node.pem"
 # tls_key_file = "/etc/raftwal/node.key"
@@ -523,6 +542,8 @@ def render_config(config: ClusterConfig, secret_file: str | None = None) -> str:
     for name in sorted(_TIMINGS):
         lines.append(f"{name} = {getattr(config, name)}")
     lines.append(f'wal_fsync_policy = "{config.wal_fsync_policy}"')
+    if not config.raft_lease_reads:
+        lines.append("raft_lease_reads = false")
     if config.tls_ca_file is not None:
         lines.append(f'tls_ca_file = "{config.tls_ca_file}"')
     if config.tls_client_auth != "none":

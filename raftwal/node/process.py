@@ -271,6 +271,7 @@ class Node:
                 election_timeout_min_s=self.config.raft_min_timeout_ms / 1000,
                 election_timeout_max_s=self.config.raft_max_timeout_ms / 1000,
                 leader_fallback_timeout_s=self.config.raft_leader_fallback_ms / 1000,
+                lease_reads=self.config.raft_lease_reads,
                 snapshot_every_entries=self.config.raft_snapshot_entries,
                 # Room for the largest valid command (a broadcast of 1 MiB plus envelope).
                 max_command_bytes=MAX_COMMAND_BYTES,
@@ -819,11 +820,17 @@ class Node:
             raise RaftwalError(error_info(E.ON_SHUTDOWN, f"cannot propose now: {error}")) from None
 
     async def read_index(self, timeout_s: float) -> tuple[int, int]:
-        """(raft index, term) for a linearizable read, on the leader only (ReadIndex: one
-        heartbeat round, no log entry); raises RaftwalError NOT_LEADER / UNAVAILABLE."""
+        """(raft index, term) for a linearizable read, on the leader only: from the
+        leader's lease when it holds one (no message at all), else ReadIndex (one heartbeat
+        round); never a log entry. Raises RaftwalError NOT_LEADER / UNAVAILABLE."""
         peer = self._require_peer()
         term = peer.raft_term()
         try:
+            index = peer.lease_read_index()
+            if index is not None:
+                if peer.last_applied_index() < index:
+                    await peer.wait_applied_async(index, timeout_s)
+                return index, term
             index = await peer.read_index_async(timeout_s)
         except NotLeader as error:
             leader = (

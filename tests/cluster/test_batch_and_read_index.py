@@ -11,10 +11,14 @@ ports are direct.
   with its own outcome (checked against what each caller was told).
 - Linearizable reads (ReadIndex) through the leader and a follower see every write
   acknowledged before them, and append nothing to the Raft log.
+- A follower cut off from the leader alone cannot depose it: the other follower, which
+  still hears from the leader, ignores its RequestVotes (the vote guard the leader's lease
+  relies on), and writes and linearizable reads go on at the same leader and term.
 - A leader cut off from the others (it still believes it leads: its step-down timeout is
   raised to 15 s here) serves no linearizable read once the majority side has elected a
-  new leader and acknowledged a write; serializable reads there show the stale state,
-  which is what a lease-less "leader reads locally" shortcut would have answered.
+  new leader and acknowledged a write (its lease ran out before they could elect one);
+  serializable reads there show the stale state, which is what a "leader reads locally"
+  shortcut without a lease would have answered.
 """
 
 from __future__ import annotations
@@ -260,6 +264,61 @@ def test_linearizable_reads_see_acknowledged_writes_without_log_entries(
     commit_after = max(m.commit_index for m in after.members)
     # A little slack for the coordinator loop's own proposals during the reads.
     assert commit_after - commit_before < 10, (commit_before, commit_after)
+
+
+def _leader_term(client: Api, endpoint: str) -> tuple[str, int]:
+    """(leader id, its Raft term) as `endpoint` sees them (serializable: no Raft round)."""
+    status = client.call(
+        "ClusterStatus",
+        api.ClusterStatusRequest(consistency=SERIALIZABLE),
+        endpoint=endpoint,
+        timeout_s=5,
+    )
+    terms = [m.raft_term for m in status.members if m.node_id == status.leader_node_id]
+    return status.leader_node_id, terms[0] if terms else -1
+
+
+def test_a_follower_cut_off_from_the_leader_alone_cannot_depose_it(
+    client: Api, proxied: ProxiedCluster
+) -> None:
+    """The vote guard (Raft thesis 4.2.3), which the leader's lease relies on: the cut-off
+    follower times out and calls elections, and the other follower, which hears from the
+    leader, ignores them. Without the guard it votes, the leadership moves and the term
+    goes up (the leader hears of the new term through that follower)."""
+    converged(client)
+    leader = leader_id(client)
+    endpoint = proxied.by_id[leader]
+    cut_off, other = (node_id for node_id in proxied.by_id if node_id != leader)
+    other_endpoint = proxied.by_id[other]
+    before = _leader_term(client, endpoint)
+    assert before[0] == leader
+    lease = _lease(client)
+    proxied.net.cut(leader, cut_off, "drop")
+    try:
+        # Several maximum election timeouts (1.2 s each) of elections by the cut-off node.
+        deadline = time.monotonic() + 6.0
+        n = 0
+        while time.monotonic() < deadline:
+            # The other follower still follows the same leader in the same term (the
+            # cut-off one's view is not asked: it calls elections nobody answers).
+            assert _leader_term(client, other_endpoint) == before, (before, n)
+            assert _leader_term(client, endpoint) == before, (before, n)
+            # Writes commit (leader and the other follower) and reads see them.
+            written = client.call(
+                "Lock",
+                api.LockRequest(
+                    request_id=rid(), key=f"guard-{n}", lease_id=lease, mode=pb.LOCK_MODE_EXCLUSIVE
+                ),
+                endpoint=endpoint,
+            ).revision
+            assert _read_revision(client, endpoint) >= written
+            n += 1
+            time.sleep(0.1)
+        assert _leader_term(client, other_endpoint) == before
+    finally:
+        proxied.net.heal_all()
+    # Healed: the cut-off node's higher term may still cost one election; it converges.
+    converged(client, timeout_s=60)
 
 
 def test_deposed_leader_serves_no_stale_linearizable_read(
