@@ -132,3 +132,24 @@ def test_render_then_load_round_trips(tmp_path: Path) -> None:
     path.write_text("[[nodes]\n")
     with pytest.raises(ConfigError, match="invalid TOML"):
         load_config(path, environ={})
+
+
+def test_lease_reads_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    assert parse_config({"nodes": NODES}, tmp_path, environ={}).raft_lease_reads is True
+    off = {"nodes": NODES, "cluster": {"raft_lease_reads": False}}
+    config = parse_config(off, tmp_path, environ={})
+    assert config.raft_lease_reads is False
+    # render_config (raftwal dev up) keeps the setting.
+    rendered = render_config(config)
+    assert "raft_lease_reads = false" in rendered
+    assert (
+        parse_config({"nodes": NODES}, tmp_path, {"RAFTWAL_RAFT_LEASE_READS": "0"}).raft_lease_reads
+        is False
+    )
+    assert (
+        parse_config(off, tmp_path, {"RAFTWAL_RAFT_LEASE_READS": "true"}).raft_lease_reads is True
+    )
+    with pytest.raises(ConfigError, match=r"invalid cluster.raft_lease_reads \('yes'; expected"):
+        parse_config({"nodes": NODES}, tmp_path, {"RAFTWAL_RAFT_LEASE_READS": "yes"})
+    with pytest.raises(ConfigError, match=r"invalid cluster.raft_lease_reads \(1; expected"):
+        parse_config({"nodes": NODES, "cluster": {"raft_lease_reads": 1}}, tmp_path, {})
