@@ -19,6 +19,7 @@ import contextlib
 import logging
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import sqlite_utils
@@ -42,6 +43,12 @@ class Compacted(Exception):
 # Events queued for the writer thread at most (the replica keeps more than this many
 # recent events in memory, so a reader never misses one that is queued but not stored).
 MAX_PENDING_EVENTS = 10_000
+# The writer stores what was queued this long after the first event of a batch arrived,
+# or at once past WRITE_BATCH_EVENTS (or on flush/close). Waking it for every applied
+# command put its SQLite transaction, and its hold on the GIL, right inside the write's
+# reply path on the leader (BENCHMARKS.md, "Where a sequential write's time goes").
+WRITE_DELAY_S = 0.010
+WRITE_BATCH_EVENTS = 2_000
 
 
 class EventStore:
@@ -69,6 +76,7 @@ class EventStore:
         self._pending_changed = threading.Condition()
         self._writing = False
         self._closed = False
+        self._flush_requested = False
         self._failure: Exception | None = None
         self._writer = threading.Thread(target=self._write_loop, name="events-writer", daemon=True)
         self._writer.start()
@@ -99,8 +107,12 @@ class EventStore:
                 raise RuntimeError(f"event store writer failed: {self._failure}")
             if self._closed:
                 raise RuntimeError("event store is closed")
+            first = not self._pending
             self._pending.extend(rows)
-            self._pending_changed.notify_all()
+            # Only what the writer waits for: the first event of a batch (it then waits
+            # out WRITE_DELAY_S on its own) or a full batch.
+            if first or len(self._pending) >= WRITE_BATCH_EVENTS:
+                self._pending_changed.notify_all()
 
     def _write_loop(self) -> None:
         while True:
@@ -109,7 +121,18 @@ class EventStore:
                     self._pending_changed.wait()
                 if not self._pending:
                     return
+                deadline = time.monotonic() + WRITE_DELAY_S
+                while (
+                    not self._closed
+                    and not self._flush_requested
+                    and len(self._pending) < WRITE_BATCH_EVENTS
+                ):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._pending_changed.wait(remaining)
                 rows, self._pending = self._pending, []
+                self._flush_requested = False
                 self._writing = True
             try:
                 self._write_rows(rows)
@@ -135,6 +158,9 @@ class EventStore:
     def flush(self) -> None:
         """Wait until every queued event is stored (bounded by the writer's progress)."""
         with self._pending_changed:
+            if self._pending:
+                self._flush_requested = True
+                self._pending_changed.notify_all()
             while (self._pending or self._writing) and self._failure is None:
                 self._pending_changed.wait(1.0)
             if self._failure is not None:
