@@ -425,6 +425,16 @@ class GuardedTcpServer(TcpServer):
 
 #: Key this transport adds to a follower's `next_node_idx` answer: the term it answers in.
 ANSWER_TERM_KEY = "raftwal_term"
+
+
+def lease_clock() -> float:
+    """The clock of the vote guard and the leader's lease, on every node: pysyncobj's
+    (CLOCK_MONOTONIC_RAW, which NTP does not slew). Never mix it with `time.monotonic()`
+    (CLOCK_MONOTONIC): the two have drifted apart by a quarter of a second on a host up
+    for a day, more than a whole lease."""
+    return float(monotonicTime())
+
+
 # Set on a RequestVote of the election a TimeoutNow started (leadership transfer): the
 # vote guard lets it through.
 TRANSFER_VOTE_KEY = "raftwal_transfer"
@@ -561,7 +571,7 @@ class DurableTransport(TCPTransport):
         # The vote guard (`_raftwal_vote_guard`; 0: off). A node counts its own start as
         # contact: a voter restarted inside its leader's lease must not vote it away.
         self.raftwal_vote_guard_s = 0.0
-        self.raftwal_leader_contact = monotonicTime()
+        self.raftwal_leader_contact = lease_clock()
         self.raftwal_votes_ignored = 0
         self.raftwal_transfer_vote_term = -1
         super().__init__(sync_obj, self_node, other_nodes)
@@ -616,7 +626,7 @@ class DurableTransport(TCPTransport):
         if self._raftwal_gate.maybe_defer(node, message):
             return True
         # Taken before the message can reach the partner: the lease counts from here.
-        at = monotonicTime()
+        at = lease_clock()
         sent = self.send_now(node, message)
         # Only what went into a live connection can be answered (pysyncobj drops a message
         # for a partner it is not connected to, and says so).
@@ -645,7 +655,7 @@ class DurableTransport(TCPTransport):
         if kind == "append_entries":
             term = message.get("term")
             if type(term) is int and term >= sync.raftCurrentTerm:
-                self.raftwal_leader_contact = monotonicTime()
+                self.raftwal_leader_contact = lease_clock()
         elif kind == "timeout_now":
             term = message.get("term")
             if (
@@ -661,7 +671,7 @@ class DurableTransport(TCPTransport):
                 guard_s > 0
                 and message.get(TRANSFER_VOTE_KEY) is not True
                 and sync._SyncObj__raftState != _RAFT_LEADER_STATE
-                and monotonicTime() - self.raftwal_leader_contact < guard_s
+                and lease_clock() - self.raftwal_leader_contact < guard_s
             ):
                 self.raftwal_votes_ignored += 1
                 return False

@@ -61,6 +61,7 @@ from raft._pysyncobj_glue import (
     Wakeup,
     check_pysyncobj_version,
     install_log_filter,
+    lease_clock,
 )
 from raft.errors import (
     ChangeRefused,
@@ -144,8 +145,8 @@ class RaftTuning:
     # Lease reads (`RaftPeer.lease_read_index`): a leader that a majority answered within
     # the last vote_guard_s * (1 - max_clock_drift) serves linearizable reads without a
     # heartbeat round. max_clock_drift bounds how much faster or slower any voter's
-    # monotonic clock may run than the leader's over one guard window (NTP slews by at
-    # most 0.05%; 0.1 is two hundred times that).
+    # clock (CLOCK_MONOTONIC_RAW, not slewed by NTP: `lease_clock`) may run than the
+    # leader's over one guard window; oscillators differ by well under 0.1%.
     lease_reads: bool = True
     max_clock_drift: float = 0.1
 
@@ -810,7 +811,7 @@ class RaftPeer:
             return None
         term, until = lease
         syncobj = self._syncobj
-        if time.monotonic() >= until or not syncobj._isLeader() or syncobj.raftCurrentTerm != term:
+        if lease_clock() >= until or not syncobj._isLeader() or syncobj.raftCurrentTerm != term:
             return None
         self.lease_reads += 1
         return int(syncobj.raftCommitIndex)
@@ -837,7 +838,7 @@ class RaftPeer:
             self._lease_commit_term = term
         needed = syncobj.raftwal_cluster_size() // 2  # a majority, this peer aside
         if needed == 0:
-            start: float | None = time.monotonic()
+            start: float | None = lease_clock()
         elif self._rounds.term != term:
             return
         else:

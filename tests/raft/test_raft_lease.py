@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from raft_harness import TEST_SECRET, free_ports
 
+import raft._pysyncobj_glue as glue
 from raft import RaftPeer, RaftTuning
 
 TUNING = RaftTuning(
@@ -122,7 +123,30 @@ def test_lease_reads_cover_acknowledged_writes_and_send_nothing(peers) -> None:
             assert peer.lease_read_index() is None
 
 
-def test_the_lease_ends_within_its_length_once_the_followers_are_gone(peers) -> None:
+@pytest.fixture(params=[0.0, 100.0], ids=["clock", "raw-clock-100s-ahead"])
+def clock_offset(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> float:
+    """pysyncobj's clock (CLOCK_MONOTONIC_RAW) and time.monotonic (CLOCK_MONOTONIC) have
+    different origins: a quarter of a second apart on a host up for a day. The second
+    case moves the clock the glue reads 100 s ahead of time.monotonic, so a lease dated
+    on one clock and checked on the other would run for 100 s."""
+    offset: float = request.param
+    if offset:
+        monkeypatch.setattr(glue, "monotonicTime", lambda: time.monotonic() + offset)
+    return offset
+
+
+@pytest.fixture
+def offset_peers(tmp_path: Path, clock_offset: float) -> Iterator[list[tuple[RaftPeer, Items]]]:
+    started = _start_peers(tmp_path, 3)
+    try:
+        yield started
+    finally:
+        for peer, _ in started:
+            peer.close()
+
+
+def test_the_lease_ends_within_its_length_once_the_followers_are_gone(offset_peers) -> None:
+    peers = offset_peers
     leader, _ = _leased_leader(peers)
     lease_s = TUNING.lease_s()
     for peer, _ in peers:
