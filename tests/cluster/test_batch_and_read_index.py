@@ -231,6 +231,15 @@ def test_sdk_coalesces_concurrent_writes_with_own_outcomes(proxied: ProxiedClust
     asyncio.run(scenario())
 
 
+def _locked_revision(client: Api, key: str, lease: int, endpoint: str) -> int:
+    """Lock `key` for `lease` through `endpoint`; the revision of the write."""
+    return client.call(
+        "Lock",
+        api.LockRequest(request_id=rid(), key=key, lease_id=lease, mode=pb.LOCK_MODE_EXCLUSIVE),
+        endpoint=endpoint,
+    ).revision
+
+
 def _read_revision(client: Api, endpoint: str) -> int:
     return client.call(
         "ListChannels", api.ListChannelsRequest(consistency=LINEARIZABLE), endpoint=endpoint
@@ -244,13 +253,7 @@ def test_linearizable_reads_see_acknowledged_writes_without_log_entries(
     leader = proxied.by_id[leader_id(client)]
     for n in range(30):
         # Each write acknowledged by the leader, then read linearizably at every node.
-        written = client.call(
-            "Lock",
-            api.LockRequest(
-                request_id=rid(), key=f"ri-{n}", lease_id=lease, mode=pb.LOCK_MODE_EXCLUSIVE
-            ),
-            endpoint=leader,
-        ).revision
+        written = _locked_revision(client, f"ri-{n}", lease, leader)
         for endpoint in proxied.endpoints:
             assert _read_revision(client, endpoint) >= written, (n, endpoint)
     # Reads add no Raft entries (a Barrier per read did): the commit index of a quiet
@@ -304,13 +307,7 @@ def test_a_follower_cut_off_from_the_leader_alone_cannot_depose_it(
             assert _leader_term(client, other_endpoint) == before, (before, n)
             assert _leader_term(client, endpoint) == before, (before, n)
             # Writes commit (leader and the other follower) and reads see them.
-            written = client.call(
-                "Lock",
-                api.LockRequest(
-                    request_id=rid(), key=f"guard-{n}", lease_id=lease, mode=pb.LOCK_MODE_EXCLUSIVE
-                ),
-                endpoint=endpoint,
-            ).revision
+            written = _locked_revision(client, f"guard-{n}", lease, endpoint)
             assert _read_revision(client, endpoint) >= written
             n += 1
             time.sleep(0.1)

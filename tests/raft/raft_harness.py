@@ -35,6 +35,24 @@ class PeerDied(RuntimeError):
     """The peer process exited (or closed stdout) while a request was in flight."""
 
 
+class Items:
+    """An in-process peer's application: the applied commands in order; each result is
+    the entry's Raft index (8 bytes, big-endian)."""
+
+    def __init__(self) -> None:
+        self.items: list[bytes] = []
+
+    def apply(self, command: bytes, raft_index: int) -> bytes:
+        self.items.append(command)
+        return raft_index.to_bytes(8, "big")
+
+    def take_snapshot(self) -> bytes:
+        return b"\n".join(self.items)
+
+    def restore_snapshot(self, data: bytes) -> None:
+        self.items = data.split(b"\n") if data else []
+
+
 def free_ports(count: int) -> list[int]:
     sockets = []
     try:

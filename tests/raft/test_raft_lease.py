@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from raft_harness import TEST_SECRET, free_ports
+from raft_harness import TEST_SECRET, Items, free_ports
 
 import raft._pysyncobj_glue as glue
 from raft import RaftPeer, RaftTuning
@@ -36,21 +36,6 @@ TUNING = RaftTuning(
     leader_fallback_timeout_s=20.0,
     connection_timeout_s=20.0,
 )
-
-
-class Items:
-    def __init__(self) -> None:
-        self.items: list[bytes] = []
-
-    def apply(self, command: bytes, raft_index: int) -> bytes:
-        self.items.append(command)
-        return raft_index.to_bytes(8, "big")
-
-    def take_snapshot(self) -> bytes:
-        return b"\n".join(self.items)
-
-    def restore_snapshot(self, data: bytes) -> None:
-        self.items = data.split(b"\n") if data else []
 
 
 def _start_peers(tmp_path: Path, count: int) -> list[tuple[RaftPeer, Items]]:
@@ -77,14 +62,18 @@ def _start_peers(tmp_path: Path, count: int) -> list[tuple[RaftPeer, Items]]:
     return started
 
 
-@pytest.fixture
-def peers(tmp_path: Path) -> Iterator[list[tuple[RaftPeer, Items]]]:
+def _running(tmp_path: Path) -> Iterator[list[tuple[RaftPeer, Items]]]:
     started = _start_peers(tmp_path, 3)
     try:
         yield started
     finally:
         for peer, _ in started:
             peer.close()
+
+
+@pytest.fixture
+def peers(tmp_path: Path) -> Iterator[list[tuple[RaftPeer, Items]]]:
+    yield from _running(tmp_path)
 
 
 def _leased_leader(peers: list[tuple[RaftPeer, Items]]) -> tuple[RaftPeer, Items]:
@@ -137,12 +126,7 @@ def clock_offset(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 
 @pytest.fixture
 def offset_peers(tmp_path: Path, clock_offset: float) -> Iterator[list[tuple[RaftPeer, Items]]]:
-    started = _start_peers(tmp_path, 3)
-    try:
-        yield started
-    finally:
-        for peer, _ in started:
-            peer.close()
+    yield from _running(tmp_path)
 
 
 def test_the_lease_ends_within_its_length_once_the_followers_are_gone(offset_peers) -> None:

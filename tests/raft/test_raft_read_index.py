@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from raft_harness import TEST_SECRET, free_ports
+from raft_harness import TEST_SECRET, Items, free_ports
 
 from raft import NotLeader, PeerClosed, RaftPeer, RaftTuning
 from raft.errors import LeadershipUnconfirmed
@@ -34,21 +34,6 @@ FAST = RaftTuning(
     leader_fallback_timeout_s=20.0,
     connection_timeout_s=20.0,
 )
-
-
-class Items:
-    def __init__(self) -> None:
-        self.items: list[bytes] = []
-
-    def apply(self, command: bytes, raft_index: int) -> bytes:
-        self.items.append(command)
-        return raft_index.to_bytes(8, "big")
-
-    def take_snapshot(self) -> bytes:
-        return b"\n".join(self.items)
-
-    def restore_snapshot(self, data: bytes) -> None:
-        self.items = data.split(b"\n") if data else []
 
 
 def _start(
