@@ -23,7 +23,8 @@ overlaps the next, which then shows up at the start of the table. Each milestone
 few microseconds to record, so the total is a little above `bench/coord.py`'s.
 
     PYTHONPATH=. .venv/bin/python bench/write_trace.py [--ops 400] [--pause-ms 5]
-                                                       [--mode write|read] [--markdown]
+        [--mode write|read] [--experiment no-events-db|switch-interval-0.5ms|
+        yield-before-sends] [--markdown]
 """
 
 from __future__ import annotations
@@ -120,6 +121,12 @@ def main() -> int:
     parser.add_argument("--ops", type=int, default=400)
     parser.add_argument("--pause-ms", type=float, default=5.0)
     parser.add_argument("--mode", choices=("write", "read"), default="write")
+    parser.add_argument(
+        "--experiment",
+        choices=("no-events-db", "switch-interval-0.5ms", "yield-before-sends"),
+        help="change the nodes' behaviour to measure what it would save (see "
+        "bench/writetrace/sitecustomize.py); a benchmark only",
+    )
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     if not 1 <= args.ops <= 100_000 or not 0 <= args.pause_ms <= 1000:
@@ -130,6 +137,7 @@ def main() -> int:
         env = {
             **os.environ,
             "RAFTWAL_WRITE_TRACE": str(trace),
+            "RAFTWAL_WRITE_TRACE_EXPERIMENT": args.experiment or "",
             "PYTHONPATH": os.pathsep.join(
                 [str(TRACE_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]
             ),

@@ -94,5 +94,36 @@ def _install(directory: str) -> None:
     )
 
 
+EXPERIMENTS = ("no-events-db", "switch-interval-0.5ms", "yield-before-sends")
+
+
+def _experiment(name: str) -> None:
+    """One change of the nodes' behaviour, to measure what it would save (never safe to
+    run a cluster with: `no-events-db` drops the event history)."""
+    if name == "no-events-db":
+        import raft.events as events
+
+        events.EventStore.append = lambda self, batch: None  # type: ignore[method-assign]
+    elif name == "switch-interval-0.5ms":
+        sys.setswitchinterval(0.0005)
+    elif name == "yield-before-sends":
+        # The tick thread gives the GIL away before it sends this tick's AppendEntries
+        # (the commit index, after an apply), so the event loop can answer first.
+        import raft.peer as peer
+
+        original = peer.RaftPeer._before_poll
+
+        def before_poll(self: Any) -> None:
+            time.sleep(0)
+            original(self)
+
+        peer.RaftPeer._before_poll = before_poll  # type: ignore[method-assign]
+    else:
+        raise SystemExit(f"unknown write-trace experiment {name!r} (expected one of {EXPERIMENTS})")
+
+
 if _DIRECTORY and "node" in sys.argv and "--id" in sys.argv:
     _install(_DIRECTORY)
+    _EXPERIMENT = os.environ.get("RAFTWAL_WRITE_TRACE_EXPERIMENT")
+    if _EXPERIMENT:
+        _experiment(_EXPERIMENT)
