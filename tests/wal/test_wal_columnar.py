@@ -221,3 +221,22 @@ def test_valid_headers_decode_to_the_entries(segment, block_frames: None) -> Non
         source="test",
     )
     assert batch.column("payload").to_pylist() == [e.payload for e in entries]
+
+
+def test_valid_headers_take_the_fast_checks(
+    segment, block_frames: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Valid frames (transactions, broadcasts, a second term, one frame alone) pass the
+    fast form of the checks; the in-order form runs only for a damaged header."""
+
+    def in_order(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the in-order checks ran for valid headers")
+
+    monkeypatch.setattr(columnar, "_check_in_order", in_order)
+    assert len(_decode(segment, {})) == COUNT
+    second_term = {frame: {"term": _add(1)} for frame in range(25, COUNT)}
+    assert _decode(segment, second_term).term.to_pylist() == [1] * 25 + [2] * (COUNT - 25)
+    for frame in (0, PLAIN, TXN, BROADCAST, COUNT - 1):
+        assert len(_decode(segment, {}, rows=(frame, frame + 1))) == 1
+    with pytest.raises(AssertionError, match="in-order checks ran"):
+        _decode(segment, {PLAIN: {"reserved": _set(1)}})
