@@ -493,10 +493,13 @@ def _check_in_order(
     checks.verify()
 
 
-def _interleave(columns: list[pa.Array]) -> pa.Array:
-    """[a0, b0, c0, a1, b1, c1, ...] from equally long int32 columns a, b, c."""
-    width = len(columns)
-    count = len(columns[0])
+def _interleave_index(width: int, count: int) -> pa.Array:
+    """The take index that interleaves `width` concatenated columns of `count` rows. The
+    last one built for each width is kept: the segments of a workload mostly hold the
+    same number of frames, and building it is two passes over width * count elements."""
+    cached = _interleave_indexes.get(width)
+    if cached is not None and len(cached) == width * count:
+        return cached
     total = width * count
     # Element p of the result is element p // width of column p % width, which sits at
     # (p % width) * count + p // width in the concatenation.
@@ -507,18 +510,37 @@ def _interleave(columns: list[pa.Array]) -> pa.Array:
         ("row", width), total, lambda n: pc.divide(_build_arange(n, pa.int32()), _i32(width))
     )
     index = pc.add(pc.multiply(column, _i32(count)), row)
+    if total <= _SEQUENCE_CACHE_MAX:
+        _interleave_indexes[width] = index  # a plain assignment, as in _sequence
+    return index
+
+
+_interleave_indexes: dict[int, pa.Array] = {}
+
+
+def _interleave(columns: list[pa.Array]) -> pa.Array:
+    """[a0, b0, c0, a1, b1, c1, ...] from equally long int32 columns a, b, c."""
+    index = _interleave_index(len(columns), len(columns[0]))
     return pc.take(pa.concat_arrays(columns), index, boundscheck=False)
+
+
+def _zero_offsets(count: int) -> pa.Buffer:
+    """`count` + 1 int32 zeros: the offsets of `count` empty values."""
+    return pa.py_buffer(bytes(4 * (count + 1)))
 
 
 def _gather_sections(
     buffer: pa.Buffer, headers: HeaderColumns, with_properties: bool
 ) -> tuple[pa.Array, pa.Array, pa.Array | None]:
-    """(keys, payloads, property blobs) as contiguous binary arrays, cut out of the buffer."""
+    """(keys, payloads, property blobs) as contiguous binary arrays, cut out of the buffer.
+    Keys empty in every frame are not cut out at all."""
     count = len(headers)
+    with_keys = pc.max(headers.key_len).as_py() > 0
     key_start = pc.add(headers.offsets, _u64(ENTRY_HEADER_SIZE))
-    payload_start = pc.add(key_start, headers.key_len)
+    payload_start = pc.add(key_start, headers.key_len) if with_keys else key_start
     properties_start = pc.add(payload_start, headers.payload_len)
-    bounds = [key_start, payload_start, properties_start]
+    bounds = [key_start] if with_keys else []
+    bounds += [payload_start, properties_start]
     if with_properties:
         bounds.append(pc.add(properties_start, headers.properties_len))
     # Safe: decode_headers checked that every frame lies below end_offset <= 2**30.
@@ -531,9 +553,16 @@ def _gather_sections(
         pa.binary(), width * count, [None, boundaries.buffers()[1], buffer]
     )
     rows = pc.multiply(arange(count, pa.int32()), _i32(width))
-    keys = pc.take(pieces, rows)
-    payloads = pc.take(pieces, pc.add(rows, _i32(1)))
-    blobs = pc.take(pieces, pc.add(rows, _i32(2))) if with_properties else None
+    section = 0
+    if with_keys:
+        keys = pc.take(pieces, rows)
+        section += 1
+    else:
+        keys = pa.Array.from_buffers(
+            pa.binary(), count, [None, _zero_offsets(count), pa.py_buffer(b"")]
+        )
+    payloads = pc.take(pieces, pc.add(rows, _i32(section)))
+    blobs = pc.take(pieces, pc.add(rows, _i32(section + 1))) if with_properties else None
     return keys, payloads, blobs
 
 
@@ -541,7 +570,7 @@ def _properties_column(blobs: pa.Array | None, headers: HeaderColumns, count: in
     """map<string, string> from NUL-separated property blobs, in vectorized steps."""
     map_type = SCHEMA.field("properties").type
     if blobs is None:
-        offsets = pa.repeat(_i32(0), count + 1)
+        offsets = pa.Array.from_buffers(pa.int32(), count + 1, [None, _zero_offsets(count)])
         empty = pa.array([], pa.string())
         return pa.MapArray.from_arrays(offsets, empty, empty, type=map_type)
     has = pc.greater(headers.properties_len, _u64(0))
@@ -565,23 +594,68 @@ def _properties_column(blobs: pa.Array | None, headers: HeaderColumns, count: in
     return pa.MapArray.from_arrays(offsets, keys, values, type=map_type)
 
 
+#: Widest range of vchannel ids in one batch whose names are looked up in a table indexed
+#: by id (4,096 entries, 32 KiB of Python list to build); wider ranges go through a
+#: dictionary of the distinct ids.
+VCHANNEL_TABLE_MAX = 4096
+
+
 def _vchannel_column(
     vchannel_ids: pa.Array, vchannel_names: Mapping[int, str], source: str
 ) -> pa.Array:
     """Names for numeric vchannel ids: a dictionary lookup per distinct id, not per row.
     Id 0 (entries of the pchannel itself) maps to "" unless `vchannel_names` names it."""
-    distinct = pc.unique(vchannel_ids)
-    names: list[str] = []
-    for vchannel_id in distinct.to_pylist():
-        name = vchannel_names.get(vchannel_id)
-        if name is None:
+
+    def name(vchannel_id: int) -> str:
+        found = vchannel_names.get(vchannel_id)
+        if found is None:
             if vchannel_id != 0:
                 raise KeyError(
                     f"segment {source}: vchannel id {vchannel_id} is not in vchannel_names"
                 )
-            name = ""
-        names.append(name)
-    return pc.take(pa.array(names, pa.string()), pc.index_in(vchannel_ids, value_set=distinct))
+            found = ""
+        return found
+
+    low, high = (value.as_py() for value in pc.min_max(vchannel_ids).values())
+    if low == high:
+        return _constant_string(name(low), len(vchannel_ids))
+    if high - low < VCHANNEL_TABLE_MAX:
+        # A table of the names of every id from low to high, taken by id - low: one pass,
+        # where finding the distinct ids and their positions takes two. Null for an id
+        # without a name; then the dictionary below names the first one.
+        table: list[str | None] = [None] * (high - low + 1)
+        for vchannel_id, found in vchannel_names.items():
+            if low <= vchannel_id <= high:
+                table[vchannel_id - low] = found
+        if low == 0 and table[0] is None:
+            table[0] = ""
+        names_by_id = pc.take(
+            pa.array(table, pa.string()),
+            pc.subtract(vchannel_ids, _i64(low)),
+            boundscheck=False,
+        )
+        if names_by_id.null_count == 0:
+            return names_by_id
+    encoded = pc.dictionary_encode(vchannel_ids)
+    names = pa.array([name(vchannel_id) for vchannel_id in encoded.dictionary.to_pylist()])
+    return pc.take(names, encoded.indices)
+
+
+def _constant_string(value: str, count: int) -> pa.Array:
+    """`value` `count` times, built from its bytes repeated (pa.repeat is slower)."""
+    data = value.encode()
+    if len(data) * count >= 1 << 31:
+        return pa.repeat(pa.scalar(value, pa.string()), count)
+    offsets = pc.multiply(arange(count + 1, pa.int32()), _i32(len(data)))
+    return pa.Array.from_buffers(
+        pa.string(), count, [None, offsets.buffers()[1], pa.py_buffer(data * count)]
+    )
+
+
+def _constant_int64(value: int, count: int) -> pa.Array:
+    """`value` `count` times (pa.repeat is slower)."""
+    data = value.to_bytes(8, "little", signed=True) * count
+    return pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(data)])
 
 
 def to_record_batch(
@@ -602,9 +676,9 @@ def to_record_batch(
     zero = _i64(0)
     null = pa.scalar(None, pa.int64())
     columns = [
-        pa.repeat(pa.scalar(pchannel, pa.string()), count),
+        _constant_string(pchannel, count),
         _vchannel_column(headers.vchannel_id, vchannel_names, source),
-        pa.repeat(_i64(segment_id), count),
+        _constant_int64(segment_id, count),
         headers.lsn,
         headers.term,
         headers.time_tick,

@@ -240,3 +240,33 @@ def test_valid_headers_take_the_fast_checks(
         assert len(_decode(segment, {}, rows=(frame, frame + 1))) == 1
     with pytest.raises(AssertionError, match="in-order checks ran"):
         _decode(segment, {PLAIN: {"reserved": _set(1)}})
+
+
+@pytest.mark.parametrize("table_max", [4096, 1])
+def test_vchannel_names_by_table_and_by_dictionary(
+    monkeypatch: pytest.MonkeyPatch, table_max: int
+) -> None:
+    """Names come from a table indexed by id for a narrow id range, from a dictionary of
+    the distinct ids otherwise: the same column, and the same KeyError for an id without
+    a name (the first such id in row order)."""
+    monkeypatch.setattr(columnar, "VCHANNEL_TABLE_MAX", table_max)
+    ids = pa.array([0, 7, 7, 9, 0, 8, 7], pa.int64())
+    names = {7: "seven", 8: "eight", 9: "nine"}
+    assert columnar._vchannel_column(ids, names, "s").to_pylist() == [
+        "",
+        "seven",
+        "seven",
+        "nine",
+        "",
+        "eight",
+        "seven",
+    ]
+    assert columnar._vchannel_column(ids, {**names, 0: "p"}, "s").to_pylist()[0] == "p"
+    assert columnar._vchannel_column(pa.array([8, 8], pa.int64()), names, "s").to_pylist() == [
+        "eight",
+        "eight",
+    ]
+    with pytest.raises(KeyError, match="vchannel id 9 is not in vchannel_names"):
+        columnar._vchannel_column(ids, {7: "seven", 8: "eight"}, "s")
+    with pytest.raises(KeyError, match="vchannel id 7 is not in vchannel_names"):
+        columnar._vchannel_column(ids, {9: "nine"}, "s")
