@@ -487,24 +487,30 @@ def _mask(
 ) -> tuple[pa.Array, bool]:
     """(rows to keep, whether the frames end inside an unfinished transaction)."""
     lsn = headers.lsn
-    keep = pc.less_equal(lsn, pa.scalar(high, pa.int64()))
+    # None while every row is kept: the frames of a whole segment or piece end at `high`.
+    keep: pa.Array | None = None
+    if lsn[len(lsn) - 1].as_py() > high:
+        keep = pc.less_equal(lsn, pa.scalar(high, pa.int64()))
     txn_bits = pc.bit_wise_and(headers.flags, _u64(TXN_FLAGS))
     unfinished = False
     if pc.max(txn_bits).as_py():
         # Transactions whose begin lies in this partition's range, and that commit in the
         # frames at hand (a split partition reads on until they do).
-        begins = pc.filter(
-            headers.txn_id,
-            pc.and_(pc.equal(txn_bits, _u64(int(EntryFlags.TXN_BEGIN))), keep),
-        )
+        is_begin = pc.equal(txn_bits, _u64(int(EntryFlags.TXN_BEGIN)))
+        begins = pc.filter(headers.txn_id, is_begin if keep is None else pc.and_(is_begin, keep))
         commits = pc.filter(headers.txn_id, pc.equal(txn_bits, _u64(int(EntryFlags.TXN_COMMIT))))
         committed = pc.filter(begins, pc.is_in(begins, value_set=commits))
         unfinished = len(committed) < len(begins)
         in_txn = pc.not_equal(txn_bits, _u64(0))
-        keep = pc.if_else(in_txn, pc.is_in(headers.txn_id, value_set=committed), keep)
+        keep = pc.if_else(
+            in_txn,
+            pc.is_in(headers.txn_id, value_set=committed),
+            pa.scalar(True) if keep is None else keep,
+        )
     # Control entries (term starts, seal markers, an idle owner's time-tick entries for
     # pack consumers) are the log's own bookkeeping, never rows, whatever msgTypes asks.
-    keep = pc.and_(keep, pc.equal(pc.bit_wise_and(headers.flags, _u64(CONTROL_FLAGS)), _u64(0)))
+    not_control = pc.equal(pc.bit_wise_and(headers.flags, _u64(CONTROL_FLAGS)), _u64(0))
+    keep = not_control if keep is None else pc.and_(keep, not_control)
     if row_filter.msg_types is not None:
         allowed = pa.array(sorted(row_filter.msg_types), pa.uint64())
         keep = pc.and_(keep, pc.is_in(headers.msg_type, value_set=allowed))
@@ -602,7 +608,7 @@ def _read_piece(
         # anyway, it is not committed and stays invisible, as it would to a consumer.
         log.warning("%s: a transaction begun by lsn %d has no commit; not shown", part.label, high)
     total = len(keep)
-    kept = int(pc.sum(keep.cast(pa.int64())).as_py() or 0)
+    kept = keep.true_count  # no nulls in the mask
     dropped = total - kept
     if kept == 0:
         return
