@@ -323,7 +323,7 @@ def decode_headers(
         payload_len=pc.shift_right(lengths, _u64(32)),
         properties_len=pc.shift_right(crc_properties, _u64(32)),
         # Never out of bounds: codes are 16 bits. Null for an unregistered code.
-        msg_type_name=pc.take(_MSG_TYPE_NAMES_BY_CODE, msg_type),
+        msg_type_name=_msg_type_names(msg_type),
     )
     # The frames must chain exactly: each ends (padded to 8) where the next starts.
     body = pc.add(pc.add(headers.key_len, headers.payload_len), headers.properties_len)
@@ -519,14 +519,29 @@ _interleave_indexes: dict[int, pa.Array] = {}
 
 
 def _interleave(columns: list[pa.Array]) -> pa.Array:
-    """[a0, b0, c0, a1, b1, c1, ...] from equally long int32 columns a, b, c."""
+    """[a0, b0, c0, a1, b1, c1, ...] from equally long columns a, b, c of one type."""
     index = _interleave_index(len(columns), len(columns[0]))
     return pc.take(pa.concat_arrays(columns), index, boundscheck=False)
 
 
+def _repeated(values: list[bytes], counts: list[int]) -> pa.Buffer:
+    """values[0] counts[0] times, then values[1] counts[1] times, ..., in one buffer from
+    Arrow's memory pool. (Large Python bytes objects would do too, but glibc maps and
+    unmaps each one, and every page is faulted in again on the next batch.)"""
+    repeated = pc.binary_repeat(pa.array(values, pa.binary()), pa.array(counts, pa.int64()))
+    data = repeated.buffers()[2]
+    return pa.py_buffer(b"") if data is None else data
+
+
 def _zero_offsets(count: int) -> pa.Buffer:
     """`count` + 1 int32 zeros: the offsets of `count` empty values."""
-    return pa.py_buffer(bytes(4 * (count + 1)))
+    return _repeated([bytes(4)], [count + 1])
+
+
+def _pack(low: pa.Array, high: pa.Array) -> pa.Array:
+    """uint64 words `low | high << 32` of uint64 columns below 2**31: read as int32 (the
+    little-endian order Arrow's buffers have), [low0, high0, low1, high1, ...]."""
+    return pc.bit_wise_or(low, pc.shift_left(high, _u64(32)))
 
 
 def _gather_sections(
@@ -538,20 +553,33 @@ def _gather_sections(
     with_keys = pc.max(headers.key_len).as_py() > 0
     key_start = pc.add(headers.offsets, _u64(ENTRY_HEADER_SIZE))
     payload_start = pc.add(key_start, headers.key_len) if with_keys else key_start
-    properties_start = pc.add(payload_start, headers.payload_len)
-    bounds = [key_start] if with_keys else []
-    bounds += [payload_start, properties_start]
-    if with_properties:
-        bounds.append(pc.add(properties_start, headers.properties_len))
-    # Safe: decode_headers checked that every frame lies below end_offset <= 2**30.
-    bounds = [column.cast(pa.int32()) for column in bounds]
-    width = len(bounds)
-    boundaries = pa.concat_arrays([_interleave(bounds), bounds[-1].slice(count - 1, 1)])
-    # Piece width*i + j is section j of frame i; the last piece of each frame spans the
-    # padding and the next frame's header. All offsets are monotonic by construction.
-    pieces = pa.Array.from_buffers(
-        pa.binary(), width * count, [None, boundaries.buffers()[1], buffer]
-    )
+    payload_end = pc.add(payload_start, headers.payload_len)
+    # The section boundaries of each frame in file order, two to a uint64 word; safe, as
+    # decode_headers checked that every frame lies below end_offset <= 2**30. Two per
+    # frame (payload start and end), or four (a zero-length piece pads three to four):
+    #   keys and properties: key, payload, properties, gap
+    #   keys only:           key, payload, empty, gap
+    #   properties only:     payload, properties, empty, gap
+    #   neither:             payload, gap
+    # where the gap spans the padding and the next frame's header.
+    if with_keys or with_properties:
+        properties_end = (
+            pc.add(payload_end, headers.properties_len) if with_properties else payload_end
+        )
+        if with_keys:
+            pairs = [_pack(key_start, payload_start), _pack(payload_end, properties_end)]
+        else:
+            pairs = [_pack(payload_start, payload_end), _pack(properties_end, properties_end)]
+        words = _interleave(pairs)
+        width = 4
+    else:
+        words = _pack(payload_start, payload_end)
+        width = 2
+    # Piece width*i + j is section j of frame i; the last frame's gap is left out (its
+    # end is past the frames), so width * count boundaries make width * count - 1
+    # pieces. All boundaries are monotonic by construction.
+    boundaries = words.buffers()[1].slice(8 * words.offset, 8 * len(words))
+    pieces = pa.Array.from_buffers(pa.binary(), width * count - 1, [None, boundaries, buffer])
     rows = pc.multiply(arange(count, pa.int32()), _i32(width))
     section = 0
     if with_keys:
@@ -616,9 +644,13 @@ def _vchannel_column(
             found = ""
         return found
 
+    runs = _runs(vchannel_ids)
+    if runs is not None:
+        starts, ids = runs
+        column = _string_runs(starts, [name(vchannel_id) for vchannel_id in ids], len(vchannel_ids))
+        if column is not None:
+            return column
     low, high = (value.as_py() for value in pc.min_max(vchannel_ids).values())
-    if low == high:
-        return _constant_string(name(low), len(vchannel_ids))
     if high - low < VCHANNEL_TABLE_MAX:
         # A table of the names of every id from low to high, taken by id - low: one pass,
         # where finding the distinct ids and their positions takes two. Null for an id
@@ -641,21 +673,75 @@ def _vchannel_column(
     return pc.take(names, encoded.indices)
 
 
+#: Most runs of equal values (consecutive rows with the same code or id) for which a
+#: names column is built run by run, each run's name repeated; with more, it is a take
+#: from a table of names, which costs a copy per row.
+NAME_RUNS_MAX = 16
+
+
+def _runs(values: pa.Array) -> tuple[list[int], list[int]] | None:
+    """(first row, value) of each run of equal values, or None past NAME_RUNS_MAX runs."""
+    count = len(values)
+    if count > 1:
+        changes = pc.not_equal(values.slice(1), values.slice(0, count - 1))
+        if changes.true_count >= NAME_RUNS_MAX:
+            return None
+        starts = [0] + [row + 1 for row in pc.indices_nonzero(changes).to_pylist()]
+    else:
+        starts = [0]
+    return starts, [values[row].as_py() for row in starts]
+
+
+def _string_runs(starts: list[int], names: list[str], count: int) -> pa.Array | None:
+    """The string column holding names[k] from row starts[k] up to the next start (or
+    `count`); None when its bytes would not fit int32 offsets."""
+    ends = [*starts[1:], count]
+    encoded = [name.encode() for name in names]
+    total = sum(
+        len(data) * (end - start) for data, start, end in zip(encoded, starts, ends, strict=True)
+    )
+    if total >= 1 << 31:
+        return None
+    parts: list[pa.Array] = []
+    position = 0
+    for data, start, end in zip(encoded, starts, ends, strict=True):
+        offsets = pc.multiply(arange(end - start, pa.int32()), _i32(len(data)))
+        parts.append(pc.add(offsets, _i32(position)) if position else offsets)
+        position += len(data) * (end - start)
+    parts.append(pa.array([position], pa.int32()))
+    offsets = parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
+    lengths = [end - start for start, end in zip(starts, ends, strict=True)]
+    data = _repeated(encoded, lengths)
+    return pa.Array.from_buffers(pa.string(), count, [None, offsets.buffers()[1], data])
+
+
+def _msg_type_names(msg_type: pa.Array) -> pa.Array:
+    """The registered name of every code in `msg_type` (uint64 codes below 2**16), null
+    for an unregistered one: `take(_MSG_TYPE_NAMES_BY_CODE, msg_type)`, built by runs
+    when there are few."""
+    runs = _runs(msg_type)
+    if runs is not None:
+        starts, codes = runs
+        names = [MSG_TYPE_NAMES.get(code) for code in codes]
+        if all(name is not None for name in names):
+            column = _string_runs(
+                starts, [name for name in names if name is not None], len(msg_type)
+            )
+            if column is not None:
+                return column
+    return pc.take(_MSG_TYPE_NAMES_BY_CODE, msg_type)
+
+
 def _constant_string(value: str, count: int) -> pa.Array:
     """`value` `count` times, built from its bytes repeated (pa.repeat is slower)."""
-    data = value.encode()
-    if len(data) * count >= 1 << 31:
-        return pa.repeat(pa.scalar(value, pa.string()), count)
-    offsets = pc.multiply(arange(count + 1, pa.int32()), _i32(len(data)))
-    return pa.Array.from_buffers(
-        pa.string(), count, [None, offsets.buffers()[1], pa.py_buffer(data * count)]
-    )
+    column = _string_runs([0], [value], count)
+    return pa.repeat(pa.scalar(value, pa.string()), count) if column is None else column
 
 
 def _constant_int64(value: int, count: int) -> pa.Array:
     """`value` `count` times (pa.repeat is slower)."""
-    data = value.to_bytes(8, "little", signed=True) * count
-    return pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(data)])
+    data = _repeated([value.to_bytes(8, "little", signed=True)], [count])
+    return pa.Array.from_buffers(pa.int64(), count, [None, data])
 
 
 def to_record_batch(
@@ -673,8 +759,6 @@ def to_record_batch(
         return _empty_batch()
     with_properties = pc.max(headers.properties_len).as_py() > 0
     keys, payloads, blobs = _gather_sections(buffer, headers, with_properties)
-    zero = _i64(0)
-    null = pa.scalar(None, pa.int64())
     columns = [
         _constant_string(pchannel, count),
         _vchannel_column(headers.vchannel_id, vchannel_names, source),
@@ -685,11 +769,18 @@ def to_record_batch(
         headers.msg_type_name,
         keys,
         payloads,
-        pc.if_else(pc.equal(headers.txn_id, zero), null, headers.txn_id),
-        pc.if_else(pc.equal(headers.broadcast_id, zero), null, headers.broadcast_id),
+        _null_if_zero(headers.txn_id),
+        _null_if_zero(headers.broadcast_id),
         _properties_column(blobs, headers, count),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
+
+
+def _null_if_zero(ids: pa.Array) -> pa.Array:
+    """Ids (verified >= 0) with 0 as null; all null without a pass when all are 0."""
+    if pc.max(ids).as_py() == 0:
+        return pa.nulls(len(ids), pa.int64())
+    return pc.if_else(pc.equal(ids, _i64(0)), pa.scalar(None, pa.int64()), ids)
 
 
 def _empty_batch() -> pa.RecordBatch:

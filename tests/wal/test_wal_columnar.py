@@ -16,7 +16,7 @@ import pytest
 
 from tests.wal.segment_helpers import PCHANNEL, VCHANNEL_NAMES, varied_entries, write_segment
 from wal_segments import columnar
-from wal_segments.format import ENTRY_HEADER, EntryFlags, FormatError
+from wal_segments.format import ENTRY_HEADER, MSG_TYPE_NAMES, EntryFlags, FormatError
 from wal_segments.segment import SegmentReader
 
 # ENTRY_HEADER's fields, in order.
@@ -242,13 +242,17 @@ def test_valid_headers_take_the_fast_checks(
         _decode(segment, {PLAIN: {"reserved": _set(1)}})
 
 
-@pytest.mark.parametrize("table_max", [4096, 1])
-def test_vchannel_names_by_table_and_by_dictionary(
-    monkeypatch: pytest.MonkeyPatch, table_max: int
+NAME_PATHS = [(16, 4096), (1, 4096), (1, 1)]
+
+
+@pytest.mark.parametrize(("runs_max", "table_max"), NAME_PATHS, ids=["runs", "table", "dict"])
+def test_vchannel_names_by_runs_table_and_dictionary(
+    monkeypatch: pytest.MonkeyPatch, runs_max: int, table_max: int
 ) -> None:
-    """Names come from a table indexed by id for a narrow id range, from a dictionary of
-    the distinct ids otherwise: the same column, and the same KeyError for an id without
-    a name (the first such id in row order)."""
+    """Names come run by run for few runs of equal ids, from a table indexed by id for a
+    narrow id range, from a dictionary of the distinct ids otherwise: the same column,
+    and the same KeyError for an id without a name (the first such id in row order)."""
+    monkeypatch.setattr(columnar, "NAME_RUNS_MAX", runs_max)
     monkeypatch.setattr(columnar, "VCHANNEL_TABLE_MAX", table_max)
     ids = pa.array([0, 7, 7, 9, 0, 8, 7], pa.int64())
     names = {7: "seven", 8: "eight", 9: "nine"}
@@ -270,3 +274,30 @@ def test_vchannel_names_by_table_and_by_dictionary(
         columnar._vchannel_column(ids, {7: "seven", 8: "eight"}, "s")
     with pytest.raises(KeyError, match="vchannel id 7 is not in vchannel_names"):
         columnar._vchannel_column(ids, {9: "nine"}, "s")
+
+
+@pytest.mark.parametrize("runs_max", [16, 1])
+@pytest.mark.parametrize(
+    "codes",
+    [[4], [4] * 5, [1, 4, 4, 4, 2], [4, 0, 4], [4, 4, 999], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] * 3],
+)
+def test_msg_type_names_by_runs_equal_the_table(
+    monkeypatch: pytest.MonkeyPatch, runs_max: int, codes: list[int]
+) -> None:
+    """Built run by run or taken from the table: the same names, and a null for an
+    unregistered code (which decode_headers reports)."""
+    monkeypatch.setattr(columnar, "NAME_RUNS_MAX", runs_max)
+    column = columnar._msg_type_names(pa.array(codes, pa.uint64()))
+    column.validate(full=True)
+    assert column.type == pa.string()
+    assert column.to_pylist() == [MSG_TYPE_NAMES.get(code) for code in codes]
+
+
+@pytest.mark.parametrize("value", ["", "p", "pchannel-ünï"])
+@pytest.mark.parametrize("count", [1, 2, 1000])
+def test_constant_columns(value: str, count: int) -> None:
+    strings = columnar._constant_string(value, count)
+    strings.validate(full=True)
+    assert strings.to_pylist() == [value] * count
+    numbers = columnar._constant_int64(-5 if value else 2**40, count)
+    assert numbers.to_pylist() == [-5 if value else 2**40] * count
