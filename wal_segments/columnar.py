@@ -322,7 +322,7 @@ def decode_headers(
         key_len=pc.bit_wise_and(lengths, low32),
         payload_len=pc.shift_right(lengths, _u64(32)),
         properties_len=pc.shift_right(crc_properties, _u64(32)),
-        # Never out of bounds: codes are 16 bits. Null for an unregistered code.
+        # Null for an unregistered code, which the checks below report.
         msg_type_name=_msg_type_names(msg_type),
     )
     # The frames must chain exactly: each ends (padded to 8) where the next starts.
@@ -337,7 +337,6 @@ def decode_headers(
 #: Bits of the msg_type/flags word that no valid header sets: the reserved 16 bits and
 #: the flags no version of the format defines.
 _NEVER_SET = (0xFFFF << 16) | ((~KNOWN_FLAGS & 0xFFFFFFFF) << 32)
-_TXN_OR_BROADCAST = (TXN_FLAGS | BROADCAST_FLAG) << 32
 
 
 def _headers_pass(
