@@ -18,6 +18,7 @@ or crafted file yields a `FormatError`, never an out-of-bounds read or wrong row
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -43,6 +44,11 @@ from wal_segments.format import (
     WORD_VCHANNEL_ID,
     FormatError,
 )
+
+if sys.byteorder != "little":
+    # The header words (word_views), the packed section boundaries (_pack) and the
+    # constant columns read the little-endian segment format as native integers.
+    raise ImportError("wal_segments.columnar needs a little-endian host")
 
 SCHEMA = pa.schema(
     [
