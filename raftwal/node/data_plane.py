@@ -3,8 +3,10 @@
 - ``NodeDataView``: the node's cached view of assignments, vchannels and manifests
   (refreshed when the node applies new commands) and the ``Proposer`` the owners use
   (PChannelReady, CommitSegment, reassignment after a restart);
-- ``GrpcReplicaTransport``: the owner's client side of the ``Replication`` service (every
-  AppendRequest passes the ``replication.send`` fault point of ``raftwal.node.faults``);
+- ``GrpcReplicaTransport``: the owner's client side of the ``Replication`` service; its
+  Append streams go over the replica's transfer port (``rpc.append_stream``) or the gRPC
+  Append call, and every AppendRequest passes the ``replication.send`` fault point of
+  ``raftwal.node.faults`` either way;
 - ``reconcile_loop``: keeps the data plane's owners in line with the applied state.
 
 It implements ``wal_segments``' Protocols and ``raftwal.services.backend.DataView`` over a
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable
 from typing import Protocol
 
@@ -28,10 +31,12 @@ from raftwal.services.backend import (
     StateReader,
     VChannelInfo,
 )
+from rpc import append_stream
 from rpc.errors import RaftwalError
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
+from rpc.segment_transfer import transfer_host
 from wal_segments.owner import WalError
 from wal_segments.plane import Assignment, DataPlane
 
@@ -196,11 +201,6 @@ class _GrpcAppendStream:
         self._call = stub.Append()
 
     async def write(self, request: wire.AppendRequest) -> None:
-        injector = faults.active()
-        if injector is not None and await injector.network_fault(
-            "replication.send", request.pchannel
-        ):
-            return  # dropped: log matching finds the gap and the owner resends
         await self._call.write(request)
 
     async def responses(self) -> AsyncIterator[wire.AppendResponse]:
@@ -214,20 +214,167 @@ class _GrpcAppendStream:
         self._call.cancel()
 
 
+class _PortAppendStream:
+    """The Append stream over the replica's transfer port (`rpc.append_stream`).
+
+    It opens on first use: OpenAppend for a ticket, then the connection. When the replica
+    hands out no ticket (its port is off or at its cap, or it predates OpenAppend), or
+    the port cannot be reached or refuses the ticket, the stream is the gRPC Append call
+    instead. A failed OpenAppend call (the replica is down) fails the stream: the owner
+    retries with backoff, as for a failed Append call."""
+
+    def __init__(self, transport: GrpcReplicaTransport, node_id: str) -> None:
+        self._transport = transport
+        self._node_id = node_id
+        self._opening: asyncio.Future[None] | None = None
+        self._grpc: _GrpcAppendStream | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._cancelled = False
+
+    async def _open(self) -> None:
+        transport, node_id = self._transport, self._node_id
+        stub = transport.stub(node_id)
+        try:
+            offer = await stub.OpenAppend(
+                wire.OpenAppendRequest(owner_node_id=transport.node.me.id), timeout=2.0
+            )
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            offer = wire.OpenAppendResponse()  # a node from before OpenAppend
+        if offer.ticket:
+            host = transfer_host(transport.node.config.node(node_id).grpc_address)
+            try:
+                self._reader, self._writer = await append_stream.connect(
+                    host, offer.port, offer.ticket, transport.tls
+                )
+                return
+            except (append_stream.AppendRefused, OSError, TimeoutError) as error:
+                log.info(
+                    "append connection to %s at %s:%d failed (%r); using the gRPC call",
+                    node_id,
+                    host,
+                    offer.port,
+                    error,
+                )
+        self._grpc = _GrpcAppendStream(stub)
+
+    async def _opened(self) -> None:
+        if self._opening is None:
+            self._opening = asyncio.ensure_future(self._open())
+        # Shielded: the sender and the reader of the stream both wait for it, and one of
+        # them being cancelled must not cancel the other's open (`cancel` does that).
+        await asyncio.shield(self._opening)
+        if self._cancelled:
+            raise ConnectionError(f"append stream to {self._node_id} cancelled")
+
+    async def write(self, request: wire.AppendRequest) -> None:
+        await self._opened()
+        if self._grpc is not None:
+            await self._grpc.write(request)
+            return
+        writer = self._writer
+        assert writer is not None
+        if writer.transport.is_closing():
+            raise ConnectionError(f"append connection to {self._node_id} closed")
+        # One write of header and message: with TCP_NODELAY two writes could go as two
+        # packets. Requests queued while the socket is busy leave together (asyncio
+        # sends its whole buffer when the socket is writable again).
+        writer.write(append_stream.frame(request.SerializeToString()))
+        # Bounded: a replica that stopped reading (SIGSTOP) is given up after the idle
+        # timeout, and the owner reconnects.
+        await asyncio.wait_for(writer.drain(), append_stream.IDLE_TIMEOUT_S)
+
+    async def responses(self) -> AsyncIterator[wire.AppendResponse]:
+        await self._opened()
+        if self._grpc is not None:
+            async for response in self._grpc.responses():
+                yield response
+            return
+        reader = self._reader
+        assert reader is not None
+        while True:
+            try:
+                payload = await append_stream.read_frame(
+                    reader, append_stream.MAX_ANSWER_BYTES, append_stream.IDLE_TIMEOUT_S
+                )
+            except TimeoutError:
+                # The replica answers every request and the owner sends at least a
+                # heartbeat a second: silence this long is a stopped or cut-off replica.
+                raise ConnectionError(
+                    f"no answer from {self._node_id} in {append_stream.IDLE_TIMEOUT_S:g} s"
+                ) from None
+            except asyncio.IncompleteReadError:
+                raise ConnectionError(f"{self._node_id} closed the append connection") from None
+            if payload is None:
+                return
+            yield wire.AppendResponse.FromString(payload)
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        if self._opening is not None and not self._opening.done():
+            self._opening.cancel()
+        if self._grpc is not None:
+            self._grpc.cancel()
+        if self._writer is not None:
+            self._writer.transport.abort()
+
+
+class _FaultedAppendStream:
+    """Every AppendRequest passes the ``replication.send`` fault point first (the nemesis
+    tests drop and delay replication here, whichever way the stream goes)."""
+
+    def __init__(self, stream: _PortAppendStream | _GrpcAppendStream) -> None:
+        self._stream = stream
+
+    async def write(self, request: wire.AppendRequest) -> None:
+        injector = faults.active()
+        if injector is not None and await injector.network_fault(
+            "replication.send", request.pchannel
+        ):
+            return  # dropped: log matching finds the gap and the owner resends
+        await self._stream.write(request)
+
+    def responses(self) -> AsyncIterator[wire.AppendResponse]:
+        return self._stream.responses()
+
+    def cancel(self) -> None:
+        self._stream.cancel()
+
+
 class GrpcReplicaTransport:
-    def __init__(self, node: DataPlaneHost) -> None:
-        self._node = node
+    """The owner's side of the Replication service. Append streams go over the replica's
+    transfer port unless `append_over_port` is off or the replica is dialled at another
+    address than its own (`routed_node_ids`: config peer_grpc_addresses, e.g. the chaos
+    suite's per-link proxies, which relay gRPC only); otherwise, and whenever the port
+    is not offered, over the gRPC Append call."""
 
-    def _stub(self, node_id: str) -> streaming_pb2_grpc.ReplicationStub:
-        address = self._node.config.node(node_id).grpc_address
-        return streaming_pb2_grpc.ReplicationStub(self._node.channel(address))
+    def __init__(
+        self,
+        node: DataPlaneHost,
+        *,
+        append_over_port: bool = True,
+        tls: ssl.SSLContext | None = None,
+        routed_node_ids: frozenset[str] = frozenset(),
+    ) -> None:
+        self.node = node
+        self.tls = tls
+        self._append_over_port = append_over_port
+        self._routed_node_ids = routed_node_ids
 
-    def open_append(self, node_id: str) -> _GrpcAppendStream:
-        return _GrpcAppendStream(self._stub(node_id))
+    def stub(self, node_id: str) -> streaming_pb2_grpc.ReplicationStub:
+        address = self.node.config.node(node_id).grpc_address
+        return streaming_pb2_grpc.ReplicationStub(self.node.channel(address))
+
+    def open_append(self, node_id: str) -> _FaultedAppendStream:
+        if self._append_over_port and node_id not in self._routed_node_ids:
+            return _FaultedAppendStream(_PortAppendStream(self, node_id))
+        return _FaultedAppendStream(_GrpcAppendStream(self.stub(node_id)))
 
     async def fence(self, node_id: str, request: wire.FenceRequest) -> wire.FenceResponse:
         try:
-            return await self._stub(node_id).Fence(request, timeout=2.0)
+            return await self.stub(node_id).Fence(request, timeout=2.0)
         except grpc.aio.AioRpcError as error:
             from rpc.errors import from_rpc_error
 
@@ -239,7 +386,7 @@ class GrpcReplicaTransport:
             raise
 
     async def fetch(self, node_id: str, request: wire.FetchRequest) -> wire.FetchResponse:
-        return await self._stub(node_id).Fetch(request, timeout=10.0)
+        return await self.stub(node_id).Fetch(request, timeout=10.0)
 
 
 # -- reconciliation loop ---------------------------------------------------------------------

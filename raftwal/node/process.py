@@ -81,6 +81,7 @@ from rpc.errors import RaftwalError, error_info, from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2, streaming_pb2_grpc
+from rpc.segment_transfer import client_tls
 from statemachine.types import DEFAULT_LIMITS
 from wal_segments.fsync_policy import parse_fsync_policy
 from wal_segments.owner import ChannelOwner, OwnerConfig
@@ -233,7 +234,13 @@ class Node:
                 segment_max_bytes=config.segment_max_bytes,
                 segment_max_age_ms=config.segment_max_age_ms,
             ),
-            transport=GrpcReplicaTransport(self),
+            # Append streams over the peers' transfer ports (TLS as for gRPC), except to
+            # peers dialled through another address (a relay of gRPC only).
+            transport=GrpcReplicaTransport(
+                self,
+                tls=client_tls(self.security.client),
+                routed_node_ids=frozenset(dict(self.me.peer_grpc_addresses)),
+            ),
             proposer=self.data_view,
             view=self.data_view,
             observer=self.metrics,
@@ -314,9 +321,13 @@ class Node:
             StreamingNodeServicer(self, self.plane, self.data_view, self.segment_transfers),
             server,
         )
-        streaming_pb2_grpc.add_ReplicationServicer_to_server(
-            ReplicationServicer(self, self.plane), server
+        replication = ReplicationServicer(
+            self, self.plane, self.segment_transfers, self.config.grpc_max_message_bytes
         )
+        if self.segment_transfers is not None:
+            # Owners replicate to this node over the transfer port (rpc.append_stream).
+            self.segment_transfers.serve_appends(replication.serve_append_connection)
+        streaming_pb2_grpc.add_ReplicationServicer_to_server(replication, server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection(

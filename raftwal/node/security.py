@@ -135,7 +135,7 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
     **_methods("StreamingNode", _READ_DATA, "Consume", "ReadSegment"),
     **_methods("NodeManager", _NODE, "Assign", "Remove", "CollectStatus"),
     **_methods("Cluster", _NODE, "Heartbeat", "Propose", "ProposeBatch", "ReadIndex"),
-    **_methods("Replication", _NODE, "Append", "AppendBroadcast", "Fence", "Fetch"),
+    **_methods("Replication", _NODE, "Append", "OpenAppend", "AppendBroadcast", "Fence", "Fetch"),
 }
 # Load balancers and orchestrators probe health without credentials.
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)

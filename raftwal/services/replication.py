@@ -1,6 +1,10 @@
 """The replica side of WAL replication: the ``Replication`` service (the Append stream from
 a pchannel's owner, Fence, Fetch, AppendBroadcast from the coordinator).
 
+The owner's Append stream comes either as the gRPC ``Append`` call or, after
+``OpenAppend`` handed it a ticket, as a framed connection to the transfer port
+(``rpc.append_stream``, served by ``serve_append_connection``); one function answers both.
+
 Only nodes call it (role ``node``). It validates every request against the replica's log
 and the coordination state (log matching, fenced terms, pending broadcasts) and never
 writes what fails a check. Depends on ``ReplicationBackend``, never on the node itself.
@@ -11,10 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
+
+from google.protobuf.message import DecodeError
 
 from raftwal.services.backend import ReplicationBackend
 from raftwal.services.common import fail
+from raftwal.services.segment_transfer import SegmentTransfers
+from rpc import append_stream
 from rpc.errors import RaftwalError, error_info, to_status
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2, streaming_pb2_grpc
@@ -33,6 +42,9 @@ from wal_segments.segment import SegmentCorrupted
 
 log = logging.getLogger(__name__)
 E = errors_pb2
+
+#: The gRPC port's default message limit (config `grpc_max_message_bytes`).
+DEFAULT_MAX_FRAME_BYTES = 32 * 1024 * 1024
 
 
 def _settle(future: asyncio.Future[Any], result: Any) -> None:
@@ -76,9 +88,20 @@ def _broadcast_mismatch(
 
 
 class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
-    def __init__(self, node: ReplicationBackend, plane: DataPlane) -> None:
+    def __init__(
+        self,
+        node: ReplicationBackend,
+        plane: DataPlane,
+        transfers: SegmentTransfers | None = None,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
         self._node = node
         self._plane = plane
+        # The transfer port, for Append connections (None: the gRPC Append call only).
+        self._transfers = transfers
+        # The largest AppendRequest read from a connection: the gRPC port's message limit,
+        # which bounds the Append call the same way.
+        self._max_frame_bytes = max_frame_bytes
 
     def _check_pchannel(self, pchannel: str) -> None:
         bad = check_name("pchannel", pchannel, LIMITS)
@@ -233,8 +256,102 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
         )
 
     async def Append(self, request_iterator, context):
-        """Requests are written in order; durability is awaited concurrently and answers go
-        back in request order (pipelining)."""
+        """The owner's Append stream over gRPC (the fallback of the transfer port's, see
+        `serve_append_connection`)."""
+        owner_ids: set[str] = set()
+        try:
+            async with contextlib.aclosing(self._answer(request_iterator, owner_ids)) as answers:
+                async for response in answers:
+                    yield response
+        except asyncio.CancelledError:
+            # The owner's end went away: a crash looks like this (a deliberate close does
+            # too, but then the owner's heartbeats stay on time and nothing happens).
+            for owner_id in owner_ids:
+                self._node.suspect(owner_id)
+            raise
+
+    async def OpenAppend(self, request, context):
+        """A ticket for one Append connection to this node's transfer port, or none (the
+        owner then calls Append)."""
+        bad = check_name("node_id", request.owner_node_id, LIMITS)
+        if bad is not None:
+            await context.abort_with_status(to_status(error_info(E.INVALID_ARGUMENT, bad.message)))
+        ticket = (
+            self._transfers.offer_append(request.owner_node_id)
+            if self._transfers is not None
+            else None
+        )
+        if ticket is None:
+            return wire.OpenAppendResponse()
+        assert self._transfers is not None
+        return wire.OpenAppendResponse(
+            ticket=ticket, port=self._transfers.port, max_frame_bytes=self._max_frame_bytes
+        )
+
+    async def serve_append_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, owner_node_id: str
+    ) -> None:
+        """The owner's Append stream over the transfer port (`rpc.append_stream`), after its
+        ticket matched: the same requests and answers as `Append`, framed. Returns when
+        the owner closed, reset or stalled the connection, or sent a frame over the cap
+        or one that is no AppendRequest (the port then closes the connection)."""
+        peer = writer.get_extra_info("peername")
+        ended = "closed by the owner"
+
+        async def requests() -> AsyncIterator[wire.AppendRequest]:
+            nonlocal ended
+            while True:
+                try:
+                    payload = await append_stream.read_frame(
+                        reader, self._max_frame_bytes, append_stream.IDLE_TIMEOUT_S
+                    )
+                except TimeoutError:
+                    ended = f"no frame within {append_stream.IDLE_TIMEOUT_S:g} s"
+                    return
+                except append_stream.FrameTooLarge as error:
+                    ended = str(error)
+                    writer.transport.abort()  # nothing more is read from it
+                    return
+                except (asyncio.IncompleteReadError, ConnectionError, OSError) as error:
+                    ended = repr(error)
+                    return
+                if payload is None:
+                    return
+                request = wire.AppendRequest()
+                try:
+                    request.ParseFromString(payload)
+                except DecodeError:
+                    ended = f"a frame of {len(payload):,} bytes is no AppendRequest"
+                    writer.transport.abort()
+                    return
+                yield request
+
+        owner_ids = {owner_node_id[:64]}
+        try:
+            async with contextlib.aclosing(self._answer(requests(), owner_ids)) as answers:
+                async for response in answers:
+                    if writer.transport.is_closing():
+                        break
+                    writer.write(append_stream.frame(response.SerializeToString()))
+                    # Bounded: an owner that stopped reading fills the socket's buffers,
+                    # and is given up after the idle timeout.
+                    await asyncio.wait_for(writer.drain(), append_stream.IDLE_TIMEOUT_S)
+        except (TimeoutError, ConnectionError, OSError) as error:
+            ended = repr(error)
+        finally:
+            log.debug("append connection from %s (%s) ended: %s", peer, owner_node_id, ended)
+            # As for the gRPC stream: the owner may have crashed; its heartbeats say.
+            for owner_id in owner_ids:
+                self._node.suspect(owner_id)
+
+    async def _answer(
+        self, request_iterator: AsyncIterator[wire.AppendRequest], owner_ids: set[str]
+    ) -> AsyncIterator[wire.AppendResponse]:
+        """The answers to an owner's Append stream (gRPC or framed): requests are written
+        in order; durability is awaited concurrently and answers go back in request order
+        (pipelining). At most 256 answers wait; past that the requests are not read (the
+        owner's sends block on the transport's flow control). Adds each owner node id
+        the requests name (up to 8) to `owner_ids`."""
         answers: asyncio.Queue[asyncio.Future[wire.AppendResponse] | None] = asyncio.Queue(
             maxsize=256
         )
@@ -346,8 +463,6 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
             asyncio.ensure_future(durable()).add_done_callback(_log_failure)
             return future
 
-        owner_ids: set[str] = set()
-
         async def reader() -> None:
             try:
                 async for request in request_iterator:
@@ -373,12 +488,6 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                     answers.get_nowait()
                     response = following.result()
                 yield response
-        except asyncio.CancelledError:
-            # The owner's end went away: a crash looks like this (a deliberate close does
-            # too, but then the owner's heartbeats stay on time and nothing happens).
-            for owner_id in owner_ids:
-                self._node.suspect(owner_id)
-            raise
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

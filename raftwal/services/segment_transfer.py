@@ -21,6 +21,15 @@ and client authentication. The handshake starts only after the connection cap le
 connection in, and it must end, with the hello and the ticket, within HELLO_TIMEOUT_S.
 Over TLS the frames cannot go by `sendfile`: asyncio reads the file in chunks and
 encrypts them, still without gRPC's framing and copies.
+
+The same port carries the Append streams of WAL replication (`rpc.append_stream`): a
+connection whose hello is `rpc.append_stream.HELLO` redeems a ticket from `offer_append`
+(Replication.OpenAppend), and is then handed to the append handler (the Replication
+servicer's) until either side closes it. Append tickets live in a table of their own (a
+segment ticket does not open an Append stream, nor the other way round). Accepted Append
+connections leave the hello-phase cap and count against `MAX_APPEND_CONNECTIONS`
+instead; at that cap, OpenAppend hands out no ticket and the owner uses the gRPC Append
+call.
 """
 
 from __future__ import annotations
@@ -32,9 +41,11 @@ import logging
 import os
 import secrets
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rpc import append_stream
 from rpc.segment_transfer import ACCEPTED, HELLO, HELLO_TIMEOUT_S, REFUSED, TICKET_BYTES
 
 log = logging.getLogger(__name__)
@@ -50,6 +61,13 @@ MIN_TRANSFER_BYTES_PER_S = 1 << 20
 MIN_TRANSFER_S = 30.0
 #: Bytes the stream reader buffers from a connection before its ticket matched.
 READ_LIMIT = 4096
+#: Append streams open at once plus Append tickets outstanding (one stream per pchannel
+#: this node replicates for another owner); past this, owners use the gRPC Append call.
+MAX_APPEND_CONNECTIONS = 256
+
+#: Serves one accepted Append connection: (reader, writer, the owner node id the ticket
+#: was asked for). It returns when the connection is done; the port closes it then.
+AppendHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, str], Awaitable[None]]
 
 
 @dataclass
@@ -60,18 +78,39 @@ class _Ticket:
     expiry: asyncio.TimerHandle | None = field(default=None, repr=False)
 
 
-class SegmentTransfers:
-    """The transfer port of one node: `start`, then `offer` from ReadSegment; `close`."""
+@dataclass
+class _AppendTicket:
+    owner_node_id: str
+    expiry: asyncio.TimerHandle | None = field(default=None, repr=False)
 
-    def __init__(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
+
+class SegmentTransfers:
+    """The transfer port of one node: `start`, then `offer` from ReadSegment and
+    `offer_append` from OpenAppend (once `serve_appends` set the handler); `close`."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        tls: ssl.SSLContext | None = None,
+        ticket_ttl_s: float = TICKET_TTL_S,
+    ) -> None:
         self._host, self._port = host, port
         self._tls = tls
+        self._ticket_ttl_s = ticket_ttl_s
         self._server: asyncio.Server | None = None
         self._tickets: dict[bytes, _Ticket] = {}
+        self._append_tickets: dict[bytes, _AppendTicket] = {}
+        self._append_handler: AppendHandler | None = None
         self._connections = 0
+        self._append_connections = 0
+        # Open Append connections, closed with the port (asyncio.Server.close leaves
+        # connections it accepted open).
+        self._append_writers: set[asyncio.StreamWriter] = set()
         self.port = 0  # the bound port, once started
-        #: served, refused (bad or expired ticket), failed (cut short), turned away (cap)
-        self.counts = {"served": 0, "refused": 0, "failed": 0, "turned_away": 0}
+        #: served, refused (bad or expired ticket), failed (cut short), turned away (cap);
+        #: appends: Append connections accepted.
+        self.counts = {"served": 0, "refused": 0, "failed": 0, "turned_away": 0, "appends": 0}
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(
@@ -88,6 +127,37 @@ class SegmentTransfers:
             self._server = None
         for key in list(self._tickets):
             self._drop(key)
+        for key in list(self._append_tickets):
+            self._drop_append(key)
+        for writer in list(self._append_writers):
+            writer.transport.abort()
+
+    def serve_appends(self, handler: AppendHandler) -> None:
+        """Accept Append connections from now on, each served by `handler`."""
+        self._append_handler = handler
+
+    def offer_append(self, owner_node_id: str) -> bytes | None:
+        """A ticket for one Append connection from `owner_node_id`, or None when this
+        port takes none (not started, no handler, or at `MAX_APPEND_CONNECTIONS`)."""
+        if (
+            self._server is None
+            or self._append_handler is None
+            or self._append_connections + len(self._append_tickets) >= MAX_APPEND_CONNECTIONS
+        ):
+            return None
+        ticket = secrets.token_bytes(TICKET_BYTES)
+        key = hashlib.sha256(ticket).digest()
+        entry = _AppendTicket(owner_node_id)
+        entry.expiry = asyncio.get_running_loop().call_later(
+            self._ticket_ttl_s, self._drop_append, key
+        )
+        self._append_tickets[key] = entry
+        return ticket
+
+    def _drop_append(self, key: bytes) -> None:
+        entry = self._append_tickets.pop(key, None)
+        if entry is not None and entry.expiry is not None:
+            entry.expiry.cancel()
 
     def offer(self, path: Path, begin: int, length: int) -> bytes | None:
         """A ticket for `length` bytes of `path` from `begin`, or None when this node takes
@@ -100,7 +170,7 @@ class SegmentTransfers:
         ticket = secrets.token_bytes(TICKET_BYTES)
         key = hashlib.sha256(ticket).digest()
         entry = _Ticket(path, begin, length)
-        entry.expiry = asyncio.get_running_loop().call_later(TICKET_TTL_S, self._drop, key)
+        entry.expiry = asyncio.get_running_loop().call_later(self._ticket_ttl_s, self._drop, key)
         self._tickets[key] = entry
         return ticket
 
@@ -127,6 +197,22 @@ class SegmentTransfers:
                 if self._tls is not None:
                     await writer.start_tls(self._tls, ssl_handshake_timeout=HELLO_TIMEOUT_S)
                 hello = await reader.readexactly(len(HELLO) + TICKET_BYTES)
+            if hello[: len(HELLO)] == append_stream.HELLO and self._append_handler is not None:
+                appending = self._append_tickets.pop(
+                    hashlib.sha256(hello[len(HELLO) :]).digest(), None
+                )
+                if appending is not None:
+                    if appending.expiry is not None:
+                        appending.expiry.cancel()
+                    # A long-lived stream: it leaves the hello-phase cap for its own.
+                    self._connections -= 1
+                    self._append_connections += 1
+                    try:
+                        await self._serve_append(reader, writer, appending.owner_node_id)
+                    finally:
+                        self._append_connections -= 1
+                        self._connections += 1  # taken again by the finally below
+                    return
             if hello[: len(HELLO)] == HELLO:
                 entry = self._claim(hello[len(HELLO) :])
             if entry is None:
@@ -165,3 +251,19 @@ class SegmentTransfers:
             writer.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.wait_closed(), 1.0)
+
+    async def _serve_append(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, owner_node_id: str
+    ) -> None:
+        assert self._append_handler is not None
+        self.counts["appends"] += 1
+        append_stream.set_nodelay(writer)
+        writer.write(ACCEPTED)
+        # Frames are read whole (up to the gRPC message size): buffer more than the 4 KiB
+        # a connection gets before its ticket matched. asyncio has no API for this.
+        reader._limit = append_stream.READ_BUFFER_BYTES  # type: ignore[attr-defined]  # noqa: SLF001
+        self._append_writers.add(writer)
+        try:
+            await self._append_handler(reader, writer, owner_node_id)
+        finally:
+            self._append_writers.discard(writer)

@@ -463,3 +463,19 @@ class AppendBroadcastResponse(_message.Message):
     position: Position
     duplicate: bool
     def __init__(self, position: _Optional[_Union[Position, _Mapping]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class OpenAppendRequest(_message.Message):
+    __slots__ = ("owner_node_id",)
+    OWNER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    owner_node_id: str
+    def __init__(self, owner_node_id: _Optional[str] = ...) -> None: ...
+
+class OpenAppendResponse(_message.Message):
+    __slots__ = ("ticket", "port", "max_frame_bytes")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    MAX_FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ticket: bytes
+    port: int
+    max_frame_bytes: int
+    def __init__(self, ticket: _Optional[bytes] = ..., port: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ...) -> None: ...

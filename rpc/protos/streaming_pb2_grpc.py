@@ -498,6 +498,11 @@ class ReplicationStub:
                 request_serializer=rpc_dot_protos_dot_streaming__pb2.AppendRequest.SerializeToString,
                 response_deserializer=rpc_dot_protos_dot_streaming__pb2.AppendResponse.FromString,
                 _registered_method=True)
+        self.OpenAppend = channel.unary_unary(
+                '/raftwal.v1.Replication/OpenAppend',
+                request_serializer=rpc_dot_protos_dot_streaming__pb2.OpenAppendRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_streaming__pb2.OpenAppendResponse.FromString,
+                _registered_method=True)
         self.AppendBroadcast = channel.unary_unary(
                 '/raftwal.v1.Replication/AppendBroadcast',
                 request_serializer=rpc_dot_protos_dot_streaming__pb2.AppendBroadcastRequest.SerializeToString,
@@ -520,6 +525,13 @@ class ReplicationServicer:
 
     def Append(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenAppend(self, request, context):
+        """A ticket for one Append connection to the transfer port (good once, for seconds).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -549,6 +561,11 @@ def add_ReplicationServicer_to_server(servicer, server):
                     servicer.Append,
                     request_deserializer=rpc_dot_protos_dot_streaming__pb2.AppendRequest.FromString,
                     response_serializer=rpc_dot_protos_dot_streaming__pb2.AppendResponse.SerializeToString,
+            ),
+            'OpenAppend': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenAppend,
+                    request_deserializer=rpc_dot_protos_dot_streaming__pb2.OpenAppendRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_streaming__pb2.OpenAppendResponse.SerializeToString,
             ),
             'AppendBroadcast': grpc.unary_unary_rpc_method_handler(
                     servicer.AppendBroadcast,
@@ -593,6 +610,33 @@ class Replication:
             '/raftwal.v1.Replication/Append',
             rpc_dot_protos_dot_streaming__pb2.AppendRequest.SerializeToString,
             rpc_dot_protos_dot_streaming__pb2.AppendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenAppend(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Replication/OpenAppend',
+            rpc_dot_protos_dot_streaming__pb2.OpenAppendRequest.SerializeToString,
+            rpc_dot_protos_dot_streaming__pb2.OpenAppendResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -30,6 +30,8 @@ _LOWER = (
     "rpc.aio",
     # the segment transfer protocol's constants (the reader's side lives there too)
     "rpc.segment_transfer",
+    # the Append stream's framing over the same port (the owner's side lives there too)
+    "rpc.append_stream",
 )
 ALLOWED: dict[str, tuple[str, ...]] = {
     "raftwal.services": ("raftwal.services", *_LOWER),

@@ -1,0 +1,129 @@
+"""The Append stream over the transfer port: WAL replication without gRPC.
+
+A pchannel's owner replicates to each replica over one long-lived stream of
+`AppendRequest` messages, answered by `AppendResponse` messages (pipelined; the replica
+may fold ready answers into one). Over grpc.aio each message costs a few tens of
+microseconds of Python in each process (BENCHMARKS.md, "The half-load tail, measured
+again"); here the same messages go length-prefixed over a plain TCP connection.
+
+The owner first asks the replica for a ticket with `Replication.OpenAppend`, an
+authenticated gRPC call like any other node-to-node call. It then connects to the
+replica's transfer port (the segment transfer port: `rpc.segment_transfer`), sends
+`HELLO` and the ticket, and reads one status byte. Before a ticket matched, the replica
+reads exactly ``len(HELLO) + TICKET_BYTES`` bytes within `HELLO_TIMEOUT_S` and nothing else,
+as for segment transfers: nothing the connection sends is parsed as protobuf before that.
+A ticket is 32 random bytes, good for one connection and a few seconds.
+
+After `ACCEPTED` each direction carries frames: a 4-byte big-endian length, then that many
+bytes of one serialized message (requests from the owner, answers from the replica). A
+length over the reader's cap (the replica: the gRPC message size limit,
+``grpc_max_message_bytes``, which bounded the Append call too; the owner:
+`MAX_ANSWER_BYTES`) closes the connection. Each side gives up on a connection that sent no
+frame within `IDLE_TIMEOUT_S` (the owner heartbeats an idle stream every second), or
+whose writes did not drain within it (a peer that stopped reading, e.g. SIGSTOP).
+
+When the gRPC port uses TLS, so does this one, with the same certificates
+(`rpc.segment_transfer.client_tls`).
+
+This module is the protocol's constants, its framing and the owner's connect; the replica's
+side is `raftwal.services.segment_transfer` (the port) and
+`raftwal.services.replication` (the messages).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+import struct
+
+from rpc.segment_transfer import ACCEPTED, HELLO_TIMEOUT_S, TICKET_BYTES
+
+#: What an owner sends first, before its ticket (the protocol's name and version).
+HELLO = b"RWAPPND1"
+#: The frame header: the length of the message that follows.
+LENGTH = struct.Struct(">I")
+#: A connection that sent no frame for this long is closed by either side.
+IDLE_TIMEOUT_S = 10.0
+#: How long the owner waits for the connection, the TLS handshake and the status byte.
+CONNECT_TIMEOUT_S = 3.0
+#: The largest answer the owner reads (an AppendResponse is a few dozen bytes, an error
+#: message at most a few hundred).
+MAX_ANSWER_BYTES = 1 << 20
+#: Bytes the stream reader buffers ahead of the frame it reads.
+READ_BUFFER_BYTES = 1 << 20
+
+assert len(HELLO) == 8 and HELLO_TIMEOUT_S > 0
+
+
+class FrameTooLarge(Exception):
+    """A frame header announced more bytes than the reader's cap."""
+
+
+class AppendRefused(Exception):
+    """The replica refused the ticket or closed the connection before answering."""
+
+
+def frame(message: bytes) -> bytes:
+    """One frame: the length, then `message`."""
+    return LENGTH.pack(len(message)) + message
+
+
+async def read_frame(
+    reader: asyncio.StreamReader, max_bytes: int, timeout_s: float
+) -> bytes | None:
+    """The next frame's message, or None at a clean end of the stream (between frames).
+    FrameTooLarge over `max_bytes`; TimeoutError when no whole frame came within
+    `timeout_s`; asyncio.IncompleteReadError when the stream ends inside a frame."""
+    async with asyncio.timeout(timeout_s):
+        try:
+            header = await reader.readexactly(LENGTH.size)
+        except asyncio.IncompleteReadError as error:
+            if not error.partial:
+                return None
+            raise
+        (length,) = LENGTH.unpack(header)
+        if length > max_bytes:
+            raise FrameTooLarge(f"frame of {length:,} bytes (expected at most {max_bytes:,})")
+        return await reader.readexactly(length)
+
+
+def set_nodelay(writer: asyncio.StreamWriter) -> None:
+    """Send each frame at once (asyncio sets this on TCP transports already; a transport
+    that did not would hold small answers back for Nagle's delay)."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+async def connect(
+    host: str, port: int, ticket: bytes, tls: ssl.SSLContext | None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """An accepted Append connection to `host`:`port` for `ticket`. AppendRefused when the
+    replica refuses the ticket or closes; OSError or TimeoutError when it cannot be reached
+    within `CONNECT_TIMEOUT_S`."""
+    if len(ticket) != TICKET_BYTES:
+        raise AppendRefused(f"invalid ticket ({len(ticket)} bytes; expected {TICKET_BYTES})")
+    if not 1 <= port <= 65535:
+        raise AppendRefused(f"invalid transfer port ({port}; expected 1..65535)")
+    async with asyncio.timeout(CONNECT_TIMEOUT_S):
+        reader, writer = await asyncio.open_connection(
+            host,
+            port,
+            ssl=tls,
+            server_hostname=host if tls is not None else None,
+            limit=READ_BUFFER_BYTES,
+        )
+        try:
+            set_nodelay(writer)
+            writer.write(HELLO + ticket)
+            status = await reader.read(1)
+            if status != ACCEPTED:
+                what = "closed the connection" if not status else "refused the ticket"
+                raise AppendRefused(f"{host}:{port} {what}")
+        except BaseException:
+            writer.transport.abort()
+            raise
+    return reader, writer

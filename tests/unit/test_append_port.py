@@ -1,0 +1,159 @@
+"""The transfer port's Append connections (rpc.append_stream), in process over real sockets:
+which tickets open a connection, and that nothing a refused connection sends reaches the
+append handler (the only code that parses frames as protobuf). The replica's handler
+itself runs in tests/cluster/test_append_port.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+import pytest
+
+from raftwal.services.segment_transfer import SegmentTransfers
+from rpc import append_stream, segment_transfer
+
+TICKET_TTL_S = 0.3
+
+
+class _Recorder:
+    """An append handler that records each accepted connection and echoes its frames."""
+
+    def __init__(self) -> None:
+        self.owners: list[str] = []
+
+    async def __call__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, owner_node_id: str
+    ) -> None:
+        self.owners.append(owner_node_id)
+        while True:
+            try:
+                payload = await append_stream.read_frame(reader, 1024, 5.0)
+            except append_stream.FrameTooLarge:
+                return  # the port closes the connection
+            if payload is None:
+                return
+            writer.write(append_stream.frame(payload))
+            await writer.drain()
+
+
+async def _port() -> tuple[SegmentTransfers, _Recorder]:
+    transfers = SegmentTransfers("127.0.0.1", 0, ticket_ttl_s=TICKET_TTL_S)
+    await transfers.start()
+    recorder = _Recorder()
+    transfers.serve_appends(recorder)
+    return transfers, recorder
+
+
+async def _hello(port: int, hello: bytes) -> bytes:
+    """What the port answers to `hello` followed by a valid-looking frame: everything it
+    sends until it closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(hello + append_stream.frame(b"\x08\x01"))
+        async with asyncio.timeout(5):
+            return await reader.read()
+    finally:
+        writer.close()
+
+
+def test_only_a_fresh_unused_append_ticket_opens_a_connection() -> None:
+    async def main() -> None:
+        transfers, recorder = await _port()
+        try:
+            port = transfers.port
+            # A ticket never issued.
+            wrong = append_stream.HELLO + secrets.token_bytes(segment_transfer.TICKET_BYTES)
+            assert await _hello(port, wrong) == segment_transfer.REFUSED
+            # An append ticket under the segment transfer's hello.
+            ticket = transfers.offer_append("n1")
+            assert ticket is not None
+            assert await _hello(port, segment_transfer.HELLO + ticket) == segment_transfer.REFUSED
+            # The right hello works once: echoed frame, then the handler's end closes it.
+            ticket = transfers.offer_append("n1")
+            assert ticket is not None
+            reader, writer = await append_stream.connect("127.0.0.1", port, ticket, None)
+            writer.write(append_stream.frame(b"hello"))
+            assert await append_stream.read_frame(reader, 1024, 5.0) == b"hello"
+            writer.close()
+            # ... and not twice.
+            assert await _hello(port, append_stream.HELLO + ticket) == segment_transfer.REFUSED
+            # An expired ticket.
+            ticket = transfers.offer_append("n2")
+            assert ticket is not None
+            await asyncio.sleep(TICKET_TTL_S * 2)
+            assert await _hello(port, append_stream.HELLO + ticket) == segment_transfer.REFUSED
+            # Only the one valid connection reached the handler.
+            assert recorder.owners == ["n1"]
+            assert transfers.counts["refused"] == 4 and transfers.counts["appends"] == 1
+        finally:
+            await transfers.close()
+
+    asyncio.run(main())
+
+
+def test_connect_raises_on_a_refused_ticket() -> None:
+    async def main() -> None:
+        transfers, recorder = await _port()
+        try:
+            with pytest.raises(append_stream.AppendRefused):
+                await append_stream.connect(
+                    "127.0.0.1",
+                    transfers.port,
+                    secrets.token_bytes(segment_transfer.TICKET_BYTES),
+                    None,
+                )
+            assert recorder.owners == []
+        finally:
+            await transfers.close()
+
+    asyncio.run(main())
+
+
+def test_a_frame_over_the_cap_ends_the_connection() -> None:
+    async def main() -> None:
+        transfers, recorder = await _port()
+        try:
+            ticket = transfers.offer_append("n1")
+            assert ticket is not None
+            reader, writer = await append_stream.connect("127.0.0.1", transfers.port, ticket, None)
+            writer.write(append_stream.LENGTH.pack(1025) + b"x" * 1025)
+            async with asyncio.timeout(5):
+                assert await reader.read() == b""  # closed, nothing echoed
+            writer.close()
+        finally:
+            await transfers.close()
+
+    asyncio.run(main())
+
+
+def test_append_tickets_are_capped() -> None:
+    async def main() -> None:
+        transfers, _ = await _port()
+        try:
+            from raftwal.services import segment_transfer as port_module
+
+            tickets = [
+                transfers.offer_append("n1") for _ in range(port_module.MAX_APPEND_CONNECTIONS)
+            ]
+            assert all(tickets)
+            assert transfers.offer_append("n1") is None
+        finally:
+            await transfers.close()
+
+    asyncio.run(main())
+
+
+def test_the_port_closes_open_append_connections_when_it_closes() -> None:
+    async def main() -> None:
+        transfers, recorder = await _port()
+        ticket = transfers.offer_append("n1")
+        assert ticket is not None
+        reader, writer = await append_stream.connect("127.0.0.1", transfers.port, ticket, None)
+        await transfers.close()
+        async with asyncio.timeout(5):
+            assert await reader.read() == b""
+        writer.close()
+
+    asyncio.run(main())
