@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _harness import percentile
+from _harness import cpu_seconds, own_cpu_seconds, percentile
 from stallwatch.sitecustomize import install as install_stall_watch
 from wal import SIZES, RaftwalWal, close_all, paced_load, say
 
@@ -107,8 +107,23 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             await paced_load(producers, args.rates[-1], 2.0)  # warm-up
             for rate in args.rates:
                 started = time.time()
+                pids = system.pids()
+                cpu_before = {node: cpu_seconds(pid) for node, pid in pids.items()}
+                own_before, clock_before = own_cpu_seconds(), time.monotonic()
                 result = await paced_load(producers, rate, args.duration_s)
+                elapsed_s = time.monotonic() - clock_before
                 samples = result.latencies.samples_s
+                # CPU per node over the phase, busiest first (the busiest is the owner of
+                # the pchannel under load), in cores and in ms per 100-message batch.
+                cpu_s = {node: cpu_seconds(pid) - cpu_before[node] for node, pid in pids.items()}
+                cpu_s["load generator"] = own_cpu_seconds() - own_before
+                cpu = {
+                    node: {
+                        "cores": round(spent / elapsed_s, 3),
+                        "ms_per_batch": round(spent * 1000 / max(1, len(samples)), 3),
+                    }
+                    for node, spent in sorted(cpu_s.items(), key=lambda kv: -kv[1])
+                }
                 phase = {
                     "rate_msgs_per_s": rate,
                     "batches": len(samples),
@@ -119,6 +134,8 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                     },
                     "max_ms": round(max(samples, default=0.0) * 1000, 2),
                     "bunches": bunches(result.timeline, args.late_ms / 1000),
+                    "cpu": cpu,
+                    "load_average_1m": os.getloadavg()[0],
                 }
                 if stall_prefix is not None:
                     phase["stalls"] = stall_summary(stall_prefix, started, time.time())
@@ -129,6 +146,10 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                     f"p99 {phase['p99_ms']} ms, max {phase['max_ms']} ms; "
                     f"{len(phase['bunches'])} windows with batches over {args.late_ms:g} ms, "
                     f"{len(big)} of them with 10 or more: {big}"
+                )
+                say(
+                    "  CPU (cores, ms per batch): "
+                    + ", ".join(f"{n} {c['cores']} {c['ms_per_batch']}" for n, c in cpu.items())
                 )
                 if stall_prefix is not None:
                     say(

@@ -15,7 +15,7 @@ host = "127.0.0.1"
 grpc_port = 7201
 raft_port = 7301
 metrics_port = 9201                   # Prometheus /metrics on host (0 or absent: off)
-transfer_port = 7601                  # segment transfers (absent or 0: any free port; -1: off)
+transfer_port = 7601                  # segment transfers, replication (0/absent: free; -1: off)
 data_dir = "/var/lib/raftwal/n1"
 tls_cert_file = "/etc/raftwal/n1.pem" # this node's certificate chain and key: TLS is on
 tls_key_file = "/etc/raftwal/n1.key"  # (also allowed in [cluster], for every node)
@@ -62,8 +62,10 @@ class NodeConfig:
     raft_port: int
     data_dir: Path
     metrics_port: int = 0
-    # The segment transfer port (raftwal.services.segment_transfer): 0 = any free port,
-    # -1 = none (ReadSegment then always streams over gRPC). TLS as the gRPC port.
+    # The segment transfer port (raftwal.services.segment_transfer), which also carries
+    # the Append streams of replication to this node (rpc.append_stream): 0 = any free
+    # port, -1 = none (ReadSegment then always streams over gRPC, and owners replicate
+    # to this node over the gRPC Append call). TLS as the gRPC port.
     transfer_port: int = 0
     # PEM certificate chain and private key of this node's gRPC port (TLS when set).
     tls_cert_file: Path | None = None

@@ -290,7 +290,8 @@ class _NodeCollector(Collector):
                 "Connections to the segment transfer port, by outcome: served (the frames "
                 "sent), refused (no valid ticket: unknown, used, expired, or a bad hello), "
                 "failed (cut short: the reader went away or stalled, or the file was gone), "
-                "turned_away (closed at once: too many connections).",
+                "turned_away (closed at once: too many connections), appends (Append streams of "
+                "replication accepted).",
                 labels=["outcome"],
             )
             for outcome, count in sorted(dict(transfers.counts).items()):

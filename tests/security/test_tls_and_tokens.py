@@ -13,11 +13,14 @@ The Raft transport secret is tested in test_raft_secret.py and test_raft_port.py
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +28,7 @@ import grpc
 import pytest
 
 from raftwal.cli import dev, devcerts
-from rpc import segment_transfer
+from rpc import append_stream, segment_transfer
 from rpc.client import CoordinatorClient, PermissionDeniedError, UnauthenticatedError
 from rpc.credentials import ClientSecurity
 from rpc.errors import from_rpc_error
@@ -282,6 +285,58 @@ def test_spark_connector_plans_with_credentials(secure) -> None:
     assert "sec_spark_v" in planned.vchannel_ids
     with pytest.raises(ConnectorError, match="UNAUTHENTICATED: no bearer token"):
         snapshot(parse_options({"endpoints": endpoints, **credentials}))
+
+
+def test_replication_goes_over_the_transfer_port_with_tls(secure) -> None:
+    """Owners replicate over their replicas' transfer ports with TLS, mutual TLS and a
+    ticket from the token-checked OpenAppend; a plaintext hello gets nothing."""
+    local, admin = secure
+    (pchannel,) = setup_channels(admin, "sec_repl", {"sec_repl_v": 0})
+    owner_id, _, _ = wait_assigned(admin, pchannel)
+    payloads = [f"replicated-{k}".encode() for k in range(200)]
+
+    async def produce() -> list[int]:
+        writer = StreamingClient(local.endpoints, security=local.client_security("producer"))
+        async with writer, Producer(writer, retry_timeout_s=30) as producer:
+            positions = await asyncio.gather(*(producer.send("sec_repl_v", p) for p in payloads))
+        return [p.lsn for p in positions]
+
+    last = max(asyncio.run(produce()))
+    replicas = [
+        n
+        for c in admin.status().pchannels
+        if c.name == pchannel
+        for n in c.replica_node_ids
+        if n != owner_id
+    ]
+    assert len(replicas) == 2
+    deadline = time.monotonic() + 30
+    while True:
+        owners = [o for m in admin.status().members for o in m.owners if o.pchannel == pchannel]
+        durable = {r.node_id: r.durable_lsn for r in owners[0].replicas} if owners else {}
+        if all(durable.get(r, 0) >= last for r in replicas):
+            break
+        assert time.monotonic() < deadline, f"replicas at {durable}, expected >= {last}"
+        time.sleep(0.2)
+    for replica in replicas:
+        node = local.node(replica)
+        url = f"http://{node.host}:{node.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        assert 'raftwal_segment_transfers_total{outcome="appends"}' in text
+        appends = next(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith('raftwal_segment_transfers_total{outcome="appends"}')
+        )
+        assert appends >= 1, f"{replica}: no append connection over TLS"
+        # Plaintext: the node expects a TLS handshake and answers no status byte.
+        host = segment_transfer.transfer_host(node.grpc_address)
+        with socket.create_connection((host, node.transfer_port), timeout=10) as sock:
+            sock.sendall(append_stream.HELLO + os.urandom(segment_transfer.TICKET_BYTES))
+            with contextlib.suppress(ConnectionResetError, TimeoutError):
+                answer = sock.recv(16)
+                assert answer not in (segment_transfer.ACCEPTED, segment_transfer.REFUSED)
 
 
 def test_segment_transfers_speak_tls_with_the_grpc_ports_certificates(
