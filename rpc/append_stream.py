@@ -53,6 +53,9 @@ CONNECT_TIMEOUT_S = 3.0
 MAX_ANSWER_BYTES = 1 << 20
 #: Bytes the stream reader buffers ahead of the frame it reads.
 READ_BUFFER_BYTES = 1 << 20
+#: A writer waits for the socket (`drain`, with a timeout) only once this much is queued:
+#: below it a write costs no wait at all (a `wait_for` per frame cost a task each).
+DRAIN_ABOVE_BYTES = 64 * 1024
 
 assert len(HELLO) == 8 and HELLO_TIMEOUT_S > 0
 
@@ -87,6 +90,17 @@ async def read_frame(
         if length > max_bytes:
             raise FrameTooLarge(f"frame of {length:,} bytes (expected at most {max_bytes:,})")
         return await reader.readexactly(length)
+
+
+async def send(writer: asyncio.StreamWriter, message: bytes, timeout_s: float) -> None:
+    """Queue one frame of `message`; when the peer lags behind by more than
+    `DRAIN_ABOVE_BYTES`, wait until it caught up, TimeoutError after `timeout_s`. One
+    write of header and message: with TCP_NODELAY two writes could go as two packets.
+    Frames queued while the socket is busy leave together (asyncio sends its whole buffer
+    when the socket is writable again)."""
+    writer.write(frame(message))
+    if writer.transport.get_write_buffer_size() > DRAIN_ABOVE_BYTES:
+        await asyncio.wait_for(writer.drain(), timeout_s)
 
 
 def set_nodelay(writer: asyncio.StreamWriter) -> None:

@@ -278,13 +278,9 @@ class _PortAppendStream:
         assert writer is not None
         if writer.transport.is_closing():
             raise ConnectionError(f"append connection to {self._node_id} closed")
-        # One write of header and message: with TCP_NODELAY two writes could go as two
-        # packets. Requests queued while the socket is busy leave together (asyncio
-        # sends its whole buffer when the socket is writable again).
-        writer.write(append_stream.frame(request.SerializeToString()))
         # Bounded: a replica that stopped reading (SIGSTOP) is given up after the idle
         # timeout, and the owner reconnects.
-        await asyncio.wait_for(writer.drain(), append_stream.IDLE_TIMEOUT_S)
+        await append_stream.send(writer, request.SerializeToString(), append_stream.IDLE_TIMEOUT_S)
 
     async def responses(self) -> AsyncIterator[wire.AppendResponse]:
         await self._opened()

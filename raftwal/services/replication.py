@@ -332,10 +332,11 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                 async for response in answers:
                     if writer.transport.is_closing():
                         break
-                    writer.write(append_stream.frame(response.SerializeToString()))
                     # Bounded: an owner that stopped reading fills the socket's buffers,
                     # and is given up after the idle timeout.
-                    await asyncio.wait_for(writer.drain(), append_stream.IDLE_TIMEOUT_S)
+                    await append_stream.send(
+                        writer, response.SerializeToString(), append_stream.IDLE_TIMEOUT_S
+                    )
         except (TimeoutError, ConnectionError, OSError) as error:
             ended = repr(error)
         finally:
