@@ -1,8 +1,9 @@
 """Per-link TCP proxies for the chaos suite (``raftwal chaos``): the network the nemesis cuts.
 
 Every node dials every peer through a proxy of its own, one per directed link and port kind
-(``raft`` and ``grpc``), configured with the node's ``peer_raft_addresses`` /
-``peer_grpc_addresses`` (raftwal/node/config.py). Clients still reach every node directly, as in
+(``raft``, ``grpc`` and ``transfer``, the port that carries replication's Append streams),
+configured with the node's ``peer_raft_addresses`` / ``peer_grpc_addresses`` /
+``peer_transfer_addresses`` (raftwal/node/config.py). Clients still reach every node directly, as in
 Jepsen: a partition separates the servers from each other, for Raft and WAL replication
 traffic alike, not the clients from the servers.
 
@@ -33,7 +34,7 @@ from raftwal.cli.dev import NodeConfig, free_ports
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
-LINK_KINDS = ("raft", "grpc")
+LINK_KINDS = ("raft", "grpc", "transfer")
 LINK_MODES = ("reset", "drop")
 # Bytes read per forwarding step, and the bound of a connection attempt to the real port.
 CHUNK_BYTES = 256 * 1024
@@ -182,10 +183,15 @@ class ProxyNet:
             for target in nodes
             if source.id != target.id
             for kind in LINK_KINDS
+            if kind != "transfer" or target.transfer_port > 0
         ]
         # Ports free a moment ago may include the nodes' own (picked, then closed, by
         # `dev.make_config`): leave those out.
-        taken = {port for n in nodes for port in (n.grpc_port, n.raft_port, n.metrics_port)}
+        taken = {
+            port
+            for n in nodes
+            for port in (n.grpc_port, n.raft_port, n.metrics_port, n.transfer_port)
+        }
         ports = [p for p in free_ports(len(links) + len(taken), HOST) if p not in taken]
         self._ports = dict(zip(links, ports[: len(links)], strict=True))
         self._proxies: dict[Link, _LinkProxy] = {}
@@ -212,6 +218,7 @@ class ProxyNet:
                 node,
                 peer_raft_addresses=table(node.id, "raft"),
                 peer_grpc_addresses=table(node.id, "grpc"),
+                peer_transfer_addresses=table(node.id, "transfer"),
             )
             for node in nodes
         )
@@ -231,7 +238,11 @@ class ProxyNet:
         async def start_all() -> None:
             for link, port in self._ports.items():
                 target = by_id[link.target]
-                upstream = target.raft_port if link.kind == "raft" else target.grpc_port
+                upstream = {
+                    "raft": target.raft_port,
+                    "grpc": target.grpc_port,
+                    "transfer": target.transfer_port,
+                }[link.kind]
                 proxy = _LinkProxy(link, port, upstream)
                 await proxy.start()
                 self._proxies[link] = proxy
@@ -264,7 +275,7 @@ class ProxyNet:
         asyncio.run_coroutine_threadsafe(run(), loop).result(CONTROL_TIMEOUT_S)
 
     def cut(self, a: str, b: str, mode: str) -> None:
-        """Cut every link between nodes `a` and `b`, both ways, Raft and gRPC."""
+        """Cut every link between nodes `a` and `b`, both ways, every port kind."""
         if mode not in LINK_MODES:
             raise ValueError(f"invalid link mode {mode!r} (expected one of {LINK_MODES})")
 

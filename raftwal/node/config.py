@@ -23,6 +23,7 @@ tls_key_file = "/etc/raftwal/n1.key"  # (also allowed in [cluster], for every no
 # suite does): outgoing connections only; a peer's identity stays its own address.
 peer_raft_addresses = { "n2" = "127.0.0.1:7402" }
 peer_grpc_addresses = { "n2" = "127.0.0.1:7502" }
+peer_transfer_addresses = { "n2" = "127.0.0.1:7602" }  # Append streams to n2's transfer port
 # Optional: "data" makes a node that follows the Raft log without voting; it owns
 # pchannels and holds replicas like any other (default "voter"). Keep 3 or 5 voters.
 role = "voter"
@@ -73,8 +74,12 @@ class NodeConfig:
     # Peers this node dials somewhere else than at their own address ((peer id,
     # "host:port") pairs, e.g. a TCP proxy per link): used for this node's outgoing Raft
     # and gRPC connections only; a peer's identity stays its raft_address / grpc_address.
+    # peer_transfer_addresses: where this node's Append streams reach a peer's transfer
+    # port; a peer with a peer_grpc_address but none here is replicated to over gRPC
+    # (its transfer port may not be reachable the way its gRPC port is).
     peer_raft_addresses: tuple[tuple[str, str], ...] = ()
     peer_grpc_addresses: tuple[tuple[str, str], ...] = ()
+    peer_transfer_addresses: tuple[tuple[str, str], ...] = ()
     # "voter": a Raft member that votes and counts toward commits; "data": a node that
     # follows the Raft log without voting (pysyncobj's read-only node) and otherwise does
     # what every node does (owns pchannels, holds replicas, serves clients), so a
@@ -100,6 +105,17 @@ class NodeConfig:
     def dial_grpc_address(self, peer: NodeConfig) -> str:
         """Where this node connects to `peer`'s gRPC port."""
         return dict(self.peer_grpc_addresses).get(peer.id, peer.grpc_address)
+
+    def dial_transfer_address(self, peer: NodeConfig, port: int) -> str | None:
+        """Where this node connects to `peer`'s transfer port, which `peer` says is `port`;
+        None when `peer` is dialled through another gRPC address but no transfer address
+        (a relay of gRPC only)."""
+        routed = dict(self.peer_transfer_addresses).get(peer.id)
+        if routed is not None:
+            return routed
+        if peer.id in dict(self.peer_grpc_addresses):
+            return None
+        return f"{peer.host}:{port}"
 
 
 @dataclass(frozen=True)
@@ -345,6 +361,7 @@ def parse_config(
                 tls_key_file=key_file,
                 peer_raft_addresses=_peer_addresses(raw, "peer_raft_addresses", where),
                 peer_grpc_addresses=_peer_addresses(raw, "peer_grpc_addresses", where),
+                peer_transfer_addresses=_peer_addresses(raw, "peer_transfer_addresses", where),
                 role=_role(raw, where),
             )
         )
@@ -357,7 +374,11 @@ def parse_config(
             'at least one node with role = "voter", the default: three or five of them)'
         )
     for node in nodes:
-        for peer_id, _ in (*node.peer_raft_addresses, *node.peer_grpc_addresses):
+        for peer_id, _ in (
+            *node.peer_raft_addresses,
+            *node.peer_grpc_addresses,
+            *node.peer_transfer_addresses,
+        ):
             if peer_id == node.id or peer_id not in ids:
                 others = ", ".join(i for i in ids if i != node.id) or "none"
                 raise ConfigError(
@@ -571,7 +592,7 @@ def render_config(config: ClusterConfig, secret_file: str | None = None) -> str:
                 f'tls_cert_file = "{node.tls_cert_file}"',
                 f'tls_key_file = "{node.tls_key_file}"',
             ]
-        for name in ("peer_raft_addresses", "peer_grpc_addresses"):
+        for name in ("peer_raft_addresses", "peer_grpc_addresses", "peer_transfer_addresses"):
             pairs = getattr(node, name)
             if pairs:
                 table = ", ".join(f'"{peer}" = "{address}"' for peer, address in pairs)

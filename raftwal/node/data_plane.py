@@ -243,19 +243,29 @@ class _PortAppendStream:
             if error.code() != grpc.StatusCode.UNIMPLEMENTED:
                 raise
             offer = wire.OpenAppendResponse()  # a node from before OpenAppend
-        if offer.ticket:
-            host = transfer_host(transport.node.config.node(node_id).grpc_address)
+        config = transport.node.config
+        # None: this peer is dialled through a relay of gRPC only (no transfer address).
+        address = (
+            config.node(transport.node.me.id).dial_transfer_address(
+                config.node(node_id), offer.port
+            )
+            if offer.ticket
+            else None
+        )
+        if address is not None:
             try:
                 self._reader, self._writer = await append_stream.connect(
-                    host, offer.port, offer.ticket, transport.tls
+                    transfer_host(address),
+                    int(address.rpartition(":")[2]),
+                    offer.ticket,
+                    transport.tls,
                 )
                 return
             except (append_stream.AppendRefused, OSError, TimeoutError) as error:
                 log.info(
-                    "append connection to %s at %s:%d failed (%r); using the gRPC call",
+                    "append connection to %s at %s failed (%r); using the gRPC call",
                     node_id,
-                    host,
-                    offer.port,
+                    address,
                     error,
                 )
         self._grpc = _GrpcAppendStream(stub)
@@ -341,10 +351,10 @@ class _FaultedAppendStream:
 
 class GrpcReplicaTransport:
     """The owner's side of the Replication service. Append streams go over the replica's
-    transfer port unless `append_over_port` is off or the replica is dialled at another
-    address than its own (`routed_node_ids`: config peer_grpc_addresses, e.g. the chaos
-    suite's per-link proxies, which relay gRPC only); otherwise, and whenever the port
-    is not offered, over the gRPC Append call."""
+    transfer port (at the config's peer_transfer_addresses if set, e.g. the chaos suite's
+    per-link proxies) unless `append_over_port` is off or the replica is dialled through
+    another gRPC address and no transfer address (`routed_node_ids`: a relay of gRPC
+    only); otherwise, and whenever the port is not offered, over the gRPC Append call."""
 
     def __init__(
         self,

@@ -235,11 +235,13 @@ class Node:
                 segment_max_age_ms=config.segment_max_age_ms,
             ),
             # Append streams over the peers' transfer ports (TLS as for gRPC), except to
-            # peers dialled through another address (a relay of gRPC only).
+            # peers dialled through another gRPC address and no transfer address (a
+            # relay of gRPC only).
             transport=GrpcReplicaTransport(
                 self,
                 tls=client_tls(self.security.client),
-                routed_node_ids=frozenset(dict(self.me.peer_grpc_addresses)),
+                routed_node_ids=frozenset(dict(self.me.peer_grpc_addresses))
+                - frozenset(dict(self.me.peer_transfer_addresses)),
             ),
             proposer=self.data_view,
             view=self.data_view,

@@ -9,6 +9,7 @@ import socket
 import threading
 import tomllib
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,7 @@ def test_proxies_forward_drop_and_reset(echo_port: int) -> None:
     net.start()
     try:
         _, configured_b = net.configure([a, b])
+        assert configured_b.peer_transfer_addresses == ()  # a has no transfer port
         host, port = configured_b.dial_raft_address(a).split(":")
         assert int(port) != echo_port  # b dials a through its proxy
         with socket.create_connection((host, int(port)), timeout=5) as client:
@@ -129,6 +131,7 @@ def test_peer_addresses_parse_render_and_validate() -> None:
                 "raft_port": 7301,
                 "peer_raft_addresses": {"n2": "127.0.0.1:7402"},
                 "peer_grpc_addresses": {"n2": "127.0.0.1:7502"},
+                "peer_transfer_addresses": {"n2": "127.0.0.1:7602"},
             },
             {"id": "n2", "grpc_port": 7202, "raft_port": 7302},
         ]
@@ -139,12 +142,22 @@ def test_peer_addresses_parse_render_and_validate() -> None:
         "127.0.0.1:7402",
         "127.0.0.1:7502",
     )
+    assert n1.dial_transfer_address(n2, 7702) == "127.0.0.1:7602"
     assert (n2.dial_raft_address(n1), n2.dial_grpc_address(n1)) == (
         n1.raft_address,
         n1.grpc_address,
     )
+    # Not routed: the port the peer offers, at its host.
+    assert n2.dial_transfer_address(n1, 7701) == f"{n1.host}:7701"
+    # A relay of gRPC but not of the transfer port: no transfer address at all.
+    only_grpc = replace(n1, peer_transfer_addresses=())
+    assert only_grpc.dial_transfer_address(n2, 7702) is None
     again = parse_config(tomllib.loads(render_config(config)), Path("/tmp"), environ={})
     assert again.nodes == config.nodes
+    data["nodes"][0]["peer_transfer_addresses"] = {"n1": "127.0.0.1:1"}
+    with pytest.raises(ConfigError, match="n1"):
+        parse_config(data, Path("/tmp"), environ={})
+    data["nodes"][0]["peer_transfer_addresses"] = {}
     data["nodes"][0]["peer_raft_addresses"] = {"n9": "127.0.0.1:1"}
     with pytest.raises(ConfigError, match="n9"):
         parse_config(data, Path("/tmp"), environ={})
@@ -157,3 +170,28 @@ def test_member_faults_need_a_data_node() -> None:
     with pytest.raises(ValueError, match="member with 0 data nodes"):
         ChaosOptions(seed=1, faults=("kill", "member")).validate()
     ChaosOptions(seed=1, faults=("kill", "member"), nodes=4, data_nodes=1).validate()
+
+
+def test_the_transfer_port_has_a_proxy_of_its_own(echo_port: int) -> None:
+    ports = free_ports(4)
+    a = NodeConfig("a", "127.0.0.1", ports[0], ports[1], Path("/x/a"), transfer_port=echo_port)
+    b = NodeConfig("b", "127.0.0.1", ports[2], ports[3], Path("/x/b"), transfer_port=-1)
+    net = ProxyNet([a, b])
+    net.start()
+    try:
+        configured_a, configured_b = net.configure([a, b])
+        assert configured_a.peer_transfer_addresses == ()  # b's port is off: no link
+        address = configured_b.dial_transfer_address(a, echo_port)
+        assert address is not None
+        host, port = address.split(":")
+        assert int(port) != echo_port
+        with socket.create_connection((host, int(port)), timeout=5) as client:
+            client.sendall(b"append")
+            assert client.recv(100) == b"append"
+            net.cut("a", "b", "reset")
+            with pytest.raises(OSError):
+                client.sendall(b"x")
+                if not client.recv(100):
+                    raise ConnectionResetError("closed")
+    finally:
+        net.close()

@@ -28,6 +28,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from raftwal.chaos.net import ProxyNet
 from raftwal.cli import dev
 from rpc import append_stream, segment_transfer
 from rpc.protos import streaming_pb2 as wire
@@ -286,3 +287,66 @@ def test_replication_over_grpc_when_the_port_is_off(tmp_path: Path) -> None:
     finally:
         client.close()
         local.stop_all()
+
+
+def _durable(cluster: dev.LocalCluster, owner: str, pchannel: str, replica: str) -> float:
+    return _metrics(cluster, owner).get(
+        (
+            "raftwal_wal_replica_durable_lsn",
+            frozenset({("pchannel", pchannel), ("replica", replica)}),
+        ),
+        0.0,
+    )
+
+
+def test_streams_through_per_link_proxies_are_cut_by_a_partition(tmp_path: Path) -> None:
+    """With every link through a proxy (the chaos suite's network), Append streams go
+    through the proxy of the transfer port, so a partition cuts them: a replica cut off
+    from the owner gets nothing while the other acknowledges, and catches up when healed."""
+    config = dev.make_config(tmp_path, 3)
+    net = ProxyNet(config.nodes)
+    net.start()
+    local: dev.LocalCluster | None = None
+    client: Api | None = None
+    try:
+        config = replace(config, nodes=net.configure(config.nodes))
+        local = dev.up(tmp_path, 3, timeout_s=60, config=config)
+        client = Api(local.endpoints)
+        (pchannel,) = setup_channels(client, "approxy", {"apx_v": 0})
+        owner, _, _ = wait_assigned(client, pchannel)
+        producer = Producer(client, pchannel, "approxy")
+        history = History()
+        try:
+            for k in range(5):
+                assert producer.send("apx_v", [b"apx-%d-%d" % (k, i) for i in range(20)], history)
+            cut, other = _replicas(client, pchannel, owner)
+            for replica in (cut, other):
+                _wait(
+                    f"{replica} caught up",
+                    lambda r=replica: _replica_caught_up(local, owner, pchannel, r),
+                )
+                assert _port_count(local, replica, "appends") >= 1, f"{replica}: not over the port"
+            net.cut(owner, cut, "drop")
+            before = _durable(local, owner, pchannel, cut)
+            for k in range(5, 15):
+                assert producer.send("apx_v", [b"apx-%d-%d" % (k, i) for i in range(20)], history)
+            _wait(
+                f"{other} caught up while {cut} is cut off",
+                lambda: _replica_caught_up(local, owner, pchannel, other),
+            )
+            assert _durable(local, owner, pchannel, cut) == before, f"{cut} got appends"
+            net.heal_all()
+            _wait(
+                f"{cut} caught up after the heal",
+                lambda: _replica_caught_up(local, owner, pchannel, cut),
+                timeout_s=60.0,
+            )
+        finally:
+            producer.close()
+        _check_history(history, consume_all(client, "apx_v", pchannel, expect=len(history.acked)))
+    finally:
+        if client is not None:
+            client.close()
+        if local is not None:
+            local.stop_all()
+        net.close()
