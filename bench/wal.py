@@ -29,6 +29,11 @@ Phases, for each system:
 - produce->ack latency p50/p99 at half of the measured maximum rate (100-byte messages,
   `--producers` producers): an open loop sends single batches on a fixed schedule, and a
   batch's latency runs from its scheduled send time to its ack.
+- with `--common-rate R`: the same open loop at R msgs/s for every system, so that latencies
+  compare at one load (each system's half load is half of its own maximum). A system with
+  a batch unacknowledged, or under 90% of R msgs/s acknowledged from the phase start to
+  its last ack, did not keep up: a note says so instead of a ratio. A good R is JetStream
+  sync always's half-load rate from an earlier run (e.g. 30000).
 - consume throughput: read every acknowledged message back from the start (raftwal:
   `Consume(vchannel, DELIVER_POLICY_ALL)` on the owner; JetStream: an ordered push
   consumer on the leader's server) until all of them arrived.
@@ -38,9 +43,11 @@ Phases, for each system:
   the cluster healthy again before the next trial. `--trials` (10; quick 3).
 
     ./run bench wal [--quick] [--json] [--markdown] [--skip-nats] [--skip-raftwal]
+                    [--common-rate R]
 
 Targets (the WAL issue): >= 100,000 msgs/s of 100-byte messages with 8 producers; >= 1.0x
-JetStream R3 with sync always; produce p99 <= 20 ms at half load; failover p50 <= 2 s.
+JetStream R3 with sync always; produce p99 <= 20 ms at half load; failover p50 <= 2 s;
+with `--common-rate`, produce p50 <= 1.0x JetStream sync always at that rate.
 nats-server comes from `scripts/install-nats.sh`. Every process started here is stopped by
 pid; every loop is bounded by a count and by a time budget.
 """
@@ -107,6 +114,7 @@ TARGET_SMALL_MSGS_PER_S = 100_000
 TARGET_JETSTREAM_RATIO = 1.0
 TARGET_HALF_LOAD_P99_MS = 20.0
 TARGET_FAILOVER_P50_S = 2.0
+TARGET_COMMON_RATE_P50_RATIO = 1.0
 
 SMALL_BYTES = 100
 LARGE_BYTES = 10 * 1024
@@ -130,6 +138,9 @@ RAW_MAX_BYTES = 4 * 1024**3
 # Open-loop latency phase: batches scheduled while this many are outstanding are skipped
 # (and counted as "overload"), so a wedged system cannot pile up unbounded work.
 PACED_MAX_OUTSTANDING = 1000
+# A paced phase kept up with its rate if every batch was acknowledged and the acknowledged
+# messages per second, from the phase start to the last ack, reached this share of it.
+KEPT_UP_FRACTION = 0.9
 # gRPC messages: a Consume response holds up to 1000 entries (10 MB of 10 KiB payloads).
 GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # JetStream needs nats-server >= 2.10 for `sync_interval: always`.
@@ -357,12 +368,28 @@ class PacedResult:
     #: (scheduled send time since the phase start, latency) of every acknowledged batch, s
     timeline: list[tuple[float, float]] = field(default_factory=list)
 
+    @property
+    def acked_msgs_per_s(self) -> float:
+        """Acknowledged messages per second from the phase start to the last ack."""
+        end = max((start + latency for start, latency in self.timeline), default=0.0)
+        return self.acked_messages / end if end > 0 else 0.0
+
+    @property
+    def kept_up(self) -> bool:
+        return (
+            not self.latencies.errors
+            and len(self.latencies.samples_s) == self.scheduled
+            and self.acked_msgs_per_s >= KEPT_UP_FRACTION * self.rate_msgs_per_s
+        )
+
     def summary(self) -> dict[str, object]:
         return {
             "rate_msgs_per_s": round(self.rate_msgs_per_s, 1),
             "rate_batches_per_s": round(self.rate_batches_per_s, 1),
             "scheduled_batches": self.scheduled,
             "acked_messages": self.acked_messages,
+            "acked_msgs_per_s": round(self.acked_msgs_per_s, 1),
+            "kept_up": self.kept_up,
             "batch_latency": self.latencies.summary(),
         }
 
@@ -1291,6 +1318,7 @@ class Settings:
     small_batch: int
     large_batch: int
     trials: int
+    common_rate: float | None = None
 
     def batch(self, size: str) -> int:
         return self.small_batch if size == "small" else self.large_batch
@@ -1315,6 +1343,7 @@ class SystemRun:
     error: str | None = None
     loads: dict[str, list[LoadResult]] = field(default_factory=dict)
     paced: PacedResult | None = None
+    common: PacedResult | None = None
     consumes: dict[str, ConsumeResult] = field(default_factory=dict)
     failover: FailoverResult | None = None
     extra: dict[str, object] = field(default_factory=dict)
@@ -1344,6 +1373,13 @@ class SystemRun:
             out["half_load_p50_ms"] = self.paced.latencies.p50_ms
             out["half_load_p99_ms"] = self.paced.latencies.p99_ms
             out["half_load_errors"] = float(sum(self.paced.latencies.errors.values()))
+        if self.common is not None:
+            out["common_rate_msgs_per_s"] = self.common.rate_msgs_per_s
+            out["common_rate_p50_ms"] = self.common.latencies.p50_ms
+            out["common_rate_p99_ms"] = self.common.latencies.p99_ms
+            out["common_rate_errors"] = float(sum(self.common.latencies.errors.values()))
+            out["common_rate_acked_msgs_per_s"] = self.common.acked_msgs_per_s
+            out["common_rate_kept_up"] = 1.0 if self.common.kept_up else 0.0
         for size, consumed in self.consumes.items():
             out[f"consume_{size}_msgs_per_s"] = consumed.msgs_per_s
             out[f"consume_{size}_mb_per_s"] = consumed.mb_per_s
@@ -1367,6 +1403,8 @@ class SystemRun:
         }
         if self.paced is not None:
             entry["half_load"] = self.paced.summary()
+        if self.common is not None:
+            entry["common_rate"] = self.common.summary()
         if self.consumes:
             entry["consume"] = {k: c.summary() for k, c in self.consumes.items()}
         if self.failover is not None:
@@ -1421,6 +1459,29 @@ async def measure_half_load(system: WalSystem, settings: Settings, run: SystemRu
     )
 
 
+async def measure_common_rate(system: WalSystem, settings: Settings, run: SystemRun) -> None:
+    rate = settings.common_rate
+    if rate is None:
+        return
+    producers = await system.producers("small", settings.producers, settings.small_batch)
+    try:
+        run.common = await paced_load(producers, rate, settings.latency_duration_s)
+    finally:
+        await close_all(producers)
+    latencies = run.common.latencies
+    behind = ""
+    if not run.common.kept_up:
+        behind = (
+            f" [yellow]did not keep up: {len(latencies.samples_s):,}/{run.common.scheduled:,} "
+            f"batches acknowledged, {run.common.acked_msgs_per_s:,.0f} msgs/s[/yellow]"
+        )
+    say(
+        f"{system.name}: common rate {rate:,.0f} msgs/s: batch latency p50 "
+        f"{latencies.p50_ms:.2f} ms, p99 {latencies.p99_ms:.2f} ms, errors "
+        f"{dict(latencies.errors)}{behind}"
+    )
+
+
 async def measure_consume(system: WalSystem, settings: Settings, run: SystemRun) -> None:
     for size in SIZES:
         produced = sum(
@@ -1429,8 +1490,8 @@ async def measure_consume(system: WalSystem, settings: Settings, run: SystemRun)
             for r in rs
             if key.startswith(size)
         )
-        if size == "small" and run.paced is not None:
-            produced += run.paced.acked_messages
+        if size == "small":
+            produced += sum(p.acked_messages for p in (run.paced, run.common) if p is not None)
         if produced == 0:
             continue
         result = await system.consume(size, produced, settings.consume_budget_s)
@@ -1480,6 +1541,7 @@ async def measure_system(system: WalSystem, settings: Settings, run: SystemRun) 
         say(f"{system.label} {run.version} up ({system.durability})")
         await measure_loads(system, settings, run)
         await measure_half_load(system, settings, run)
+        await measure_common_rate(system, settings, run)
         await measure_consume(system, settings, run)
         if settings.trials:
             await measure_failover(system, settings, run)
@@ -1524,6 +1586,9 @@ ROWS = [
     ("half_load_msgs_per_s", "half-load rate, 100 B x {n} (msgs/s)", "{:,.0f}"),
     ("half_load_p50_ms", "produce->ack p50 at half load (ms)", "{:.2f}"),
     ("half_load_p99_ms", "produce->ack p99 at half load (ms)", "{:.2f}"),
+    ("common_rate_msgs_per_s", "common rate, 100 B x {n} (msgs/s)", "{:,.0f}"),
+    ("common_rate_p50_ms", "produce->ack p50 at the common rate (ms)", "{:.2f}"),
+    ("common_rate_p99_ms", "produce->ack p99 at the common rate (ms)", "{:.2f}"),
     ("consume_small_msgs_per_s", "consume 100 B (msgs/s)", "{:,.0f}"),
     ("consume_small_mb_per_s", "consume 100 B (MB/s)", "{:.1f}"),
     ("consume_large_msgs_per_s", "consume 10 KiB (msgs/s)", "{:,.0f}"),
@@ -1539,6 +1604,9 @@ RATIO_COLUMNS = [
     ("jetstream_sync_always", "raftwal / JS always"),
     ("jetstream_default", "raftwal / JS default"),
 ]
+# Latencies of the common-rate phase: marked, and left out of the ratios, for a system that
+# did not keep up with the rate.
+COMMON_RATE_LATENCY_KEYS = {"common_rate_p50_ms", "common_rate_p99_ms"}
 
 
 def _value(report: dict[str, Any], system: str, key: str) -> float | None:
@@ -1547,6 +1615,27 @@ def _value(report: dict[str, Any], system: str, key: str) -> float | None:
         return None
     value = entry["summary"].get(key)
     return None if value is None else float(value)
+
+
+def _behind(report: dict[str, Any], system: str) -> bool:
+    """Whether `system` ran the common-rate phase and did not keep up with it."""
+    return _value(report, system, "common_rate_kept_up") == 0.0
+
+
+def _behind_note(report: dict[str, Any], system: str) -> str:
+    entry = report["systems"][system]
+    acked = _value(report, system, "common_rate_acked_msgs_per_s") or 0.0
+    errors = _value(report, system, "common_rate_errors") or 0.0
+    return (
+        f"{entry['label']} did not keep up with {report['settings']['common_rate']:,.0f} "
+        f"msgs/s ({acked:,.0f} msgs/s acknowledged, {errors:,.0f} errors)"
+    )
+
+
+def _jetstream_missing(report: dict[str, Any]) -> str:
+    entry = report["systems"].get("jetstream_sync_always", {})
+    note = entry.get("error") or "JetStream R3 sync always not measured"
+    return str(report.get("not_available", {}).get("JetStream R3 sync always", note))
 
 
 def targets(report: dict[str, Any]) -> list[dict[str, object]]:
@@ -1587,11 +1676,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, object]]:
     for size, label in (("small", "100 B"), ("large", "10 KiB")):
         mine = _value(report, "raftwal", f"{size}_pn_msgs_per_s")
         other = _value(report, "jetstream_sync_always", f"{size}_pn_msgs_per_s")
-        entry = report["systems"].get("jetstream_sync_always", {})
-        note = ""
-        if not other:
-            note = entry.get("error") or "JetStream R3 sync always not measured"
-            note = report.get("not_available", {}).get("JetStream R3 sync always", note)
+        note = "" if other else _jetstream_missing(report)
         ratio = mine / other if mine is not None and other else None
         add(
             f">= {TARGET_JETSTREAM_RATIO:.1f}x JetStream R3 sync always, {label}, {n} producers",
@@ -1606,6 +1691,29 @@ def targets(report: dict[str, Any]) -> list[dict[str, object]]:
         lambda v: v <= TARGET_HALF_LOAD_P99_MS,
         "{:.2f} ms",
     )
+    rate = report["settings"].get("common_rate")
+    if rate is not None:
+        mine = _value(report, "raftwal", "common_rate_p50_ms")
+        other = _value(report, "jetstream_sync_always", "common_rate_p50_ms")
+        behind = [
+            _behind_note(report, name)
+            for name in ("raftwal", "jetstream_sync_always")
+            if _behind(report, name)
+        ]
+        note = "; ".join(behind)
+        if not behind and not other:
+            note = _jetstream_missing(report)
+        elif not behind and mine is not None:
+            note = f"p50 {mine:.2f} ms against {other:.2f} ms"
+        ratio = mine / other if mine is not None and other and not behind else None
+        add(
+            f"produce p50 <= {TARGET_COMMON_RATE_P50_RATIO:.1f}x JetStream sync always at a "
+            f"common rate of {rate:,.0f} msgs/s",
+            ratio,
+            lambda v: v <= TARGET_COMMON_RATE_P50_RATIO,
+            "{:.2f}x",
+            note,
+        )
     add(
         f"failover p50 <= {TARGET_FAILOVER_P50_S:.1f} s",
         _value(report, "raftwal", "failover_p50_s"),
@@ -1632,8 +1740,16 @@ def table_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         if all(v is None for v in values):
             continue
         cells = ["-" if v is None else fmt.format(v) for v in values]
+        common_latency = key in COMMON_RATE_LATENCY_KEYS
+        if common_latency:
+            cells = [
+                f"{cell} (fell behind)" if _behind(report, n) else cell
+                for cell, n in zip(cells, names, strict=True)
+            ]
         for other, _title in ratios:
             mine, theirs = _value(report, "raftwal", key), _value(report, other, key)
+            if common_latency and (_behind(report, "raftwal") or _behind(report, other)):
+                mine = None
             cells.append(f"{mine / theirs:.2f}x" if mine is not None and theirs else "-")
         rows.append([label.format(n=report["settings"]["producers"]), *cells])
     return header, rows
@@ -1652,6 +1768,12 @@ def _notes(report: dict[str, Any]) -> list[str]:
     for name, reason in report.get("not_available", {}).items():
         lines.append(f"{name}: not available: {reason}")
     settings = report["settings"]
+    if settings.get("common_rate") is not None:
+        lines.append(
+            f"half load: half of each system's own maximum; common rate: "
+            f"{settings['common_rate']:,.0f} msgs/s for every system"
+        )
+        lines += [_behind_note(report, n) for n in SYSTEM_ORDER if _behind(report, n)]
     lines.append(
         f"batches: {settings['small_batch']} x 100 B, {settings['large_batch']} x 10 KiB; "
         f"{settings['in_flight']} batches in flight per producer; medians of "
@@ -1729,6 +1851,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--skip-nats", action="store_true", help="do not measure NATS JetStream")
     parser.add_argument("--skip-failover", action="store_true", help="no failover trials")
     parser.add_argument("--nats-server", help="nats-server binary (default: newest installed)")
+    parser.add_argument(
+        "--common-rate",
+        type=float,
+        metavar="R",
+        help="also measure produce->ack latency of every system at R msgs/s (off)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--markdown", action="store_true", help="print the table as Markdown (BENCHMARKS.md)"
@@ -1750,6 +1878,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"invalid --{name.replace('_', '-')} ({value}; expected {low}..{high})")
     if args.duration_s is not None and not 0.5 <= args.duration_s <= 600:
         parser.error(f"invalid --duration-s ({args.duration_s}; expected 0.5..600)")
+    if args.common_rate is not None and not 1 <= args.common_rate <= 10_000_000:
+        parser.error(f"invalid --common-rate ({args.common_rate}; expected 1..10000000)")
     return args
 
 
@@ -1768,6 +1898,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         small_batch=args.small_batch,
         large_batch=args.large_batch,
         trials=0 if args.skip_failover else trials,
+        common_rate=args.common_rate,
     )
 
 
