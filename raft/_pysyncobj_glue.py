@@ -15,8 +15,10 @@ opaque bytes), or be imported by anything but `raft/peer.py`.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
+import select
 import socket
 import struct
 import zlib
@@ -752,6 +754,92 @@ class Wakeup:
         os.close(self._write_fd)
 
 
+class LoopPoller:
+    """pysyncobj's poller for a peer ticked on an asyncio event loop (`RaftTuning.
+    tick_on_event_loop`).
+
+    Every subscription is kept twice: in a `select.poll` object, which `poll()` queries
+    with no wait and dispatches exactly as pysyncobj's `PollPoller` does, and in the event
+    loop (`add_reader` / `add_writer`), whose callbacks only call `wake` (the peer schedules
+    a tick). The event loop is thus only an alarm clock: what a tick reads and writes is
+    decided by the same level-triggered poll as in the tick thread, so a stale loop event
+    costs one empty tick, never a wrong dispatch. `poll()` must never be given a timeout
+    other than 0 (it would block the loop), and everything here runs on the loop's thread.
+    """
+
+    def __init__(self, loop: Any, wake: Callable[[], None]) -> None:
+        self._loop = loop
+        self._wake = wake
+        self._poll = select.poll()
+        self._callbacks: dict[int, Callable[[int, int], None]] = {}
+        self._in_loop: dict[int, int] = {}
+        # Events dispatched by the last poll(): the peer ticks again at once after a poll
+        # that did something, as the tick thread does.
+        self.last_events = 0
+
+    def subscribe(self, descr: int, callback: Callable[[int, int], None], mask: int) -> None:
+        poll_mask = 0
+        if mask & POLL_EVENT_TYPE.READ:
+            poll_mask |= select.POLLIN
+        if mask & POLL_EVENT_TYPE.WRITE:
+            poll_mask |= select.POLLOUT
+        if mask & POLL_EVENT_TYPE.ERROR:
+            poll_mask |= select.POLLERR
+        self._callbacks[descr] = callback
+        self._poll.register(descr, poll_mask)
+        # Writes are watched only while a send buffer is not empty; a read (or an error,
+        # which the selector reports as readable) is always watched.
+        wanted = POLL_EVENT_TYPE.READ | (mask & POLL_EVENT_TYPE.WRITE)
+        if self._in_loop.get(descr) == wanted:
+            return
+        # Removed first, whatever the loop holds: pysyncobj closes a socket before it
+        # unsubscribes (tcp_connection.py lines 162-166), so the descriptor number may
+        # be a new socket's by now.
+        self._remove_from_loop(descr)
+        self._loop.add_reader(descr, self._wake)
+        if wanted & POLL_EVENT_TYPE.WRITE:
+            self._loop.add_writer(descr, self._wake)
+        self._in_loop[descr] = wanted
+
+    def unsubscribe(self, descr: int) -> None:
+        self._callbacks.pop(descr, None)
+        with contextlib.suppress(KeyError):
+            self._poll.unregister(descr)
+        self._remove_from_loop(descr)
+
+    def _remove_from_loop(self, descr: int) -> None:
+        if self._in_loop.pop(descr, None) is None or self._loop.is_closed():
+            return
+        # With the socket closed already, the selector's epoll_ctl fails (EBADF); it has
+        # then dropped the descriptor from its map, which is all that is needed.
+        with contextlib.suppress(OSError):
+            self._loop.remove_reader(descr)
+        with contextlib.suppress(OSError):
+            self._loop.remove_writer(descr)
+
+    def close(self) -> None:
+        for descr in list(self._in_loop):
+            self._remove_from_loop(descr)
+
+    def poll(self, timeout: float) -> None:
+        assert timeout == 0, "a loop-ticked peer never waits in poll"
+        events = self._poll.poll(0)
+        self.last_events = len(events)
+        for descr, event in events:
+            mask = 0
+            if event & select.POLLIN:
+                mask |= POLL_EVENT_TYPE.READ
+            if event & select.POLLOUT:
+                mask |= POLL_EVENT_TYPE.WRITE
+            if event & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+                mask |= POLL_EVENT_TYPE.ERROR
+            callback = self._callbacks.get(descr)
+            if callback is not None:
+                callback(descr, mask)
+            elif event & select.POLLNVAL:
+                self.unsubscribe(descr)
+
+
 class DialedNode(TCPNode):
     """A partner known by its address (its Raft identity: what it announces, what
     equality and leadership use) but connected to at another address, e.g. a proxy.
@@ -786,11 +874,16 @@ class RaftwalSyncObj(SyncObj):
         guard: PortGuard,
         dial_addresses: dict[str, str] | None = None,
         own_address: str | None = None,
+        poller: LoopPoller | None = None,
     ) -> None:
         # Set before SyncObj.__init__, which scans dir(self) for replicated methods.
         self._raftwal_apply_entry = apply_entry
 
         def make_transport(sync_obj: SyncObj, self_node: Any, other_nodes: Any) -> TCPTransport:
+            if poller is not None:
+                # SyncObj.__init__ made its own poller just before (line 205); nothing
+                # subscribed to it yet.
+                sync_obj._poller = poller
             transport = DurableTransport(sync_obj, self_node, other_nodes, gate, guard)
             self._raftwal_transport = transport
             return transport

@@ -37,15 +37,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import heapq
 import ipaddress
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,7 @@ from pysyncobj.node import TCPNode
 from raft._pysyncobj_glue import (
     STATE_NAMES,
     AckGate,
+    LoopPoller,
     PortGuard,
     PortLimits,
     RaftwalSyncObj,
@@ -89,6 +92,15 @@ _LEADER_STATE = 2
 # The cluster secret keys the Raft transport's encryption and authentication (Fernet, via
 # pysyncobj): anything shorter is guessable by brute force.
 MIN_PASSWORD_CHARS = 16
+# `RaftTuning.tick_on_event_loop`'s default: "1" ticks every peer on an event loop (an
+# experiment, see BENCHMARKS.md); read here only.
+TICK_ON_EVENT_LOOP_ENV = "RAFTWAL_RAFT_TICK_ON_LOOP"
+
+
+def _tick_on_event_loop_default() -> bool:
+    return os.environ.get(TICK_ON_EVENT_LOOP_ENV, "") == "1"
+
+
 # After this many consecutive failed ticks (pysyncobj raised something unexpected) the
 # peer stops instead of spinning on the same error.
 _MAX_CONSECUTIVE_TICK_FAILURES = 50
@@ -149,6 +161,14 @@ class RaftTuning:
     # leader's over one guard window; oscillators differ by well under 0.1%.
     lease_reads: bool = True
     max_clock_drift: float = 0.1
+    # Where pysyncobj's tick runs. False: on the peer's own tick thread, which blocks in
+    # poll and hands results to the event loop (`LoopMailbox`). True (an experiment,
+    # default from $RAFTWAL_RAFT_TICK_ON_LOOP=1): on the asyncio event loop running on the
+    # constructing thread (or, without one, on a loop the peer runs on a thread of its
+    # own), woken by its sockets (`LoopPoller`), by proposals and by a tick_period_s timer.
+    # The same tick, the same journal syncs and AckGate flushes in the same order; the
+    # fsyncs and applies then block that loop while they run.
+    tick_on_event_loop: bool = field(default_factory=_tick_on_event_loop_default)
 
     def vote_guard_s(self) -> float:
         return self.vote_guard_fraction * self.election_timeout_min_s
@@ -338,7 +358,12 @@ class LoopMailbox:
             self._scheduled = True
             self.wakeups += 1
         try:
-            self._loop.call_soon_threadsafe(self._drain)
+            if threading.get_ident() == getattr(self._loop, "_thread_id", None):
+                # Posted on the loop's own thread (a peer ticked on the loop): no need to
+                # write to its self-pipe.
+                self._loop.call_soon(self._drain)
+            else:
+                self._loop.call_soon_threadsafe(self._drain)
         except RuntimeError:
             logger.debug("event loop closed; %d posted callbacks dropped", len(self._items))
 
@@ -375,6 +400,7 @@ async def _awaited(future: concurrent.futures.Future[Any]) -> Any:
     loop = asyncio.get_running_loop()
     mailbox = loop_mailbox(loop)
     waiter: asyncio.Future[Any] = loop.create_future()
+    loop_thread = threading.get_ident()
 
     def settle(done: concurrent.futures.Future[Any]) -> None:
         if waiter.done():
@@ -385,8 +411,73 @@ async def _awaited(future: concurrent.futures.Future[Any]) -> Any:
         else:
             waiter.set_result(done.result())
 
-    future.add_done_callback(lambda done: mailbox.post(settle, done))
+    def deliver(done: concurrent.futures.Future[Any]) -> None:
+        # Settled on this loop's own thread (a peer ticked on it, or already settled):
+        # no hand-off needed.
+        if threading.get_ident() == loop_thread:
+            settle(done)
+        else:
+            mailbox.post(settle, done)
+
+    future.add_done_callback(deliver)
     return await waiter
+
+
+class _LoopTicker:
+    """Schedules a loop-ticked peer's ticks (`RaftTuning.tick_on_event_loop`): at most one
+    tick queued at a time, on a socket event (`LoopPoller`), a proposal or read from any
+    thread (`notify`, the tick thread's `Wakeup` counterpart), or every `period_s`."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, tick: Callable[[], None], period_s: float
+    ) -> None:
+        self.loop = loop
+        self._tick = tick
+        self._period_s = period_s
+        self._scheduled = False
+        self._closed = False
+        self._timer: asyncio.TimerHandle | None = None
+        # The loop's thread (None until a loop of the peer's own starts running).
+        self.thread_id: int | None = None
+
+    def on_loop_thread(self) -> bool:
+        return threading.get_ident() == self.thread_id
+
+    def notify(self) -> None:
+        """Any thread: tick soon. A notify that sees a tick queued needs none of its own:
+        that tick clears the flag before it drains pysyncobj's command queue."""
+        if self._scheduled or self._closed:
+            return
+        self._scheduled = True
+        try:
+            if self.on_loop_thread():
+                self.loop.call_soon(self._run)
+            else:
+                self.loop.call_soon_threadsafe(self._run)
+        except RuntimeError:
+            logger.debug("event loop closed; raft tick not scheduled")
+
+    def _run(self) -> None:
+        self._scheduled = False
+        if not self._closed:
+            self._tick()
+
+    def start(self) -> None:
+        """On the loop's thread, or before the loop runs."""
+        self._timer = self.loop.call_later(self._period_s, self._on_timer)
+
+    def _on_timer(self) -> None:
+        if self._closed:
+            return
+        self._timer = self.loop.call_later(self._period_s, self._on_timer)
+        self.notify()
+
+    def close(self) -> None:
+        """On the loop's thread (or with the loop stopped)."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 def _host_of(address: str) -> str:
@@ -496,6 +587,22 @@ class RaftPeer:
         self._snapshots_written = 0
         self._sent_marker: tuple[int, int, int] = (-1, -1, -1)
         self._thread: threading.Thread | None = None
+        # tick_on_event_loop: the ticker, whether the peer runs that loop itself (on
+        # self._thread), and whether the loop's ticking has ended.
+        self._ticker: _LoopTicker | None = None
+        self._own_loop = False
+        self._loop_done = False
+        self._loop_poller: LoopPoller | None = None
+        if tuning.tick_on_event_loop:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = asyncio.new_event_loop()
+                self._own_loop = True
+            self._ticker = _LoopTicker(loop, self._loop_tick, tuning.tick_period_s)
+            if not self._own_loop:
+                self._ticker.thread_id = threading.get_ident()
+            self._loop_poller = LoopPoller(loop, self._ticker.notify)
         # At most one leadership transfer request waits for the tick thread.
         self._transfer: concurrent.futures.Future[bool] | None = None
         # While a transfer is under way the leader appends nothing new (monotonic time):
@@ -555,6 +662,7 @@ class RaftPeer:
                     self._port_guard,
                     dial_addresses,
                     own_address=self_address,
+                    poller=self._loop_poller,
                 )
             except SyncObjException as exc:
                 raise OSError(f"cannot bind the raft port of {self_address}: {exc}") from exc
@@ -564,7 +672,11 @@ class RaftPeer:
             self._rounds = syncobj.raftwal_transport().raftwal_rounds
             self._rounds.on_answer = self._on_answer
             syncobj.raftwal_transport().raftwal_vote_guard_s = tuning.vote_guard_s()
-            self._wakeup = self._started_wakeup = Wakeup(syncobj._poller)
+            self._wakeup: Wakeup | _LoopTicker
+            if self._ticker is None:
+                self._wakeup = self._started_wakeup = Wakeup(syncobj._poller)
+            else:
+                self._wakeup = self._ticker
             syncobj.addOnTickCallback(self._before_poll)
             syncobj.addOnTickCallback(self._run_transfer)
             # The first tick loads the snapshot and applies the committed journal suffix;
@@ -580,19 +692,32 @@ class RaftPeer:
         except BaseException:
             self._shutdown_syncobj()
             self._journal.close()
+            if self._loop_poller is not None:
+                self._loop_poller.close()
+            if self._ticker is not None and self._own_loop:
+                self._ticker.loop.close()
             raise
-        self._thread = threading.Thread(
-            target=self._run, name=f"raft-tick-{self_address}", daemon=True
-        )
-        self._thread.start()
+        if self._ticker is None:
+            self._thread = threading.Thread(
+                target=self._run, name=f"raft-tick-{self_address}", daemon=True
+            )
+            self._thread.start()
+        else:
+            self._ticker.start()
+            if self._own_loop:
+                self._thread = threading.Thread(
+                    target=self._run_own_loop, name=f"raft-loop-{self_address}", daemon=True
+                )
+                self._thread.start()
         logger.info(
-            "raft peer %s started (%s; partners %s, durable=%s, commit %d, applied %d)",
+            "raft peer %s started (%s; partners %s, durable=%s, commit %d, applied %d%s)",
             self_address,
             "voter" if voter else "non-voting",
             ", ".join(partners) or "none",
             durable,
             self.commit_index(),
             self.last_applied_index(),
+            "" if self._ticker is None else ", ticked on the event loop",
         )
 
     def _make_conf(
@@ -1203,7 +1328,10 @@ class RaftPeer:
             return
         self._closed = True
         self._stop.set()
-        self._wakeup.notify()
+        if self._ticker is not None:
+            self._stop_loop_ticks()
+        else:
+            self._wakeup.notify()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(self._tuning.close_timeout_s)
@@ -1235,6 +1363,84 @@ class RaftPeer:
             self._fail_all_pending(PeerClosed(f"raft peer stopped: {self._fatal}"))
             if self._on_fatal is not None:
                 self._on_fatal(self._fatal)
+
+    # ------------------------------------------------- ticks on an event loop
+
+    def _run_own_loop(self) -> None:
+        """The thread of a loop-ticked peer constructed without a running loop."""
+        ticker = self._ticker
+        assert ticker is not None
+        ticker.thread_id = threading.get_ident()
+        asyncio.set_event_loop(ticker.loop)
+        try:
+            ticker.loop.run_forever()
+        finally:
+            ticker.loop.close()
+
+    def _loop_tick(self) -> None:
+        """One tick on the event loop; `_run`'s body, one iteration at a time."""
+        if self._loop_done:
+            return
+        if not self._stop.is_set() and self._fatal is None:
+            self._tick_once(0.0)
+            poller = self._loop_poller
+            assert poller is not None and self._ticker is not None
+            if poller.last_events:
+                # The tick thread polls again at once after a poll that did something:
+                # the follower's group commit and its acks, the leader's commit of what
+                # its followers answered, are the next tick's first steps.
+                self._ticker.notify()
+        if self._stop.is_set() or self._fatal is not None:
+            self._finish_loop()
+
+    def _finish_loop(self) -> None:
+        """On the loop's thread (or with the loop stopped): `_run`'s ending."""
+        if self._loop_done:
+            return
+        self._loop_done = True
+        ticker, poller = self._ticker, self._loop_poller
+        assert ticker is not None and poller is not None
+        ticker.close()
+        self._shutdown_syncobj()
+        poller.close()
+        if self._fatal is not None:
+            self._fail_all_pending(PeerClosed(f"raft peer stopped: {self._fatal}"))
+            if self._on_fatal is not None:
+                self._on_fatal(self._fatal)
+        if self._own_loop:
+            ticker.loop.stop()
+
+    def _stop_loop_ticks(self) -> None:
+        """close() of a loop-ticked peer: end the ticking on the loop's thread, and wait."""
+        ticker = self._ticker
+        assert ticker is not None
+        loop = ticker.loop
+        if ticker.on_loop_thread() or loop.is_closed() or not loop.is_running():
+            self._finish_loop()
+            return
+        if self._own_loop:
+            # The loop stops in _finish_loop, whoever runs it (a tick that saw _stop may
+            # have already); close() then joins the loop's thread.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._finish_loop)
+            return
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def finish() -> None:
+            try:
+                self._finish_loop()
+            finally:
+                done.set_result(None)
+
+        try:
+            loop.call_soon_threadsafe(finish)
+            done.result(self._tuning.close_timeout_s)
+        except (RuntimeError, TimeoutError):
+            logger.error(
+                "raft ticks of %s on the event loop did not stop within %.1fs",
+                self._self_address,
+                self._tuning.close_timeout_s,
+            )
 
     def _tick_once(self, poll_timeout_s: float) -> None:
         try:

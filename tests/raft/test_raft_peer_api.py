@@ -7,6 +7,8 @@ and the asyncio bridge.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import socket
 import threading
 import time
@@ -236,12 +238,52 @@ def test_peer_without_leader_refuses_with_no_hint(tmp_path: Path) -> None:
 
 async def test_propose_async_bridges_to_the_event_loop(tmp_path: Path) -> None:
     app = ListApp()
-    peer = _solo(tmp_path, app)
+    # Built off the loop: _solo waits for leadership by sleeping, which would stall a peer
+    # ticked on this loop (RAFTWAL_RAFT_TICK_ON_LOOP=1; it then runs a loop of its own).
+    peer = await asyncio.to_thread(_solo, tmp_path, app)
     try:
         results = [await peer.propose_async(f"c{n}".encode(), 5.0) for n in range(5)]
         assert results == [f"ok:c{n}".encode() for n in range(5)]
     finally:
         peer.close()
+
+
+async def test_peer_ticked_on_the_callers_event_loop(tmp_path: Path) -> None:
+    app = ListApp()
+    applied_on: set[int] = set()
+
+    def apply(command: bytes, index: int) -> bytes:
+        applied_on.add(threading.get_ident())
+        return app.apply(command, index)
+
+    port = free_ports(1)[0]
+    peer = RaftPeer(
+        f"127.0.0.1:{port}",
+        [],
+        tmp_path,
+        apply,
+        app.take_snapshot,
+        app.restore_snapshot,
+        tuning=dataclasses.replace(FAST, tick_on_event_loop=True),
+        password=TEST_SECRET,
+    )
+    try:
+        deadline = time.monotonic() + 10.0
+        while not peer.is_leader() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert peer.is_leader()
+        results = [await peer.propose_async(f"c{n}".encode(), 5.0) for n in range(5)]
+        assert results == [f"ok:c{n}".encode() for n in range(5)]
+        # Proposed from another thread too (the ticker is woken through the loop).
+        future = await asyncio.to_thread(peer.propose, b"other", 5.0)
+        assert await asyncio.wrap_future(future) == b"ok:other"
+        assert await peer.read_index_async(5.0) >= 1
+        # Every tick ran here: no tick thread.
+        assert applied_on == {threading.get_ident()}
+        assert not [t for t in threading.enumerate() if t.name.startswith("raft-")]
+    finally:
+        peer.close()
+    assert peer.status()["closed"]
 
 
 def test_wakeup_never_gets_stuck_armed_under_concurrent_notifies() -> None:
