@@ -457,6 +457,13 @@ class _LoopTicker:
         except RuntimeError:
             logger.debug("event loop closed; raft tick not scheduled")
 
+    def notify_after(self, iterations: int) -> None:
+        """On the loop's thread: tick after `iterations` (>= 1) loop iterations."""
+        if iterations <= 1:
+            self.notify()
+        else:
+            self.loop.call_soon(self.notify_after, iterations - 1)
+
     def _run(self) -> None:
         self._scheduled = False
         if not self._closed:
@@ -500,6 +507,11 @@ def is_loopback_address(address: str) -> bool:
 
 class RaftPeer:
     """One member of a Raft cluster replicating opaque command bytes (see module doc)."""
+
+    # Loop-ticked peers only, an experiment (bench/write_trace.py --experiment
+    # loop-defer-commit-push): a leader pushes a commit index that is all that changed
+    # one tick later, after the loop resumed the callers the apply answered.
+    _defer_commit_push = 0  # loop iterations; 0: off
 
     def __init__(
         self,
@@ -586,6 +598,7 @@ class RaftPeer:
         self._snapshot_index = 0
         self._snapshots_written = 0
         self._sent_marker: tuple[int, int, int] = (-1, -1, -1)
+        self._commit_push_due = False
         self._thread: threading.Thread | None = None
         # tick_on_event_loop: the ticker, whether the peer runs that loop itself (on
         # self._thread), and whether the loop's ticking has ended.
@@ -1478,8 +1491,22 @@ class RaftPeer:
             # next heartbeat; followers write while the leader fsyncs below.
             marker = (syncobj.raftCurrentTerm, self._journal.last_index, syncobj.raftCommitIndex)
             if marker != self._sent_marker:
-                self._sent_marker = marker
-                syncobj.raftwal_send_append_entries()
+                if (
+                    self._defer_commit_push
+                    and self._ticker is not None
+                    and marker[:2] == self._sent_marker[:2]
+                    and not self._commit_push_due
+                ):
+                    # Only the commit index moved (an experiment, off unless set): the
+                    # callers this tick answered resume first (the node's servicer waits
+                    # on its ProposalBatcher, which waits here: two loop iterations); the
+                    # tick queued behind them pushes it.
+                    self._commit_push_due = True
+                    self._ticker.notify_after(self._defer_commit_push)
+                else:
+                    self._commit_push_due = False
+                    self._sent_marker = marker
+                    syncobj.raftwal_send_append_entries()
         # Leader group commit: the commit index is computed at the start of the next tick
         # (syncobj.py line 653), where the leader counts itself for every entry it holds.
         self._journal.sync()
