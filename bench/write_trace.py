@@ -24,10 +24,10 @@ few microseconds to record, so the total is a little above `bench/coord.py`'s.
 
     PYTHONPATH=. .venv/bin/python bench/write_trace.py [--ops 400] [--pause-ms 5]
         [--mode write|read] [--experiment no-events-db|switch-interval-0.5ms|
-        yield-before-sends|loop-defer-commit-push] [--markdown]
+        yield-before-sends] [--markdown]
 
-The nodes tick Raft on their event loops with RAFTWAL_RAFT_TICK_ON_LOOP=1 in the
-environment (`RaftTuning.tick_on_event_loop`); `loop-defer-commit-push` needs that.
+With RAFTWAL_RAFT_TICK_ON_LOOP=1 in the environment the nodes tick Raft on their event
+loops (`RaftTuning.tick_on_event_loop`); `loop_drain` then no longer carries the results.
 """
 
 from __future__ import annotations
@@ -126,12 +126,7 @@ def main() -> int:
     parser.add_argument("--mode", choices=("write", "read"), default="write")
     parser.add_argument(
         "--experiment",
-        choices=(
-            "no-events-db",
-            "switch-interval-0.5ms",
-            "yield-before-sends",
-            "loop-defer-commit-push",
-        ),
+        choices=("no-events-db", "switch-interval-0.5ms", "yield-before-sends"),
         help="change the nodes' behaviour to measure what it would save (see "
         "bench/writetrace/sitecustomize.py); a benchmark only",
     )

@@ -101,6 +101,10 @@ def _tick_on_event_loop_default() -> bool:
     return os.environ.get(TICK_ON_EVENT_LOOP_ENV, "") == "1"
 
 
+# A loop-ticked leader pushes a commit index that is all that changed this many loop
+# iterations after the tick that advanced it (see RaftPeer._before_poll).
+_COMMIT_PUSH_DEFER_ITERATIONS = 2
+
 # After this many consecutive failed ticks (pysyncobj raised something unexpected) the
 # peer stops instead of spinning on the same error.
 _MAX_CONSECUTIVE_TICK_FAILURES = 50
@@ -507,11 +511,6 @@ def is_loopback_address(address: str) -> bool:
 
 class RaftPeer:
     """One member of a Raft cluster replicating opaque command bytes (see module doc)."""
-
-    # Loop-ticked peers only, an experiment (bench/write_trace.py --experiment
-    # loop-defer-commit-push): a leader pushes a commit index that is all that changed
-    # one tick later, after the loop resumed the callers the apply answered.
-    _defer_commit_push = 0  # loop iterations; 0: off
 
     def __init__(
         self,
@@ -1492,17 +1491,17 @@ class RaftPeer:
             marker = (syncobj.raftCurrentTerm, self._journal.last_index, syncobj.raftCommitIndex)
             if marker != self._sent_marker:
                 if (
-                    self._defer_commit_push
-                    and self._ticker is not None
+                    self._ticker is not None
                     and marker[:2] == self._sent_marker[:2]
                     and not self._commit_push_due
                 ):
-                    # Only the commit index moved (an experiment, off unless set): the
+                    # Ticked on the event loop, and only the commit index moved: the
                     # callers this tick answered resume first (the node's servicer waits
-                    # on its ProposalBatcher, which waits here: two loop iterations); the
-                    # tick queued behind them pushes it.
+                    # on its ProposalBatcher, which waits here: two loop iterations), and
+                    # a tick queued behind them pushes it. Followers learn it a little
+                    # later; nothing waits on that but their applies.
                     self._commit_push_due = True
-                    self._ticker.notify_after(self._defer_commit_push)
+                    self._ticker.notify_after(_COMMIT_PUSH_DEFER_ITERATIONS)
                 else:
                     self._commit_push_due = False
                     self._sent_marker = marker

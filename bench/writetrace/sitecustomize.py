@@ -94,12 +94,7 @@ def _install(directory: str) -> None:
     )
 
 
-EXPERIMENTS = (
-    "no-events-db",
-    "switch-interval-0.5ms",
-    "yield-before-sends",
-    "loop-defer-commit-push",
-)
+EXPERIMENTS = ("no-events-db", "switch-interval-0.5ms", "yield-before-sends")
 
 
 def _experiment(name: str) -> None:
@@ -123,12 +118,6 @@ def _experiment(name: str) -> None:
             original(self)
 
         peer.RaftPeer._before_poll = before_poll  # type: ignore[method-assign]
-    elif name == "loop-defer-commit-push":
-        # With RAFTWAL_RAFT_TICK_ON_LOOP=1: the leader's push of a new commit index waits
-        # one tick, behind the servicers the apply resumed.
-        import raft.peer as peer
-
-        peer.RaftPeer._defer_commit_push = int(os.environ.get("RAFTWAL_DEFER_ITERATIONS", "2"))
     else:
         raise SystemExit(f"unknown write-trace experiment {name!r} (expected one of {EXPERIMENTS})")
 
