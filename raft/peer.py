@@ -14,6 +14,11 @@ journal at the right points:
 
 `raft/DURABILITY.md` gives the route with the pysyncobj source lines it relies on.
 
+The tick runs on the peer's own tick thread, or (`RaftTuning.tick_on_event_loop`, an
+experiment, off by default) on an asyncio event loop: the same tick with the same sync
+points, woken by that loop instead of blocking in poll. "The tick thread" below is then the
+loop's thread, and the fsyncs, applies and snapshots block that loop while they run.
+
 Contract with the application (the three callables):
 - `apply(command, raft_index) -> bytes` runs on the peer's tick thread (the recovery replay
   inside the constructor runs on the constructing thread), in log order, once per committed
