@@ -655,7 +655,11 @@ class PChannelLog:
         if any(row != meta.count - 1 for row in self._seal_positions(frames, meta)):
             raise BadBatch("a seal marker must be the last entry of a batch")
 
-    def _seal_positions(self, frames: bytes, meta: BatchMeta) -> list[int]:
+    def _seal_positions(self, frames: bytes, meta: BatchMeta) -> tuple[int, ...] | list[int]:
+        """The rows flagged SEAL_MARKER: as `scan_batch` or `encode_rows` recorded them
+        while they visited every frame, or (a BatchMeta built without them) from a walk."""
+        if meta.seal_rows is not None:
+            return meta.seal_rows
         rows = []
         for row, offset in enumerate(meta.frame_offsets):
             flags = ENTRY_HEADER.unpack_from(frames, offset)[_FLAGS_WORD]
@@ -691,8 +695,12 @@ class PChannelLog:
         self.last_term = meta.last_term
         self.last_time_tick = meta.last_time_tick
         sealed = False
-        last_flags = ENTRY_HEADER.unpack_from(frames, meta.frame_offsets[-1])[_FLAGS_WORD]
-        if last_flags & SEAL_FLAG:
+        if meta.seal_rows is not None:
+            seals = bool(meta.seal_rows) and meta.seal_rows[-1] == meta.count - 1
+        else:
+            last_flags = ENTRY_HEADER.unpack_from(frames, meta.frame_offsets[-1])[_FLAGS_WORD]
+            seals = bool(last_flags & SEAL_FLAG)
+        if seals:
             self._start_seal()
             sealed = True
         self._notify()

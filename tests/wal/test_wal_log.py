@@ -6,6 +6,7 @@ segment files themselves, not just that nothing raised."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from pathlib import Path
@@ -249,6 +250,37 @@ async def test_append_local_continues_the_log_and_checks_its_rules(node: Node):
     await log.wait_durable(result)
     assert log.open_segment_first_lsn() is None
     assert log_view(log) == view(run(1, 3, 1) + run(4, 6, 2, seal_at=(6,)))
+
+
+async def test_replicated_batch_with_a_seal_marker_inside_is_refused(node: Node):
+    """The seal rule on the replica's path: scan_batch records the flagged rows in its one
+    pass, and append refuses a marker anywhere but on the last entry (with and without a
+    batch crc, and for a BatchMeta that carries no seal rows, which is walked)."""
+    log = node.log
+    assert log is not None
+    await append(log, 1, 0, 0, run(1, 3, 1))
+    for seal_at in ((4,), (5,), (4, 6), (4, 5, 6)):
+        frames = frames_of(run(4, 6, 1, seal_at=seal_at))
+        for batch_crc in (None, crc32c(frames)):
+            with pytest.raises(BadBatch, match="a seal marker must be the last entry"):
+                await log.append(1, 3, 1, frames, batch_crc=batch_crc)
+        batch = encode_batch(run(4, 6, 1, seal_at=seal_at))
+        unrecorded = dataclasses.replace(batch.meta, seal_rows=None)
+        with pytest.raises(BadBatch, match="a seal marker must be the last entry"):
+            await log.append(1, 3, 1, batch.data, unrecorded)
+    assert log_view(log) == view(run(1, 3, 1))
+    assert disk_view(node.directory) == view(run(1, 3, 1))
+    assert log.open_segment_first_lsn() == 1
+    # A marker on the last entry is the rule: the segment rolls after it.
+    frames = frames_of(run(4, 6, 1, seal_at=(6,)))
+    result = await log.append(1, 3, 1, frames, batch_crc=crc32c(frames))
+    assert result.sealed
+    await log.wait_durable(result)
+    await log.wait_sealed()
+    assert log.open_segment_first_lsn() is None
+    await append(log, 1, 6, 1, run(7, 7, 1))
+    assert log_view(log) == view(run(1, 6, 1, seal_at=(6,)) + run(7, 7, 1))
+    assert disk_view(node.directory) == view(run(1, 6, 1, seal_at=(6,)) + run(7, 7, 1))
 
 
 # -- fencing ----------------------------------------------------------------------------------
