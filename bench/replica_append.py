@@ -12,7 +12,11 @@ deduplication properties (`encode_rows`, as `ChannelOwner.write` builds it). Tim
 - scan+seal: both, as `append` runs them;
 - scan, frame crcs: `scan_batch` without a batch crc (a sender that sends none).
 
-    ./run bench replica_append [--entries 100] [--payload-bytes 100] [--repeat 15] [--json]
+    ./run bench replica_append [--entries 100] [--payload-bytes 100] [--mixed-sizes]
+                               [--repeat 15] [--json]
+
+`--mixed-sizes` varies the payloads (100, 108, ..., 148 bytes, cycling), so that no two
+frames in a row have the same size: the frame-by-frame case of `scan_batch`.
 
 Prints the median over `--repeat` rounds of the per-batch time (each round the best of
 5 timings of `--number` calls), in microseconds. Runs against whatever tree is first on
@@ -30,8 +34,10 @@ from wal_segments.format import MsgType, crc32c, encode_rows, scan_batch
 from wal_segments.log import PChannelLog
 
 
-def replicated_batch(entries: int, payload_bytes: int, first_lsn: int = 1_000_000) -> bytes:
-    payload = bytes(range(256)) * (payload_bytes // 256 + 1)
+def replicated_batch(
+    entries: int, payload_bytes: int, first_lsn: int = 1_000_000, mixed_sizes: bool = False
+) -> bytes:
+    payload = bytes(range(256)) * ((payload_bytes + 64) // 256 + 1)
     rows = []
     tick = 1 << 40
     for index in range(entries):
@@ -51,7 +57,7 @@ def replicated_batch(entries: int, payload_bytes: int, first_lsn: int = 1_000_00
                 0,
                 0,
                 b"",
-                payload[:payload_bytes],
+                payload[: payload_bytes + (8 * (index % 7) if mixed_sizes else 0)],
                 properties,
             )
         )
@@ -62,13 +68,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--entries", type=int, default=100)
     parser.add_argument("--payload-bytes", type=int, default=100)
+    parser.add_argument("--mixed-sizes", action="store_true")
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--number", type=int, default=300)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
     first_lsn = 1_000_000
-    frames = replicated_batch(args.entries, args.payload_bytes, first_lsn)
+    frames = replicated_batch(args.entries, args.payload_bytes, first_lsn, args.mixed_sizes)
     batch_crc = crc32c(frames)
     log = PChannelLog.__new__(PChannelLog)  # the check reads nothing of the log
     meta = scan_batch(frames, expected_first_lsn=first_lsn, batch_crc=batch_crc)
@@ -106,6 +113,7 @@ def main() -> None:
                 {
                     "entries": args.entries,
                     "payload_bytes": args.payload_bytes,
+                    "mixed_sizes": args.mixed_sizes,
                     "batch_bytes": len(frames),
                     "median_us_per_batch": medians,
                 }

@@ -11,6 +11,8 @@ from array import array
 from dataclasses import replace
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.wal.segment_helpers import simple_entries, varied_entries
 from wal_segments.format import (
@@ -178,7 +180,51 @@ def frame_extent(meta: BatchMeta, row: int) -> tuple[int, int]:
     return start, end
 
 
+def runs_batch() -> bytes:
+    """Same-size frames in runs (checked column-wise by scan_batch) with what breaks a run:
+    a frame of the same size but other lengths, a producer's properties, a term change, a
+    tick jump, mixed flags and message types inside a run."""
+    rows = []
+    tick = 1000
+    for lsn in range(1, 61):
+        term = 2 if lsn < 50 else 3
+        tick += 1 if lsn % 17 else 50
+        key, payload, properties = b"", bytes(100), {}
+        flags, txn_id, msg_type = 0, 0, int(MsgType.MESSAGE)
+        if lsn == 11:
+            properties = {"a": "bc"}  # 4 bytes: the same frame size, other lengths
+        elif lsn == 21:
+            properties = {"rw.producer": "p", "rw.seq": "7", "rw.count": "21"}
+        elif 22 <= lsn < 45:
+            payload = bytes(60)
+            if lsn % 5 == 0:
+                flags, txn_id, msg_type = int(EntryFlags.TXN_BODY), 9, int(MsgType.INSERT)
+        elif lsn >= 45:
+            key = b"kk"  # the same frame size as the first run, other lengths
+        rows.append((lsn, term, tick, msg_type, 4, flags, txn_id, 0, key, payload, properties))
+    return encode_rows(rows)
+
+
 BATCHES = {
+    "runs": runs_batch(),
+    "bench-like": encode_rows(
+        [
+            (
+                500 + i,
+                7,
+                1 << 40 | i,
+                int(MsgType.MESSAGE),
+                3,
+                0,
+                0,
+                0,
+                b"",
+                bytes(100),
+                {"rw.producer": "p", "rw.seq": "1", "rw.count": "100"} if i == 99 else {},
+            )
+            for i in range(100)
+        ]
+    ),
     "uniform": encode_batch(simple_entries(6, first_lsn=40, term=3, first_tick=500, size=100)),
     "varied": encode_batch(varied_entries(9, first_lsn=7, term=2)),
     "sealed last": encode_batch(
@@ -194,7 +240,9 @@ def test_every_damaged_header_field_is_refused_as_before(name: str, field: str):
     batch = BATCHES[name]
     meta = batch.meta
     _, field_at, fmt = next(f for f in FIELDS if f[0] == field)
-    rows = sorted({0, 1, meta.count // 2, meta.count - 1})
+    rows = sorted({0, 1, 2, meta.count // 2, meta.count - 2, meta.count - 1})
+    if name == "runs":
+        rows = sorted(set(rows) | {9, 10, 11, 12, 19, 20, 21, 22, 30, 43, 44, 45})
     checked = refused = 0
     for row in rows:
         start, end = frame_extent(meta, row)
@@ -352,3 +400,92 @@ def test_length_limits_hold_in_batches_above_a_mebibyte():
     assert outcome(scan_batch, bytes(raw), batch_crc=crc32c(bytes(raw)))[2] == (
         f"implausible properties length {MAX_PROPERTIES_BYTES + 1}"
     )
+
+
+def test_same_size_runs_are_checked_column_wise(monkeypatch: pytest.MonkeyPatch):
+    """The batches above do go through the column-wise check (so the comparisons with the
+    reference cover it), and a batch of one size is one run after its first frame."""
+    from wal_segments import format as module
+
+    runs: list[tuple[int, int, int, bool]] = []
+    checked = module._same_size_run
+
+    def spy(*args):
+        result = checked(*args)
+        runs.append((args[3], args[4], args[5], result is not None))
+        return result
+
+    monkeypatch.setattr(module, "_same_size_run", spy)
+    bench_like = BATCHES["bench-like"]
+    assert scan_batch(bench_like.data) == bench_like.meta
+    assert runs == [(176, 176, 98, True)]
+    runs.clear()
+    batch = BATCHES["runs"]
+    for kwargs in ({}, {"batch_crc": crc32c(batch.data)}):
+        assert scan_batch(batch.data, **kwargs) == batch.meta
+    assert sum(count for _, _, count, taken in runs if taken) >= 2 * 40
+    assert all(taken for *_, taken in runs)
+
+
+@pytest.mark.parametrize("name", ["runs", "bench-like", "uniform"])
+@pytest.mark.parametrize("field", [f[0] for f in FIELDS])
+def test_a_field_damaged_alike_in_every_frame_is_refused_as_before(name: str, field: str):
+    """The same bad value in every frame after the first (a run whose column is one
+    repeated value, which scan_batch compares as bytes) or in every frame."""
+    batch = BATCHES[name]
+    meta = batch.meta
+    _, field_at, fmt = next(f for f in FIELDS if f[0] == field)
+    current = struct.unpack_from(fmt, batch.data, meta.frame_offsets[1] + field_at)[0]
+    for value in bad_values(fmt, current):
+        for first_row in (0, 1):
+            raw = bytearray(batch.data)
+            for row in range(first_row, meta.count):
+                struct.pack_into(fmt, raw, meta.frame_offsets[row] + field_at, value)
+            data = bytes(raw)
+            assert_same(data, batch_crc=crc32c(data))
+            assert_same(data, expected_first_lsn=meta.first_lsn, batch_crc=crc32c(data))
+            assert_same(data)
+
+
+FUZZ = settings(
+    max_examples=1500,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+@FUZZ
+@given(
+    name=st.sampled_from(sorted(BATCHES)),
+    edits=st.lists(
+        st.tuples(
+            st.floats(min_value=0, max_value=1),  # which frame
+            st.integers(0, ENTRY_HEADER_SIZE - 1),  # which header byte
+            st.integers(1, 255),  # xor mask
+            st.booleans(),  # in every frame from that one on
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    crc=st.sampled_from(["batch", "frames", "resealed"]),
+    expect=st.booleans(),
+)
+def test_fuzzed_headers_are_refused_as_before(name, edits, crc, expect):
+    batch = BATCHES[name]
+    meta = batch.meta
+    raw = bytearray(batch.data)
+    for fraction, at, mask, onwards in edits:
+        row = min(int(fraction * meta.count), meta.count - 1)
+        for target in range(row, meta.count if onwards else row + 1):
+            raw[meta.frame_offsets[target] + at] ^= mask
+    if crc == "resealed":
+        for row in range(meta.count):
+            start, end = frame_extent(meta, row)
+            struct.pack_into("<I", raw, start, crc32c(bytes(raw[start + 4 : end])))
+    data = bytes(raw)
+    kwargs: dict = {"expected_first_lsn": meta.first_lsn} if expect else {}
+    if crc == "batch":
+        kwargs["batch_crc"] = crc32c(data)
+    assert_same(data, **kwargs)
