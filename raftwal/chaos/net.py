@@ -3,9 +3,9 @@
 Every node dials every peer through a proxy of its own, one per directed link and port kind
 (``raft``, ``grpc`` and ``transfer``, the port that carries replication's Append streams),
 configured with the node's ``peer_raft_addresses`` / ``peer_grpc_addresses`` /
-``peer_transfer_addresses`` (raftwal/node/config.py). Clients still reach every node directly, as in
-Jepsen: a partition separates the servers from each other, for Raft and WAL replication
-traffic alike, not the clients from the servers.
+``peer_transfer_addresses`` (raftwal/node/config.py). Clients still reach every node
+directly, as in Jepsen: a partition separates the servers from each other, for Raft and WAL
+replication traffic alike, not the clients from the servers.
 
 A link is ``open``, ``reset`` (its connections are aborted with a TCP RST and new ones are
 accepted and reset at once: a peer that refuses) or ``drop`` (nothing is forwarded either
