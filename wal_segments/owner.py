@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
 import time
 from collections import OrderedDict
@@ -44,7 +46,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from rpc.aio import wait_event, wait_within
+from rpc.aio import Signal, wait_event, wait_within
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
 from wal_segments.format import (
@@ -84,6 +86,10 @@ SENDER_STOP_ATTEMPTS = 50
 COMMIT_NOTICE_DELAY_S = 0.005
 #: how many entries back recovery looks for idempotent producers' sequences
 PRODUCER_SCAN_ENTRIES = 200_000
+
+
+#: Commit waiters kept before the cancelled ones are swept out (see `_wait_committed`).
+_WAITERS_BEFORE_SWEEP = 1024
 
 
 class WalError(Exception):
@@ -199,7 +205,7 @@ class _Replica:
     next_lsn: int = 0
     last_error: str = ""
     task: asyncio.Task[None] | None = None
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    wake: Signal = field(default_factory=Signal)
 
 
 def hybrid_tick(previous: int, wall_ms: int) -> int:
@@ -248,7 +254,11 @@ class ChannelOwner:
         self.committed_lsn = 0
         self._self_durable = 0
         self._replicas = {n: _Replica(n) for n in self.replica_ids if n != node_id}
-        self._progress = asyncio.Event()
+        self._progress = Signal()
+        #: (lsn, sequence, future) of writers waiting for `lsn` to commit, a heap: each
+        #: commit advance settles only the futures it covers (no wake-up of every writer)
+        self._commit_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiter_sequence = itertools.count()
         self._write_lock = asyncio.Lock()
         #: first lsn -> (last lsn, prev term, frames, crc32c of frames, ends a segment)
         self._recent: OrderedDict[int, tuple[int, int, bytes, int, bool]] = OrderedDict()
@@ -269,8 +279,17 @@ class ChannelOwner:
     # -- status ------------------------------------------------------------------------------
 
     def _notify_progress(self) -> None:
-        event, self._progress = self._progress, asyncio.Event()
+        event, self._progress = self._progress, Signal()
         event.set()
+        waiters = self._commit_waiters
+        if not waiters:
+            return
+        # Out of service (fenced, closed): every waiter wakes and finds out why.
+        limit = self.committed_lsn if self.state == "serving" else None
+        while waiters and (limit is None or waiters[0][0] <= limit):
+            waiter = heapq.heappop(waiters)[2]
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def wait_commit_change(self, timeout_s: float) -> None:
         """Return when the commit point moves or the owner stops, or after `timeout_s`."""
@@ -780,7 +799,20 @@ class ChannelOwner:
                 )
             if recovering:
                 self._check_current()
-            await wait_event(self._progress, 0.5)
+                await wait_event(self._progress, 0.5)
+                continue
+            # Serving: a future that `_notify_progress` settles once the commit point
+            # reaches `lsn`, or when the owner leaves service (every change of state away
+            # from "serving" notifies).
+            waiter = asyncio.get_running_loop().create_future()
+            waiters = self._commit_waiters
+            if len(waiters) >= _WAITERS_BEFORE_SWEEP and len(waiters) % _WAITERS_BEFORE_SWEEP == 0:
+                # Cancelled writers leave their futures behind until the commit point
+                # passes them; while it stands still, drop those so the heap stays small.
+                waiters[:] = [w for w in waiters if not w[2].done()]
+                heapq.heapify(waiters)
+            heapq.heappush(waiters, (lsn, next(self._waiter_sequence), waiter))
+            await waiter
 
     async def write(
         self,

@@ -31,7 +31,7 @@ from typing import Any
 
 import grpc
 
-from rpc.aio import wait_event
+from rpc.aio import Signal, wait_event
 from rpc.coordinator_client import CoordinatorClient
 from rpc.errors import (
     ClientClosedError,
@@ -269,7 +269,7 @@ class _Lane:
     pending: deque[_Pending] = field(default_factory=deque)
     pending_bytes: int = 0
     inflight: list[_Batch] = field(default_factory=list)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    wake: Signal = field(default_factory=Signal)
     stream: _ProduceStream | None = None
     route: Route | None = None
     failure: errors_pb2.ErrorInfo | None = None
