@@ -102,12 +102,14 @@ from rich.table import Table
 from raftwal.cli import dev
 from raftwal.cli.dev import free_ports
 from raftwal.node.config import ClusterConfig
+from rpc import append_stream, produce_stream
 from rpc.client import AlreadyExistsError, CoordinatorClient, error_for
 from rpc.errors import RaftwalError
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import streaming_pb2 as wal
 from rpc.protos import streaming_pb2_grpc
+from rpc.segment_transfer import transfer_host
 
 # Targets from the issue.
 TARGET_SMALL_MSGS_PER_S = 100_000
@@ -532,14 +534,40 @@ def _varint(value: int) -> bytes:
 
 
 class RaftwalProducer:
-    """One gRPC channel and one bidi Produce stream to the pchannel's owner.
+    """One gRPC channel and one Produce stream to the pchannel's owner: a connection to
+    its transfer port (rpc.produce_stream, as the SDK's Producer uses by default) when
+    `over_port`, else the bidi Produce call. `open` makes one.
 
     The batch is encoded once: a ProduceRequest is the pre-encoded (pchannel, messages)
     bytes with its request_id field prepended (protobuf fields may come in any order), so
     the benchmark client spends its CPU on the protocol, not on re-encoding payloads."""
 
+    @classmethod
+    async def open(
+        cls,
+        address: str,
+        pchannel: str,
+        vchannel: str,
+        payload: bytes,
+        batch_size: int,
+        over_port: bool,
+    ) -> RaftwalProducer:
+        producer = cls(address, pchannel, vchannel, payload, batch_size, over_port)
+        try:
+            await producer._opening
+        except BaseException:
+            await producer.close()
+            raise
+        return producer
+
     def __init__(
-        self, address: str, pchannel: str, vchannel: str, payload: bytes, batch_size: int
+        self,
+        address: str,
+        pchannel: str,
+        vchannel: str,
+        payload: bytes,
+        batch_size: int,
+        over_port: bool = False,
     ) -> None:
         self.batch_size = batch_size
         self.message_bytes = len(payload)
@@ -552,12 +580,10 @@ class RaftwalProducer:
                 ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
             ],
         )
-        produce = self._channel.stream_stream(
-            PRODUCE_METHOD,
-            request_serializer=None,  # requests are bytes already
-            response_deserializer=wal.ProduceResult.FromString,
-        )
-        self._call = produce()
+        self._address = address
+        self._call: Any = None
+        self._port: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._opening = asyncio.ensure_future(self._open(over_port))
         # The compact form (one vchannel, payloads only), as the SDK's producer sends it.
         template = wal.ProduceRequest(
             pchannel=pchannel, batch_vchannel=vchannel, payloads=[payload] * batch_size
@@ -569,12 +595,52 @@ class RaftwalProducer:
         self._lock = asyncio.Lock()
         self._reader = asyncio.create_task(self._read())
 
+    async def _open(self, over_port: bool) -> None:
+        if over_port:
+            stub = streaming_pb2_grpc.StreamingNodeStub(self._channel)
+            offer = await stub.OpenProduce(wal.OpenProduceRequest(), timeout=REQUEST_TIMEOUT_S)
+            if not offer.ticket:
+                raise StreamBroken(f"{self._address} offered no Produce connection")
+            self._port = await append_stream.connect(
+                transfer_host(self._address),
+                offer.port,
+                offer.ticket,
+                None,
+                hello=produce_stream.HELLO,
+            )
+            return
+        produce = self._channel.stream_stream(
+            PRODUCE_METHOD,
+            request_serializer=None,  # requests are bytes already
+            response_deserializer=wal.ProduceResult.FromString,
+        )
+        self._call = produce()
+
+    async def _next_result(self) -> wal.ProduceResult:
+        if self._port is None:
+            result = await self._call.read()
+            if result is grpc.aio.EOF:
+                raise StreamBroken("Produce stream ended by the server")
+            return result
+        payload = await append_stream.read_frame(
+            self._port[0], produce_stream.MAX_RESULT_BYTES, None
+        )
+        if payload is None:
+            raise StreamBroken("Produce connection closed by the server")
+        return wal.ProduceResult.FromString(payload)
+
+    async def _write(self, request: bytes) -> None:
+        await self._opening
+        if self._port is None:
+            await asyncio.wait_for(self._call.write(request), REQUEST_TIMEOUT_S)
+        else:
+            await append_stream.send(self._port[1], request, REQUEST_TIMEOUT_S)
+
     async def _read(self) -> None:
         try:
+            await self._opening
             while True:
-                result = await self._call.read()
-                if result is grpc.aio.EOF:
-                    raise StreamBroken("Produce stream ended by the server")
+                result = await self._next_result()
                 future = self._pending.pop(result.request_id, None)
                 if future is None or future.done():
                     continue
@@ -588,7 +654,13 @@ class RaftwalProducer:
                     )
                 else:
                     future.set_result(None)
-        except (grpc.RpcError, StreamBroken) as error:
+        except (
+            grpc.RpcError,
+            StreamBroken,
+            ConnectionError,
+            OSError,
+            asyncio.IncompleteReadError,
+        ) as error:
             self._fail_all(error)
         except asyncio.CancelledError:
             self._fail_all(StreamBroken("producer closed"))
@@ -610,19 +682,22 @@ class RaftwalProducer:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._pending[request_id] = future
             try:
-                await asyncio.wait_for(
-                    self._call.write(b"\x08" + _varint(request_id) + self._body),
-                    REQUEST_TIMEOUT_S,
-                )
+                await self._write(b"\x08" + _varint(request_id) + self._body)
             except BaseException:
                 self._pending.pop(request_id, None)
                 raise
             return future
 
     async def close(self) -> None:
-        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
-            await asyncio.wait_for(self._call.done_writing(), 1.0)
-        self._call.cancel()
+        if self._call is not None:
+            with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+                await asyncio.wait_for(self._call.done_writing(), 1.0)
+            self._call.cancel()
+        if self._port is not None:
+            self._port[1].transport.abort()
+        self._opening.cancel()
+        with contextlib.suppress(BaseException):
+            await self._opening
         self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader
@@ -654,9 +729,13 @@ class RaftwalWal:
     label = "raftwal R3"
     durability = "fsync policy always: acked when a majority of 3 replicas fdatasynced"
 
-    def __init__(self, directory: Path, payloads: dict[str, bytes]) -> None:
+    def __init__(
+        self, directory: Path, payloads: dict[str, bytes], produce_over_port: bool = True
+    ) -> None:
         self._directory = directory
         self._payloads = payloads
+        #: producers stream over the owner's transfer port (the SDK's default) or gRPC
+        self.produce_over_port = produce_over_port
         self._cluster: dev.LocalCluster | None = None
         self._status: dict[str, CoordinatorClient] = {}
         run = uuid.uuid4().hex[:6]
@@ -771,8 +850,13 @@ class RaftwalWal:
 
     async def _producer(self, kind: str, payload: bytes, batch_size: int) -> RaftwalProducer:
         address = await self._owner(kind)
-        return RaftwalProducer(
-            address, self._pchannels[kind], self._vchannels[kind], payload, batch_size
+        return await RaftwalProducer.open(
+            address,
+            self._pchannels[kind],
+            self._vchannels[kind],
+            payload,
+            batch_size,
+            self.produce_over_port,
         )
 
     async def producers(self, size: str, count: int, batch_size: int) -> list[Producer]:
@@ -1767,6 +1851,16 @@ def _notes(report: dict[str, Any]) -> list[str]:
         lines.append(line)
     for name, reason in report.get("not_available", {}).items():
         lines.append(f"{name}: not available: {reason}")
+    if "raftwal" in report["systems"] and report.get("raftwal_produce_over"):
+        over = report["raftwal_produce_over"]
+        lines.append(
+            "raftwal producers: "
+            + (
+                "Produce streams over the owner's transfer port (the SDK's default)"
+                if over == "port"
+                else "the gRPC Produce call"
+            )
+        )
     settings = report["settings"]
     if settings.get("common_rate") is not None:
         lines.append(
@@ -1847,6 +1941,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--large-batch", type=int, default=10, help="10 KiB messages per batch (10)"
     )
+    parser.add_argument(
+        "--produce-over",
+        choices=("port", "grpc"),
+        default="port",
+        help="raftwal producers stream over the owner's transfer port (the SDK's default) "
+        "or the gRPC Produce call (default port; failover probes always use the call)",
+    )
     parser.add_argument("--skip-raftwal", action="store_true", help="do not measure raftwal")
     parser.add_argument("--skip-nats", action="store_true", help="do not measure NATS JetStream")
     parser.add_argument("--skip-failover", action="store_true", help="no failover trials")
@@ -1913,7 +2014,7 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     runs.append(await asyncio.to_thread(measure_raw, root, settings))
 
     if not args.skip_raftwal:
-        system = RaftwalWal(root / "raftwal", payloads)
+        system = RaftwalWal(root / "raftwal", payloads, args.produce_over == "port")
         run_ = SystemRun(system.name, system.label)
         runs.append(run_)
         await measure_system(system, settings, run_)
@@ -1960,6 +2061,7 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "python": platform.python_version(),
         },
         "settings": settings.__dict__,
+        "raftwal_produce_over": args.produce_over,
         "systems": {r.name: r.report() for r in runs},
         "not_available": not_available,
     }

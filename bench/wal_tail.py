@@ -11,7 +11,7 @@ thinly are scheduling noise. `bench/wal.py` measures the half-load p99 that the 
 names, after its throughput phases; this isolates it.
 
     ./run bench wal_tail [--rates 55000,40000,25000] [--duration-s 8] [--json]
-                         [--stall-watch-ms 12]
+                         [--stall-watch-ms 12] [--produce-over port|grpc]
 
 `--stall-watch-ms N` also watches the event loop of every node and of this process
 (`bench/stallwatch/sitecustomize.py`): each phase then reports, per process, the stalls
@@ -98,7 +98,7 @@ def stall_summary(prefix: str, start: float, end: float) -> dict[str, Any]:
 async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     payloads = {size: os.urandom(length) for size, length in SIZES.items()}
     stall_prefix = watch_stalls(root, args.stall_watch_ms) if args.stall_watch_ms else None
-    system = RaftwalWal(root / "raftwal", payloads)
+    system = RaftwalWal(root / "raftwal", payloads, args.produce_over == "port")
     await system.start()
     phases = []
     try:
@@ -185,6 +185,13 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=0.0,
         help="report event-loop stalls over this many ms per process (0: off)",
+    )
+    parser.add_argument(
+        "--produce-over",
+        choices=("port", "grpc"),
+        default="port",
+        help="producers stream over the owner's transfer port (the SDK's default) or the "
+        "gRPC Produce call (default port)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)

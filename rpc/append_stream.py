@@ -37,6 +37,10 @@ import contextlib
 import socket
 import ssl
 import struct
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from typing import TypeVar
+
+from google.protobuf.message import DecodeError, Message
 
 from rpc.segment_transfer import ACCEPTED, HELLO_TIMEOUT_S, TICKET_BYTES
 
@@ -59,6 +63,8 @@ DRAIN_ABOVE_BYTES = 64 * 1024
 
 assert len(HELLO) == 8 and HELLO_TIMEOUT_S > 0
 
+M = TypeVar("M", bound=Message)
+
 
 class FrameTooLarge(Exception):
     """A frame header announced more bytes than the reader's cap."""
@@ -74,11 +80,12 @@ def frame(message: bytes) -> bytes:
 
 
 async def read_frame(
-    reader: asyncio.StreamReader, max_bytes: int, timeout_s: float
+    reader: asyncio.StreamReader, max_bytes: int, timeout_s: float | None
 ) -> bytes | None:
     """The next frame's message, or None at a clean end of the stream (between frames).
     FrameTooLarge over `max_bytes`; TimeoutError when no whole frame came within
-    `timeout_s`; asyncio.IncompleteReadError when the stream ends inside a frame."""
+    `timeout_s` (None: no limit); asyncio.IncompleteReadError when the stream ends inside
+    a frame."""
     async with asyncio.timeout(timeout_s):
         try:
             header = await reader.readexactly(LENGTH.size)
@@ -92,13 +99,94 @@ async def read_frame(
         return await reader.readexactly(length)
 
 
+class StreamEnd:
+    """Why `read_messages` stopped, for the log of whoever served the stream."""
+
+    def __init__(self) -> None:
+        self.reason = "closed by the peer"
+
+
+async def read_messages(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    max_bytes: int,
+    idle_timeout_s: float,
+    new_message: Callable[[], M],
+    end: StreamEnd,
+) -> AsyncIterator[M]:
+    """The messages a node reads from an accepted stream connection, one per frame, until
+    the peer closes or resets it, sends nothing for `idle_timeout_s`, or sends a frame over
+    `max_bytes` or one that does not parse as `new_message()`'s type (the connection is
+    then aborted: nothing more is read from it). `end.reason` says which."""
+    while True:
+        try:
+            payload = await read_frame(reader, max_bytes, idle_timeout_s)
+        except TimeoutError:
+            end.reason = f"no frame within {idle_timeout_s:g} s"
+            return
+        except FrameTooLarge as error:
+            end.reason = str(error)
+            writer.transport.abort()
+            return
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as error:
+            end.reason = repr(error)
+            return
+        if payload is None:
+            return
+        message = new_message()
+        try:
+            message.ParseFromString(payload)
+        except DecodeError:
+            end.reason = f"a frame of {len(payload):,} bytes is no {type(message).__name__}"
+            writer.transport.abort()
+            return
+        yield message
+
+
+async def serve_messages(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    max_bytes: int,
+    idle_timeout_s: float,
+    new_message: Callable[[], M],
+    answer: Callable[[AsyncIterator[M]], AsyncGenerator[Message, None]],
+) -> str:
+    """Serve an accepted stream connection: the requests (`read_messages`) go to
+    `answer`, whose answers are sent back framed as they come. Returns why it ended, once
+    the peer closed, reset or stalled the connection, or sent a bad frame, or `answer`
+    ended; a peer that stops reading its answers is given up after `IDLE_TIMEOUT_S`."""
+    end = StreamEnd()
+    requests = read_messages(reader, writer, max_bytes, idle_timeout_s, new_message, end)
+    try:
+        async with contextlib.aclosing(answer(requests)) as answers:
+            async for response in answers:
+                if writer.transport.is_closing():
+                    break
+                # Bounded: a peer that stopped reading fills the socket's buffers, and is
+                # given up after the idle timeout.
+                await send(writer, response.SerializeToString(), IDLE_TIMEOUT_S)
+    except (TimeoutError, ConnectionError, OSError) as error:
+        end.reason = repr(error)
+    return end.reason
+
+
 async def send(writer: asyncio.StreamWriter, message: bytes, timeout_s: float) -> None:
     """Queue one frame of `message`; when the peer lags behind by more than
     `DRAIN_ABOVE_BYTES`, wait until it caught up, TimeoutError after `timeout_s`. One
     write of header and message: with TCP_NODELAY two writes could go as two packets.
     Frames queued while the socket is busy leave together (asyncio sends its whole buffer
     when the socket is writable again)."""
-    writer.write(frame(message))
+    await send_all(writer, (message,), timeout_s)
+
+
+async def send_all(
+    writer: asyncio.StreamWriter, messages: Sequence[bytes], timeout_s: float
+) -> None:
+    """`send` of several messages, framed and written at once."""
+    if len(messages) == 1:
+        writer.write(frame(messages[0]))
+    else:
+        writer.write(b"".join([frame(message) for message in messages]))
     if writer.transport.get_write_buffer_size() > DRAIN_ABOVE_BYTES:
         await asyncio.wait_for(writer.drain(), timeout_s)
 
@@ -113,10 +201,11 @@ def set_nodelay(writer: asyncio.StreamWriter) -> None:
 
 
 async def connect(
-    host: str, port: int, ticket: bytes, tls: ssl.SSLContext | None
+    host: str, port: int, ticket: bytes, tls: ssl.SSLContext | None, hello: bytes = HELLO
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """An accepted Append connection to `host`:`port` for `ticket`. AppendRefused when the
-    replica refuses the ticket or closes; OSError or TimeoutError when it cannot be reached
+    """An accepted Append connection to `host`:`port` for `ticket` (or, with another
+    `hello`, a stream of that protocol: `rpc.produce_stream`). AppendRefused when the
+    node refuses the ticket or closes; OSError or TimeoutError when it cannot be reached
     within `CONNECT_TIMEOUT_S`."""
     if len(ticket) != TICKET_BYTES:
         raise AppendRefused(f"invalid ticket ({len(ticket)} bytes; expected {TICKET_BYTES})")
@@ -132,7 +221,7 @@ async def connect(
         )
         try:
             set_nodelay(writer)
-            writer.write(HELLO + ticket)
+            writer.write(hello + ticket)
             status = await reader.read(1)
             if status != ACCEPTED:
                 what = "closed the connection" if not status else "refused the ticket"

@@ -291,7 +291,7 @@ class _NodeCollector(Collector):
                 "sent), refused (no valid ticket: unknown, used, expired, or a bad hello), "
                 "failed (cut short: the reader went away or stalled, or the file was gone), "
                 "turned_away (closed at once: too many connections), appends (Append streams of "
-                "replication accepted).",
+                "replication accepted), produces (producers' Produce streams accepted).",
                 labels=["outcome"],
             )
             for outcome, count in sorted(dict(transfers.counts).items()):

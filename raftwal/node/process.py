@@ -319,16 +319,22 @@ class Node:
             await transfers.start()
             self.segment_transfers = transfers
         # Consume's replies are pre-built bytes (raftwal.services.consume_wire).
-        add_streaming_node_servicer(
-            StreamingNodeServicer(self, self.plane, self.data_view, self.segment_transfers),
-            server,
+        streaming = StreamingNodeServicer(
+            self,
+            self.plane,
+            self.data_view,
+            self.segment_transfers,
+            self.config.grpc_max_message_bytes,
         )
+        add_streaming_node_servicer(streaming, server)
         replication = ReplicationServicer(
             self, self.plane, self.segment_transfers, self.config.grpc_max_message_bytes
         )
         if self.segment_transfers is not None:
             # Owners replicate to this node over the transfer port (rpc.append_stream).
             self.segment_transfers.serve_appends(replication.serve_append_connection)
+            # Producers too (rpc.produce_stream).
+            self.segment_transfers.serve_produces(streaming.serve_produce_connection)
         streaming_pb2_grpc.add_ReplicationServicer_to_server(replication, server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -110,6 +110,7 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
         "StreamingNode",
         _WRITE,
         "Produce",
+        "OpenProduce",
         "BeginTxn",
         "AppendTxn",
         "CommitTxn",

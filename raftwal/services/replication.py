@@ -18,8 +18,6 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from google.protobuf.message import DecodeError
-
 from raftwal.services.backend import ReplicationBackend
 from raftwal.services.common import fail
 from raftwal.services.segment_transfer import SegmentTransfers
@@ -296,49 +294,17 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
         the owner closed, reset or stalled the connection, or sent a frame over the cap
         or one that is no AppendRequest (the port then closes the connection)."""
         peer = writer.get_extra_info("peername")
-        ended = "closed by the owner"
-
-        async def requests() -> AsyncIterator[wire.AppendRequest]:
-            nonlocal ended
-            while True:
-                try:
-                    payload = await append_stream.read_frame(
-                        reader, self._max_frame_bytes, append_stream.IDLE_TIMEOUT_S
-                    )
-                except TimeoutError:
-                    ended = f"no frame within {append_stream.IDLE_TIMEOUT_S:g} s"
-                    return
-                except append_stream.FrameTooLarge as error:
-                    ended = str(error)
-                    writer.transport.abort()  # nothing more is read from it
-                    return
-                except (asyncio.IncompleteReadError, ConnectionError, OSError) as error:
-                    ended = repr(error)
-                    return
-                if payload is None:
-                    return
-                request = wire.AppendRequest()
-                try:
-                    request.ParseFromString(payload)
-                except DecodeError:
-                    ended = f"a frame of {len(payload):,} bytes is no AppendRequest"
-                    writer.transport.abort()
-                    return
-                yield request
-
         owner_ids = {owner_node_id[:64]}
+        ended = "not started"
         try:
-            async with contextlib.aclosing(self._answer(requests(), owner_ids)) as answers:
-                async for response in answers:
-                    if writer.transport.is_closing():
-                        break
-                    # Bounded: an owner that stopped reading fills the socket's buffers,
-                    # and is given up after the idle timeout.
-                    await append_stream.send(
-                        writer, response.SerializeToString(), append_stream.IDLE_TIMEOUT_S
-                    )
-        except (TimeoutError, ConnectionError, OSError) as error:
-            ended = repr(error)
+            ended = await append_stream.serve_messages(
+                reader,
+                writer,
+                self._max_frame_bytes,
+                append_stream.IDLE_TIMEOUT_S,
+                wire.AppendRequest,
+                lambda requests: self._answer(requests, owner_ids),
+            )
         finally:
             log.debug("append connection from %s (%s) ended: %s", peer, owner_node_id, ended)
             # As for the gRPC stream: the owner may have crashed; its heartbeats say.

@@ -30,6 +30,11 @@ segment ticket does not open an Append stream, nor the other way round). Accepte
 connections leave the hello-phase cap and count against `MAX_APPEND_CONNECTIONS`
 instead; at that cap, OpenAppend hands out no ticket and the owner uses the gRPC Append
 call.
+
+Producers' Produce streams come the same way (`rpc.produce_stream`): a ticket from
+`offer_produce` (StreamingNode.OpenProduce, asked with a producer's credentials), the hello
+`rpc.produce_stream.HELLO`, a table of tickets of its own, and `MAX_PRODUCE_CONNECTIONS`
+(at that cap OpenProduce hands out no ticket and the producer uses the Produce call).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rpc import append_stream
+from rpc import append_stream, produce_stream
 from rpc.segment_transfer import ACCEPTED, HELLO, HELLO_TIMEOUT_S, REFUSED, TICKET_BYTES
 
 log = logging.getLogger(__name__)
@@ -65,9 +70,15 @@ READ_LIMIT = 4096
 #: this node replicates for another owner); past this, owners use the gRPC Append call.
 MAX_APPEND_CONNECTIONS = 256
 
-#: Serves one accepted Append connection: (reader, writer, the owner node id the ticket
-#: was asked for). It returns when the connection is done; the port closes it then.
-AppendHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, str], Awaitable[None]]
+#: Produce streams open at once plus Produce tickets outstanding (one stream per producer
+#: and node); past this, producers use the gRPC Produce call.
+MAX_PRODUCE_CONNECTIONS = 1024
+
+#: Serves one accepted stream connection: (reader, writer, who the ticket was asked for:
+#: the owner node id of an Append stream, "" for a Produce stream). It returns when the
+#: connection is done; the port closes it then.
+StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, str], Awaitable[None]]
+AppendHandler = StreamHandler
 
 
 @dataclass
@@ -79,9 +90,25 @@ class _Ticket:
 
 
 @dataclass
-class _AppendTicket:
-    owner_node_id: str
+class _StreamTicket:
+    asked_by: str
     expiry: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+
+@dataclass(eq=False)
+class _StreamKind:
+    """A long-lived framed stream the port hands over to a handler once its ticket
+    matched: WAL replication's Append streams, or producers' Produce streams."""
+
+    name: str  # its count in `SegmentTransfers.counts`
+    hello: bytes
+    cap: int  # open connections plus outstanding tickets
+    handler: StreamHandler | None = None
+    tickets: dict[bytes, _StreamTicket] = field(default_factory=dict)
+    connections: int = 0
+    # Open connections, closed with the port (asyncio.Server.close leaves connections it
+    # accepted open).
+    writers: set[asyncio.StreamWriter] = field(default_factory=set)
 
 
 class SegmentTransfers:
@@ -100,17 +127,21 @@ class SegmentTransfers:
         self._ticket_ttl_s = ticket_ttl_s
         self._server: asyncio.Server | None = None
         self._tickets: dict[bytes, _Ticket] = {}
-        self._append_tickets: dict[bytes, _AppendTicket] = {}
-        self._append_handler: AppendHandler | None = None
+        self._appends = _StreamKind("appends", append_stream.HELLO, MAX_APPEND_CONNECTIONS)
+        self._produces = _StreamKind("produces", produce_stream.HELLO, MAX_PRODUCE_CONNECTIONS)
+        self._kinds = {kind.hello: kind for kind in (self._appends, self._produces)}
         self._connections = 0
-        self._append_connections = 0
-        # Open Append connections, closed with the port (asyncio.Server.close leaves
-        # connections it accepted open).
-        self._append_writers: set[asyncio.StreamWriter] = set()
         self.port = 0  # the bound port, once started
         #: served, refused (bad or expired ticket), failed (cut short), turned away (cap);
-        #: appends: Append connections accepted.
-        self.counts = {"served": 0, "refused": 0, "failed": 0, "turned_away": 0, "appends": 0}
+        #: appends, produces: Append and Produce connections accepted.
+        self.counts = {
+            "served": 0,
+            "refused": 0,
+            "failed": 0,
+            "turned_away": 0,
+            "appends": 0,
+            "produces": 0,
+        }
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(
@@ -127,35 +158,48 @@ class SegmentTransfers:
             self._server = None
         for key in list(self._tickets):
             self._drop(key)
-        for key in list(self._append_tickets):
-            self._drop_append(key)
-        for writer in list(self._append_writers):
-            writer.transport.abort()
+        for kind in self._kinds.values():
+            for key in list(kind.tickets):
+                self._drop_stream_ticket(kind, key)
+            for writer in list(kind.writers):
+                writer.transport.abort()
 
     def serve_appends(self, handler: AppendHandler) -> None:
         """Accept Append connections from now on, each served by `handler`."""
-        self._append_handler = handler
+        self._appends.handler = handler
+
+    def serve_produces(self, handler: StreamHandler) -> None:
+        """Accept Produce connections from now on, each served by `handler`."""
+        self._produces.handler = handler
 
     def offer_append(self, owner_node_id: str) -> bytes | None:
         """A ticket for one Append connection from `owner_node_id`, or None when this
         port takes none (not started, no handler, or at `MAX_APPEND_CONNECTIONS`)."""
+        return self._offer_stream(self._appends, owner_node_id)
+
+    def offer_produce(self) -> bytes | None:
+        """A ticket for one Produce connection, or None when this port takes none (not
+        started, no handler, or at `MAX_PRODUCE_CONNECTIONS`)."""
+        return self._offer_stream(self._produces, "")
+
+    def _offer_stream(self, kind: _StreamKind, asked_by: str) -> bytes | None:
         if (
             self._server is None
-            or self._append_handler is None
-            or self._append_connections + len(self._append_tickets) >= MAX_APPEND_CONNECTIONS
+            or kind.handler is None
+            or kind.connections + len(kind.tickets) >= kind.cap
         ):
             return None
         ticket = secrets.token_bytes(TICKET_BYTES)
         key = hashlib.sha256(ticket).digest()
-        entry = _AppendTicket(owner_node_id)
+        entry = _StreamTicket(asked_by)
         entry.expiry = asyncio.get_running_loop().call_later(
-            self._ticket_ttl_s, self._drop_append, key
+            self._ticket_ttl_s, self._drop_stream_ticket, kind, key
         )
-        self._append_tickets[key] = entry
+        kind.tickets[key] = entry
         return ticket
 
-    def _drop_append(self, key: bytes) -> None:
-        entry = self._append_tickets.pop(key, None)
+    def _drop_stream_ticket(self, kind: _StreamKind, key: bytes) -> None:
+        entry = kind.tickets.pop(key, None)
         if entry is not None and entry.expiry is not None:
             entry.expiry.cancel()
 
@@ -197,20 +241,19 @@ class SegmentTransfers:
                 if self._tls is not None:
                     await writer.start_tls(self._tls, ssl_handshake_timeout=HELLO_TIMEOUT_S)
                 hello = await reader.readexactly(len(HELLO) + TICKET_BYTES)
-            if hello[: len(HELLO)] == append_stream.HELLO and self._append_handler is not None:
-                appending = self._append_tickets.pop(
-                    hashlib.sha256(hello[len(HELLO) :]).digest(), None
-                )
-                if appending is not None:
-                    if appending.expiry is not None:
-                        appending.expiry.cancel()
+            kind = self._kinds.get(hello[: len(HELLO)])
+            if kind is not None and kind.handler is not None:
+                streaming = kind.tickets.pop(hashlib.sha256(hello[len(HELLO) :]).digest(), None)
+                if streaming is not None:
+                    if streaming.expiry is not None:
+                        streaming.expiry.cancel()
                     # A long-lived stream: it leaves the hello-phase cap for its own.
                     self._connections -= 1
-                    self._append_connections += 1
+                    kind.connections += 1
                     try:
-                        await self._serve_append(reader, writer, appending.owner_node_id)
+                        await self._serve_stream(kind, reader, writer, streaming.asked_by)
                     finally:
-                        self._append_connections -= 1
+                        kind.connections -= 1
                         self._connections += 1  # taken again by the finally below
                     return
             if hello[: len(HELLO)] == HELLO:
@@ -252,18 +295,22 @@ class SegmentTransfers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.wait_closed(), 1.0)
 
-    async def _serve_append(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, owner_node_id: str
+    async def _serve_stream(
+        self,
+        kind: _StreamKind,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        asked_by: str,
     ) -> None:
-        assert self._append_handler is not None
-        self.counts["appends"] += 1
+        assert kind.handler is not None
+        self.counts[kind.name] += 1
         append_stream.set_nodelay(writer)
         writer.write(ACCEPTED)
         # Frames are read whole (up to the gRPC message size): buffer more than the 4 KiB
         # a connection gets before its ticket matched. asyncio has no API for this.
         reader._limit = append_stream.READ_BUFFER_BYTES  # type: ignore[attr-defined]  # noqa: SLF001
-        self._append_writers.add(writer)
+        kind.writers.add(writer)
         try:
-            await self._append_handler(reader, writer, owner_node_id)
+            await kind.handler(reader, writer, asked_by)
         finally:
-            self._append_writers.discard(writer)
+            kind.writers.discard(writer)

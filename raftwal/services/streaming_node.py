@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import itertools
 import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ from raftwal.services import consume_wire
 from raftwal.services.backend import DataView, StreamingBackend, VChannelInfo
 from raftwal.services.common import fail
 from raftwal.services.segment_transfer import SegmentTransfers
+from rpc import append_stream, produce_stream
 from rpc.errors import RaftwalError, error_info, to_status
 from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
@@ -274,12 +276,17 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         plane: DataPlane,
         view: DataView,
         transfers: SegmentTransfers | None = None,
+        max_frame_bytes: int = 32 << 20,
     ) -> None:
         self._node = node
         self._plane = plane
         self._view = view
-        # The segment transfer port, for ReadSegment's bulk requests (None: streams only).
+        # The segment transfer port, for ReadSegment's bulk requests and Produce streams
+        # (None: gRPC only).
         self._transfers = transfers
+        # The largest Produce request read from a Produce connection (the gRPC message
+        # size limit, which bounds the Produce call the same way).
+        self._max_frame_bytes = max_frame_bytes
         self._segments = _RecentSegments()
         self._txns: dict[int, _Txn] = {}
         self._txn_counter = itertools.count(1)
@@ -500,6 +507,45 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             )
 
     async def Produce(self, request_iterator, context):
+        async with contextlib.aclosing(self._produce_results(request_iterator)) as results:
+            async for result in results:
+                yield result
+
+    async def OpenProduce(self, request, context):
+        """A ticket for one Produce connection to this node's transfer port, or none (the
+        producer then calls Produce)."""
+        ticket = self._transfers.offer_produce() if self._transfers is not None else None
+        if ticket is None:
+            return wire.OpenProduceResponse()
+        assert self._transfers is not None
+        return wire.OpenProduceResponse(
+            ticket=ticket, port=self._transfers.port, max_frame_bytes=self._max_frame_bytes
+        )
+
+    async def serve_produce_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _asked_by: str
+    ) -> None:
+        """A producer's Produce stream over the transfer port (`rpc.produce_stream`), after
+        its ticket matched: the same requests and results as `Produce`, framed. Returns
+        when the producer closed, reset or stalled the connection, sent nothing for
+        `produce_stream.IDLE_TIMEOUT_S`, or sent a frame over the cap or one that is no
+        ProduceRequest (the port then closes the connection)."""
+        ended = await append_stream.serve_messages(
+            reader,
+            writer,
+            self._max_frame_bytes,
+            produce_stream.IDLE_TIMEOUT_S,
+            wire.ProduceRequest,
+            self._produce_results,
+        )
+        log.debug("produce connection from %s ended: %s", writer.get_extra_info("peername"), ended)
+
+    async def _produce_results(
+        self, request_iterator: AsyncIterator[wire.ProduceRequest]
+    ) -> AsyncIterator[wire.ProduceResult]:
+        """The results of a Produce stream (gRPC or framed): each request is written in
+        the order it came, its result comes back when it is acknowledged or failed (not
+        necessarily in request order; the request id matches them)."""
         results: asyncio.Queue[wire.ProduceResult | None] = asyncio.Queue()
         slots = asyncio.Semaphore(MAX_INFLIGHT_PER_STREAM)
         tasks: set[asyncio.Task[None]] = set()

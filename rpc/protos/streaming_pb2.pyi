@@ -340,6 +340,20 @@ class ReadSegmentResponse(_message.Message):
     transfer_bytes: int
     def __init__(self, frames: _Optional[bytes] = ..., first_lsn: _Optional[int] = ..., last_lsn: _Optional[int] = ..., segment_digest: _Optional[int] = ..., segment_count: _Optional[int] = ..., node_id: _Optional[str] = ..., frames_crc: _Optional[int] = ..., frame_offsets: _Optional[bytes] = ..., transfer_ticket: _Optional[bytes] = ..., transfer_port: _Optional[int] = ..., transfer_bytes: _Optional[int] = ...) -> None: ...
 
+class OpenProduceRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class OpenProduceResponse(_message.Message):
+    __slots__ = ("ticket", "port", "max_frame_bytes")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    MAX_FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ticket: bytes
+    port: int
+    max_frame_bytes: int
+    def __init__(self, ticket: _Optional[bytes] = ..., port: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ...) -> None: ...
+
 class AppendRequest(_message.Message):
     __slots__ = ("pchannel", "term", "prev_lsn", "prev_term", "frames", "committed_lsn", "request_id", "owner_node_id", "frames_crc", "from_log_start")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]

@@ -39,6 +39,11 @@ class StreamingNodeStub:
                 request_serializer=rpc_dot_protos_dot_streaming__pb2.ProduceRequest.SerializeToString,
                 response_deserializer=rpc_dot_protos_dot_streaming__pb2.ProduceResult.FromString,
                 _registered_method=True)
+        self.OpenProduce = channel.unary_unary(
+                '/raftwal.v1.StreamingNode/OpenProduce',
+                request_serializer=rpc_dot_protos_dot_streaming__pb2.OpenProduceRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_streaming__pb2.OpenProduceResponse.FromString,
+                _registered_method=True)
         self.Consume = channel.unary_stream(
                 '/raftwal.v1.StreamingNode/Consume',
                 request_serializer=rpc_dot_protos_dot_streaming__pb2.ConsumeRequest.SerializeToString,
@@ -90,6 +95,12 @@ class StreamingNodeServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Produce(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenProduce(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -156,6 +167,11 @@ def add_StreamingNodeServicer_to_server(servicer, server):
                     servicer.Produce,
                     request_deserializer=rpc_dot_protos_dot_streaming__pb2.ProduceRequest.FromString,
                     response_serializer=rpc_dot_protos_dot_streaming__pb2.ProduceResult.SerializeToString,
+            ),
+            'OpenProduce': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenProduce,
+                    request_deserializer=rpc_dot_protos_dot_streaming__pb2.OpenProduceRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_streaming__pb2.OpenProduceResponse.SerializeToString,
             ),
             'Consume': grpc.unary_stream_rpc_method_handler(
                     servicer.Consume,
@@ -230,6 +246,33 @@ class StreamingNode:
             '/raftwal.v1.StreamingNode/Produce',
             rpc_dot_protos_dot_streaming__pb2.ProduceRequest.SerializeToString,
             rpc_dot_protos_dot_streaming__pb2.ProduceResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenProduce(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.StreamingNode/OpenProduce',
+            rpc_dot_protos_dot_streaming__pb2.OpenProduceRequest.SerializeToString,
+            rpc_dot_protos_dot_streaming__pb2.OpenProduceResponse.FromString,
             options,
             channel_credentials,
             insecure,

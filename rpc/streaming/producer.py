@@ -3,7 +3,9 @@
 ``Producer`` batches per pchannel even when the caller sends one message at a time
 (``linger_ms``, ``max_batch_messages``, ``max_batch_bytes``), keeps up to
 ``max_in_flight`` batches in flight per pchannel over one Produce stream per owner, and
-stamps every batch with (``producer_id``, ``sequence``). After NOT_OWNER, CHANNEL_FENCED,
+stamps every batch with (``producer_id``, ``sequence``). A Produce stream is a connection
+to the node's transfer port where the node offers one (``rpc.produce_stream``; the gRPC
+call otherwise, or always with ``transfer_port=False``). After NOT_OWNER, CHANNEL_FENCED,
 ON_SHUTDOWN, a transport failure or a silent owner, it resends every unacknowledged batch
 of the pchannel, in sequence order and with the same sequences, to the (new) owner: the
 server answers a batch it already holds with its original positions (``duplicate``), so
@@ -21,16 +23,18 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import ssl
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
 import grpc
 
+from rpc import append_stream, produce_stream
 from rpc.aio import Signal, wait_event
 from rpc.coordinator_client import CoordinatorClient
 from rpc.errors import (
@@ -46,6 +50,7 @@ from rpc.errors import (
 from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from rpc.routing import _Backoff, _invalid, unexpected_loop_error
+from rpc.segment_transfer import transfer_host
 from rpc.streaming.routing import (
     DATA_RETRYABLE_CODES,
     DEFAULT_ATTEMPT_TIMEOUT_S,
@@ -105,6 +110,11 @@ class ProducerStats:
     retries: int = 0
     #: times a pchannel's pipeline was re-established after a failure
     recoveries: int = 0
+    #: Produce streams opened on a node's transfer port (``rpc.produce_stream``)
+    port_streams: int = 0
+    #: Produce streams opened as the gRPC Produce call (``transfer_port=False``, or the
+    #: node offered no ticket, or its port could not be reached)
+    grpc_streams: int = 0
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
@@ -128,23 +138,94 @@ class _StreamBroken(Exception):
 
 
 class _ProduceStream:
-    """One Produce bidi stream to one owner, shared by every pchannel it owns. Requests are
+    """One Produce stream to one owner, shared by every pchannel it owns. Requests are
     written in submission order by one writer task; results are matched by request id.
-    When the stream breaks, every unanswered request fails with ``_StreamBroken``."""
+    When the stream breaks, every unanswered request fails with ``_StreamBroken``.
 
-    def __init__(self, stub: streaming_pb2_grpc.StreamingNodeStub, address: str) -> None:
+    The stream is a connection to the node's transfer port (``rpc.produce_stream``) when
+    the node hands out a ticket for one (``OpenProduce``) and the port answers; else the
+    gRPC Produce call. Both carry the same messages and fail the same ways."""
+
+    def __init__(
+        self,
+        stub: streaming_pb2_grpc.StreamingNodeStub,
+        address: str,
+        tls: Callable[[], ssl.SSLContext | None] | None,
+        stats: ProducerStats,
+        port_unreachable: dict[str, float],
+    ) -> None:
         self.address = address
         self.failure: errors_pb2.ErrorInfo | None = None
-        self._call = stub.Produce()
+        self._stub = stub
+        self._stats = stats
+        # address -> until when its port is not tried again (it could not be reached)
+        self._port_unreachable = port_unreachable
+        # Set by _open: the gRPC call, or the port connection's two ends.
+        self._call: Any = None
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
         # Bounded by construction: each pchannel has at most max_in_flight batches
         # unanswered, so this holds at most max_in_flight x pchannels requests.
         self._outbox: asyncio.Queue[wire.ProduceRequest] = asyncio.Queue()
         self._waiting: dict[int, asyncio.Future[wire.ProduceResult]] = {}
         self._request_ids = itertools.count(1)
+        self._opening = asyncio.create_task(self._open(tls), name=f"produce-open:{address}")
         self._tasks = [
+            self._opening,
             asyncio.create_task(self._write_loop(), name=f"produce-writer:{address}"),
             asyncio.create_task(self._read_loop(), name=f"produce-reader:{address}"),
         ]
+
+    @property
+    def over_port(self) -> bool:
+        """Whether the stream is (or is being opened as) a transfer port connection."""
+        return self._writer is not None
+
+    async def _open(self, tls: Callable[[], ssl.SSLContext | None] | None) -> None:
+        """The port connection if the node offers one and it opens, else the gRPC call.
+        A failed OpenProduce call (the node is down, or refused the credentials) fails
+        the stream, as the gRPC call itself would."""
+        if tls is not None and self._port_unreachable.get(self.address, 0.0) <= time.monotonic():
+            try:
+                offer = await self._stub.OpenProduce(
+                    wire.OpenProduceRequest(), timeout=produce_stream.OPEN_TIMEOUT_S
+                )
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                offer = wire.OpenProduceResponse()  # a node from before OpenProduce
+            if offer.ticket:
+                try:
+                    reader, writer = await append_stream.connect(
+                        transfer_host(self.address),
+                        offer.port,
+                        offer.ticket,
+                        tls(),
+                        hello=produce_stream.HELLO,
+                    )
+                except (append_stream.AppendRefused, OSError, TimeoutError) as error:
+                    # A firewalled port costs up to CONNECT_TIMEOUT_S: not tried again for
+                    # this node for a while.
+                    self._port_unreachable[self.address] = (
+                        time.monotonic() + produce_stream.RETRY_PORT_AFTER_S
+                    )
+                    log.info(
+                        "Produce connection to %s port %d failed (%r); using the Produce "
+                        "call for %g s",
+                        self.address,
+                        offer.port,
+                        error,
+                        produce_stream.RETRY_PORT_AFTER_S,
+                    )
+                else:
+                    if self.failure is not None:
+                        writer.transport.abort()
+                        return
+                    self._reader, self._writer = reader, writer
+                    self._stats.port_streams += 1
+                    return
+        self._call = self._stub.Produce()
+        self._stats.grpc_streams += 1
 
     def submit(self, template: wire.ProduceRequest) -> asyncio.Future[wire.ProduceResult]:
         future: asyncio.Future[wire.ProduceResult] = asyncio.get_running_loop().create_future()
@@ -166,13 +247,27 @@ class _ProduceStream:
 
     async def _write_loop(self) -> None:
         try:
+            await asyncio.shield(self._opening)
             while True:
                 request = await self._outbox.get()
-                await self._call.write(request)
+                writer = self._writer
+                if writer is None:
+                    await self._call.write(request)
+                    continue
+                # Everything queued meanwhile goes in one write (one send, one syscall).
+                messages = [request.SerializeToString()]
+                while not self._outbox.empty():
+                    messages.append(self._outbox.get_nowait().SerializeToString())
+                if writer.transport.is_closing():
+                    raise ConnectionError(f"{self.address} closed the Produce connection")
+                # Bounded: a node that stopped reading is given up after the idle timeout.
+                await append_stream.send_all(writer, messages, append_stream.IDLE_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:
             self._break(_classify_data(error)[0])
         except asyncio.InvalidStateError:
             self._break(error_info(E.ON_SHUTDOWN, f"{self.address} closed the Produce stream"))
+        except (ConnectionError, OSError, TimeoutError) as error:
+            self._break(error_info(E.ON_SHUTDOWN, f"Produce connection to {self.address}: {error}"))
         except asyncio.CancelledError:
             if self._locally_cancelled():
                 raise
@@ -180,22 +275,34 @@ class _ProduceStream:
         except Exception as error:  # noqa: BLE001 (reported: every waiting batch fails with it)
             self._break(self._unexpected("writer", error))
 
+    async def _next_result(self) -> wire.ProduceResult | None:
+        reader = self._reader
+        if reader is None:
+            result = await self._call.read()
+            return None if result is grpc.aio.EOF else result
+        payload = await append_stream.read_frame(reader, produce_stream.MAX_RESULT_BYTES, None)
+        return None if payload is None else wire.ProduceResult.FromString(payload)
+
     async def _read_loop(self) -> None:
         info = error_info(E.ON_SHUTDOWN, f"{self.address} ended the Produce stream")
         try:
+            await asyncio.shield(self._opening)
             while True:
-                result = await self._call.read()
-                if result is grpc.aio.EOF:
+                result = await self._next_result()
+                if result is None:
                     break
                 future = self._waiting.pop(result.request_id, None)
                 if future is not None and not future.done():
                     future.set_result(result)
         except grpc.aio.AioRpcError as error:
             info = _classify_data(error)[0]
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as error:
+            info = error_info(E.ON_SHUTDOWN, f"Produce connection to {self.address}: {error!r}")
         except asyncio.CancelledError:
             if self._locally_cancelled():
                 raise
         except Exception as error:  # noqa: BLE001 (reported: every waiting batch fails with it)
+            # A frame over the cap or one that is no ProduceResult among them.
             info = self._unexpected("reader", error)
         self._break(info)
 
@@ -210,7 +317,10 @@ class _ProduceStream:
             return
         log.debug("Produce stream to %s broke: %s", self.address, info.message)
         self.failure = info
-        self._call.cancel()
+        if self._call is not None:
+            self._call.cancel()
+        if self._writer is not None:
+            self._writer.transport.abort()
         waiting, self._waiting = self._waiting, {}
         for future in waiting.values():
             if not future.done():
@@ -223,7 +333,7 @@ class _ProduceStream:
     async def close(self) -> None:
         self._break(error_info(E.ON_SHUTDOWN, "producer closed"))
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
 
@@ -318,6 +428,7 @@ class Producer:
         max_pending_bytes: int = 64 << 20,
         backoff_initial_s: float = 0.05,
         backoff_max_s: float = 1.0,
+        transfer_port: bool = True,
     ) -> None:
         producer_id = producer_id if producer_id is not None else uuid.uuid4().hex
         if not 1 <= len(producer_id) <= MAX_PRODUCER_ID_CHARS:
@@ -347,10 +458,14 @@ class Producer:
         self.max_pending_messages = int(max_pending_messages)
         self.max_pending_bytes = int(max_pending_bytes)
         self._backoff_s = (backoff_initial_s, backoff_max_s)
+        #: Produce over nodes' transfer ports where they offer it (False: always the gRPC
+        #: Produce call, e.g. where a firewall passes the gRPC port only)
+        self.transfer_port = bool(transfer_port)
         self.stats = ProducerStats()
         self._client, self._owns_client = _resolve(client_or_endpoints)
         self._lanes: dict[str, _Lane] = {}
         self._streams: dict[str, _ProduceStream] = {}
+        self._port_unreachable: dict[str, float] = {}
         self._unacked_messages = 0
         self._unacked_bytes = 0
         self._room = asyncio.Event()
@@ -512,7 +627,13 @@ class Producer:
     def _stream_for(self, address: str) -> _ProduceStream:
         stream = self._streams.get(address)
         if stream is None or stream.failure is not None:
-            stream = _ProduceStream(self._client.stub(address), address)
+            stream = _ProduceStream(
+                self._client.stub(address),
+                address,
+                self._client.transfer_tls if self.transfer_port else None,
+                self.stats,
+                self._port_unreachable,
+            )
             self._streams[address] = stream
         return stream
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ from rpc.routing import (
     stream_failure,
     unexpected_loop_error,
 )
+from rpc.segment_transfer import client_tls
 
 # The logger name of the data-plane SDK since it was one module (rpc/streaming_client.py):
 # a caller's logging configuration for it keeps covering every part.
@@ -562,6 +564,7 @@ class StreamingClientBase:
         self.router = AssignmentCache(self.coordinator, self._channel)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, streaming_pb2_grpc.StreamingNodeStub] = {}
+        self._transfer_tls: tuple[ssl.SSLContext | None] | None = None
         self._closed = False
 
     async def __aenter__(self) -> Self:
@@ -596,6 +599,13 @@ class StreamingClientBase:
             channel = self.coordinator.security.aio_channel(address, self._channel_options)
             self._channels[address] = channel
         return channel
+
+    def transfer_tls(self) -> ssl.SSLContext | None:
+        """The `ssl` context for nodes' transfer ports (Produce streams): the channels'
+        TLS (`rpc.segment_transfer.client_tls`), made once; None for plaintext."""
+        if self._transfer_tls is None:
+            self._transfer_tls = (client_tls(self.coordinator.security),)
+        return self._transfer_tls[0]
 
     def stub(self, address: str) -> streaming_pb2_grpc.StreamingNodeStub:
         """The StreamingNode stub of `address`."""

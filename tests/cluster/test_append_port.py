@@ -6,7 +6,8 @@ handed out a ticket. These tests check that they do, that the port refuses what 
 the replica keeps serving, that the owner's stream comes back after a replica is killed
 and restarted or paused and resumed while messages are produced, without losing an
 acknowledged message, and that with ``transfer_port = -1`` replication runs over the gRPC
-Append call as before.
+Append call as before. Producers' Produce connections to the same port (rpc.produce_stream)
+are answered, and refuse a frame over the cap or one that is no ProduceRequest.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from raftwal.chaos.net import ProxyNet
 from raftwal.cli import dev
-from rpc import append_stream, segment_transfer
+from rpc import append_stream, produce_stream, segment_transfer
+from rpc.protos import errors_pb2 as E
 from rpc.protos import streaming_pb2 as wire
 from rpc.protos import streaming_pb2_grpc
 from tests.cluster.conftest import Api, running_cluster
@@ -350,3 +352,72 @@ def test_streams_through_per_link_proxies_are_cut_by_a_partition(tmp_path: Path)
         if local is not None:
             local.stop_all()
         net.close()
+
+
+def _produce_over_port(
+    address: str, request: wire.ProduceRequest
+) -> tuple[wire.ProduceResult, int]:
+    """`request` over a Produce connection to the node at `address` (a ticket from its
+    OpenProduce): its result, and the port."""
+    with grpc.insecure_channel(address) as channel:
+        stub = streaming_pb2_grpc.StreamingNodeStub(channel)
+        offer = stub.OpenProduce(wire.OpenProduceRequest(), timeout=CALL_TIMEOUT_S)
+    assert len(offer.ticket) == segment_transfer.TICKET_BYTES
+    assert offer.max_frame_bytes == MAX_FRAME_BYTES
+    host = segment_transfer.transfer_host(address)
+    with socket.create_connection((host, offer.port), timeout=15) as sock:
+        sock.sendall(
+            produce_stream.HELLO + offer.ticket + append_stream.frame(request.SerializeToString())
+        )
+        received = b""
+        while (
+            len(received) < 5 or len(received) < 5 + append_stream.LENGTH.unpack(received[1:5])[0]
+        ):
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {received!r}"
+            received += chunk
+    assert received[:1] == segment_transfer.ACCEPTED
+    return wire.ProduceResult.FromString(received[5:]), offer.port
+
+
+def test_produce_connections_refuse_bad_frames_and_answer_good_ones(cluster_and_client) -> None:
+    """A Produce connection (rpc.produce_stream) on a ticket from OpenProduce: a valid
+    request is answered framed, with its positions; a frame over the cap or one that is no
+    ProduceRequest closes the connection without an answer, and the node still serves."""
+    cluster, client = cluster_and_client
+    (pchannel,) = setup_channels(client, "ppbad", {"ppbad_v": 0})
+    request = wire.ProduceRequest(
+        request_id=7,
+        pchannel=pchannel,
+        producer_id="ppbad",
+        sequence=1,
+        messages=[wire.Message(vchannel="ppbad_v", payload=b"framed %d" % k) for k in range(5)],
+    )
+    # Bounded: the balancer may move a new pchannel once (the request is idempotent).
+    for _ in range(5):
+        owner, _, address = wait_assigned(client, pchannel)
+        result, port = _produce_over_port(address, request)
+        if result.error.code not in (E.NOT_OWNER, E.CHANNEL_FENCED):
+            break
+    assert result.request_id == 7 and not result.HasField("error"), result
+    assert len(result.positions) == 5
+    node = cluster.node(owner)
+    assert port == node.transfer_port
+
+    def offer() -> wire.OpenProduceResponse:
+        with grpc.insecure_channel(address) as channel:
+            stub = streaming_pb2_grpc.StreamingNodeStub(channel)
+            return stub.OpenProduce(wire.OpenProduceRequest(), timeout=CALL_TIMEOUT_S)
+
+    for body in (append_stream.LENGTH.pack(MAX_FRAME_BYTES + 1), append_stream.frame(b"\xff" * 9)):
+        ticket = offer().ticket
+        started = time.monotonic()
+        answer = _exchange(address, port, produce_stream.HELLO + ticket + body)
+        # Accepted, then closed without an answer, long before the idle timeout.
+        assert answer == segment_transfer.ACCEPTED
+        assert time.monotonic() - started < produce_stream.IDLE_TIMEOUT_S / 10
+    assert _port_count(cluster, owner, "produces") >= 3
+    # The node still serves, and wrote the five messages once.
+    assert offer().ticket
+    entries = consume_all(client, "ppbad_v", pchannel, expect=5)
+    assert [e.payload for e in entries] == [b"framed %d" % k for k in range(5)]

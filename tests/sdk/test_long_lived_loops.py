@@ -286,6 +286,75 @@ async def test_a_send_waits_out_a_lookup_no_node_can_answer_within_retry_timeout
         await client.close()
 
 
+async def test_producer_over_the_transfer_port_survives_its_owner_killed_then_paused(
+    cluster: dev.LocalCluster,
+) -> None:
+    """Sends go on, one after another, over Produce connections to the owner's transfer
+    port (rpc.produce_stream) while the owner is killed (its connection resets) and then
+    the new owner is paused (its connection goes silent). Every send is acknowledged, and
+    the log holds each acknowledged message once, at its position, in send order; each
+    time the sends moved to another Produce connection on a transfer port, never to the
+    gRPC call."""
+    async with StreamingClient(cluster.endpoints) as setup:
+        pchannel, vchannel = await _replicated_vchannel(setup, "loopspp")
+    client = StreamingClient(cluster.endpoints)
+    producer = Producer(client, retry_timeout_s=40, attempt_timeout_s=3)
+    acked: list[tuple[int, bytes]] = []
+    stop = asyncio.Event()
+
+    async def keep_sending() -> None:
+        for k in range(100_000):  # bounded; stopped long before
+            if stop.is_set():
+                return
+            payload = b"pp %d" % k
+            position = await producer.send(vchannel, payload)
+            acked.append((position.lsn, payload))
+
+    sending = asyncio.create_task(keep_sending())
+    try:
+        await _until(lambda: len(acked) >= 20 or sending.done(), TEST_TIMEOUT_S, "first sends")
+        for how in ("kill", "pause"):
+            # The node the producer's stream is on now (the owner may have moved back to a
+            # restarted node since the last phase).
+            before = len(acked)
+            await _until(lambda before=before: len(acked) > before, TEST_TIMEOUT_S, "a send")
+            lane = producer._lanes[pchannel]
+            route, stream = lane.route, lane.stream
+            assert route is not None and stream is not None and stream.over_port
+            async with _stopped(cluster, _node_of(cluster, route.owner_address), how):
+                before = len(acked)
+                await _until(
+                    lambda before=before: len(acked) >= before + 20 or sending.done(),
+                    TEST_TIMEOUT_S,
+                    f"sends go on with the owner {how}ed",
+                )
+                # The sends went on over another Produce connection (a new one, or one
+                # opened to that node before and still open).
+                assert lane.stream is not stream and lane.stream is not None
+                assert lane.stream.over_port, lane.stream.address
+            assert not sending.done(), sending.exception()
+        stop.set()
+        await asyncio.wait_for(sending, TEST_TIMEOUT_S)
+        assert producer.stats.port_streams >= 2 and producer.stats.grpc_streams == 0, producer.stats
+        last = acked[-1][0]
+        seen: list[tuple[int, bytes]] = []
+        async with Consumer(client, vchannel, retry_timeout_s=30) as consumer:
+            async with asyncio.timeout(TEST_TIMEOUT_S):
+                async for entry in consumer:
+                    seen.append((entry.lsn, entry.payload))
+                    if entry.lsn >= last:
+                        break
+        assert seen == acked, (len(seen), len(acked))
+    finally:
+        stop.set()
+        sending.cancel()
+        with contextlib.suppress(BaseException):
+            await sending
+        with contextlib.suppress(RaftwalError, RuntimeError):
+            await producer.close(timeout_s=5)
+        await client.close()
+
+
 # ---------------------------------------------------------------------------------------
 # Consumer
 # ---------------------------------------------------------------------------------------

@@ -165,6 +165,30 @@ async def test_refused_message_fails_only_its_own_send(wal_cluster: dev.LocalClu
     assert [(e.lsn, e.payload) for e in entries] == [(before.lsn, b"before"), (after.lsn, b"after")]
 
 
+@pytest.mark.parametrize("transfer_port", [True, False])
+async def test_producer_streams_over_the_port_or_the_produce_call(
+    wal_cluster: dev.LocalCluster, transfer_port: bool
+) -> None:
+    """By default a producer's stream is a connection to the owner's transfer port
+    (rpc.produce_stream); with transfer_port=False it is the gRPC Produce call. Either way
+    every acknowledged message is in the log once, at its position."""
+    async with StreamingClient(wal_cluster.endpoints) as client:
+        _, vchannel = await _new_vchannel(client, "pport")
+        payloads = [b"m%d" % k for k in range(1000)]
+        async with Producer(client, transfer_port=transfer_port) as producer:
+            futures = [await producer.submit(vchannel, p) for p in payloads]
+            positions = await asyncio.gather(*futures)
+            stats = producer.stats
+        entries = await _consume(client, vchannel, len(payloads))
+    assert [(e.lsn, e.payload) for e in entries] == [
+        (p.lsn, m) for p, m in zip(positions, payloads, strict=True)
+    ]
+    if transfer_port:
+        assert stats.port_streams >= 1 and stats.grpc_streams == 0, stats
+    else:
+        assert stats.grpc_streams >= 1 and stats.port_streams == 0, stats
+
+
 async def test_same_producer_sequence_twice_returns_the_original_positions(
     wal_cluster: dev.LocalCluster,
 ) -> None:

@@ -28,7 +28,7 @@ import grpc
 import pytest
 
 from raftwal.cli import dev, devcerts
-from rpc import append_stream, segment_transfer
+from rpc import append_stream, produce_stream, segment_transfer
 from rpc.client import CoordinatorClient, PermissionDeniedError, UnauthenticatedError
 from rpc.credentials import ClientSecurity
 from rpc.errors import from_rpc_error
@@ -337,6 +337,64 @@ def test_replication_goes_over_the_transfer_port_with_tls(secure) -> None:
             with contextlib.suppress(ConnectionResetError, TimeoutError):
                 answer = sock.recv(16)
                 assert answer not in (segment_transfer.ACCEPTED, segment_transfer.REFUSED)
+
+
+def test_producers_stream_over_the_transfer_port_with_tls(secure) -> None:
+    """A producer's batches go to the owner's transfer port with TLS and mutual TLS, on a
+    ticket from OpenProduce, which takes a producer's credentials: a reader's token is
+    refused one, and a plaintext hello with a made-up ticket gets nothing."""
+    local, admin = secure
+    (pchannel,) = setup_channels(admin, "sec_pport", {"sec_pport_v": 0})
+    owner_id, _, owner = wait_assigned(admin, pchannel)
+    with (
+        local.client_security("reader").channel(owner) as channel,
+        pytest.raises(grpc.RpcError) as raised,
+    ):
+        streaming_pb2_grpc.StreamingNodeStub(channel).OpenProduce(
+            wire.OpenProduceRequest(), timeout=CALL_TIMEOUT_S
+        )
+    assert raised.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert (
+        "may not call /raftwal.v1.StreamingNode/OpenProduce" in from_rpc_error(raised.value).message
+    )
+    payloads = [f"over-the-port-{k}".encode() for k in range(300)]
+
+    async def produce_then_consume() -> tuple[list[int], list[bytes], tuple[int, int]]:
+        writer = StreamingClient(local.endpoints, security=local.client_security("producer"))
+        async with writer, Producer(writer, retry_timeout_s=30) as producer:
+            positions = await asyncio.gather(*(producer.send("sec_pport_v", p) for p in payloads))
+            streams = (producer.stats.port_streams, producer.stats.grpc_streams)
+        consumed: list[bytes] = []
+        reading = StreamingClient(local.endpoints, security=local.client_security("consumer"))
+        async with reading, Consumer(reading, "sec_pport_v", retry_timeout_s=30) as consumer:
+            async with asyncio.timeout(30):
+                async for entry in consumer:
+                    consumed.append(entry.payload)
+                    if len(consumed) >= len(payloads):
+                        break
+        return [p.lsn for p in positions], consumed, streams
+
+    lsns, consumed, (port_streams, grpc_streams) = asyncio.run(produce_then_consume())
+    assert port_streams >= 1 and grpc_streams == 0, (port_streams, grpc_streams)
+    assert lsns == sorted(lsns) and len(set(lsns)) == len(payloads)
+    assert consumed == payloads
+    node = local.node(owner_id)
+    url = f"http://{node.host}:{node.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    produces = next(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith('raftwal_segment_transfers_total{outcome="produces"}')
+    )
+    assert produces >= 1, "no Produce connection over TLS"
+    # Plaintext: the node expects a TLS handshake and answers no status byte.
+    host = segment_transfer.transfer_host(node.grpc_address)
+    with socket.create_connection((host, node.transfer_port), timeout=10) as sock:
+        sock.sendall(produce_stream.HELLO + os.urandom(segment_transfer.TICKET_BYTES))
+        with contextlib.suppress(ConnectionResetError, TimeoutError):
+            answer = sock.recv(16)
+            assert answer not in (segment_transfer.ACCEPTED, segment_transfer.REFUSED)
 
 
 def test_segment_transfers_speak_tls_with_the_grpc_ports_certificates(

@@ -12,7 +12,7 @@ import secrets
 import pytest
 
 from raftwal.services.segment_transfer import SegmentTransfers
-from rpc import append_stream, segment_transfer
+from rpc import append_stream, produce_stream, segment_transfer
 
 TICKET_TTL_S = 0.3
 
@@ -155,5 +155,65 @@ def test_the_port_closes_open_append_connections_when_it_closes() -> None:
         async with asyncio.timeout(5):
             assert await reader.read() == b""
         writer.close()
+
+    asyncio.run(main())
+
+
+def test_produce_and_append_tickets_open_only_their_own_streams() -> None:
+    """Produce connections (rpc.produce_stream) have a table of tickets and a cap of their
+    own: an Append ticket sent with the Produce hello is refused and the other way round,
+    and each accepted connection reaches its own handler only."""
+
+    async def main() -> None:
+        transfers, appends = await _port()
+        produces = _Recorder()
+        transfers.serve_produces(produces)
+        try:
+            append_ticket = transfers.offer_append("n1")
+            produce_ticket = transfers.offer_produce()
+            assert append_ticket is not None and produce_ticket is not None
+            crossed = [
+                produce_stream.HELLO + append_ticket,
+                append_stream.HELLO + produce_ticket,
+            ]
+            for hello in crossed:
+                assert await _hello(transfers.port, hello) == segment_transfer.REFUSED
+            assert appends.owners == [] and produces.owners == []
+            # Both were used up by the refused attempts (a ticket is looked up once).
+            append_ticket = transfers.offer_append("n1")
+            produce_ticket = transfers.offer_produce()
+            assert append_ticket is not None and produce_ticket is not None
+            reader, writer = await append_stream.connect(
+                "127.0.0.1", transfers.port, produce_ticket, None, hello=produce_stream.HELLO
+            )
+            writer.write(append_stream.frame(b"\x08\x01"))
+            async with asyncio.timeout(5):
+                assert await append_stream.read_frame(reader, 1024, 5.0) == b"\x08\x01"
+            writer.close()
+            assert produces.owners == [""] and appends.owners == []
+            assert transfers.counts["produces"] == 1 and transfers.counts["appends"] == 0
+        finally:
+            await transfers.close()
+
+    asyncio.run(main())
+
+
+def test_produce_tickets_are_capped_and_need_a_handler() -> None:
+    async def main() -> None:
+        transfers, _ = await _port()
+        try:
+            from raftwal.services import segment_transfer as port_module
+
+            assert transfers.offer_produce() is None  # no Produce handler yet
+            transfers.serve_produces(_Recorder())
+            tickets = [
+                transfers.offer_produce() for _ in range(port_module.MAX_PRODUCE_CONNECTIONS)
+            ]
+            assert all(tickets)
+            assert transfers.offer_produce() is None
+            # The Append cap is separate.
+            assert transfers.offer_append("n1") is not None
+        finally:
+            await transfers.close()
 
     asyncio.run(main())

@@ -32,6 +32,8 @@ _LOWER = (
     "rpc.segment_transfer",
     # the Append stream's framing over the same port (the owner's side lives there too)
     "rpc.append_stream",
+    # the Produce stream's constants over the same port (the producer's side is the SDK's)
+    "rpc.produce_stream",
 )
 ALLOWED: dict[str, tuple[str, ...]] = {
     "raftwal.services": ("raftwal.services", *_LOWER),
