@@ -113,11 +113,13 @@ async def read_messages(
     idle_timeout_s: float,
     new_message: Callable[[], M],
     end: StreamEnd,
+    refusal: Callable[[str], Message] | None = None,
 ) -> AsyncIterator[M]:
     """The messages a node reads from an accepted stream connection, one per frame, until
     the peer closes or resets it, sends nothing for `idle_timeout_s`, or sends a frame over
-    `max_bytes` or one that does not parse as `new_message()`'s type (the connection is
-    then aborted: nothing more is read from it). `end.reason` says which."""
+    `max_bytes` or one that does not parse as `new_message()`'s type. Nothing more is read
+    after a bad frame: the connection is aborted, or, given `refusal`, sent
+    `refusal(reason)` as a last frame and closed. `end.reason` says why it ended."""
     while True:
         try:
             payload = await read_frame(reader, max_bytes, idle_timeout_s)
@@ -126,7 +128,7 @@ async def read_messages(
             return
         except FrameTooLarge as error:
             end.reason = str(error)
-            writer.transport.abort()
+            _refuse(writer, refusal, end.reason)
             return
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as error:
             end.reason = repr(error)
@@ -136,11 +138,27 @@ async def read_messages(
         message = new_message()
         try:
             message.ParseFromString(payload)
-        except DecodeError:
-            end.reason = f"a frame of {len(payload):,} bytes is no {type(message).__name__}"
-            writer.transport.abort()
+        except DecodeError as error:
+            end.reason = (
+                f"a frame of {len(payload):,} bytes does not parse as "
+                f"{message.DESCRIPTOR.full_name} ({error}; expected a serialized "
+                f"{message.DESCRIPTOR.full_name} with valid UTF-8 in its string fields)"
+            )
+            _refuse(writer, refusal, end.reason)
             return
         yield message
+
+
+def _refuse(
+    writer: asyncio.StreamWriter, refusal: Callable[[str], Message] | None, reason: str
+) -> None:
+    if refusal is None or writer.transport.is_closing():
+        writer.transport.abort()
+        return
+    # Best effort: a peer still sending the rest of an oversized frame may get a reset
+    # before it reads this.
+    writer.write(frame(refusal(reason).SerializeToString()))
+    writer.transport.close()
 
 
 async def serve_messages(
@@ -150,13 +168,14 @@ async def serve_messages(
     idle_timeout_s: float,
     new_message: Callable[[], M],
     answer: Callable[[AsyncIterator[M]], AsyncGenerator[Message, None]],
+    refusal: Callable[[str], Message] | None = None,
 ) -> str:
     """Serve an accepted stream connection: the requests (`read_messages`) go to
     `answer`, whose answers are sent back framed as they come. Returns why it ended, once
     the peer closed, reset or stalled the connection, or sent a bad frame, or `answer`
     ended; a peer that stops reading its answers is given up after `IDLE_TIMEOUT_S`."""
     end = StreamEnd()
-    requests = read_messages(reader, writer, max_bytes, idle_timeout_s, new_message, end)
+    requests = read_messages(reader, writer, max_bytes, idle_timeout_s, new_message, end, refusal)
     try:
         async with contextlib.aclosing(answer(requests)) as answers:
             async for response in answers:

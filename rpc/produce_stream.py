@@ -18,9 +18,12 @@ predates OpenProduce), or whose port cannot be reached or refuses the ticket, ge
 Produce call instead (after a port failure, for `RETRY_PORT_AFTER_S`).
 
 After `ACCEPTED` each direction carries frames: a 4-byte big-endian length, then one
-serialized message. A length over the reader's cap closes the connection: the node's cap
-is the gRPC message size limit (``grpc_max_message_bytes``, which bounds the Produce call
-too; OpenProduce says it), the producer's `MAX_RESULT_BYTES`. The node closes a
+serialized message. A length over the reader's cap ends the connection: the node's cap is
+the gRPC message size limit (``grpc_max_message_bytes``, which bounds the Produce call too;
+OpenProduce says it), the producer's `MAX_RESULT_BYTES`. A request frame over the node's
+cap, or one that does not parse as a ProduceRequest, is answered with a last
+ProduceResult whose `request_id` is 0 and whose `error` (INVALID_ARGUMENT) says what was
+wrong, and the node closes the connection. The node closes a
 connection that sent no frame for `IDLE_TIMEOUT_S` (the producer opens another for its
 next batch), or whose answers did not drain within `rpc.append_stream.IDLE_TIMEOUT_S`;
 the producer gives up on a connection whose requests did not drain within that time (a

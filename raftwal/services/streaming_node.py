@@ -537,6 +537,11 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             produce_stream.IDLE_TIMEOUT_S,
             wire.ProduceRequest,
             self._produce_results,
+            # A bad frame gets a clear answer before the connection closes (request id 0:
+            # no request of the stream matches it).
+            lambda reason: wire.ProduceResult(
+                request_id=0, error=error_info(E.INVALID_ARGUMENT, reason[:500])
+            ),
         )
         log.debug("produce connection from %s ended: %s", writer.get_extra_info("peername"), ended)
 

@@ -291,6 +291,10 @@ class _ProduceStream:
                 result = await self._next_result()
                 if result is None:
                     break
+                if result.request_id == 0 and result.HasField("error"):
+                    # The node refused the connection's last frame (rpc.produce_stream).
+                    info = result.error
+                    break
                 future = self._waiting.pop(result.request_id, None)
                 if future is not None and not future.done():
                     future.set_result(result)

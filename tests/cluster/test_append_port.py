@@ -7,7 +7,8 @@ the replica keeps serving, that the owner's stream comes back after a replica is
 and restarted or paused and resumed while messages are produced, without losing an
 acknowledged message, and that with ``transfer_port = -1`` replication runs over the gRPC
 Append call as before. Producers' Produce connections to the same port (rpc.produce_stream)
-are answered, and refuse a frame over the cap or one that is no ProduceRequest.
+are answered, and a frame over the cap or one that is no ProduceRequest gets an
+INVALID_ARGUMENT result before the connection closes.
 """
 
 from __future__ import annotations
@@ -383,7 +384,8 @@ def _produce_over_port(
 def test_produce_connections_refuse_bad_frames_and_answer_good_ones(cluster_and_client) -> None:
     """A Produce connection (rpc.produce_stream) on a ticket from OpenProduce: a valid
     request is answered framed, with its positions; a frame over the cap or one that is no
-    ProduceRequest closes the connection without an answer, and the node still serves."""
+    ProduceRequest gets a last result with INVALID_ARGUMENT saying so, the connection
+    closes, and the node still serves."""
     cluster, client = cluster_and_client
     (pchannel,) = setup_channels(client, "ppbad", {"ppbad_v": 0})
     request = wire.ProduceRequest(
@@ -409,12 +411,28 @@ def test_produce_connections_refuse_bad_frames_and_answer_good_ones(cluster_and_
             stub = streaming_pb2_grpc.StreamingNodeStub(channel)
             return stub.OpenProduce(wire.OpenProduceRequest(), timeout=CALL_TIMEOUT_S)
 
-    for body in (append_stream.LENGTH.pack(MAX_FRAME_BYTES + 1), append_stream.frame(b"\xff" * 9)):
+    bad = {
+        "over the cap": (
+            append_stream.LENGTH.pack(MAX_FRAME_BYTES + 1),
+            f"frame of {MAX_FRAME_BYTES + 1:,} bytes (expected at most {MAX_FRAME_BYTES:,})",
+        ),
+        "not a request": (
+            append_stream.frame(b"\xff" * 9),
+            "a frame of 9 bytes does not parse as raftwal.v1.ProduceRequest",
+        ),
+    }
+    for what, (body, message) in bad.items():
         ticket = offer().ticket
         started = time.monotonic()
         answer = _exchange(address, port, produce_stream.HELLO + ticket + body)
-        # Accepted, then closed without an answer, long before the idle timeout.
-        assert answer == segment_transfer.ACCEPTED
+        # Accepted, then one result saying what was wrong (request id 0: no request's),
+        # and closed, long before the idle timeout.
+        assert answer[:1] == segment_transfer.ACCEPTED, what
+        (length,) = append_stream.LENGTH.unpack(answer[1:5])
+        assert len(answer) == 5 + length, (what, answer)
+        refused = wire.ProduceResult.FromString(answer[5:])
+        assert refused.request_id == 0 and refused.error.code == E.INVALID_ARGUMENT, refused
+        assert message in refused.error.message, (what, refused.error.message)
         assert time.monotonic() - started < produce_stream.IDLE_TIMEOUT_S / 10
     assert _port_count(cluster, owner, "produces") >= 3
     # The node still serves, and wrote the five messages once.
