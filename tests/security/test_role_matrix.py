@@ -63,6 +63,7 @@ _ADMIN_ONLY = {
 }
 _PRODUCE = {
     "StreamingNode/Produce",
+    "StreamingNode/OpenProduce",
     "StreamingNode/BeginTxn",
     "StreamingNode/AppendTxn",
     "StreamingNode/CommitTxn",
