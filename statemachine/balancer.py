@@ -9,13 +9,13 @@ Rules, in order:
    of ``replica_count`` nodes: the owner plus the nodes holding the fewest replicas, taken
    first among the eligible nodes and then among the other UP, unfrozen nodes (a node a
    new leader has not heard from yet is still a replica: it catches up when it is back).
-   The replica set never grows later, so it must not be cut short by a passing silence.
+   A passing silence must not cut the set short (a short set is widened only by rule 3).
 2. A pchannel whose owner is not eligible (DOWN, frozen, or not heard from), that is
    UNAVAILABLE, or that the caller reports stuck in ASSIGNING, moves at term + 1 to the
-   least-loaded eligible node **of its replica set**. The replica set never changes on a
-   move: the acknowledged WAL entries live on a majority of that set, and tail recovery
-   needs a majority of the same set to find them. A pchannel with no eligible replica
-   stays where it is (the coordinator reports it).
+   least-loaded eligible node **of its replica set**. A move never changes the set: the
+   acknowledged WAL entries live on a majority of it, and tail recovery finds them by
+   fencing a majority of it. A pchannel with no eligible replica stays where it is (the
+   coordinator reports it).
 3. **Replica repair.** A pchannel whose owner is eligible gets a new replica set at term + 1
    when a member is in ``replace_nodes`` (DOWN for longer than the coordinator's
    ``replica_replace_after_ms``) or frozen (a node being drained), or, once ready, when
@@ -23,8 +23,11 @@ Rules, in order:
    nodes). Each such member is swapped for
    (and a short set widened by) the eligible non-member holding the fewest replicas; with
    no such node the set stays as it is (it never shrinks). The change is safe because the
-   new owner's recovery consults the last ready set too (``stable_replica_node_ids``), and
-   the state machine allows one change at a time (none while the last one is not ready).
+   new owner's recovery fences a majority of the new set and ceil(n/2) of the last ready
+   set (``stable_replica_node_ids``), which meets every majority of it, where every
+   acknowledged entry lives; and the state machine allows one change at a time (none while
+   the last one is not ready), so no older set matters. docs/architecture.md (F9) has the
+   argument.
 4. When the policy allows rebalancing, pchannels move from the most to the least loaded
    eligible node while the difference exceeds one, again only within replica sets.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rpc.protos import coordination_pb2 as pb
+from statemachine.state import upgrade_state
 from statemachine.types import DEFAULT_LIMITS, Limits
 
 
@@ -293,6 +294,7 @@ def _state_restored(state, e: pb.StateRestored, revision, limits: Limits) -> Non
         state.nodes[name].CopyFrom(node)
     state.last_raft_index = raft_index
     state.last_time_ms = max(time_ms, restored.last_time_ms)
+    upgrade_state(state)  # a backup written by an older version
 
 
 _EVOLVERS: dict[str, Callable[..., None]] = {

@@ -45,7 +45,29 @@ def restore_state(data: bytes) -> pb.CoordinationState:
             f"unsupported coordination snapshot format {state.format_version} "
             f"(expected {STATE_FORMAT_VERSION})"
         )
+    upgrade_state(state)
     return state
+
+
+def upgrade_state(state: pb.CoordinationState) -> None:
+    """Fill in, in place, what a state saved by an older version lacks (idempotent, and a
+    no-op on a current state, so every node that loads a snapshot agrees).
+
+    ``stable_replica_node_ids`` (the replica set of the last ready term) is set when a
+    pchannel becomes ready. A pchannel that went ready before the field existed has it
+    empty, and the first replica set change after that would fence only the new set: a
+    majority of the new set need not overlap the old set's majority, which holds the
+    acknowledged entries. While such a pchannel is ASSIGNED, its replica set is the last
+    ready set. (One caught mid-change by the upgrade, ASSIGNING with an empty set, keeps
+    it empty: its last ready set is not recorded anywhere; the next ready term sets it.)"""
+    for name in sorted(state.pchannels):
+        channel = state.pchannels[name]
+        if (
+            not channel.stable_replica_node_ids
+            and channel.state == pb.PCHANNEL_STATE_ASSIGNED
+            and channel.replica_node_ids
+        ):
+            channel.stable_replica_node_ids.extend(channel.replica_node_ids)
 
 
 def copy_state(state: pb.CoordinationState) -> pb.CoordinationState:

@@ -69,6 +69,7 @@ from wal_segments.segment import (
     _default_fdatasync,
     fsync_directory,
     list_segment_files,
+    make_durable_directory,
     open_segment,
     segment_file_name,
 )
@@ -236,7 +237,7 @@ class PChannelLog:
         return log
 
     def _recover(self) -> None:
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_durable_directory(self.directory)
         for leftover in self.directory.glob("*.seg.tmp"):
             leftover.unlink()
         self.fenced_term = self.catalog.fenced_term(self.pchannel)
@@ -280,9 +281,12 @@ class PChannelLog:
                     )
                 del files[index + 1 :]
                 last_file = True
-            if not recovered.sealed and not last_file:
-                # A crash while sealing (the footer was torn or never written, the next
-                # segment was already created): finish the seal.
+            if not recovered.sealed and (not last_file or _ends_with_seal_marker(path, recovered)):
+                # A crash while sealing (the footer was torn or never written; the next
+                # segment may not have been created yet, but an entry flagged SEAL_MARKER
+                # ends its segment all the same): finish the seal. Appending after the
+                # marker would leave it in the middle of a segment, which every replica
+                # refuses.
                 writer, _ = SegmentWriter.resume(path, fdatasync=self._fdatasync)
                 if writer.entry_count:
                     writer.seal()
@@ -520,16 +524,84 @@ class PChannelLog:
 
     def check_match(self, prev_lsn: int, prev_term: int) -> None:
         """Raise Mismatch (with Raft's fast back-up hint) unless this log holds the entry
-        (prev_lsn, prev_term); entries before the retained log count as matching."""
-        if prev_lsn > self.last_lsn or (
-            prev_lsn >= self.first_lsn and self.term_at(prev_lsn) != prev_term
-        ):
+        (prev_lsn, prev_term). An entry below the retained log cannot be checked: that is a
+        mismatch too (hint: the term of the first retained entry and its LSN), except the
+        start of an empty log (lsn 0, or where a restarted log begins), which follows
+        anything below it (all of that is below the retention floor)."""
+        if prev_lsn < self.first_lsn:
+            if prev_lsn == 0 or (prev_lsn == self.last_lsn and self.last_lsn < self.first_lsn):
+                return
+            first = self.first_lsn
+            conflict_term = self.term_at(first) if first <= self.last_lsn else 0
+            raise Mismatch(prev_lsn, prev_term, conflict_term, first)
+        if prev_lsn > self.last_lsn or self.term_at(prev_lsn) != prev_term:
             probe = min(prev_lsn, self.last_lsn)
             conflict_term = self.term_at(probe) if probe >= self.first_lsn else 0
             conflict_first = (
                 self.first_lsn_of_term(conflict_term, probe) if conflict_term else self.first_lsn
             )
             raise Mismatch(prev_lsn, prev_term, conflict_term, conflict_first)
+
+    def _unverifiable_start(
+        self, prev_lsn: int, frames: bytes, meta: BatchMeta, from_log_start: bool
+    ) -> bool:
+        """For an append whose previous entry this log cannot check (below its retained
+        start, or `from_log_start`: the sender retains nothing before prev_lsn + 1):
+        whether the whole log must go, so that it starts again at prev_lsn + 1.
+
+        Raft's InstallSnapshot rule with Log Matching (one writer per (lsn, term): a
+        recovery never runs twice at one term): when this log holds an entry of the batch
+        with the same term, it holds the sender's log up to there and keeps everything
+        (the rest is checked entry by entry). When it holds a different entry there, none of
+        its entries from there on is committed (the sender holds every committed entry it
+        retains) and everything before is below the sender's retained start, so below the
+        retention floor: the log is dropped. Raises Mismatch when the batch does not reach
+        this log's first entry (the sender backs up to it)."""
+        first, last = self.first_lsn, self.last_lsn
+        if last < first:
+            # Empty: it starts where it was restarted; anything else starts it again.
+            return prev_lsn != last
+        if from_log_start and prev_lsn > last:
+            return True  # the log ends before the sender's start: all of it is below
+        probe = max(prev_lsn + 1, first)
+        if probe > last:
+            return True  # holds prev_lsn but nothing after it: nothing to compare with
+        if probe > meta.last_lsn:
+            raise Mismatch(prev_lsn, 0, self.term_at(first), first)
+        theirs = _term_of_frame(frames, meta.frame_offsets[probe - meta.first_lsn])
+        if self.term_at(probe) == theirs:
+            return False
+        if probe <= self.committed_lsn:
+            logger.critical(
+                "%s: the sender's entry at committed lsn %d has term %d, this log's %d",
+                self.pchannel,
+                probe,
+                theirs,
+                self.term_at(probe),
+            )
+            raise BadBatch(
+                f"entry at lsn {probe} differs from the committed one here (term {theirs}; "
+                f"expected {self.term_at(probe)}, committed through {self.committed_lsn})"
+            )
+        return True
+
+    def fetch_from(self, prev_lsn: int, prev_term: int, max_bytes: int) -> tuple[bytes, int, bool]:
+        """What a recovering owner fetches after its entry (prev_lsn, prev_term): (frames,
+        lsn of the first frame, whether they start this log). Raises Mismatch (with the
+        back-up hint) when this log does not hold that entry. When prev_lsn is below this
+        log's retained start (prev_lsn + 1 == first_lsn included: the term of the entry
+        before the first is not kept), it cannot be checked: the frames then start at this
+        log's first entry, and the caller appends them as the start of its log
+        (`append(..., from_log_start=True)`), which keeps what it holds only where the
+        frames prove it matches."""
+        if 0 < prev_lsn < self.first_lsn or (prev_lsn == 0 and self.first_lsn > 1):
+            start, from_log_start = self.first_lsn, True
+        else:
+            self.check_match(prev_lsn, prev_term)
+            start, from_log_start = prev_lsn + 1, False
+        if start > self.last_lsn:
+            return b"", start, from_log_start
+        return self.read_frames(start, max_bytes), start, from_log_start
 
     # -- fencing -----------------------------------------------------------------------------
 
@@ -569,25 +641,16 @@ class PChannelLog:
         fails verification. Returns where the log ends and what to wait durable.
 
         `from_log_start`: prev_lsn + 1 is the first LSN the sender retains (retention deleted
-        what is below, so prev_term is unknown). A log that ends before prev_lsn, or holds
-        prev_lsn and so cannot check it, drops everything it holds (all of it is below the
-        retention floor, or will be sent again) and starts at prev_lsn + 1."""
+        what is below, so prev_term is unknown). Such a batch, and one whose prev_lsn is
+        below this log's own retained start, is checked by its entries instead (see
+        `_unverifiable_start`): a log that holds one of them keeps what it has; otherwise it
+        drops everything it holds (all of it is below the retention floor, or was never
+        committed) and starts at prev_lsn + 1."""
         async with self._lock:
             self._check_usable()
             if term < self.fenced_term:
                 raise Fenced(term, self.fenced_term)
             await self._raise_fence(term)
-            if (
-                from_log_start
-                and prev_lsn > 0
-                and (prev_lsn > self.last_lsn or prev_lsn >= self.first_lsn)
-            ):
-                await self._restart_at_locked(prev_lsn + 1)
-            self.check_match(prev_lsn, prev_term)
-            if prev_lsn < self.first_lsn - 1:
-                raise BadBatch(
-                    f"prev_lsn {prev_lsn} is before the retained log (first lsn {self.first_lsn})"
-                )
             if meta is None:
                 try:
                     meta = scan_batch(frames, expected_first_lsn=prev_lsn + 1, batch_crc=batch_crc)
@@ -595,6 +658,22 @@ class PChannelLog:
                     raise BadBatch(f"invalid frames: {error}") from None
             if meta.first_lsn != prev_lsn + 1:
                 raise BadBatch(f"frames start at lsn {meta.first_lsn}; expected {prev_lsn + 1}")
+            if prev_lsn > 0 and (from_log_start or prev_lsn < self.first_lsn):
+                # The previous entry cannot be checked here: the batch itself is.
+                if self._unverifiable_start(prev_lsn, frames, meta, from_log_start):
+                    await self._restart_at_locked(prev_lsn + 1)
+                elif prev_lsn < self.first_lsn - 1:
+                    # It matches from this log's first entry on; what is below that is
+                    # below the retention floor here.
+                    skip = self.first_lsn - meta.first_lsn
+                    frames = frames[meta.frame_offsets[skip] :]
+                    prev_lsn = self.first_lsn - 1
+                    meta = scan_batch(
+                        frames, expected_first_lsn=prev_lsn + 1, batch_crc=crc32c(frames)
+                    )
+                prev_term = 0  # verified by the batch (or the log starts here)
+            else:
+                self.check_match(prev_lsn, prev_term)
             if meta.last_term > term:
                 raise BadBatch(f"frames of term {meta.last_term} above the sender's term {term}")
             if meta.first_term < prev_term:
@@ -1149,6 +1228,21 @@ def _segment_row(pchannel: str, sealed: SealedSegment) -> SegmentRow:
         bytes=sealed.size_bytes,
         digest=summary.digest,
         state="sealed",
+    )
+
+
+def _ends_with_seal_marker(path: Path, recovered: object) -> bool:
+    """Whether a recovered segment's last entry is a seal marker."""
+    offsets = recovered.frame_offsets  # type: ignore[attr-defined]
+    if not recovered.entry_count or offsets is None or not len(offsets):  # type: ignore[attr-defined]
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        header = os.pread(fd, ENTRY_HEADER_SIZE, offsets[-1])
+    finally:
+        os.close(fd)
+    return len(header) == ENTRY_HEADER_SIZE and bool(
+        ENTRY_HEADER.unpack(header)[_FLAGS_WORD] & SEAL_FLAG
     )
 
 

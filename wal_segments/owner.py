@@ -429,7 +429,23 @@ class ChannelOwner:
             await self._backoff(attempt)
             attempt += 1
 
+    def _recovery_ran_here(self) -> bool:
+        """Only this node may fence at its own assigned term, so a log fenced at this term
+        already means a recovery at this term ran here before (see
+        `DataPlane._recovered_here_before`); running another could write different entries
+        at the same (lsn, term)."""
+        return self.log.fenced_term >= self.term
+
     async def _recover(self) -> None:
+        if self._recovery_ran_here():
+            # The data plane asks for term + 1.
+            raise WalError(
+                E.UNMATCHED_CHANNEL_TERM,
+                f"pchannel {self.pchannel}: recovery at term {self.term} already ran on node "
+                f"{self.node_id} (its log is fenced at term {self.log.fenced_term}); a new "
+                "term is needed",
+                current_term=self.log.fenced_term,
+            )
         position = await self.log.fence(self.term)
         positions: dict[str, wire.FenceResponse] = {
             self.node_id: wire.FenceResponse(
@@ -455,7 +471,9 @@ class ChannelOwner:
                 if not pending:
                     raise WalError(E.ON_SHUTDOWN, "no majority to fence")
                 done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
+                # In node order, not the set's: the same answers give the same recovery
+                # (ties between equal logs included; `raftwal simulate` replays it).
+                for task in sorted(done, key=lambda t: pending[t]):
                     node = pending.pop(task)
                     positions[node] = task.result()
         finally:
@@ -560,9 +578,16 @@ class ChannelOwner:
                 await self._backoff(attempt)
                 attempt += 1
                 continue
-            result = await self.log.append(
-                self.term, request.prev_lsn, request.prev_term, reply.frames
-            )
+            if reply.log_start_lsn:
+                # Our end is below what the source retains: its frames start its log (kept
+                # here only where they prove this log matches; see PChannelLog.append).
+                result = await self.log.append(
+                    self.term, reply.log_start_lsn - 1, 0, reply.frames, from_log_start=True
+                )
+            else:
+                result = await self.log.append(
+                    self.term, request.prev_lsn, request.prev_term, reply.frames
+                )
             await self.log.wait_durable(result)
 
     def _backup_point(self, conflict_term: int, conflict_first: int, their_last: int) -> int:

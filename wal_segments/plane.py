@@ -5,9 +5,12 @@ What lives here: `DataPlane` (one per node process). It opens `data_dir/wal/<pch
 logs on demand, answers the replica side of replication (append, fence, fetch), starts a
 `ChannelOwner` when the coordination state assigns a pchannel to this node at a new term
 (ASSIGNING), stops owners whose term was superseded, and re-runs recovery at a new term
-when this node is recorded as the ready owner but does not serve (a restart, or an owner
-that stopped after a local I/O failure): it asks the coordination plane to reassign the
-pchannel to itself at term + 1. A log left unusable by a local I/O failure is closed and
+when this node is recorded as the owner but does not serve (a restart, or an owner that
+stopped after a local I/O failure): it asks the coordination plane to reassign the
+pchannel to itself at term + 1. **Recovery never runs twice at one term on a node**: an
+assignment at term T whose log here is already fenced at T (an earlier incarnation began
+recovery at T) also goes to term + 1, since what that incarnation wrote at T may survive on
+other replicas but not here. A log left unusable by a local I/O failure is closed and
 opened again (recovered from the files) the next time anything needs it.
 
 The coordination plane is reached only through `CoordinationView` and `Proposer`
@@ -37,6 +40,7 @@ from wal_segments.owner import (
     ReplicaTransport,
     WriteObserver,
 )
+from wal_segments.segment import make_durable_directory
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +106,7 @@ class DataPlane:
     ) -> None:
         self.node_id = node_id
         self.wal_dir = data_dir / "wal"
-        self.wal_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_durable_directory(self.wal_dir)
         self.catalog = Catalog(data_dir / "catalog.db")
         self.policy = policy
         self.owner_config = owner_config
@@ -240,8 +244,9 @@ class DataPlane:
                 continue
             existing = self.owners.get(pchannel)
             if existing is not None and existing.term == assignment.term:
-                if existing.state in ("fenced", "closed") and assignment.state == ASSIGNED:
-                    # Ready at this term but this owner stopped: take a new term.
+                if existing.state in ("fenced", "closed"):
+                    # This owner stopped (ready, or still recovering after a failure): a
+                    # new term, never a second recovery at this one.
                     await self._reassign(pchannel, assignment.term)
                 continue
             if assignment.state == ASSIGNING:
@@ -254,6 +259,17 @@ class DataPlane:
         try:
             log = await self.log(assignment.pchannel)
         except Exception:  # noqa: BLE001 - logged and reported by log(); others go on
+            return
+        if self._recovered_here_before(log, assignment):
+            logger.info(
+                "%s: recovery at term %d already ran on this node (fenced term %d); asking "
+                "for term %d",
+                assignment.pchannel,
+                assignment.term,
+                log.fenced_term,
+                assignment.term + 1,
+            )
+            await self._reassign(assignment.pchannel, assignment.term)
             return
         owner = ChannelOwner(
             pchannel=assignment.pchannel,
@@ -270,6 +286,16 @@ class DataPlane:
         self.owners[assignment.pchannel] = owner
         logger.info("%s: recovering as owner at term %d", assignment.pchannel, assignment.term)
         owner.start()
+
+    @staticmethod
+    def _recovered_here_before(log: PChannelLog, assignment: Assignment) -> bool:
+        """Whether a recovery at the assignment's term ran on this node before (an earlier
+        incarnation fenced its own log at that term first thing, durably). It may have
+        written entries at that term that reached other replicas but not this node's disk
+        (a power cut), so a second recovery at the same term could write different entries
+        at the same (lsn, term), which log matching cannot tell apart. Only the assigned
+        owner may fence at the assigned term, so such a fence is this node's own."""
+        return log.fenced_term >= assignment.term
 
     async def _reassign(self, pchannel: str, term: int) -> None:
         if self._reassigning.get(pchannel) == term:

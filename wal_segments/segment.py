@@ -77,7 +77,13 @@ _TEMPORARY_SUFFIX = ".seg.tmp"
 _MAX_HEADER_BYTES = 512
 
 Fdatasync = Callable[[int], None]
-_default_fdatasync: Fdatasync = getattr(os, "fdatasync", os.fsync)
+
+
+def _default_fdatasync(fd: int) -> None:
+    """``os.fdatasync`` (``os.fsync`` where there is none), looked up at each call so that
+    a fault layer under ``os`` (``raftwal simulate``'s disk, tests) sees every sync."""
+    sync = getattr(os, "fdatasync", None) or os.fsync
+    sync(fd)
 
 
 class SegmentError(Exception):
@@ -119,6 +125,23 @@ def fsync_directory(directory: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def make_durable_directory(directory: str | os.PathLike[str]) -> None:
+    """Create `directory` (0700, with its missing parents) so that it survives a power cut:
+    each directory created is followed by an fsync of its parent, without which the new
+    entry, and every file under it however well synced, may be gone after a crash."""
+    path = Path(directory)
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for created in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            created.mkdir(mode=0o700)
+        fsync_directory(created.parent)
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, offset: int, path: Path) -> None:

@@ -190,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     from raftwal.cli.client import register
     from raftwal.cli.member import register as register_member
     from raftwal.cli.shards import register as register_shards
+    from raftwal.cli.simulate import register as register_simulate
     from raftwal.cli.snapshot import register as register_snapshot
     from raftwal.cli.spark import register as register_spark
 
@@ -199,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_snapshot(commands)
     register_shards(commands)
     register_member(commands)
+    register_simulate(commands)
     return parser
 
 

@@ -233,9 +233,11 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
             await context.abort_with_status(
                 to_status(error_info(E.INVALID_ARGUMENT, "negative prev_lsn or prev_term"))
             )
-        prev = request.prev_lsn
+        max_bytes = min(max(request.max_bytes, 1 << 16), 16 << 20)
         try:
-            wal.check_match(prev, request.prev_term)
+            frames, start, from_log_start = wal.fetch_from(
+                request.prev_lsn, request.prev_term, max_bytes
+            )
         except Mismatch as error:
             return wire.FetchResponse(
                 status=wire.APPEND_STATUS_MISMATCH,
@@ -244,13 +246,12 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                 conflict_term=error.conflict_term,
                 conflict_first_lsn=error.conflict_first_lsn,
             )
-        max_bytes = min(max(request.max_bytes, 1 << 16), 16 << 20)
-        frames = wal.read_frames(prev + 1, max_bytes)
         return wire.FetchResponse(
             status=wire.APPEND_STATUS_OK,
             frames=frames,
             last_lsn=wal.last_lsn,
             last_term=wal.last_term,
+            log_start_lsn=start if from_log_start else 0,
         )
 
     async def Append(self, request_iterator, context):

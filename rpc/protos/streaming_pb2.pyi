@@ -439,7 +439,7 @@ class FetchRequest(_message.Message):
     def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., prev_lsn: _Optional[int] = ..., prev_term: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
-    __slots__ = ("status", "frames", "last_lsn", "last_term", "conflict_term", "conflict_first_lsn", "fenced_term")
+    __slots__ = ("status", "frames", "last_lsn", "last_term", "conflict_term", "conflict_first_lsn", "fenced_term", "log_start_lsn")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     LAST_LSN_FIELD_NUMBER: _ClassVar[int]
@@ -447,6 +447,7 @@ class FetchResponse(_message.Message):
     CONFLICT_TERM_FIELD_NUMBER: _ClassVar[int]
     CONFLICT_FIRST_LSN_FIELD_NUMBER: _ClassVar[int]
     FENCED_TERM_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_LSN_FIELD_NUMBER: _ClassVar[int]
     status: AppendStatus
     frames: bytes
     last_lsn: int
@@ -454,7 +455,8 @@ class FetchResponse(_message.Message):
     conflict_term: int
     conflict_first_lsn: int
     fenced_term: int
-    def __init__(self, status: _Optional[_Union[AppendStatus, str]] = ..., frames: _Optional[bytes] = ..., last_lsn: _Optional[int] = ..., last_term: _Optional[int] = ..., conflict_term: _Optional[int] = ..., conflict_first_lsn: _Optional[int] = ..., fenced_term: _Optional[int] = ...) -> None: ...
+    log_start_lsn: int
+    def __init__(self, status: _Optional[_Union[AppendStatus, str]] = ..., frames: _Optional[bytes] = ..., last_lsn: _Optional[int] = ..., last_term: _Optional[int] = ..., conflict_term: _Optional[int] = ..., conflict_first_lsn: _Optional[int] = ..., fenced_term: _Optional[int] = ..., log_start_lsn: _Optional[int] = ...) -> None: ...
 
 class AppendBroadcastRequest(_message.Message):
     __slots__ = ("pchannel", "vchannel", "broadcast_id", "msg_type", "message")

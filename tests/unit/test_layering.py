@@ -3,6 +3,8 @@
     raftwal.cli  ->  raftwal.node  ->  raftwal.services  ->  {wal_segments, raft, statemachine}
                                                           ->  rpc.protos
     raftwal.chaos -> the public SDK (rpc) and the dev-cluster helpers (raftwal.cli.dev)
+    raftwal.sim   -> raftwal.node's data-plane glue and raftwal.services (the code it
+                     simulates), and the lower layers
     rpc (SDK)     -> rpc only;   spark_connector -> rpc, wal_segments
 
 Every import counts: at module level, inside functions, and under ``if TYPE_CHECKING:``.
@@ -49,6 +51,13 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "wal_segments.format",
     ),
     "raftwal.cli": ("raftwal", "rpc", "raft", "wal_segments", "statemachine", "spark_connector"),
+    # The simulation runs the node's real data plane and Replication servicer.
+    "raftwal.sim": (
+        "raftwal.sim",
+        "raftwal.node.data_plane",
+        "raftwal.services",
+        *_LOWER,
+    ),
     "rpc": ("rpc",),
     "spark_connector": ("spark_connector", "rpc", "wal_segments"),
     "raft": ("raft", "statemachine", "rpc.protos", "rpc.aio"),

@@ -154,8 +154,11 @@ class Loopback:
         log = self._reach(node_id)
         if request.term < log.fenced_term:
             return wire.FetchResponse(status=wire.APPEND_STATUS_FENCED, fenced_term=log.fenced_term)
+        # As ReplicationServicer.Fetch answers.
         try:
-            log.check_match(request.prev_lsn, request.prev_term)
+            frames, start, from_log_start = log.fetch_from(
+                request.prev_lsn, request.prev_term, max(request.max_bytes, 1 << 16)
+            )
         except Mismatch as error:
             return wire.FetchResponse(
                 status=wire.APPEND_STATUS_MISMATCH,
@@ -166,9 +169,10 @@ class Loopback:
             )
         return wire.FetchResponse(
             status=wire.APPEND_STATUS_OK,
-            frames=log.read_frames(request.prev_lsn + 1, max(request.max_bytes, 1 << 16)),
+            frames=frames,
             last_lsn=log.last_lsn,
             last_term=log.last_term,
+            log_start_lsn=start if from_log_start else 0,
         )
 
     async def pchannel_ready(self, pchannel: str, term: int, start_lsn: int) -> int:
@@ -378,3 +382,66 @@ async def test_replicas_behind_the_owners_retained_log_restart_at_its_first_entr
             log.directory, PCHANNEL, log.catalog, parse_fsync_policy("always")
         )
         assert terms(logs[name]) == before
+
+
+async def _retain_from(log: PChannelLog, term: int, first: int, last: int, keep_from: int) -> None:
+    """Fill `log` with first..last at `term` (a seal marker ending a segment at keep_from - 1),
+    commit it and let retention delete everything below keep_from."""
+    import dataclasses
+
+    from wal_segments.format import EntryFlags
+
+    head = [entry(lsn, term) for lsn in range(first, keep_from)]
+    head[-1] = dataclasses.replace(
+        head[-1], msg_type=int(MsgType.SEAL), flags=int(EntryFlags.SEAL_MARKER), payload=b""
+    )
+    await write(log, term, head)
+    await log.wait_sealed()
+    await write(log, term, [entry(lsn, term) for lsn in range(keep_from, last + 1)])
+    log.committed_lsn = last
+    await log.delete_before(keep_from)
+    assert log.first_lsn == keep_from
+
+
+async def test_adopting_below_the_best_logs_retained_start_never_grafts_a_divergent_prefix(logs):
+    """n2 (the best log: term 4 from lsn 50) retains only 80..100; n1 holds 1..49 of term 1
+    and an uncommitted 50..100 of term 3. The fast back-up lands at 79, below n2's retained
+    start, where n2 cannot check n1's entry. Before the fix n2 answered as if 79 matched
+    and n1 grafted 80..100 of term 4 onto its own 50..79 of term 3, entries that were never
+    committed (and then served them, and rebuilt producer deduplication from them). Now n2
+    sends from its log's start and n1 keeps nothing it cannot prove matches."""
+    n1, n2, _ = (logs[n] for n in NODES)
+    for log in (n1, n2):
+        await log.fence(1)
+        await write(log, 1, [entry(lsn, 1) for lsn in range(1, 50)])
+    await n1.fence(3)
+    await write(n1, 3, [entry(lsn, 3) for lsn in range(50, 101)])
+    await n2.fence(4)
+    await _retain_from(n2, 4, 50, 100, 80)
+    owner = await asyncio.wait_for(recover(logs, "n1", 5, down=frozenset({"n3"})), 20)
+    try:
+        held = terms(n1)
+        assert all(term != 3 for _, term in held), held[:5]
+        assert n1.first_lsn == 80
+        assert held[: 100 - 80 + 1] == terms(n2)[: 100 - 80 + 1]
+    finally:
+        await owner.close()
+
+
+async def test_adopting_from_a_log_whose_retained_start_is_past_our_end_completes(logs):
+    """n1 ends at 50; the best log (n2) retains only 80..100. Before the fix the Fetch for
+    lsn 51 raised KeyError inside the source, recovery retried until the assignment was
+    superseded, and the balancer could pick n1 again. Now n1 starts its log at 80."""
+    n1, n2, _ = (logs[n] for n in NODES)
+    for log in (n1, n2):
+        await log.fence(1)
+    await write(n1, 1, [entry(lsn, 1) for lsn in range(1, 51)])
+    await write(n2, 1, [entry(lsn, 1) for lsn in range(1, 51)])
+    await _retain_from(n2, 1, 51, 100, 80)
+    owner = await asyncio.wait_for(recover(logs, "n1", 2, down=frozenset({"n3"})), 20)
+    try:
+        assert n1.first_lsn == 80
+        assert terms(n1)[:21] == terms(n2)[:21]
+        assert owner.start_lsn > 100
+    finally:
+        await owner.close()

@@ -1,0 +1,566 @@
+"""The deterministic runtime under ``raftwal simulate``: a virtual clock, an event loop that
+never waits for real time, and a disk that loses what was not synced when a node crashes.
+
+What lives here:
+- `SimClock` and `SimLoop`: an asyncio event loop whose ``time()`` is the virtual clock.
+  When nothing is ready, the clock jumps to the next timer (no real sleeping), so a run of
+  many virtual seconds takes what its callbacks cost. ``run_in_executor`` (and so
+  ``asyncio.to_thread``) runs the function on the loop after a simulated latency drawn
+  from the run's random generator, never on a thread: one seed, one order of events.
+- `Incarnation` and `NODE`: the context variable that says which incarnation of which
+  node the running code belongs to (every task a node creates inherits it). A crashed
+  incarnation's code can no longer touch the disk: every file call it makes fails with
+  EIO, so nothing it does after the crash instant becomes durable.
+- `SimDisk`: a fault layer under ``os`` for the files under the run's root. Every write,
+  truncate, create, link, unlink, rename and mkdir is applied to the real (tmpfs) file
+  and recorded in an undo log until what makes it durable: ``fsync``/``fdatasync`` of the
+  file for its data, ``fsync`` of the directory for its entries. `crash` reverts a node's
+  unrecorded-as-durable changes in reverse order (optionally keeping a prefix of a file's
+  unsynced writes, as a kernel that flushed some pages before the power went), counts
+  the bytes dropped, and `sync_failure_rate` makes an fsync fail now and then.
+
+What it does not model: SQLite (``catalog.db`` runs in memory and counts as durable at
+each commit, which ``synchronous=FULL`` gives on a real disk), torn pages inside one
+write, and reordering of writes between files before a sync (only the order of syncs
+matters here).
+
+Must never: touch a path outside the run's root, read the real clock inside a run, or
+use a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import errno
+import os
+import random
+import selectors
+import shutil
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class SimDeadlock(RuntimeError):
+    """Nothing is ready and no timer is due: every task waits for something that never
+    comes (a bug in the run's driver)."""
+
+
+@dataclass(eq=False)
+class Incarnation:
+    """One run of one node process, from its start to its crash."""
+
+    node_id: str
+    number: int
+    alive: bool = True
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    fds: set[int] = field(default_factory=set)
+
+    def __str__(self) -> str:
+        return f"{self.node_id}#{self.number}"
+
+
+#: The incarnation whose code is running (None: the simulation's own driver).
+NODE: contextvars.ContextVar[Incarnation | None] = contextvars.ContextVar(
+    "raftwal_sim_node", default=None
+)
+
+
+class SimClock:
+    def __init__(self, start_s: float = 1_000_000.0) -> None:
+        self.now = start_s
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def wall(self) -> float:
+        # A fixed epoch, so that hybrid time ticks are the same in every run of a seed.
+        return 1_800_000_000.0 + self.now
+
+
+class _Selector(selectors.BaseSelector):
+    """Holds registrations (the loop's self-pipe) and never reports one ready: a select
+    with a timeout moves the virtual clock by it."""
+
+    def __init__(self, clock: SimClock) -> None:
+        self._clock = clock
+        self._keys: dict[Any, selectors.SelectorKey] = {}
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        key = selectors.SelectorKey(fileobj, _fd_of(fileobj), events, data)
+        self._keys[fileobj] = key
+        return key
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._keys.pop(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        self._keys.pop(fileobj, None)
+        return self.register(fileobj, events, data)
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        if timeout is None:
+            raise SimDeadlock("no task is ready and no timer is due")
+        if timeout > 0:
+            self._clock.now += timeout
+        return []
+
+    def get_map(self) -> Any:
+        return self._keys
+
+    def close(self) -> None:
+        self._keys.clear()
+
+
+def _fd_of(fileobj: Any) -> int:
+    return fileobj if isinstance(fileobj, int) else fileobj.fileno()
+
+
+class SimLoop(asyncio.SelectorEventLoop):
+    """An event loop on `clock` whose executor is the loop itself, after `latency_s()`."""
+
+    def __init__(self, clock: SimClock, latency_s: Callable[[], float]) -> None:
+        super().__init__(_Selector(clock))
+        self._sim_clock = clock
+        self._latency_s = latency_s
+        self.set_task_factory(_task_factory)
+
+    def time(self) -> float:
+        return self._sim_clock.now
+
+    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> Any:
+        future = self.create_future()
+
+        def run() -> None:
+            if future.cancelled():
+                return
+            try:
+                result = func(*args)
+            except BaseException as error:  # noqa: BLE001 - handed to the awaiting task
+                if not future.cancelled():
+                    future.set_exception(error)
+                return
+            if not future.cancelled():
+                future.set_result(result)
+
+        self.call_later(self._latency_s(), run)
+        return future
+
+
+def _task_factory(
+    loop: asyncio.AbstractEventLoop, coro: Any, context: contextvars.Context | None = None
+) -> asyncio.Task[Any]:
+    task = asyncio.Task(coro, loop=loop, context=context)
+    incarnation = context.get(NODE) if context is not None else NODE.get()
+    if incarnation is not None:
+        incarnation.tasks.add(task)
+        task.add_done_callback(incarnation.tasks.discard)
+    return task
+
+
+# -- the disk ---------------------------------------------------------------------------------
+
+_REAL = {
+    name: getattr(os, name)
+    for name in (
+        "open",
+        "close",
+        "write",
+        "pwrite",
+        "pwritev",
+        "ftruncate",
+        "truncate",
+        "fsync",
+        "fdatasync",
+        "link",
+        "unlink",
+        "rename",
+        "replace",
+        "mkdir",
+    )
+}
+
+
+@dataclass
+class _Open:
+    path: str
+    node: str
+    inode: int
+    is_dir: bool
+
+
+@dataclass
+class _Undo:
+    """One change not yet durable. kind: data (bytes of a file), create, unlink, rename,
+    mkdir (entries of `directory`)."""
+
+    kind: str
+    node: str
+    path: str
+    inode: int = 0
+    directory: str = ""
+    offset: int = 0
+    old: bytes = b""
+    old_size: int = 0
+    written: int = 0
+    source: str = ""
+    stash: str = ""
+    replaced_stash: str = ""
+
+
+def _eio(what: str) -> OSError:
+    return OSError(errno.EIO, f"simulated: {what} after the node crashed")
+
+
+class SimDisk:
+    """See the module doc. `install()` patches ``os`` for the run; `uninstall()` undoes it."""
+
+    def __init__(self, root: Path, rng: random.Random, sync_failure_rate: float = 0.0) -> None:
+        self.root = str(root.resolve())
+        self._stash_dir = os.path.join(self.root, ".stash")
+        self._rng = rng
+        self.sync_failure_rate = sync_failure_rate
+        self._fds: dict[int, _Open] = {}
+        self._undo: list[_Undo] = []
+        self._paths: dict[int, str] = {}
+        self._stash_count = 0
+        self.sync_failures = 0
+        self._installed = False
+        #: node -> (syncs to let pass, what to call at the next one instead of syncing)
+        self._armed: dict[str, tuple[int, Callable[[], None]]] = {}
+
+    def arm(self, node: str, crash: Callable[[], None], skip: int = 0) -> None:
+        """Call `crash` at `node`'s file sync after the next `skip` ones, before it takes
+        effect (a crash in the window between a write and its fsync)."""
+        self._armed[node] = (skip, crash)
+
+    def disarm(self) -> None:
+        self._armed.clear()
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def install(self) -> None:
+        _REAL["mkdir"](self._stash_dir, 0o700)
+        for name in _REAL:
+            setattr(os, name, getattr(self, f"_{name}"))
+        self._installed = True
+
+    def uninstall(self) -> None:
+        if self._installed:
+            for name, function in _REAL.items():
+                setattr(os, name, function)
+            self._installed = False
+
+    def _node_of(self, path: str) -> str | None:
+        if not path.startswith(self.root + os.sep):
+            return None
+        rest = path[len(self.root) + 1 :]
+        node = rest.split(os.sep, 1)[0]
+        return None if node == ".stash" else node
+
+    @staticmethod
+    def _abs(path: Any) -> str:
+        return os.path.abspath(os.fsdecode(path))
+
+    @staticmethod
+    def _check_alive(what: str) -> None:
+        incarnation = NODE.get()
+        if incarnation is not None and not incarnation.alive:
+            raise _eio(what)
+
+    def _stash(self, path: str) -> str:
+        self._stash_count += 1
+        stash = os.path.join(self._stash_dir, str(self._stash_count))
+        _REAL["rename"](path, stash)
+        return stash
+
+    # -- patched calls ------------------------------------------------------------------------
+
+    def _open(self, path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        self._check_alive("open")
+        if dir_fd is not None:  # fd-relative calls (shutil.rmtree): not tracked
+            return _REAL["open"](path, flags, mode, dir_fd=dir_fd)
+        full = self._abs(path)
+        node = self._node_of(full)
+        if node is None:
+            return _REAL["open"](path, flags, mode)
+        existed = os.path.lexists(full)
+        old_size = os.stat(full).st_size if existed and flags & os.O_TRUNC else 0
+        old = b""
+        if old_size:
+            with open(full, "rb") as file:
+                old = file.read()
+        fd = _REAL["open"](full, flags, mode)
+        info = os.fstat(fd)
+        is_dir = stat.S_ISDIR(info.st_mode)
+        self._fds[fd] = _Open(full, node, info.st_ino, is_dir)
+        self._paths[info.st_ino] = full
+        incarnation = NODE.get()
+        if incarnation is not None:
+            incarnation.fds.add(fd)
+        if not existed:
+            self._undo.append(
+                _Undo("create", node, full, info.st_ino, directory=os.path.dirname(full))
+            )
+        elif old_size:
+            self._undo.append(
+                _Undo("data", node, full, info.st_ino, offset=0, old=old, old_size=old_size)
+            )
+        return fd
+
+    def _close(self, fd: int) -> None:
+        self._check_alive("close")
+        self._fds.pop(fd, None)
+        incarnation = NODE.get()
+        if incarnation is not None:
+            incarnation.fds.discard(fd)
+        _REAL["close"](fd)
+
+    def _record_write(self, fd: int, offset: int, length: int) -> None:
+        opened = self._fds.get(fd)
+        if opened is None:
+            return
+        size = os.fstat(fd).st_size
+        old = os.pread(fd, min(length, size - offset), offset) if offset < size else b""
+        self._undo.append(
+            _Undo(
+                "data",
+                opened.node,
+                opened.path,
+                opened.inode,
+                offset=offset,
+                old=old,
+                old_size=size,
+                written=length,
+            )
+        )
+
+    def _write(self, fd: int, data: Any) -> int:
+        self._check_alive("write")
+        if fd in self._fds:
+            self._record_write(fd, os.lseek(fd, 0, os.SEEK_CUR), len(data))
+        return _REAL["write"](fd, data)
+
+    def _pwrite(self, fd: int, data: Any, offset: int) -> int:
+        self._check_alive("pwrite")
+        self._record_write(fd, offset, len(data))
+        return _REAL["pwrite"](fd, data, offset)
+
+    def _pwritev(self, fd: int, buffers: Any, offset: int, *flags: int) -> int:
+        self._check_alive("pwritev")
+        buffers = list(buffers)
+        self._record_write(fd, offset, sum(len(memoryview(b)) for b in buffers))
+        return _REAL["pwritev"](fd, buffers, offset, *flags)
+
+    def _ftruncate(self, fd: int, length: int) -> None:
+        self._check_alive("ftruncate")
+        opened = self._fds.get(fd)
+        if opened is not None:
+            size = os.fstat(fd).st_size
+            old = os.pread(fd, size - length, length) if length < size else b""
+            self._undo.append(
+                _Undo(
+                    "data",
+                    opened.node,
+                    opened.path,
+                    opened.inode,
+                    offset=min(length, size),
+                    old=old,
+                    old_size=size,
+                )
+            )
+        _REAL["ftruncate"](fd, length)
+
+    def _truncate(self, path: Any, length: int) -> None:
+        self._check_alive("truncate")
+        full = self._abs(path)
+        if self._node_of(full) is None:
+            _REAL["truncate"](path, length)
+            return
+        fd = self._open(full, os.O_RDWR)
+        try:
+            self._ftruncate(fd, length)
+        finally:
+            self._close(fd)
+
+    def _sync(self, fd: int, what: str) -> None:
+        self._check_alive(what)
+        opened = self._fds.get(fd)
+        if opened is None:
+            _REAL[what](fd)
+            return
+        armed = None if opened.is_dir else self._armed.get(opened.node)
+        if armed is not None:
+            skip, crash = armed
+            if skip > 0:
+                self._armed[opened.node] = (skip - 1, crash)
+            else:
+                del self._armed[opened.node]
+                crash()  # the node crashes now: this sync never happens
+                raise _eio(what)
+        if (
+            not opened.is_dir
+            and self.sync_failure_rate
+            and (self._rng.random() < self.sync_failure_rate)
+        ):
+            # What the page cache held may or may not reach the disk: left as unsynced.
+            self.sync_failures += 1
+            raise OSError(errno.EIO, f"simulated: {what} failed")
+        if opened.is_dir:
+            directory = opened.path
+            kept = []
+            for undo in self._undo:
+                if undo.kind != "data" and undo.directory == directory:
+                    for stash in (undo.stash, undo.replaced_stash):
+                        if stash and os.path.lexists(stash):
+                            _REAL["unlink"](stash)
+                else:
+                    kept.append(undo)
+            self._undo = kept
+        else:
+            inode = opened.inode
+            self._undo = [u for u in self._undo if not (u.kind == "data" and u.inode == inode)]
+
+    def _fsync(self, fd: int) -> None:
+        self._sync(fd, "fsync")
+
+    def _fdatasync(self, fd: int) -> None:
+        self._sync(fd, "fdatasync")
+
+    def _link(self, source: Any, target: Any, **kwargs: Any) -> None:
+        self._check_alive("link")
+        full = self._abs(target)
+        node = self._node_of(full)
+        _REAL["link"](source, target, **kwargs)
+        if node is not None:
+            inode = os.stat(full).st_ino
+            self._paths[inode] = full
+            self._undo.append(_Undo("create", node, full, inode, directory=os.path.dirname(full)))
+
+    def _unlink(self, path: Any, *, dir_fd: int | None = None) -> None:
+        self._check_alive("unlink")
+        if dir_fd is not None:
+            _REAL["unlink"](path, dir_fd=dir_fd)
+            return
+        full = self._abs(path)
+        node = self._node_of(full)
+        if node is None:
+            _REAL["unlink"](path)
+            return
+        inode = os.lstat(full).st_ino
+        stash = self._stash(full)
+        self._paths[inode] = stash
+        self._undo.append(
+            _Undo("unlink", node, full, inode, directory=os.path.dirname(full), stash=stash)
+        )
+
+    def _rename(self, source: Any, target: Any, **kwargs: Any) -> None:
+        self._move(source, target, "rename", **kwargs)
+
+    def _replace(self, source: Any, target: Any, **kwargs: Any) -> None:
+        self._move(source, target, "replace", **kwargs)
+
+    def _move(self, source: Any, target: Any, how: str, **kwargs: Any) -> None:
+        self._check_alive(how)
+        full_source, full_target = self._abs(source), self._abs(target)
+        node = self._node_of(full_target)
+        if node is None or self._node_of(full_source) is None:
+            _REAL[how](source, target, **kwargs)
+            return
+        inode = os.lstat(full_source).st_ino
+        replaced = self._stash(full_target) if os.path.lexists(full_target) else ""
+        _REAL["rename"](full_source, full_target)
+        self._paths[inode] = full_target
+        self._undo.append(
+            _Undo(
+                "rename",
+                node,
+                full_target,
+                inode,
+                directory=os.path.dirname(full_target),
+                source=full_source,
+                replaced_stash=replaced,
+            )
+        )
+
+    def _mkdir(self, path: Any, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        self._check_alive("mkdir")
+        if dir_fd is not None:
+            _REAL["mkdir"](path, mode, dir_fd=dir_fd)
+            return
+        full = self._abs(path)
+        _REAL["mkdir"](path, mode)
+        node = self._node_of(full)
+        if node is not None and os.path.dirname(full) != self.root:
+            # A node's own root stands for its disk: it is there before the node starts.
+            self._undo.append(_Undo("mkdir", node, full, directory=os.path.dirname(full)))
+
+    # -- crash --------------------------------------------------------------------------------
+
+    def unsynced_bytes(self, node: str) -> int:
+        return sum(u.written for u in self._undo if u.node == node and u.kind == "data")
+
+    def crash(self, node: str, keep_prefix_rate: float = 0.0) -> int:
+        """Revert what `node` had not made durable; returns the bytes of file data dropped.
+        With probability `keep_prefix_rate` per file, a random prefix of its unsynced
+        writes survives (the kernel had written those pages back). The node's incarnation
+        must be dead already (its fds are closed by the caller)."""
+        mine = [u for u in self._undo if u.node == node]
+        self._undo = [u for u in self._undo if u.node != node]
+        kept: set[int] = set()
+        by_inode: dict[int, list[int]] = {}
+        for index, undo in enumerate(mine):
+            if undo.kind == "data":
+                by_inode.setdefault(undo.inode, []).append(index)
+        for inode in sorted(by_inode):
+            indexes = by_inode[inode]
+            if keep_prefix_rate and self._rng.random() < keep_prefix_rate:
+                kept.update(indexes[: self._rng.randint(0, len(indexes))])
+        dropped = 0
+        for index in range(len(mine) - 1, -1, -1):
+            if index in kept:
+                continue
+            undo = mine[index]
+            if undo.kind == "data":
+                dropped += undo.written
+                self._undo_data(undo)
+            elif undo.kind == "create":
+                if os.path.lexists(undo.path) and os.lstat(undo.path).st_ino == undo.inode:
+                    _REAL["unlink"](undo.path)
+            elif undo.kind == "unlink":
+                if os.path.lexists(undo.stash):
+                    _REAL["rename"](undo.stash, undo.path)
+                    self._paths[undo.inode] = undo.path
+            elif undo.kind == "rename":
+                if os.path.lexists(undo.path):
+                    _REAL["rename"](undo.path, undo.source)
+                    self._paths[undo.inode] = undo.source
+                if undo.replaced_stash and os.path.lexists(undo.replaced_stash):
+                    _REAL["rename"](undo.replaced_stash, undo.path)
+            elif undo.kind == "mkdir":
+                shutil.rmtree(undo.path, ignore_errors=True)
+        return dropped
+
+    def _undo_data(self, undo: _Undo) -> None:
+        path = self._paths.get(undo.inode)
+        if path is None or not os.path.lexists(path) or os.lstat(path).st_ino != undo.inode:
+            return
+        fd = _REAL["open"](path, os.O_RDWR)
+        try:
+            if undo.old:
+                _REAL["pwrite"](fd, undo.old, undo.offset)
+            _REAL["ftruncate"](fd, undo.old_size)
+        finally:
+            _REAL["close"](fd)
+
+    def close_fds(self, incarnation: Incarnation) -> None:
+        """Close what a crashed incarnation left open (the process is gone)."""
+        for fd in sorted(incarnation.fds):
+            self._fds.pop(fd, None)
+            with contextlib.suppress(OSError):
+                _REAL["close"](fd)
+        incarnation.fds.clear()
