@@ -57,7 +57,8 @@ class Incarnation:
     node_id: str
     number: int
     alive: bool = True
-    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    #: in creation order (a crash cancels them in that order: one seed, one history)
+    tasks: dict[asyncio.Task[Any], None] = field(default_factory=dict)
     fds: set[int] = field(default_factory=set)
 
     def __str__(self) -> str:
@@ -157,8 +158,8 @@ def _task_factory(
     task = asyncio.Task(coro, loop=loop, context=context)
     incarnation = context.get(NODE) if context is not None else NODE.get()
     if incarnation is not None:
-        incarnation.tasks.add(task)
-        task.add_done_callback(incarnation.tasks.discard)
+        incarnation.tasks[task] = None
+        task.add_done_callback(lambda done: incarnation.tasks.pop(done, None))
     return task
 
 

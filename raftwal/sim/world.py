@@ -1061,8 +1061,9 @@ def _apply_mutations(mutations: Sequence[str]) -> Callable[[], None]:
     undo: list[Callable[[], None]] = []
     for mutation in mutations:
         if mutation == "same-term-recovery":
-            plane_original = DataPlane._recovered_here_before
-            owner_original = ChannelOwner._recovery_ran_here
+            # The attributes as stored (a staticmethod stays one when it is put back).
+            plane_original = DataPlane.__dict__["_recovered_here_before"]
+            owner_original = ChannelOwner.__dict__["_recovery_ran_here"]
             DataPlane._recovered_here_before = lambda self, log, assignment: False  # type: ignore[method-assign]
             ChannelOwner._recovery_ran_here = lambda self: False  # type: ignore[method-assign]
 
