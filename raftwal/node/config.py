@@ -192,6 +192,11 @@ class ClusterConfig:
     # memory grows by about 1.6x the bytes it buffers.
     txn_buffer_budget_bytes: int = 64 * 1024 * 1024
     txn_buffer_producer_budget_bytes: int = 32 * 1024 * 1024
+    # Bytes of partly received frames a node holds across all its transfer-port streams
+    # (Produce and Append): each frame reserves its declared length when its header
+    # arrives; past this a frame is refused with RESOURCE_EXHAUSTED (the sender falls back
+    # or retries). Each frame must then arrive within 5 s + 1 s per 4 MiB.
+    frame_buffer_budget_bytes: int = 64 * 1024 * 1024
     # PEM CA bundle: nodes verify each other's certificates with it, and clients' ones when
     # tls_client_auth is "require" (mutual TLS).
     tls_ca_file: Path | None = None

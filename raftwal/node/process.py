@@ -314,7 +314,10 @@ class Node:
         # when it is not.
         if self.me.transfer_port >= 0:
             transfers = SegmentTransfers(
-                self.me.host, self.me.transfer_port, self.security.transfer_tls
+                self.me.host,
+                self.me.transfer_port,
+                self.security.transfer_tls,
+                frame_budget_bytes=self.config.frame_buffer_budget_bytes,
             )
             await transfers.start()
             self.segment_transfers = transfers

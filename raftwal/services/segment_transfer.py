@@ -121,6 +121,7 @@ class SegmentTransfers:
         port: int,
         tls: ssl.SSLContext | None = None,
         ticket_ttl_s: float = TICKET_TTL_S,
+        frame_budget_bytes: int = append_stream.DEFAULT_FRAME_BUDGET_BYTES,
     ) -> None:
         self._host, self._port = host, port
         self._tls = tls
@@ -142,6 +143,9 @@ class SegmentTransfers:
             "appends": 0,
             "produces": 0,
         }
+        #: Partly received frames of every Append and Produce connection (adds the counts
+        #: frames_refused and frames_stalled).
+        self.frame_budget = append_stream.FrameBudget(frame_budget_bytes, self.counts)
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(

@@ -548,9 +548,10 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             self._produce_results,
             # A bad frame gets a clear answer before the connection closes (request id 0:
             # no request of the stream matches it).
-            lambda reason: wire.ProduceResult(
-                request_id=0, error=error_info(E.INVALID_ARGUMENT, reason[:500])
+            lambda reason, code: wire.ProduceResult(
+                request_id=0, error=error_info(code, reason[:500])
             ),
+            self._transfers.frame_budget if self._transfers is not None else None,
         )
         log.debug("produce connection from %s ended: %s", writer.get_extra_info("peername"), ended)
 
