@@ -56,7 +56,12 @@ from raft.events import Compacted
 from raft.peer import RaftPeer, RaftTuning, loop_mailbox
 from raft.replica import CoordinationReplica
 from raftwal.node import faults
-from raftwal.node.config import ClusterConfig, NodeConfig, check_transport_security
+from raftwal.node.config import (
+    ClusterConfig,
+    NodeConfig,
+    check_transport_security,
+    raft_connection_timeout_ms,
+)
 from raftwal.node.coordinator import Coordinator
 from raftwal.node.data_plane import GrpcReplicaTransport, NodeDataView, reconcile_loop
 from raftwal.node.membership import (
@@ -75,6 +80,7 @@ from raftwal.services.decoding import DecodeInterceptor
 from raftwal.services.node_manager import NodeManagerServicer
 from raftwal.services.replication import ReplicationServicer
 from raftwal.services.segment_transfer import SegmentTransfers
+from raftwal.services.stream_caps import StreamCapInterceptor, StreamCaps
 from raftwal.services.streaming_node import StreamingNodeServicer
 from rpc.aio import wait_event
 from rpc.errors import RaftwalError, error_info, from_rpc_error
@@ -219,6 +225,9 @@ class Node:
         self.forwarder = ProposalBatcher(self._forward_entry, max_in_flight=FORWARDS_IN_FLIGHT)
         self._server: grpc.aio.Server | None = None
         self.segment_transfers: SegmentTransfers | None = None
+        self.stream_caps = StreamCaps(
+            self.config.max_node_streams, self.config.max_identity_streams
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self.data_view = NodeDataView(self)
         # node id -> monotonic time it was suspected (see HeartbeatRequest.suspect_node_ids)
@@ -279,6 +288,8 @@ class Node:
             tuning=RaftTuning(
                 election_timeout_min_s=self.config.raft_min_timeout_ms / 1000,
                 election_timeout_max_s=self.config.raft_max_timeout_ms / 1000,
+                # Follows the election timeout (RaftTuning requires >= it).
+                connection_timeout_s=raft_connection_timeout_ms(self.config) / 1000,
                 leader_fallback_timeout_s=self.config.raft_leader_fallback_ms / 1000,
                 lease_reads=self.config.raft_lease_reads,
                 snapshot_every_entries=self.config.raft_snapshot_entries,
@@ -304,7 +315,12 @@ class Node:
             ("grpc.keepalive_timeout_ms", 10_000),
         ]
         # Authentication first (a refused call's request is never parsed), then decoding.
-        interceptors = (*self.security.interceptors, DecodeInterceptor())
+        interceptors = (
+            *self.security.interceptors,
+            DecodeInterceptor(),
+            # Innermost: a call refused above takes no stream slot.
+            StreamCapInterceptor(self.stream_caps),
+        )
         server = grpc.aio.server(options=options, interceptors=interceptors)
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self), server)
         coordinator_pb2_grpc.add_NodeManagerServicer_to_server(NodeManagerServicer(self), server)
