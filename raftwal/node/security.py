@@ -289,6 +289,9 @@ def _refusal(handler: grpc.RpcMethodHandler, info: errors_pb2.ErrorInfo) -> grpc
     status = to_status(info)
 
     async def refuse(_request: object, context: grpc.aio.ServicerContext) -> None:
+        # Dropped at once: the abort below raises, and its traceback keeps this frame
+        # (a refused request of up to grpc_max_message_bytes) alive until the cyclic GC.
+        del _request
         if handler.request_streaming:
             # grpc-python's asyncio client reports INTERNAL instead of the server's status
             # when its write meets a stream the server already ended (grpc/grpc#36066):
