@@ -294,7 +294,8 @@ class _NodeCollector(Collector):
                 "Connections to the segment transfer port, by outcome: served (the frames "
                 "sent), refused (no valid ticket: unknown, used, expired, or a bad hello), "
                 "failed (cut short: the reader went away or stalled, or the file was gone), "
-                "turned_away (closed at once: too many connections), appends (Append streams of "
+                "turned_away (closed at once: too many connections), turned_away_source (closed "
+                "at once: too many from one address in the hello phase), appends (Append streams of "
                 "replication accepted), produces (producers' Produce streams accepted), "
                 "frames_refused (a Produce or Append frame past frame_buffer_budget_bytes), "
                 "frames_stalled (a frame whose body did not follow its header in time).",

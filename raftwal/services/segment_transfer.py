@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 
 #: Connections open at once (reading a hello or sending frames); more are closed at once.
 MAX_CONNECTIONS = 64
+#: Of those, the most from one source address (IP): a peer without a ticket that holds
+#: silent connections open takes at most these slots, not all of them.
+MAX_CONNECTIONS_PER_SOURCE = 16
 #: Outstanding tickets; past this, ReadSegment streams over gRPC instead.
 MAX_TICKETS = 256
 #: How long a ticket stays good after ReadSegment handed it out.
@@ -74,11 +77,18 @@ MAX_APPEND_CONNECTIONS = 256
 #: and node); past this, producers use the gRPC Produce call.
 MAX_PRODUCE_CONNECTIONS = 1024
 
+
 #: Serves one accepted stream connection: (reader, writer, who the ticket was asked for:
 #: the owner node id of an Append stream, "" for a Produce stream). It returns when the
 #: connection is done; the port closes it then.
 StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, str], Awaitable[None]]
 AppendHandler = StreamHandler
+
+
+def _source(writer: asyncio.StreamWriter) -> str:
+    """The IP address a connection comes from."""
+    peer = writer.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else "?"
 
 
 @dataclass
@@ -132,6 +142,9 @@ class SegmentTransfers:
         self._produces = _StreamKind("produces", produce_stream.HELLO, MAX_PRODUCE_CONNECTIONS)
         self._kinds = {kind.hello: kind for kind in (self._appends, self._produces)}
         self._connections = 0
+        # source address -> its connections in the hello phase (an entry may be 0 while
+        # the source's accepted stream runs; it goes when its last connection closes)
+        self._by_source: dict[str, int] = {}
         self.port = 0  # the bound port, once started
         #: served, refused (bad or expired ticket), failed (cut short), turned away (cap);
         #: appends, produces: Append and Produce connections accepted.
@@ -142,6 +155,7 @@ class SegmentTransfers:
             "turned_away": 0,
             "appends": 0,
             "produces": 0,
+            "turned_away_source": 0,
         }
         #: Partly received frames of every Append and Produce connection (adds the counts
         #: frames_refused and frames_stalled).
@@ -238,6 +252,24 @@ class SegmentTransfers:
             self.counts["turned_away"] += 1
             writer.transport.abort()
             return
+        source = _source(writer)
+        if self._by_source.get(source, 0) >= MAX_CONNECTIONS_PER_SOURCE:
+            self.counts["turned_away_source"] += 1
+            writer.transport.abort()
+            return
+        self._by_source[source] = self._by_source.get(source, 0) + 1
+        try:
+            await self._serve_counted(reader, writer)
+        finally:
+            left = self._by_source[source] - 1
+            if left:
+                self._by_source[source] = left
+            else:
+                del self._by_source[source]
+
+    async def _serve_counted(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         self._connections += 1
         entry: _Ticket | None = None
         try:
@@ -251,14 +283,18 @@ class SegmentTransfers:
                 if streaming is not None:
                     if streaming.expiry is not None:
                         streaming.expiry.cancel()
-                    # A long-lived stream: it leaves the hello-phase cap for its own.
+                    # A long-lived stream: it leaves the hello-phase caps (in all and per
+                    # source) for its own.
                     self._connections -= 1
                     kind.connections += 1
+                    source = _source(writer)
+                    self._by_source[source] -= 1
                     try:
                         await self._serve_stream(kind, reader, writer, streaming.asked_by)
                     finally:
                         kind.connections -= 1
                         self._connections += 1  # taken again by the finally below
+                        self._by_source[source] += 1  # and by _serve's
                     return
             if hello[: len(HELLO)] == HELLO:
                 entry = self._claim(hello[len(HELLO) :])
