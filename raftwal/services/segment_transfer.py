@@ -57,8 +57,8 @@ log = logging.getLogger(__name__)
 
 #: Connections open at once (reading a hello or sending frames); more are closed at once.
 MAX_CONNECTIONS = 64
-#: Of those, the most from one source address (IP): a peer without a ticket that holds
-#: silent connections open takes at most these slots, not all of them.
+#: Of those, the most from one source address (IP) before their ticket matched: a peer
+#: without a ticket that holds silent connections open takes at most these, not all.
 MAX_CONNECTIONS_PER_SOURCE = 16
 #: Outstanding tickets; past this, ReadSegment streams over gRPC instead.
 MAX_TICKETS = 256
@@ -142,8 +142,7 @@ class SegmentTransfers:
         self._produces = _StreamKind("produces", produce_stream.HELLO, MAX_PRODUCE_CONNECTIONS)
         self._kinds = {kind.hello: kind for kind in (self._appends, self._produces)}
         self._connections = 0
-        # source address -> its connections in the hello phase (an entry may be 0 while
-        # the source's accepted stream runs; it goes when its last connection closes)
+        # source address -> its connections in the hello phase (no entry at 0)
         self._by_source: dict[str, int] = {}
         self.port = 0  # the bound port, once started
         #: served, refused (bad or expired ticket), failed (cut short), turned away (cap);
@@ -258,17 +257,29 @@ class SegmentTransfers:
             writer.transport.abort()
             return
         self._by_source[source] = self._by_source.get(source, 0) + 1
-        try:
-            await self._serve_counted(reader, writer)
-        finally:
+        released = False
+
+        def leave_hello_phase() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
             left = self._by_source[source] - 1
             if left:
                 self._by_source[source] = left
             else:
                 del self._by_source[source]
 
+        try:
+            await self._serve_counted(reader, writer, leave_hello_phase)
+        finally:
+            leave_hello_phase()
+
     async def _serve_counted(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        leave_hello_phase: Callable[[], None],
     ) -> None:
         self._connections += 1
         entry: _Ticket | None = None
@@ -287,14 +298,12 @@ class SegmentTransfers:
                     # source) for its own.
                     self._connections -= 1
                     kind.connections += 1
-                    source = _source(writer)
-                    self._by_source[source] -= 1
+                    leave_hello_phase()
                     try:
                         await self._serve_stream(kind, reader, writer, streaming.asked_by)
                     finally:
                         kind.connections -= 1
                         self._connections += 1  # taken again by the finally below
-                        self._by_source[source] += 1  # and by _serve's
                     return
             if hello[: len(HELLO)] == HELLO:
                 entry = self._claim(hello[len(HELLO) :])
@@ -303,6 +312,8 @@ class SegmentTransfers:
                 writer.write(REFUSED)
                 await asyncio.wait_for(writer.drain(), HELLO_TIMEOUT_S)
                 return
+            # Authenticated by its ticket: no longer one of its source's hello slots.
+            leave_hello_phase()
             file = open(entry.path, "rb", buffering=0)  # noqa: SIM115 - closed below
             try:
                 if os.fstat(file.fileno()).st_size < entry.begin + entry.length:
