@@ -22,6 +22,13 @@ length over the reader's cap (the replica: the gRPC message size limit,
 frame within `IDLE_TIMEOUT_S` (the owner heartbeats an idle stream every second), or
 whose writes did not drain within it (a peer that stopped reading, e.g. SIGSTOP).
 
+On the node's side a frame's bytes are held in memory until the whole frame arrived, so
+they are bounded twice: every partly received frame of every stream connection of a node
+reserves its declared length in one `FrameBudget` when its header arrives (past the
+budget the frame is refused with RESOURCE_EXHAUSTED and the connection closed, before
+any of its bytes are read), and the rest of a frame must arrive within
+`frame_deadline_s(length)` of its header (a few seconds), or the connection is cut.
+
 When the gRPC port uses TLS, so does this one, with the same certificates
 (`rpc.segment_transfer.client_tls`).
 
@@ -42,6 +49,7 @@ from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
+from rpc.protos import errors_pb2
 from rpc.segment_transfer import ACCEPTED, HELLO_TIMEOUT_S, TICKET_BYTES
 
 #: What an owner sends first, before its ticket (the protocol's name and version).
@@ -61,13 +69,65 @@ READ_BUFFER_BYTES = 1 << 20
 #: below it a write costs no wait at all (a `wait_for` per frame cost a task each).
 DRAIN_ABOVE_BYTES = 64 * 1024
 
+#: Once a frame's header arrived, the rest must come within FRAME_DEADLINE_S plus its
+#: length at MIN_FRAME_BYTES_PER_S (32 MiB: 13 s): a sender that stalls mid-frame is cut.
+FRAME_DEADLINE_S = 5.0
+MIN_FRAME_BYTES_PER_S = 4 << 20
+#: The default of ``frame_buffer_budget_bytes``: bytes of partly received frames a node
+#: holds across all its Append and Produce connections.
+DEFAULT_FRAME_BUDGET_BYTES = 64 << 20
+
 assert len(HELLO) == 8 and HELLO_TIMEOUT_S > 0
 
 M = TypeVar("M", bound=Message)
 
 
+def frame_deadline_s(length: int) -> float:
+    """How long the body of a frame of `length` bytes may take after its header."""
+    return FRAME_DEADLINE_S + length / MIN_FRAME_BYTES_PER_S
+
+
 class FrameTooLarge(Exception):
     """A frame header announced more bytes than the reader's cap."""
+
+
+class FrameBudgetFull(Exception):
+    """A frame header announced more bytes than the node's frame budget has left."""
+
+
+class FrameStalled(Exception):
+    """A frame's body did not arrive within `frame_deadline_s` of its header."""
+
+
+class FrameBudget:
+    """The bytes of partly received frames one node holds, across all its stream
+    connections: a frame reserves its declared length when its header arrived and gives
+    it back once it was read whole (or its connection ended). `counts` gets
+    "frames_refused" (budget full) and "frames_stalled" (cut mid-frame)."""
+
+    def __init__(self, budget_bytes: int, counts: dict[str, int] | None = None) -> None:
+        if budget_bytes < 1:
+            raise ValueError(f"invalid frame budget ({budget_bytes} bytes; expected >= 1)")
+        self.budget_bytes = budget_bytes
+        self.used_bytes = 0
+        self.counts = counts if counts is not None else {}
+        self.counts.setdefault("frames_refused", 0)
+        self.counts.setdefault("frames_stalled", 0)
+
+    def reserve(self, length: int) -> None:
+        """Take `length` bytes; FrameBudgetFull (counted) when they do not fit."""
+        if self.used_bytes + length > self.budget_bytes:
+            self.counts["frames_refused"] += 1
+            raise FrameBudgetFull(
+                f"frame of {length:,} bytes refused: the node holds {self.used_bytes:,} "
+                f"bytes of partly received frames (expected at most {self.budget_bytes:,} "
+                "in all, frame_buffer_budget_bytes; retry later)"
+            )
+        self.used_bytes += length
+
+    def release(self, length: int) -> None:
+        self.used_bytes -= length
+        assert self.used_bytes >= 0, self.used_bytes
 
 
 class AppendRefused(Exception):
@@ -80,13 +140,18 @@ def frame(message: bytes) -> bytes:
 
 
 async def read_frame(
-    reader: asyncio.StreamReader, max_bytes: int, timeout_s: float | None
+    reader: asyncio.StreamReader,
+    max_bytes: int,
+    timeout_s: float | None,
+    budget: FrameBudget | None = None,
 ) -> bytes | None:
     """The next frame's message, or None at a clean end of the stream (between frames).
-    FrameTooLarge over `max_bytes`; TimeoutError when no whole frame came within
-    `timeout_s` (None: no limit); asyncio.IncompleteReadError when the stream ends inside
-    a frame."""
-    async with asyncio.timeout(timeout_s):
+    FrameTooLarge over `max_bytes`; TimeoutError when no header came within `timeout_s`
+    (None: no limit; with `budget`, FrameStalled when the body did not follow within
+    `frame_deadline_s`, and the whole frame must come within `timeout_s` otherwise);
+    FrameBudgetFull when `budget` cannot hold the frame; asyncio.IncompleteReadError
+    when the stream ends inside a frame."""
+    async with asyncio.timeout(timeout_s) as idle:
         try:
             header = await reader.readexactly(LENGTH.size)
         except asyncio.IncompleteReadError as error:
@@ -96,7 +161,25 @@ async def read_frame(
         (length,) = LENGTH.unpack(header)
         if length > max_bytes:
             raise FrameTooLarge(f"frame of {length:,} bytes (expected at most {max_bytes:,})")
-        return await reader.readexactly(length)
+        if budget is None:
+            return await reader.readexactly(length)
+        # The idle timeout covered the wait for a header; the body has its own deadline.
+        idle.reschedule(None)
+    budget.reserve(length)
+    try:
+        deadline_s = frame_deadline_s(length)
+        try:
+            async with asyncio.timeout(deadline_s):
+                return await reader.readexactly(length)
+        except TimeoutError:
+            budget.counts["frames_stalled"] += 1
+            raise FrameStalled(
+                f"frame of {length:,} bytes not received whole within {deadline_s:.1f} s of "
+                f"its header ({len(reader._buffer):,} bytes came; expected "  # noqa: SLF001
+                f"at least {MIN_FRAME_BYTES_PER_S:,} bytes/s)"
+            ) from None
+    finally:
+        budget.release(length)
 
 
 class StreamEnd:
@@ -113,22 +196,33 @@ async def read_messages(
     idle_timeout_s: float,
     new_message: Callable[[], M],
     end: StreamEnd,
-    refusal: Callable[[str], Message] | None = None,
+    refusal: Callable[[str, int], Message] | None = None,
+    budget: FrameBudget | None = None,
 ) -> AsyncIterator[M]:
     """The messages a node reads from an accepted stream connection, one per frame, until
-    the peer closes or resets it, sends nothing for `idle_timeout_s`, or sends a frame over
-    `max_bytes` or one that does not parse as `new_message()`'s type. Nothing more is read
+    the peer closes or resets it, sends nothing for `idle_timeout_s`, stalls inside a frame
+    (`budget`: see `read_frame`), or sends a frame over `max_bytes`, over what `budget`
+    has left, or one that does not parse as `new_message()`'s type. Nothing more is read
     after a bad frame: the connection is aborted, or, given `refusal`, sent
-    `refusal(reason)` as a last frame and closed. `end.reason` says why it ended."""
+    `refusal(reason, error code)` as a last frame and closed. `end.reason` says why it
+    ended."""
     while True:
         try:
-            payload = await read_frame(reader, max_bytes, idle_timeout_s)
+            payload = await read_frame(reader, max_bytes, idle_timeout_s, budget)
         except TimeoutError:
             end.reason = f"no frame within {idle_timeout_s:g} s"
             return
+        except FrameStalled as error:
+            end.reason = str(error)
+            writer.transport.abort()
+            return
+        except FrameBudgetFull as error:
+            end.reason = str(error)
+            _refuse(writer, refusal, end.reason, errors_pb2.RESOURCE_EXHAUSTED)
+            return
         except FrameTooLarge as error:
             end.reason = str(error)
-            _refuse(writer, refusal, end.reason)
+            _refuse(writer, refusal, end.reason, errors_pb2.INVALID_ARGUMENT)
             return
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as error:
             end.reason = repr(error)
@@ -144,20 +238,23 @@ async def read_messages(
                 f"{message.DESCRIPTOR.full_name} ({error}; expected a serialized "
                 f"{message.DESCRIPTOR.full_name} with valid UTF-8 in its string fields)"
             )
-            _refuse(writer, refusal, end.reason)
+            _refuse(writer, refusal, end.reason, errors_pb2.INVALID_ARGUMENT)
             return
         yield message
 
 
 def _refuse(
-    writer: asyncio.StreamWriter, refusal: Callable[[str], Message] | None, reason: str
+    writer: asyncio.StreamWriter,
+    refusal: Callable[[str, int], Message] | None,
+    reason: str,
+    code: int,
 ) -> None:
     if refusal is None or writer.transport.is_closing():
         writer.transport.abort()
         return
     # Best effort: a peer still sending the rest of an oversized frame may get a reset
     # before it reads this.
-    writer.write(frame(refusal(reason).SerializeToString()))
+    writer.write(frame(refusal(reason, code).SerializeToString()))
     writer.transport.close()
 
 
@@ -168,14 +265,17 @@ async def serve_messages(
     idle_timeout_s: float,
     new_message: Callable[[], M],
     answer: Callable[[AsyncIterator[M]], AsyncGenerator[Message, None]],
-    refusal: Callable[[str], Message] | None = None,
+    refusal: Callable[[str, int], Message] | None = None,
+    budget: FrameBudget | None = None,
 ) -> str:
     """Serve an accepted stream connection: the requests (`read_messages`) go to
     `answer`, whose answers are sent back framed as they come. Returns why it ended, once
     the peer closed, reset or stalled the connection, or sent a bad frame, or `answer`
     ended; a peer that stops reading its answers is given up after `IDLE_TIMEOUT_S`."""
     end = StreamEnd()
-    requests = read_messages(reader, writer, max_bytes, idle_timeout_s, new_message, end, refusal)
+    requests = read_messages(
+        reader, writer, max_bytes, idle_timeout_s, new_message, end, refusal, budget
+    )
     try:
         async with contextlib.aclosing(answer(requests)) as answers:
             async for response in answers:

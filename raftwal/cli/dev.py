@@ -305,6 +305,8 @@ def up(
     config: ClusterConfig | None = None,
     secure: bool = False,
     data_nodes: int = 0,
+    ca_cert_file: Path | None = None,
+    ca_key_file: Path | None = None,
 ) -> LocalCluster:
     directory = directory.resolve()
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -323,7 +325,11 @@ def up(
     if not secret_path.exists():
         secret_path.touch(mode=0o600)
         secret_path.write_text(secrets.token_hex(32))
-    security = devcerts.generate(directory, [n.id for n in config.nodes]) if secure else None
+    security = (
+        devcerts.generate(directory, [n.id for n in config.nodes], ca_cert_file, ca_key_file)
+        if secure
+        else None
+    )
     if security is not None:
         config = secure_config(config, security)
     (directory / CONFIG_FILE).write_text(render_config(config, secret_file=SECRET_FILE))

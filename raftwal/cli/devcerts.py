@@ -3,10 +3,14 @@ node (for its gRPC port and, with mutual TLS, for calling its peers), one client
 certificate, and a bearer token per role, written into the dev directory.
 
 Everything is EC P-256, valid for one year, and names only 127.0.0.1, ::1 and localhost.
-The CA's private key is never written: nothing more can be signed with it once ``generate``
-returns, and a new ``dev up --secure`` makes a new CA. Private keys and tokens are written
-with mode 0600 before any byte of them is. This is for trying raftwal on one machine; it
-must never be used for a cluster that other hosts reach.
+The CA's key is kept beside its certificate (``tls/ca.key``, mode 0600) so that
+``renew`` (``raftwal dev renew-certs``) can issue new node and client certificates under
+the same CA before the old ones expire, and a later ``dev up --secure`` in the same
+directory keeps the CA (clients that trust it keep working). Instead, ``generate`` takes
+a CA of your own (``dev up --secure --ca-cert FILE --ca-key FILE``), whose key is read
+and never copied. Private keys and tokens are written with mode 0600 before any byte of
+them is. This is for trying raftwal on one machine; it must never be used for a cluster
+that other hosts reach.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from raftwal.node.security import ADMIN, CONSUMER, NODE, PRODUCER, READER
@@ -35,6 +39,10 @@ TOKENS_FILE = "auth_tokens"
 USER_ROLES = (ADMIN, PRODUCER, CONSUMER, READER)
 LOCAL_NAMES = ("localhost",)
 LOCAL_ADDRESSES = ("127.0.0.1", "::1")
+CA_CERT_FILE = "ca.pem"
+CA_KEY_FILE = "ca.key"
+#: The CA keys ``generate`` accepts (its own are EC; one supplied may be RSA or EC).
+CAKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 
 
 @dataclass(frozen=True)
@@ -84,8 +92,9 @@ def _certificate(
     subject: x509.Name,
     public_key: ec.EllipticCurvePublicKey,
     issuer: x509.Name,
-    issuer_key: ec.EllipticCurvePrivateKey,
+    issuer_key: CAKey,
     now: datetime.datetime,
+    validity: datetime.timedelta = VALIDITY,
 ) -> x509.CertificateBuilder:
     return (
         x509.CertificateBuilder()
@@ -93,8 +102,8 @@ def _certificate(
         .issuer_name(issuer)
         .public_key(public_key)
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - BACKDATE)
-        .not_valid_after(now + VALIDITY)
+        .not_valid_before(min(now - BACKDATE, now + validity - BACKDATE))
+        .not_valid_after(now + validity)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()),
             critical=False,
@@ -105,15 +114,16 @@ def _certificate(
 def _issue(
     common_name: str,
     ca_name: x509.Name,
-    ca_key: ec.EllipticCurvePrivateKey,
+    ca_key: CAKey,
     usages: Sequence[x509.ObjectIdentifier],
     now: datetime.datetime,
+    validity: datetime.timedelta = VALIDITY,
 ) -> tuple[bytes, bytes]:
     key = ec.generate_private_key(ec.SECP256R1())
     sans: list[x509.GeneralName] = [x509.DNSName(name) for name in LOCAL_NAMES]
     sans += [x509.IPAddress(ipaddress.ip_address(address)) for address in LOCAL_ADDRESSES]
     cert = (
-        _certificate(_name(common_name), key.public_key(), ca_name, ca_key, now)
+        _certificate(_name(common_name), key.public_key(), ca_name, ca_key, now, validity)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -136,13 +146,12 @@ def _issue(
     return _cert_pem(cert), _key_pem(key)
 
 
-def generate(directory: Path, node_ids: Sequence[str]) -> DevSecurity:
-    """A new CA, node and client certificates, and tokens for every role in `directory`."""
-    tls_dir = directory / TLS_DIR
-    tokens_dir = directory / TOKENS_DIR
-    for path in (tls_dir, tokens_dir):
-        path.mkdir(mode=0o700, exist_ok=True)
-    now = datetime.datetime.now(datetime.UTC)
+class CertificateError(Exception):
+    """A CA that cannot sign (files missing, unreadable, not a CA, key and certificate
+    that do not match)."""
+
+
+def _new_ca(now: datetime.datetime) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name("raftwal dev CA")
     ca_cert = (
@@ -167,24 +176,131 @@ def generate(directory: Path, node_ids: Sequence[str]) -> DevSecurity:
         )
         .sign(ca_key, hashes.SHA256())
     )
-    ca_file = tls_dir / "ca.pem"
-    ca_file.write_bytes(_cert_pem(ca_cert))
+    return ca_cert, ca_key
+
+
+def load_ca(cert_file: Path, key_file: Path) -> tuple[x509.Certificate, CAKey]:
+    """A CA certificate and its key from PEM files; CertificateError when they are not a
+    usable pair."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+        key = serialization.load_pem_private_key(key_file.read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as error:
+        raise CertificateError(
+            f"cannot load the CA from {cert_file} and {key_file} ({error}; expected a PEM "
+            "certificate and its unencrypted PEM private key)"
+        ) from None
+    if not isinstance(key, (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey)):
+        raise CertificateError(
+            f"unsupported CA key in {key_file} ({type(key).__name__}; expected EC or RSA)"
+        )
+    if key.public_key().public_numbers() != cert.public_key().public_numbers():  # type: ignore[union-attr]
+        raise CertificateError(
+            f"the key in {key_file} does not belong to the certificate in {cert_file} "
+            "(expected the CA's own key)"
+        )
+    try:
+        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        constraints = None
+    if constraints is None or not constraints.ca:
+        raise CertificateError(
+            f"{cert_file} is no CA certificate (expected basicConstraints CA:TRUE)"
+        )
+    return cert, key
+
+
+def _issue_all(
+    directory: Path,
+    node_ids: Sequence[str],
+    ca_cert: x509.Certificate,
+    ca_key: CAKey,
+    now: datetime.datetime,
+    validity: datetime.timedelta,
+) -> tuple[dict[str, tuple[Path, Path]], Path, Path]:
+    """Node and client certificates under `ca_cert`, written into `directory`/tls."""
+    tls_dir = directory / TLS_DIR
+    ca_name = ca_cert.subject
     server_and_client = (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH)
     node_certs: dict[str, tuple[Path, Path]] = {}
     for node_id in node_ids:
         cert_pem, key_pem = _issue(
-            f"raftwal node {node_id}", ca_name, ca_key, server_and_client, now
+            f"raftwal node {node_id}", ca_name, ca_key, server_and_client, now, validity
         )
         cert_file, key_file = tls_dir / f"{node_id}.pem", tls_dir / f"{node_id}.key"
-        cert_file.write_bytes(cert_pem)
+        # The key first: a certificate never sits beside a key it does not match for
+        # longer than this.
         write_private(key_file, key_pem)
+        cert_file.write_bytes(cert_pem)
         node_certs[node_id] = (cert_file, key_file)
     cert_pem, key_pem = _issue(
-        "raftwal dev client", ca_name, ca_key, (ExtendedKeyUsageOID.CLIENT_AUTH,), now
+        "raftwal dev client",
+        ca_name,
+        ca_key,
+        (ExtendedKeyUsageOID.CLIENT_AUTH,),
+        now,
+        validity,
     )
     client_cert_file, client_key_file = tls_dir / "client.pem", tls_dir / "client.key"
-    client_cert_file.write_bytes(cert_pem)
     write_private(client_key_file, key_pem)
+    client_cert_file.write_bytes(cert_pem)
+    return node_certs, client_cert_file, client_key_file
+
+
+def renew(
+    directory: Path,
+    node_ids: Sequence[str],
+    validity: datetime.timedelta = VALIDITY,
+    ca_cert_file: Path | None = None,
+    ca_key_file: Path | None = None,
+) -> None:
+    """New node and client certificates (and keys) under the CA kept in `directory`/tls
+    (or the one of `ca_cert_file`/`ca_key_file`, for a CA of your own), valid for
+    `validity` from now; tokens are left as they are. The nodes load their certificate at
+    start: restart them one at a time (``raftwal dev restart --rolling``)."""
+    tls_dir = directory / TLS_DIR
+    ca_cert, ca_key = load_ca(
+        ca_cert_file or tls_dir / CA_CERT_FILE, ca_key_file or tls_dir / CA_KEY_FILE
+    )
+    _issue_all(directory, node_ids, ca_cert, ca_key, datetime.datetime.now(datetime.UTC), validity)
+
+
+def generate(
+    directory: Path,
+    node_ids: Sequence[str],
+    ca_cert_file: Path | None = None,
+    ca_key_file: Path | None = None,
+) -> DevSecurity:
+    """Node and client certificates, and tokens for every role, in `directory`, under the
+    CA of `ca_cert_file`/`ca_key_file` when given (its key is not copied), else under the
+    CA kept in `directory` from an earlier run, else under a new one (kept: ca.key, 0600)."""
+    tls_dir = directory / TLS_DIR
+    tokens_dir = directory / TOKENS_DIR
+    for path in (tls_dir, tokens_dir):
+        path.mkdir(mode=0o700, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+    kept_cert, kept_key = tls_dir / CA_CERT_FILE, tls_dir / CA_KEY_FILE
+    if (ca_cert_file is None) != (ca_key_file is None):
+        raise CertificateError(
+            "a CA certificate without its key or the other way round (expected both "
+            "--ca-cert and --ca-key, or neither)"
+        )
+    if ca_cert_file is not None and ca_key_file is not None:
+        ca_cert, ca_key = load_ca(ca_cert_file, ca_key_file)
+        if kept_key.exists():
+            kept_key.unlink()  # a CA of our own must not linger beside another's
+        kept_cert.write_bytes(_cert_pem(ca_cert))
+    elif kept_cert.exists() and kept_key.exists():
+        ca_cert, ca_key = load_ca(kept_cert, kept_key)
+    else:
+        ca_cert, new_key = _new_ca(now)
+        ca_key = new_key
+        write_private(kept_key, _key_pem(new_key))
+        kept_cert.write_bytes(_cert_pem(ca_cert))
+    node_certs, client_cert_file, client_key_file = _issue_all(
+        directory, node_ids, ca_cert, ca_key, now, VALIDITY
+    )
+    ca_file = kept_cert
     tokens = {role: secrets.token_urlsafe(32) for role in (*USER_ROLES, NODE)}
     auth_tokens_file = directory / TOKENS_FILE
     write_private(

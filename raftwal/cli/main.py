@@ -146,7 +146,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="TLS with client certificates and bearer tokens per role: makes a local CA, "
         "node and client certificates and tokens in the dev dir (the CLI uses them)",
     )
+    dev_up.add_argument(
+        "--ca-cert",
+        type=Path,
+        default=None,
+        help="with --secure: sign the certificates with this CA (PEM) instead of a local one "
+        "(default: the CA kept in the dev dir, else a new one)",
+    )
+    dev_up.add_argument(
+        "--ca-key",
+        type=Path,
+        default=None,
+        help="with --ca-cert: the CA's unencrypted PEM key (read, never copied)",
+    )
     dev_up.set_defaults(handler=_dev_up)
+    dev_renew = dev_commands.add_parser(
+        "renew-certs",
+        help="new node and client certificates under the dev cluster's CA (tokens stay); "
+        "then `raftwal dev restart --rolling` so the nodes load them",
+    )
+    _dev_dir_argument(dev_renew)
+    dev_renew.add_argument("--days", type=int, default=365, help="validity from now (default: 365)")
+    dev_renew.add_argument(
+        "--ca-cert", type=Path, default=None, help="a CA of your own (default: the kept one)"
+    )
+    dev_renew.add_argument("--ca-key", type=Path, default=None, help="its key (with --ca-cert)")
+    dev_renew.set_defaults(handler=_dev_renew_certs)
     dev_down = dev_commands.add_parser("down", help="stop the local nodes")
     _dev_dir_argument(dev_down)
     dev_down.set_defaults(handler=_dev_down)
@@ -273,7 +298,7 @@ def _config_template(args: argparse.Namespace) -> int:
 
 
 def _dev_up(args: argparse.Namespace) -> int:
-    from raftwal.cli import dev
+    from raftwal.cli import dev, devcerts
 
     if not 1 <= args.nodes <= 9:
         print(f"error: invalid --nodes ({args.nodes}; expected 1..9)", file=sys.stderr)
@@ -295,8 +320,10 @@ def _dev_up(args: argparse.Namespace) -> int:
             env=env,
             secure=args.secure,
             data_nodes=args.data_nodes,
+            ca_cert_file=args.ca_cert,
+            ca_key_file=args.ca_key,
         )
-    except (RuntimeError, TimeoutError) as error:
+    except (RuntimeError, TimeoutError, devcerts.CertificateError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     members = [
@@ -338,6 +365,34 @@ def _dev_up(args: argparse.Namespace) -> int:
             print(f"  export RAFTWAL_CLIENT_TLS_KEY_FILE={security['tls_key_file']}")
             for role, path in security["token_files"].items():
                 print(f"  export RAFTWAL_TOKEN_FILE={path}   # role {role}")
+    return 0
+
+
+def _dev_renew_certs(args: argparse.Namespace) -> int:
+    import datetime
+
+    from raftwal.cli import dev, devcerts
+
+    if not 1 <= args.days <= 3650:
+        print(f"error: invalid --days ({args.days}; expected 1..3650)", file=sys.stderr)
+        return 2
+    try:
+        config = dev.load(args.dir).config
+        devcerts.renew(
+            args.dir,
+            [n.id for n in config.nodes],
+            datetime.timedelta(days=args.days),
+            args.ca_cert,
+            args.ca_key,
+        )
+    except (OSError, RuntimeError, ValueError, devcerts.CertificateError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(
+        f"renewed node and client certificates in {args.dir}/{devcerts.TLS_DIR} for "
+        f"{args.days} days; restart the nodes to load them: raftwal dev restart --rolling "
+        f"--dir {args.dir}"
+    )
     return 0
 
 

@@ -40,8 +40,10 @@ node starts, not here. Validation messages say what was got and what was expecte
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import secrets
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -49,6 +51,8 @@ from pathlib import Path
 
 from statemachine.validation import NAME_RULE, is_plain_name
 from wal_segments.fsync_policy import parse_fsync_policy
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -122,6 +126,9 @@ class NodeConfig:
 class ClusterConfig:
     nodes: tuple[NodeConfig, ...]
     secret: str | None = None
+    # Where the secret came from (None: RAFTWAL_SECRET or no secret); its mode is checked
+    # at start (check_transport_security).
+    secret_file: Path | None = None
     # A node not heard from for this long is proposed DOWN by the leader.
     node_timeout_ms: int = 3000
     heartbeat_interval_ms: int = 300
@@ -192,6 +199,17 @@ class ClusterConfig:
     # memory grows by about 1.6x the bytes it buffers.
     txn_buffer_budget_bytes: int = 64 * 1024 * 1024
     txn_buffer_producer_budget_bytes: int = 32 * 1024 * 1024
+    # Bytes of partly received frames a node holds across all its transfer-port streams
+    # (Produce and Append): each frame reserves its declared length when its header
+    # arrives; past this a frame is refused with RESOURCE_EXHAUSTED (the sender falls back
+    # or retries). Each frame must then arrive within 5 s + 1 s per 4 MiB.
+    frame_buffer_budget_bytes: int = 64 * 1024 * 1024
+    # Long-lived streams of the gRPC port (WatchEvents, WatchAssignments, lease KeepAlive,
+    # Consume), per method: open at once on the node, and per caller (its token or client
+    # certificate; without either, its network host). Past a cap a new stream gets
+    # RESOURCE_EXHAUSTED (raftwal.services.stream_caps).
+    max_node_streams: int = 1024
+    max_identity_streams: int = 256
     # PEM CA bundle: nodes verify each other's certificates with it, and clients' ones when
     # tls_client_auth is "require" (mutual TLS).
     tls_ca_file: Path | None = None
@@ -228,8 +246,22 @@ TLS_CLIENT_AUTH_MODES = ("none", "require")
 _TIMINGS = {
     f.name
     for f in fields(ClusterConfig)
-    if f.name.endswith(("_ms", "_revisions", "_entries", "_bytes"))
+    if f.name.endswith(("_ms", "_revisions", "_entries", "_bytes", "_streams"))
 }
+
+#: raft.peer.RaftTuning's heartbeat period: an election timeout must leave room for three.
+RAFT_HEARTBEAT_MS = 50
+#: The Raft connection timeout (raft.peer.RaftTuning.connection_timeout_s) at the default
+#: election timeouts; it grows with raft_max_timeout_ms (`raft_connection_timeout_ms`).
+RAFT_CONNECTION_TIMEOUT_MS = 2000
+
+
+def raft_connection_timeout_ms(config: ClusterConfig) -> int:
+    """How long a Raft connection may stay silent before it counts as dead: derived from
+    raft_max_timeout_ms (at least 5/3 of it, as the defaults 2000 and 1200), never set
+    apart, so that no election timeout can make the node refuse to start."""
+    return max(RAFT_CONNECTION_TIMEOUT_MS, -(-config.raft_max_timeout_ms * 5 // 3))
+
 
 # Settings where 0 switches the limit off.
 _ZERO_MEANS_OFF = frozenset(
@@ -451,19 +483,35 @@ def parse_config(
         )
     secret = environ.get("RAFTWAL_SECRET") or None
     secret_file = cluster_table.get("secret_file")
+    secret_path = None
     if secret is None and secret_file:
         if not isinstance(secret_file, str):
             raise ConfigError(f"invalid cluster.secret_file ({secret_file!r}; expected a path)")
-        path = (base_dir / secret_file).resolve()
+        secret_path = (base_dir / secret_file).resolve()
         try:
-            secret = path.read_text().strip() or None
+            secret = secret_path.read_text().strip() or None
         except OSError as error:
-            raise ConfigError(f"cannot read cluster.secret_file {path}: {error}") from None
-    config = replace(config, secret=secret, **overrides)  # type: ignore[arg-type]
+            raise ConfigError(f"cannot read cluster.secret_file {secret_path}: {error}") from None
+    config = replace(config, secret=secret, secret_file=secret_path, **overrides)  # type: ignore[arg-type]
     if config.raft_min_timeout_ms >= config.raft_max_timeout_ms:
         raise ConfigError(
-            f"invalid raft timeouts ({config.raft_min_timeout_ms}..{config.raft_max_timeout_ms} "
-            "ms; expected min < max)"
+            f"invalid raft timeouts (raft_min_timeout_ms {config.raft_min_timeout_ms}, "
+            f"raft_max_timeout_ms {config.raft_max_timeout_ms}; expected min < max)"
+        )
+    if config.raft_min_timeout_ms <= 3 * RAFT_HEARTBEAT_MS:
+        raise ConfigError(
+            f"invalid raft_min_timeout_ms ({config.raft_min_timeout_ms}; expected > "
+            f"{3 * RAFT_HEARTBEAT_MS}: three Raft heartbeats of {RAFT_HEARTBEAT_MS} ms)"
+        )
+    if config.raft_leader_fallback_ms <= RAFT_HEARTBEAT_MS:
+        raise ConfigError(
+            f"invalid raft_leader_fallback_ms ({config.raft_leader_fallback_ms}; expected > "
+            f"{RAFT_HEARTBEAT_MS}, the Raft heartbeat period)"
+        )
+    if config.max_identity_streams > config.max_node_streams:
+        raise ConfigError(
+            f"invalid stream caps (max_identity_streams {config.max_identity_streams}, "
+            f"max_node_streams {config.max_node_streams}; expected identity <= node)"
         )
     return config
 
@@ -500,6 +548,21 @@ def check_transport_security(config: ClusterConfig, node: NodeConfig) -> None:
             f"invalid cluster secret (too short: {len(config.secret)} chars; expected >= "
             f"{MIN_SECRET_CHARS}; `raftwal secret new FILE` writes a 64-hex-digit one)"
         )
+    if config.secret_file is not None:
+        # Whoever reads the secret can speak Raft to every node (and so run code there):
+        # say so, as for the tokens file and the data directory.
+        try:
+            mode = stat.S_IMODE(config.secret_file.stat().st_mode)
+        except OSError:
+            return
+        if mode & 0o077:
+            log.warning(
+                "cluster secret_file %s is accessible to group or others (mode %04o; expected "
+                "0600: whoever reads it can join the Raft port and run code in every node); "
+                "chmod 600 it",
+                config.secret_file,
+                mode,
+            )
 
 
 def write_secret_file(path: Path, overwrite: bool = False) -> None:

@@ -46,6 +46,7 @@ from raftwal import __version__
 from raftwal.node.config import NodeConfig
 from raftwal.node.metrics_http import MetricsServer
 from raftwal.services.segment_transfer import SegmentTransfers
+from raftwal.services.stream_caps import StreamCaps
 from rpc.errors import RaftwalError
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
@@ -128,6 +129,9 @@ class MetricsHost(Protocol):
 
     @property
     def segment_transfers(self) -> SegmentTransfers | None: ...
+
+    @property
+    def stream_caps(self) -> StreamCaps: ...
 
     def is_leader(self) -> bool: ...
 
@@ -290,13 +294,35 @@ class _NodeCollector(Collector):
                 "Connections to the segment transfer port, by outcome: served (the frames "
                 "sent), refused (no valid ticket: unknown, used, expired, or a bad hello), "
                 "failed (cut short: the reader went away or stalled, or the file was gone), "
-                "turned_away (closed at once: too many connections), appends (Append streams of "
-                "replication accepted), produces (producers' Produce streams accepted).",
+                "turned_away (closed at once: too many connections), turned_away_source (closed "
+                "at once: too many from one address in the hello phase), appends (Append streams of "
+                "replication accepted), produces (producers' Produce streams accepted), "
+                "frames_refused (a Produce or Append frame past frame_buffer_budget_bytes), "
+                "frames_stalled (a frame whose body did not follow its header in time).",
                 labels=["outcome"],
             )
             for outcome, count in sorted(dict(transfers.counts).items()):
                 outcomes.add_metric([outcome], float(count))
             yield outcomes
+        caps = node.stream_caps
+        open_streams = GaugeMetricFamily(
+            "raftwal_open_streams",
+            "Open long-lived streams of the gRPC port, by method (capped per node at "
+            "max_node_streams and per caller at max_identity_streams).",
+            labels=["method"],
+        )
+        for method, count in sorted(dict(caps.open).items()):
+            open_streams.add_metric([method], float(count))
+        yield open_streams
+        stream_refusals = CounterMetricFamily(
+            "raftwal_stream_refusals",
+            "Long-lived streams refused with RESOURCE_EXHAUSTED, by method and by the cap "
+            "reached: node (max_node_streams) or identity (max_identity_streams).",
+            labels=["method", "scope"],
+        )
+        for (method, scope), count in sorted(dict(caps.refused).items()):
+            stream_refusals.add_metric([method, scope], float(count))
+        yield stream_refusals
         loop = node.event_loop
         if loop is not None:
             # all_tasks copies the loop's task set with a retry, safe from this thread.

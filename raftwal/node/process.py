@@ -56,7 +56,12 @@ from raft.events import Compacted
 from raft.peer import RaftPeer, RaftTuning, loop_mailbox
 from raft.replica import CoordinationReplica
 from raftwal.node import faults
-from raftwal.node.config import ClusterConfig, NodeConfig, check_transport_security
+from raftwal.node.config import (
+    ClusterConfig,
+    NodeConfig,
+    check_transport_security,
+    raft_connection_timeout_ms,
+)
 from raftwal.node.coordinator import Coordinator
 from raftwal.node.data_plane import GrpcReplicaTransport, NodeDataView, reconcile_loop
 from raftwal.node.membership import (
@@ -75,6 +80,7 @@ from raftwal.services.decoding import DecodeInterceptor
 from raftwal.services.node_manager import NodeManagerServicer
 from raftwal.services.replication import ReplicationServicer
 from raftwal.services.segment_transfer import SegmentTransfers
+from raftwal.services.stream_caps import StreamCapInterceptor, StreamCaps
 from raftwal.services.streaming_node import StreamingNodeServicer
 from rpc.aio import wait_event
 from rpc.errors import RaftwalError, error_info, from_rpc_error
@@ -219,6 +225,9 @@ class Node:
         self.forwarder = ProposalBatcher(self._forward_entry, max_in_flight=FORWARDS_IN_FLIGHT)
         self._server: grpc.aio.Server | None = None
         self.segment_transfers: SegmentTransfers | None = None
+        self.stream_caps = StreamCaps(
+            self.config.max_node_streams, self.config.max_identity_streams
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self.data_view = NodeDataView(self)
         # node id -> monotonic time it was suspected (see HeartbeatRequest.suspect_node_ids)
@@ -279,6 +288,8 @@ class Node:
             tuning=RaftTuning(
                 election_timeout_min_s=self.config.raft_min_timeout_ms / 1000,
                 election_timeout_max_s=self.config.raft_max_timeout_ms / 1000,
+                # Follows the election timeout (RaftTuning requires >= it).
+                connection_timeout_s=raft_connection_timeout_ms(self.config) / 1000,
                 leader_fallback_timeout_s=self.config.raft_leader_fallback_ms / 1000,
                 lease_reads=self.config.raft_lease_reads,
                 snapshot_every_entries=self.config.raft_snapshot_entries,
@@ -304,7 +315,12 @@ class Node:
             ("grpc.keepalive_timeout_ms", 10_000),
         ]
         # Authentication first (a refused call's request is never parsed), then decoding.
-        interceptors = (*self.security.interceptors, DecodeInterceptor())
+        interceptors = (
+            *self.security.interceptors,
+            DecodeInterceptor(),
+            # Innermost: a call refused above takes no stream slot.
+            StreamCapInterceptor(self.stream_caps),
+        )
         server = grpc.aio.server(options=options, interceptors=interceptors)
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self), server)
         coordinator_pb2_grpc.add_NodeManagerServicer_to_server(NodeManagerServicer(self), server)
@@ -314,7 +330,10 @@ class Node:
         # when it is not.
         if self.me.transfer_port >= 0:
             transfers = SegmentTransfers(
-                self.me.host, self.me.transfer_port, self.security.transfer_tls
+                self.me.host,
+                self.me.transfer_port,
+                self.security.transfer_tls,
+                frame_budget_bytes=self.config.frame_buffer_budget_bytes,
             )
             await transfers.start()
             self.segment_transfers = transfers
@@ -365,6 +384,7 @@ class Node:
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(self.coordinator.run(), name="coordinator"),
             asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
+            asyncio.create_task(_trim_memory_loop(self._stopping), name="trim-memory"),
             asyncio.create_task(
                 reconcile_loop(self, self.plane, self.data_view, self._stopping), name="reconcile"
             ),
@@ -1431,6 +1451,55 @@ def _return_large_blocks_to_the_system() -> None:
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     if not mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES):
         log.debug("mallopt(M_MMAP_THRESHOLD) refused; keeping malloc's defaults")
+
+
+# A refused large request (a 30 MiB CreateChannels without a token, or one over a limit)
+# stays in memory after its answer: the exception that ended its call holds the handler's
+# frame, and with it the request, in a reference cycle that only the cyclic GC frees; an
+# idle node allocates too few objects to run it soon. Measured: 11 refused 30 MiB
+# requests from one client left a node 363 MiB (and at times over 1 GiB) larger until
+# then. So when the resident size is TRIM_ABOVE_BYTES above the smallest seen, the node
+# collects cycles and gives free heap pages back (malloc_trim), at once when it grew by
+# that much since the last time, else at most every TRIM_RECHECK_S (memory that is in use
+# stays, and is not collected for again and again). Checked every TRIM_CHECK_S with a
+# read of /proc/self/statm.
+TRIM_CHECK_S = 2.0
+TRIM_RECHECK_S = 10.0
+TRIM_ABOVE_BYTES = 32 << 20
+
+
+def _resident_bytes() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+async def _trim_memory_loop(stopping: asyncio.Event) -> None:
+    malloc_trim: Callable[[int], int] | None = None
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+        malloc_trim.argtypes = (ctypes.c_size_t,)  # type: ignore[attr-defined]
+    except (OSError, AttributeError):
+        malloc_trim = None  # not glibc: collect cycles only
+    floor = last_after = _resident_bytes()
+    last_collect = time.monotonic()
+    while not stopping.is_set():
+        await asyncio.sleep(TRIM_CHECK_S)
+        resident = _resident_bytes()
+        floor = min(floor, resident)
+        if resident - floor <= TRIM_ABOVE_BYTES:
+            continue
+        if resident - last_after <= TRIM_ABOVE_BYTES and (
+            time.monotonic() - last_collect < TRIM_RECHECK_S
+        ):
+            continue
+        gc.collect()
+        if malloc_trim is not None:
+            await asyncio.to_thread(malloc_trim, 0)
+        last_after, last_collect = _resident_bytes(), time.monotonic()
+        log.debug("memory: resident %d -> %d MiB", resident >> 20, last_after >> 20)
 
 
 async def run_node(config: ClusterConfig, node_id: str) -> bool:

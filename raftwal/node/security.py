@@ -171,8 +171,10 @@ class TokenTable:
                 )
             role, token = parts
             if role not in ROLES:
+                # Not echoed: a line written `<token> <role>` would put the token here.
                 raise ConfigError(
-                    f"invalid role in {where} ({role[:32]!r}; expected one of {', '.join(ROLES)})"
+                    f"invalid role in {where} (an unknown role of {len(role)} characters; "
+                    f"expected one of {', '.join(ROLES)} first, then the token)"
                 )
             try:
                 check_token(token, where)
@@ -240,7 +242,11 @@ def _bearer_token(metadata: Iterable[Any] | None) -> tuple[str | None, str]:
         return None, "a binary authorization header (expected `Bearer <token>`)"
     scheme, _, token = value.strip().partition(" ")
     if scheme.lower() != "bearer":
-        return None, f"an authorization header with scheme {scheme[:16]!r} (expected Bearer)"
+        # The scheme is not echoed: a header holding the bare token has it there.
+        return None, (
+            f"an authorization header without the Bearer scheme (a value of {len(value)} "
+            "characters; expected `Bearer <token>`)"
+        )
     if not token.strip():
         return None, "an empty bearer token (`Bearer` with nothing after it)"
     return token.strip(), ""
@@ -283,6 +289,9 @@ def _refusal(handler: grpc.RpcMethodHandler, info: errors_pb2.ErrorInfo) -> grpc
     status = to_status(info)
 
     async def refuse(_request: object, context: grpc.aio.ServicerContext) -> None:
+        # Dropped at once: the abort below raises, and its traceback keeps this frame
+        # (a refused request of up to grpc_max_message_bytes) alive until the cyclic GC.
+        del _request
         if handler.request_streaming:
             # grpc-python's asyncio client reports INTERNAL instead of the server's status
             # when its write meets a stream the server already ended (grpc/grpc#36066):

@@ -305,6 +305,7 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                 append_stream.IDLE_TIMEOUT_S,
                 wire.AppendRequest,
                 lambda requests: self._answer(requests, owner_ids),
+                budget=self._transfers.frame_budget if self._transfers is not None else None,
             )
         finally:
             log.debug("append connection from %s (%s) ended: %s", peer, owner_node_id, ended)

@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 
 #: Connections open at once (reading a hello or sending frames); more are closed at once.
 MAX_CONNECTIONS = 64
+#: Of those, the most from one source address (IP) before their ticket matched: a peer
+#: without a ticket that holds silent connections open takes at most these, not all.
+MAX_CONNECTIONS_PER_SOURCE = 16
 #: Outstanding tickets; past this, ReadSegment streams over gRPC instead.
 MAX_TICKETS = 256
 #: How long a ticket stays good after ReadSegment handed it out.
@@ -74,11 +77,18 @@ MAX_APPEND_CONNECTIONS = 256
 #: and node); past this, producers use the gRPC Produce call.
 MAX_PRODUCE_CONNECTIONS = 1024
 
+
 #: Serves one accepted stream connection: (reader, writer, who the ticket was asked for:
 #: the owner node id of an Append stream, "" for a Produce stream). It returns when the
 #: connection is done; the port closes it then.
 StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, str], Awaitable[None]]
 AppendHandler = StreamHandler
+
+
+def _source(writer: asyncio.StreamWriter) -> str:
+    """The IP address a connection comes from."""
+    peer = writer.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else "?"
 
 
 @dataclass
@@ -121,6 +131,7 @@ class SegmentTransfers:
         port: int,
         tls: ssl.SSLContext | None = None,
         ticket_ttl_s: float = TICKET_TTL_S,
+        frame_budget_bytes: int = append_stream.DEFAULT_FRAME_BUDGET_BYTES,
     ) -> None:
         self._host, self._port = host, port
         self._tls = tls
@@ -131,6 +142,8 @@ class SegmentTransfers:
         self._produces = _StreamKind("produces", produce_stream.HELLO, MAX_PRODUCE_CONNECTIONS)
         self._kinds = {kind.hello: kind for kind in (self._appends, self._produces)}
         self._connections = 0
+        # source address -> its connections in the hello phase (no entry at 0)
+        self._by_source: dict[str, int] = {}
         self.port = 0  # the bound port, once started
         #: served, refused (bad or expired ticket), failed (cut short), turned away (cap);
         #: appends, produces: Append and Produce connections accepted.
@@ -141,7 +154,11 @@ class SegmentTransfers:
             "turned_away": 0,
             "appends": 0,
             "produces": 0,
+            "turned_away_source": 0,
         }
+        #: Partly received frames of every Append and Produce connection (adds the counts
+        #: frames_refused and frames_stalled).
+        self.frame_budget = append_stream.FrameBudget(frame_budget_bytes, self.counts)
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(
@@ -234,6 +251,36 @@ class SegmentTransfers:
             self.counts["turned_away"] += 1
             writer.transport.abort()
             return
+        source = _source(writer)
+        if self._by_source.get(source, 0) >= MAX_CONNECTIONS_PER_SOURCE:
+            self.counts["turned_away_source"] += 1
+            writer.transport.abort()
+            return
+        self._by_source[source] = self._by_source.get(source, 0) + 1
+        released = False
+
+        def leave_hello_phase() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            left = self._by_source[source] - 1
+            if left:
+                self._by_source[source] = left
+            else:
+                del self._by_source[source]
+
+        try:
+            await self._serve_counted(reader, writer, leave_hello_phase)
+        finally:
+            leave_hello_phase()
+
+    async def _serve_counted(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        leave_hello_phase: Callable[[], None],
+    ) -> None:
         self._connections += 1
         entry: _Ticket | None = None
         try:
@@ -247,9 +294,11 @@ class SegmentTransfers:
                 if streaming is not None:
                     if streaming.expiry is not None:
                         streaming.expiry.cancel()
-                    # A long-lived stream: it leaves the hello-phase cap for its own.
+                    # A long-lived stream: it leaves the hello-phase caps (in all and per
+                    # source) for its own.
                     self._connections -= 1
                     kind.connections += 1
+                    leave_hello_phase()
                     try:
                         await self._serve_stream(kind, reader, writer, streaming.asked_by)
                     finally:
@@ -263,6 +312,8 @@ class SegmentTransfers:
                 writer.write(REFUSED)
                 await asyncio.wait_for(writer.drain(), HELLO_TIMEOUT_S)
                 return
+            # Authenticated by its ticket: no longer one of its source's hello slots.
+            leave_hello_phase()
             file = open(entry.path, "rb", buffering=0)  # noqa: SIM115 - closed below
             try:
                 if os.fstat(file.fileno()).st_size < entry.begin + entry.length:

@@ -4,7 +4,8 @@ and ReadSegment, served by a pchannel's owner.
 The servicer validates, calls the data plane (``wal_segments``), and maps outcomes to gRPC
 statuses with an ErrorInfo; a bad request never reaches a file. Transactions are buffered
 here (bounded by count, size and the node's and each producer's byte budgets) and written
-as one replicated batch at commit. A Consume that asks for time-tick watermarks gets the
+as one replicated batch at commit; each answers only the caller that began it (its token or
+client certificate and its producer_id, ``callers.check_owner``) and has a random id. A Consume that asks for time-tick watermarks gets the
 committed time tick it has read past, also while its pchannel is idle (the owner appends
 time-tick entries). Depends on ``StreamingBackend`` and ``DataView``, never
 on the node itself.
@@ -15,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import itertools
 import logging
 import os
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
@@ -28,6 +29,7 @@ import grpc
 
 from raftwal.services import consume_wire
 from raftwal.services.backend import DataView, StreamingBackend, VChannelInfo
+from raftwal.services.callers import TxnOwner, caller_identity, check_owner
 from raftwal.services.common import fail
 from raftwal.services.segment_transfer import SegmentTransfers
 from rpc import append_stream, produce_stream
@@ -150,6 +152,11 @@ def _retrieve_quietly(task: asyncio.Future[Any]) -> None:
 # -- transactions ----------------------------------------------------------------------------
 
 
+def _caller(request: Any, context: Any) -> TxnOwner:
+    """The caller of a transaction call, to compare with the transaction's opener."""
+    return TxnOwner(caller_identity(context), request.producer_id)
+
+
 @dataclass
 class _Txn:
     txn_id: int
@@ -164,6 +171,8 @@ class _Txn:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: whose budget it draws on: the BeginTxn producer_id, else the client's address
     producer: str = ""
+    #: who began it; every later call must be the same caller (``callers.check_owner``)
+    owner: TxnOwner = TxnOwner("", "")
 
 
 @dataclass
@@ -176,6 +185,7 @@ class _Ended:
     state: str
     vchannel: str
     positions: asyncio.Future[list[tuple[int, int]]] | None = None
+    owner: TxnOwner = TxnOwner("", "")
 
 
 # -- the public service ----------------------------------------------------------------------
@@ -289,7 +299,6 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         self._max_frame_bytes = max_frame_bytes
         self._segments = _RecentSegments()
         self._txns: dict[int, _Txn] = {}
-        self._txn_counter = itertools.count(1)
         self._ended: OrderedDict[int, _Ended] = OrderedDict()
         # Bytes buffered by open transactions, in all and per producer (the budgets).
         self._txn_bytes = 0
@@ -539,9 +548,10 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             self._produce_results,
             # A bad frame gets a clear answer before the connection closes (request id 0:
             # no request of the stream matches it).
-            lambda reason: wire.ProduceResult(
-                request_id=0, error=error_info(E.INVALID_ARGUMENT, reason[:500])
+            lambda reason, code: wire.ProduceResult(
+                request_id=0, error=error_info(code, reason[:500])
             ),
+            self._transfers.frame_budget if self._transfers is not None else None,
         )
         log.debug("produce connection from %s ended: %s", writer.get_extra_info("peername"), ended)
 
@@ -828,7 +838,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         while len(self._ended) > MAX_ENDED_TXNS:
             self._ended.popitem(last=False)
 
-    def _txn(self, vchannel: str, txn_id: int) -> _Txn:
+    def _txn(self, vchannel: str, txn_id: int, caller: TxnOwner, method: str) -> _Txn:
         self._expire_txns()
         txn = self._txns.get(txn_id)
         if txn is None or txn.vchannel != vchannel:
@@ -836,6 +846,10 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 E.TRANSACTION_EXPIRED,
                 f"transaction {txn_id} on {vchannel!r} is unknown or expired",
             )
+        # Checked before anything else is touched (not even the keepalive deadline).
+        denied = check_owner(txn.owner, caller, txn_id, method)
+        if denied is not None:
+            raise denied
         owner = self._owner(txn.pchannel)
         if owner.term != txn.term:
             self._drop_txn(txn_id)
@@ -873,12 +887,18 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                     "back open transactions, or retry later)",
                 )
 
-    async def _ended_outcome(self, vchannel: str, txn_id: int) -> tuple[str, list[tuple[int, int]]]:
+    async def _ended_outcome(
+        self, vchannel: str, txn_id: int, caller: TxnOwner, method: str
+    ) -> tuple[str, list[tuple[int, int]]]:
         """("committed", positions) / ("rolled_back", []) for an ended transaction this
         node knows, or ("", []). A commit answered by a previous owner is found in this
-        owner's log (its commit entry records the transaction's size)."""
+        owner's log (its commit entry records the transaction's size; who began it is not
+        recorded there)."""
         ended = self._ended.get(txn_id)
         if ended is not None and ended.vchannel == vchannel:
+            denied = check_owner(ended.owner, caller, txn_id, method)
+            if denied is not None:
+                raise denied
             if ended.positions is None:
                 return ended.state, []
             return ended.state, list(await asyncio.shield(ended.positions))
@@ -888,6 +908,15 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         if positions is not None:
             return "committed", positions
         return "", []
+
+    def _new_txn_id(self) -> int:
+        """A random positive 63-bit id, unused by any transaction this node knows: an id
+        tells nothing about its neighbours (the binding to its opener is what protects a
+        transaction; this is defence in depth)."""
+        while True:
+            txn_id = secrets.randbits(63)
+            if txn_id and txn_id not in self._txns and txn_id not in self._ended:
+                return txn_id
 
     async def _unary(self, context, work):  # type: ignore[no-untyped-def]
         try:
@@ -921,7 +950,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                     f"0..{MAX_PRODUCER_ID_CHARS})",
                 )
             producer = request.producer_id or _peer_host(context.peer())
-            txn_id = (owner.term << 32) | next(self._txn_counter)
+            txn_id = self._new_txn_id()
             self._txns[txn_id] = _Txn(
                 txn_id=txn_id,
                 vchannel=vchannel.name,
@@ -931,6 +960,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 keepalive_ms=keepalive,
                 deadline=time.monotonic() + keepalive / 1000,
                 producer=producer,
+                owner=TxnOwner(caller_identity(context), request.producer_id),
             )
             return wire.BeginTxnResponse(txn_id=txn_id, pchannel=vchannel.pchannel, term=owner.term)
 
@@ -938,7 +968,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
 
     async def AppendTxn(self, request, context):
         async def work() -> wire.AppendTxnResponse:
-            txn = self._txn(request.vchannel, request.txn_id)
+            txn = self._txn(
+                request.vchannel, request.txn_id, _caller(request, context), "AppendTxn"
+            )
             if not 1 <= len(request.messages) <= MAX_MESSAGES_PER_BATCH:
                 raise fail(E.INVALID_ARGUMENT, f"invalid message count ({len(request.messages)})")
             # Refuse before copying anything: a full budget must cost no more memory.
@@ -981,7 +1013,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             self._expire_txns()
             if request.txn_id not in self._txns:
                 # A retry of a commit whose answer was lost gets the original positions.
-                state, positions = await self._ended_outcome(request.vchannel, request.txn_id)
+                state, positions = await self._ended_outcome(
+                    request.vchannel, request.txn_id, _caller(request, context), "CommitTxn"
+                )
                 if state == "committed":
                     return wire.CommitTxnResponse(
                         positions=[wire.Position(lsn=lsn, time_tick=t) for lsn, t in positions]
@@ -992,7 +1026,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                         f"transaction {request.txn_id} was rolled back (got CommitTxn; expected "
                         "a new transaction: a rolled back one never commits)",
                     )
-            txn = self._txn(request.vchannel, request.txn_id)
+            txn = self._txn(
+                request.vchannel, request.txn_id, _caller(request, context), "CommitTxn"
+            )
             async with txn.lock:
                 self._drop_txn(txn.txn_id)
             owner = self._owner(txn.pchannel)
@@ -1026,7 +1062,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                     properties={TXN_COUNT_PROPERTY: str(count)},
                 ),
             ]
-            ended = _Ended("committed", txn.vchannel, asyncio.get_running_loop().create_future())
+            ended = _Ended(
+                "committed", txn.vchannel, asyncio.get_running_loop().create_future(), txn.owner
+            )
             assert ended.positions is not None
             self._remember_end(txn.txn_id, ended)
             try:
@@ -1050,7 +1088,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         async def work() -> wire.RollbackTxnResponse:
             self._expire_txns()
             if request.txn_id not in self._txns:
-                state, positions = await self._ended_outcome(request.vchannel, request.txn_id)
+                state, positions = await self._ended_outcome(
+                    request.vchannel, request.txn_id, _caller(request, context), "RollbackTxn"
+                )
                 if state == "rolled_back":
                     return wire.RollbackTxnResponse()  # a retry: the same outcome
                 if state == "committed":
@@ -1060,17 +1100,21 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                         f"{positions[0][0]}..{positions[-1][0]} (got RollbackTxn; expected "
                         "none after a commit)",
                     )
-            txn = self._txn(request.vchannel, request.txn_id)
+            txn = self._txn(
+                request.vchannel, request.txn_id, _caller(request, context), "RollbackTxn"
+            )
             async with txn.lock:
                 self._drop_txn(txn.txn_id)
-            self._remember_end(txn.txn_id, _Ended("rolled_back", txn.vchannel))
+            self._remember_end(txn.txn_id, _Ended("rolled_back", txn.vchannel, None, txn.owner))
             return wire.RollbackTxnResponse()
 
         return await self._unary(context, work())
 
     async def KeepAliveTxn(self, request, context):
         async def work() -> wire.KeepAliveTxnResponse:
-            txn = self._txn(request.vchannel, request.txn_id)
+            txn = self._txn(
+                request.vchannel, request.txn_id, _caller(request, context), "KeepAliveTxn"
+            )
             return wire.KeepAliveTxnResponse(expires_in_ms=txn.keepalive_ms)
 
         return await self._unary(context, work())

@@ -201,14 +201,16 @@ class BeginTxnResponse(_message.Message):
     def __init__(self, txn_id: _Optional[int] = ..., pchannel: _Optional[str] = ..., term: _Optional[int] = ...) -> None: ...
 
 class AppendTxnRequest(_message.Message):
-    __slots__ = ("vchannel", "txn_id", "messages")
+    __slots__ = ("vchannel", "txn_id", "messages", "producer_id")
     VCHANNEL_FIELD_NUMBER: _ClassVar[int]
     TXN_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     vchannel: str
     txn_id: int
     messages: _containers.RepeatedCompositeFieldContainer[Message]
-    def __init__(self, vchannel: _Optional[str] = ..., txn_id: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
+    producer_id: str
+    def __init__(self, vchannel: _Optional[str] = ..., txn_id: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., producer_id: _Optional[str] = ...) -> None: ...
 
 class AppendTxnResponse(_message.Message):
     __slots__ = ("buffered_messages", "buffered_bytes")
@@ -219,12 +221,14 @@ class AppendTxnResponse(_message.Message):
     def __init__(self, buffered_messages: _Optional[int] = ..., buffered_bytes: _Optional[int] = ...) -> None: ...
 
 class CommitTxnRequest(_message.Message):
-    __slots__ = ("vchannel", "txn_id")
+    __slots__ = ("vchannel", "txn_id", "producer_id")
     VCHANNEL_FIELD_NUMBER: _ClassVar[int]
     TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     vchannel: str
     txn_id: int
-    def __init__(self, vchannel: _Optional[str] = ..., txn_id: _Optional[int] = ...) -> None: ...
+    producer_id: str
+    def __init__(self, vchannel: _Optional[str] = ..., txn_id: _Optional[int] = ..., producer_id: _Optional[str] = ...) -> None: ...
 
 class CommitTxnResponse(_message.Message):
     __slots__ = ("positions",)
@@ -233,24 +237,28 @@ class CommitTxnResponse(_message.Message):
     def __init__(self, positions: _Optional[_Iterable[_Union[Position, _Mapping]]] = ...) -> None: ...
 
 class RollbackTxnRequest(_message.Message):
-    __slots__ = ("vchannel", "txn_id")
+    __slots__ = ("vchannel", "txn_id", "producer_id")
     VCHANNEL_FIELD_NUMBER: _ClassVar[int]
     TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     vchannel: str
     txn_id: int
-    def __init__(self, vchannel: _Optional[str] = ..., txn_id: _Optional[int] = ...) -> None: ...
+    producer_id: str
+    def __init__(self, vchannel: _Optional[str] = ..., txn_id: _Optional[int] = ..., producer_id: _Optional[str] = ...) -> None: ...
 
 class RollbackTxnResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class KeepAliveTxnRequest(_message.Message):
-    __slots__ = ("vchannel", "txn_id")
+    __slots__ = ("vchannel", "txn_id", "producer_id")
     VCHANNEL_FIELD_NUMBER: _ClassVar[int]
     TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     vchannel: str
     txn_id: int
-    def __init__(self, vchannel: _Optional[str] = ..., txn_id: _Optional[int] = ...) -> None: ...
+    producer_id: str
+    def __init__(self, vchannel: _Optional[str] = ..., txn_id: _Optional[int] = ..., producer_id: _Optional[str] = ...) -> None: ...
 
 class KeepAliveTxnResponse(_message.Message):
     __slots__ = ("expires_in_ms",)

@@ -75,6 +75,10 @@ class Txn:
     renews the txn every third of ``keepalive_ms`` while it is open; when it gives up (the
     owner refused, or could not be reached for ``keepalive_ms``, after which the owner has
     expired the txn) ``keepalive_error`` says why and the next call raises it at once.
+
+    The owner binds the txn to whoever began it: the same token (or client certificate)
+    and the same ``producer_id`` (which also names the txn buffer budget it draws on);
+    every call of this object sends both, and anyone else gets PERMISSION_DENIED.
     """
 
     def __init__(
@@ -86,8 +90,11 @@ class Txn:
         timeout_s: float = 10.0,
         attempt_timeout_s: float = DEFAULT_ATTEMPT_TIMEOUT_S,
         max_attempts: int = 20,
+        producer_id: str = "",
     ) -> None:
         _check_range("keepalive_ms", keepalive_ms, 1, 600_000)
+        if len(producer_id) > 128:
+            raise _invalid(f"invalid producer_id ({len(producer_id)} chars; expected 0..128)")
         _check_range("timeout_s", timeout_s, 0.001, 3600)
         _check_range("attempt_timeout_s", attempt_timeout_s, 0.001, 3600)
         _check_range("max_attempts", max_attempts, 1, 1000)
@@ -96,6 +103,7 @@ class Txn:
         self.timeout_s = timeout_s
         self.attempt_timeout_s = attempt_timeout_s
         self.max_attempts = int(max_attempts)
+        self.producer_id = producer_id
         self._client, self._owns_client = _resolve(client_or_endpoints)
         self.txn_id = 0
         self.pchannel = ""
@@ -146,7 +154,9 @@ class Txn:
         pchannel = router.cached_pchannel(self.vchannel) or await router.pchannel_of(
             self.vchannel, self.timeout_s
         )
-        request = wire.BeginTxnRequest(vchannel=self.vchannel, keepalive_ms=self.keepalive_ms)
+        request = wire.BeginTxnRequest(
+            vchannel=self.vchannel, keepalive_ms=self.keepalive_ms, producer_id=self.producer_id
+        )
         started = time.monotonic()
         backoff = _Backoff(0.05, 1.0)
         info: errors_pb2.ErrorInfo | None = None
@@ -227,7 +237,12 @@ class Txn:
         messages = [_message(self.vchannel, p, key, msg_type, properties) for p in payloads]
         response = await self._once(
             "AppendTxn",
-            wire.AppendTxnRequest(vchannel=self.vchannel, txn_id=self.txn_id, messages=messages),
+            wire.AppendTxnRequest(
+                vchannel=self.vchannel,
+                txn_id=self.txn_id,
+                messages=messages,
+                producer_id=self.producer_id,
+            ),
         )
         self.buffered_messages = response.buffered_messages
         return int(response.buffered_messages)
@@ -237,7 +252,9 @@ class Txn:
         message, the commit marker (consumers see the same entries)."""
         response = await self._once(
             "CommitTxn",
-            wire.CommitTxnRequest(vchannel=self.vchannel, txn_id=self.txn_id),
+            wire.CommitTxnRequest(
+                vchannel=self.vchannel, txn_id=self.txn_id, producer_id=self.producer_id
+            ),
             commit=True,
         )
         self.state = "committed"
@@ -247,7 +264,10 @@ class Txn:
     async def rollback(self) -> None:
         try:
             await self._once(
-                "RollbackTxn", wire.RollbackTxnRequest(vchannel=self.vchannel, txn_id=self.txn_id)
+                "RollbackTxn",
+                wire.RollbackTxnRequest(
+                    vchannel=self.vchannel, txn_id=self.txn_id, producer_id=self.producer_id
+                ),
             )
             self.state = "rolled_back"
         finally:
@@ -274,7 +294,9 @@ class Txn:
 
     async def _renew_while_open(self) -> None:
         interval_s = max(0.01, self.keepalive_ms / 3000)
-        request = wire.KeepAliveTxnRequest(vchannel=self.vchannel, txn_id=self.txn_id)
+        request = wire.KeepAliveTxnRequest(
+            vchannel=self.vchannel, txn_id=self.txn_id, producer_id=self.producer_id
+        )
         renewed = time.monotonic()
         while self.state == "open":
             await asyncio.sleep(interval_s)

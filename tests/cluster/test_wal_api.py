@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from raftwal.cli import dev
-from raftwal.services.segment_transfer import MAX_CONNECTIONS
+from raftwal.services.segment_transfer import MAX_CONNECTIONS, MAX_CONNECTIONS_PER_SOURCE
 from rpc import segment_transfer
 from rpc.errors import from_rpc_error
 from rpc.protos import coordinator_pb2 as api
@@ -517,24 +517,43 @@ def test_connector_fetch_uses_the_transfer_port_and_streams_when_it_fails(
 
 
 def test_transfer_port_caps_connections_before_any_ticket(env) -> None:
-    """Connections that send no ticket hold at most MAX_CONNECTIONS slots: the next one is
-    closed at once, and once they go the port serves again."""
+    """Connections that send no ticket hold at most MAX_CONNECTIONS slots, and at most
+    MAX_CONNECTIONS_PER_SOURCE from one address: the next one is closed at once, and once
+    they go the port serves again."""
     local, client, pchannel, _ = env
     segment = _committed_segments(env)[0]
     address = {n.node_id: n.address for n in client.status().nodes}[segment.replica_node_ids[0]]
     request = wire.ReadSegmentRequest(pchannel=pchannel, segment_id=segment.segment_id, bulk=True)
     offer = _bulk_offer(address, request)
     host, port = segment_transfer.transfer_host(address), offer.transfer_port
-    idle = [socket.create_connection((host, port), timeout=10) for _ in range(MAX_CONNECTIONS)]
-    try:
-        time.sleep(0.5)  # the node has accepted them all
-        with socket.create_connection((host, port), timeout=10) as extra:
+    # Every address of 127/8 is loopback: spread the idle connections over enough of them
+    # to fill the port's cap without reaching any one address's.
+    sources = [
+        f"127.0.0.{1 + index // MAX_CONNECTIONS_PER_SOURCE}" for index in range(MAX_CONNECTIONS)
+    ]
+    idle = [
+        socket.create_connection((host, port), timeout=10, source_address=(source, 0))
+        for source in sources
+    ]
+
+    def turned_away(source: str) -> None:
+        with socket.create_connection(
+            (host, port), timeout=10, source_address=(source, 0)
+        ) as extra:
             extra.sendall(segment_transfer.HELLO + offer.transfer_ticket)
             try:
                 answer = extra.recv(1)
             except ConnectionResetError:
                 answer = b""
-            assert answer == b"", "a connection past the cap must be closed unanswered"
+            assert answer == b"", f"a connection from {source} past a cap must be closed unanswered"
+
+    try:
+        time.sleep(0.5)  # the node has accepted them all
+        turned_away("127.0.0.200")  # the port's cap
+        # Room in the port again, none for an address that holds its share.
+        idle.pop().close()
+        time.sleep(0.5)
+        turned_away("127.0.0.1")  # the address's cap
     finally:
         for sock in idle:
             sock.close()
@@ -562,6 +581,7 @@ def test_transfer_port_caps_connections_before_any_ticket(env) -> None:
         if sample.name.endswith("_total")
     }
     assert counts["turned_away"] >= 1 and counts["served"] >= 1, counts
+    assert counts["turned_away_source"] >= 1, counts
 
 
 def test_transfer_port_drops_a_silent_connection(env) -> None:

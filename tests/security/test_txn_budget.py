@@ -51,11 +51,15 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dev.LocalClu
         yield running
 
 
-def _append(stub, txn_id: int, payload: bytes) -> grpc.RpcError | None:  # type: ignore[no-untyped-def]
+def _append(stub, txn_id: int, payload: bytes, producer_id: str) -> grpc.RpcError | None:  # type: ignore[no-untyped-def]
     try:
         stub.AppendTxn(
             wire.AppendTxnRequest(
-                vchannel="budget_v", txn_id=txn_id, messages=[wire.Message(payload=payload)]
+                vchannel="budget_v",
+                txn_id=txn_id,
+                messages=[wire.Message(payload=payload)],
+                # A transaction answers only the producer_id that began it.
+                producer_id=producer_id,
             ),
             timeout=CALL_TIMEOUT_S,
         )
@@ -100,7 +104,7 @@ def test_open_transactions_are_bounded_by_bytes(env) -> None:
             ).txn_id
             for _ in range(3)
         ]
-        refusals = [_append(stub, txn_id, payload) for txn_id in mine for _ in range(3)]
+        refusals = [_append(stub, txn_id, payload, "one-app") for txn_id in mine for _ in range(3)]
         assert refusals[:7] == [None] * 7, [r and r.details() for r in refusals[:7]]
         assert refusals[7] is not None and refusals[8] is not None
         info = from_rpc_error(refusals[7])
@@ -111,7 +115,7 @@ def test_open_transactions_are_bounded_by_bytes(env) -> None:
         assert "of 32.0 MiB held by 3 open transaction(s)" in info.message, info.message
         for txn_id in mine:
             stub.RollbackTxn(
-                wire.RollbackTxnRequest(vchannel="budget_v", txn_id=txn_id),
+                wire.RollbackTxnRequest(vchannel="budget_v", txn_id=txn_id, producer_id="one-app"),
                 timeout=CALL_TIMEOUT_S,
             )
 
@@ -126,7 +130,7 @@ def test_open_transactions_are_bounded_by_bytes(env) -> None:
             ).txn_id
             opened.append(txn_id)
             for _ in range(CHUNKS_PER_TXN):
-                error = _append(stub, txn_id, payload)
+                error = _append(stub, txn_id, payload, f"app-{index}")
                 if error is None:
                     accepted += 1
                 else:
@@ -146,21 +150,25 @@ def test_open_transactions_are_bounded_by_bytes(env) -> None:
         # A transaction that fit still commits; the rest roll back and free the budget.
         first = opened[0]
         committed = stub.CommitTxn(
-            wire.CommitTxnRequest(vchannel="budget_v", txn_id=first), timeout=CALL_TIMEOUT_S
+            wire.CommitTxnRequest(vchannel="budget_v", txn_id=first, producer_id="app-0"),
+            timeout=CALL_TIMEOUT_S,
         )
         assert len(committed.positions) == CHUNKS_PER_TXN + 2
-        for txn_id in opened[1:]:
+        for index, txn_id in enumerate(opened[1:], start=1):
             stub.RollbackTxn(
-                wire.RollbackTxnRequest(vchannel="budget_v", txn_id=txn_id),
+                wire.RollbackTxnRequest(
+                    vchannel="budget_v", txn_id=txn_id, producer_id=f"app-{index}"
+                ),
                 timeout=CALL_TIMEOUT_S,
             )
         again = stub.BeginTxn(
             wire.BeginTxnRequest(vchannel="budget_v", producer_id="app-0"),
             timeout=CALL_TIMEOUT_S,
         ).txn_id
-        assert _append(stub, again, payload) is None
+        assert _append(stub, again, payload, "app-0") is None
         stub.RollbackTxn(
-            wire.RollbackTxnRequest(vchannel="budget_v", txn_id=again), timeout=CALL_TIMEOUT_S
+            wire.RollbackTxnRequest(vchannel="budget_v", txn_id=again, producer_id="app-0"),
+            timeout=CALL_TIMEOUT_S,
         )
 
     acknowledged_lsn = before.positions[0].lsn

@@ -217,3 +217,44 @@ def test_produce_tickets_are_capped_and_need_a_handler() -> None:
             await transfers.close()
 
     asyncio.run(main())
+
+
+def test_silent_connections_from_one_address_leave_the_others_room() -> None:
+    # Issue 40, item 8: 80 silent connections (reopened as they were closed) from one
+    # peer held all 64 hello slots; 1 of 13 legitimate Produce-port connections got in.
+    # Now one source address holds at most MAX_CONNECTIONS_PER_SOURCE of them.
+    from raftwal.services import segment_transfer as port_module
+
+    cap = getattr(port_module, "MAX_CONNECTIONS_PER_SOURCE", 16)
+    assert cap < port_module.MAX_CONNECTIONS
+
+    async def main() -> None:
+        transfers, recorder = await _port()
+        silent: list[asyncio.StreamWriter] = []
+        try:
+            port = transfers.port
+            for _ in range(80):
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                silent.append(writer)
+            await asyncio.sleep(0.3)
+            # Another address (all of 127/8 is loopback) still gets a hello slot.
+            for round_ in range(3):
+                ticket = transfers.offer_append(f"n{round_}")
+                assert ticket is not None
+                reader, writer = await asyncio.open_connection(
+                    "127.0.0.1", port, local_addr=("127.0.0.2", 0)
+                )
+                writer.write(append_stream.HELLO + ticket)
+                async with asyncio.timeout(5):
+                    assert await reader.readexactly(1) == segment_transfer.ACCEPTED
+                writer.write(append_stream.frame(b"mine"))
+                assert await append_stream.read_frame(reader, 1024, 5.0) == b"mine"
+                writer.close()
+            assert transfers.counts.get("turned_away_source", 0) >= 80 - cap
+            assert transfers.counts["turned_away"] == 0
+        finally:
+            for writer in silent:
+                writer.transport.abort()
+            await transfers.close()
+
+    asyncio.run(main())

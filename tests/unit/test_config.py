@@ -153,3 +153,78 @@ def test_lease_reads_from_the_file_and_the_environment(tmp_path: Path) -> None:
         parse_config({"nodes": NODES}, tmp_path, {"RAFTWAL_RAFT_LEASE_READS": "yes"})
     with pytest.raises(ConfigError, match=r"invalid cluster.raft_lease_reads \(1; expected"):
         parse_config({"nodes": NODES, "cluster": {"raft_lease_reads": 1}}, tmp_path, {})
+
+
+def _tuning(config):  # type: ignore[no-untyped-def]
+    """The Raft tuning a node builds from `config` (as raftwal.node.process does)."""
+    from raft.peer import RaftTuning
+    from raftwal.node.config import raft_connection_timeout_ms
+
+    return RaftTuning(
+        election_timeout_min_s=config.raft_min_timeout_ms / 1000,
+        election_timeout_max_s=config.raft_max_timeout_ms / 1000,
+        leader_fallback_timeout_s=config.raft_leader_fallback_ms / 1000,
+        connection_timeout_s=raft_connection_timeout_ms(config) / 1000,
+    )
+
+
+@pytest.mark.parametrize("max_timeout_ms", ["1201", "2000", "4000", "60000"])
+def test_a_longer_election_timeout_stretches_the_connection_timeout(
+    tmp_path: Path, max_timeout_ms: str
+) -> None:
+    # Issue 40, item 7: RAFTWAL_RAFT_MAX_TIMEOUT_MS=4000 stopped every node with a
+    # ValueError about connection_timeout_s, a setting the config does not even have.
+    config = parse_config(
+        {"nodes": NODES}, tmp_path, environ={"RAFTWAL_RAFT_MAX_TIMEOUT_MS": max_timeout_ms}
+    )
+    tuning = _tuning(config)
+    tuning.validate()
+    assert tuning.connection_timeout_s >= tuning.election_timeout_max_s
+    assert tuning.connection_timeout_s >= 2.0
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        (
+            {"RAFTWAL_RAFT_MIN_TIMEOUT_MS": "1500"},
+            r"invalid raft timeouts \(raft_min_timeout_ms 1500, raft_max_timeout_ms 1200; "
+            "expected min < max",
+        ),
+        (
+            {"RAFTWAL_RAFT_MIN_TIMEOUT_MS": "100"},
+            r"invalid raft_min_timeout_ms \(100; expected > 150",
+        ),
+        (
+            {"RAFTWAL_RAFT_LEADER_FALLBACK_MS": "20"},
+            r"invalid raft_leader_fallback_ms \(20; expected > 50",
+        ),
+        (
+            {"RAFTWAL_MAX_NODE_STREAMS": "10", "RAFTWAL_MAX_IDENTITY_STREAMS": "20"},
+            r"invalid stream caps \(max_identity_streams 20, max_node_streams 10",
+        ),
+    ],
+)
+def test_raft_timings_that_pysyncobj_would_refuse_are_config_errors(
+    tmp_path: Path, environ: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"nodes": NODES}, tmp_path, environ=environ)
+
+
+def test_a_secret_file_open_to_others_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 40, item 5: a tokens file at 0644 got a warning, the secret file did not.
+    secret = tmp_path / "secret"
+    secret.write_text("0123456789abcdef0123456789abcdef")
+    data = {"nodes": NODES, "cluster": {"secret_file": "secret"}}
+    for mode, warned in ((0o600, False), (0o644, True), (0o640, True)):
+        secret.chmod(mode)
+        config = parse_config(data, tmp_path, environ={})
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="raftwal.node.config"):
+            check_transport_security(config, config.nodes[0])
+        text = caplog.text
+        assert ("secret_file" in text and f"mode {mode:04o}" in text) == warned, (mode, text)
+        assert "0123456789abcdef" not in text
