@@ -63,7 +63,7 @@ MOUNT_TIMEOUT_S = 30.0
 UNMOUNT_TIMEOUT_S = 60.0
 #: Attempts at a plain unmount (EBUSY while the kernel still holds the last references of
 #: a killed process) before a lazy one.
-UNMOUNT_ATTEMPTS = 50
+UNMOUNT_ATTEMPTS = 30
 
 
 def fusermount() -> str:
@@ -562,12 +562,28 @@ class PowerFS(_operations_base()):  # type: ignore[misc]
                         _pwrite_all(fd, old, offset)
                     os.ftruncate(fd, state.durable_size)
                     result.files_reverted += int(changed)
+                    if changed:
+                        logger.info(
+                            "crash: %s back to its durable %d bytes (was %d, %d ranges restored)",
+                            os.path.relpath(path, self.backing),
+                            state.durable_size,
+                            size,
+                            len(state.saved),
+                        )
                 finally:
                     os.close(fd)
             for change in reversed(self._entries):
                 try:
-                    result.bytes_dropped += self._undo(change)
+                    dropped = self._undo(change)
+                    result.bytes_dropped += dropped
                     result.entries_reverted += 1
+                    logger.info(
+                        "crash: undid %s %s%s (%d bytes of data with it)",
+                        change.kind,
+                        change.path,
+                        f" -> {change.new}" if change.new else "",
+                        dropped,
+                    )
                 except OSError as error:
                     # A later change was made durable on top of this one (e.g. the entry
                     # it created was renamed away and that directory fsynced): what is on
