@@ -22,12 +22,12 @@ dropped are counted, and a fresh mount takes its place (``PowerMount.crash``).
 Each mount is served by a daemon process of its own (``python -m raftwal.chaos.powerfs
 serve``), which the test or the chaos runner controls over its stdin/stdout: ``crash`` or
 ``stop`` in, one JSON line out. What it does not model (RELIABILITY.md says so too): torn
-writes within one write call or one page, reordering of writes between files before a
-sync (a crash here keeps every write up to a point in each file's own history... in fact
-it drops every unsynced write of every file, which is the harshest case, not a reorder),
-the backing filesystem's own metadata journaling, file modes and times (not reverted),
-and a failing fsync. Fsync does not reach the backing disk: the host does not crash, only
-the simulated machine does.
+writes within one write call or one page; reordering between writes before a sync (a cut
+drops every unsynced write of every file, never a subset); the kernel's own metadata
+journaling (only a directory fsync makes its entries durable, as POSIX says, though ext4
+would usually commit them with any fsync); file modes and times (not reverted); a failing
+fsync. An fsync does not reach the host's disk: the host does not crash, only the
+simulated machine does.
 
 Must never: let an operation through without its undo record (one lock covers the
 bookkeeping and the operation), follow a path outside the backing directory, show the
@@ -57,10 +57,12 @@ from typing import IO, Any
 logger = logging.getLogger(__name__)
 
 STASH_NAME = ".powerfs-stash"
-#: How long a daemon may take to mount, and to unmount and revert (scaled by the caller's
-#: machine: the bound is generous, the wait ends as soon as the condition holds).
-MOUNT_TIMEOUT_S = 30.0
-UNMOUNT_TIMEOUT_S = 60.0
+#: How long a daemon may take to mount, and to unmount and revert: generous bounds (each
+#: wait ends as soon as its condition holds), multiplied by RAFTWAL_TIMEOUT_SCALE on a
+#: slow or loaded machine.
+TIMEOUT_SCALE = max(1.0, float(os.environ.get("RAFTWAL_TIMEOUT_SCALE", "1") or 1))
+MOUNT_TIMEOUT_S = 30.0 * TIMEOUT_SCALE
+UNMOUNT_TIMEOUT_S = 60.0 * TIMEOUT_SCALE
 #: Attempts at a plain unmount (EBUSY while the kernel still holds the last references of
 #: a killed process) before a lazy one.
 UNMOUNT_ATTEMPTS = 30
