@@ -29,8 +29,13 @@ without fsync. Here:
 - the group-commit write and fdatasync pass the fault points ``raft.journal.write`` and
   ``raft.journal.fsync`` (`_faults.py`; no-ops unless a test enabled fault injection), so
   a test can make them fail like a full or broken disk;
+- the journal's own directory entry is made durable on open (an fsync of the parent
+  directory): the directory is often created just before (`mkdir` without a parent
+  fsync), and a power cut that drops it would take a durable log and vote with it;
 - term, vote and commit index live in `journal.meta`, replaced atomically with fsync of the
-  file and of the directory. Term and vote are stored synchronously (Raft requires them
+  file and of the directory. A crash between the rename and the directory fsync leaves the
+  previous metadata (or none, at first) and a `.tmp` file: the change never left the node,
+  so recovery takes what it finds. Term and vote are stored synchronously (Raft requires them
   durable before a vote or vote request leaves the node); the commit index is stored at
   most once per second, and only after the log it covers has been synced.
 
@@ -174,6 +179,10 @@ class DurableJournal(Journal):
     def _open_and_scan(self) -> int:
         if not self._path.exists():
             write_file_atomically(self._path, _file_header(), durable=self._durable)
+        if self._durable:
+            # The directory's own entry in its parent: everything below is durable only
+            # once that is (see the module doc).
+            fsync_directory(self._directory.parent)
         data = self._path.read_bytes()
         if len(data) < _HEADER.size:
             raise JournalCorrupted(

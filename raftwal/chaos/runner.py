@@ -12,7 +12,12 @@ through its own TCP proxy (``raftwal.chaos.net``), and for ``duration_s`` runs a
   ``kill`` (SIGKILL a node, start it again later), ``pause`` (SIGSTOP, later SIGCONT),
   ``restart`` (SIGTERM, start again at once) and ``partition`` (isolate the Raft leader,
   isolate a pchannel's owner, a minority/majority split, or a bridge where two nodes lose
-  each other but both still see the third; links reset or silently dropped).
+  each other but both still see the third; links reset or silently dropped), and, asked
+  for by name, ``power`` (a power cut: SIGKILL, then every byte and directory entry the
+  node had not fsynced is dropped from its data dir, see ``raftwal.chaos.powerfs``; of the
+  Raft leader, a pchannel's owner, a replica that is not the owner, or two nodes at once,
+  started again after the hold). With ``power`` among the faults every node's data dir
+  is a PowerFS mount for the whole run.
 
 Then it heals everything, lets the workload finish what it started, waits until the
 cluster has recovered, reads the final state (each pchannel's whole committed log, the
@@ -58,6 +63,7 @@ from raftwal.chaos.checker import (
     check,
 )
 from raftwal.chaos.net import LINK_MODES, ProxyNet
+from raftwal.chaos.powerfs import PowerMount
 from raftwal.chaos.subscribers import MemberClient, PackClient, PositionSampler, ShardClient
 from raftwal.chaos.workload import (
     OK,
@@ -88,9 +94,14 @@ FAULT_KINDS = ("kill", "pause", "partition", "restart")
 # sets); "member", a voter replaced by a data node (`raftwal member add` of a data node,
 # then `member remove` of a voter: drained, removed, restarted as a data node; unfrozen
 # when the fault is healed, so it can come back later). "member" needs a data node.
-EXTRA_FAULT_KINDS = ("outage", "member")
+# "power", a power cut (raftwal.chaos.powerfs: every node's data dir on a FUSE mount that
+# drops what was not fsynced), needs FUSE.
+EXTRA_FAULT_KINDS = ("outage", "member", "power")
 PARTITION_VARIANTS = ("isolate-leader", "isolate-owner", "split", "bridge")
 NODE_TARGETS = ("leader", "owner", "random")
+# Whose power is cut: the Raft leader, a pchannel's owner, a replica of a pchannel that
+# does not own it, or two nodes at once (a pchannel's owner and one of its replicas).
+POWER_TARGETS = ("leader", "owner", "replica", "two")
 # Seconds a fault is held (restart has no hold: the node comes back at once).
 HOLD_S = {
     "kill": (2.0, 7.0),
@@ -99,6 +110,7 @@ HOLD_S = {
     "restart": (0.0, 0.0),
     "outage": (10.0, 16.0),
     "member": (1.0, 4.0),
+    "power": (2.0, 7.0),
 }
 # The bound of one membership swap (promotion, then drain and removal).
 MEMBER_WAIT_S = 90.0
@@ -255,6 +267,11 @@ class ChaosReport:
     notes: list[str] = field(default_factory=list)
     #: why the Spark check could not run although it was asked for ("" when it ran)
     spark_unavailable: str = ""
+    #: power cuts: nodes whose unsynced bytes were dropped (a cut of two nodes counts
+    #: two), how many of them dropped anything, and the bytes dropped in all
+    power_cuts: int = 0
+    power_cuts_dropping: int = 0
+    power_bytes_dropped: int = 0
 
     @property
     def ok(self) -> bool:
@@ -279,6 +296,7 @@ def plan_faults(seed: int, kinds: Sequence[str], duration_s: float) -> list[Plan
     kinds_left: list[str] = []
     variants_left: list[str] = []
     targets_left: list[str] = []
+    power_left: list[str] = []
     elapsed = WARMUP_S
     while elapsed < duration_s and len(planned) < 10_000:
         if not kinds_left:
@@ -290,6 +308,11 @@ def plan_faults(seed: int, kinds: Sequence[str], duration_s: float) -> list[Plan
                 variants_left = list(PARTITION_VARIANTS)
                 rng.shuffle(variants_left)
             variant, mode = variants_left.pop(), rng.choice(LINK_MODES)
+        elif kind == "power":
+            if not power_left:
+                power_left = list(POWER_TARGETS)
+                rng.shuffle(power_left)
+            variant, mode = power_left.pop(), ""
         else:
             if not targets_left:
                 targets_left = list(NODE_TARGETS)
@@ -325,8 +348,14 @@ class Nemesis:
         history: History,
         progress: Callable[[str], None],
         client: CoordinatorClient | None = None,
+        mounts: dict[str, PowerMount] | None = None,
     ) -> None:
         self.cluster = cluster
+        #: node id -> the PowerFS mount of its data dir ("power" faults)
+        self.mounts = mounts or {}
+        self.power_cuts = 0
+        self.power_cuts_dropping = 0
+        self.power_bytes_dropped = 0
         #: for membership swaps ("member" faults)
         self.client = client
         self.proxies = proxies
@@ -397,6 +426,8 @@ class Nemesis:
             return FaultRecord(fault.label, fault.kind, [node], detail, start)
         if fault.kind == "member":
             return await self._swap_voter(fault, start)
+        if fault.kind == "power":
+            return await self._power_cut(fault, start)
         node, why = await self._target(fault.variant, fault.pick)
         pid = self.cluster.pid(node)
         if fault.kind in ("kill", "outage"):
@@ -432,6 +463,51 @@ class Nemesis:
             except RaftwalError as error:
                 # Kept: the next heal (at the latest the final one) tries again.
                 self.progress(f"unfreezing {', '.join(sorted(self.frozen))} failed: {error}")
+
+    async def _power_targets(self, variant: str, pick: int) -> list[tuple[str, str]]:
+        """[(node id, why)] whose power a "power" fault cuts (two for "two")."""
+        status = await self._status()
+        if variant == "leader" and status is not None and status.leader:
+            return [(status.leader, "the Raft leader")]
+        owned = self._owner(status, pick)
+        if owned is not None and variant in ("replica", "two") and status is not None:
+            pchannel, owner = owned
+            replicas = [n for n in status.replica_sets.get(pchannel, ()) if n != owner]
+            if replicas:
+                replica = replicas[pick % len(replicas)]
+                if variant == "replica":
+                    return [(replica, f"replica of {pchannel} (owner {owner})")]
+                return [(owner, f"owner of {pchannel}"), (replica, f"replica of {pchannel}")]
+        if owned is not None and variant in ("owner", "two"):
+            first = [(owned[1], f"owner of {owned[0]}")]
+        else:
+            first = [(self.node_ids[pick % len(self.node_ids)], "a random node")]
+        if variant == "two":
+            others = [n for n in self.node_ids if n != first[0][0]]
+            first.append((others[pick % len(others)], "a random other node"))
+        return first
+
+    async def _power_cut(self, fault: PlannedFault, start: float) -> FaultRecord:
+        """SIGKILL the targets, then drop what their data dirs had not made durable; they
+        start again when the fault is healed."""
+        targets = await self._power_targets(fault.variant, fault.pick)
+        pids = {node: self.cluster.pid(node) for node, _ in targets}
+        for node, _why in targets:
+            await asyncio.to_thread(self.cluster.kill, node, signal.SIGKILL)
+            self.killed.add(node)
+        parts = []
+        for node, why in targets:
+            result = await asyncio.to_thread(self.mounts[node].crash)
+            self.power_cuts += 1
+            self.power_cuts_dropping += int(result.bytes_dropped > 0)
+            self.power_bytes_dropped += result.bytes_dropped
+            parts.append(
+                f"{node} ({why}, pid {pids[node]}): {result.bytes_dropped} unsynced bytes "
+                f"dropped, {result.files_reverted} files and {result.entries_reverted} "
+                "directory entries reverted"
+            )
+        detail = "power cut of " + "; ".join(parts) + f", for {fault.hold_s:.1f} s"
+        return FaultRecord(fault.label, fault.kind, [n for n, _ in targets], detail, start)
 
     async def _swap_voter(self, fault: PlannedFault, start: float) -> FaultRecord:
         """Promote a data node, then drain and remove a voter (the leader, a pchannel's
@@ -844,8 +920,28 @@ async def _run(
     history = History()
     problems: list[str] = []
     setup_error = ""
+    mounts: dict[str, PowerMount] = {}
     try:
         config = replace(config, nodes=proxies.configure(config.nodes))
+        if "power" in options.faults:
+            # Every data dir lives on a PowerFS mount for the whole run (the backing
+            # directories, which hold the data afterwards, are under power/).
+            for node in config.nodes:
+                mounts[node.id] = PowerMount(
+                    directory / "power" / node.id,
+                    node.data_dir,
+                    directory / f"powerfs-{node.id}.log",
+                )
+            try:
+                for mount in mounts.values():
+                    await asyncio.to_thread(mount.start)
+            except (RuntimeError, OSError) as error:
+                raise SetupFailed(f"PowerFS could not mount the data dirs: {error}") from None
+            progress(
+                "data dirs on PowerFS (pids: "
+                + ", ".join(f"{n} {m.pid}" for n, m in mounts.items())
+                + ")"
+            )
         try:
             cluster = await asyncio.to_thread(
                 dev.up, directory, options.nodes, START_TIMEOUT_S, _cluster_env(options), config
@@ -910,7 +1006,9 @@ async def _run(
             consumer_side = await _setup_subscribers(
                 streaming, vchannels, tag, directory, history, rng, options
             )
-            nemesis = Nemesis(cluster, proxies, sampler, history, progress, coordinator)
+            nemesis = Nemesis(
+                cluster, proxies, sampler, history, progress, coordinator, mounts=mounts
+            )
             plan = plan_faults(options.seed, options.faults, options.duration_s)
             sampler_task = asyncio.create_task(sampler.run(stop), name="sampler")
             consumer_tasks = [
@@ -1038,6 +1136,13 @@ async def _run(
                     cluster.kill(node.id, signal.SIGCONT)
             await asyncio.to_thread(cluster.stop_all)
         proxies.close()
+        # After the nodes: a mount still in use could not be unmounted cleanly.
+        for mount in mounts.values():
+            await asyncio.to_thread(mount.close)
+    if nemesis is not None:
+        report.power_cuts = nemesis.power_cuts
+        report.power_cuts_dropping = nemesis.power_cuts_dropping
+        report.power_bytes_dropped = nemesis.power_bytes_dropped
     report.operations = history.counts()
     for record in report.fault_log:
         report.faults[record.kind] = report.faults.get(record.kind, 0) + 1
@@ -1297,6 +1402,8 @@ def _ineffective(report: ChaosReport) -> list[str]:
             reasons.append(f"no {kind} fault was injected")
     if report.spark_unavailable:
         reasons.append(report.spark_unavailable)
+    if report.faults.get("power") and not report.power_cuts_dropping:
+        reasons.append("no power cut dropped unsynced bytes")
     # The issue-15 consumer side, when it ran: packs delivered, member commits
     # acknowledged, the shard's final store read.
     for kind in ("pack", "sub_commit", "shard_final"):
@@ -1366,7 +1473,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         help=f"comma-separated subset of {','.join(FAULT_KINDS + EXTRA_FAULT_KINDS)} "
         f"(default: {','.join(FAULT_KINDS)}; outage: a node killed for 10-16 s, long enough "
         "for replica repair with --replace-after-ms; member: a data node promoted and a "
-        "voter drained and removed, needs --data-nodes)",
+        "voter drained and removed, needs --data-nodes; power: a power cut that drops "
+        "every unsynced byte of the node's data dir, needs FUSE: scripts/install-fuse.sh)",
     )
     parser.add_argument("--nodes", type=int, default=NODES, help="nodes (3..5, default 3)")
     parser.add_argument(
@@ -1463,6 +1571,12 @@ def print_report(report: ChaosReport) -> None:
             if label.startswith(f"{kind}:"):
                 faults.add_row(f"  {label}", str(variant_count))
     console.print(faults)
+    if report.power_cuts:
+        console.print(
+            f"power cuts: {report.power_cuts} nodes, {report.power_cuts_dropping} of them "
+            f"dropped unsynced bytes, {report.power_bytes_dropped} bytes dropped in all",
+            highlight=False,
+        )
     console.print("checked: " + ", ".join(f"{k} {v}" for k, v in report.checked.items()))
     for note in report.notes:
         console.print(f"[yellow]note:[/yellow] {note}")

@@ -19,6 +19,7 @@ from raftwal.chaos.runner import (
     FAULT_KINDS,
     HOLD_S,
     PARTITION_VARIANTS,
+    POWER_TARGETS,
     ChaosOptions,
     parse_duration,
     plan_faults,
@@ -43,6 +44,16 @@ def test_schedule_rotates_partition_variants() -> None:
     plan = plan_faults(3, ("partition",), 600.0)
     variants = [f.variant for f in plan[: len(PARTITION_VARIANTS)]]
     assert sorted(variants) == sorted(PARTITION_VARIANTS)
+
+
+def test_schedule_rotates_power_targets_and_leaves_other_kinds_alone() -> None:
+    ChaosOptions(seed=1, faults=("kill", "power", "partition")).validate()
+    plan = plan_faults(7, ("power",), 600.0)
+    assert sorted(f.variant for f in plan[: len(POWER_TARGETS)]) == sorted(POWER_TARGETS)
+    assert all(HOLD_S["power"][0] <= f.hold_s <= HOLD_S["power"][1] for f in plan)
+    mixed = plan_faults(7, ("kill", "power", "partition"), 60.0)
+    assert {f.kind for f in mixed[:3]} == {"kill", "power", "partition"}
+    assert all(f.variant in POWER_TARGETS for f in mixed if f.kind == "power")
 
 
 def test_schedule_honours_the_requested_kinds() -> None:
