@@ -558,6 +558,13 @@ class SimDisk:
         finally:
             _REAL["close"](fd)
 
+    def close_all(self) -> None:
+        """Close every file the run left open (at its end)."""
+        for fd in sorted(self._fds):
+            with contextlib.suppress(OSError):
+                _REAL["close"](fd)
+        self._fds.clear()
+
     def close_fds(self, incarnation: Incarnation) -> None:
         """Close what a crashed incarnation left open (the process is gone)."""
         for fd in sorted(incarnation.fds):

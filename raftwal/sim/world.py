@@ -1136,6 +1136,7 @@ def run_seed(seed: int, options: SimOptions, scratch: Path | None = None) -> See
             pass
         loop.close()
         asyncio.set_event_loop(None)
+        world.disk.close_all()
         for lg, (level, propagate) in zip(loggers, saved_loggers, strict=True):
             lg.removeHandler(handler)
             lg.setLevel(level)
