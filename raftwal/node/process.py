@@ -36,7 +36,7 @@ import os
 import signal
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -64,6 +64,7 @@ from raftwal.node.config import (
 )
 from raftwal.node.coordinator import Coordinator
 from raftwal.node.data_plane import GrpcReplicaTransport, NodeDataView, reconcile_loop
+from raftwal.node.health import under_replicated
 from raftwal.node.membership import (
     MAX_PROMOTION_LAG_ENTRIES,
     load_role,
@@ -88,7 +89,6 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2, streaming_pb2_grpc
 from rpc.segment_transfer import client_tls
-from statemachine.types import DEFAULT_LIMITS
 from wal_segments.fsync_policy import parse_fsync_policy
 from wal_segments.owner import ChannelOwner, OwnerConfig
 from wal_segments.plane import DataPlane
@@ -157,34 +157,6 @@ class AppliedNotifier:
                 return False
             await self.wait_change(remaining)
         return True
-
-
-def under_replicated(
-    pchannels: Sequence[pb.PChannel], nodes: Sequence[pb.Node]
-) -> list[api.UnderReplicated]:
-    """The placed, not dropped pchannels whose replica set is smaller than it should be
-    (its replica_count, capped by the nodes there are: a set placed while a node was DOWN,
-    until replica repair widens it) or holds a node that is DOWN."""
-    down = {n.node_id for n in nodes if n.state == pb.NODE_STATE_DOWN}
-    out = []
-    for channel in pchannels:
-        replicas = list(channel.replica_node_ids)
-        if not replicas or channel.state == pb.PCHANNEL_STATE_DROPPED:
-            continue
-        wanted = min(channel.replica_count or DEFAULT_LIMITS.default_replica_count, len(nodes))
-        lost = [n for n in replicas if n in down]
-        live = len(replicas) - len(lost)
-        if live < wanted:
-            out.append(
-                api.UnderReplicated(
-                    pchannel=channel.name,
-                    replica_node_ids=replicas,
-                    down_node_ids=lost,
-                    wanted=wanted,
-                    live=live,
-                )
-            )
-    return out
 
 
 class Node:
