@@ -49,7 +49,7 @@ from raft.replica import CoordinationReplica
 from raftwal import __version__
 from raftwal.node.config import NodeConfig
 from raftwal.node.health import under_replicated
-from raftwal.node.metrics_http import MetricsServer
+from raftwal.node.metrics_http import MetricsServer, Routes
 from raftwal.services.segment_transfer import SegmentTransfers
 from raftwal.services.stream_caps import StreamCaps
 from rpc.errors import RaftwalError
@@ -286,16 +286,16 @@ class NodeMetrics:
 
     # -- endpoint -------------------------------------------------------------------------
 
-    def serve(self, host: str, port: int) -> None:
-        """Serve ``/metrics`` on host:port from one daemon thread with bounded connections
-        and deadlines (``raftwal.node.metrics_http``). Raises OSError when the port cannot be
-        bound."""
+    def serve(self, host: str, port: int, routes: Routes | None = None) -> None:
+        """Serve ``/metrics`` (and `routes`: the console) on host:port from one daemon thread
+        with bounded connections and deadlines (``raftwal.node.metrics_http``). Raises
+        OSError when the port cannot be bound."""
 
         def render() -> tuple[bytes, str]:
             return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
         try:
-            self._server = MetricsServer(host, port, render).start()
+            self._server = MetricsServer(host, port, render, routes=routes).start()
         except OSError as error:
             raise OSError(f"cannot serve metrics on {host}:{port}: {error}") from error
         log.info("node %s serving metrics on http://%s:%d/metrics", self._node.me.id, host, port)

@@ -62,6 +62,7 @@ from raftwal.node.config import (
     check_transport_security,
     raft_connection_timeout_ms,
 )
+from raftwal.node.console import ConsoleFeed, ConsoleRoutes
 from raftwal.node.coordinator import Coordinator
 from raftwal.node.data_plane import GrpcReplicaTransport, NodeDataView, reconcile_loop
 from raftwal.node.health import under_replicated
@@ -176,6 +177,8 @@ class Node:
         self.restart_requested = False
         self.replica = CoordinationReplica(data_dir)
         self.metrics = NodeMetrics(self)
+        # The web console on the metrics port (raftwal.node.console).
+        self.console = ConsoleFeed()
         self.notifier = AppliedNotifier()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -344,7 +347,11 @@ class Node:
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._health = health_servicer
         if self.me.metrics_port:
-            self.metrics.serve(self.me.host, self.me.metrics_port)
+            self.metrics.serve(
+                self.me.host,
+                self.me.metrics_port,
+                routes=ConsoleRoutes(self.console, self.security.tokens),
+            )
         if self.segment_transfers is not None:
             log.info(
                 "node %s serves segment transfers on %s:%d",
@@ -361,6 +368,10 @@ class Node:
                 reconcile_loop(self, self.plane, self.data_view, self._stopping), name="reconcile"
             ),
         ]
+        if self.me.metrics_port:
+            self._tasks.append(
+                asyncio.create_task(self.console.run(self, self._stopping), name="console")
+            )
         log.info(
             "node %s serving gRPC on %s (%s), Raft on %s (pid %d)",
             self.me.id,
