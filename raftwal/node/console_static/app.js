@@ -103,7 +103,7 @@ function renderPChannels(s) {
       p.last_lsn, p.committed_lsn, p.retention_floor_lsn,
       p.committed_segments + " (" + bytes(p.committed_bytes) + ")", bytes(p.disk_bytes),
       { node: replication },
-    ], { "data-pchannel": p.name, "data-owner": p.owner_node_id });
+    ], { "data-pchannel": p.name, "data-owner": p.owner_node_id, "data-state": p.state });
     if (p.under_replicated) tr.className = "warn";
     if (p.state !== "ASSIGNED") tr.className = "bad";
     return tr;
