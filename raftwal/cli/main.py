@@ -333,6 +333,7 @@ def _dev_up(args: argparse.Namespace) -> int:
             "raft": n.raft_address,
             "role": n.role,
             "metrics": f"http://{n.host}:{n.metrics_port}/metrics" if n.metrics_port else None,
+            "console": f"http://{n.host}:{n.metrics_port}/console" if n.metrics_port else None,
             "pid": cluster.pid(n.id),
         }
         for n in cluster.config.nodes
@@ -355,6 +356,9 @@ def _dev_up(args: argparse.Namespace) -> int:
                 f"metrics {member['metrics'] or '-'}  pid {member['pid']}"
             )
         print(f"endpoints: {','.join(m['grpc'] for m in members)}")
+        consoles = [m["console"] for m in members if m["console"]]
+        if consoles:
+            print(f"console (read-only, any node): {consoles[0]}")
         if security is not None:
             print(
                 "secure: TLS with client certificates, bearer tokens per role; CLI commands "
