@@ -69,20 +69,25 @@ def named_in_rules() -> set[str]:
     return names
 
 
-def scrape_names(port: int) -> tuple[set[str], set[str]]:
-    """(sample names, declared family names incl. their _total/_bucket forms) of a page."""
+def scrape_names(port: int) -> tuple[set[str], set[str], dict[str, float]]:
+    """(sample names, declared family names incl. their _total forms, and the subscription
+    lag samples by pchannel) of a page."""
     with urllib.request.urlopen(
         f"http://127.0.0.1:{port}/metrics", timeout=SCRAPE_TIMEOUT_S
     ) as response:
         text = response.read().decode()
     samples: set[str] = set()
     declared: set[str] = set()
+    lags: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         declared.add(family.name)
         if family.type == "counter":
             declared.add(family.name + "_total")
         samples |= {s.name for s in family.samples}
-    return samples, declared
+        for sample in family.samples:
+            if sample.name == "raftwal_subscription_lag_entries":
+                lags[sample.labels["subscription"] + "/" + sample.labels["pchannel"]] = sample.value
+    return samples, declared, lags
 
 
 def test_the_names_are_found_in_the_files() -> None:
@@ -108,10 +113,15 @@ def test_every_metric_of_the_dashboard_and_rules_is_on_a_live_node(env) -> None:
     asyncio.run(traffic())
     samples: set[str] = set()
     declared: set[str] = set()
+    lags: dict[str, float] = {}
     for node in cluster.config.nodes:
-        got_samples, got_declared = scrape_names(cluster.node(node.id).metrics_port)
+        got_samples, got_declared, got_lags = scrape_names(cluster.node(node.id).metrics_port)
         samples |= got_samples
         declared |= got_declared
+        lags.update(got_lags)
+    # Nothing consumed yet: the subscription is behind by every entry (20 messages plus
+    # the pchannel's term-start entry), reported by the owner.
+    assert lags.get(f"dash/{pchannel}", 0) >= 20, lags
     wanted = (named_in_dashboard() | named_in_rules()) - PROMETHEUS_OWN
     missing = sorted(n for n in wanted if n not in samples and n not in EVENT_ONLY)
     assert not missing, f"named in deploy/ but without a sample on any node: {missing}"
