@@ -312,17 +312,21 @@ def _dev_up(args: argparse.Namespace) -> int:
         return 2
     env = dict(os.environ)
     env[LOG_FORMAT_ENV] = args.log_format
+    from raftwal.cli.progress import Progress
+
     try:
-        cluster = dev.up(
-            args.dir,
-            args.nodes,
-            args.timeout_s,
-            env=env,
-            secure=args.secure,
-            data_nodes=args.data_nodes,
-            ca_cert_file=args.ca_cert,
-            ca_key_file=args.ca_key,
-        )
+        with Progress.for_args("dev up", args) as progress:
+            cluster = dev.up(
+                args.dir,
+                args.nodes,
+                args.timeout_s,
+                env=env,
+                secure=args.secure,
+                data_nodes=args.data_nodes,
+                ca_cert_file=args.ca_cert,
+                ca_key_file=args.ca_key,
+                on_progress=progress.update,
+            )
     except (RuntimeError, TimeoutError, devcerts.CertificateError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
