@@ -9,18 +9,23 @@ Two kinds of metrics:
 - **Read at scrape time** (``_NodeCollector``): the Raft peer's term and indexes, the
   applied coordination state (nodes, pchannels, leases, locks, pending broadcasts,
   committed segments from the manifests), the event store's size, for every pchannel
-  this node owns its committed LSN and each replica's durable LSN, and the number of
+  this node owns its committed LSN and each replica's durable LSN and the lag of every
+  subscription on it, which pchannels are under-replicated (the rule ClusterStatus uses,
+  ``raftwal.node.health``), the data directory's free and total disk, and the number of
   unfinished asyncio tasks (a leak shows as a climb). Nothing has to keep
   these up to date, so they cannot drift from what ClusterStatus reports.
 - **Counted when they happen** (counters and a histogram): proposals and their rejections
   by code (``observe_proposal``, wrapped around ``Node.propose``), acknowledged WAL write
   batches with their latency (``batch_acknowledged``, the owner's ``WriteObserver``), and
-  broadcast delivery failures (the leader's coordinator).
+  broadcast delivery failures (the leader's coordinator), and the disk probe: a thread
+  that times a small write + fdatasync in the data directory every few seconds
+  (``raftwal_disk_fsync_probe_seconds``, for the slow-fsync alert of deploy/prometheus).
 
 What must never happen here: a scrape that changes anything or waits on the event loop or
 on Raft (it only reads, under the replica's apply lock for the state); an unbounded label
-(labels are pchannel names, node ids, command kinds and error codes, all bounded by the
-configuration and the state machine's limits; never broadcast ids, request ids or LSNs).
+(labels are pchannel names, subscription names, node ids, command kinds and error codes,
+all bounded by the configuration and the state machine's limits; never broadcast ids,
+request ids or LSNs).
 """
 
 from __future__ import annotations
