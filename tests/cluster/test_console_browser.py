@@ -1,10 +1,13 @@
 """The web console in a real browser: headless Chromium (Debian's chromium and
 chromium-driver, scripts/install-chromium.sh) driven by Selenium loads the console of a live
 three-node cluster, finds three members and every pchannel's owner, then sees a killed
-node marked DOWN within a bound and its pchannels moved to other owners.
+node marked DOWN within a bound and its pchannels moved to other owners; on a cluster with
+TLS and tokens it asks for a token, refuses the node role's and shows the cluster with a
+reader's.
 
 Screenshots are saved as test artefacts in $RAFTWAL_TEST_ARTIFACTS (default
-build/test-artifacts/console/): console-healthy.png and console-node-down.png.
+build/test-artifacts/console/): console-healthy.png, console-node-down.png and
+console-with-token.png.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import TypeVar
 
 import pytest
 
-from raftwal.cli import dev
+from raftwal.cli import dev, devcerts
 from rpc.protos import coordinator_pb2 as api
 from tests.cluster.conftest import Api, running_cluster
 from tests.cluster.wal_helpers import setup_channels, wait_assigned
@@ -200,3 +203,56 @@ def test_the_console_shows_the_cluster_and_a_killed_node(env, browser) -> None:
     print(f"{victim} shown DOWN {down_after_s:.1f} s after the kill; moved: {moved}")
     screenshot(browser, "console-node-down.png")
     cluster.start_node(victim)
+
+
+def test_with_tokens_the_console_asks_for_a_read_token(
+    tmp_path_factory: pytest.TempPathFactory, browser
+) -> None:
+    """A cluster with TLS and tokens (`dev up --secure`): the console shows no member
+    without a token, refuses the node role's, and shows the cluster with a reader's."""
+    from selenium.webdriver.common.by import By
+
+    cluster = dev.up(tmp_path_factory.mktemp("console_secure"), 3, timeout_s=60, secure=True)
+    try:
+        assert cluster.security is not None
+        # Every role's token, the node role's included (dev up writes it only to the
+        # cluster's auth_tokens_file).
+        tokens = dict(
+            line.split(" ", 1)
+            for line in (cluster.directory / devcerts.TOKENS_FILE).read_text().splitlines()
+            if line.strip()
+        )
+        port = cluster.node(cluster.config.nodes[0].id).metrics_port
+        browser.get(f"http://127.0.0.1:{port}/console")
+        form = browser.find_element(By.ID, "token-form")
+        wait_for("the token form", form.is_displayed, LOAD_WITHIN_S)
+        assert table_rows(browser, "members", "node") == {}
+        assert "no bearer token" in browser.find_element(By.ID, "token-error").text
+
+        def use(token: str) -> None:
+            field = browser.find_element(By.ID, "token")
+            field.clear()
+            field.send_keys(token)
+            form.find_element(By.CSS_SELECTOR, "button").click()
+
+        if "node" in tokens:
+            use(tokens["node"])
+            wait_for(
+                "the node role refused",
+                lambda: (
+                    "may not read the console" in browser.find_element(By.ID, "token-error").text
+                ),
+                LOAD_WITHIN_S,
+            )
+            assert table_rows(browser, "members", "node") == {}
+        use(tokens["reader"])
+        members = wait_for(
+            "three members with a reader's token",
+            lambda: (rows := table_rows(browser, "members", "node")) and len(rows) == 3 and rows,
+            LOAD_WITHIN_S,
+        )
+        assert sorted(members) == sorted(n.id for n in cluster.config.nodes)
+        assert not form.is_displayed()
+        screenshot(browser, "console-with-token.png")
+    finally:
+        cluster.stop_all()
