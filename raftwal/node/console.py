@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
@@ -41,8 +41,9 @@ from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2
 from wal_segments.owner import TICK_LOGICAL_BITS
 
-if TYPE_CHECKING:
-    from raftwal.node.process import Node
+# The node (raftwal.node.process.Node) is taken as Any: importing it here, even for type
+# checking only, would make an import cycle (process.py starts the console).
+Node = Any
 
 log = logging.getLogger(__name__)
 
