@@ -336,7 +336,13 @@ def up(
     if secure:
         say("generating certificates and tokens")
     security = (
-        devcerts.generate(directory, [n.id for n in config.nodes], ca_cert_file, ca_key_file)
+        devcerts.generate(
+            directory,
+            [n.id for n in config.nodes],
+            ca_cert_file,
+            ca_key_file,
+            hosts={n.id: n.host for n in config.nodes},
+        )
         if secure
         else None
     )

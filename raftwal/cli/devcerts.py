@@ -2,15 +2,17 @@
 node (for its gRPC port and, with mutual TLS, for calling its peers), one client
 certificate, and a bearer token per role, written into the dev directory.
 
-Everything is EC P-256, valid for one year, and names only 127.0.0.1, ::1 and localhost.
+Everything is EC P-256, valid for one year, and names 127.0.0.1, ::1 and localhost, and
+each node's certificate its advertised host too (``raftwal init --secure`` issues them
+for other machines' addresses).
 The CA's key is kept beside its certificate (``tls/ca.key``, mode 0600) so that
 ``renew`` (``raftwal dev renew-certs``) can issue new node and client certificates under
 the same CA before the old ones expire, and a later ``dev up --secure`` in the same
 directory keeps the CA (clients that trust it keep working). Instead, ``generate`` takes
 a CA of your own (``dev up --secure --ca-cert FILE --ca-key FILE``), whose key is read
 and never copied. Private keys and tokens are written with mode 0600 before any byte of
-them is. This is for trying raftwal on one machine; it must never be used for a cluster
-that other hosts reach.
+them is. ``raftwal init --secure`` issues a deployment's material with the same code: its
+CA key then belongs offline, with whoever issues the next certificates.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import datetime
 import ipaddress
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,10 +120,18 @@ def _issue(
     usages: Sequence[x509.ObjectIdentifier],
     now: datetime.datetime,
     validity: datetime.timedelta = VALIDITY,
+    hosts: Sequence[str] = (),
 ) -> tuple[bytes, bytes]:
+    """A certificate for the local names and `hosts` (each an IP address or a DNS name)."""
     key = ec.generate_private_key(ec.SECP256R1())
-    sans: list[x509.GeneralName] = [x509.DNSName(name) for name in LOCAL_NAMES]
-    sans += [x509.IPAddress(ipaddress.ip_address(address)) for address in LOCAL_ADDRESSES]
+    sans: list[x509.GeneralName] = []
+    for host in (*LOCAL_NAMES, *LOCAL_ADDRESSES, *hosts):
+        try:
+            name: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
+        except ValueError:
+            name = x509.DNSName(host)
+        if name not in sans:
+            sans.append(name)
     cert = (
         _certificate(_name(common_name), key.public_key(), ca_name, ca_key, now, validity)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
@@ -217,15 +227,23 @@ def _issue_all(
     ca_key: CAKey,
     now: datetime.datetime,
     validity: datetime.timedelta,
+    hosts: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, tuple[Path, Path]], Path, Path]:
-    """Node and client certificates under `ca_cert`, written into `directory`/tls."""
+    """Node and client certificates under `ca_cert`, written into `directory`/tls; a node's
+    certificate also names its advertised host in `hosts` (node id -> host)."""
     tls_dir = directory / TLS_DIR
     ca_name = ca_cert.subject
     server_and_client = (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH)
     node_certs: dict[str, tuple[Path, Path]] = {}
     for node_id in node_ids:
         cert_pem, key_pem = _issue(
-            f"raftwal node {node_id}", ca_name, ca_key, server_and_client, now, validity
+            f"raftwal node {node_id}",
+            ca_name,
+            ca_key,
+            server_and_client,
+            now,
+            validity,
+            [hosts[node_id]] if hosts and node_id in hosts else (),
         )
         cert_file, key_file = tls_dir / f"{node_id}.pem", tls_dir / f"{node_id}.key"
         # The key first: a certificate never sits beside a key it does not match for
@@ -253,6 +271,7 @@ def renew(
     validity: datetime.timedelta = VALIDITY,
     ca_cert_file: Path | None = None,
     ca_key_file: Path | None = None,
+    hosts: Mapping[str, str] | None = None,
 ) -> None:
     """New node and client certificates (and keys) under the CA kept in `directory`/tls
     (or the one of `ca_cert_file`/`ca_key_file`, for a CA of your own), valid for
@@ -262,7 +281,9 @@ def renew(
     ca_cert, ca_key = load_ca(
         ca_cert_file or tls_dir / CA_CERT_FILE, ca_key_file or tls_dir / CA_KEY_FILE
     )
-    _issue_all(directory, node_ids, ca_cert, ca_key, datetime.datetime.now(datetime.UTC), validity)
+    _issue_all(
+        directory, node_ids, ca_cert, ca_key, datetime.datetime.now(datetime.UTC), validity, hosts
+    )
 
 
 def generate(
@@ -270,10 +291,13 @@ def generate(
     node_ids: Sequence[str],
     ca_cert_file: Path | None = None,
     ca_key_file: Path | None = None,
+    hosts: Mapping[str, str] | None = None,
 ) -> DevSecurity:
     """Node and client certificates, and tokens for every role, in `directory`, under the
     CA of `ca_cert_file`/`ca_key_file` when given (its key is not copied), else under the
-    CA kept in `directory` from an earlier run, else under a new one (kept: ca.key, 0600)."""
+    CA kept in `directory` from an earlier run, else under a new one (kept: ca.key, 0600).
+    Every certificate names 127.0.0.1, ::1 and localhost; a node's also names its host in
+    `hosts` (node id -> advertised IP or DNS name)."""
     tls_dir = directory / TLS_DIR
     tokens_dir = directory / TOKENS_DIR
     for path in (tls_dir, tokens_dir):
@@ -298,7 +322,7 @@ def generate(
         write_private(kept_key, _key_pem(new_key))
         kept_cert.write_bytes(_cert_pem(ca_cert))
     node_certs, client_cert_file, client_key_file = _issue_all(
-        directory, node_ids, ca_cert, ca_key, now, VALIDITY
+        directory, node_ids, ca_cert, ca_key, now, VALIDITY, hosts
     )
     ca_file = kept_cert
     tokens = {role: secrets.token_urlsafe(32) for role in (*USER_ROLES, NODE)}

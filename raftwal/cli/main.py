@@ -214,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from raftwal.chaos.runner import register as register_chaos
     from raftwal.cli.client import register
+    from raftwal.cli.init import register as register_init
     from raftwal.cli.member import register as register_member
     from raftwal.cli.shards import register as register_shards
     from raftwal.cli.simulate import register as register_simulate
@@ -227,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_shards(commands)
     register_member(commands)
     register_simulate(commands)
+    register_init(commands)
     return parser
 
 
@@ -409,6 +411,7 @@ def _dev_renew_certs(args: argparse.Namespace) -> int:
             datetime.timedelta(days=args.days),
             args.ca_cert,
             args.ca_key,
+            hosts={n.id: n.host for n in config.nodes},
         )
     except (OSError, RuntimeError, ValueError, devcerts.CertificateError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -11,7 +11,8 @@ auth_tokens_file = "/etc/raftwal/tokens"  # lines `role token`: bearer-token aut
 
 [[nodes]]
 id = "n1"
-host = "127.0.0.1"
+host = "127.0.0.1"                    # the address other nodes and clients reach it at
+listen_host = "0.0.0.0"               # optional: listen here instead of on host
 grpc_port = 7201
 raft_port = 7301
 metrics_port = 9201                   # Prometheus /metrics on host (0 or absent: off)
@@ -89,10 +90,24 @@ class NodeConfig:
     # what every node does (owns pchannels, holds replicas, serves clients), so a
     # cluster grows past its three or five voters.
     role: str = "voter"
+    # Where this node's ports listen (e.g. "0.0.0.0", "::" or one interface's address);
+    # None: on `host`. `host` is what the other nodes and clients reach it at (the
+    # advertised address), so it can never be a wildcard address.
+    listen_host: str | None = None
 
     @property
     def voter(self) -> bool:
         return self.role == "voter"
+
+    @property
+    def bind_host(self) -> str:
+        """The address this node's ports listen on: `listen_host`, else `host`."""
+        return self.listen_host or self.host
+
+    def bind_address(self, port: int) -> str:
+        """host:port to listen on (an IPv6 address in brackets, as gRPC wants it)."""
+        host = self.bind_host
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     @property
     def grpc_address(self) -> str:
@@ -278,6 +293,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _is_wildcard(host: str) -> bool:
+    """0.0.0.0, :: and the like: addresses to listen on, never to be reached at."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return False
+
+
 NODE_ROLES = ("voter", "data")
 
 
@@ -362,6 +385,18 @@ def parse_config(
         host = raw.get("host", "127.0.0.1")
         if not isinstance(host, str) or not host:
             raise ConfigError(f"invalid {where}.host ({host!r}; expected a host name or IP)")
+        if _is_wildcard(host):
+            raise ConfigError(
+                f"invalid {where}.host ({host!r}; expected the address other nodes and clients "
+                "reach this node at: a wildcard address can only be listened on, so set "
+                f'listen_host = "{host}" and host to a routable name or IP)'
+            )
+        listen_host = raw.get("listen_host")
+        if listen_host is not None and (not isinstance(listen_host, str) or not listen_host):
+            raise ConfigError(
+                f"invalid {where}.listen_host ({listen_host!r}; expected an IP address or host "
+                'name to listen on, e.g. "0.0.0.0")'
+            )
         data_dir = raw.get("data_dir", f"data/{node_id}")
         if not isinstance(data_dir, str):
             raise ConfigError(f"invalid {where}.data_dir ({data_dir!r}; expected a path)")
@@ -395,6 +430,7 @@ def parse_config(
                 peer_grpc_addresses=_peer_addresses(raw, "peer_grpc_addresses", where),
                 peer_transfer_addresses=_peer_addresses(raw, "peer_transfer_addresses", where),
                 role=_role(raw, where),
+                listen_host=listen_host,
             )
         )
     ids = [n.id for n in nodes]
@@ -642,6 +678,7 @@ def render_config(config: ClusterConfig, secret_file: str | None = None) -> str:
             "[[nodes]]",
             f'id = "{node.id}"',
             f'host = "{node.host}"',
+            *([f'listen_host = "{node.listen_host}"'] if node.listen_host else []),
             f"grpc_port = {node.grpc_port}",
             f"raft_port = {node.raft_port}",
             f"metrics_port = {node.metrics_port}",

@@ -254,6 +254,7 @@ class Node:
         dial = {n.raft_address: self.me.dial_raft_address(n) for n in others}
         self.peer = RaftPeer(
             self_address=self.me.raft_address,
+            bind_address=f"{self.me.bind_host}:{self.me.raft_port}",
             partner_addresses=partners,
             data_dir=self.me.data_dir / "raft",
             apply=self.replica.apply,
@@ -305,7 +306,7 @@ class Node:
         # when it is not.
         if self.me.transfer_port >= 0:
             transfers = SegmentTransfers(
-                self.me.host,
+                self.me.bind_host,
                 self.me.transfer_port,
                 self.security.transfer_tls,
                 frame_budget_bytes=self.config.frame_buffer_budget_bytes,
@@ -335,12 +336,13 @@ class Node:
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
+        grpc_bind = self.me.bind_address(self.me.grpc_port)
         if self.security.server_credentials is not None:
-            bound = server.add_secure_port(self.me.grpc_address, self.security.server_credentials)
+            bound = server.add_secure_port(grpc_bind, self.security.server_credentials)
         else:
-            bound = server.add_insecure_port(self.me.grpc_address)
+            bound = server.add_insecure_port(grpc_bind)
         if bound == 0:
-            raise OSError(f"cannot listen on {self.me.grpc_address}")
+            raise OSError(f"cannot listen on {grpc_bind}")
         await server.start()
         self._server = server
         for name in ("", *SERVICE_NAMES):
@@ -348,7 +350,7 @@ class Node:
         self._health = health_servicer
         if self.me.metrics_port:
             self.metrics.serve(
-                self.me.host,
+                self.me.bind_host,
                 self.me.metrics_port,
                 routes=ConsoleRoutes(self.console, self.security.tokens),
             )

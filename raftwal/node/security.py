@@ -393,26 +393,30 @@ class NodeSecurity:
                 f"no token of role node in {config.auth_tokens_file} (expected one: the nodes "
                 "authenticate to each other with it)"
             )
-        off_loopback = [n.id for n in config.nodes if not is_loopback(n.host)]
+        # A node that listens off loopback (listen_host "0.0.0.0", say) is reachable from
+        # the network whatever address it advertises.
+        off_loopback = [
+            n.id for n in config.nodes if not (is_loopback(n.host) and is_loopback(n.bind_host))
+        ]
         if table is not None and not config.tls and off_loopback:
             raise ConfigError(
                 f"auth_tokens_file without TLS on nodes off loopback ({', '.join(off_loopback)}"
                 "): tokens would cross the network in cleartext (expected tls_cert_file and "
                 "tls_key_file for every node)"
             )
-        if not is_loopback(node.host):
+        if node.id in off_loopback:
             if not config.tls:
                 log.warning(
                     "node %s serves gRPC on %s without TLS: calls and data travel in cleartext",
                     node.id,
-                    node.host,
+                    node.bind_host,
                 )
             if table is None:
                 log.warning(
                     "node %s serves gRPC on %s without authentication (no auth_tokens_file): "
                     "anyone who reaches the port may call every method",
                     node.id,
-                    node.host,
+                    node.bind_host,
                 )
         ca = _pem(config.tls_ca_file, "cluster.tls_ca_file") if config.tls_ca_file else None
         credentials = None

@@ -228,3 +228,27 @@ def test_a_secret_file_open_to_others_is_warned_about(
         text = caplog.text
         assert ("secret_file" in text and f"mode {mode:04o}" in text) == warned, (mode, text)
         assert "0123456789abcdef" not in text
+
+
+def test_listen_host_apart_from_the_advertised_host(tmp_path: Path) -> None:
+    nodes = [
+        {"id": "n1", "host": "10.0.0.1", "listen_host": "0.0.0.0", "grpc_port": 1, "raft_port": 2},
+        {"id": "n2", "host": "db2.example", "listen_host": "::", "grpc_port": 1, "raft_port": 2},
+        {"id": "n3", "host": "10.0.0.3", "grpc_port": 1, "raft_port": 2},
+    ]
+    n1, n2, n3 = parse_config({"nodes": nodes}, tmp_path, environ={}).nodes
+    assert (n1.grpc_address, n1.bind_address(1)) == ("10.0.0.1:1", "0.0.0.0:1")
+    assert (n2.grpc_address, n2.bind_address(1)) == ("db2.example:1", "[::]:1")
+    assert (n3.bind_host, n3.bind_address(2)) == ("10.0.0.3", "10.0.0.3:2")
+    rendered = render_config(parse_config({"nodes": nodes}, tmp_path, environ={}))
+    assert 'listen_host = "0.0.0.0"' in rendered and rendered.count("\nlisten_host = ") == 2
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "[::]"])
+def test_a_wildcard_is_no_advertised_host(tmp_path: Path, host: str) -> None:
+    nodes = [{"id": "n1", "host": host, "grpc_port": 1, "raft_port": 2}]
+    with pytest.raises(ConfigError, match=r"a wildcard address can only be listened on"):
+        parse_config({"nodes": nodes}, tmp_path, environ={})
+    nodes = [{"id": "n1", "host": "10.0.0.1", "listen_host": "", "grpc_port": 1, "raft_port": 2}]
+    with pytest.raises(ConfigError, match=r"invalid nodes\[0\].listen_host"):
+        parse_config({"nodes": nodes}, tmp_path, environ={})
