@@ -46,7 +46,7 @@ from pathlib import Path
 
 import grpc
 
-from raftwal.cli import devcerts
+from raftwal.cli import devcerts, netns
 from raftwal.node.config import ClusterConfig, NodeConfig, load_config, render_config
 from raftwal.node.security import ADMIN
 from rpc.credentials import ClientSecurity
@@ -108,6 +108,13 @@ class LocalCluster:
     recorded_pids: dict[str, int] = field(default_factory=dict)
     # How clients connect when the key material is not ours (`load` of a secure cluster).
     recorded_client_security: ClientSecurity | None = None
+    # The nodes' network namespaces (`up(netns=True)`): each node runs in its own.
+    netns: netns.NetnsHosts | None = None
+
+    def remove_hosts(self) -> None:
+        """Remove the nodes' network namespaces and their bridge (after `stop_all`)."""
+        if self.netns is not None:
+            self.netns.destroy()
 
     @property
     def endpoints(self) -> list[str]:
@@ -154,6 +161,8 @@ class LocalCluster:
             "--id",
             node_id,
         ]
+        if self.netns is not None:
+            command = self.netns.command(node_id, command)
         self.processes[node_id] = subprocess.Popen(
             command,
             stdout=log_file,
@@ -213,6 +222,8 @@ class LocalCluster:
             for node in self.config.nodes
         ]
         data: dict[str, object] = {"nodes": members}
+        if self.netns is not None:
+            data["netns"] = self.netns.to_json()
         if previous.get("security"):
             data["security"] = previous["security"]
         if self.security is not None:
@@ -224,6 +235,33 @@ class LocalCluster:
                 "token_files": {r: str(f) for r, f in self.security.token_files.items()},
             }
         (self.directory / CLUSTER_FILE).write_text(json.dumps(data, indent=2))
+
+
+#: The ports of a node alone in its network namespace (`up(netns=True)`).
+NETNS_PORTS = (7201, 7301, 9201, 7601)
+
+
+def make_netns_config(
+    directory: Path, hosts: netns.NetnsHosts, data_nodes: int = 0
+) -> ClusterConfig:
+    """A node per namespace of `hosts`, each on its own address with the same ports."""
+    grpc_port, raft_port, metrics_port, transfer_port = NETNS_PORTS
+    count = len(hosts.node_ids)
+    return ClusterConfig(
+        nodes=tuple(
+            NodeConfig(
+                id=node_id,
+                host=hosts.address(node_id),
+                grpc_port=grpc_port,
+                raft_port=raft_port,
+                metrics_port=metrics_port,
+                transfer_port=transfer_port,
+                data_dir=(directory / node_id).resolve(),
+                role="data" if k >= count - data_nodes else "voter",
+            )
+            for k, node_id in enumerate(hosts.node_ids)
+        )
+    )
 
 
 def make_config(
@@ -312,9 +350,12 @@ def up(
     ca_cert_file: Path | None = None,
     ca_key_file: Path | None = None,
     on_progress: Callable[[str], None] | None = None,
+    in_netns: bool = False,
 ) -> LocalCluster:
     """Start a local cluster in `directory` and return once it is ready (`wait_ready`);
-    `on_progress` hears each step (`raftwal dev up` shows them on a terminal)."""
+    `on_progress` hears each step (`raftwal dev up` shows them on a terminal). With
+    `in_netns`, each node runs in a network namespace of its own, on its own address
+    (raftwal.cli.netns; root only); `down` removes them."""
     say = on_progress or (lambda _step: None)
     directory = directory.resolve()
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -326,6 +367,48 @@ def up(
                 f"a dev cluster is already running from {directory} (pids "
                 f"{', '.join(str(m['pid']) for m in alive)}); run `raftwal dev down` first"
             )
+    hosts = None
+    if in_netns:
+        if config is not None:
+            raise ValueError("in_netns makes its own config (expected config=None)")
+        say("creating a network namespace per node")
+        hosts = netns.create([f"n{k + 1}" for k in range(nodes)])
+        config = make_netns_config(directory, hosts, data_nodes)
+    try:
+        return _start(
+            directory,
+            nodes,
+            timeout_s,
+            env,
+            config,
+            secure,
+            data_nodes,
+            ca_cert_file,
+            ca_key_file,
+            say,
+            on_progress,
+            hosts,
+        )
+    except BaseException:
+        if hosts is not None:
+            hosts.destroy()
+        raise
+
+
+def _start(
+    directory: Path,
+    nodes: int,
+    timeout_s: float,
+    env: dict[str, str] | None,
+    config: ClusterConfig | None,
+    secure: bool,
+    data_nodes: int,
+    ca_cert_file: Path | None,
+    ca_key_file: Path | None,
+    say: Callable[[str], None],
+    on_progress: Callable[[str], None] | None,
+    hosts: netns.NetnsHosts | None,
+) -> LocalCluster:
     config = config or make_config(directory, nodes, data_nodes=data_nodes)
     # Even on loopback the Raft transport gets a secret: pysyncobj unpickles what peers
     # send, so without one any local user could run code in the nodes.
@@ -350,7 +433,7 @@ def up(
         config = secure_config(config, security)
     (directory / CONFIG_FILE).write_text(render_config(config, secret_file=SECRET_FILE))
     process_env = dict(os.environ if env is None else env)
-    cluster = LocalCluster(directory, config, {}, process_env, security)
+    cluster = LocalCluster(directory, config, {}, process_env, security, netns=hosts)
     for node in config.nodes:
         say(f"starting {node.id}")
         cluster.start_node(node.id)
@@ -418,6 +501,9 @@ def down(directory: Path, grace_s: float = 10.0) -> list[int]:
         raise RuntimeError(f"node processes {still} did not exit after SIGKILL")
     for member in members:
         member["pid"] = None
+    if data.get("netns"):
+        # The nodes ran in namespaces of their own (`up(in_netns=True)`): remove them.
+        netns.NetnsHosts.from_json(data.pop("netns")).destroy()
     path.write_text(json.dumps(data, indent=2))
     return pids
 
@@ -466,6 +552,7 @@ def load(directory: Path) -> LocalCluster:
         None,
         recorded_pids=pids,
         recorded_client_security=client_security,
+        netns=netns.NetnsHosts.from_json(data["netns"]) if data.get("netns") else None,
     )
 
 

@@ -160,6 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="with --ca-cert: the CA's unencrypted PEM key (read, never copied)",
     )
+    dev_up.add_argument(
+        "--netns",
+        action="store_true",
+        help="each node in a network namespace of its own, on its own address on a private "
+        "bridge (10.199.X.11, .12, ...), reachable from this machine only; needs root and "
+        "iproute2; `dev down` removes them",
+    )
     dev_up.set_defaults(handler=_dev_up)
     dev_renew = dev_commands.add_parser(
         "renew-certs",
@@ -332,8 +339,9 @@ def _dev_up(args: argparse.Namespace) -> int:
                 ca_cert_file=args.ca_cert,
                 ca_key_file=args.ca_key,
                 on_progress=progress.update,
+                in_netns=args.netns,
             )
-    except (RuntimeError, TimeoutError, devcerts.CertificateError) as error:
+    except (RuntimeError, TimeoutError, devcerts.CertificateError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     ready_s = time.monotonic() - started
