@@ -13,6 +13,11 @@ way and new connections are held unconnected: a black hole; TCP buffers fill, ti
 decide). Healing a dropped link resumes forwarding where it stopped, as a real network
 does after a transient outage.
 
+``set_latency(delay_ms, jitter_ms)`` delays what every link forwards, each way, by
+``delay_ms`` plus a normally distributed jitter (standard deviation ``jitter_ms``, never
+below zero), keeping each connection's bytes in order: a round trip between two nodes
+then takes about twice the delay (``bench/latency.py`` sets it to RTT / 2).
+
 The proxies run on their own thread and event loop, so a busy workload cannot delay the
 traffic they carry. This module must never listen on or forward to anything but
 127.0.0.1, nor touch a connection it did not accept itself.
@@ -23,9 +28,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -39,6 +46,9 @@ LINK_MODES = ("reset", "drop")
 # Bytes read per forwarding step, and the bound of a connection attempt to the real port.
 CHUNK_BYTES = 256 * 1024
 CONNECT_TIMEOUT_S = 2.0
+# Chunks read but not yet forwarded, per direction of a connection (a delayed link's
+# in-flight bytes: at most this many CHUNK_BYTES reads; the reader then waits).
+DELAY_QUEUE_CHUNKS = 64
 # Bound of every control call into the proxy thread.
 CONTROL_TIMEOUT_S = 10.0
 
@@ -85,6 +95,10 @@ class _LinkProxy:
         self.connections: set[_Connection] = set()
         self.accepted = 0
         self.reset = 0
+        # One-way delay of what this link forwards, and its jitter (s).
+        self.delay_s = 0.0
+        self.jitter_s = 0.0
+        self._random = random.Random(f"{link.source}-{link.target}-{link.kind}")
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -138,25 +152,66 @@ class _LinkProxy:
         if connection not in self.connections:  # reset while connecting
             connection.abort()
             return
-        connection.tasks = [
-            asyncio.create_task(self._pump(reader, up_writer, connection)),
-            asyncio.create_task(self._pump(up_reader, writer, connection)),
-        ]
+        connection.tasks = []
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(DELAY_QUEUE_CHUNKS)
+            connection.tasks += [
+                asyncio.create_task(self._pump(source, queue, connection)),
+                asyncio.create_task(self._deliver(queue, sink, connection)),
+            ]
+
+    def _due(self, last_due: float) -> float:
+        """When bytes read now may go on: after the link's delay and jitter, and never
+        before bytes read earlier (a TCP stream stays in order)."""
+        jitter = self._random.gauss(0.0, self.jitter_s) if self.jitter_s > 0 else 0.0
+        return max(last_due, time.monotonic() + max(0.0, self.delay_s + jitter))
 
     async def _pump(
-        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, connection: _Connection
+        self,
+        source: asyncio.StreamReader,
+        queue: asyncio.Queue[tuple[float, bytes]],
+        connection: _Connection,
     ) -> None:
+        due = 0.0
         try:
             while True:
                 await self.flowing.wait()
                 data = await source.read(CHUNK_BYTES)
                 if not data:
                     break
+                due = self._due(due)
+                await queue.put((due, data))
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            # The end of the stream follows what was read before it; with no room left to
+            # say so, the connection ends now (as it did before delays, at once).
+            try:
+                queue.put_nowait((0.0, b""))
+            except asyncio.QueueFull:
+                if connection in self.connections:
+                    self.connections.discard(connection)
+                connection.abort()
+
+    async def _deliver(
+        self,
+        queue: asyncio.Queue[tuple[float, bytes]],
+        sink: asyncio.StreamWriter,
+        connection: _Connection,
+    ) -> None:
+        try:
+            while True:
+                due, data = await queue.get()
+                if not data:
+                    break
+                wait_s = due - time.monotonic()
+                if wait_s > 0:
+                    await asyncio.sleep(wait_s)
                 # Bytes read just before a drop wait for the heal, like a queued packet.
                 await self.flowing.wait()
                 sink.write(data)
                 await sink.drain()
-        except (OSError, asyncio.IncompleteReadError):
+        except OSError:
             pass
         finally:
             if connection in self.connections:
@@ -290,6 +345,20 @@ class ProxyNet:
         def apply() -> None:
             for proxy in self._proxies.values():
                 proxy.heal()
+
+        self._call(apply)
+
+    def set_latency(self, delay_ms: float, jitter_ms: float = 0.0) -> None:
+        """Delay what every link forwards, each way, by `delay_ms` (+ normal jitter of
+        standard deviation `jitter_ms`); 0 and 0: no delay."""
+        if not (0 <= delay_ms <= 10_000 and 0 <= jitter_ms <= 10_000):
+            raise ValueError(
+                f"invalid latency ({delay_ms} ms, jitter {jitter_ms} ms; expected 0..10000 each)"
+            )
+
+        def apply() -> None:
+            for proxy in self._proxies.values():
+                proxy.delay_s, proxy.jitter_s = delay_ms / 1000, jitter_ms / 1000
 
         self._call(apply)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 import tomllib
 from collections.abc import Iterator
 from dataclasses import replace
@@ -129,6 +130,42 @@ def test_proxies_forward_drop_and_reset(echo_port: int) -> None:
         with socket.create_connection((host, int(port)), timeout=5) as client:
             client.sendall(b"again")
             assert client.recv(100) == b"again"
+    finally:
+        net.close()
+
+
+def test_a_delayed_link_delays_each_way_and_keeps_the_order(echo_port: int) -> None:
+    ports = free_ports(3)
+    a = NodeConfig("a", "127.0.0.1", ports[0], echo_port, Path("/nonexistent/a"))
+    b = NodeConfig("b", "127.0.0.1", ports[1], ports[2], Path("/nonexistent/b"))
+    net = ProxyNet([a, b])
+    net.start()
+    try:
+        _, configured_b = net.configure([a, b])
+        host, port = configured_b.dial_raft_address(a).split(":")
+        with pytest.raises(ValueError, match="expected 0..10000"):
+            net.set_latency(-1)
+        net.set_latency(100, jitter_ms=30)
+        with socket.create_connection((host, int(port)), timeout=10) as client:
+            started = time.monotonic()
+            sent = b"".join(b"%05d" % k for k in range(2000))
+            for k in range(0, len(sent), 1000):
+                client.sendall(sent[k : k + 1000])
+            got = b""
+            while len(got) < len(sent):
+                chunk = client.recv(65536)
+                assert chunk, "closed early"
+                got += chunk
+            # One way there, one way back: two delays at least, jitter or not...
+            assert time.monotonic() - started >= 0.2
+            # ...and every byte in the order it was sent, though each chunk's jitter differs.
+            assert got == sent
+        net.set_latency(0)
+        with socket.create_connection((host, int(port)), timeout=10) as client:
+            started = time.monotonic()
+            client.sendall(b"quick")
+            assert client.recv(100) == b"quick"
+            assert time.monotonic() - started < 0.2
     finally:
         net.close()
 
