@@ -184,6 +184,13 @@ class NodeMetrics:
             ["kind"],
             registry=self.registry,
         )
+        self.grpc_handled = Counter(
+            "raftwal_grpc_server_handled",
+            "Calls the gRPC port answered, by full method name and status code (refusals by "
+            "authentication and the stream caps included; streams count when they end).",
+            ["method", "code"],
+            registry=self.registry,
+        )
         self.proposal_rejections = Counter(
             "raftwal_proposal_rejections",
             "Proposed commands the state machine rejected (committed, not applied), by kind "

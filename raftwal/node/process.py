@@ -79,6 +79,7 @@ from raftwal.services.cluster import ClusterServicer
 from raftwal.services.consume_wire import add_streaming_node_servicer
 from raftwal.services.coordinator import CompactedHistory, CoordinatorServicer
 from raftwal.services.decoding import DecodeInterceptor
+from raftwal.services.grpc_metrics import GrpcMetricsInterceptor
 from raftwal.services.node_manager import NodeManagerServicer
 from raftwal.services.replication import ReplicationServicer
 from raftwal.services.segment_transfer import SegmentTransfers
@@ -292,6 +293,10 @@ class Node:
         ]
         # Authentication first (a refused call's request is never parsed), then decoding.
         interceptors = (
+            # Outermost: every answer is counted, refusals included.
+            GrpcMetricsInterceptor(
+                lambda method, code: self.metrics.grpc_handled.labels(method, code).inc()
+            ),
             *self.security.interceptors,
             DecodeInterceptor(),
             # Innermost: a call refused above takes no stream slot.

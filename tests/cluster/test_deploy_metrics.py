@@ -14,14 +14,18 @@ import asyncio
 import json
 import os
 import re
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from raftwal.cli import dev
+from rpc.protos import coordinator_pb2 as api
+from rpc.protos import coordinator_pb2_grpc
 from rpc.streaming_client import Producer, StreamingClient
 from tests.cluster.conftest import Api, running_cluster
 from tests.cluster.wal_helpers import setup_channels, wait_assigned
@@ -127,3 +131,55 @@ def test_every_metric_of_the_dashboard_and_rules_is_on_a_live_node(env) -> None:
     assert not missing, f"named in deploy/ but without a sample on any node: {missing}"
     undeclared = sorted(n for n in wanted & EVENT_ONLY if n not in declared)
     assert not undeclared, f"named in deploy/ but not declared on any node: {undeclared}"
+
+
+def _handled(port: int, method: str, code: str) -> float:
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{port}/metrics", timeout=SCRAPE_TIMEOUT_S
+    ) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "raftwal_grpc_server_handled_total" and sample.labels == {
+                "method": method,
+                "code": code,
+            }:
+                return sample.value
+    return 0.0
+
+
+def test_grpc_answers_are_counted_by_method_and_code(env) -> None:
+    """raftwal_grpc_server_handled_total counts each answer of the node that gave it:
+    OK, a servicer's error code, and a stream the client cancelled."""
+    cluster, _ = env
+    node = cluster.config.nodes[0]
+    port = cluster.node(node.id).metrics_port
+    describe = "/raftwal.v1.Coordinator/DescribeChannels"
+    watch = "/raftwal.v1.Coordinator/WatchEvents"
+    before = {
+        code: _handled(port, describe, code) for code in ("OK", "NOT_FOUND", "INVALID_ARGUMENT")
+    }
+    with grpc.insecure_channel(node.grpc_address) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        stub.DescribeChannels(api.DescribeChannelsRequest(), timeout=30)
+        with pytest.raises(grpc.RpcError) as failed:
+            stub.DescribeChannels(api.DescribeChannelsRequest(pchannels=["no_such"]), timeout=30)
+        code = failed.value.code().name
+        assert code in before, code
+        cancelled_before = _handled(port, watch, "CANCELLED")
+        stream = stub.WatchEvents(api.WatchEventsRequest(), timeout=60)
+        stream.cancel()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if (
+            _handled(port, describe, "OK") >= before["OK"] + 1
+            and _handled(port, describe, code) >= before[code] + 1
+            and _handled(port, watch, "CANCELLED") >= cancelled_before + 1
+        ):
+            return
+        time.sleep(0.2)
+    raise AssertionError(
+        f"not counted: OK {_handled(port, describe, 'OK')} (was {before['OK']}), {code} "
+        f"{_handled(port, describe, code)} (was {before[code]}), CANCELLED "
+        f"{_handled(port, watch, 'CANCELLED')} (was {cancelled_before})"
+    )
