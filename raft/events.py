@@ -46,7 +46,7 @@ MAX_PENDING_EVENTS = 10_000
 # The writer stores what was queued this long after the first event of a batch arrived,
 # or at once past WRITE_BATCH_EVENTS (or on flush/close). Waking it for every applied
 # command put its SQLite transaction, and its hold on the GIL, right inside the write's
-# reply path on the leader (BENCHMARKS.md, "Where a sequential write's time goes").
+# reply path on the leader (docs/benchmarks-history.md, "Where a sequential write's time goes").
 WRITE_DELAY_S = 0.010
 WRITE_BATCH_EVENTS = 2_000
 

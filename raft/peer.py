@@ -98,7 +98,7 @@ _LEADER_STATE = 2
 # pysyncobj): anything shorter is guessable by brute force.
 MIN_PASSWORD_CHARS = 16
 # `RaftTuning.tick_on_event_loop`'s default: "1" ticks every peer on an event loop (an
-# experiment, see BENCHMARKS.md); read here only.
+# experiment, see docs/benchmarks-history.md); read here only.
 TICK_ON_EVENT_LOOP_ENV = "RAFTWAL_RAFT_TICK_ON_LOOP"
 
 

@@ -3,7 +3,7 @@
 A pchannel's owner replicates to each replica over one long-lived stream of
 `AppendRequest` messages, answered by `AppendResponse` messages (pipelined; the replica
 may fold ready answers into one). Over grpc.aio each message costs a few tens of
-microseconds of Python in each process (BENCHMARKS.md, "The half-load tail, measured
+microseconds of Python in each process (docs/benchmarks-history.md, "The half-load tail, measured
 again"); here the same messages go length-prefixed over a plain TCP connection.
 
 The owner first asks the replica for a ticket with `Replication.OpenAppend`, an

@@ -3,7 +3,7 @@
 A producer's batches go to a pchannel's owner as `ProduceRequest` messages on one
 long-lived stream per node, answered by `ProduceResult` messages matched by request id.
 Over grpc.aio each message costs tens of microseconds of Python in the producer and in
-the node (BENCHMARKS.md, "The owner's Produce path"); here the same messages go
+the node (docs/benchmarks-history.md, "The owner's Produce path"); here the same messages go
 length-prefixed over a plain TCP (or TLS) connection, as WAL replication's Append streams
 do (`rpc.append_stream`, whose framing and connect this module reuses).
 

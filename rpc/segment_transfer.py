@@ -14,7 +14,7 @@ matched, a node reads exactly ``len(HELLO) + TICKET_BYTES`` bytes from a connect
 Over gRPC the frames were copied by the node (into the reply and into gRPC's buffers) and
 by the reader (out of gRPC's buffers, into one buffer): about 4 copies of every byte in
 Python processes. Here the only copies are the kernel's, into the socket and out of it
-into the reader's final buffer (BENCHMARKS.md, "Segment transfer port").
+into the reader's final buffer (docs/benchmarks-history.md, "Segment transfer port").
 
 When the node's gRPC port uses TLS, so does this port, with the same certificates: the
 reader connects with `client_tls(security)`, its gRPC credentials as an `ssl` context.

@@ -496,7 +496,7 @@ def _write_staged(
 
     Why not `DataFrame.write`: the rows are Arrow batches in the Python worker already, and
     Spark's writer would first hand every row to the JVM (the Python source path's main
-    cost, see BENCHMARKS.md) to encode the same Parquet there."""
+    cost, see docs/benchmarks-history.md) to encode the same Parquet there."""
     from spark_connector.datasource import RaftwalReader, SlicePartition
 
     settings = {

@@ -58,7 +58,7 @@ INTERNAL_PROPERTIES = pa.array(["rw.producer", "rw.seq", "rw.count"], pa.string(
 TXN_TAIL_STEP = 65_536
 #: ReadSegment's chunk size. Large messages stall a gRPC stream on HTTP/2 flow control:
 #: segments read in 8 MiB chunks ran at about 265 MB/s, in 1 MiB chunks at about 410
-#: (`./run bench read_chunks`; BENCHMARKS.md, "Consume").
+#: (`./run bench read_chunks`; docs/benchmarks-history.md, "Consume").
 CHUNK_BYTES = 1 << 20
 #: A partition read from a replica is fetched in pieces of at most this many rows (about
 #: 17 MiB of 100-byte messages), the next while the current one is decoded.

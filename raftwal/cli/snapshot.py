@@ -9,7 +9,7 @@ cluster from it (like `etcdctl snapshot save` / `etcdutl snapshot restore`).
   fresh cluster. Run it for every node's data directory (any one is enough; more make it
   independent of who is elected first), then start the nodes.
 
-The state does not include segment data; see the README, "Backups".
+The state does not include segment data; see docs/operations.md, "Backup and restore".
 """
 
 from __future__ import annotations

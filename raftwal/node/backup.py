@@ -14,7 +14,7 @@ placing the verified file at `<data_dir>/restore.snapshot` before its first star
 node's coordinator, once it leads a fresh cluster, proposes ``RestoreState`` from it
 (`pending_restore`, `finish_restore`).
 
-Segment data is NOT in this file: see the README ("Backups").
+Segment data is NOT in this file: see docs/operations.md ("Backup and restore").
 
 Must never: write a file that is not 0600 or is visible before it is complete (temp +
 fsync + rename), or accept a file whose digest does not match.

@@ -2,7 +2,7 @@
 
 Building a `WalEntry` message per entry and then serializing the `ConsumeResponse` copies
 every payload twice more and costs about 17 us per 10 KiB entry in this process
-(BENCHMARKS.md, "Consume"). Here each entry's protobuf encoding is written directly:
+(docs/benchmarks-history.md, "Consume"). Here each entry's protobuf encoding is written directly:
 its few scalar fields as varints, its key and payload as slices of the buffer read from
 the segment, joined once into the response. The Consume method is registered with a
 response serializer that passes such bytes through (`serialize_prebuilt`), so gRPC sends

@@ -1,15 +1,17 @@
-"""The README's Python snippets run exactly as written.
+"""The Python snippets of the docs run exactly as written.
 
-Every fenced ``python`` block of README.md is written to a file and run, in order, with
-the venv's interpreter outside an activated venv (no venv on PATH, no PYSPARK_PYTHON), as
-a user who copied it would, against a dev cluster with the `orders` vchannel the README's
-"Try it" commands create. Each must exit 0 and print what it promises.
+Every fenced ``python`` block of docs/*.md and README.md (tests/doc_blocks.py: docs/ by name,
+then the README) is written to a file and run, in that order, with the venv's interpreter
+outside an activated venv (no venv on PATH, no PYSPARK_PYTHON), as a user who copied it
+would, against a dev cluster with the `orders` vchannel that "Try it" creates. Each must
+exit 0 and print what it promises. A block identical to one already run (the README repeats
+one snippet of each guide) is not run twice. Blocks in other languages are checked by
+tests/unit/test_doc_blocks.py.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,27 +22,41 @@ import pytest
 from raftwal.cli import dev
 from tests.cluster.conftest import Api, running_cluster
 from tests.cluster.wal_helpers import setup_channels, wait_assigned
+from tests.doc_blocks import RUN, Block, all_blocks
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark]
 
-ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240.0
-BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
-# What each block, in README order, must print (a fragment of its output).
-EXPECTED = [
-    "fencing token",
-    "order 1 at lsn",
-    "audit stands at lsn",
-    "pack (",
-    "orders",
-    "exactly once: True",
-    "streamed",
-    "exported",
-]
+# What each Python block of a page, in page order, must print (a fragment of its output).
+# A page with Python blocks that is not listed here, or with more or fewer, fails.
+EXPECTED = {
+    "docs/sdk.md": [
+        "fencing token",
+        "order 1 at lsn",
+        "audit stands at lsn",
+        "pack (",
+        "exactly once: True",
+    ],
+    "docs/spark.md": ["orders", "streamed", "exported"],
+    "README.md": ["fencing token", "orders"],
+}
 
 
-def readme_blocks() -> list[str]:
-    return BLOCK.findall((ROOT / "README.md").read_text())
+def python_blocks() -> list[Block]:
+    return [block for block in all_blocks() if block.language in RUN]
+
+
+def snippets() -> list[tuple[Block, str]]:
+    """Each Python block to run, in order, with what it must print; a block identical to
+    an earlier one is left out."""
+    expected = {page: iter(fragments) for page, fragments in EXPECTED.items()}
+    found, seen = [], set()
+    for block in python_blocks():
+        fragment = next(expected.get(block.page, iter(())), None)
+        if block.text not in seen and fragment is not None:
+            seen.add(block.text)
+            found.append((block, fragment))
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +68,25 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dev.LocalClu
         yield running
 
 
-def test_the_readme_has_the_snippets_this_test_expects() -> None:
-    assert len(readme_blocks()) == len(EXPECTED)
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One directory for every snippet, as a user running them one after another."""
+    return tmp_path_factory.mktemp("snippets")
 
 
-def test_every_readme_snippet_runs_as_written(env, tmp_path: Path) -> None:
+def test_the_pages_have_the_snippets_this_test_expects() -> None:
+    counts: dict[str, int] = {}
+    for block in python_blocks():
+        counts[block.page] = counts.get(block.page, 0) + 1
+    assert counts == {page: len(expected) for page, expected in EXPECTED.items()}
+
+
+# One test per snippet, in page order (each later one reads what earlier ones wrote), so
+# each has the per-test time bound of its own and a failure names its page and line.
+@pytest.mark.parametrize(
+    ("block", "fragment"), snippets(), ids=[block.where for block, _ in snippets()]
+)
+def test_the_snippet_runs_as_written(env, workdir: Path, block: Block, fragment: str) -> None:
     cluster, _ = env
     environ = {
         key: value
@@ -68,16 +98,15 @@ def test_every_readme_snippet_runs_as_written(env, tmp_path: Path) -> None:
         part for part in environ.get("PATH", "").split(os.pathsep) if part != venv_bin
     )
     environ["RAFTWAL_ENDPOINTS"] = ",".join(cluster.endpoints)
-    for number, (block, expected) in enumerate(zip(readme_blocks(), EXPECTED, strict=True)):
-        script = tmp_path / f"readme_{number}.py"
-        script.write_text(block)
-        done = subprocess.run(
-            [sys.executable, str(script)],
-            cwd=tmp_path,
-            env=environ,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-        )
-        assert done.returncode == 0, f"README block {number}:\n{block}\n{done.stderr[-3000:]}"
-        assert expected in done.stdout, f"README block {number} printed:\n{done.stdout}"
+    script = workdir / f"{block.page.replace('/', '_')}_{block.line}.py"
+    script.write_text(block.text)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=workdir,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert done.returncode == 0, f"{block.where}:\n{block.text}\n{done.stderr[-3000:]}"
+    assert fragment in done.stdout, f"{block.where} printed:\n{done.stdout}"

@@ -494,7 +494,7 @@ def test_snapshot_save_then_restore_into_a_fresh_cluster(
         assert producer.send("after_v", [b"after-restore"], history, budget_s=60)
         converged(client)
         # The restored pchannel whose segments were not copied is not served: a new owner
-        # with an empty log is refused (README, "Backups"), and status says so.
+        # with an empty log is refused (docs/operations.md, "Backup and restore"), and status says so.
         deadline = time.monotonic() + 30
         warnings: list[str] = []
         while time.monotonic() < deadline:

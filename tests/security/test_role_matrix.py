@@ -1,4 +1,4 @@
-"""Every role against every method, as README.md's role table states it.
+"""Every role against every method, as the role table of docs/operations.md states it.
 
 One secure dev cluster (TLS, client certificates, a bearer token per role). For each method
 of every service (enumerated from the service descriptors, so a new method without a line
@@ -7,8 +7,9 @@ with an empty request over grpc's generic API. The call is either refused before
 servicer (UNAUTHENTICATED, or PERMISSION_DENIED naming the method) or reaches it (any other
 answer: OK, INVALID_ARGUMENT for the empty request, a deadline for a stream that waits).
 
-The expected table below is written from the README, not from ``raftwal.node.security``: the two
-are independent statements of the same policy, and this test holds them together.
+The expected table below is written from docs/operations.md, not from
+``raftwal.node.security``: the two are independent statements of the same policy, and this
+test holds them together.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ CALL_TIMEOUT_S = 1.5
 USERS = ("admin", "producer", "consumer", "reader")
 CALLERS = ("none", *USERS, "node")
 
-# README.md, "Operating: security": what each role may call.
+# docs/operations.md, "Security settings": what each role may call.
 _METADATA = {
     "Coordinator/DescribeChannels",
     "Coordinator/ListChannels",
@@ -199,6 +200,6 @@ def test_every_role_reaches_exactly_the_methods_the_readme_lists(
         reflection = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
         assert _outcome(channel, reflection, (True, True), None) == "unauthenticated"
         assert _outcome(channel, reflection, (True, True), tokens["reader"]) == "reached"
-    print(f"role x method matrix: {checked - len(wrong)}/{checked} as the README states")
+    print(f"role x method matrix: {checked - len(wrong)}/{checked} as docs/operations.md states")
     assert not wrong, "\n".join(wrong)
     assert checked == len(METHODS) * len(CALLERS)

@@ -1,4 +1,4 @@
-"""The layering of raftwal's packages, checked on the source (README, "Layout"):
+"""The layering of raftwal's packages, checked on the source (docs/development.md, "Layout"):
 
     raftwal.cli  ->  raftwal.node  ->  raftwal.services  ->  {wal_segments, raft, statemachine}
                                                           ->  rpc.protos
