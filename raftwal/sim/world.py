@@ -58,8 +58,9 @@ from statemachine.apply import apply_command
 from statemachine.state import copy_state, new_state
 from wal_segments import plane as plane_module
 from wal_segments.catalog import Catalog
-from wal_segments.format import MsgType
+from wal_segments.format import MsgType, check_frame, iter_batch
 from wal_segments.fsync_policy import parse_fsync_policy
+from wal_segments.log import PChannelLog
 from wal_segments.owner import ChannelOwner, Message, OwnerConfig, WalError
 from wal_segments.plane import DataPlane
 
@@ -444,6 +445,8 @@ class World:
         self.assigning_since: dict[tuple[str, int], float] = {}
         self._request = 0
         self.nodes: dict[str, SimNode] = {}
+        self._mirrors: dict[tuple[str, str], _Mirror] = {}
+        self._mirror_serial = 0
         self.pchannels = [f"{PCHANNEL_PREFIX}{i}" for i in range(options.pchannels)]
 
     # -- tracing ---------------------------------------------------------------------------
@@ -974,31 +977,82 @@ class World:
         for name in self.pchannels:
             self._check_agreement(name, final=True)
 
+    def _mirror(self, node_id: str, name: str, log: PChannelLog) -> _Mirror | None:
+        """The checker's copy of `node_id`'s log of `name`, brought up to the log's end;
+        None when it found a violation (a term going back, an unreadable frame)."""
+        key = (node_id, name)
+        mirror = self._mirrors.get(key)
+        if (
+            mirror is None
+            or mirror.log is not log
+            or mirror.generation != log._generation  # noqa: SLF001
+            or log.last_lsn < mirror.through
+        ):
+            self._mirror_serial += 1
+            mirror = _Mirror(log, self._mirror_serial)
+            self._mirrors[key] = mirror
+        if mirror.failed:
+            return None
+        lsn = max(mirror.through + 1, log.first_lsn)
+        last = log.last_lsn
+        while lsn <= last:
+            data, _ = log.read_frames_range(lsn, 1 << 20, last)
+            if not data:
+                break
+            view = memoryview(data)
+            offset = 0
+            while offset < len(view):
+                checked = check_frame(view, offset, len(view), lsn, 0, -1)
+                if isinstance(checked, str):
+                    mirror.failed = True
+                    self.violation(f"{name}: {node_id}'s log is unreadable at lsn {lsn}: {checked}")
+                    return None
+                fields, end = checked
+                term = fields[3]
+                if term < mirror.term:
+                    mirror.failed = True
+                    self.violation(
+                        f"{name}: term goes back on {node_id} at lsn {lsn} "
+                        f"({mirror.term} -> {term})"
+                    )
+                    return None
+                mirror.frames[lsn] = bytes(view[offset:end])
+                mirror.term, mirror.through = term, lsn
+                offset = end
+                lsn += 1
+        return mirror
+
     def _check_agreement(self, name: str, final: bool) -> bool:
         """Against the serving owner's log: every acknowledged write still retained is at
         its LSN (final check only: meanwhile the owner may not have adopted it yet), no
-        node's committed entry differs from the owner's (the whole entry: a committed
-        segment is the same bytes everywhere), and terms never go back along a log.
-        Returns False when it found a violation."""
+        node's committed entry differs from the owner's (the whole frame, byte for byte: a
+        committed segment is the same bytes everywhere), and terms never go back along a
+        log. Each log is read once (`_Mirror`) and each pair of logs compared once up to
+        what both had committed. Returns False when it found a violation."""
         channel = self.state.pchannels[name]
         node = self.nodes.get(channel.owner_node_id)
-        owner = node.plane.owner(name) if node is not None and node.plane is not None else None
-        if owner is None or not owner.serving:
+        if node is None or node.plane is None:
             return True  # a final one is reported as no progress
+        owner = node.plane.owner(name)
+        if owner is None or not owner.serving:
+            return True
         log = owner.log
-        reference = {e.lsn: e for e in log.iter_entries(log.first_lsn, owner.committed_lsn)}
+        reference = self._mirror(node.node_id, name, log)
+        if reference is None:
+            return False
+        reference_top = min(owner.committed_lsn, reference.through)
         found = False
         if final:
             for (pchannel, lsn), payload in sorted(self.acked.items()):
                 if pchannel != name or lsn < log.first_lsn:
                     continue
-                entry = reference.get(lsn)
-                if entry is None or entry.payload != payload:
+                frame = reference.frames.get(lsn) if lsn <= reference_top else None
+                held = _decode(frame).payload if frame is not None else None
+                if held != payload:
                     found = True
                     self.violation(
                         f"{name}: acknowledged {payload!r} at lsn {lsn} is lost: the owner "
-                        f"{node.node_id} (term {owner.term}) holds "
-                        f"{entry.payload if entry else None!r} there"
+                        f"{node.node_id} (term {owner.term}) holds {held!r} there"
                     )
         for other_id, other in sorted(self.nodes.items()):
             if other.plane is None or name not in other.plane.logs or not other.running:
@@ -1006,28 +1060,26 @@ class World:
             other_log = other.plane.logs[name]
             if other_log.closed or other_log.failure is not None:
                 continue
-            top = min(other_log.committed_lsn, owner.committed_lsn, other_log.last_lsn)
-            low = max(other_log.first_lsn, log.first_lsn)
-            previous_term = 0
-            for entry in other_log.iter_entries(other_log.first_lsn, other_log.last_lsn):
-                if entry.term < previous_term:
+            mirror = self._mirror(other_id, name, other_log)
+            if mirror is None:
+                found = True
+                continue
+            top = min(other_log.committed_lsn, reference_top, mirror.through)
+            low = max(
+                other_log.first_lsn, log.first_lsn, mirror.verified.get(reference.serial, 0) + 1
+            )
+            for lsn in range(low, top + 1):
+                theirs, mine = mirror.frames.get(lsn), reference.frames.get(lsn)
+                if theirs != mine:
                     found = True
                     self.violation(
-                        f"{name}: term goes back on {other_id} at lsn {entry.lsn} "
-                        f"({previous_term} -> {entry.term})"
+                        f"{name}: committed lsn {lsn} differs: {other_id} holds "
+                        f"{_identity(theirs)}, the owner {node.node_id} holds {_identity(mine)}"
                     )
                     break
-                previous_term = entry.term
-                if low <= entry.lsn <= top:
-                    mine = reference.get(entry.lsn)
-                    if mine is None or _identity(mine) != _identity(entry):
-                        found = True
-                        self.violation(
-                            f"{name}: committed lsn {entry.lsn} differs: {other_id} holds "
-                            f"{_identity(entry)}, the owner {node.node_id} holds "
-                            f"{_identity(mine) if mine else None}"
-                        )
-                        break
+            else:
+                if top >= low:
+                    mirror.verified[reference.serial] = top
         return not found
 
     async def checker(self) -> None:
@@ -1040,7 +1092,33 @@ class World:
                     return
 
 
-def _identity(entry: Any) -> tuple[Any, ...]:
+class _Mirror:
+    """What the checker has read of one node's log object: its frames, raw, by LSN. Within
+    one generation of a `PChannelLog` (bumped at every truncation and restart) an entry up
+    to its last LSN never changes, so each check reads only what was appended since, and
+    compares a pair of logs only past what it found equal before."""
+
+    def __init__(self, log: PChannelLog, serial: int) -> None:
+        self.log = log
+        self.serial = serial
+        self.generation = log._generation  # noqa: SLF001
+        self.frames: dict[int, bytes] = {}
+        #: the highest LSN read, and its entry's term
+        self.through = log.first_lsn - 1
+        self.term = 0
+        #: reference mirror serial -> the highest LSN found equal in both
+        self.verified: dict[int, int] = {}
+        self.failed = False
+
+
+def _decode(frame: bytes) -> Any:
+    return next(iter_batch(frame))
+
+
+def _identity(frame: bytes | None) -> tuple[Any, ...] | None:
+    if frame is None:
+        return None
+    entry = _decode(frame)
     return (
         entry.lsn,
         entry.term,
