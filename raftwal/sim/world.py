@@ -962,7 +962,19 @@ class World:
             self.violation(f"no progress {self.options.heal_s:g} s after healing: {stuck}")
         self.stopping = True
         await asyncio.sleep(0.3)  # writes in flight finish or fail
+        for _ in range(100):  # the checker reads a log between its appends (`_mirror`)
+            if not self._any_log_busy():
+                break
+            await asyncio.sleep(0.01)
         self._check_final()
+
+    def _any_log_busy(self) -> bool:
+        return any(
+            log._lock.locked()  # noqa: SLF001
+            for node in self.nodes.values()
+            if node.running and node.plane is not None
+            for log in node.plane.logs.values()
+        )
 
     def _all_serving(self) -> bool:
         for name in self.pchannels:
@@ -978,8 +990,12 @@ class World:
             self._check_agreement(name, final=True)
 
     def _mirror(self, node_id: str, name: str, log: PChannelLog) -> _Mirror | None:
-        """The checker's copy of `node_id`'s log of `name`, brought up to the log's end;
-        None when it found a violation (a term going back, an unreadable frame)."""
+        """The checker's copy of `node_id`'s log of `name`, brought up to the log's end
+        (`failed` once it found a violation: a term going back, an unreadable frame).
+        None while the log is busy: a truncation bumps the generation before it truncates,
+        so what a log holds matches its generation only when no append or truncation holds
+        its lock; it is read then."""
+        busy = log._lock.locked()  # noqa: SLF001
         key = (node_id, name)
         mirror = self._mirrors.get(key)
         if (
@@ -988,11 +1004,13 @@ class World:
             or mirror.generation != log._generation  # noqa: SLF001
             or log.last_lsn < mirror.through
         ):
+            if busy:
+                return None
             self._mirror_serial += 1
             mirror = _Mirror(log, self._mirror_serial)
             self._mirrors[key] = mirror
-        if mirror.failed:
-            return None
+        if mirror.failed or busy:
+            return mirror
         lsn = max(mirror.through + 1, log.first_lsn)
         last = log.last_lsn
         while lsn <= last:
@@ -1006,7 +1024,7 @@ class World:
                 if isinstance(checked, str):
                     mirror.failed = True
                     self.violation(f"{name}: {node_id}'s log is unreadable at lsn {lsn}: {checked}")
-                    return None
+                    return mirror
                 fields, end = checked
                 term = fields[3]
                 if term < mirror.term:
@@ -1015,7 +1033,7 @@ class World:
                         f"{name}: term goes back on {node_id} at lsn {lsn} "
                         f"({mirror.term} -> {term})"
                     )
-                    return None
+                    return mirror
                 mirror.frames[lsn] = bytes(view[offset:end])
                 mirror.term, mirror.through = term, lsn
                 offset = end
@@ -1039,6 +1057,11 @@ class World:
         log = owner.log
         reference = self._mirror(node.node_id, name, log)
         if reference is None:
+            if final:
+                self.violation(f"{name}: the owner's log stayed busy; the final check did not run")
+                return False
+            return True  # busy: the next check (or the final one) reads it
+        if reference.failed:
             return False
         reference_top = min(owner.committed_lsn, reference.through)
         found = False
@@ -1062,6 +1085,8 @@ class World:
                 continue
             mirror = self._mirror(other_id, name, other_log)
             if mirror is None:
+                continue
+            if mirror.failed:
                 found = True
                 continue
             top = min(other_log.committed_lsn, reference_top, mirror.through)
