@@ -1,4 +1,5 @@
-"""`catalog.db`: the per-node SQLite catalog of the WAL (sqlite-utils).
+"""`catalog.db`: the per-node SQLite catalog of the WAL (plain `sqlite3`: it is on the
+write path, and each statement is one prepared, cached SQL string).
 
 What lives here: for every pchannel this node holds a replica of, the **fenced term** (the
 highest term it has promised to follow; an append at a lower term is refused), the
@@ -22,8 +23,6 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import sqlite_utils
-
 SEGMENT_STATES = ("open", "sealed", "committed")
 
 
@@ -42,8 +41,80 @@ class SegmentRow:
     state: str
 
 
+#: The schema (as sqlite-utils created it before: a catalog.db written by an older version
+#: opens unchanged). One script, run once per open.
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS "pchannels" (
+   "name" TEXT PRIMARY KEY,
+   "fenced_term" INTEGER,
+   "committed_lsn" INTEGER
+);
+CREATE TABLE IF NOT EXISTS "segments" (
+   "pchannel" TEXT,
+   "first_lsn" INTEGER,
+   "last_lsn" INTEGER,
+   "first_term" INTEGER,
+   "last_term" INTEGER,
+   "first_time_tick" INTEGER,
+   "last_time_tick" INTEGER,
+   "count" INTEGER,
+   "bytes" INTEGER,
+   "digest" INTEGER,
+   "state" TEXT,
+   PRIMARY KEY ("pchannel", "first_lsn")
+);
+CREATE TABLE IF NOT EXISTS "retention" (
+   "pchannel" TEXT PRIMARY KEY,
+   "deleted_before_lsn" INTEGER
+);
+CREATE TABLE IF NOT EXISTS "replica_positions" (
+   "pchannel" TEXT,
+   "node_id" TEXT,
+   "term" INTEGER,
+   "durable_lsn" INTEGER,
+   PRIMARY KEY ("pchannel", "node_id")
+);
+"""
+
+_SEGMENT_COLUMNS = (
+    "pchannel",
+    "first_lsn",
+    "last_lsn",
+    "first_term",
+    "last_term",
+    "first_time_tick",
+    "last_time_tick",
+    "count",
+    "bytes",
+    "digest",
+    "state",
+)
+
+# Upserts change only the columns they name (an existing row keeps the others).
+_UPSERT_SEGMENT = (
+    f"INSERT INTO segments ({', '.join(f'[{c}]' for c in _SEGMENT_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in _SEGMENT_COLUMNS)}) "
+    "ON CONFLICT (pchannel, first_lsn) DO UPDATE SET "
+    + ", ".join(f"[{c}] = excluded.[{c}]" for c in _SEGMENT_COLUMNS[2:])
+)
+_UPSERT_FENCED_TERM = (
+    "INSERT INTO pchannels (name, fenced_term) VALUES (?, ?) "
+    "ON CONFLICT (name) DO UPDATE SET fenced_term = excluded.fenced_term"
+)
+_UPSERT_RETENTION = (
+    "INSERT INTO retention (pchannel, deleted_before_lsn) VALUES (?, ?) "
+    "ON CONFLICT (pchannel) DO UPDATE SET deleted_before_lsn = excluded.deleted_before_lsn"
+)
+_UPSERT_REPLICA_POSITION = (
+    "INSERT INTO replica_positions (pchannel, node_id, term, durable_lsn) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (pchannel, node_id) DO UPDATE SET term = excluded.term, "
+    "durable_lsn = excluded.durable_lsn"
+)
+
+
 class Catalog:
-    """One node's catalog. Thread-safe (one connection guarded by a lock)."""
+    """One node's catalog. Thread-safe (one connection guarded by a lock). Each statement
+    outside an explicit transaction commits on its own (autocommit)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -51,76 +122,38 @@ class Catalog:
         connection = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
         connection.execute("PRAGMA journal_mode=WAL")
         connection.execute("PRAGMA synchronous=FULL")
-        self._db = sqlite_utils.Database(connection)
-        if "pchannels" not in self._db.table_names():
-            self._db["pchannels"].create(
-                {"name": str, "fenced_term": int, "committed_lsn": int},
-                pk="name",
-                if_not_exists=True,
-            )
-        if "segments" not in self._db.table_names():
-            self._db["segments"].create(
-                {
-                    "pchannel": str,
-                    "first_lsn": int,
-                    "last_lsn": int,
-                    "first_term": int,
-                    "last_term": int,
-                    "first_time_tick": int,
-                    "last_time_tick": int,
-                    "count": int,
-                    "bytes": int,
-                    "digest": int,
-                    "state": str,
-                },
-                pk=("pchannel", "first_lsn"),
-                if_not_exists=True,
-            )
-        if "retention" not in self._db.table_names():
-            # The retention floor per pchannel, written before any file below it is
-            # deleted: a deletion a crash cut short is finished when the log is opened.
-            self._db["retention"].create(
-                {"pchannel": str, "deleted_before_lsn": int}, pk="pchannel", if_not_exists=True
-            )
-        if "replica_positions" not in self._db.table_names():
-            self._db["replica_positions"].create(
-                {"pchannel": str, "node_id": str, "term": int, "durable_lsn": int},
-                pk=("pchannel", "node_id"),
-                if_not_exists=True,
-            )
+        connection.executescript(_SCHEMA)
+        self._conn = connection
 
     def close(self) -> None:
         with self._lock:
-            self._db.conn.close()
+            self._conn.close()
+
+    def _one(self, sql: str, params: tuple[object, ...]) -> int:
+        """The integer in the first column of the first row (0 when there is no row)."""
+        row = self._conn.execute(sql, params).fetchone()
+        return int(row[0]) if row else 0
 
     # -- fencing ---------------------------------------------------------------------------
 
     def fenced_term(self, pchannel: str) -> int:
         with self._lock:
-            rows = list(
-                self._db.query("select fenced_term from pchannels where name = ?", [pchannel])
-            )
-        return int(rows[0]["fenced_term"]) if rows else 0
+            return self._one("select fenced_term from pchannels where name = ?", (pchannel,))
 
     def fenced_terms(self) -> dict[str, int]:
         with self._lock:
             return {
-                row["name"]: int(row["fenced_term"])
-                for row in self._db.query("select name, fenced_term from pchannels")
+                name: int(term)
+                for name, term in self._conn.execute("select name, fenced_term from pchannels")
             }
 
     def raise_fenced_term(self, pchannel: str, term: int) -> int:
         """Persist fenced_term = max(current, term) durably; returns the fenced term."""
         with self._lock:
-            rows = list(
-                self._db.query("select fenced_term from pchannels where name = ?", [pchannel])
-            )
-            current = int(rows[0]["fenced_term"]) if rows else 0
+            current = self._one("select fenced_term from pchannels where name = ?", (pchannel,))
             if term <= current:
                 return current
-            self._db["pchannels"].upsert(
-                {"name": pchannel, "fenced_term": term}, pk="name", alter=False
-            )
+            self._conn.execute(_UPSERT_FENCED_TERM, (pchannel, term))
             return term
 
     # -- segments ----------------------------------------------------------------------------
@@ -129,42 +162,42 @@ class Catalog:
         if row.state not in SEGMENT_STATES:
             raise ValueError(f"invalid segment state {row.state!r} (expected {SEGMENT_STATES})")
         with self._lock:
-            self._db["segments"].upsert(
-                {
-                    "pchannel": row.pchannel,
-                    "first_lsn": row.first_lsn,
-                    "last_lsn": row.last_lsn,
-                    "first_term": row.first_term,
-                    "last_term": row.last_term,
-                    "first_time_tick": row.first_time_tick,
-                    "last_time_tick": row.last_time_tick,
-                    "count": row.count,
-                    "bytes": row.bytes,
-                    "digest": row.digest,
-                    "state": row.state,
-                },
-                pk=("pchannel", "first_lsn"),
+            self._conn.execute(
+                _UPSERT_SEGMENT,
+                (
+                    row.pchannel,
+                    row.first_lsn,
+                    row.last_lsn,
+                    row.first_term,
+                    row.last_term,
+                    row.first_time_tick,
+                    row.last_time_tick,
+                    row.count,
+                    row.bytes,
+                    row.digest,
+                    row.state,
+                ),
             )
 
     def mark_committed(self, pchannel: str, first_lsn: int) -> None:
         with self._lock:
-            self._db.execute(
+            self._conn.execute(
                 "update segments set state = 'committed' where pchannel = ? and first_lsn = ?",
-                [pchannel, first_lsn],
+                (pchannel, first_lsn),
             )
 
     def delete_segments_from(self, pchannel: str, first_lsn: int) -> None:
         """Forget segments starting at or after `first_lsn` (their files were truncated)."""
         with self._lock:
-            self._db.execute(
-                "delete from segments where pchannel = ? and first_lsn >= ?", [pchannel, first_lsn]
+            self._conn.execute(
+                "delete from segments where pchannel = ? and first_lsn >= ?", (pchannel, first_lsn)
             )
 
     def delete_segments_before(self, pchannel: str, lsn: int) -> None:
         """Forget segments that end before `lsn` (retention deleted their files)."""
         with self._lock:
-            self._db.execute(
-                "delete from segments where pchannel = ? and last_lsn < ?", [pchannel, lsn]
+            self._conn.execute(
+                "delete from segments where pchannel = ? and last_lsn < ?", (pchannel, lsn)
             )
 
     # -- retention -----------------------------------------------------------------------------
@@ -172,46 +205,38 @@ class Catalog:
     def retention_floor(self, pchannel: str) -> int:
         """The retention floor recorded for `pchannel` (0: nothing deleted)."""
         with self._lock:
-            rows = list(
-                self._db.query(
-                    "select deleted_before_lsn from retention where pchannel = ?", [pchannel]
-                )
+            return self._one(
+                "select deleted_before_lsn from retention where pchannel = ?", (pchannel,)
             )
-        return int(rows[0]["deleted_before_lsn"]) if rows else 0
 
     def raise_retention_floor(self, pchannel: str, lsn: int) -> int:
         """Persist the floor = max(current, lsn) durably; returns the floor (never lower)."""
         with self._lock:
-            rows = list(
-                self._db.query(
-                    "select deleted_before_lsn from retention where pchannel = ?", [pchannel]
-                )
+            current = self._one(
+                "select deleted_before_lsn from retention where pchannel = ?", (pchannel,)
             )
-            current = int(rows[0]["deleted_before_lsn"]) if rows else 0
             if lsn <= current:
                 return current
-            self._db["retention"].upsert(
-                {"pchannel": pchannel, "deleted_before_lsn": lsn}, pk="pchannel"
-            )
+            self._conn.execute(_UPSERT_RETENTION, (pchannel, lsn))
             return lsn
 
     def segments(self, pchannel: str | None = None) -> list[SegmentRow]:
-        sql = "select * from segments"
-        params: list[object] = []
+        sql = f"select {', '.join(f'[{c}]' for c in _SEGMENT_COLUMNS)} from segments"
+        params: tuple[object, ...] = ()
         if pchannel is not None:
             sql += " where pchannel = ?"
-            params.append(pchannel)
+            params = (pchannel,)
         sql += " order by pchannel, first_lsn"
         with self._lock:
-            return [SegmentRow(**row) for row in self._db.query(sql, params)]
+            return [SegmentRow(*row) for row in self._conn.execute(sql, params)]
 
     def committed_first_lsns(self, pchannel: str) -> set[int]:
         with self._lock:
             return {
-                int(row["first_lsn"])
-                for row in self._db.query(
+                int(first_lsn)
+                for (first_lsn,) in self._conn.execute(
                     "select first_lsn from segments where pchannel = ? and state = 'committed'",
-                    [pchannel],
+                    (pchannel,),
                 )
             }
 
@@ -219,20 +244,24 @@ class Catalog:
 
     def record_replica_positions(self, pchannel: str, term: int, positions: dict[str, int]) -> None:
         with self._lock:
-            self._db["replica_positions"].upsert_all(
-                [
-                    {"pchannel": pchannel, "node_id": node, "term": term, "durable_lsn": lsn}
-                    for node, lsn in sorted(positions.items())
-                ],
-                pk=("pchannel", "node_id"),
-            )
+            # One transaction for the batch: one commit (one fsync) for all of them.
+            self._conn.execute("BEGIN")
+            try:
+                self._conn.executemany(
+                    _UPSERT_REPLICA_POSITION,
+                    [(pchannel, node, term, lsn) for node, lsn in sorted(positions.items())],
+                )
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
 
     def replica_positions(self, pchannel: str) -> dict[str, int]:
         with self._lock:
             return {
-                row["node_id"]: int(row["durable_lsn"])
-                for row in self._db.query(
+                node_id: int(durable_lsn)
+                for node_id, durable_lsn in self._conn.execute(
                     "select node_id, durable_lsn from replica_positions where pchannel = ?",
-                    [pchannel],
+                    (pchannel,),
                 )
             }

@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import contextvars
 import errno
+import heapq
 import os
 import random
 import selectors
@@ -43,6 +44,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+# BaseEventLoop's (asyncio/base_events.py) limits, which `SimLoop._run_once` keeps.
+_MIN_SCHEDULED_TIMER_HANDLES = 100
+_MIN_CANCELLED_TIMER_HANDLES_FRACTION = 0.5
+_MAXIMUM_SELECT_TIMEOUT = 24 * 3600
 
 
 class SimDeadlock(RuntimeError):
@@ -57,9 +63,19 @@ class Incarnation:
     node_id: str
     number: int
     alive: bool = True
-    #: in creation order (a crash cancels them in that order: one seed, one history)
+    #: in creation order (a crash cancels them in that order: one seed, one history);
+    #: finished ones are dropped now and then (`track`), not one by one
     tasks: dict[asyncio.Task[Any], None] = field(default_factory=dict)
     fds: set[int] = field(default_factory=set)
+    _prune_at: int = 64
+
+    def track(self, task: asyncio.Task[Any]) -> None:
+        """Remember `task` (a done callback per task would cost a loop turn each)."""
+        tasks = self.tasks
+        tasks[task] = None
+        if len(tasks) >= self._prune_at:
+            self.tasks = {t: None for t in tasks if not t.done()}
+            self._prune_at = 2 * len(self.tasks) + 64
 
     def __str__(self) -> str:
         return f"{self.node_id}#{self.number}"
@@ -133,6 +149,67 @@ class SimLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._sim_clock.now
 
+    # The scheduling below is BaseEventLoop's (Python 3.11), with what a virtual clock
+    # makes dead cut out: no selector poll, no debug checks. Timers are kept in the heap
+    # as (when, handle) pairs, so that heap comparisons are float ones in C instead of
+    # `TimerHandle.__lt__` calls; a tie falls back to that method, which says "not less"
+    # as before, so the heap holds the same order as BaseEventLoop's: the same seed runs
+    # the same callbacks in the same order.
+
+    def call_at(
+        self,
+        when: float,
+        callback: Callable[..., Any],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        if self._closed:  # type: ignore[attr-defined]
+            raise RuntimeError("Event loop is closed")
+        timer = asyncio.TimerHandle(when, callback, args, self, context)
+        heapq.heappush(self._scheduled, (when, timer))  # type: ignore[attr-defined]
+        timer._scheduled = True  # type: ignore[attr-defined]
+        return timer
+
+    def _run_once(self) -> None:
+        scheduled: list[tuple[float, asyncio.TimerHandle]] = self._scheduled  # type: ignore[has-type]
+        count = len(scheduled)
+        if (
+            count > _MIN_SCHEDULED_TIMER_HANDLES
+            and self._timer_cancelled_count / count > _MIN_CANCELLED_TIMER_HANDLES_FRACTION  # type: ignore[attr-defined]
+        ):
+            kept = []
+            for entry in scheduled:
+                if entry[1]._cancelled:  # type: ignore[attr-defined]
+                    entry[1]._scheduled = False  # type: ignore[attr-defined]
+                else:
+                    kept.append(entry)
+            heapq.heapify(kept)
+            self._scheduled = scheduled = kept
+            self._timer_cancelled_count = 0
+        else:
+            while scheduled and scheduled[0][1]._cancelled:  # type: ignore[attr-defined]
+                self._timer_cancelled_count -= 1
+                handle = heapq.heappop(scheduled)[1]
+                handle._scheduled = False  # type: ignore[attr-defined]
+        ready = self._ready  # type: ignore[attr-defined]
+        clock = self._sim_clock
+        if not ready and not self._stopping:  # type: ignore[attr-defined]
+            if not scheduled:
+                raise SimDeadlock("no task is ready and no timer is due")
+            timeout = min(scheduled[0][0] - clock.now, _MAXIMUM_SELECT_TIMEOUT)
+            if timeout > 0:
+                clock.now += timeout
+        end_time = clock.now + self._clock_resolution  # type: ignore[attr-defined]
+        while scheduled and scheduled[0][0] < end_time:
+            handle = heapq.heappop(scheduled)[1]
+            handle._scheduled = False  # type: ignore[attr-defined]
+            ready.append(handle)
+        for _ in range(len(ready)):
+            handle = ready.popleft()
+            if not handle._cancelled:
+                handle._run()
+        handle = None  # breaks a reference cycle when a callback raised
+
     def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> Any:
         future = self.create_future()
 
@@ -158,8 +235,7 @@ def _task_factory(
     task = asyncio.Task(coro, loop=loop, context=context)
     incarnation = context.get(NODE) if context is not None else NODE.get()
     if incarnation is not None:
-        incarnation.tasks[task] = None
-        task.add_done_callback(lambda done: incarnation.tasks.pop(done, None))
+        incarnation.track(task)
     return task
 
 
