@@ -38,9 +38,14 @@ def _code_name(context: grpc.aio.ServicerContext, error: BaseException | None) -
         for status in grpc.StatusCode:
             if status.value[0] == code:
                 return status.name
+    with contextlib.suppress(Exception):
+        if context.cancelled():
+            return "CANCELLED"
     if error is None:
         return "OK"
-    if isinstance(error, asyncio.CancelledError):
+    # grpc cancels the handler's task, or closes its generator, when the call ends from
+    # outside (the client went away or its deadline passed).
+    if isinstance(error, asyncio.CancelledError | GeneratorExit):
         return "CANCELLED"
     return "UNKNOWN"
 
