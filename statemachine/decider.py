@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
+from statemachine.replicate import check_configuration, is_empty, local_cluster
 from statemachine.state import restore_state
 from statemachine.types import DEFAULT_LIMITS, Context, Limits, Rejection
 from statemachine.validation import (
@@ -1406,6 +1407,40 @@ def _set_balance_policy(state, cmd: pb.SetBalancePolicy, ctx, limits) -> Outcome
     return emitter.events
 
 
+def _update_replicate_configuration(
+    state, cmd: pb.UpdateReplicateConfiguration, ctx, limits
+) -> Outcome:
+    configuration = cmd.configuration
+    bad = check_configuration(configuration, cmd.local_cluster_id, limits)
+    if bad:
+        return bad
+    if not is_empty(configuration):
+        # This cluster's own pchannels must exist: a typo would otherwise make a pchannel
+        # silently replicate nothing.
+        mine = local_cluster(configuration, cmd.local_cluster_id)
+        assert mine is not None  # check_configuration made sure
+        for name in mine.pchannels:
+            channel = _live_pchannel(state, name)
+            if isinstance(channel, Rejection):
+                return Rejection(
+                    channel.code,
+                    f"{channel.message} (listed for cluster {cmd.local_cluster_id!r}, this "
+                    "cluster; expected a pchannel of it)",
+                )
+    current = state.replicate_configuration
+    if current.SerializeToString(deterministic=True) == configuration.SerializeToString(
+        deterministic=True
+    ):
+        return []
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        replicate_configuration_updated=pb.ReplicateConfigurationUpdated(
+            configuration=configuration, local_cluster_id=cmd.local_cluster_id
+        )
+    )
+    return emitter.events
+
+
 def _fresh_state_problem(state: pb.CoordinationState) -> str:
     """What makes `state` not fresh (a restore would overwrite it), or ""."""
     for name, table in (
@@ -1502,6 +1537,7 @@ _DECIDERS: dict[str, Callable[..., Outcome]] = {
     "leave_subscription": _leave_subscription,
     "assign_subscription": _assign_subscription,
     "set_balance_policy": _set_balance_policy,
+    "update_replicate_configuration": _update_replicate_configuration,
     "barrier": _barrier,
 }
 

@@ -278,6 +278,12 @@ def _balance_policy_set(state, e: pb.BalancePolicySet, revision, limits: Limits)
     state.balance_policy.max_moves_per_round = e.max_moves_per_round
 
 
+def _replicate_configuration_updated(
+    state, e: pb.ReplicateConfigurationUpdated, revision, limits: Limits
+) -> None:
+    state.replicate_configuration.CopyFrom(e.configuration)
+
+
 def _state_restored(state, e: pb.StateRestored, revision, limits: Limits) -> None:
     """Replace the (fresh) state with the saved one: its nodes stay, as DOWN, unless this
     cluster registered them (which keeps their address here); apply metadata (raft index,
@@ -333,6 +339,7 @@ _EVOLVERS: dict[str, Callable[..., None]] = {
     "subscription_member_left": _subscription_member_left,
     "subscription_member_assigned": _subscription_member_assigned,
     "balance_policy_set": _balance_policy_set,
+    "replicate_configuration_updated": _replicate_configuration_updated,
 }
 
 EVENT_KINDS: tuple[str, ...] = tuple(_EVOLVERS)

@@ -168,6 +168,7 @@ class Node:
         # TLS and bearer-token auth of the gRPC port, and the node's own client credentials.
         self.security = NodeSecurity.load(config, self.me)
         self.max_wait_ms = config.max_wait_ms
+        self.cluster_id = config.cluster_id
         self.incarnation = now_ms()
         data_dir = self.me.data_dir
         prepare_data_dir(data_dir)

@@ -80,6 +80,8 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
         "SetBalancePolicy",
         "SaveSnapshot",
         "ChangeMembership",
+        "UpdateReplicateConfiguration",
+        "GetReplicateConfiguration",
     ),
     **_methods(
         "Coordinator",

@@ -60,6 +60,8 @@ _ADMIN_ONLY = {
     "Coordinator/SetBalancePolicy",
     "Coordinator/SaveSnapshot",
     "Coordinator/ChangeMembership",
+    "Coordinator/UpdateReplicateConfiguration",
+    "Coordinator/GetReplicateConfiguration",
 }
 _PRODUCE = {
     "StreamingNode/Produce",

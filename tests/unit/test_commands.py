@@ -226,6 +226,37 @@ def barrier(at: int = NOW) -> pb.Command:
     return cmd(barrier=pb.Barrier(), at=at)
 
 
+def replicate(*edges: tuple[str, str], local: str = "east", west=("q1", "q2")) -> pb.Command:
+    """east (this cluster, pchannels p1 p2) and west, with the given edges."""
+    configuration = pb.ReplicateConfiguration(
+        clusters=[
+            pb.ReplicateCluster(
+                cluster_id="east", endpoints=["127.0.0.1:7201"], pchannels=["p1", "p2"]
+            ),
+            pb.ReplicateCluster(
+                cluster_id="west",
+                endpoints=["10.0.0.1:7201"],
+                pchannels=list(west),
+                credentials=pb.ReplicateCredentials(token="west-token-0123456789"),
+            ),
+        ],
+        topology=[
+            pb.ReplicateTopologyEdge(source_cluster_id=s, target_cluster_id=t) for s, t in edges
+        ],
+    )
+    return cmd(
+        update_replicate_configuration=pb.UpdateReplicateConfiguration(
+            configuration=configuration, local_cluster_id=local
+        )
+    )
+
+
+def replicate_clear() -> pb.Command:
+    return cmd(
+        update_replicate_configuration=pb.UpdateReplicateConfiguration(local_cluster_id="east")
+    )
+
+
 # Setups used by several rows.
 ASSIGNING: list[Step] = [*PCHANNEL, assign("p1", 1, "n1", ["n2"])]
 SEGMENTS: list[Step] = [*VCHANNELS, segment(1, 10), segment(11, 20), segment(21, 30)]
@@ -786,6 +817,29 @@ ROWS = [
     row("set_balance_policy/negative", [], policy(True, -1), INVALID,
         "max_moves_per_round (-1; expected 0..1024)"),
     row("set_balance_policy/too-many", [], policy(True, 1025), INVALID, "1025"),
+    # ---- update_replicate_configuration (statemachine/replicate.py; more in
+    # test_replicate_configuration.py)
+    row("update_replicate_configuration/set", PCHANNEL, replicate(("east", "west")),
+        ["replicate_configuration_updated"]),
+    row("update_replicate_configuration/same", [*PCHANNEL, replicate(("east", "west"))],
+        replicate(("east", "west")), []),
+    row("update_replicate_configuration/reverse", [*PCHANNEL, replicate(("east", "west"))],
+        replicate(("west", "east")), ["replicate_configuration_updated"]),
+    row("update_replicate_configuration/clear", [*PCHANNEL, replicate(("east", "west"))],
+        replicate_clear(), ["replicate_configuration_updated"]),
+    row("update_replicate_configuration/clear-empty", PCHANNEL, replicate_clear(), []),
+    row("update_replicate_configuration/not-this-cluster", PCHANNEL,
+        replicate(("east", "west"), local="north"), INVALID,
+        "this cluster ('north') is not in the configuration"),
+    row("update_replicate_configuration/no-cluster-id", PCHANNEL,
+        replicate(("east", "west"), local=""), INVALID, "this cluster has no cluster_id"),
+    row("update_replicate_configuration/cycle", PCHANNEL,
+        replicate(("east", "west"), ("west", "east")), INVALID, "cycle"),
+    row("update_replicate_configuration/counts", PCHANNEL,
+        replicate(("east", "west"), west=("q1",)), INVALID,
+        "has 1 pchannels (got 1; expected 2 as cluster 'east'"),
+    row("update_replicate_configuration/missing-pchannel", NODES, replicate(("east", "west")),
+        E.CHANNEL_NOT_EXIST, "listed for cluster 'east', this cluster"),
     # ---- barrier
     row("barrier/accept", VCHANNELS, barrier(), []),
 ]
