@@ -74,6 +74,7 @@ from raftwal.node.membership import (
 )
 from raftwal.node.metrics import NodeMetrics
 from raftwal.node.proposals import ProposalBatcher
+from raftwal.node.replicator import Replicators
 from raftwal.node.security import NodeSecurity
 from raftwal.services.cluster import ClusterServicer
 from raftwal.services.consume_wire import add_streaming_node_servicer
@@ -160,6 +161,32 @@ class AppliedNotifier:
         return True
 
 
+class _ReplicatorHost:
+    """The node as `Replicators` sees it (raftwal.node.replicator.ReplicatorHost)."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    @property
+    def cluster_id(self) -> str:
+        return self._node.cluster_id
+
+    def replicate_configuration(self) -> pb.ReplicateConfiguration:
+        def reader(state: pb.CoordinationState) -> pb.ReplicateConfiguration:
+            copy = pb.ReplicateConfiguration()
+            copy.CopyFrom(state.replicate_configuration)
+            return copy
+
+        return self._node.replica.read(reader)  # type: ignore[no-any-return]
+
+    def serving_owner(self, pchannel: str):  # type: ignore[no-untyped-def]
+        return self._node.plane.owner(pchannel)
+
+    def view(self):  # type: ignore[no-untyped-def]
+        self._node.data_view.refresh()
+        return self._node.data_view.view
+
+
 class Node:
     def __init__(self, config: ClusterConfig, node_id: str) -> None:
         self.config = config
@@ -169,6 +196,8 @@ class Node:
         self.security = NodeSecurity.load(config, self.me)
         self.max_wait_ms = config.max_wait_ms
         self.cluster_id = config.cluster_id
+        # Cross-cluster replication of the source pchannels this node owns.
+        self.replicators = Replicators(_ReplicatorHost(self))
         self.incarnation = now_ms()
         data_dir = self.me.data_dir
         prepare_data_dir(data_dir)
@@ -368,6 +397,7 @@ class Node:
             asyncio.create_task(
                 reconcile_loop(self, self.plane, self.data_view, self._stopping), name="reconcile"
             ),
+            asyncio.create_task(self.replicators.run(self._stopping), name="replicators"),
         ]
         if self.me.metrics_port:
             self._tasks.append(

@@ -31,6 +31,12 @@ from raftwal.services import consume_wire
 from raftwal.services.backend import DataView, StreamingBackend, VChannelInfo
 from raftwal.services.callers import TxnOwner, caller_identity, check_owner
 from raftwal.services.common import fail
+from raftwal.services.replicated import (
+    check_replicated_batch,
+    check_source_names,
+    with_source_positions,
+)
+from raftwal.services.replicated import producer_id as replicated_producer_id
 from raftwal.services.segment_transfer import SegmentTransfers
 from rpc import append_stream, produce_stream
 from rpc.errors import RaftwalError, error_info, to_status
@@ -477,16 +483,34 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                     E.INVALID_ARGUMENT,
                     f"invalid expected_last_lsn ({request.expected_last_lsn}; expected >= -1)",
                 )
+            check_replicated_batch(request, count)
+            previous_sequence = None
+            if request.HasField("previous_sequence"):
+                if (
+                    request.previous_sequence < 0
+                    or not request.producer_id
+                    or request.sequence <= 0
+                ):
+                    raise fail(
+                        E.INVALID_ARGUMENT,
+                        f"invalid previous_sequence ({request.previous_sequence} with producer "
+                        f"{request.producer_id[:32]!r} sequence {request.sequence}; expected >= 0, "
+                        "with a producer_id and a sequence > 0)",
+                    )
+                previous_sequence = request.previous_sequence
             owner = self._owner(request.pchannel)
             if compact:
                 messages = self._compact_messages(request)
             else:
                 messages = self._messages(request.messages, request.pchannel)
+            if request.HasField("replicate_source"):
+                messages = with_source_positions(messages, request.replicate_source)
             positions, duplicate = await owner.write(
                 messages,
                 producer_id=request.producer_id,
                 sequence=request.sequence if request.producer_id else 0,
                 expected_last_lsn=request.expected_last_lsn,
+                previous_sequence=previous_sequence,
             )
             result = wire.ProduceResult(
                 request_id=request.request_id,
@@ -1130,6 +1154,22 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 last_lsn=source.log.last_lsn,
                 committed_lsn=source.committed,
                 term=source.term,
+            )
+
+        return await self._unary(context, work())
+
+    async def GetReplicateCheckpoint(self, request, context):
+        async def work() -> wire.GetReplicateCheckpointResponse:
+            bad = check_name("pchannel", request.pchannel, LIMITS)
+            if bad is not None:
+                raise fail(E.INVALID_ARGUMENT, bad.message)
+            check_source_names(request.source_cluster_id, request.source_pchannel)
+            owner = self._owner(request.pchannel)
+            source_lsn, target_lsn = await owner.producer_checkpoint(
+                replicated_producer_id(request.source_cluster_id, request.source_pchannel)
+            )
+            return wire.GetReplicateCheckpointResponse(
+                source_lsn=source_lsn, target_lsn=target_lsn, term=owner.term
             )
 
         return await self._unary(context, work())

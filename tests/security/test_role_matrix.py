@@ -42,6 +42,7 @@ _METADATA = {
     "Coordinator/WatchEvents",
     "StreamingNode/GetLatestTimeTick",
     "StreamingNode/Seal",
+    "StreamingNode/GetReplicateCheckpoint",
 }
 _LEASES_AND_LOCKS = {
     "Coordinator/GrantLease",
