@@ -20,6 +20,7 @@ import pytest
 from raftwal.cli import dev
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
+from rpc.protos import errors_pb2 as E
 from rpc.protos import streaming_pb2 as wire
 from rpc.protos import streaming_pb2_grpc
 from tests.cluster.conftest import Api
@@ -142,3 +143,103 @@ def test_the_target_holds_the_sources_committed_entries_exactly_once(
     finally:
         east_api.close()
         west_api.close()
+
+
+def _produce(client: Api, pchannel: str, request: wire.ProduceRequest) -> wire.ProduceResult:
+    _, _, address = wait_assigned(client, pchannel)
+    producer = Producer(client, pchannel, "unused")
+    try:
+        return producer.produce_once(request, address, timeout_s=10)
+    finally:
+        producer.close()
+
+
+def _replicated(pchannel: str, lsns: list[int], previous: int, **fields) -> wire.ProduceRequest:
+    request = wire.ProduceRequest(
+        request_id=1,
+        pchannel=pchannel,
+        messages=[wire.Message(vchannel="orders", payload=f"r{n}".encode()) for n in lsns],
+        producer_id=f"rw.replicate/north/{pchannel}",
+        sequence=lsns[-1],
+        previous_sequence=previous,
+        replicate_source=wire.ReplicateSource(
+            cluster_id="north", pchannel=pchannel, lsns=lsns, time_ticks=[7] * len(lsns)
+        ),
+    )
+    for name, value in fields.items():
+        setattr(request, name, value)
+    return request
+
+
+def test_a_replicated_batch_must_continue_the_targets_sequence(
+    clusters: tuple[dev.LocalCluster, dev.LocalCluster],
+) -> None:
+    """The target side alone, on west: batches of a made-up source 'north'. What was
+    acknowledged is what GetReplicateCheckpoint answers and what the log holds."""
+    _, west = clusters
+    client = Api(west.endpoints)
+    try:
+        pchannel = "rp_0"
+        wait_assigned(client, pchannel)
+
+        def checkpoint() -> int:
+            _, _, address = wait_assigned(client, pchannel)
+            channel = client.security.channel(address)
+            try:
+                return (
+                    streaming_pb2_grpc.StreamingNodeStub(channel)
+                    .GetReplicateCheckpoint(
+                        wire.GetReplicateCheckpointRequest(
+                            pchannel=pchannel, source_cluster_id="north", source_pchannel=pchannel
+                        ),
+                        timeout=10,
+                    )
+                    .source_lsn
+                )
+            finally:
+                channel.close()
+
+        assert checkpoint() == 0
+        first = _produce(client, pchannel, _replicated(pchannel, [3, 5], previous=0))
+        assert first.error.code == 0 and not first.duplicate, first.error
+        assert checkpoint() == 5
+        # A retry of the same batch is answered from the producer table: same positions.
+        retry = _produce(client, pchannel, _replicated(pchannel, [3, 5], previous=0))
+        assert retry.duplicate and list(retry.positions) == list(first.positions)
+        # A batch that does not continue at 5 (a second, stale replicator) is refused.
+        stale = _produce(client, pchannel, _replicated(pchannel, [4, 6], previous=3))
+        assert stale.error.code == E.INVALID_REQUEST_SEQ
+        assert "got previous_sequence 3; expected 5" in stale.error.message
+        assert checkpoint() == 5
+        assert _produce(client, pchannel, _replicated(pchannel, [9], previous=5)).error.code == 0
+        assert checkpoint() == 9
+
+        for request, expected in (
+            (_replicated(pchannel, [12, 11], previous=9), "strictly increasing source LSNs"),
+            (_replicated(pchannel, [12], previous=9, sequence=13), "expected 12, the source LSN"),
+            (
+                _replicated(pchannel, [12], previous=9, producer_id="rw.replicate/x/y"),
+                "expected 'rw.replicate/north/rp_0'",
+            ),
+            (
+                wire.ProduceRequest(
+                    pchannel=pchannel,
+                    messages=[wire.Message(vchannel="orders", payload=b"x")],
+                    producer_id="rw.replicate/north/rp_0",
+                    sequence=20,
+                ),
+                "is reserved for replicated batches",
+            ),
+        ):
+            refused = _produce(client, pchannel, request)
+            assert refused.error.code == E.INVALID_ARGUMENT, refused
+            assert expected in refused.error.message and "expected" in refused.error.message
+        assert checkpoint() == 9
+        replicated = [
+            e
+            for e in consume_all(client, "orders", pchannel, expect=1_000_000, timeout_s=5)
+            if e.properties.get("rw.src.cluster") == "north"
+        ]
+        assert [int(e.properties["rw.src.lsn"]) for e in replicated] == [3, 5, 9]
+    finally:
+        client.close()
