@@ -1,8 +1,9 @@
 """Cross-cluster replication between two real dev clusters, east -> west
 (docs/replication.md): produce on east, kill -9 the node that owns east's pchannel (and so
-runs its replicator) mid-stream, keep producing, and check that west's matching pchannel
+runs its replicator) mid-stream, then the node that owns west's pchannel (the target's
+writer), keep producing, and check that west's matching pchannel
 holds exactly east's committed entries, in order, once each, each with its source
-position, and that GetReplicateCheckpoint on west says it holds the last of them.
+position (the killed east node restarts meanwhile), and that GetReplicateCheckpoint on west says it holds the last of them.
 
 History check: every batch east acknowledged is in east's committed log, and west holds
 that log entry for entry."""
@@ -32,6 +33,7 @@ SEED = random.randrange(1 << 30)
 BATCHES = 40
 PER_BATCH = 10
 KILL_AFTER = 12
+KILL_TARGET_AFTER = 25
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +96,7 @@ def test_the_target_holds_the_sources_committed_entries_exactly_once(
 
         history = History()
         producer = Producer(east_api, pchannel, f"app-{SEED}")
-        killed = ""
+        killed = killed_target = ""
         for number in range(BATCHES):
             payloads = [f"{number}.{k}.{rng.random():.6f}".encode() for k in range(PER_BATCH)]
             assert producer.send("orders", payloads, history, budget_s=60), history.failed[-3:]
@@ -102,8 +104,15 @@ def test_the_target_holds_the_sources_committed_entries_exactly_once(
                 # The replicator runs with the owner: kill it while it is replicating.
                 killed, _, _ = wait_assigned(east_api, pchannel)
                 east.kill(killed)
+            if number == KILL_TARGET_AFTER:
+                # ... and the target's owner, whose producer table holds the checkpoint.
+                killed_target, _, _ = wait_assigned(west_api, pchannel)
+                west.kill(killed_target)
+                # The source node comes back (rebalancing may give it the pchannel, and
+                # so the replicator, again).
+                east.start_node(killed)
         producer.close()
-        assert killed
+        assert killed and killed_target
 
         acknowledged = [a.payload for a in history.acked]
         source = consume_all(east_api, "orders", pchannel, expect=len(acknowledged), timeout_s=90)
