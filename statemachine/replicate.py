@@ -256,3 +256,33 @@ def redacted_event(event: pb.Event) -> pb.Event:
         copy.state_restored.state = saved.SerializeToString(deterministic=True)
         return copy
     return event
+
+
+def replicated_pairs(
+    configuration: pb.ReplicateConfiguration, cluster_id: str
+) -> list[tuple[str, str]]:
+    """(local pchannel, target cluster id) for every pchannel this cluster replicates, in
+    configuration order."""
+    local = local_cluster(configuration, cluster_id) if cluster_id else None
+    if local is None:
+        return []
+    targets = [
+        e.target_cluster_id for e in configuration.topology if e.source_cluster_id == cluster_id
+    ]
+    return [(pchannel, target) for target in targets for pchannel in local.pchannels]
+
+
+def replication_hold(state: pb.CoordinationState, pchannel: str) -> int:
+    """The lowest LSN of `pchannel` some target of this cluster has not applied (1 while a
+    target has reported nothing), or a value above every LSN when none replicates it.
+    A target dropped from the configuration holds nothing."""
+    hold = 1 << 62
+    checkpoints = state.replicate_checkpoints.get(pchannel)
+    for local, target in replicated_pairs(
+        state.replicate_configuration, state.replicate_cluster_id
+    ):
+        if local != pchannel:
+            continue
+        applied = checkpoints.source_lsns.get(target, 0) if checkpoints is not None else 0
+        hold = min(hold, applied + 1)
+    return hold

@@ -186,6 +186,16 @@ class _ReplicatorHost:
         self._node.data_view.refresh()
         return self._node.data_view.view
 
+    async def record_checkpoint(self, pchannel: str, target_cluster_id: str, lsn: int) -> None:
+        command = pb.Command(
+            record_replicate_checkpoint=pb.RecordReplicateCheckpoint(
+                pchannel=pchannel, target_cluster_id=target_cluster_id, source_lsn=lsn
+            )
+        )
+        result = await self._node.propose(command)
+        if result.rejection.code != E.OK:
+            raise RaftwalError(result.rejection)
+
 
 class Node:
     def __init__(self, config: ClusterConfig, node_id: str) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -59,6 +60,9 @@ MAX_TXN_READ_BYTES = 40 << 20
 RETRY_MIN_S = 0.1
 RETRY_MAX_S = 5.0
 CALL_TIMEOUT_S = 10.0
+#: How often a replicator reports its target's checkpoint to Raft (the retention hold),
+#: at most: retention runs every few seconds, and every report is a Raft entry.
+RECORD_EVERY_S = 1.0
 _SKIPPED_FLAGS = int(EntryFlags.TERM_START | EntryFlags.SEAL_MARKER)
 _SKIPPED_TYPES = frozenset(
     {MsgType.TERM_START, MsgType.SEAL, MsgType.TIME_TICK, MsgType.TXN_BEGIN, MsgType.TXN_COMMIT}
@@ -84,6 +88,10 @@ class ReplicatorHost(Protocol):
 
     def view(self) -> DataViewSnapshot:
         """The node's data view (vchannel ids to names, pchannels), refreshed."""
+        ...
+
+    async def record_checkpoint(self, pchannel: str, target_cluster_id: str, lsn: int) -> None:
+        """Propose RecordReplicateCheckpoint (the retention hold); raises RaftwalError."""
         ...
 
 
@@ -255,6 +263,7 @@ class Replicators:
         producer = producer_id(host.cluster_id, edge.pchannel)
         checkpoint: int | None = None
         scanned = 0
+        recorded, recorded_at = 0, 0.0
         backoff = RETRY_MIN_S
         log.info(
             "replicate %s (term %d) -> %s/%s: started",
@@ -283,6 +292,11 @@ class Replicators:
                             timeout=CALL_TIMEOUT_S,
                         )
                         checkpoint = scanned = answer.source_lsn
+                    if checkpoint > recorded and time.monotonic() - recorded_at >= RECORD_EVERY_S:
+                        await host.record_checkpoint(
+                            edge.pchannel, edge.target.cluster_id, checkpoint
+                        )
+                        recorded, recorded_at = checkpoint, time.monotonic()
                     committed = owner.committed_lsn
                     if scanned >= committed:
                         await asyncio.sleep(IDLE_POLL_S)

@@ -61,6 +61,34 @@ def _configuration(east: dev.LocalCluster, west: dev.LocalCluster, pchannel: str
     )
 
 
+def _recorded_checkpoints(client: Api, *, deadline_s: float, until: int) -> list[int]:
+    """The source LSNs east's Raft recorded for west, in revision order, once one
+    reaches `until` (or the time runs out)."""
+    deadline = time.monotonic() + deadline_s
+    recorded: list[int] = []
+    attempt = 0
+    while time.monotonic() < deadline:
+        recorded = []
+        # Each endpoint in turn: one of them may be the node the test killed.
+        endpoint = client.endpoints[attempt % len(client.endpoints)]
+        attempt += 1
+        stream = client.stub(endpoint).WatchEvents(
+            api.WatchEventsRequest(from_revision=1, kinds=["replicate_checkpoint_recorded"]),
+            timeout=5,
+        )
+        try:
+            for batch in stream:
+                recorded += [e.replicate_checkpoint_recorded.source_lsn for e in batch.events]
+                if not batch.events and batch.next_revision > batch.applied_revision:
+                    break
+        except grpc.RpcError:
+            pass
+        if recorded and recorded[-1] >= until:
+            return recorded
+        time.sleep(0.5)
+    return recorded
+
+
 def _checkpoint(client: Api, pchannel: str) -> wire.GetReplicateCheckpointResponse | None:
     _, _, address = wait_assigned(client, pchannel)
     channel = client.security.channel(address)
@@ -149,6 +177,10 @@ def test_the_target_holds_the_sources_committed_entries_exactly_once(
         again = consume_all(west_api, "orders", pchannel, expect=len(source) + 1, timeout_s=5)
         assert len(again) == len(source)
         assert checkpoint.target_lsn == target[-1].lsn
+        # East's retention hold follows: the replicator reports where west stands.
+        recorded = _recorded_checkpoints(east_api, deadline_s=30, until=last_source_lsn)
+        assert recorded and recorded[-1] == last_source_lsn, recorded
+        assert recorded == sorted(recorded), "a recorded checkpoint went back"
     finally:
         east_api.close()
         west_api.close()
