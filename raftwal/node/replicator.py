@@ -16,7 +16,9 @@ never both write, and a restart resumes exactly after what the target holds.
 Replicated: data entries with their vchannel, type, key, payload and properties (minus
 the source's own ``rw.`` bookkeeping); a committed transaction's body as one batch (its
 begin and commit markers are the source's); broadcast entries as entries of their
-vchannel. Not replicated: the source's term starts, seal markers and idle time ticks.
+vchannel; the creation of vchannels (before their first entry is sent) and their removal
+(once every entry before it is replicated), through the target's Coordinator, which
+needs the target token's role to be admin. Not replicated: the source's term starts, seal markers and idle time ticks.
 Every retry is bounded in rate (``RETRY_MAX_S``) and logged.
 """
 
@@ -63,6 +65,8 @@ CALL_TIMEOUT_S = 10.0
 #: How often a replicator reports its target's checkpoint to Raft (the retention hold),
 #: at most: retention runs every few seconds, and every report is a Raft entry.
 RECORD_EVERY_S = 1.0
+#: How often an idle replicator compares the target's vchannels with the source's.
+VCHANNEL_SYNC_S = 2.0
 _SKIPPED_FLAGS = int(EntryFlags.TERM_START | EntryFlags.SEAL_MARKER)
 _SKIPPED_TYPES = frozenset(
     {MsgType.TERM_START, MsgType.SEAL, MsgType.TIME_TICK, MsgType.TXN_BEGIN, MsgType.TXN_COMMIT}
@@ -264,6 +268,9 @@ class Replicators:
         checkpoint: int | None = None
         scanned = 0
         recorded, recorded_at = 0, 0.0
+        # The target pchannel's vchannels as last synchronized, and when.
+        target_vchannels: set[str] | None = None
+        synced_at = 0.0
         backoff = RETRY_MIN_S
         log.info(
             "replicate %s (term %d) -> %s/%s: started",
@@ -299,6 +306,10 @@ class Replicators:
                         recorded, recorded_at = checkpoint, time.monotonic()
                     committed = owner.committed_lsn
                     if scanned >= committed:
+                        if time.monotonic() - synced_at >= VCHANNEL_SYNC_S:
+                            # Caught up: a vchannel dropped here can be dropped there.
+                            target_vchannels = await self._sync_vchannels(client, edge, True)
+                            synced_at = time.monotonic()
                         await asyncio.sleep(IDLE_POLL_S)
                         continue
                     names = host.view().vchannel_names
@@ -306,6 +317,11 @@ class Replicators:
                     if batch.cut_transaction:
                         # A transaction larger than one read: read it whole.
                         batch = next_batch(owner, scanned, committed, names, MAX_TXN_READ_BYTES)
+                    if target_vchannels is None or any(
+                        m.vchannel not in target_vchannels for m in batch.messages
+                    ):
+                        target_vchannels = await self._sync_vchannels(client, edge, False)
+                        synced_at = time.monotonic()
                     if not batch.messages:
                         progressed = batch.scanned_through > scanned
                         scanned = batch.scanned_through
@@ -373,6 +389,46 @@ class Replicators:
                     checkpoint = None
                     await asyncio.sleep(backoff)
                     backoff = min(RETRY_MAX_S, backoff * 2)
+
+    async def _sync_vchannels(
+        self, client: StreamingClientBase, edge: _Edge, caught_up: bool
+    ) -> set[str]:
+        """Create on the target pchannel the vchannels this pchannel has and it lacks, and,
+        once `caught_up` (every entry of a dropped vchannel replicated), drop there those
+        dropped here. Returns the target pchannel's vchannels afterwards."""
+        view = self._host.view()
+        mine = {v.name: v.normal for v in view.vchannels.values() if v.pchannel == edge.pchannel}
+        described = await client.coordinator.describe_channels([edge.target_pchannel])
+        theirs = {
+            v.name
+            for v in described.vchannels
+            if v.pchannel == edge.target_pchannel and v.state == pb.VCHANNEL_STATE_NORMAL
+        }
+        for name in sorted(mine):
+            if mine[name] and name not in theirs:
+                try:
+                    await client.coordinator.create_vchannel(name, edge.target_pchannel)
+                except RaftwalError as error:
+                    if error.info.code != E.ALREADY_EXISTS:
+                        raise
+                log.info(
+                    "replicate %s: created vchannel %s on %s/%s",
+                    edge.pchannel,
+                    name,
+                    edge.target.cluster_id,
+                    edge.target_pchannel,
+                )
+                theirs.add(name)
+            elif caught_up and not mine[name] and name in theirs:
+                await client.coordinator.drop_vchannel(name)
+                log.info(
+                    "replicate %s: dropped vchannel %s on %s",
+                    edge.pchannel,
+                    name,
+                    edge.target.cluster_id,
+                )
+                theirs.discard(name)
+        return theirs
 
     @staticmethod
     async def _produce(stub, request: wire.ProduceRequest) -> wire.ProduceResult:  # type: ignore[no-untyped-def]

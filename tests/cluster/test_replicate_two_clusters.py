@@ -25,7 +25,14 @@ from rpc.protos import errors_pb2 as E
 from rpc.protos import streaming_pb2 as wire
 from rpc.protos import streaming_pb2_grpc
 from tests.cluster.conftest import Api
-from tests.cluster.wal_helpers import History, Producer, consume_all, setup_channels, wait_assigned
+from tests.cluster.wal_helpers import (
+    History,
+    Producer,
+    consume_all,
+    setup_channels,
+    wait_assigned,
+    wait_nodes_up,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -34,6 +41,7 @@ BATCHES = 40
 PER_BATCH = 10
 KILL_AFTER = 12
 KILL_TARGET_AFTER = 25
+CREATE_AFTER = 18
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +122,9 @@ def test_the_target_holds_the_sources_committed_entries_exactly_once(
     east_api, west_api = Api(east.endpoints), Api(west.endpoints)
     try:
         (pchannel,) = setup_channels(east_api, "rp", {"orders": 0})
-        assert setup_channels(west_api, "rp", {"orders": 0}) == [pchannel]
+        # West gets its vchannels from the replicator.
+        wait_nodes_up(west_api)
+        west_api.call("CreateChannels", api.CreateChannelsRequest(names=[pchannel]))
         configuration = _configuration(east, west, pchannel)
         for client in (east_api, west_api):
             client.call(
@@ -127,7 +137,12 @@ def test_the_target_holds_the_sources_committed_entries_exactly_once(
         killed = killed_target = ""
         for number in range(BATCHES):
             payloads = [f"{number}.{k}.{rng.random():.6f}".encode() for k in range(PER_BATCH)]
-            assert producer.send("orders", payloads, history, budget_s=60), history.failed[-3:]
+            if number == CREATE_AFTER:
+                east_api.call(
+                    "CreateVChannel", api.CreateVChannelRequest(name="refunds", pchannel=pchannel)
+                )
+            vchannel = "refunds" if number > CREATE_AFTER and number % 2 else "orders"
+            assert producer.send(vchannel, payloads, history, budget_s=60), history.failed[-3:]
             if number == KILL_AFTER:
                 # The replicator runs with the owner: kill it while it is replicating.
                 killed, _, _ = wait_assigned(east_api, pchannel)
@@ -143,7 +158,12 @@ def test_the_target_holds_the_sources_committed_entries_exactly_once(
         assert killed and killed_target
 
         acknowledged = [a.payload for a in history.acked]
-        source = consume_all(east_api, "orders", pchannel, expect=len(acknowledged), timeout_s=90)
+        refunds = sum(1 for n in range(BATCHES) if n > CREATE_AFTER and n % 2) * PER_BATCH
+        source_refunds = consume_all(east_api, "refunds", pchannel, expect=refunds, timeout_s=60)
+        source = consume_all(
+            east_api, "orders", pchannel, expect=len(acknowledged) - refunds, timeout_s=90
+        )
+        source = sorted([*source, *source_refunds], key=lambda e: e.lsn)
         source_payloads = [e.payload for e in source]
         assert len(set(source_payloads)) == len(source_payloads), "duplicates on the source"
         assert set(acknowledged) <= set(source_payloads), "an acknowledged entry was lost"
@@ -161,7 +181,11 @@ def test_the_target_holds_the_sources_committed_entries_exactly_once(
             last_source_lsn,
         )
 
-        target = consume_all(west_api, "orders", pchannel, expect=len(source), timeout_s=90)
+        target = consume_all(
+            west_api, "orders", pchannel, expect=len(source) - refunds, timeout_s=90
+        )
+        target += consume_all(west_api, "refunds", pchannel, expect=refunds, timeout_s=60)
+        target.sort(key=lambda e: e.lsn)
         assert [
             (
                 e.payload,
@@ -175,12 +199,28 @@ def test_the_target_holds_the_sources_committed_entries_exactly_once(
         # Nothing more arrives later (no duplicate behind the checkpoint).
         time.sleep(2)
         again = consume_all(west_api, "orders", pchannel, expect=len(source) + 1, timeout_s=5)
-        assert len(again) == len(source)
+        assert len(again) == len(source) - refunds
         assert checkpoint.target_lsn == target[-1].lsn
         # East's retention hold follows: the replicator reports where west stands.
         recorded = _recorded_checkpoints(east_api, deadline_s=30, until=last_source_lsn)
         assert recorded and recorded[-1] == last_source_lsn, recorded
         assert recorded == sorted(recorded), "a recorded checkpoint went back"
+
+        # A vchannel dropped on the source is dropped on the target once replicated.
+        east_api.call("DropVChannel", api.DropVChannelRequest(name="refunds"))
+        deadline = time.monotonic() + 30
+        states: dict[str, int] = {}
+        while time.monotonic() < deadline:
+            described = west_api.call(
+                "DescribeChannels", api.DescribeChannelsRequest(pchannels=[pchannel])
+            )
+            # (A dropped vchannel is no longer described.)
+            states = {v.name: v.state for v in described.vchannels}
+            if states.get("refunds") != pb.VCHANNEL_STATE_NORMAL:
+                break
+            time.sleep(0.5)
+        assert states.get("refunds") != pb.VCHANNEL_STATE_NORMAL
+        assert states["orders"] == pb.VCHANNEL_STATE_NORMAL
     finally:
         east_api.close()
         west_api.close()
