@@ -286,3 +286,16 @@ def replication_hold(state: pb.CoordinationState, pchannel: str) -> int:
         applied = checkpoints.source_lsns.get(target, 0) if checkpoints is not None else 0
         hold = min(hold, applied + 1)
     return hold
+
+
+def replication_sources(
+    configuration: pb.ReplicateConfiguration, cluster_id: str
+) -> dict[str, str]:
+    """pchannel of this cluster -> the cluster it is a replication target of."""
+    local = local_cluster(configuration, cluster_id) if cluster_id else None
+    if local is None:
+        return {}
+    for edge in configuration.topology:
+        if edge.target_cluster_id == cluster_id:
+            return dict.fromkeys(local.pchannels, edge.source_cluster_id)
+    return {}

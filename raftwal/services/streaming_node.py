@@ -320,6 +320,27 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             info = error_info(E.INNER, f"internal error: {error!r}"[:300])
         await context.abort_with_status(to_status(info))
 
+    def _check_writable(self, pchannel: str, what: str) -> None:
+        """Refuse a client's write to a pchannel that is a replication target."""
+        source = self._view.view.replicated_from.get(pchannel)
+        if source is not None:
+            raise fail(
+                E.IGNORED_OPERATION,
+                f"pchannel {pchannel} is a replication target of cluster {source} (got {what}; "
+                f"expected it on cluster {source}, whose replicator copies it here, or this "
+                "cluster taken out of the replication topology first)",
+            )
+
+    def _check_replicated_from(self, pchannel: str, cluster_id: str) -> None:
+        """Refuse a replicated batch unless `pchannel` is a target of `cluster_id`."""
+        source = self._view.view.replicated_from.get(pchannel)
+        if source != cluster_id:
+            raise fail(
+                E.IGNORED_OPERATION,
+                f"a replicated batch from cluster {cluster_id} for pchannel {pchannel} (got "
+                f"one; expected batches from {source or 'no cluster: it is not a replication target'})",
+            )
+
     def _owner(self, pchannel: str):  # type: ignore[no-untyped-def]
         owner = self._plane.owner(pchannel)
         if owner is None or not owner.serving:
@@ -484,6 +505,10 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                     f"invalid expected_last_lsn ({request.expected_last_lsn}; expected >= -1)",
                 )
             check_replicated_batch(request, count)
+            if not request.HasField("replicate_source"):
+                self._check_writable(request.pchannel, "a Produce")
+            else:
+                self._check_replicated_from(request.pchannel, request.replicate_source.cluster_id)
             previous_sequence = None
             if request.HasField("previous_sequence"):
                 if (
@@ -953,6 +978,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
     async def BeginTxn(self, request, context):
         async def work() -> wire.BeginTxnResponse:
             vchannel = self._vchannel(request.vchannel)
+            self._check_writable(vchannel.pchannel, "a BeginTxn")
             keepalive = request.keepalive_ms or DEFAULT_TXN_KEEPALIVE_MS
             if not 1 <= keepalive <= MAX_TXN_KEEPALIVE_MS:
                 raise fail(

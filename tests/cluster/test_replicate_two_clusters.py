@@ -11,6 +11,8 @@ that log entry for entry."""
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +44,8 @@ PER_BATCH = 10
 KILL_AFTER = 12
 KILL_TARGET_AFTER = 25
 CREATE_AFTER = 18
+# A made-up pchannel of east for the target-side test (a producer of its own on west).
+SOURCE = "rp_9"
 
 
 @pytest.fixture(scope="module")
@@ -240,11 +244,11 @@ def _replicated(pchannel: str, lsns: list[int], previous: int, **fields) -> wire
         request_id=1,
         pchannel=pchannel,
         messages=[wire.Message(vchannel="orders", payload=f"r{n}".encode()) for n in lsns],
-        producer_id=f"rw.replicate/north/{pchannel}",
+        producer_id=f"rw.replicate/east/{SOURCE}",
         sequence=lsns[-1],
         previous_sequence=previous,
         replicate_source=wire.ReplicateSource(
-            cluster_id="north", pchannel=pchannel, lsns=lsns, time_ticks=[7] * len(lsns)
+            cluster_id="east", pchannel=SOURCE, lsns=lsns, time_ticks=[7] * len(lsns)
         ),
     )
     for name, value in fields.items():
@@ -255,8 +259,9 @@ def _replicated(pchannel: str, lsns: list[int], previous: int, **fields) -> wire
 def test_a_replicated_batch_must_continue_the_targets_sequence(
     clusters: tuple[dev.LocalCluster, dev.LocalCluster],
 ) -> None:
-    """The target side alone, on west: batches of a made-up source 'north'. What was
-    acknowledged is what GetReplicateCheckpoint answers and what the log holds."""
+    """The target side alone, on west: batches of a made-up pchannel of east (its own
+    producer, beside the real replicator's). What was acknowledged is what
+    GetReplicateCheckpoint answers and what the log holds."""
     _, west = clusters
     client = Api(west.endpoints)
     try:
@@ -271,7 +276,7 @@ def test_a_replicated_batch_must_continue_the_targets_sequence(
                     streaming_pb2_grpc.StreamingNodeStub(channel)
                     .GetReplicateCheckpoint(
                         wire.GetReplicateCheckpointRequest(
-                            pchannel=pchannel, source_cluster_id="north", source_pchannel=pchannel
+                            pchannel=pchannel, source_cluster_id="east", source_pchannel=SOURCE
                         ),
                         timeout=10,
                     )
@@ -300,13 +305,13 @@ def test_a_replicated_batch_must_continue_the_targets_sequence(
             (_replicated(pchannel, [12], previous=9, sequence=13), "expected 12, the source LSN"),
             (
                 _replicated(pchannel, [12], previous=9, producer_id="rw.replicate/x/y"),
-                "expected 'rw.replicate/north/rp_0'",
+                "expected 'rw.replicate/east/rp_9'",
             ),
             (
                 wire.ProduceRequest(
                     pchannel=pchannel,
                     messages=[wire.Message(vchannel="orders", payload=b"x")],
-                    producer_id="rw.replicate/north/rp_0",
+                    producer_id="rw.replicate/east/rp_9",
                     sequence=20,
                 ),
                 "is reserved for replicated batches",
@@ -319,8 +324,56 @@ def test_a_replicated_batch_must_continue_the_targets_sequence(
         replicated = [
             e
             for e in consume_all(client, "orders", pchannel, expect=1_000_000, timeout_s=5)
-            if e.properties.get("rw.src.cluster") == "north"
+            if e.properties.get("rw.src.pchannel") == SOURCE
         ]
         assert [int(e.properties["rw.src.lsn"]) for e in replicated] == [3, 5, 9]
+        # Only the configured source may write: a batch from another cluster is refused.
+        north = _replicated(pchannel, [12], previous=9)
+        north.producer_id = f"rw.replicate/north/{SOURCE}"
+        north.replicate_source.cluster_id = "north"
+        refused = _produce(client, pchannel, north)
+        assert refused.error.code == E.IGNORED_OPERATION
+        assert "expected batches from east" in refused.error.message
+    finally:
+        client.close()
+
+
+def test_the_target_refuses_client_writes_naming_its_source(
+    clusters: tuple[dev.LocalCluster, dev.LocalCluster],
+) -> None:
+    """West is east's target: a plain Produce, a transaction and `raftwal produce` there
+    are refused with an error that names east; nothing is written."""
+    _, west = clusters
+    client = Api(west.endpoints)
+    try:
+        pchannel = "rp_0"
+        before = consume_all(client, "orders", pchannel, expect=1_000_000, timeout_s=3)
+        plain = wire.ProduceRequest(
+            request_id=1,
+            pchannel=pchannel,
+            messages=[wire.Message(vchannel="orders", payload=b"not here")],
+        )
+        refused = _produce(client, pchannel, plain)
+        assert refused.error.code == E.IGNORED_OPERATION, refused
+        assert "replication target of cluster east (got a Produce" in refused.error.message
+        _, _, address = wait_assigned(client, pchannel)
+        channel = client.security.channel(address)
+        try:
+            with pytest.raises(grpc.RpcError) as raised:
+                streaming_pb2_grpc.StreamingNodeStub(channel).BeginTxn(
+                    wire.BeginTxnRequest(vchannel="orders"), timeout=10
+                )
+        finally:
+            channel.close()
+        assert "replication target of cluster east (got a BeginTxn" in str(raised.value.details())
+        done = subprocess.run(
+            [sys.executable, "-m", "raftwal.cli", "produce", "--vchannel", "orders", "--count", "1",
+             "--endpoints", ",".join(west.endpoints), "--timeout-s", "10"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 1, (done.stdout, done.stderr)
+        assert "cluster east" in done.stderr
+        after = consume_all(client, "orders", pchannel, expect=1_000_000, timeout_s=3)
+        assert [e.lsn for e in after] == [e.lsn for e in before]
     finally:
         client.close()
