@@ -5,8 +5,10 @@ FILE is TOML: one ``[[clusters]]`` table per cluster (``id``, ``endpoints``, ``p
 in order, and optional ``token_file`` / ``ca_file``, paths relative to FILE) and one
 ``[[topology]]`` table per edge (``source``, ``target``). Tokens come from files, never
 from the command line or FILE itself, so that FILE can be shared and kept in version
-control while the token files stay 0600. ``set`` replaces the configuration of the cluster
-the CLI talks to (``--endpoints``, else the dev cluster) with FILE's; ``clear`` empties it;
+control while the token files stay 0600. ``set`` replaces the configuration of every
+cluster FILE names with FILE's, each reached at its endpoints with its own token
+and CA file (``--here``: only the cluster the CLI talks to, ``--endpoints`` or the dev
+cluster, with the flags' credentials); ``clear`` empties the CLI's cluster's one;
 ``show`` prints it as the cluster answers it, tokens redacted. This module only parses,
 calls the SDK and prints: the cluster validates.
 """
@@ -14,12 +16,19 @@ calls the SDK and prints: the cluster validates.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import sys
+import time
 import tomllib
 from pathlib import Path
 
+import grpc
 from rich.table import Table
 
 from raftwal.cli.client import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
     CliError,
     Target,
     _console,
@@ -28,8 +37,13 @@ from raftwal.cli.client import (
     common_arguments,
     message_to_json,
 )
-from rpc.client import CoordinatorClient
+from raftwal.node.replicator import cluster_security
+from rpc.client import CoordinatorClient, RaftwalError
+from rpc.credentials import CredentialsError
 from rpc.protos import coordination_pb2 as pb
+from rpc.protos import streaming_pb2 as wire
+from rpc.streaming.routing import StreamingClientBase
+from wal_segments.owner import TICK_LOGICAL_BITS
 
 # Bounds on what FILE may name (the cluster bounds the configuration itself).
 MAX_FILE_BYTES = 1 << 20
@@ -148,14 +162,35 @@ def register(commands: argparse._SubParsersAction) -> None:
     replicate_commands = replicate.add_subparsers(dest="replicate_command", metavar="ACTION")
     replicate_commands.required = True
     setter = replicate_commands.add_parser(
-        "set", parents=[common], help="replace the configuration with FILE's (TOML)"
+        "set",
+        parents=[common],
+        help="replace the configuration of every cluster in FILE (TOML) with FILE's",
+        description="Each cluster of FILE is reached at its endpoints with its token_file "
+        "and ca_file (the flags' credentials are not used), in FILE's order; the first "
+        "refusal stops it. With --here, only the cluster the flags name.",
     )
     setter.add_argument("file", type=Path, metavar="FILE", help="the configuration (TOML)")
-    setter.set_defaults(handler=_handler(_replicate_set))
+    setter.add_argument(
+        "--here",
+        action="store_true",
+        help="apply it only to the cluster --endpoints (or the dev cluster) names, with the "
+        "flags' credentials",
+    )
+    setter.set_defaults(handler=_set_handler)
     clear = replicate_commands.add_parser(
         "clear", parents=[common], help="remove the configuration (no replication)"
     )
     clear.set_defaults(handler=_handler(_replicate_clear))
+    status = replicate_commands.add_parser(
+        "status",
+        parents=[common],
+        help="per source pchannel: committed LSN, where the target stands, lag in entries "
+        "and seconds",
+        description="Run against the source cluster. The target checkpoint is the one the "
+        "source's replicators last recorded in Raft (at most about a second old); the lag "
+        "counts the source's data entries after it, and its age is that of the oldest of them.",
+    )
+    status.set_defaults(handler=_handler(_replicate_status))
     show = replicate_commands.add_parser(
         "show", parents=[common], help="the configuration, tokens redacted"
     )
@@ -166,6 +201,57 @@ async def _replicate_set(
     args: argparse.Namespace, client: CoordinatorClient, target: Target
 ) -> int:
     return await _apply(args, client, load_replicate_file(args.file), "replaced", "unchanged")
+
+
+def _set_handler(args: argparse.Namespace) -> int:
+    if args.here:
+        return _handler(_replicate_set)(args)
+    try:
+        return asyncio.run(_set_everywhere(args))
+    except (CliError, CredentialsError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+async def _set_everywhere(args: argparse.Namespace) -> int:
+    configuration = load_replicate_file(args.file)
+    if not configuration.clusters:
+        raise CliError(
+            f"{args.file} names no cluster (expected [[clusters]] tables; `raftwal replicate "
+            "clear --endpoints ...` clears one cluster's configuration)"
+        )
+    applied: list[dict[str, object]] = []
+    for cluster in configuration.clusters:
+        async with CoordinatorClient(
+            list(cluster.endpoints), timeout_s=args.timeout_s, security=cluster_security(cluster)
+        ) as client:
+            try:
+                response = await client.update_replicate_configuration(configuration)
+            except RaftwalError as error:
+                done = ", ".join(str(a["cluster_id"]) for a in applied) or "none"
+                print(
+                    f"error: cluster {cluster.cluster_id}: {error} (applied to: {done})",
+                    file=sys.stderr,
+                )
+                return EXIT_ERROR
+        applied.append(
+            {
+                "cluster_id": cluster.cluster_id,
+                "revision": response.revision,
+                "changed": response.changed,
+            }
+        )
+        if not args.json:
+            state = "replaced" if response.changed else "unchanged (already this one)"
+            _console().print(
+                f"cluster {cluster.cluster_id}: replication configuration {state} at "
+                f"revision {response.revision}"
+            )
+    if args.json:
+        _print_json({"clusters": applied})
+    return 0
 
 
 async def _replicate_clear(
@@ -222,4 +308,106 @@ async def _replicate_show(
         f"{edge.source_cluster_id} -> {edge.target_cluster_id}" for edge in configuration.topology
     )
     console.print(f"topology: {edges or 'no edges'}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# status
+# ---------------------------------------------------------------------------------------
+
+#: How long `status` reads a source pchannel's unreplicated entries to count them.
+STATUS_READ_S = 2.0
+#: How long `status` waits for a pchannel's owner.
+STATUS_ROUTE_S = 10.0
+#: Counted at most per pchannel (the lag shows as ">= N" past it).
+STATUS_MAX_COUNT = 100_000
+
+
+async def _unreplicated(
+    client: StreamingClientBase, pchannel: str, after: int, committed: int
+) -> tuple[int, int]:
+    """(data entries of `pchannel` in (after, committed], time tick of the first one or 0)."""
+    if after >= committed:
+        return 0, 0
+    route = await client.router.owner(pchannel, STATUS_ROUTE_S)
+    call = client.stub(route.owner_address).Consume(
+        wire.ConsumeRequest(pchannel=pchannel, policy=wire.DELIVER_POLICY_START_AFTER, lsn=after),
+        timeout=STATUS_READ_S,
+    )
+    count, first_tick = 0, 0
+    try:
+        async for response in call:
+            for entry in response.entries:
+                if entry.lsn > committed or count >= STATUS_MAX_COUNT:
+                    return count, first_tick
+                count += 1
+                first_tick = first_tick or entry.time_tick
+            if response.entries and response.entries[-1].lsn >= committed:
+                break
+    except grpc.RpcError as error:
+        if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise
+    finally:
+        call.cancel()
+    return count, first_tick
+
+
+async def _replicate_status(
+    args: argparse.Namespace, client: CoordinatorClient, target: Target
+) -> int:
+    answer = await client.get_replicate_configuration()
+    local = answer.cluster_id
+    rows: list[dict[str, object]] = []
+    clusters = {c.cluster_id: c for c in answer.configuration.clusters}
+    now_ms = int(time.time() * 1000)
+    async with StreamingClientBase(client) as streaming:
+        for edge in answer.configuration.topology:
+            if edge.source_cluster_id != local or local not in clusters:
+                continue
+            target_cluster = clusters[edge.target_cluster_id]
+            for index, pchannel in enumerate(clusters[local].pchannels):
+                route = await streaming.router.owner(pchannel, args.timeout_s)
+                latest = await streaming.stub(route.owner_address).GetLatestTimeTick(
+                    wire.GetLatestTimeTickRequest(pchannel=pchannel), timeout=args.timeout_s
+                )
+                recorded = answer.checkpoints[pchannel].source_lsns.get(edge.target_cluster_id, 0)
+                lag, first_tick = await _unreplicated(
+                    streaming, pchannel, recorded, latest.committed_lsn
+                )
+                lag_s = (
+                    max(0.0, (now_ms - (first_tick >> TICK_LOGICAL_BITS)) / 1000) if lag else 0.0
+                )
+                rows.append(
+                    {
+                        "source_cluster_id": local,
+                        "pchannel": pchannel,
+                        "target_cluster_id": edge.target_cluster_id,
+                        "target_pchannel": target_cluster.pchannels[index],
+                        "source_committed_lsn": latest.committed_lsn,
+                        "target_checkpoint_lsn": recorded,
+                        "lag_entries": lag,
+                        "lag_entries_capped": lag >= STATUS_MAX_COUNT,
+                        "lag_s": round(lag_s, 3),
+                    }
+                )
+    if args.json:
+        _print_json({"cluster_id": local, "pchannels": rows})
+        return 0
+    console = _console()
+    if not rows:
+        console.print(f"cluster {local or '(no cluster_id)'} replicates nothing")
+        return 0
+    table = Table(title=f"replication from {local}")
+    for column in ("pchannel", "target", "source committed", "target checkpoint", "lag", "lag s"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            str(row["pchannel"]),
+            f"{row['target_cluster_id']}/{row['target_pchannel']}",
+            str(row["source_committed_lsn"]),
+            str(row["target_checkpoint_lsn"]),
+            (">= " if row["lag_entries_capped"] else "") + str(row["lag_entries"]),
+            str(row["lag_s"]),
+        )
+    console.print(table)
     return 0

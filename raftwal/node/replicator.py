@@ -141,10 +141,12 @@ def desired_edges(
     return edges
 
 
-def _security(target: pb.ReplicateCluster) -> ClientSecurity:
-    pem = target.credentials.ca_certificate_pem
+def cluster_security(cluster: pb.ReplicateCluster) -> ClientSecurity:
+    """How to call `cluster`: its configured token, and TLS with its CA when it has one.
+    Raises CredentialsError for an unusable token."""
+    pem = cluster.credentials.ca_certificate_pem
     return ClientSecurity(
-        token=target.credentials.token or None,
+        token=cluster.credentials.token or None,
         tls=bool(pem),
         root_certificates=pem.encode() if pem else None,
     )
@@ -258,7 +260,7 @@ class Replicators:
     async def _replicate(self, edge: _Edge) -> None:
         host = self._host
         try:
-            security = _security(edge.target)
+            security = cluster_security(edge.target)
         except CredentialsError as error:
             log.warning(
                 "replicate %s: unusable credentials of the target (%s)", edge.pchannel, error

@@ -1066,17 +1066,18 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
     async def GetReplicateConfiguration(self, request, context):
         async def work() -> api.GetReplicateConfigurationResponse:
-            def reader(state: pb.CoordinationState) -> pb.ReplicateConfiguration:
-                return redacted(state.replicate_configuration)
+            def reader(state: pb.CoordinationState) -> api.GetReplicateConfigurationResponse:
+                answer = api.GetReplicateConfigurationResponse(
+                    configuration=redacted(state.replicate_configuration)
+                )
+                for name in sorted(state.replicate_checkpoints):
+                    answer.checkpoints[name].CopyFrom(state.replicate_checkpoints[name])
+                return answer
 
-            configuration, revision = await self._backend.read(
-                reader, _linearizable(request.consistency)
-            )
-            return api.GetReplicateConfigurationResponse(
-                configuration=configuration,
-                cluster_id=self._backend.cluster_id,
-                revision=revision,
-            )
+            answer, revision = await self._backend.read(reader, _linearizable(request.consistency))
+            answer.cluster_id = self._backend.cluster_id
+            answer.revision = revision
+            return answer
 
         return await self._call(context, work())
 

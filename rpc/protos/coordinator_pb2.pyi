@@ -536,14 +536,23 @@ class GetReplicateConfigurationRequest(_message.Message):
     def __init__(self, consistency: _Optional[_Union[Consistency, str]] = ...) -> None: ...
 
 class GetReplicateConfigurationResponse(_message.Message):
-    __slots__ = ("configuration", "cluster_id", "revision")
+    __slots__ = ("configuration", "cluster_id", "revision", "checkpoints")
+    class CheckpointsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _coordination_pb2.ReplicateCheckpoints
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_coordination_pb2.ReplicateCheckpoints, _Mapping]] = ...) -> None: ...
     CONFIGURATION_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     configuration: _coordination_pb2.ReplicateConfiguration
     cluster_id: str
     revision: int
-    def __init__(self, configuration: _Optional[_Union[_coordination_pb2.ReplicateConfiguration, _Mapping]] = ..., cluster_id: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...
+    checkpoints: _containers.MessageMap[str, _coordination_pb2.ReplicateCheckpoints]
+    def __init__(self, configuration: _Optional[_Union[_coordination_pb2.ReplicateConfiguration, _Mapping]] = ..., cluster_id: _Optional[str] = ..., revision: _Optional[int] = ..., checkpoints: _Optional[_Mapping[str, _coordination_pb2.ReplicateCheckpoints]] = ...) -> None: ...
 
 class CreateSubscriptionRequest(_message.Message):
     __slots__ = ("request_id", "name", "vchannels", "start", "start_lsn", "start_time_tick", "no_retention_hold")

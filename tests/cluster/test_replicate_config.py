@@ -245,7 +245,7 @@ source = "east"
 target = "west"
 """
     )
-    done = _cli(east, "set", str(tmp_path / "replicate.toml"))
+    done = _cli(east, "set", "--here", str(tmp_path / "replicate.toml"))
     assert done.returncode == 0, done.stderr
     shown = _cli(east, "show", "--json")
     assert shown.returncode == 0, shown.stderr
@@ -264,7 +264,7 @@ target = "west"
         (tmp_path / "replicate.toml").read_text()
         + '\n[[topology]]\nsource = "west"\ntarget = "east"\n'
     )
-    refused = _cli(east, "set", str(tmp_path / "bad.toml"))
+    refused = _cli(east, "set", "--here", str(tmp_path / "bad.toml"))
     assert refused.returncode == 1
     assert "INVALID_ARGUMENT" in refused.stderr and "cycle" in refused.stderr
     assert _get(admin).configuration == server_side

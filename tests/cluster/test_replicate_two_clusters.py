@@ -10,6 +10,7 @@ that log entry for entry."""
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
@@ -129,12 +130,31 @@ def test_the_target_holds_the_sources_committed_entries_exactly_once(
         # West gets its vchannels from the replicator.
         wait_nodes_up(west_api)
         west_api.call("CreateChannels", api.CreateChannelsRequest(names=[pchannel]))
-        configuration = _configuration(east, west, pchannel)
-        for client in (east_api, west_api):
-            client.call(
-                "UpdateReplicateConfiguration",
-                api.UpdateReplicateConfigurationRequest(configuration=configuration),
+        # `raftwal replicate set FILE` applies the file to both clusters.
+        (tmp_path / "replicate.toml").write_text(
+            "\n".join(
+                f'[[clusters]]\nid = "{name}"\nendpoints = {json.dumps(local.endpoints)}\n'
+                f'pchannels = ["{pchannel}"]\n'
+                for name, local in (("east", east), ("west", west))
             )
+            + '\n[[topology]]\nsource = "east"\ntarget = "west"\n'
+        )
+        done = subprocess.run(
+            [sys.executable, "-m", "raftwal.cli", "replicate", "set", "--json",
+             str(tmp_path / "replicate.toml")],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        applied = json.loads(done.stdout)["clusters"]
+        assert [(a["cluster_id"], a["changed"]) for a in applied] == [
+            ("east", True),
+            ("west", True),
+        ]
+        for client in (east_api, west_api):
+            answer = client.call(
+                "GetReplicateConfiguration", api.GetReplicateConfigurationRequest()
+            )
+            assert answer.configuration == _configuration(east, west, pchannel)
 
         history = History()
         producer = Producer(east_api, pchannel, f"app-{SEED}")
@@ -209,6 +229,19 @@ def test_the_target_holds_the_sources_committed_entries_exactly_once(
         recorded = _recorded_checkpoints(east_api, deadline_s=30, until=last_source_lsn)
         assert recorded and recorded[-1] == last_source_lsn, recorded
         assert recorded == sorted(recorded), "a recorded checkpoint went back"
+        status = subprocess.run(
+            [sys.executable, "-m", "raftwal.cli", "replicate", "status", "--json",
+             "--endpoints", ",".join(east.endpoints)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert status.returncode == 0, status.stderr
+        (row,) = json.loads(status.stdout)["pchannels"]
+        assert (row["pchannel"], row["target_cluster_id"], row["target_checkpoint_lsn"]) == (
+            pchannel,
+            "west",
+            last_source_lsn,
+        )
+        assert (row["lag_entries"], row["lag_s"]) == (0, 0.0), row
 
         # A vchannel dropped on the source is dropped on the target once replicated.
         east_api.call("DropVChannel", api.DropVChannelRequest(name="refunds"))
