@@ -191,6 +191,15 @@ def register(commands: argparse._SubParsersAction) -> None:
         "counts the source's data entries after it, and its age is that of the oldest of them.",
     )
     status.set_defaults(handler=_handler(_replicate_status))
+    promote = replicate_commands.add_parser(
+        "promote",
+        parents=[common],
+        help="make this target cluster writable when its source is gone; prints, per "
+        "pchannel, the last source LSN it holds (what came after may be lost)",
+        description="Removes the edge into this cluster from its configuration (this "
+        "cluster only: the source is assumed gone) and reports where each pchannel stands.",
+    )
+    promote.set_defaults(handler=_handler(_replicate_promote))
     show = replicate_commands.add_parser(
         "show", parents=[common], help="the configuration, tokens redacted"
     )
@@ -408,6 +417,90 @@ async def _replicate_status(
             str(row["target_checkpoint_lsn"]),
             (">= " if row["lag_entries_capped"] else "") + str(row["lag_entries"]),
             str(row["lag_s"]),
+        )
+    console.print(table)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# promote
+# ---------------------------------------------------------------------------------------
+
+
+async def _replicate_promote(
+    args: argparse.Namespace, client: CoordinatorClient, target: Target
+) -> int:
+    answer = await client.get_replicate_configuration()
+    local = answer.cluster_id
+    configuration = answer.configuration
+    edges = [e for e in configuration.topology if e.target_cluster_id == local]
+    if not edges:
+        listed = ", ".join(
+            f"{e.source_cluster_id} -> {e.target_cluster_id}" for e in configuration.topology
+        )
+        raise CliError(
+            f"cluster {local or '(no cluster_id)'} is not a replication target (got topology "
+            f"{listed or 'empty'}; expected an edge into it)"
+        )
+    source_id = edges[0].source_cluster_id
+    clusters = {c.cluster_id: c for c in configuration.clusters}
+    # What this cluster holds of each source pchannel, read before it stops being a target.
+    rows: list[dict[str, object]] = []
+    async with StreamingClientBase(client) as streaming:
+        for index, pchannel in enumerate(clusters[local].pchannels):
+            source_pchannel = clusters[source_id].pchannels[index]
+            route = await streaming.router.owner(pchannel, args.timeout_s)
+            held = await streaming.stub(route.owner_address).GetReplicateCheckpoint(
+                wire.GetReplicateCheckpointRequest(
+                    pchannel=pchannel, source_cluster_id=source_id, source_pchannel=source_pchannel
+                ),
+                timeout=args.timeout_s,
+            )
+            rows.append(
+                {
+                    "pchannel": pchannel,
+                    "source_pchannel": source_pchannel,
+                    "last_source_lsn": held.source_lsn,
+                }
+            )
+    promoted = pb.ReplicateConfiguration()
+    promoted.CopyFrom(configuration)
+    del promoted.topology[:]
+    promoted.topology.extend(e for e in configuration.topology if e.target_cluster_id != local)
+    # Get answers hide tokens, and a configuration is replaced whole: the source's token is
+    # dropped (it is gone), any other stored token cannot be carried over from here.
+    for cluster in promoted.clusters:
+        if cluster.cluster_id == source_id:
+            cluster.credentials.token = ""
+            cluster.credentials.token_set = False
+        elif cluster.credentials.token_set:
+            raise CliError(
+                f"cluster {cluster.cluster_id} has a token in the configuration, which this "
+                "command cannot read back (expected `raftwal replicate set --here FILE` "
+                f"with the edge {source_id} -> {local} removed instead)"
+            )
+    response = await client.update_replicate_configuration(promoted)
+    if args.json:
+        _print_json(
+            {
+                "cluster_id": local,
+                "source_cluster_id": source_id,
+                "revision": response.revision,
+                "pchannels": rows,
+            }
+        )
+        return 0
+    console = _console()
+    console.print(
+        f"cluster {local} is writable: no longer a target of {source_id} (revision "
+        f"{response.revision}); entries of {source_id} after these may be lost:"
+    )
+    table = Table()
+    for column in ("pchannel", f"{source_id} pchannel", "last source LSN held"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            str(row["pchannel"]), str(row["source_pchannel"]), str(row["last_source_lsn"])
         )
     console.print(table)
     return 0

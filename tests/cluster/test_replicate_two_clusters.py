@@ -410,3 +410,63 @@ def test_the_target_refuses_client_writes_naming_its_source(
         assert [e.lsn for e in after] == [e.lsn for e in before]
     finally:
         client.close()
+
+
+def test_promote_makes_the_target_writable_and_says_what_it_holds(
+    clusters: tuple[dev.LocalCluster, dev.LocalCluster],
+) -> None:
+    """Runs last: west stops being east's target. It reports the last source LSN it holds
+    of east's pchannel (the replicator's checkpoint), and takes client writes again."""
+    east, west = clusters
+    client = Api(west.endpoints)
+    try:
+        pchannel = "rp_0"
+        _, _, address = wait_assigned(client, pchannel)
+        channel = client.security.channel(address)
+        try:
+            held = streaming_pb2_grpc.StreamingNodeStub(channel).GetReplicateCheckpoint(
+                wire.GetReplicateCheckpointRequest(
+                    pchannel=pchannel, source_cluster_id="east", source_pchannel=pchannel
+                ),
+                timeout=10,
+            )
+        finally:
+            channel.close()
+        assert held.source_lsn > 0
+        # East is gone: no more replicated entries may arrive while west is promoted.
+        for node in east.config.nodes:
+            east.kill(node.id)
+        done = subprocess.run(
+            [sys.executable, "-m", "raftwal.cli", "replicate", "promote", "--json",
+             "--endpoints", ",".join(west.endpoints)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert report["source_cluster_id"] == "east"
+        assert report["pchannels"] == [
+            {"pchannel": pchannel, "source_pchannel": pchannel, "last_source_lsn": held.source_lsn}
+        ]
+        answer = client.call("GetReplicateConfiguration", api.GetReplicateConfigurationRequest())
+        assert list(answer.configuration.topology) == []
+        written = _produce(
+            client,
+            pchannel,
+            wire.ProduceRequest(
+                request_id=1,
+                pchannel=pchannel,
+                messages=[wire.Message(vchannel="orders", payload=b"after promote")],
+            ),
+        )
+        assert written.error.code == 0, written.error
+        entries = consume_all(client, "orders", pchannel, expect=1_000_000, timeout_s=3)
+        assert entries[-1].payload == b"after promote"
+        # A second promote has nothing to do and says so.
+        again = subprocess.run(
+            [sys.executable, "-m", "raftwal.cli", "replicate", "promote",
+             "--endpoints", ",".join(west.endpoints)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert again.returncode == 2 and "is not a replication target" in again.stderr
+    finally:
+        client.close()
