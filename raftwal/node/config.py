@@ -199,6 +199,9 @@ class ClusterConfig:
     # ClusterStatus flags a replica whose durable LSN is this many entries behind its
     # owner's committed LSN (a healthy replica under load stays within a few batches).
     replica_lag_warn_entries: int = 10_000
+    # ClusterStatus flags a replication target (docs/replication.md) whose recorded
+    # checkpoint is this many LSNs behind its source pchannel's committed LSN.
+    replicate_lag_warn_entries: int = 10_000
     # Uncommitted transaction data a node holds in memory: what all open transactions on
     # the node, and those of one producer (BeginTxnRequest.producer_id, else the client's
     # address), may buffer before an append is refused with RESOURCE_EXHAUSTED. A node's

@@ -91,6 +91,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2, streaming_pb2_grpc
 from rpc.segment_transfer import client_tls
+from statemachine.replicate import replicated_pairs
 from wal_segments.fsync_policy import parse_fsync_policy
 from wal_segments.owner import ChannelOwner, OwnerConfig
 from wal_segments.plane import DataPlane
@@ -1023,7 +1024,16 @@ class Node:
         )
 
     async def cluster_status(self, linearizable: bool) -> api.ClusterStatusResponse:
+        # (source pchannel, target cluster, last source LSN the target holds as recorded)
+        replicated: list[tuple[str, str, int]] = []
+
         def reader(state: pb.CoordinationState) -> api.ClusterStatusResponse:
+            for pchannel, target in replicated_pairs(
+                state.replicate_configuration, state.replicate_cluster_id
+            ):
+                checkpoints = state.replicate_checkpoints.get(pchannel)
+                recorded = checkpoints.source_lsns.get(target, 0) if checkpoints else 0
+                replicated.append((pchannel, target, recorded))
             response = api.ClusterStatusResponse(
                 nodes=[state.nodes[k] for k in sorted(state.nodes)],
                 pchannels=[
@@ -1062,7 +1072,32 @@ class Node:
             response.leader_address = leader.grpc_address
         response.under_replicated.extend(under_replicated(response.pchannels, response.nodes))
         response.warnings.extend(self._warnings(response))
+        response.warnings.extend(self._replication_warnings(response, replicated))
         return response
+
+    def _replication_warnings(
+        self, response: api.ClusterStatusResponse, replicated: list[tuple[str, str, int]]
+    ) -> list[str]:
+        """A target that lags its source pchannel by more than replicate_lag_warn_entries
+        (LSNs, control entries included) by the checkpoint its replicator last recorded."""
+        committed = {
+            owner.pchannel: owner.committed_lsn
+            for member in response.members
+            for owner in member.owners
+            if owner.state == "serving"
+        }
+        limit = self.config.replicate_lag_warn_entries
+        warnings = []
+        for pchannel, target, recorded in replicated:
+            lag = committed.get(pchannel, 0) - recorded
+            if lag > limit:
+                warnings.append(
+                    f"replication of pchannel {pchannel} to cluster {target} is lagging: "
+                    f"{lag} entries behind committed lsn {committed[pchannel]} (target "
+                    f"checkpoint {recorded}; warning above {limit}; see `raftwal replicate "
+                    "status`)"
+                )
+        return warnings
 
     async def _collect_member(self, node: NodeConfig) -> api.MemberStatus:
         if node.id == self.me.id:

@@ -213,3 +213,30 @@ def test_replicate_file_errors(tmp_path: Path, text: str, expected: str) -> None
     with pytest.raises(ReplicateFileError) as raised:
         load_replicate_file(path)
     assert expected in str(raised.value)
+
+
+def test_status_warns_about_a_lagging_target() -> None:
+    from types import SimpleNamespace
+
+    from raftwal.node.process import Node
+    from rpc.protos import coordinator_pb2 as api
+
+    response = api.ClusterStatusResponse(
+        members=[
+            api.MemberStatus(
+                node_id="n1",
+                owners=[
+                    api.OwnerStatus(pchannel="p1", state="serving", committed_lsn=500),
+                    api.OwnerStatus(pchannel="p2", state="serving", committed_lsn=500),
+                ],
+            )
+        ]
+    )
+    node = SimpleNamespace(config=SimpleNamespace(replicate_lag_warn_entries=100))
+    warnings = Node._replication_warnings(
+        node, response, [("p1", "west", 350), ("p2", "west", 450)]
+    )  # type: ignore[arg-type]
+    assert warnings == [
+        "replication of pchannel p1 to cluster west is lagging: 150 entries behind committed "
+        "lsn 500 (target checkpoint 350; warning above 100; see `raftwal replicate status`)"
+    ]
