@@ -290,12 +290,18 @@ def replication_hold(state: pb.CoordinationState, pchannel: str) -> int:
 
 def replication_sources(
     configuration: pb.ReplicateConfiguration, cluster_id: str
-) -> dict[str, str]:
-    """pchannel of this cluster -> the cluster it is a replication target of."""
+) -> dict[str, tuple[str, str]]:
+    """pchannel of this cluster -> (the cluster it is a replication target of, the source
+    pchannel matched to it by position)."""
     local = local_cluster(configuration, cluster_id) if cluster_id else None
     if local is None:
         return {}
     for edge in configuration.topology:
-        if edge.target_cluster_id == cluster_id:
-            return dict.fromkeys(local.pchannels, edge.source_cluster_id)
+        source = local_cluster(configuration, edge.source_cluster_id)
+        if edge.target_cluster_id == cluster_id and source is not None:
+            return {
+                pchannel: (source.cluster_id, source.pchannels[index])
+                for index, pchannel in enumerate(local.pchannels)
+                if index < len(source.pchannels)
+            }
     return {}

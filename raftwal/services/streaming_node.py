@@ -322,7 +322,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
 
     def _check_writable(self, pchannel: str, what: str) -> None:
         """Refuse a client's write to a pchannel that is a replication target."""
-        source = self._view.view.replicated_from.get(pchannel)
+        source, _ = self._view.view.replicated_from.get(pchannel, (None, ""))
         if source is not None:
             raise fail(
                 E.IGNORED_OPERATION,
@@ -333,7 +333,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
 
     def _check_replicated_from(self, pchannel: str, cluster_id: str) -> None:
         """Refuse a replicated batch unless `pchannel` is a target of `cluster_id`."""
-        source = self._view.view.replicated_from.get(pchannel)
+        source, _ = self._view.view.replicated_from.get(pchannel, ("", ""))
         if source != cluster_id:
             raise fail(
                 E.IGNORED_OPERATION,
@@ -1190,6 +1190,22 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             if bad is not None:
                 raise fail(E.INVALID_ARGUMENT, bad.message)
             check_source_names(request.source_cluster_id, request.source_pchannel)
+            # Only the configured pair: an unknown producer costs the owner a scan of the
+            # whole log, which a reader must not be able to repeat at will.
+            configured = self._view.view.replicated_from.get(request.pchannel)
+            if configured != (request.source_cluster_id, request.source_pchannel):
+                raise fail(
+                    E.IGNORED_OPERATION,
+                    f"pchannel {request.pchannel} does not replicate "
+                    f"{request.source_cluster_id}/{request.source_pchannel} (got that pair; "
+                    "expected "
+                    + (
+                        "/".join(configured)
+                        if configured
+                        else "none: it is not a replication target"
+                    )
+                    + ")",
+                )
             owner = self._owner(request.pchannel)
             source_lsn, target_lsn = await owner.producer_checkpoint(
                 replicated_producer_id(request.source_cluster_id, request.source_pchannel)

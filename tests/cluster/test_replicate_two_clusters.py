@@ -302,22 +302,30 @@ def test_a_replicated_batch_must_continue_the_targets_sequence(
         wait_assigned(client, pchannel)
 
         def checkpoint() -> int:
-            _, _, address = wait_assigned(client, pchannel)
-            channel = client.security.channel(address)
-            try:
-                return (
-                    streaming_pb2_grpc.StreamingNodeStub(channel)
-                    .GetReplicateCheckpoint(
-                        wire.GetReplicateCheckpointRequest(
-                            pchannel=pchannel, source_cluster_id="east", source_pchannel=SOURCE
-                        ),
-                        timeout=10,
-                    )
-                    .source_lsn
-                )
-            finally:
-                channel.close()
+            """The last source LSN of SOURCE that west's log holds (GetReplicateCheckpoint
+            answers only the configured pair, east/rp_0)."""
+            held = [
+                int(e.properties["rw.src.lsn"])
+                for e in consume_all(client, "orders", pchannel, expect=1_000_000, timeout_s=2)
+                if e.properties.get("rw.src.pchannel") == SOURCE
+            ]
+            return held[-1] if held else 0
 
+        _, _, address = wait_assigned(client, pchannel)
+        channel = client.security.channel(address)
+        try:
+            with pytest.raises(grpc.RpcError) as raised:
+                streaming_pb2_grpc.StreamingNodeStub(channel).GetReplicateCheckpoint(
+                    wire.GetReplicateCheckpointRequest(
+                        pchannel=pchannel, source_cluster_id="east", source_pchannel=SOURCE
+                    ),
+                    timeout=10,
+                )
+        finally:
+            channel.close()
+        assert "does not replicate east/rp_9 (got that pair; expected east/rp_0)" in str(
+            raised.value.details()
+        )
         assert checkpoint() == 0
         first = _produce(client, pchannel, _replicated(pchannel, [3, 5], previous=0))
         assert first.error.code == 0 and not first.duplicate, first.error
