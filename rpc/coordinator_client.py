@@ -873,6 +873,26 @@ class CoordinatorClient:
         )
         return await self._unary("SetBalancePolicy", request)
 
+    # -- cross-cluster replication --------------------------------------------------
+
+    async def update_replicate_configuration(
+        self, configuration: pb.ReplicateConfiguration, *, request_id: str = ""
+    ) -> api.UpdateReplicateConfigurationResponse:
+        """Replace the cluster's whole replication configuration (admin only): idempotent,
+        and an empty one clears it. INVALID_ARGUMENT says what is wrong with it."""
+        request = api.UpdateReplicateConfigurationRequest(
+            request_id=self._request_id(request_id), configuration=configuration
+        )
+        return await self._unary("UpdateReplicateConfiguration", request)
+
+    async def get_replicate_configuration(
+        self, linearizable: bool = True
+    ) -> api.GetReplicateConfigurationResponse:
+        """The replication configuration (admin only), tokens redacted (`token_set` says
+        where one is stored), and the answering cluster's id."""
+        request = api.GetReplicateConfigurationRequest(consistency=_consistency(linearizable))
+        return await self._unary("GetReplicateConfiguration", request)
+
     # -- Raft membership ------------------------------------------------------------
 
     async def change_membership(

@@ -274,6 +274,18 @@ class Client:
             )
         )
 
+    def update_replicate_configuration(
+        self, configuration: pb.ReplicateConfiguration, *, request_id: str = ""
+    ) -> api.UpdateReplicateConfigurationResponse:
+        return self._run(
+            self._async.update_replicate_configuration(configuration, request_id=request_id)
+        )
+
+    def get_replicate_configuration(
+        self, linearizable: bool = True
+    ) -> api.GetReplicateConfigurationResponse:
+        return self._run(self._async.get_replicate_configuration(linearizable))
+
     def change_membership(
         self, node_id: str, add: bool, *, timeout_ms: int = 0
     ) -> api.ChangeMembershipResponse:

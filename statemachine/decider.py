@@ -16,6 +16,13 @@ from collections.abc import Callable, Iterable
 
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
+from statemachine.replicate import (
+    check_configuration,
+    is_empty,
+    local_cluster,
+    replicated_pairs,
+    replication_hold,
+)
 from statemachine.state import restore_state
 from statemachine.types import DEFAULT_LIMITS, Context, Limits, Rejection
 from statemachine.validation import (
@@ -598,6 +605,8 @@ def retention_bound(state: pb.CoordinationState, pchannel: str, before_lsn: int)
             bound = min(bound, _subscription_hold(subscription, vchannel_name, manifest))
     # Nor a broadcast appended here that its consumers have not acknowledged yet.
     bound = min(bound, _unacked_broadcast_floor(state, pchannel))
+    # Nor what a replication target has not applied.
+    bound = min(bound, replication_hold(state, pchannel))
     return bound
 
 
@@ -1406,6 +1415,72 @@ def _set_balance_policy(state, cmd: pb.SetBalancePolicy, ctx, limits) -> Outcome
     return emitter.events
 
 
+def _update_replicate_configuration(
+    state, cmd: pb.UpdateReplicateConfiguration, ctx, limits
+) -> Outcome:
+    configuration = cmd.configuration
+    bad = check_configuration(configuration, cmd.local_cluster_id, limits)
+    if bad:
+        return bad
+    if not is_empty(configuration):
+        # This cluster's own pchannels must exist: a typo would otherwise make a pchannel
+        # silently replicate nothing.
+        mine = local_cluster(configuration, cmd.local_cluster_id)
+        assert mine is not None  # check_configuration made sure
+        for name in mine.pchannels:
+            channel = _live_pchannel(state, name)
+            if isinstance(channel, Rejection):
+                return Rejection(
+                    channel.code,
+                    f"{channel.message} (listed for cluster {cmd.local_cluster_id!r}, this "
+                    "cluster; expected a pchannel of it)",
+                )
+    current = state.replicate_configuration
+    if current.SerializeToString(deterministic=True) == configuration.SerializeToString(
+        deterministic=True
+    ):
+        return []
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        replicate_configuration_updated=pb.ReplicateConfigurationUpdated(
+            configuration=configuration, local_cluster_id=cmd.local_cluster_id
+        )
+    )
+    return emitter.events
+
+
+def _record_replicate_checkpoint(state, cmd: pb.RecordReplicateCheckpoint, ctx, limits) -> Outcome:
+    bad = first_error(
+        check_name("pchannel", cmd.pchannel, limits),
+        check_name("target_cluster_id", cmd.target_cluster_id, limits),
+    )
+    if bad:
+        return bad
+    if cmd.source_lsn < 0:
+        return invalid(f"invalid source_lsn ({cmd.source_lsn}; expected >= 0)")
+    pairs = replicated_pairs(state.replicate_configuration, state.replicate_cluster_id)
+    if (cmd.pchannel, cmd.target_cluster_id) not in pairs:
+        return Rejection(
+            E.NOT_FOUND,
+            f"no replication of pchannel {show(cmd.pchannel)} to cluster "
+            f"{show(cmd.target_cluster_id)} (got none in the configuration; expected an "
+            "edge from this cluster to it that lists the pchannel)",
+        )
+    checkpoints = state.replicate_checkpoints.get(cmd.pchannel)
+    current = checkpoints.source_lsns.get(cmd.target_cluster_id, 0) if checkpoints else 0
+    if cmd.source_lsn <= current:
+        return []
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        replicate_checkpoint_recorded=pb.ReplicateCheckpointRecorded(
+            pchannel=cmd.pchannel,
+            target_cluster_id=cmd.target_cluster_id,
+            source_lsn=cmd.source_lsn,
+        )
+    )
+    return emitter.events
+
+
 def _fresh_state_problem(state: pb.CoordinationState) -> str:
     """What makes `state` not fresh (a restore would overwrite it), or ""."""
     for name, table in (
@@ -1502,6 +1577,8 @@ _DECIDERS: dict[str, Callable[..., Outcome]] = {
     "leave_subscription": _leave_subscription,
     "assign_subscription": _assign_subscription,
     "set_balance_policy": _set_balance_policy,
+    "update_replicate_configuration": _update_replicate_configuration,
+    "record_replicate_checkpoint": _record_replicate_checkpoint,
     "barrier": _barrier,
 }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rpc.protos import coordination_pb2 as pb
+from statemachine.replicate import replicated_pairs
 from statemachine.state import upgrade_state
 from statemachine.types import DEFAULT_LIMITS, Limits
 
@@ -278,6 +279,34 @@ def _balance_policy_set(state, e: pb.BalancePolicySet, revision, limits: Limits)
     state.balance_policy.max_moves_per_round = e.max_moves_per_round
 
 
+def _replicate_configuration_updated(
+    state, e: pb.ReplicateConfigurationUpdated, revision, limits: Limits
+) -> None:
+    state.replicate_configuration.CopyFrom(e.configuration)
+    if e.local_cluster_id:
+        state.replicate_cluster_id = e.local_cluster_id
+    # A target dropped from the configuration no longer holds retention, and one added
+    # again later starts from what it reports then.
+    kept = set(replicated_pairs(state.replicate_configuration, state.replicate_cluster_id))
+    for pchannel in sorted(state.replicate_checkpoints):
+        checkpoints = state.replicate_checkpoints[pchannel]
+        for target in sorted(checkpoints.source_lsns):
+            if (pchannel, target) not in kept:
+                del checkpoints.source_lsns[target]
+        if not checkpoints.source_lsns:
+            del state.replicate_checkpoints[pchannel]
+
+
+def _replicate_checkpoint_recorded(
+    state, e: pb.ReplicateCheckpointRecorded, revision, limits: Limits
+) -> None:
+    checkpoints = state.replicate_checkpoints[e.pchannel]
+    assert e.source_lsn > checkpoints.source_lsns.get(e.target_cluster_id, 0), (
+        "a replication checkpoint went back"
+    )
+    checkpoints.source_lsns[e.target_cluster_id] = e.source_lsn
+
+
 def _state_restored(state, e: pb.StateRestored, revision, limits: Limits) -> None:
     """Replace the (fresh) state with the saved one: its nodes stay, as DOWN, unless this
     cluster registered them (which keeps their address here); apply metadata (raft index,
@@ -333,6 +362,8 @@ _EVOLVERS: dict[str, Callable[..., None]] = {
     "subscription_member_left": _subscription_member_left,
     "subscription_member_assigned": _subscription_member_assigned,
     "balance_policy_set": _balance_policy_set,
+    "replicate_configuration_updated": _replicate_configuration_updated,
+    "replicate_checkpoint_recorded": _replicate_checkpoint_recorded,
 }
 
 EVENT_KINDS: tuple[str, ...] = tuple(_EVOLVERS)

@@ -81,6 +81,11 @@ class Limits:
     # Replica set changes per balancer round: each one copies a pchannel's log to a node.
     max_repairs_per_round: int = 4
     dedup_window: int = 4096
+    # Cross-cluster replication configuration (statemachine/replicate.py).
+    max_replicate_clusters: int = 16
+    max_replicate_endpoints: int = 16
+    replicate_token_max_chars: int = 4096
+    replicate_ca_max_chars: int = 65_536
     # Proposer times beyond year 9999 are rejected: deadlines (time + ttl) must stay far
     # inside int64, and one absurd clock must never poison the state machine's clock.
     max_time_ms: int = 253_402_300_799_999

@@ -198,6 +198,15 @@ class _ProducerBatch:
     done: asyncio.Future[list[tuple[int, int]]] | None = None
 
 
+def _producer_batch(entry_lsn: int, properties: Mapping[str, str]) -> _ProducerBatch | None:
+    """The producer batch an entry with these properties ends, if it ends one. Raises
+    KeyError or ValueError for malformed producer properties."""
+    if not properties.get(PRODUCER_ID_PROPERTY):
+        return None
+    count = int(properties[PRODUCER_COUNT_PROPERTY])
+    return _ProducerBatch(int(properties[PRODUCER_SEQ_PROPERTY]), entry_lsn - count + 1, entry_lsn)
+
+
 @dataclass(slots=True)
 class _Replica:
     node_id: str
@@ -264,6 +273,8 @@ class ChannelOwner:
         self._recent: OrderedDict[int, tuple[int, int, bytes, int, bool]] = OrderedDict()
         self._recent_bytes = 0
         self._producers: dict[str, list[_ProducerBatch]] = {}
+        # Producers looked for in the whole log (`_know_producer`), found or not.
+        self._producers_scanned: set[str] = set()
         #: txn id -> (first lsn, last lsn) of committed transactions (bounded: TXN_OUTCOMES)
         self._committed_txns: OrderedDict[int, tuple[int, int]] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
@@ -635,8 +646,26 @@ class ChannelOwner:
         `PRODUCER_SCAN_ENTRIES` entries, walking frame headers and decoding properties only
         where there are some (recovery time matters: this runs during a failover)."""
         last = self.log.last_lsn
-        lsn = max(self.log.first_lsn, last - PRODUCER_SCAN_ENTRIES)
+        start = max(self.log.first_lsn, last - PRODUCER_SCAN_ENTRIES)
+        async for entry_lsn, txn_id, properties in self._entries_with_properties(start, last):
+            try:
+                txn_count = properties.get(TXN_COUNT_PROPERTY)
+                if txn_count is not None and txn_id:
+                    self.remember_txn(txn_id, entry_lsn - int(txn_count) + 1, entry_lsn)
+                batch = _producer_batch(entry_lsn, properties)
+                if batch is not None:
+                    self._remember(properties[PRODUCER_ID_PROPERTY], batch)
+            except (KeyError, ValueError):
+                pass
+
+    async def _entries_with_properties(
+        self, first: int, last: int
+    ) -> AsyncIterator[tuple[int, int, dict[str, str]]]:
+        """(lsn, txn id, properties) of the entries first..last that have properties,
+        reading frame headers only elsewhere; entries whose properties do not decode are
+        skipped."""
         unpack = ENTRY_HEADER.unpack_from
+        lsn = first
         while lsn <= last:
             data, chunk_last = self.log.read_frames_range(lsn, 4 << 20)
             if not data:
@@ -647,26 +676,45 @@ class ChannelOwner:
                 fields = unpack(data, offset)
                 properties_len, entry_lsn = fields[1], fields[2]
                 body = offset + ENTRY_HEADER_SIZE + fields[11] + fields[12]
-                if properties_len:
+                if properties_len and entry_lsn <= last:
                     try:
                         properties = decode_properties(view[body : body + properties_len])
-                        txn_count = properties.get(TXN_COUNT_PROPERTY)
-                        if txn_count is not None and fields[6]:
-                            count = int(txn_count)
-                            self.remember_txn(fields[6], entry_lsn - count + 1, entry_lsn)
-                        producer = properties.get(PRODUCER_ID_PROPERTY)
-                        if producer:
-                            sequence = int(properties[PRODUCER_SEQ_PROPERTY])
-                            count = int(properties[PRODUCER_COUNT_PROPERTY])
-                            self._remember(
-                                producer,
-                                _ProducerBatch(sequence, entry_lsn - count + 1, entry_lsn),
-                            )
+                        yield entry_lsn, fields[6], properties
                     except (KeyError, ValueError):
                         pass
                 offset = align_up(body + properties_len)
             lsn = chunk_last + 1
             await asyncio.sleep(0)
+
+    async def _know_producer(self, producer_id: str) -> None:
+        """Make sure the producer table has `producer_id`'s newest batch if the log has
+        one: the tail scan at recovery covers the last PRODUCER_SCAN_ENTRIES entries; a
+        producer not seen there is looked for in the whole log, once per owner."""
+        if producer_id in self._producers or producer_id in self._producers_scanned:
+            return
+        found: _ProducerBatch | None = None
+        async for entry_lsn, _, properties in self._entries_with_properties(
+            self.log.first_lsn, self.log.last_lsn
+        ):
+            if properties.get(PRODUCER_ID_PROPERTY) == producer_id:
+                with contextlib.suppress(KeyError, ValueError):
+                    found = _producer_batch(entry_lsn, properties) or found
+        self._producers_scanned.add(producer_id)
+        if found is not None and producer_id not in self._producers:
+            self._remember(producer_id, found)
+
+    async def producer_checkpoint(self, producer_id: str) -> tuple[int, int]:
+        """(newest sequence, LSN of that batch's last entry) of `producer_id` on this
+        pchannel, (0, 0) when it wrote nothing that the log still holds; answered once
+        that batch is committed."""
+        self._check_serving()
+        await self._know_producer(producer_id)
+        history = self._producers.get(producer_id)
+        if not history:
+            return 0, 0
+        newest = history[-1]
+        await self._wait_committed(newest.last_lsn)
+        return newest.sequence, newest.last_lsn
 
     def remember_txn(self, txn_id: int, first_lsn: int, last_lsn: int) -> None:
         """Record a committed transaction's entries (by the servicer at commit, and from the
@@ -846,9 +894,16 @@ class ChannelOwner:
         producer_id: str = "",
         sequence: int = 0,
         expected_last_lsn: int = 0,
+        previous_sequence: int | None = None,
     ) -> tuple[list[tuple[int, int]], bool]:
         """Write `messages` as one batch; returns ([(lsn, time_tick)], duplicate) once a
-        majority holds them durably. Raises WalError."""
+        majority holds them durably. Raises WalError.
+
+        With `previous_sequence` (and a producer id and sequence) the batch must continue
+        the producer's newest sequence exactly: a retry of a batch already written is
+        answered as a duplicate, any other batch that does not follow it is refused with
+        INVALID_REQUEST_SEQ, checked under the write lock so that two writers can never
+        both continue the same sequence."""
         started = time.perf_counter()
         self._check_serving()
         if producer_id and sequence > 0:
@@ -872,10 +927,23 @@ class ChannelOwner:
                     f"producer {producer_id} sequence {sequence} is older than the retained "
                     f"window (newest {history[-1].sequence})",
                 )
+        contiguous = previous_sequence is not None and bool(producer_id) and sequence > 0
+        if contiguous:
+            await self._know_producer(producer_id)
         # Backpressure: bounded uncommitted data.
         await self._wait_room()
         async with self._write_lock:
             self._check_serving()
+            if contiguous:
+                history = self._producers.get(producer_id)
+                newest = history[-1].sequence if history else 0
+                if newest != previous_sequence:
+                    raise WalError(
+                        E.INVALID_REQUEST_SEQ,
+                        f"producer {producer_id} does not continue here (got "
+                        f"previous_sequence {previous_sequence}; expected {newest}, the "
+                        "newest sequence this pchannel holds)",
+                    )
             if expected_last_lsn:
                 actual = self.log.last_lsn
                 want = 0 if expected_last_lsn == -1 else expected_last_lsn

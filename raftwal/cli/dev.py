@@ -18,6 +18,9 @@ where each owner's committed LSN stood, no pchannel ASSIGNING) and the owners ar
 balanced again, before the next node. ``rolling_restart`` is the same for tests and
 benchmarks (``signum=SIGKILL`` gives the crash roll to compare with).
 
+Every dev cluster has a ``cluster_id`` (``dev`` unless ``raftwal dev up --cluster-id``
+names another), so that two of them can replicate to each other.
+
 ``up(secure=True)`` (``raftwal dev up --secure``) also makes a new local CA, node and
 client certificates and a token per role (``raftwal.cli.devcerts``), and configures the nodes
 for TLS, mutual TLS and bearer-token auth; ``cluster.json`` then names the CA, the client
@@ -78,6 +81,9 @@ __all__ = [
 CLUSTER_FILE = "cluster.json"
 CONFIG_FILE = "raftwal.toml"
 SECRET_FILE = "secret"
+# The cluster_id of a dev cluster unless `--cluster-id` names another (two dev clusters
+# that replicate to each other need two ids).
+DEV_CLUSTER_ID = "dev"
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -351,6 +357,7 @@ def up(
     ca_key_file: Path | None = None,
     on_progress: Callable[[str], None] | None = None,
     in_netns: bool = False,
+    cluster_id: str | None = None,
 ) -> LocalCluster:
     """Start a local cluster in `directory` and return once it is ready (`wait_ready`);
     `on_progress` hears each step (`raftwal dev up` shows them on a terminal). With
@@ -388,6 +395,7 @@ def up(
             say,
             on_progress,
             hosts,
+            cluster_id,
         )
     except BaseException:
         if hosts is not None:
@@ -408,8 +416,11 @@ def _start(
     say: Callable[[str], None],
     on_progress: Callable[[str], None] | None,
     hosts: netns.NetnsHosts | None,
+    cluster_id: str | None,
 ) -> LocalCluster:
     config = config or make_config(directory, nodes, data_nodes=data_nodes)
+    if cluster_id is not None or not config.cluster_id:
+        config = replace(config, cluster_id=cluster_id or DEV_CLUSTER_ID)
     # Even on loopback the Raft transport gets a secret: pysyncobj unpickles what peers
     # send, so without one any local user could run code in the nodes.
     secret_path = directory / SECRET_FILE

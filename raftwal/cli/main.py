@@ -167,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
         "bridge (10.199.X.11, .12, ...), reachable from this machine only; needs root and "
         "iproute2; `dev down` removes them",
     )
+    dev_up.add_argument(
+        "--cluster-id",
+        default=None,
+        help="this cluster's id in a replication configuration (default: dev)",
+    )
     dev_up.set_defaults(handler=_dev_up)
     dev_renew = dev_commands.add_parser(
         "renew-certs",
@@ -223,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     from raftwal.cli.client import register
     from raftwal.cli.init import register as register_init
     from raftwal.cli.member import register as register_member
+    from raftwal.cli.replicate import register as register_replicate
     from raftwal.cli.shards import register as register_shards
     from raftwal.cli.simulate import register as register_simulate
     from raftwal.cli.snapshot import register as register_snapshot
@@ -234,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_snapshot(commands)
     register_shards(commands)
     register_member(commands)
+    register_replicate(commands)
     register_simulate(commands)
     register_init(commands)
     return parser
@@ -309,6 +316,8 @@ def _config_template(args: argparse.Namespace) -> int:
 
 def _dev_up(args: argparse.Namespace) -> int:
     from raftwal.cli import dev, devcerts
+    from raftwal.node.config import CLUSTER_ID_MAX_CHARS
+    from statemachine.validation import NAME_RULE, is_plain_name
 
     if not 1 <= args.nodes <= 9:
         print(f"error: invalid --nodes ({args.nodes}; expected 1..9)", file=sys.stderr)
@@ -317,6 +326,15 @@ def _dev_up(args: argparse.Namespace) -> int:
         print(
             f"error: invalid --data-nodes ({args.data_nodes}; expected 0..{args.nodes - 1}: "
             "at least one node votes)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.cluster_id is not None and not (
+        is_plain_name(args.cluster_id) and len(args.cluster_id) <= CLUSTER_ID_MAX_CHARS
+    ):
+        print(
+            f"error: invalid --cluster-id ({args.cluster_id!r}; expected {NAME_RULE}, "
+            f"1..{CLUSTER_ID_MAX_CHARS} chars)",
             file=sys.stderr,
         )
         return 2
@@ -340,6 +358,7 @@ def _dev_up(args: argparse.Namespace) -> int:
                 ca_key_file=args.ca_key,
                 on_progress=progress.update,
                 in_netns=args.netns,
+                cluster_id=args.cluster_id,
             )
     except (RuntimeError, TimeoutError, devcerts.CertificateError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -370,6 +389,7 @@ def _dev_up(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "dir": str(cluster.directory),
+                    "cluster_id": cluster.config.cluster_id,
                     "nodes": members,
                     "security": security,
                     "ready_s": round(ready_s, 2),
@@ -378,8 +398,8 @@ def _dev_up(args: argparse.Namespace) -> int:
         )
     else:
         print(
-            f"raftwal dev cluster up ({len(members)} nodes, state in {cluster.directory}), "
-            f"ready in {ready_s:.1f} s"
+            f"raftwal dev cluster {cluster.config.cluster_id} up ({len(members)} nodes, state "
+            f"in {cluster.directory}), ready in {ready_s:.1f} s"
         )
         for member in members:
             print(

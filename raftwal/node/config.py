@@ -3,6 +3,7 @@
 ```toml
 [cluster]
 secret_file = "/etc/raftwal/secret"   # Raft transport secret (or RAFTWAL_SECRET): required
+cluster_id = "east"                   # this cluster's name in a replication configuration
 node_timeout_ms = 3000
 # Security of the gRPC port (raftwal/security.py); all optional, off by default.
 tls_ca_file = "/etc/raftwal/ca.pem"   # verifies peers' certificates (and clients' with mTLS)
@@ -33,7 +34,8 @@ role = "voter"
 Every ``[cluster]`` timing can be overridden by ``RAFTWAL_<NAME>`` (upper case) in the
 environment, e.g. ``RAFTWAL_NODE_TIMEOUT_MS=5000``, and so can the security settings
 (``RAFTWAL_TLS_CERT_FILE``, ``RAFTWAL_TLS_KEY_FILE``, ``RAFTWAL_TLS_CA_FILE``,
-``RAFTWAL_TLS_CLIENT_AUTH``, ``RAFTWAL_AUTH_TOKENS_FILE``). Secrets come from a file or
+``RAFTWAL_TLS_CLIENT_AUTH``, ``RAFTWAL_AUTH_TOKENS_FILE``), and so can ``cluster_id``
+(``RAFTWAL_CLUSTER_ID``). Secrets come from a file or
 the environment (``RAFTWAL_SECRET``), never from the command line. Paths are read when the
 node starts, not here. Validation messages say what was got and what was expected.
 """
@@ -141,6 +143,10 @@ class NodeConfig:
 class ClusterConfig:
     nodes: tuple[NodeConfig, ...]
     secret: str | None = None
+    # This cluster's id in a cross-cluster replication configuration (docs/replication.md;
+    # a name as for pchannels). Empty: unset, and no replication configuration can be
+    # applied to the cluster. Every node of a cluster must have the same one.
+    cluster_id: str = ""
     # Where the secret came from (None: RAFTWAL_SECRET or no secret); its mode is checked
     # at start (check_transport_security).
     secret_file: Path | None = None
@@ -208,6 +214,9 @@ class ClusterConfig:
     # ClusterStatus flags a replica whose durable LSN is this many entries behind its
     # owner's committed LSN (a healthy replica under load stays within a few batches).
     replica_lag_warn_entries: int = 10_000
+    # ClusterStatus flags a replication target (docs/replication.md) whose recorded
+    # checkpoint is this many LSNs behind its source pchannel's committed LSN.
+    replicate_lag_warn_entries: int = 10_000
     # Uncommitted transaction data a node holds in memory: what all open transactions on
     # the node, and those of one producer (BeginTxnRequest.producer_id, else the client's
     # address), may buffer before an append is refused with RESOURCE_EXHAUSTED. A node's
@@ -257,6 +266,8 @@ class ClusterConfig:
 
 
 TLS_CLIENT_AUTH_MODES = ("none", "require")
+# As the state machine's names (statemachine.types.Limits.name_max_chars).
+CLUSTER_ID_MAX_CHARS = 128
 
 _TIMINGS = {
     f.name
@@ -517,6 +528,15 @@ def parse_config(
             'invalid cluster.tls_client_auth ("require" without tls_ca_file; expected the CA '
             "that signs client certificates)"
         )
+    cluster_id = environ.get("RAFTWAL_CLUSTER_ID") or cluster_table.get("cluster_id", "")
+    if not isinstance(cluster_id, str) or (
+        cluster_id and (len(cluster_id) > CLUSTER_ID_MAX_CHARS or not is_plain_name(cluster_id))
+    ):
+        raise ConfigError(
+            f"invalid cluster.cluster_id ({cluster_id!r}; expected {NAME_RULE}, "
+            f"1..{CLUSTER_ID_MAX_CHARS} chars, or absent)"
+        )
+    overrides["cluster_id"] = cluster_id
     secret = environ.get("RAFTWAL_SECRET") or None
     secret_file = cluster_table.get("secret_file")
     secret_path = None
@@ -642,6 +662,8 @@ data_dir = "/var/lib/raftwal/n{number}"   # created 0700; keep it on a local dis
 # The Raft transport secret, shared by every node (`raftwal secret new {secret_file}`
 # writes one, mode 0600). A node refuses to start without it. RAFTWAL_SECRET overrides it.
 secret_file = "{secret_file}"
+# This cluster's id in a cross-cluster replication configuration (docs/replication.md).
+# cluster_id = "east"
 node_timeout_ms = 3000
 # Linearizable reads from the Raft leader's lease (no message per read; assumes the nodes'
 # clocks tick within 10% of each other). false: one heartbeat round per read (ReadIndex).
@@ -661,6 +683,8 @@ def render_config(config: ClusterConfig, secret_file: str | None = None) -> str:
     lines = ["[cluster]"]
     if secret_file:
         lines.append(f'secret_file = "{secret_file}"')
+    if config.cluster_id:
+        lines.append(f'cluster_id = "{config.cluster_id}"')
     for name in sorted(_TIMINGS):
         lines.append(f"{name} = {getattr(config, name)}")
     lines.append(f'wal_fsync_policy = "{config.wal_fsync_policy}"')

@@ -37,6 +37,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from rpc.segment_transfer import transfer_host
+from statemachine.replicate import replication_sources
 from wal_segments.owner import WalError
 from wal_segments.plane import Assignment, DataPlane
 
@@ -110,6 +111,9 @@ class NodeDataView:
                 view.committed_through[name] = manifest.committed_through_lsn
                 if manifest.deleted_before_lsn:
                     view.deleted_before[name] = manifest.deleted_before_lsn
+            view.replicated_from = replication_sources(
+                state.replicate_configuration, state.replicate_cluster_id
+            )
             return view
 
         if self._node.applied_revision() != self.view.revision:

@@ -74,6 +74,7 @@ from raftwal.node.membership import (
 )
 from raftwal.node.metrics import NodeMetrics
 from raftwal.node.proposals import ProposalBatcher
+from raftwal.node.replicator import Replicators
 from raftwal.node.security import NodeSecurity
 from raftwal.services.cluster import ClusterServicer
 from raftwal.services.consume_wire import add_streaming_node_servicer
@@ -91,6 +92,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2, streaming_pb2_grpc
 from rpc.segment_transfer import client_tls
+from statemachine.replicate import replicated_pairs
 from wal_segments.fsync_policy import parse_fsync_policy
 from wal_segments.owner import ChannelOwner, OwnerConfig
 from wal_segments.plane import DataPlane
@@ -161,6 +163,42 @@ class AppliedNotifier:
         return True
 
 
+class _ReplicatorHost:
+    """The node as `Replicators` sees it (raftwal.node.replicator.ReplicatorHost)."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    @property
+    def cluster_id(self) -> str:
+        return self._node.cluster_id
+
+    def replicate_configuration(self) -> pb.ReplicateConfiguration:
+        def reader(state: pb.CoordinationState) -> pb.ReplicateConfiguration:
+            copy = pb.ReplicateConfiguration()
+            copy.CopyFrom(state.replicate_configuration)
+            return copy
+
+        return self._node.replica.read(reader)  # type: ignore[no-any-return]
+
+    def serving_owner(self, pchannel: str):  # type: ignore[no-untyped-def]
+        return self._node.plane.owner(pchannel)
+
+    def view(self):  # type: ignore[no-untyped-def]
+        self._node.data_view.refresh()
+        return self._node.data_view.view
+
+    async def record_checkpoint(self, pchannel: str, target_cluster_id: str, lsn: int) -> None:
+        command = pb.Command(
+            record_replicate_checkpoint=pb.RecordReplicateCheckpoint(
+                pchannel=pchannel, target_cluster_id=target_cluster_id, source_lsn=lsn
+            )
+        )
+        result = await self._node.propose(command)
+        if result.rejection.code != E.OK:
+            raise RaftwalError(result.rejection)
+
+
 class Node:
     def __init__(self, config: ClusterConfig, node_id: str) -> None:
         self.config = config
@@ -169,6 +207,9 @@ class Node:
         # TLS and bearer-token auth of the gRPC port, and the node's own client credentials.
         self.security = NodeSecurity.load(config, self.me)
         self.max_wait_ms = config.max_wait_ms
+        self.cluster_id = config.cluster_id
+        # Cross-cluster replication of the source pchannels this node owns.
+        self.replicators = Replicators(_ReplicatorHost(self))
         self.incarnation = now_ms()
         data_dir = self.me.data_dir
         prepare_data_dir(data_dir)
@@ -374,6 +415,7 @@ class Node:
             asyncio.create_task(
                 reconcile_loop(self, self.plane, self.data_view, self._stopping), name="reconcile"
             ),
+            asyncio.create_task(self.replicators.run(self._stopping), name="replicators"),
         ]
         if self.me.metrics_port:
             self._tasks.append(
@@ -989,7 +1031,16 @@ class Node:
         )
 
     async def cluster_status(self, linearizable: bool) -> api.ClusterStatusResponse:
+        # (source pchannel, target cluster, last source LSN the target holds as recorded)
+        replicated: list[tuple[str, str, int]] = []
+
         def reader(state: pb.CoordinationState) -> api.ClusterStatusResponse:
+            for pchannel, target in replicated_pairs(
+                state.replicate_configuration, state.replicate_cluster_id
+            ):
+                checkpoints = state.replicate_checkpoints.get(pchannel)
+                recorded = checkpoints.source_lsns.get(target, 0) if checkpoints else 0
+                replicated.append((pchannel, target, recorded))
             response = api.ClusterStatusResponse(
                 nodes=[state.nodes[k] for k in sorted(state.nodes)],
                 pchannels=[
@@ -1028,7 +1079,32 @@ class Node:
             response.leader_address = leader.grpc_address
         response.under_replicated.extend(under_replicated(response.pchannels, response.nodes))
         response.warnings.extend(self._warnings(response))
+        response.warnings.extend(self._replication_warnings(response, replicated))
         return response
+
+    def _replication_warnings(
+        self, response: api.ClusterStatusResponse, replicated: list[tuple[str, str, int]]
+    ) -> list[str]:
+        """A target that lags its source pchannel by more than replicate_lag_warn_entries
+        (LSNs, control entries included) by the checkpoint its replicator last recorded."""
+        committed = {
+            owner.pchannel: owner.committed_lsn
+            for member in response.members
+            for owner in member.owners
+            if owner.state == "serving"
+        }
+        limit = self.config.replicate_lag_warn_entries
+        warnings = []
+        for pchannel, target, recorded in replicated:
+            lag = committed.get(pchannel, 0) - recorded
+            if lag > limit:
+                warnings.append(
+                    f"replication of pchannel {pchannel} to cluster {target} is lagging: "
+                    f"{lag} entries behind committed lsn {committed[pchannel]} (target "
+                    f"checkpoint {recorded}; warning above {limit}; see `raftwal replicate "
+                    "status`)"
+                )
+        return warnings
 
     async def _collect_member(self, node: NodeConfig) -> api.MemberStatus:
         if node.id == self.me.id:

@@ -80,6 +80,8 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
         "SetBalancePolicy",
         "SaveSnapshot",
         "ChangeMembership",
+        "UpdateReplicateConfiguration",
+        "GetReplicateConfiguration",
     ),
     **_methods(
         "Coordinator",
@@ -134,6 +136,9 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
     ),
     **_methods("Coordinator", _READ, "ListSubscriptions", "DescribeSubscription"),
     **_methods("StreamingNode", _READ_DATA, "Consume", "ReadSegment"),
+    # Where a replication target stands (docs/replication.md): what a source's replicator
+    # asks with the target's credentials, and what an operator reads.
+    **_methods("StreamingNode", _READ, "GetReplicateCheckpoint"),
     **_methods("NodeManager", _NODE, "Assign", "Remove", "CollectStatus"),
     **_methods("Cluster", _NODE, "Heartbeat", "Propose", "ProposeBatch", "ReadIndex"),
     **_methods("Replication", _NODE, "Append", "OpenAppend", "AppendBroadcast", "Fence", "Fetch"),

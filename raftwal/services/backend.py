@@ -41,6 +41,9 @@ class DataViewSnapshot:
     pchannels: set[str] = field(default_factory=set)
     # pchannel -> retention floor (manifest.deleted_before_lsn), only where it is > 0
     deleted_before: dict[str, int] = field(default_factory=dict)
+    # pchannel -> (the cluster it is a replication target of, the source pchannel matched
+    # to it) (docs/replication.md): only that cluster's replicator writes to it.
+    replicated_from: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 class NodeIdentity(Protocol):

@@ -26,6 +26,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
 from statemachine.evolve import EVENT_KINDS
+from statemachine.replicate import redacted, redacted_event
 from statemachine.state import restore_state, snapshot_state
 from statemachine.types import DEFAULT_LIMITS as LIMITS
 from statemachine.validation import check_name
@@ -72,6 +73,9 @@ class CoordinationBackend(Protocol):
     ON_SHUTDOWN, UNKNOWN for an unknown outcome...) from ``propose``/``read``."""
 
     max_wait_ms: int
+    # This cluster's id ([cluster] cluster_id; "" when unset): stamped on replication
+    # configuration updates, which must list it.
+    cluster_id: str
 
     async def propose(self, command: pb.Command) -> pb.CommandResult:
         """Replicate `command` (request id and time are stamped here if missing) and return
@@ -973,7 +977,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 )
             if events:
                 next_revision = events[-1].revision + 1
-                selected = [e for e in events if not kinds or e.WhichOneof("body") in kinds]
+                # Replication credentials never leave the node in history answers.
+                selected = [
+                    redacted_event(e) for e in events if not kinds or e.WhichOneof("body") in kinds
+                ]
                 # With a kinds filter a batch may select nothing: the response (with no
                 # events) still reports progress, so a client resumes from next_revision.
                 sent_at = time.monotonic()
@@ -1029,6 +1036,48 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
             policy, _ = await self._backend.read(reader, linearizable=False)
             return api.SetBalancePolicyResponse(policy=policy, revision=revision)
+
+        return await self._call(context, work())
+
+    async def UpdateReplicateConfiguration(self, request, context):
+        async def work() -> api.UpdateReplicateConfigurationResponse:
+            request_id = _new_request_id(request.request_id)
+            # The state machine validates the configuration (statemachine/replicate.py);
+            # the node stamps which cluster it is.
+            result = await self._propose(
+                request_id,
+                update_replicate_configuration=pb.UpdateReplicateConfiguration(
+                    configuration=request.configuration,
+                    local_cluster_id=self._backend.cluster_id,
+                ),
+            )
+            log.info(
+                "replication configuration %s at revision %d (%d clusters, %d edges)",
+                "updated" if result.events else "unchanged",
+                result.revision,
+                len(request.configuration.clusters),
+                len(request.configuration.topology),
+            )
+            return api.UpdateReplicateConfigurationResponse(
+                revision=result.revision, changed=bool(result.events)
+            )
+
+        return await self._call(context, work())
+
+    async def GetReplicateConfiguration(self, request, context):
+        async def work() -> api.GetReplicateConfigurationResponse:
+            def reader(state: pb.CoordinationState) -> api.GetReplicateConfigurationResponse:
+                answer = api.GetReplicateConfigurationResponse(
+                    configuration=redacted(state.replicate_configuration)
+                )
+                for name in sorted(state.replicate_checkpoints):
+                    answer.checkpoints[name].CopyFrom(state.replicate_checkpoints[name])
+                return answer
+
+            answer, revision = await self._backend.read(reader, _linearizable(request.consistency))
+            answer.cluster_id = self._backend.cluster_id
+            answer.revision = revision
+            return answer
 
         return await self._call(context, work())
 

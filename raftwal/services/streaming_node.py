@@ -31,6 +31,12 @@ from raftwal.services import consume_wire
 from raftwal.services.backend import DataView, StreamingBackend, VChannelInfo
 from raftwal.services.callers import TxnOwner, caller_identity, check_owner
 from raftwal.services.common import fail
+from raftwal.services.replicated import (
+    check_replicated_batch,
+    check_source_names,
+    with_source_positions,
+)
+from raftwal.services.replicated import producer_id as replicated_producer_id
 from raftwal.services.segment_transfer import SegmentTransfers
 from rpc import append_stream, produce_stream
 from rpc.errors import RaftwalError, error_info, to_status
@@ -314,6 +320,27 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             info = error_info(E.INNER, f"internal error: {error!r}"[:300])
         await context.abort_with_status(to_status(info))
 
+    def _check_writable(self, pchannel: str, what: str) -> None:
+        """Refuse a client's write to a pchannel that is a replication target."""
+        source, _ = self._view.view.replicated_from.get(pchannel, (None, ""))
+        if source is not None:
+            raise fail(
+                E.IGNORED_OPERATION,
+                f"pchannel {pchannel} is a replication target of cluster {source} (got {what}; "
+                f"expected it on cluster {source}, whose replicator copies it here, or this "
+                "cluster taken out of the replication topology first)",
+            )
+
+    def _check_replicated_from(self, pchannel: str, cluster_id: str) -> None:
+        """Refuse a replicated batch unless `pchannel` is a target of `cluster_id`."""
+        source, _ = self._view.view.replicated_from.get(pchannel, ("", ""))
+        if source != cluster_id:
+            raise fail(
+                E.IGNORED_OPERATION,
+                f"a replicated batch from cluster {cluster_id} for pchannel {pchannel} (got "
+                f"one; expected batches from {source or 'no cluster: it is not a replication target'})",
+            )
+
     def _owner(self, pchannel: str):  # type: ignore[no-untyped-def]
         owner = self._plane.owner(pchannel)
         if owner is None or not owner.serving:
@@ -477,16 +504,38 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                     E.INVALID_ARGUMENT,
                     f"invalid expected_last_lsn ({request.expected_last_lsn}; expected >= -1)",
                 )
+            check_replicated_batch(request, count)
+            if not request.HasField("replicate_source"):
+                self._check_writable(request.pchannel, "a Produce")
+            else:
+                self._check_replicated_from(request.pchannel, request.replicate_source.cluster_id)
+            previous_sequence = None
+            if request.HasField("previous_sequence"):
+                if (
+                    request.previous_sequence < 0
+                    or not request.producer_id
+                    or request.sequence <= 0
+                ):
+                    raise fail(
+                        E.INVALID_ARGUMENT,
+                        f"invalid previous_sequence ({request.previous_sequence} with producer "
+                        f"{request.producer_id[:32]!r} sequence {request.sequence}; expected >= 0, "
+                        "with a producer_id and a sequence > 0)",
+                    )
+                previous_sequence = request.previous_sequence
             owner = self._owner(request.pchannel)
             if compact:
                 messages = self._compact_messages(request)
             else:
                 messages = self._messages(request.messages, request.pchannel)
+            if request.HasField("replicate_source"):
+                messages = with_source_positions(messages, request.replicate_source)
             positions, duplicate = await owner.write(
                 messages,
                 producer_id=request.producer_id,
                 sequence=request.sequence if request.producer_id else 0,
                 expected_last_lsn=request.expected_last_lsn,
+                previous_sequence=previous_sequence,
             )
             result = wire.ProduceResult(
                 request_id=request.request_id,
@@ -929,6 +978,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
     async def BeginTxn(self, request, context):
         async def work() -> wire.BeginTxnResponse:
             vchannel = self._vchannel(request.vchannel)
+            self._check_writable(vchannel.pchannel, "a BeginTxn")
             keepalive = request.keepalive_ms or DEFAULT_TXN_KEEPALIVE_MS
             if not 1 <= keepalive <= MAX_TXN_KEEPALIVE_MS:
                 raise fail(
@@ -1130,6 +1180,38 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 last_lsn=source.log.last_lsn,
                 committed_lsn=source.committed,
                 term=source.term,
+            )
+
+        return await self._unary(context, work())
+
+    async def GetReplicateCheckpoint(self, request, context):
+        async def work() -> wire.GetReplicateCheckpointResponse:
+            bad = check_name("pchannel", request.pchannel, LIMITS)
+            if bad is not None:
+                raise fail(E.INVALID_ARGUMENT, bad.message)
+            check_source_names(request.source_cluster_id, request.source_pchannel)
+            # Only the configured pair: an unknown producer costs the owner a scan of the
+            # whole log, which a reader must not be able to repeat at will.
+            configured = self._view.view.replicated_from.get(request.pchannel)
+            if configured != (request.source_cluster_id, request.source_pchannel):
+                raise fail(
+                    E.IGNORED_OPERATION,
+                    f"pchannel {request.pchannel} does not replicate "
+                    f"{request.source_cluster_id}/{request.source_pchannel} (got that pair; "
+                    "expected "
+                    + (
+                        "/".join(configured)
+                        if configured
+                        else "none: it is not a replication target"
+                    )
+                    + ")",
+                )
+            owner = self._owner(request.pchannel)
+            source_lsn, target_lsn = await owner.producer_checkpoint(
+                replicated_producer_id(request.source_cluster_id, request.source_pchannel)
+            )
+            return wire.GetReplicateCheckpointResponse(
+                source_lsn=source_lsn, target_lsn=target_lsn, term=owner.term
             )
 
         return await self._unary(context, work())

@@ -513,6 +513,47 @@ class SetBalancePolicyResponse(_message.Message):
     revision: int
     def __init__(self, policy: _Optional[_Union[_coordination_pb2.BalancePolicy, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
 
+class UpdateReplicateConfigurationRequest(_message.Message):
+    __slots__ = ("request_id", "configuration")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CONFIGURATION_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    configuration: _coordination_pb2.ReplicateConfiguration
+    def __init__(self, request_id: _Optional[str] = ..., configuration: _Optional[_Union[_coordination_pb2.ReplicateConfiguration, _Mapping]] = ...) -> None: ...
+
+class UpdateReplicateConfigurationResponse(_message.Message):
+    __slots__ = ("revision", "changed")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    changed: bool
+    def __init__(self, revision: _Optional[int] = ..., changed: _Optional[bool] = ...) -> None: ...
+
+class GetReplicateConfigurationRequest(_message.Message):
+    __slots__ = ("consistency",)
+    CONSISTENCY_FIELD_NUMBER: _ClassVar[int]
+    consistency: Consistency
+    def __init__(self, consistency: _Optional[_Union[Consistency, str]] = ...) -> None: ...
+
+class GetReplicateConfigurationResponse(_message.Message):
+    __slots__ = ("configuration", "cluster_id", "revision", "checkpoints")
+    class CheckpointsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _coordination_pb2.ReplicateCheckpoints
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_coordination_pb2.ReplicateCheckpoints, _Mapping]] = ...) -> None: ...
+    CONFIGURATION_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    configuration: _coordination_pb2.ReplicateConfiguration
+    cluster_id: str
+    revision: int
+    checkpoints: _containers.MessageMap[str, _coordination_pb2.ReplicateCheckpoints]
+    def __init__(self, configuration: _Optional[_Union[_coordination_pb2.ReplicateConfiguration, _Mapping]] = ..., cluster_id: _Optional[str] = ..., revision: _Optional[int] = ..., checkpoints: _Optional[_Mapping[str, _coordination_pb2.ReplicateCheckpoints]] = ...) -> None: ...
+
 class CreateSubscriptionRequest(_message.Message):
     __slots__ = ("request_id", "name", "vchannels", "start", "start_lsn", "start_time_tick", "no_retention_hold")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

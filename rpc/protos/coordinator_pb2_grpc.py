@@ -189,6 +189,16 @@ class CoordinatorStub:
                 request_serializer=rpc_dot_protos_dot_coordinator__pb2.BatchWriteRequest.SerializeToString,
                 response_deserializer=rpc_dot_protos_dot_coordinator__pb2.BatchWriteResponse.FromString,
                 _registered_method=True)
+        self.UpdateReplicateConfiguration = channel.unary_unary(
+                '/raftwal.v1.Coordinator/UpdateReplicateConfiguration',
+                request_serializer=rpc_dot_protos_dot_coordinator__pb2.UpdateReplicateConfigurationRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_coordinator__pb2.UpdateReplicateConfigurationResponse.FromString,
+                _registered_method=True)
+        self.GetReplicateConfiguration = channel.unary_unary(
+                '/raftwal.v1.Coordinator/GetReplicateConfiguration',
+                request_serializer=rpc_dot_protos_dot_coordinator__pb2.GetReplicateConfigurationRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_coordinator__pb2.GetReplicateConfigurationResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -385,6 +395,19 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateReplicateConfiguration(self, request, context):
+        """Cross-cluster replication: the configuration, replaced whole, and read back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetReplicateConfiguration(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -542,6 +565,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.BatchWrite,
                     request_deserializer=rpc_dot_protos_dot_coordinator__pb2.BatchWriteRequest.FromString,
                     response_serializer=rpc_dot_protos_dot_coordinator__pb2.BatchWriteResponse.SerializeToString,
+            ),
+            'UpdateReplicateConfiguration': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateReplicateConfiguration,
+                    request_deserializer=rpc_dot_protos_dot_coordinator__pb2.UpdateReplicateConfigurationRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_coordinator__pb2.UpdateReplicateConfigurationResponse.SerializeToString,
+            ),
+            'GetReplicateConfiguration': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReplicateConfiguration,
+                    request_deserializer=rpc_dot_protos_dot_coordinator__pb2.GetReplicateConfigurationRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_coordinator__pb2.GetReplicateConfigurationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1381,6 +1414,60 @@ class Coordinator:
             '/raftwal.v1.Coordinator/BatchWrite',
             rpc_dot_protos_dot_coordinator__pb2.BatchWriteRequest.SerializeToString,
             rpc_dot_protos_dot_coordinator__pb2.BatchWriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateReplicateConfiguration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Coordinator/UpdateReplicateConfiguration',
+            rpc_dot_protos_dot_coordinator__pb2.UpdateReplicateConfigurationRequest.SerializeToString,
+            rpc_dot_protos_dot_coordinator__pb2.UpdateReplicateConfigurationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReplicateConfiguration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Coordinator/GetReplicateConfiguration',
+            rpc_dot_protos_dot_coordinator__pb2.GetReplicateConfigurationRequest.SerializeToString,
+            rpc_dot_protos_dot_coordinator__pb2.GetReplicateConfigurationResponse.FromString,
             options,
             channel_credentials,
             insecure,

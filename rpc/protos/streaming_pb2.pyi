@@ -101,7 +101,7 @@ class Position(_message.Message):
     def __init__(self, lsn: _Optional[int] = ..., time_tick: _Optional[int] = ...) -> None: ...
 
 class ProduceRequest(_message.Message):
-    __slots__ = ("request_id", "pchannel", "messages", "producer_id", "sequence", "expected_last_lsn", "batch_vchannel", "batch_msg_type", "payloads")
+    __slots__ = ("request_id", "pchannel", "messages", "producer_id", "sequence", "expected_last_lsn", "batch_vchannel", "batch_msg_type", "payloads", "previous_sequence", "replicate_source")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,8 @@ class ProduceRequest(_message.Message):
     BATCH_VCHANNEL_FIELD_NUMBER: _ClassVar[int]
     BATCH_MSG_TYPE_FIELD_NUMBER: _ClassVar[int]
     PAYLOADS_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    REPLICATE_SOURCE_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     pchannel: str
     messages: _containers.RepeatedCompositeFieldContainer[Message]
@@ -120,7 +122,21 @@ class ProduceRequest(_message.Message):
     batch_vchannel: str
     batch_msg_type: str
     payloads: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, request_id: _Optional[int] = ..., pchannel: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., expected_last_lsn: _Optional[int] = ..., batch_vchannel: _Optional[str] = ..., batch_msg_type: _Optional[str] = ..., payloads: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    previous_sequence: int
+    replicate_source: ReplicateSource
+    def __init__(self, request_id: _Optional[int] = ..., pchannel: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., expected_last_lsn: _Optional[int] = ..., batch_vchannel: _Optional[str] = ..., batch_msg_type: _Optional[str] = ..., payloads: _Optional[_Iterable[bytes]] = ..., previous_sequence: _Optional[int] = ..., replicate_source: _Optional[_Union[ReplicateSource, _Mapping]] = ...) -> None: ...
+
+class ReplicateSource(_message.Message):
+    __slots__ = ("cluster_id", "pchannel", "lsns", "time_ticks")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    LSNS_FIELD_NUMBER: _ClassVar[int]
+    TIME_TICKS_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: str
+    pchannel: str
+    lsns: _containers.RepeatedScalarFieldContainer[int]
+    time_ticks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, cluster_id: _Optional[str] = ..., pchannel: _Optional[str] = ..., lsns: _Optional[_Iterable[int]] = ..., time_ticks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProduceResult(_message.Message):
     __slots__ = ("request_id", "positions", "error", "term", "duplicate", "first_lsn", "time_ticks")
@@ -361,6 +377,26 @@ class OpenProduceResponse(_message.Message):
     port: int
     max_frame_bytes: int
     def __init__(self, ticket: _Optional[bytes] = ..., port: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ...) -> None: ...
+
+class GetReplicateCheckpointRequest(_message.Message):
+    __slots__ = ("pchannel", "source_cluster_id", "source_pchannel")
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    pchannel: str
+    source_cluster_id: str
+    source_pchannel: str
+    def __init__(self, pchannel: _Optional[str] = ..., source_cluster_id: _Optional[str] = ..., source_pchannel: _Optional[str] = ...) -> None: ...
+
+class GetReplicateCheckpointResponse(_message.Message):
+    __slots__ = ("source_lsn", "target_lsn", "term")
+    SOURCE_LSN_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LSN_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    source_lsn: int
+    target_lsn: int
+    term: int
+    def __init__(self, source_lsn: _Optional[int] = ..., target_lsn: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class AppendRequest(_message.Message):
     __slots__ = ("pchannel", "term", "prev_lsn", "prev_term", "frames", "committed_lsn", "request_id", "owner_node_id", "frames_crc", "from_log_start")

@@ -89,6 +89,11 @@ class StreamingNodeStub:
                 request_serializer=rpc_dot_protos_dot_streaming__pb2.ReadSegmentRequest.SerializeToString,
                 response_deserializer=rpc_dot_protos_dot_streaming__pb2.ReadSegmentResponse.FromString,
                 _registered_method=True)
+        self.GetReplicateCheckpoint = channel.unary_unary(
+                '/raftwal.v1.StreamingNode/GetReplicateCheckpoint',
+                request_serializer=rpc_dot_protos_dot_streaming__pb2.GetReplicateCheckpointRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_streaming__pb2.GetReplicateCheckpointResponse.FromString,
+                _registered_method=True)
 
 
 class StreamingNodeServicer:
@@ -160,6 +165,14 @@ class StreamingNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetReplicateCheckpoint(self, request, context):
+        """Cross-cluster replication: where a target pchannel stands for one source pchannel.
+        Served by the pchannel's owner.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StreamingNodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -217,6 +230,11 @@ def add_StreamingNodeServicer_to_server(servicer, server):
                     servicer.ReadSegment,
                     request_deserializer=rpc_dot_protos_dot_streaming__pb2.ReadSegmentRequest.FromString,
                     response_serializer=rpc_dot_protos_dot_streaming__pb2.ReadSegmentResponse.SerializeToString,
+            ),
+            'GetReplicateCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReplicateCheckpoint,
+                    request_deserializer=rpc_dot_protos_dot_streaming__pb2.GetReplicateCheckpointRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_streaming__pb2.GetReplicateCheckpointResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -516,6 +534,33 @@ class StreamingNode:
             '/raftwal.v1.StreamingNode/ReadSegment',
             rpc_dot_protos_dot_streaming__pb2.ReadSegmentRequest.SerializeToString,
             rpc_dot_protos_dot_streaming__pb2.ReadSegmentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReplicateCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.StreamingNode/GetReplicateCheckpoint',
+            rpc_dot_protos_dot_streaming__pb2.GetReplicateCheckpointRequest.SerializeToString,
+            rpc_dot_protos_dot_streaming__pb2.GetReplicateCheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

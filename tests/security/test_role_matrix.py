@@ -43,6 +43,7 @@ _METADATA = {
     "Coordinator/WatchEvents",
     "StreamingNode/GetLatestTimeTick",
     "StreamingNode/Seal",
+    "StreamingNode/GetReplicateCheckpoint",
 }
 _LEASES_AND_LOCKS = {
     "Coordinator/GrantLease",
@@ -61,6 +62,8 @@ _ADMIN_ONLY = {
     "Coordinator/SetBalancePolicy",
     "Coordinator/SaveSnapshot",
     "Coordinator/ChangeMembership",
+    "Coordinator/UpdateReplicateConfiguration",
+    "Coordinator/GetReplicateConfiguration",
 }
 _PRODUCE = {
     "StreamingNode/Produce",

@@ -226,6 +226,45 @@ def barrier(at: int = NOW) -> pb.Command:
     return cmd(barrier=pb.Barrier(), at=at)
 
 
+def replicate(*edges: tuple[str, str], local: str = "east", west=("q1", "q2")) -> pb.Command:
+    """east (this cluster, pchannels p1 p2) and west, with the given edges."""
+    configuration = pb.ReplicateConfiguration(
+        clusters=[
+            pb.ReplicateCluster(
+                cluster_id="east", endpoints=["127.0.0.1:7201"], pchannels=["p1", "p2"]
+            ),
+            pb.ReplicateCluster(
+                cluster_id="west",
+                endpoints=["10.0.0.1:7201"],
+                pchannels=list(west),
+                credentials=pb.ReplicateCredentials(token="west-token-0123456789"),
+            ),
+        ],
+        topology=[
+            pb.ReplicateTopologyEdge(source_cluster_id=s, target_cluster_id=t) for s, t in edges
+        ],
+    )
+    return cmd(
+        update_replicate_configuration=pb.UpdateReplicateConfiguration(
+            configuration=configuration, local_cluster_id=local
+        )
+    )
+
+
+def record(pchannel: str, target: str, source_lsn: int) -> pb.Command:
+    return cmd(
+        record_replicate_checkpoint=pb.RecordReplicateCheckpoint(
+            pchannel=pchannel, target_cluster_id=target, source_lsn=source_lsn
+        )
+    )
+
+
+def replicate_clear() -> pb.Command:
+    return cmd(
+        update_replicate_configuration=pb.UpdateReplicateConfiguration(local_cluster_id="east")
+    )
+
+
 # Setups used by several rows.
 ASSIGNING: list[Step] = [*PCHANNEL, assign("p1", 1, "n1", ["n2"])]
 SEGMENTS: list[Step] = [*VCHANNELS, segment(1, 10), segment(11, 20), segment(21, 30)]
@@ -786,6 +825,41 @@ ROWS = [
     row("set_balance_policy/negative", [], policy(True, -1), INVALID,
         "max_moves_per_round (-1; expected 0..1024)"),
     row("set_balance_policy/too-many", [], policy(True, 1025), INVALID, "1025"),
+    # ---- update_replicate_configuration (statemachine/replicate.py; more in
+    # test_replicate_configuration.py)
+    row("update_replicate_configuration/set", PCHANNEL, replicate(("east", "west")),
+        ["replicate_configuration_updated"]),
+    row("update_replicate_configuration/same", [*PCHANNEL, replicate(("east", "west"))],
+        replicate(("east", "west")), []),
+    row("update_replicate_configuration/reverse", [*PCHANNEL, replicate(("east", "west"))],
+        replicate(("west", "east")), ["replicate_configuration_updated"]),
+    row("update_replicate_configuration/clear", [*PCHANNEL, replicate(("east", "west"))],
+        replicate_clear(), ["replicate_configuration_updated"]),
+    row("update_replicate_configuration/clear-empty", PCHANNEL, replicate_clear(), []),
+    row("update_replicate_configuration/not-this-cluster", PCHANNEL,
+        replicate(("east", "west"), local="north"), INVALID,
+        "this cluster ('north') is not in the configuration"),
+    row("update_replicate_configuration/no-cluster-id", PCHANNEL,
+        replicate(("east", "west"), local=""), INVALID, "this cluster has no cluster_id"),
+    row("update_replicate_configuration/cycle", PCHANNEL,
+        replicate(("east", "west"), ("west", "east")), INVALID, "cycle"),
+    row("update_replicate_configuration/counts", PCHANNEL,
+        replicate(("east", "west"), west=("q1",)), INVALID,
+        "has 1 pchannels (got 1; expected 2 as cluster 'east'"),
+    row("update_replicate_configuration/missing-pchannel", NODES, replicate(("east", "west")),
+        E.CHANNEL_NOT_EXIST, "listed for cluster 'east', this cluster"),
+    # ---- record_replicate_checkpoint
+    row("record_replicate_checkpoint/first", [*PCHANNEL, replicate(("east", "west"))],
+        record("p2", "west", 5), ["replicate_checkpoint_recorded"]),
+    row("record_replicate_checkpoint/older",
+        [*PCHANNEL, replicate(("east", "west")), record("p2", "west", 5)],
+        record("p2", "west", 4), []),
+    row("record_replicate_checkpoint/not-a-target", [*PCHANNEL, replicate(("west", "east"))],
+        record("p1", "west", 5), E.NOT_FOUND, "no replication of pchannel 'p1' to cluster 'west'"),
+    row("record_replicate_checkpoint/no-configuration", PCHANNEL, record("p1", "west", 5),
+        E.NOT_FOUND, "expected an edge from this cluster"),
+    row("record_replicate_checkpoint/negative", [*PCHANNEL, replicate(("east", "west"))],
+        record("p1", "west", -1), INVALID, "invalid source_lsn (-1; expected >= 0)"),
     # ---- barrier
     row("barrier/accept", VCHANNELS, barrier(), []),
 ]
@@ -1520,3 +1594,26 @@ def test_replica_set_changes_one_at_a_time_each_waiting_for_a_ready_term() -> No
     h.ok(assign("p1", 5, "n1", ["n1", "n2"]), ready("p1", 5, "n1", 50))
     assert list(channel.stable_replica_node_ids) == ["n1", "n2"]
     h.ok(assign("p1", 6, "n1", ["n1", "n2", "n3"]))
+
+
+def test_retention_keeps_what_a_replication_target_has_not_applied() -> None:
+    harness = Harness()
+    harness.ok(*SEGMENTS, replicate(("east", "west")))
+    # West reported nothing: nothing of p1 may go.
+    assert not list(harness.apply(delete_before("p1", 31)).events)
+    harness.ok(record("p1", "west", 15))
+    deleted = harness.apply(delete_before("p1", 31)).events
+    assert [list(e.segments_deleted.segment_ids) for e in deleted] == [[1]]
+    harness.ok(record("p1", "west", 30))
+    deleted = harness.apply(delete_before("p1", 31)).events
+    assert [list(e.segments_deleted.segment_ids) for e in deleted] == [[11, 21]]
+
+
+def test_a_target_dropped_from_the_configuration_holds_nothing() -> None:
+    harness = Harness()
+    harness.ok(*SEGMENTS, replicate(("east", "west")), record("p1", "west", 5))
+    assert harness.state.replicate_checkpoints["p1"].source_lsns["west"] == 5
+    harness.ok(replicate())  # the same clusters, no edge
+    assert "p1" not in harness.state.replicate_checkpoints
+    deleted = harness.apply(delete_before("p1", 31)).events
+    assert [list(e.segments_deleted.segment_ids) for e in deleted] == [[1, 11, 21]]

@@ -63,6 +63,8 @@ def test_secret_from_file_and_environment(tmp_path: Path) -> None:
         ),
         ({"nodes": [{**NODES[0], "role": "witness"}]}, "nodes\\[0\\].role \\('witness'"),
         ({"nodes": [{**n, "role": "data"} for n in NODES]}, "no voting node"),
+        ({"nodes": NODES, "cluster": {"cluster_id": "../east"}}, "cluster.cluster_id \\('../east'"),
+        ({"nodes": NODES, "cluster": {"cluster_id": 7}}, "cluster.cluster_id \\(7; expected"),
     ],
 )
 def test_invalid_configs_say_what_was_expected(tmp_path: Path, data, message) -> None:
@@ -121,14 +123,23 @@ def test_data_nodes_do_not_vote(tmp_path: Path) -> None:
     assert config.node("n1").role == "voter" and config.node("n1").voter
 
 
+def test_cluster_id_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    assert parse_config({"nodes": NODES}, tmp_path, environ={}).cluster_id == ""
+    data = {"nodes": NODES, "cluster": {"cluster_id": "east"}}
+    assert parse_config(data, tmp_path, environ={}).cluster_id == "east"
+    assert parse_config(data, tmp_path, {"RAFTWAL_CLUSTER_ID": "west"}).cluster_id == "west"
+
+
 def test_render_then_load_round_trips(tmp_path: Path) -> None:
     nodes = [*NODES, {"id": "n3", "grpc_port": 7203, "raft_port": 7303, "role": "data"}]
-    config = parse_config({"nodes": nodes, "cluster": {"node_timeout_ms": 4321}}, tmp_path, {})
+    cluster = {"node_timeout_ms": 4321, "cluster_id": "east"}
+    config = parse_config({"nodes": nodes, "cluster": cluster}, tmp_path, {})
     path = tmp_path / "raftwal.toml"
     path.write_text(render_config(config))
     loaded = load_config(path, environ={})
     assert loaded.nodes == config.nodes
     assert loaded.node_timeout_ms == 4321
+    assert loaded.cluster_id == "east"
     path.write_text("[[nodes]\n")
     with pytest.raises(ConfigError, match="invalid TOML"):
         load_config(path, environ={})

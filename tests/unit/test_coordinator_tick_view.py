@@ -32,6 +32,9 @@ def _full_state() -> pb.CoordinationState:
     state.subscriptions["s"].name = "s"
     state.subscriptions["s"].vchannels.append("v1")
     state.balance_policy.SetInParent()
+    state.replicate_configuration.clusters.add(cluster_id="east")
+    state.replicate_cluster_id = "east"
+    state.replicate_checkpoints["p1"].source_lsns["west"] = 3
     state.format_version = state.format_version or 1
     state.recent_cursor = 3
     return state

@@ -39,7 +39,15 @@ _LOWER = (
 )
 ALLOWED: dict[str, tuple[str, ...]] = {
     "raftwal.services": ("raftwal.services", *_LOWER),
-    "raftwal.node": ("raftwal.node", "raftwal.services", "rpc.credentials", *_LOWER),
+    "raftwal.node": (
+        "raftwal.node",
+        "raftwal.services",
+        "rpc.credentials",
+        # The replicator is a client of another cluster: it finds the target pchannel's
+        # owner as any SDK client does (raftwal/node/replicator.py).
+        "rpc.streaming.routing",
+        *_LOWER,
+    ),
     "raftwal.chaos": (
         "raftwal.chaos",
         "raftwal.cli.dev",

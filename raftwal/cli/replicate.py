@@ -1,0 +1,506 @@
+"""`raftwal replicate set FILE | clear | show`: the cross-cluster replication configuration
+(docs/replication.md) from the command line.
+
+FILE is TOML: one ``[[clusters]]`` table per cluster (``id``, ``endpoints``, ``pchannels``
+in order, and optional ``token_file`` / ``ca_file``, paths relative to FILE) and one
+``[[topology]]`` table per edge (``source``, ``target``). Tokens come from files, never
+from the command line or FILE itself, so that FILE can be shared and kept in version
+control while the token files stay 0600. ``set`` replaces the configuration of every
+cluster FILE names with FILE's, each reached at its endpoints with its own token
+and CA file (``--here``: only the cluster the CLI talks to, ``--endpoints`` or the dev
+cluster, with the flags' credentials); ``clear`` empties the CLI's cluster's one;
+``show`` prints it as the cluster answers it, tokens redacted. This module only parses,
+calls the SDK and prints: the cluster validates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import grpc
+from rich.table import Table
+
+from raftwal.cli.client import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    CliError,
+    Target,
+    _console,
+    _handler,
+    _print_json,
+    common_arguments,
+    message_to_json,
+)
+from raftwal.node.replicator import cluster_security
+from rpc.client import CoordinatorClient, RaftwalError
+from rpc.credentials import CredentialsError
+from rpc.protos import coordination_pb2 as pb
+from rpc.protos import streaming_pb2 as wire
+from rpc.streaming.routing import StreamingClientBase
+from wal_segments.owner import TICK_LOGICAL_BITS
+
+# Bounds on what FILE may name (the cluster bounds the configuration itself).
+MAX_FILE_BYTES = 1 << 20
+MAX_SECRET_FILE_BYTES = 1 << 16
+_CLUSTER_KEYS = frozenset({"id", "endpoints", "pchannels", "token_file", "ca_file"})
+_EDGE_KEYS = frozenset({"source", "target"})
+
+
+class ReplicateFileError(CliError):
+    """FILE is unreadable or not a replication configuration; the message says where."""
+
+
+def _strings(table: dict[str, object], key: str, where: str) -> list[str]:
+    value = table.get(key)
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ReplicateFileError(
+            f"invalid {where}.{key} ({value!r:.60}; expected a list of strings)"
+        )
+    return [str(item) for item in value]
+
+
+def _string(table: dict[str, object], key: str, where: str) -> str:
+    value = table.get(key)
+    if not isinstance(value, str):
+        raise ReplicateFileError(f"invalid {where}.{key} ({value!r:.60}; expected a string)")
+    return value
+
+
+def _read_small(path: Path, what: str) -> str:
+    """The text of a token or CA file, never echoed (only its path and size are)."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_SECRET_FILE_BYTES:
+            raise ReplicateFileError(
+                f"{what} {path} is too large ({size} bytes; expected at most "
+                f"{MAX_SECRET_FILE_BYTES})"
+            )
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ReplicateFileError(f"cannot read {what} {path}: {type(error).__name__}") from None
+
+
+def parse_replicate_file(data: dict[str, object], base_dir: Path) -> pb.ReplicateConfiguration:
+    """The configuration a parsed FILE describes (token and CA files read, relative to
+    `base_dir`). Raises ReplicateFileError naming the table and key at fault."""
+    unknown = sorted(set(data) - {"clusters", "topology"})
+    if unknown:
+        raise ReplicateFileError(
+            f"unknown top-level keys {unknown} (expected [[clusters]] and [[topology]] tables)"
+        )
+    clusters = data.get("clusters", [])
+    edges = data.get("topology", [])
+    if not isinstance(clusters, list) or not isinstance(edges, list):
+        raise ReplicateFileError(
+            "invalid clusters or topology (expected arrays of tables: [[clusters]], [[topology]])"
+        )
+    configuration = pb.ReplicateConfiguration()
+    for index, table in enumerate(clusters):
+        where = f"clusters[{index}]"
+        if not isinstance(table, dict):
+            raise ReplicateFileError(f"invalid {where} ({table!r:.60}; expected a table)")
+        extra = sorted(set(table) - _CLUSTER_KEYS)
+        if extra:
+            raise ReplicateFileError(
+                f"unknown keys {extra} in {where} (expected {', '.join(sorted(_CLUSTER_KEYS))})"
+            )
+        cluster = configuration.clusters.add(
+            cluster_id=_string(table, "id", where),
+            endpoints=_strings(table, "endpoints", where),
+            pchannels=_strings(table, "pchannels", where),
+        )
+        if "token_file" in table:
+            path = base_dir / _string(table, "token_file", where)
+            cluster.credentials.token = _read_small(path, f"{where}.token_file")
+        if "ca_file" in table:
+            path = base_dir / _string(table, "ca_file", where)
+            cluster.credentials.ca_certificate_pem = _read_small(path, f"{where}.ca_file")
+    for index, table in enumerate(edges):
+        where = f"topology[{index}]"
+        if not isinstance(table, dict) or set(table) != _EDGE_KEYS:
+            raise ReplicateFileError(
+                f"invalid {where} ({sorted(table) if isinstance(table, dict) else table!r:.60}; "
+                'expected a table with source = "ID" and target = "ID")'
+            )
+        configuration.topology.add(
+            source_cluster_id=_string(table, "source", where),
+            target_cluster_id=_string(table, "target", where),
+        )
+    return configuration
+
+
+def load_replicate_file(path: Path) -> pb.ReplicateConfiguration:
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ReplicateFileError(
+                f"{path} is too large ({size} bytes; expected at most {MAX_FILE_BYTES})"
+            )
+        data = tomllib.loads(path.read_text())
+    except OSError as error:
+        raise ReplicateFileError(f"cannot read {path}: {error.strerror or error}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ReplicateFileError(f"invalid TOML in {path}: {error}") from None
+    return parse_replicate_file(data, path.parent)
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    common = common_arguments()
+    replicate = commands.add_parser(
+        "replicate",
+        help="cross-cluster replication: the configuration (admin only)",
+        description="A replication configuration names clusters (id, endpoints, "
+        "credentials, pchannels in order) and source -> target edges. It is kept in Raft "
+        "and replaced whole; tokens are stored as given and never shown.",
+    )
+    replicate_commands = replicate.add_subparsers(dest="replicate_command", metavar="ACTION")
+    replicate_commands.required = True
+    setter = replicate_commands.add_parser(
+        "set",
+        parents=[common],
+        help="replace the configuration of every cluster in FILE (TOML) with FILE's",
+        description="Each cluster of FILE is reached at its endpoints with its token_file "
+        "and ca_file (the flags' credentials are not used), in FILE's order; the first "
+        "refusal stops it. With --here, only the cluster the flags name.",
+    )
+    setter.add_argument("file", type=Path, metavar="FILE", help="the configuration (TOML)")
+    setter.add_argument(
+        "--here",
+        action="store_true",
+        help="apply it only to the cluster --endpoints (or the dev cluster) names, with the "
+        "flags' credentials",
+    )
+    setter.set_defaults(handler=_set_handler)
+    clear = replicate_commands.add_parser(
+        "clear", parents=[common], help="remove the configuration (no replication)"
+    )
+    clear.set_defaults(handler=_handler(_replicate_clear))
+    status = replicate_commands.add_parser(
+        "status",
+        parents=[common],
+        help="per source pchannel: committed LSN, where the target stands, lag in entries "
+        "and seconds",
+        description="Run against the source cluster. The target checkpoint is the one the "
+        "source's replicators last recorded in Raft (at most about a second old); the lag "
+        "counts the source's data entries after it, and its age is that of the oldest of them.",
+    )
+    status.set_defaults(handler=_handler(_replicate_status))
+    promote = replicate_commands.add_parser(
+        "promote",
+        parents=[common],
+        help="make this target cluster writable when its source is gone; prints, per "
+        "pchannel, the last source LSN it holds (what came after may be lost)",
+        description="Removes the edge into this cluster from its configuration (this "
+        "cluster only: the source is assumed gone) and reports where each pchannel stands.",
+    )
+    promote.set_defaults(handler=_handler(_replicate_promote))
+    show = replicate_commands.add_parser(
+        "show", parents=[common], help="the configuration, tokens redacted"
+    )
+    show.set_defaults(handler=_handler(_replicate_show))
+
+
+async def _replicate_set(
+    args: argparse.Namespace, client: CoordinatorClient, target: Target
+) -> int:
+    return await _apply(args, client, load_replicate_file(args.file), "replaced", "unchanged")
+
+
+def _set_handler(args: argparse.Namespace) -> int:
+    if args.here:
+        return _handler(_replicate_set)(args)
+    try:
+        return asyncio.run(_set_everywhere(args))
+    except (CliError, CredentialsError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+async def _set_everywhere(args: argparse.Namespace) -> int:
+    configuration = load_replicate_file(args.file)
+    if not configuration.clusters:
+        raise CliError(
+            f"{args.file} names no cluster (expected [[clusters]] tables; `raftwal replicate "
+            "clear --endpoints ...` clears one cluster's configuration)"
+        )
+    applied: list[dict[str, object]] = []
+    for cluster in configuration.clusters:
+        async with CoordinatorClient(
+            list(cluster.endpoints), timeout_s=args.timeout_s, security=cluster_security(cluster)
+        ) as client:
+            try:
+                response = await client.update_replicate_configuration(configuration)
+            except RaftwalError as error:
+                done = ", ".join(str(a["cluster_id"]) for a in applied) or "none"
+                print(
+                    f"error: cluster {cluster.cluster_id}: {error} (applied to: {done})",
+                    file=sys.stderr,
+                )
+                return EXIT_ERROR
+        applied.append(
+            {
+                "cluster_id": cluster.cluster_id,
+                "revision": response.revision,
+                "changed": response.changed,
+            }
+        )
+        if not args.json:
+            state = "replaced" if response.changed else "unchanged (already this one)"
+            _console().print(
+                f"cluster {cluster.cluster_id}: replication configuration {state} at "
+                f"revision {response.revision}"
+            )
+    if args.json:
+        _print_json({"clusters": applied})
+    return 0
+
+
+async def _replicate_clear(
+    args: argparse.Namespace, client: CoordinatorClient, target: Target
+) -> int:
+    return await _apply(args, client, pb.ReplicateConfiguration(), "cleared", "already empty")
+
+
+async def _apply(
+    args: argparse.Namespace,
+    client: CoordinatorClient,
+    configuration: pb.ReplicateConfiguration,
+    changed: str,
+    unchanged: str,
+) -> int:
+    response = await client.update_replicate_configuration(configuration)
+    if args.json:
+        _print_json(response)
+        return 0
+    state = changed if response.changed else unchanged
+    _console().print(f"replication configuration {state} at revision {response.revision}")
+    return 0
+
+
+async def _replicate_show(
+    args: argparse.Namespace, client: CoordinatorClient, target: Target
+) -> int:
+    response = await client.get_replicate_configuration()
+    if args.json:
+        _print_json(message_to_json(response))
+        return 0
+    console = _console()
+    configuration = response.configuration
+    console.print(
+        f"this cluster [bold]{response.cluster_id or '(no cluster_id)'}[/]  "
+        f"revision {response.revision}"
+    )
+    if not configuration.clusters:
+        console.print("no replication configuration")
+        return 0
+    clusters = Table(title="clusters")
+    for column in ("id", "endpoints", "pchannels", "token", "TLS"):
+        clusters.add_column(column)
+    for cluster in configuration.clusters:
+        clusters.add_row(
+            cluster.cluster_id + (" (this)" if cluster.cluster_id == response.cluster_id else ""),
+            ", ".join(cluster.endpoints),
+            ", ".join(cluster.pchannels),
+            "set" if cluster.credentials.token_set else "-",
+            "CA given" if cluster.credentials.ca_certificate_pem else "plaintext",
+        )
+    console.print(clusters)
+    edges = ", ".join(
+        f"{edge.source_cluster_id} -> {edge.target_cluster_id}" for edge in configuration.topology
+    )
+    console.print(f"topology: {edges or 'no edges'}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# status
+# ---------------------------------------------------------------------------------------
+
+#: How long `status` reads a source pchannel's unreplicated entries to count them.
+STATUS_READ_S = 2.0
+#: How long `status` waits for a pchannel's owner.
+STATUS_ROUTE_S = 10.0
+#: Counted at most per pchannel (the lag shows as ">= N" past it).
+STATUS_MAX_COUNT = 100_000
+
+
+async def _unreplicated(
+    client: StreamingClientBase, pchannel: str, after: int, committed: int
+) -> tuple[int, int]:
+    """(data entries of `pchannel` in (after, committed], time tick of the first one or 0)."""
+    if after >= committed:
+        return 0, 0
+    route = await client.router.owner(pchannel, STATUS_ROUTE_S)
+    call = client.stub(route.owner_address).Consume(
+        wire.ConsumeRequest(pchannel=pchannel, policy=wire.DELIVER_POLICY_START_AFTER, lsn=after),
+        timeout=STATUS_READ_S,
+    )
+    count, first_tick = 0, 0
+    try:
+        async for response in call:
+            for entry in response.entries:
+                if entry.lsn > committed or count >= STATUS_MAX_COUNT:
+                    return count, first_tick
+                count += 1
+                first_tick = first_tick or entry.time_tick
+            if response.entries and response.entries[-1].lsn >= committed:
+                break
+    except grpc.RpcError as error:
+        if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise
+    finally:
+        call.cancel()
+    return count, first_tick
+
+
+async def _replicate_status(
+    args: argparse.Namespace, client: CoordinatorClient, target: Target
+) -> int:
+    answer = await client.get_replicate_configuration()
+    local = answer.cluster_id
+    rows: list[dict[str, object]] = []
+    clusters = {c.cluster_id: c for c in answer.configuration.clusters}
+    now_ms = int(time.time() * 1000)
+    async with StreamingClientBase(client) as streaming:
+        for edge in answer.configuration.topology:
+            if edge.source_cluster_id != local or local not in clusters:
+                continue
+            target_cluster = clusters[edge.target_cluster_id]
+            for index, pchannel in enumerate(clusters[local].pchannels):
+                route = await streaming.router.owner(pchannel, args.timeout_s)
+                latest = await streaming.stub(route.owner_address).GetLatestTimeTick(
+                    wire.GetLatestTimeTickRequest(pchannel=pchannel), timeout=args.timeout_s
+                )
+                recorded = answer.checkpoints[pchannel].source_lsns.get(edge.target_cluster_id, 0)
+                lag, first_tick = await _unreplicated(
+                    streaming, pchannel, recorded, latest.committed_lsn
+                )
+                lag_s = (
+                    max(0.0, (now_ms - (first_tick >> TICK_LOGICAL_BITS)) / 1000) if lag else 0.0
+                )
+                rows.append(
+                    {
+                        "source_cluster_id": local,
+                        "pchannel": pchannel,
+                        "target_cluster_id": edge.target_cluster_id,
+                        "target_pchannel": target_cluster.pchannels[index],
+                        "source_committed_lsn": latest.committed_lsn,
+                        "target_checkpoint_lsn": recorded,
+                        "lag_entries": lag,
+                        "lag_entries_capped": lag >= STATUS_MAX_COUNT,
+                        "lag_s": round(lag_s, 3),
+                    }
+                )
+    if args.json:
+        _print_json({"cluster_id": local, "pchannels": rows})
+        return 0
+    console = _console()
+    if not rows:
+        console.print(f"cluster {local or '(no cluster_id)'} replicates nothing")
+        return 0
+    table = Table(title=f"replication from {local}")
+    for column in ("pchannel", "target", "source committed", "target checkpoint", "lag", "lag s"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            str(row["pchannel"]),
+            f"{row['target_cluster_id']}/{row['target_pchannel']}",
+            str(row["source_committed_lsn"]),
+            str(row["target_checkpoint_lsn"]),
+            (">= " if row["lag_entries_capped"] else "") + str(row["lag_entries"]),
+            str(row["lag_s"]),
+        )
+    console.print(table)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# promote
+# ---------------------------------------------------------------------------------------
+
+
+async def _replicate_promote(
+    args: argparse.Namespace, client: CoordinatorClient, target: Target
+) -> int:
+    answer = await client.get_replicate_configuration()
+    local = answer.cluster_id
+    configuration = answer.configuration
+    edges = [e for e in configuration.topology if e.target_cluster_id == local]
+    if not edges:
+        listed = ", ".join(
+            f"{e.source_cluster_id} -> {e.target_cluster_id}" for e in configuration.topology
+        )
+        raise CliError(
+            f"cluster {local or '(no cluster_id)'} is not a replication target (got topology "
+            f"{listed or 'empty'}; expected an edge into it)"
+        )
+    source_id = edges[0].source_cluster_id
+    clusters = {c.cluster_id: c for c in configuration.clusters}
+    # What this cluster holds of each source pchannel, read before it stops being a target.
+    rows: list[dict[str, object]] = []
+    async with StreamingClientBase(client) as streaming:
+        for index, pchannel in enumerate(clusters[local].pchannels):
+            source_pchannel = clusters[source_id].pchannels[index]
+            route = await streaming.router.owner(pchannel, args.timeout_s)
+            held = await streaming.stub(route.owner_address).GetReplicateCheckpoint(
+                wire.GetReplicateCheckpointRequest(
+                    pchannel=pchannel, source_cluster_id=source_id, source_pchannel=source_pchannel
+                ),
+                timeout=args.timeout_s,
+            )
+            rows.append(
+                {
+                    "pchannel": pchannel,
+                    "source_pchannel": source_pchannel,
+                    "last_source_lsn": held.source_lsn,
+                }
+            )
+    promoted = pb.ReplicateConfiguration()
+    promoted.CopyFrom(configuration)
+    del promoted.topology[:]
+    promoted.topology.extend(e for e in configuration.topology if e.target_cluster_id != local)
+    # Get answers hide tokens, and a configuration is replaced whole: the source's token is
+    # dropped (it is gone), any other stored token cannot be carried over from here.
+    for cluster in promoted.clusters:
+        if cluster.cluster_id == source_id:
+            cluster.credentials.token = ""
+            cluster.credentials.token_set = False
+        elif cluster.credentials.token_set:
+            raise CliError(
+                f"cluster {cluster.cluster_id} has a token in the configuration, which this "
+                "command cannot read back (expected `raftwal replicate set --here FILE` "
+                f"with the edge {source_id} -> {local} removed instead)"
+            )
+    response = await client.update_replicate_configuration(promoted)
+    if args.json:
+        _print_json(
+            {
+                "cluster_id": local,
+                "source_cluster_id": source_id,
+                "revision": response.revision,
+                "pchannels": rows,
+            }
+        )
+        return 0
+    console = _console()
+    console.print(
+        f"cluster {local} is writable: no longer a target of {source_id} (revision "
+        f"{response.revision}); entries of {source_id} after these may be lost:"
+    )
+    table = Table()
+    for column in ("pchannel", f"{source_id} pchannel", "last source LSN held"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            str(row["pchannel"]), str(row["source_pchannel"]), str(row["last_source_lsn"])
+        )
+    console.print(table)
+    return 0

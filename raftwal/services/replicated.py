@@ -1,0 +1,110 @@
+"""Batches replicated from another cluster (docs/replication.md): the producer id and the
+entry properties that carry a source position, and the validation of a ProduceRequest
+that claims to be such a batch.
+
+A replicated batch is an idempotent, contiguous producer's batch: producer_id
+``rw.replicate/<source cluster>/<source pchannel>``, sequence = the source LSN of its last
+message, previous_sequence = the source LSN the target held before it. The owner records
+(producer, sequence) with the batch's last entry, so the target's checkpoint is written
+atomically with the append. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from raftwal.services.common import fail
+from rpc.protos import errors_pb2
+from rpc.protos import streaming_pb2 as wire
+from statemachine.types import DEFAULT_LIMITS as LIMITS
+from statemachine.validation import check_name
+from wal_segments.owner import Message
+
+E = errors_pb2
+
+#: Properties under this prefix are the WAL's own bookkeeping (producers, transactions,
+#: source positions): never copied from a source entry to a target one.
+RESERVED_PREFIX = "rw."
+PRODUCER_PREFIX = "rw.replicate/"
+SOURCE_CLUSTER_PROPERTY = "rw.src.cluster"
+SOURCE_PCHANNEL_PROPERTY = "rw.src.pchannel"
+SOURCE_LSN_PROPERTY = "rw.src.lsn"
+SOURCE_TICK_PROPERTY = "rw.src.tick"
+
+
+def producer_id(source_cluster_id: str, source_pchannel: str) -> str:
+    return f"{PRODUCER_PREFIX}{source_cluster_id}/{source_pchannel}"
+
+
+def check_source_names(cluster_id: str, pchannel: str) -> None:
+    """Raise INVALID_ARGUMENT unless both are names."""
+    for field, value in (("source cluster_id", cluster_id), ("source pchannel", pchannel)):
+        bad = check_name(field, value, LIMITS)
+        if bad is not None:
+            raise fail(E.INVALID_ARGUMENT, bad.message)
+
+
+def check_replicated_batch(request: wire.ProduceRequest, count: int) -> None:
+    """Raise INVALID_ARGUMENT unless `request` (of `count` messages) is a well-formed
+    replicated batch, or a plain one that does not use the replicated producer ids."""
+    if not request.HasField("replicate_source"):
+        if request.producer_id.startswith(PRODUCER_PREFIX):
+            raise fail(
+                E.INVALID_ARGUMENT,
+                f"producer_id {request.producer_id[:64]!r} is reserved for replicated "
+                "batches (got no replicate_source; expected one, or another producer_id)",
+            )
+        return
+    source = request.replicate_source
+    check_source_names(source.cluster_id, source.pchannel)
+    expected_id = producer_id(source.cluster_id, source.pchannel)
+    if request.producer_id != expected_id:
+        raise fail(
+            E.INVALID_ARGUMENT,
+            f"invalid producer_id of a replicated batch ({request.producer_id[:64]!r}; "
+            f"expected {expected_id!r})",
+        )
+    if len(request.payloads) or len(source.lsns) != count or len(source.time_ticks) != count:
+        raise fail(
+            E.INVALID_ARGUMENT,
+            f"invalid replicate_source ({len(source.lsns)} lsns and {len(source.time_ticks)} "
+            f"time ticks for {count} messages; expected one of each per message, in "
+            "`messages`)",
+        )
+    lsns: Sequence[int] = source.lsns
+    if not request.HasField("previous_sequence") or request.previous_sequence < 0:
+        raise fail(
+            E.INVALID_ARGUMENT,
+            "a replicated batch without previous_sequence (expected the last source LSN "
+            "the target holds, 0 for none)",
+        )
+    previous = request.previous_sequence
+    for lsn in lsns:
+        if lsn <= previous:
+            raise fail(
+                E.INVALID_ARGUMENT,
+                f"invalid replicate_source lsns (got {lsn} after {previous}; expected "
+                "strictly increasing source LSNs after previous_sequence)",
+            )
+        previous = lsn
+    if request.sequence != lsns[-1]:
+        raise fail(
+            E.INVALID_ARGUMENT,
+            f"invalid sequence of a replicated batch ({request.sequence}; expected "
+            f"{lsns[-1]}, the source LSN of its last message)",
+        )
+
+
+def with_source_positions(messages: list[Message], source: wire.ReplicateSource) -> list[Message]:
+    """`messages` with their source position added to their properties."""
+    out = []
+    for message, lsn, tick in zip(messages, source.lsns, source.time_ticks, strict=True):
+        properties = {
+            **message.properties,
+            SOURCE_CLUSTER_PROPERTY: source.cluster_id,
+            SOURCE_PCHANNEL_PROPERTY: source.pchannel,
+            SOURCE_LSN_PROPERTY: str(lsn),
+            SOURCE_TICK_PROPERTY: str(tick),
+        }
+        out.append(message._replace(properties=properties))
+    return out
