@@ -42,6 +42,7 @@ from rpc.protos import coordination_pb2 as pb  # noqa: E402
 from rpc.protos import coordinator_pb2 as api  # noqa: E402
 from rpc.protos import coordinator_pb2_grpc, streaming_pb2_grpc  # noqa: E402
 from rpc.protos import streaming_pb2 as wire  # noqa: E402
+from rpc.request_ids import with_request_id  # noqa: E402
 
 WARMUP_S = 180.0
 
@@ -77,6 +78,8 @@ class Coordinator:
         self.index = 0
 
     def call(self, method: str, request, timeout_s: float = 20.0):
+        # One request id for every attempt: a retried write is answered, not re-applied.
+        request = with_request_id(request)
         deadline = time.monotonic() + timeout_s
         last: Exception | None = None
         for _ in range(200):

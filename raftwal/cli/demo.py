@@ -34,28 +34,60 @@ from rpc.errors import from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
+from rpc.request_ids import with_request_id
 from statemachine import apply_command, new_state, state_digest
 from statemachine.balancer import plan
 from statemachine.invariants import check
 
 RETRYABLE = (errors_pb2.NOT_LEADER, errors_pb2.ON_SHUTDOWN, errors_pb2.UNKNOWN)
 
+# A generous bound on `dev up`: a starved 2-core host has taken 100 s (issue 35).
+START_TIMEOUT_S = 300.0
+# How long `dev up` takes on a quiet 2-core machine; a host that takes longer is that much
+# slower, and every later deadline of the demo is stretched by the same factor (at most
+# MAX_SLOWNESS times).
+QUICK_START_S = 10.0
+MAX_SLOWNESS = 10.0
+
+
+def host_slowness(start_s: float) -> float:
+    """The factor by which this host is slower than a quiet one, judged by the cluster's
+    start time (1 .. MAX_SLOWNESS)."""
+    return min(MAX_SLOWNESS, max(1.0, start_s / QUICK_START_S))
+
 
 class _Client:
-    """Plain gRPC with bounded retries across the endpoints (the SDK does this for apps)."""
+    """Plain gRPC with bounded retries across the endpoints (the SDK does this for apps).
+
+    Every write carries one request id for all its attempts (`with_request_id`), so a retry
+    after an unknown outcome (a deadline that expired after the commit, a leader killed
+    after it replicated) gets the stored answer instead of ALREADY_EXISTS or a second
+    application. `slowness` scales every deadline: the demo measures how long the cluster
+    took to come up and sets it, so a slow host makes the demo slower, never wrong."""
+
+    #: Bounds of one attempt and of one call (retries included) on a quick host.
+    ATTEMPT_TIMEOUT_S = 5.0
+    CALL_TIMEOUT_S = 30.0
+    MAX_ATTEMPTS = 400
 
     def __init__(self, endpoints: list[str]) -> None:
         self._channels = [grpc.insecure_channel(e) for e in endpoints]
         self._stubs = [coordinator_pb2_grpc.CoordinatorStub(c) for c in self._channels]
+        self.slowness = 1.0
 
-    def call(self, method: str, request, timeout_s: float = 20.0):
-        deadline = time.monotonic() + timeout_s
+    def call(self, method: str, request, timeout_s: float | None = None):
+        request = with_request_id(request)
+        total_s = (timeout_s or self.CALL_TIMEOUT_S) * self.slowness
+        deadline = time.monotonic() + total_s
         attempt = 0
         while True:
             stub = self._stubs[attempt % len(self._stubs)]
             attempt += 1
+            remaining_s = max(0.5, deadline - time.monotonic())
             try:
-                return getattr(stub, method)(request, timeout=3.0)
+                return getattr(stub, method)(
+                    request, timeout=min(self.ATTEMPT_TIMEOUT_S * self.slowness, remaining_s)
+                )
             except grpc.RpcError as error:
                 info = from_rpc_error(error)
                 retryable = (
@@ -66,7 +98,7 @@ class _Client:
                     )
                     or info.code in RETRYABLE
                 )
-                if not retryable or time.monotonic() > deadline or attempt > 400:
+                if not retryable or time.monotonic() > deadline or attempt > self.MAX_ATTEMPTS:
                     raise
                 time.sleep(0.05)
 
@@ -91,6 +123,7 @@ def _pchannel_table(title: str, pchannels: list[pb.PChannel]) -> Table:
 
 
 def _wait_assigned(client: _Client, names: list[str], timeout_s: float) -> list[pb.PChannel]:
+    timeout_s *= client.slowness
     deadline = time.monotonic() + timeout_s
     while True:
         described = client.call("DescribeChannels", api.DescribeChannelsRequest(pchannels=names))
@@ -98,18 +131,20 @@ def _wait_assigned(client: _Client, names: list[str], timeout_s: float) -> list[
         if all(c.state == pb.PCHANNEL_STATE_ASSIGNED for c in channels):
             return channels
         if time.monotonic() > deadline:
-            raise TimeoutError(f"pchannels not assigned after {timeout_s} s")
+            raise TimeoutError(f"pchannels not assigned after {timeout_s:.0f} s")
         time.sleep(0.2)
 
 
-async def _wal_demo(console: Console, cluster: dev.LocalCluster) -> dict[bytes, int]:
+async def _wal_demo(
+    console: Console, cluster: dev.LocalCluster, slowness: float = 1.0
+) -> dict[bytes, int]:
     """Produce to `orders` one message at a time (the SDK batches them), kill -9 the owner
     of its pchannel in the middle, keep producing, then consume everything from the
     beginning and check it against what was acknowledged."""
     from rpc.streaming_client import StreamingClient
 
     async with StreamingClient(cluster.endpoints) as client:
-        route = await client.router.owner(await client.router.pchannel_of("orders"), 20)
+        route = await client.router.owner(await client.router.pchannel_of("orders"), 20 * slowness)
         owner = route.owner_node_id or next(
             n.id for n in cluster.config.nodes if n.grpc_address == route.owner_address
         )
@@ -139,7 +174,7 @@ async def _wal_demo(console: Console, cluster: dev.LocalCluster) -> dict[bytes, 
         )
         await asyncio.gather(*rest)
         await producer.close()
-        new_route = await client.router.owner(route.pchannel, 20)
+        new_route = await client.router.owner(route.pchannel, 20 * slowness)
         console.print(
             f"{route.pchannel} now at term {new_route.term} on {new_route.owner_node_id or new_route.owner_address}"
         )
@@ -173,7 +208,7 @@ def _spark_demo(
 
     # Sealed segments are committed through Raft just after their seal: wait until the
     # manifest stops growing (bounded), then read exactly that revision.
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 15 * client.slowness
     previous, stable_since = -1, time.monotonic()
     while True:
         listed = client.call("ListSegments", api.ListSegmentsRequest(pchannels=["wal_0"]))
@@ -252,8 +287,9 @@ def run_cluster_demo(directory: Path | None = None) -> int:
     # committed segments to read (the default is 64 MiB).
     environ = dict(os.environ)
     environ.setdefault("RAFTWAL_SEGMENT_MAX_BYTES", str(64 * 1024))
-    cluster = dev.up(directory, 3, timeout_s=60, env=environ)
+    cluster = dev.up(directory, 3, timeout_s=START_TIMEOUT_S, env=environ)
     client = _Client(cluster.endpoints)
+    client.slowness = host_slowness(time.monotonic() - started)
     try:
         status = client.call("ClusterStatus", api.ClusterStatusRequest())
         console.print(
@@ -317,7 +353,7 @@ def run_cluster_demo(directory: Path | None = None) -> int:
         )
 
         console.rule("the WAL: produce, kill -9 the owner mid-produce, consume")
-        acked = asyncio.run(_wal_demo(console, cluster))
+        acked = asyncio.run(_wal_demo(console, cluster, client.slowness))
 
         console.rule("kill -9 the Raft leader during writes")
         leader = client.call("ClusterStatus", api.ClusterStatusRequest()).leader_node_id
@@ -340,7 +376,7 @@ def run_cluster_demo(directory: Path | None = None) -> int:
             "marks it DOWN and moves them within their replica sets at term + 1"
         )
         if owned:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 30 * client.slowness
             while time.monotonic() < deadline:
                 moved = client.call(
                     "DescribeChannels", api.DescribeChannelsRequest(pchannels=owned)
@@ -355,7 +391,7 @@ def run_cluster_demo(directory: Path | None = None) -> int:
 
         console.rule("restart the killed node; compare the replicas")
         cluster.start_node(leader)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 30 * client.slowness
         while True:
             status = client.call("ClusterStatus", api.ClusterStatusRequest())
             reachable = [m for m in status.members if m.reachable]
@@ -381,7 +417,11 @@ def run_cluster_demo(directory: Path | None = None) -> int:
 
         stream = coordinator_pb2_grpc.CoordinatorStub(
             grpc.insecure_channel(cluster.endpoints[0])
-        ).WatchEvents(api.WatchEventsRequest(from_revision=1), timeout=20, wait_for_ready=True)
+        ).WatchEvents(
+            api.WatchEventsRequest(from_revision=1),
+            timeout=20 * client.slowness,
+            wait_for_ready=True,
+        )
         kinds: dict[str, int] = {}
         count = 0
         for batch in stream:

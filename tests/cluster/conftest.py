@@ -21,6 +21,7 @@ from rpc.credentials import ClientSecurity
 from rpc.errors import from_rpc_error
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
+from rpc.request_ids import with_request_id
 
 
 class Api:
@@ -37,6 +38,8 @@ class Api:
         return coordinator_pb2_grpc.CoordinatorStub(self.channels[endpoint])
 
     def call(self, method: str, request, *, endpoint: str | None = None, timeout_s: float = 15.0):
+        # One request id for every attempt: a retried write is answered, not re-applied.
+        request = with_request_id(request)
         deadline = time.monotonic() + timeout_s
         order = [endpoint] if endpoint else []
         order += [e for e in self.endpoints if e not in order]
