@@ -997,7 +997,8 @@ class RaftwalSyncObj(SyncObj):
         if self._SyncObj__transferInProgress:
             return
         now = monotonicTime()
-        if float(self._SyncObj__raftElectionDeadline) >= now:
+        deadline: float = getattr(self, "_SyncObj__raftElectionDeadline")  # noqa: B009
+        if deadline >= now:
             # A leader was heard since any round was won (its AppendEntries moved the
             # deadline): a later timeout asks again.
             self._raftwal_pre_vote_won_term = -1
