@@ -1026,6 +1026,22 @@ class RaftwalSyncObj(SyncObj):
 
     def raftwal_on_pre_vote_response(self, node: Any, message: dict[str, Any]) -> None:
         term = message.get("term")
+        current_term = message.get("current_term")
+        if (
+            message.get("granted") is not True
+            and type(current_term) is int
+            and current_term > self._SyncObj__raftCurrentTerm
+            and node in self._SyncObj__otherNodes
+            and self._SyncObj__raftState != _RAFT_LEADER_STATE
+        ):
+            # Refused by a voter already at a higher term: take that term, as etcd does
+            # for a rejected MsgPreVoteResp. Else a node whose log is the most up to date
+            # but whose term is behind would ask forever at a term nobody grants, while
+            # the others (at the higher term) refuse it and it refuses their less up to
+            # date logs.
+            self._SyncObj__setCurrentTerm(current_term, None)
+            self._SyncObj__setState(_RAFT_FOLLOWER_STATE)
+            return
         if (
             term != self._raftwal_pre_vote_term
             or term != self._SyncObj__raftCurrentTerm + 1
