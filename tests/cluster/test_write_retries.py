@@ -58,8 +58,13 @@ class _DropFirstAnswer(grpc.UnaryUnaryClientInterceptor):
 
 
 def test_with_request_id_stamps_writes_once_and_leaves_reads_alone() -> None:
-    write = with_request_id(api.CreateVChannelRequest(name="v", pchannel="p"))
+    original = api.CreateVChannelRequest(name="v", pchannel="p")
+    write = with_request_id(original)
     assert len(write.request_id) == 32
+    assert write.name == "v" and write.pchannel == "p"
+    # The caller's message is left alone: sending it again is another logical call.
+    assert original.request_id == ""
+    assert with_request_id(original).request_id != write.request_id
     assert with_request_id(write).request_id == write.request_id
     own = with_request_id(api.GrantLeaseRequest(request_id="mine", ttl_ms=1000))
     assert own.request_id == "mine"
