@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -312,6 +313,9 @@ def _dev_up(args: argparse.Namespace) -> int:
         return 2
     env = dict(os.environ)
     env[LOG_FORMAT_ENV] = args.log_format
+    # Time to ready: from here until a leader is known and every node is registered UP
+    # (`dev.wait_ready`), what a newcomer waits for (issue 35).
+    started = time.monotonic()
     try:
         cluster = dev.up(
             args.dir,
@@ -326,6 +330,7 @@ def _dev_up(args: argparse.Namespace) -> int:
     except (RuntimeError, TimeoutError, devcerts.CertificateError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    ready_s = time.monotonic() - started
     members = [
         {
             "id": n.id,
@@ -346,9 +351,21 @@ def _dev_up(args: argparse.Namespace) -> int:
             "token_files": {r: str(f) for r, f in cluster.security.token_files.items()},
         }
     if args.json:
-        print(json.dumps({"dir": str(cluster.directory), "nodes": members, "security": security}))
+        print(
+            json.dumps(
+                {
+                    "dir": str(cluster.directory),
+                    "nodes": members,
+                    "security": security,
+                    "ready_s": round(ready_s, 2),
+                }
+            )
+        )
     else:
-        print(f"raftwal dev cluster up ({len(members)} nodes, state in {cluster.directory})")
+        print(
+            f"raftwal dev cluster up ({len(members)} nodes, state in {cluster.directory}), "
+            f"ready in {ready_s:.1f} s"
+        )
         for member in members:
             print(
                 f"  {member['id']}  {member['role']}  grpc {member['grpc']}  raft {member['raft']}  "
