@@ -76,6 +76,16 @@ class RaftNet:
 
         self._call(apply)
 
+    def cut(self, a: str, b: str, mode: str = "drop") -> None:
+        """Cut both links between `a` and `b`."""
+
+        def apply() -> None:
+            for link, proxy in self._proxies.items():
+                if {link.source, link.target} == {a, b}:
+                    proxy.cut(mode)
+
+        self._call(apply)
+
     def heal_all(self) -> None:
         def apply() -> None:
             for proxy in self._proxies.values():

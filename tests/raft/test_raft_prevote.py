@@ -131,3 +131,28 @@ def test_a_cut_off_follower_keeps_its_term_and_rejoins_without_an_election(
     )
     _watch_stable(cluster.peers, leader, term, WATCH_S)
     cluster.wait_converged(10.0)
+
+
+def test_a_follower_cut_off_from_the_leader_only_cannot_raise_the_term(
+    proxied_cluster: Cluster,
+) -> None:
+    """Cut from the leader but not from the other follower: that follower hears the leader
+    and refuses the pre-votes, so the cut-off one stays at the leader's term, and follows
+    the leader again once the link heals."""
+    cluster = proxied_cluster
+    assert cluster.net is not None
+    leader, term = _settled(cluster)
+    follower = next(peer for peer in cluster.peers if peer is not leader)
+    cluster.net.cut(follower.address, leader.address)
+    try:
+        _watch_stable(cluster.peers, leader, term, ISOLATION_S)
+        _propose(leader, "while-cut-off")
+    finally:
+        cluster.net.heal_all()
+    cluster.wait_until(
+        lambda: follower.status()["status"]["leader"] == leader.address,
+        10.0,
+        f"{follower.name} following {leader.name} again",
+    )
+    _watch_stable(cluster.peers, leader, term, WATCH_S)
+    cluster.wait_converged(10.0)
