@@ -452,6 +452,13 @@ _RAFT_CANDIDATE_STATE = 1
 # nothing on either side: no term, no vote, no leader.
 PRE_VOTE = "raftwal_pre_vote"
 PRE_VOTE_RESPONSE = "raftwal_pre_vote_response"
+# A voter's answer to an AppendEntries of a term below its own (pysyncobj ignores those,
+# line 955): "my term is T". With PreVote a node can still be left above its live leader's
+# term (it won a pre-vote, then lost the election); the leader ignores its RequestVotes
+# while a majority answers it and the others refuse its pre-votes, so without this answer
+# it would never rejoin. The leader steps down to that term and one election follows
+# (etcd raft `Step`: a MsgApp of a lower term is answered with the higher term).
+HIGHER_TERM = "raftwal_higher_term"
 
 
 class HeartbeatRounds:
@@ -657,6 +664,13 @@ class DurableTransport(TCPTransport):
             if isinstance(sync, RaftwalSyncObj):
                 sync.raftwal_on_pre_vote_response(node, message)
             return
+        if kind == HIGHER_TERM:
+            sync = self._syncObj
+            if isinstance(sync, RaftwalSyncObj):
+                sync.raftwal_on_higher_term(node, message)
+            return
+        if kind == "append_entries":
+            self._raftwal_answer_stale_leader(node, message)
         if type(message) is dict and not self._raftwal_vote_guard(node, message):
             return
         # SyncObj handles the message first (term, match index, lastResponseTime), then the
@@ -682,6 +696,19 @@ class DurableTransport(TCPTransport):
             live = 1 + sum(1 for n in others if now - answered.get(n, float("-inf")) < guard_s)
             return live > (len(others) + 1) / 2
         return now - self.raftwal_leader_contact < guard_s
+
+    def _raftwal_answer_stale_leader(self, node: Any, message: dict[str, Any]) -> None:
+        """Tell a leader of a lower term this voter's term (see HIGHER_TERM)."""
+        sync = self._syncObj
+        term = message.get("term")
+        if (
+            isinstance(sync, RaftwalSyncObj)
+            and sync.raftwal_pre_vote
+            and sync._SyncObj__selfNode is not None
+            and type(term) is int
+            and term < sync.raftCurrentTerm
+        ):
+            self.send(node, {"type": HIGHER_TERM, "term": sync.raftCurrentTerm})
 
     def _raftwal_answer_pre_vote(self, node: Any, message: dict[str, Any]) -> None:
         """Grant a pre-vote when this node would vote for the sender at the term it names
@@ -1052,6 +1079,20 @@ class RaftwalSyncObj(SyncObj):
             return
         self._raftwal_pre_vote_grants.add(str(node.id))
         self._raftwal_count_pre_votes()
+
+    def raftwal_on_higher_term(self, node: Any, message: dict[str, Any]) -> None:
+        """A voter answered our AppendEntries with a higher term (HIGHER_TERM): follow
+        that term, as pysyncobj does on any message of a higher term (line 918); an
+        election follows."""
+        term = message.get("term")
+        if (
+            type(term) is int
+            and term > self._SyncObj__raftCurrentTerm
+            and node in self._SyncObj__otherNodes
+        ):
+            self._SyncObj__setCurrentTerm(term, None)
+            self._SyncObj__setState(_RAFT_FOLLOWER_STATE)
+            self._SyncObj__raftLeader = None
 
     def _raftwal_count_pre_votes(self) -> None:
         voters = len(self._SyncObj__otherNodes) + 1

@@ -156,3 +156,31 @@ def test_a_follower_cut_off_from_the_leader_only_cannot_raise_the_term(
     )
     _watch_stable(cluster.peers, leader, term, WATCH_S)
     cluster.wait_converged(10.0)
+
+
+def test_a_follower_whose_term_moved_past_the_leader_rejoins(cluster: Cluster) -> None:
+    """A follower can still end up at a term above its live leader's: it won a pre-vote
+    while a majority missed heartbeats, then lost the election when they heard the leader
+    again. The leader's AppendEntries (of the lower term) are then ignored by it, and its
+    pre-votes refused by everyone else: with nothing more it would stay out for good. Like
+    etcd raft (`Step`, a MsgApp of a lower term is answered so that the leader learns the
+    term), it tells the leader its term; the leader steps down, one election follows, and
+    every node ends up following one leader again. The follower is put there by restarting
+    it with its stored term raised."""
+    from raft.journal import DurableJournal
+
+    leader, term = _settled(cluster)
+    follower = next(peer for peer in cluster.peers if peer is not leader)
+    follower.kill9()
+    journal = DurableJournal(follower.data_dir)
+    try:
+        journal.setCurrentTerm(term + 3, None)
+    finally:
+        journal.close()
+    follower.start()
+    new_leader = cluster.wait_for_leader(ELECTION_BOUND_S)
+    statuses = [peer.status()["status"] for peer in cluster.peers]
+    assert {s["term"] for s in statuses} == {statuses[0]["term"]}, statuses
+    assert statuses[0]["term"] > term + 3, statuses
+    _propose(new_leader, "after")
+    cluster.wait_converged(10.0)
