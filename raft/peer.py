@@ -161,7 +161,9 @@ class RaftTuning:
     # election_timeout_min_s ago ignores RequestVote (except the election a leadership
     # transfer starts). Below 1, so it never delays the election after a leader died (no
     # follower times out sooner than election_timeout_min_s). The leader's lease relies
-    # on it at every voter: keep it the same across the cluster.
+    # on it at every voter: keep it the same across the cluster. A leader that a majority
+    # answered within the guard ignores RequestVote too (CheckQuorum), and the guard also
+    # decides who refuses a pre-vote (`pre_vote`).
     vote_guard_fraction: float = 0.75
     # PreVote (Raft thesis 9.6): a follower whose election timeout passed asks for
     # pre-votes at term + 1 and raises its term only once a majority would vote for it;
