@@ -28,6 +28,7 @@ from typing import Any
 
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj import pickle as pysyncobj_pickle
+from pysyncobj import syncobj as pysyncobj_syncobj
 from pysyncobj.dns_resolver import globalDnsResolver
 from pysyncobj.monotonic import monotonic as monotonicTime
 from pysyncobj.node import TCPNode
@@ -429,6 +430,12 @@ class GuardedTcpServer(TcpServer):
 ANSWER_TERM_KEY = "raftwal_term"
 
 
+def syncobj_clock() -> float:
+    """The clock SyncObj stamps its own times with (election deadline, last response
+    times), read where SyncObj reads it: compare those stamps with this only."""
+    return float(pysyncobj_syncobj.monotonicTime())
+
+
 def lease_clock() -> float:
     """The clock of the vote guard and the leader's lease, on every node: pysyncobj's
     (CLOCK_MONOTONIC_RAW, which NTP does not slew). Never mix it with `time.monotonic()`
@@ -689,13 +696,14 @@ class DurableTransport(TCPTransport):
         if guard_s <= 0:
             return False
         sync = self._syncObj
-        now = lease_clock()
         if sync._SyncObj__raftState == _RAFT_LEADER_STATE:
+            # SyncObj's own stamps (next_node_idx answers, line 1080), on its clock.
+            now = syncobj_clock()
             others = list(sync._SyncObj__otherNodes)
             answered = sync._SyncObj__lastResponseTime
             live = 1 + sum(1 for n in others if now - answered.get(n, float("-inf")) < guard_s)
             return live > (len(others) + 1) / 2
-        return now - self.raftwal_leader_contact < guard_s
+        return lease_clock() - self.raftwal_leader_contact < guard_s
 
     def _raftwal_answer_stale_leader(self, node: Any, message: dict[str, Any]) -> None:
         """Tell a leader of a lower term this voter's term (see HIGHER_TERM)."""
@@ -724,8 +732,11 @@ class DurableTransport(TCPTransport):
         ):
             return  # a read-only node never votes; a malformed request gets no answer
         own = (sync._SyncObj__getCurrentLogTerm(), sync._SyncObj__getCurrentLogIndex())
+        # A leader refuses: while it leads it believes it is live (pysyncobj steps it
+        # down once no majority answered for leader_fallback_timeout_s).
         granted = (
-            term > sync.raftCurrentTerm
+            sync._SyncObj__raftState != _RAFT_LEADER_STATE
+            and term > sync.raftCurrentTerm
             and (last_log_term, last_log_index) >= own
             and not self.raftwal_in_leader_lease()
         )
@@ -1023,7 +1034,7 @@ class RaftwalSyncObj(SyncObj):
             return
         if self._SyncObj__transferInProgress:
             return
-        now = monotonicTime()
+        now = syncobj_clock()  # the election deadline is SyncObj's stamp
         deadline: float = getattr(self, "_SyncObj__raftElectionDeadline")  # noqa: B009
         if deadline >= now:
             # A leader was heard since any round was won (its AppendEntries moved the
