@@ -244,9 +244,11 @@ class DataPlane:
                 continue
             existing = self.owners.get(pchannel)
             if existing is not None and existing.term == assignment.term:
-                if existing.state in ("fenced", "closed"):
-                    # This owner stopped (ready, or still recovering after a failure): a
-                    # new term, never a second recovery at this one.
+                if existing.state in ("fenced", "closed") and assignment.state == ASSIGNED:
+                    # Ready at this term but this owner stopped: take a new term. (One that
+                    # stopped while still recovering stays stopped at its term, never
+                    # recovering again at it; the coordinator moves a pchannel stuck in
+                    # ASSIGNING, to another node if this one keeps failing.)
                     await self._reassign(pchannel, assignment.term)
                 continue
             if assignment.state == ASSIGNING:

@@ -844,6 +844,10 @@ class PowerMount:
             except (RuntimeError, OSError, ValueError) as error:
                 logger.warning("PowerFS at %s did not stop cleanly: %s", self.mountpoint, error)
                 self._kill()
+        self._lazy_unmount()
+
+    def _lazy_unmount(self) -> None:
+        """Detach the mount if it is still there (``fusermount -u -z``)."""
         if is_mounted(self.mountpoint):
             with contextlib.suppress(FileNotFoundError):
                 subprocess.run(
@@ -866,14 +870,7 @@ class PowerMount:
             except subprocess.TimeoutExpired:
                 os.kill(process.pid, signal.SIGKILL)
                 process.wait(timeout=10)
-        if is_mounted(self.mountpoint):
-            with contextlib.suppress(FileNotFoundError):
-                subprocess.run(
-                    [fusermount(), "-u", "-z", str(self.mountpoint)],
-                    capture_output=True,
-                    check=False,
-                    timeout=30,
-                )
+        self._lazy_unmount()
 
     def __enter__(self) -> PowerMount:
         self.start()

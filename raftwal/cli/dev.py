@@ -276,8 +276,10 @@ def wait_ready(
     nodes: int,
     timeout_s: float,
     security: ClientSecurity | None = None,
+    on_progress: Callable[[str], None] | None = None,
 ) -> api.ClusterStatusResponse:
-    """Poll ClusterStatus until a leader is known and every node is registered UP."""
+    """Poll ClusterStatus until a leader is known and every node is registered UP;
+    `on_progress` hears what is still missing after each round."""
     security = security or ClientSecurity()
     deadline = time.monotonic() + timeout_s
     last_error = "no answer yet"
@@ -293,6 +295,8 @@ def wait_ready(
                 last_error = f"leader {status.leader_node_id or '-'}, {len(up)}/{nodes} nodes up"
             except grpc.RpcError as error:
                 last_error = f"{endpoint}: {error.code().name}"
+        if on_progress is not None:
+            on_progress(f"waiting for a leader and {nodes} nodes UP ({last_error})")
         time.sleep(0.2)
     raise TimeoutError(f"cluster not ready after {timeout_s:.0f} s ({last_error})")
 
@@ -307,7 +311,11 @@ def up(
     data_nodes: int = 0,
     ca_cert_file: Path | None = None,
     ca_key_file: Path | None = None,
+    on_progress: Callable[[str], None] | None = None,
 ) -> LocalCluster:
+    """Start a local cluster in `directory` and return once it is ready (`wait_ready`);
+    `on_progress` hears each step (`raftwal dev up` shows them on a terminal)."""
+    say = on_progress or (lambda _step: None)
     directory = directory.resolve()
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     existing = directory / CLUSTER_FILE
@@ -325,6 +333,8 @@ def up(
     if not secret_path.exists():
         secret_path.touch(mode=0o600)
         secret_path.write_text(secrets.token_hex(32))
+    if secure:
+        say("generating certificates and tokens")
     security = (
         devcerts.generate(directory, [n.id for n in config.nodes], ca_cert_file, ca_key_file)
         if secure
@@ -336,10 +346,17 @@ def up(
     process_env = dict(os.environ if env is None else env)
     cluster = LocalCluster(directory, config, {}, process_env, security)
     for node in config.nodes:
+        say(f"starting {node.id}")
         cluster.start_node(node.id)
     cluster.write_cluster_file()
     try:
-        wait_ready(cluster.endpoints, len(config.nodes), timeout_s, cluster.client_security())
+        wait_ready(
+            cluster.endpoints,
+            len(config.nodes),
+            timeout_s,
+            cluster.client_security(),
+            on_progress=on_progress,
+        )
     except TimeoutError:
         cluster.stop_all()
         raise

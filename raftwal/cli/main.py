@@ -313,20 +313,24 @@ def _dev_up(args: argparse.Namespace) -> int:
         return 2
     env = dict(os.environ)
     env[LOG_FORMAT_ENV] = args.log_format
+    from raftwal.cli.progress import Progress
+
     # Time to ready: from here until a leader is known and every node is registered UP
     # (`dev.wait_ready`), what a newcomer waits for (issue 35).
     started = time.monotonic()
     try:
-        cluster = dev.up(
-            args.dir,
-            args.nodes,
-            args.timeout_s,
-            env=env,
-            secure=args.secure,
-            data_nodes=args.data_nodes,
-            ca_cert_file=args.ca_cert,
-            ca_key_file=args.ca_key,
-        )
+        with Progress.for_args("dev up", args) as progress:
+            cluster = dev.up(
+                args.dir,
+                args.nodes,
+                args.timeout_s,
+                env=env,
+                secure=args.secure,
+                data_nodes=args.data_nodes,
+                ca_cert_file=args.ca_cert,
+                ca_key_file=args.ca_key,
+                on_progress=progress.update,
+            )
     except (RuntimeError, TimeoutError, devcerts.CertificateError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -338,6 +342,7 @@ def _dev_up(args: argparse.Namespace) -> int:
             "raft": n.raft_address,
             "role": n.role,
             "metrics": f"http://{n.host}:{n.metrics_port}/metrics" if n.metrics_port else None,
+            "console": f"http://{n.host}:{n.metrics_port}/console" if n.metrics_port else None,
             "pid": cluster.pid(n.id),
         }
         for n in cluster.config.nodes
@@ -372,6 +377,9 @@ def _dev_up(args: argparse.Namespace) -> int:
                 f"metrics {member['metrics'] or '-'}  pid {member['pid']}"
             )
         print(f"endpoints: {','.join(m['grpc'] for m in members)}")
+        consoles = [m["console"] for m in members if m["console"]]
+        if consoles:
+            print(f"console (read-only, any node): {consoles[0]}")
         if security is not None:
             print(
                 "secure: TLS with client certificates, bearer tokens per role; CLI commands "

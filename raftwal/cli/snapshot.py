@@ -17,11 +17,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 
 from raftwal.cli.client import CliError, add_security_arguments, client_security, resolve_target
+from raftwal.cli.progress import Progress
 from raftwal.node.backup import RESTORE_FILE, Backup, BackupError, read_backup, write_backup
 from rpc.errors import code_name, from_rpc_error
 from rpc.protos import coordinator_pb2 as api
@@ -67,9 +69,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     restore.set_defaults(handler=run_restore)
 
 
-def save_snapshot(endpoints: list[str], channel_of, timeout_s: float) -> Backup:  # type: ignore[no-untyped-def]
+def save_snapshot(  # type: ignore[no-untyped-def]
+    endpoints: list[str],
+    channel_of,
+    timeout_s: float,
+    on_progress: Callable[[str], None] | None = None,
+) -> Backup:
     """The state from the first node that answers (following NOT_LEADER hints), bounded
-    in attempts and time."""
+    in attempts and time; `on_progress` hears which node is asked and why the last did
+    not answer."""
     deadline = time.monotonic() + timeout_s
     order = list(endpoints)
     last = "no node answered"
@@ -77,6 +85,8 @@ def save_snapshot(endpoints: list[str], channel_of, timeout_s: float) -> Backup:
         if time.monotonic() > deadline:
             break
         endpoint = order[attempt % len(order)]
+        if on_progress is not None:
+            on_progress(f"asking {endpoint}" + (f" (last: {last})" if attempt else ""))
         channel = channel_of(endpoint)
         try:
             stub = coordinator_pb2_grpc.CoordinatorStub(channel)
@@ -114,12 +124,17 @@ def run_save(args: argparse.Namespace) -> int:
     try:
         target = resolve_target(args.endpoints, args.dev_dir)
         security = client_security(args, target)
-        backup = save_snapshot(target.endpoints, security.channel, args.timeout_s)
-        # Check what came back as a reader will: digest and decodable state.
-        from raftwal.node.backup import decode_backup, encode_backup
+        with Progress.for_args("snapshot save", args) as progress:
+            backup = save_snapshot(
+                target.endpoints, security.channel, args.timeout_s, progress.update
+            )
+            progress.update(f"checking revision {backup.revision} ({len(backup.state)} bytes)")
+            # Check what came back as a reader will: digest and decodable state.
+            from raftwal.node.backup import decode_backup, encode_backup
 
-        decode_backup(encode_backup(backup), "the state received")
-        write_backup(args.file, backup)
+            decode_backup(encode_backup(backup), "the state received")
+            progress.update(f"writing {args.file}")
+            write_backup(args.file, backup)
     except (CliError, BackupError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -148,9 +163,11 @@ def run_restore(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-    for data_dir in args.data_dir:
-        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_backup(data_dir / RESTORE_FILE, backup)
+    with Progress.for_args("snapshot restore", args) as progress:
+        for data_dir in args.data_dir:
+            progress.update(f"writing {data_dir / RESTORE_FILE}")
+            data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_backup(data_dir / RESTORE_FILE, backup)
     print(
         f"snapshot at revision {backup.revision} (sha256 {backup.state_digest}) handed to "
         f"{', '.join(str(d) for d in args.data_dir)}: start the new cluster's nodes; the "

@@ -245,32 +245,46 @@ def run_export(args: argparse.Namespace) -> int:
         dirs = _local_dirs(args.dev_dir)
         if dirs:
             options.update(preferLocal="true", localDataDirs=dirs)
+    from raftwal.cli.progress import Progress
+
+    # Stages, not rows: Spark counts the rows; a terminal sees which stage runs and for how
+    # long (starting the JVM alone takes seconds).
+    progress = Progress.for_args("export", args)
     try:
-        # The mistakes one can see without Spark (options, directory, cluster, names), said
-        # before a JVM starts.
-        preflight(
-            args.to, options, pchannels=_names(args.pchannels), vchannels=_names(args.vchannels)
-        )
+        with progress:
+            progress.update("checking the options and the cluster")
+            # The mistakes one can see without Spark (options, directory, cluster, names),
+            # said before a JVM starts.
+            preflight(
+                args.to,
+                options,
+                pchannels=_names(args.pchannels),
+                vchannels=_names(args.vchannels),
+            )
     except ExportError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     try:
-        spark = session(args.master, "raftwal export")
+        with progress:
+            progress.update("starting Spark")
+            spark = session(args.master, "raftwal export")
     except SparkStartError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     try:
         spark_connector.register(spark)
         try:
-            result = export(
-                spark,
-                args.to,
-                options,
-                pchannels=_names(args.pchannels),
-                vchannels=_names(args.vchannels),
-                compression=args.compression,
-                pause_at=_pause_at(os.environ.get(EXPORT_PAUSE_ENV, "")),
-            )
+            with progress:
+                progress.update(f"exporting to {args.to}")
+                result = export(
+                    spark,
+                    args.to,
+                    options,
+                    pchannels=_names(args.pchannels),
+                    vchannels=_names(args.vchannels),
+                    compression=args.compression,
+                    pause_at=_pause_at(os.environ.get(EXPORT_PAUSE_ENV, "")),
+                )
         except (ExportError, ConnectorError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 1

@@ -9,24 +9,33 @@ Two kinds of metrics:
 - **Read at scrape time** (``_NodeCollector``): the Raft peer's term and indexes, the
   applied coordination state (nodes, pchannels, leases, locks, pending broadcasts,
   committed segments from the manifests), the event store's size, for every pchannel
-  this node owns its committed LSN and each replica's durable LSN, and the number of
+  this node owns its committed LSN and each replica's durable LSN and the lag of every
+  subscription on it, which pchannels are under-replicated (the rule ClusterStatus uses,
+  ``raftwal.node.health``), the data directory's free and total disk, and the number of
   unfinished asyncio tasks (a leak shows as a climb). Nothing has to keep
   these up to date, so they cannot drift from what ClusterStatus reports.
 - **Counted when they happen** (counters and a histogram): proposals and their rejections
   by code (``observe_proposal``, wrapped around ``Node.propose``), acknowledged WAL write
   batches with their latency (``batch_acknowledged``, the owner's ``WriteObserver``), and
-  broadcast delivery failures (the leader's coordinator).
+  broadcast delivery failures (the leader's coordinator), and the disk probe: a thread
+  that times a small write + fdatasync in the data directory every few seconds
+  (``raftwal_disk_fsync_probe_seconds``, for the slow-fsync alert of deploy/prometheus).
 
 What must never happen here: a scrape that changes anything or waits on the event loop or
 on Raft (it only reads, under the replica's apply lock for the state); an unbounded label
-(labels are pchannel names, node ids, command kinds and error codes, all bounded by the
-configuration and the state machine's limits; never broadcast ids, request ids or LSNs).
+(labels are pchannel names, subscription names, node ids, command kinds and error codes,
+all bounded by the configuration and the state machine's limits; never broadcast ids,
+request ids or LSNs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
+import threading
+import time
 from collections.abc import Awaitable, Iterable, Iterator, Sized
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -44,7 +53,8 @@ from raft.peer import RaftPeer
 from raft.replica import CoordinationReplica
 from raftwal import __version__
 from raftwal.node.config import NodeConfig
-from raftwal.node.metrics_http import MetricsServer
+from raftwal.node.health import under_replicated
+from raftwal.node.metrics_http import MetricsServer, Routes
 from raftwal.services.segment_transfer import SegmentTransfers
 from raftwal.services.stream_caps import StreamCaps
 from rpc.errors import RaftwalError
@@ -77,6 +87,30 @@ WAL_LATENCY_BUCKETS_S = (
     5.0,
     10.0,
 )
+
+# fdatasync latency buckets (seconds) of the disk probe; etcd alerts when its WAL fsync p99
+# passes 0.5 s, a healthy SSD is under 10 ms.
+FSYNC_LATENCY_BUCKETS_S = (
+    0.0005,
+    0.001,
+    0.002,
+    0.004,
+    0.008,
+    0.016,
+    0.032,
+    0.064,
+    0.128,
+    0.256,
+    0.512,
+    1.024,
+    2.048,
+    4.096,
+    8.192,
+)
+# How often the probe writes and fdatasyncs one block in the data directory.
+FSYNC_PROBE_INTERVAL_S = 5.0
+FSYNC_PROBE_BYTES = 4096
+FSYNC_PROBE_FILE = ".fsync-probe"
 
 
 def error_code_name(code: int) -> str:
@@ -197,6 +231,20 @@ class NodeMetrics:
             "vchannel (each is retried with backoff).",
             registry=self.registry,
         )
+        self.fsync_probe = Histogram(
+            "raftwal_disk_fsync_probe_seconds",
+            f"Time to write {FSYNC_PROBE_BYTES} bytes to {FSYNC_PROBE_FILE} in the data "
+            f"directory and fdatasync it, every {FSYNC_PROBE_INTERVAL_S:g} s: the latency the "
+            "WAL's and the Raft journal's fsyncs see from this disk.",
+            buckets=FSYNC_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.fsync_probe_failures = Counter(
+            "raftwal_disk_fsync_probe_failures",
+            "Disk probes whose write or fdatasync failed (the error is logged).",
+            registry=self.registry,
+        )
+        self._probe: _FsyncProbe | None = None
         self.registry.register(_NodeCollector(node))
 
     # -- events ---------------------------------------------------------------------------
@@ -243,29 +291,73 @@ class NodeMetrics:
 
     # -- endpoint -------------------------------------------------------------------------
 
-    def serve(self, host: str, port: int) -> None:
-        """Serve ``/metrics`` on host:port from one daemon thread with bounded connections
-        and deadlines (``raftwal.node.metrics_http``). Raises OSError when the port cannot be
-        bound."""
+    def serve(self, host: str, port: int, routes: Routes | None = None) -> None:
+        """Serve ``/metrics`` (and `routes`: the console) on host:port from one daemon thread
+        with bounded connections and deadlines (``raftwal.node.metrics_http``). Raises
+        OSError when the port cannot be bound."""
 
         def render() -> tuple[bytes, str]:
             return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
         try:
-            self._server = MetricsServer(host, port, render).start()
+            self._server = MetricsServer(host, port, render, routes=routes).start()
         except OSError as error:
             raise OSError(f"cannot serve metrics on {host}:{port}: {error}") from error
         log.info("node %s serving metrics on http://%s:%d/metrics", self._node.me.id, host, port)
+        self._probe = _FsyncProbe(self._node.me.data_dir / FSYNC_PROBE_FILE, self).start()
 
     def endpoint_refusals(self) -> dict[str, int]:
         """Connections the metrics endpoint closed without an answer, by reason."""
         return dict(self._server.refused) if self._server is not None else {}
 
     def stop(self) -> None:
-        """Stop the endpoint (blocks up to its tick, 0.25 s)."""
+        """Stop the endpoint (blocks up to its tick, 0.25 s) and the disk probe."""
+        if self._probe is not None:
+            self._probe.stop()
+            self._probe = None
         if self._server is not None:
             self._server.stop()
             self._server = None
+
+
+class _FsyncProbe:
+    """One daemon thread that times a small write + fdatasync in the data directory every
+    ``FSYNC_PROBE_INTERVAL_S`` (raft/ and wal_segments/ do not time their own fsyncs).
+    One probe at a time, one block rewritten in place: bounded in I/O and in space."""
+
+    def __init__(self, path: os.PathLike[str], metrics: NodeMetrics) -> None:
+        self._path = path
+        self._metrics = metrics
+        self._stop = threading.Event()
+        self._block = b"\0" * FSYNC_PROBE_BYTES
+        self._thread = threading.Thread(target=self._run, name="raftwal-fsync-probe", daemon=True)
+
+    def start(self) -> _FsyncProbe:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.probe_once()
+            self._stop.wait(FSYNC_PROBE_INTERVAL_S)
+
+    def probe_once(self) -> None:
+        try:
+            fd = os.open(self._path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                started = time.monotonic()
+                os.pwrite(fd, self._block, 0)
+                os.fdatasync(fd)
+                self._metrics.fsync_probe.observe(time.monotonic() - started)
+            finally:
+                os.close(fd)
+        except OSError as error:
+            self._metrics.fsync_probe_failures.inc()
+            log.warning("disk probe of %s failed: %s", self._path, error)
 
 
 class _NodeCollector(Collector):
@@ -284,9 +376,11 @@ class _NodeCollector(Collector):
         info.add_metric([node.me.id, __version__], 1)
         yield info
         yield from self._raft()
-        yield from self._state()
+        view = node.replica.read(_StateView.of)
+        yield from self._state(view)
         yield from self._event_store()
-        yield from self._wal()
+        yield from self._disk()
+        yield from self._wal(view)
         transfers = node.segment_transfers
         if transfers is not None:
             outcomes = CounterMetricFamily(
@@ -375,6 +469,16 @@ class _NodeCollector(Collector):
         )
         for name, documentation, value in gauges:
             yield GaugeMetricFamily(name, documentation, value=float(value))
+        yield GaugeMetricFamily(
+            "raftwal_raft_has_leader",
+            "1 when this node knows a Raft leader (itself included), 0 when it knows none.",
+            value=1.0 if status["leader"] else 0.0,
+        )
+        yield CounterMetricFamily(
+            "raftwal_raft_journal_syncs",
+            "Syncs (fdatasync when durable) of this node's Raft journal.",
+            value=float(status["journal_syncs"]),
+        )
         partners = GaugeMetricFamily(
             "raftwal_raft_partner_connected",
             "1 when the Raft transport to the partner (its Raft address) is connected.",
@@ -404,9 +508,8 @@ class _NodeCollector(Collector):
             endpoint.add_metric([reason], float(count))
         yield endpoint
 
-    def _state(self) -> Iterator[Metric]:
+    def _state(self, view: _StateView) -> Iterator[Metric]:
         node = self._node
-        view = node.replica.read(_StateView.of)
         yield GaugeMetricFamily(
             "raftwal_state_revision",
             "Revision of this node's applied coordination state.",
@@ -442,6 +545,24 @@ class _NodeCollector(Collector):
             segment_bytes.add_metric([name], size)
         yield segments
         yield segment_bytes
+        floor = GaugeMetricFamily(
+            "raftwal_segments_retention_floor_lsn",
+            "Retention floor of each pchannel: every LSN below it has been deleted.",
+            labels=["pchannel"],
+        )
+        for name, lsn in sorted(view.retention_floors.items()):
+            floor.add_metric([name], lsn)
+        yield floor
+        short = GaugeMetricFamily(
+            "raftwal_pchannel_under_replicated",
+            "1 for a placed pchannel whose replica set has fewer live replicas than it "
+            "should (a replica on a DOWN node, or a set placed while nodes were missing), "
+            "0 for the other placed pchannels.",
+            labels=["pchannel"],
+        )
+        for name, flag in sorted(view.under_replicated.items()):
+            short.add_metric([name], flag)
+        yield short
         if node.is_leader():
             yield GaugeMetricFamily(
                 "raftwal_broadcast_targets_failing",
@@ -449,6 +570,22 @@ class _NodeCollector(Collector):
                 "failed and that are waiting for a retry.",
                 value=len(node.coordinator.broadcast_failures),
             )
+
+    def _disk(self) -> Iterator[Metric]:
+        try:
+            usage = shutil.disk_usage(self._node.me.data_dir)
+        except OSError:
+            return
+        yield GaugeMetricFamily(
+            "raftwal_disk_total_bytes",
+            "Size of the filesystem holding this node's data directory.",
+            value=usage.total,
+        )
+        yield GaugeMetricFamily(
+            "raftwal_disk_free_bytes",
+            "Bytes available to this node on the filesystem of its data directory.",
+            value=usage.free,
+        )
 
     def _event_store(self) -> Iterator[Metric]:
         store = self._node.replica.store
@@ -463,7 +600,7 @@ class _NodeCollector(Collector):
             value=store.size_bytes(),
         )
 
-    def _wal(self) -> Iterator[Metric]:
+    def _wal(self, view: _StateView) -> Iterator[Metric]:
         # A copy: owners are added and removed on the event loop thread.
         owners = sorted(dict(self._node.plane.owners).items())
         serving = GaugeMetricFamily(
@@ -504,6 +641,25 @@ class _NodeCollector(Collector):
                 durable.add_metric([pchannel, replica], lsn)
                 lag.add_metric([pchannel, replica], max(0, committed_lsn - lsn))
         yield from (serving, term, last, committed, durable, lag)
+        # Consumer lag where the committed LSN is known: on the owner of the pchannel. The
+        # largest lag over the subscription's vchannels on that pchannel (a vchannel without
+        # a committed position counts from 0, as DescribeSubscription does).
+        committed_by_pchannel = {p: o.committed_lsn for p, o in owners}
+        subscription_lag = GaugeMetricFamily(
+            "raftwal_subscription_lag_entries",
+            "Entries of the pchannel committed after the subscription's committed position "
+            "(the largest over its vchannels on it), reported by the pchannel's owner.",
+            labels=["subscription", "pchannel"],
+        )
+        for name, positions in sorted(view.subscriptions.items()):
+            worst: dict[str, int] = {}
+            for _vchannel, pchannel, lsn in positions:
+                if pchannel in committed_by_pchannel:
+                    behind = max(0, committed_by_pchannel[pchannel] - lsn)
+                    worst[pchannel] = max(worst.get(pchannel, 0), behind)
+            for pchannel, behind in sorted(worst.items()):
+                subscription_lag.add_metric([name, pchannel], behind)
+        yield subscription_lag
 
 
 class _StateView(NamedTuple):
@@ -517,6 +673,12 @@ class _StateView(NamedTuple):
     pchannels: list[int]
     # pchannel -> (committed segments, their bytes)
     segments: dict[str, tuple[int, int]]
+    # pchannel -> deleted_before_lsn
+    retention_floors: dict[str, int]
+    # placed pchannel -> 1 when under-replicated, else 0
+    under_replicated: dict[str, int]
+    # subscription -> [(vchannel, pchannel, committed position LSN)]
+    subscriptions: dict[str, list[tuple[str, str, int]]]
 
     @classmethod
     def of(cls, state: pb.CoordinationState) -> _StateView:
@@ -533,7 +695,31 @@ class _StateView(NamedTuple):
                 name: (len(m.segments), sum(s.bytes for s in m.segments))
                 for name, m in state.manifests.items()
             },
+            retention_floors={name: m.deleted_before_lsn for name, m in state.manifests.items()},
+            under_replicated=_under_replicated_flags(state),
+            subscriptions={
+                name: [
+                    (
+                        vchannel,
+                        state.vchannels[vchannel].pchannel,
+                        sub.positions[vchannel].lsn if vchannel in sub.positions else 0,
+                    )
+                    for vchannel in sub.vchannels
+                    if vchannel in state.vchannels
+                ]
+                for name, sub in state.subscriptions.items()
+            },
         )
+
+
+def _under_replicated_flags(state: pb.CoordinationState) -> dict[str, int]:
+    pchannels = list(state.pchannels.values())
+    short = {u.pchannel for u in under_replicated(pchannels, list(state.nodes.values()))}
+    return {
+        c.name: int(c.name in short)
+        for c in pchannels
+        if c.replica_node_ids and c.state != pb.PCHANNEL_STATE_DROPPED
+    }
 
 
 def _count_by(

@@ -10,7 +10,9 @@ daemon thread serves every connection from a selector:
   scraper out), or is closed at once when every open one is being answered;
 - a request must arrive whole (``max_request_bytes``) within ``read_timeout_s`` of the
   connection, and the answer must leave within ``write_timeout_s``; either miss closes it;
-- only ``GET /metrics`` (and ``/``) answer 200; anything else gets a short 4xx;
+- only ``GET /metrics`` (and ``/``) answer 200, and the paths the optional ``routes``
+  answer (the console, ``raftwal.node.console``, which only hands out bytes it already
+  has); anything else gets a short 4xx;
 - one request per connection (``Connection: close``), so nothing lingers.
 
 Rendering the registry happens on this thread, so a scrape costs what it costs and no
@@ -26,8 +28,9 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,45 @@ MAX_REQUEST_BYTES = 8192
 LISTEN_BACKLOG = 128
 # How often the loop wakes to close connections past their deadline.
 TICK_S = 0.25
+
+
+class RouteAnswer(Protocol):
+    @property
+    def status(self) -> int: ...
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def content_type(self) -> str: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+
+#: (path, request headers with lower-case names) -> an answer, or None for "not mine".
+Routes = Callable[[str, Mapping[str, str]], RouteAnswer | None]
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
+}
+
+
+def _headers(head: bytes) -> dict[str, str]:
+    """The header fields of a request head (after its request line), names lower-cased;
+    a repeated name keeps its first value."""
+    fields: dict[str, str] = {}
+    for line in head.split(b"\r\n")[1:]:
+        name, colon, value = line.partition(b":")
+        if colon:
+            fields.setdefault(
+                name.strip().lower().decode("latin-1"), value.strip().decode("latin-1")
+            )
+    return fields
 
 
 @dataclass(eq=False)
@@ -61,8 +103,10 @@ class MetricsServer:
         read_timeout_s: float = READ_TIMEOUT_S,
         write_timeout_s: float = WRITE_TIMEOUT_S,
         max_request_bytes: int = MAX_REQUEST_BYTES,
+        routes: Routes | None = None,
     ) -> None:
         self._render = render
+        self._routes = routes
         self.max_connections = max_connections
         self.read_timeout_s = read_timeout_s
         self.write_timeout_s = write_timeout_s
@@ -169,18 +213,37 @@ class MetricsServer:
             self._answer(connection, 400, b"bad request\n", "text/plain")
         elif parts[0] != b"GET":
             self._answer(connection, 405, b"only GET\n", "text/plain")
-        elif parts[1].split(b"?", 1)[0] not in (b"/metrics", b"/"):
-            self._answer(connection, 404, b"not found: try /metrics\n", "text/plain")
         else:
-            body, content_type = self._render()
-            self._answer(connection, 200, body, content_type)
+            path = parts[1].split(b"?", 1)[0]
+            if path in (b"/metrics", b"/"):
+                body, content_type = self._render()
+                self._answer(connection, 200, body, content_type)
+                return
+            routed = None
+            if self._routes is not None:
+                routed = self._routes(
+                    path.decode("latin-1"), _headers(bytes(connection.request[:end]))
+                )
+            if routed is None:
+                self._answer(connection, 404, b"not found: try /metrics\n", "text/plain")
+            else:
+                self._answer(
+                    connection, routed.status, routed.body, routed.content_type, routed.headers
+                )
 
-    def _answer(self, connection: _Connection, status: int, body: bytes, content_type: str) -> None:
-        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+    def _answer(
+        self,
+        connection: _Connection,
+        status: int,
+        body: bytes,
+        content_type: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
         head = (
-            f"HTTP/1.1 {status} {reason.get(status, 'Request Header Fields Too Large')}\r\n"
+            f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
             f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n"
+            f"{extra}Connection: close\r\n\r\n"
         ).encode()
         connection.response = memoryview(head + body)
         connection.deadline = time.monotonic() + self.write_timeout_s

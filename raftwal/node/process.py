@@ -36,7 +36,7 @@ import os
 import signal
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -62,8 +62,10 @@ from raftwal.node.config import (
     check_transport_security,
     raft_connection_timeout_ms,
 )
+from raftwal.node.console import ConsoleFeed, ConsoleRoutes
 from raftwal.node.coordinator import Coordinator
 from raftwal.node.data_plane import GrpcReplicaTransport, NodeDataView, reconcile_loop
+from raftwal.node.health import under_replicated
 from raftwal.node.membership import (
     MAX_PROMOTION_LAG_ENTRIES,
     load_role,
@@ -88,7 +90,6 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2, streaming_pb2_grpc
 from rpc.segment_transfer import client_tls
-from statemachine.types import DEFAULT_LIMITS
 from wal_segments.fsync_policy import parse_fsync_policy
 from wal_segments.owner import ChannelOwner, OwnerConfig
 from wal_segments.plane import DataPlane
@@ -159,34 +160,6 @@ class AppliedNotifier:
         return True
 
 
-def under_replicated(
-    pchannels: Sequence[pb.PChannel], nodes: Sequence[pb.Node]
-) -> list[api.UnderReplicated]:
-    """The placed, not dropped pchannels whose replica set is smaller than it should be
-    (its replica_count, capped by the nodes there are: a set placed while a node was DOWN,
-    until replica repair widens it) or holds a node that is DOWN."""
-    down = {n.node_id for n in nodes if n.state == pb.NODE_STATE_DOWN}
-    out = []
-    for channel in pchannels:
-        replicas = list(channel.replica_node_ids)
-        if not replicas or channel.state == pb.PCHANNEL_STATE_DROPPED:
-            continue
-        wanted = min(channel.replica_count or DEFAULT_LIMITS.default_replica_count, len(nodes))
-        lost = [n for n in replicas if n in down]
-        live = len(replicas) - len(lost)
-        if live < wanted:
-            out.append(
-                api.UnderReplicated(
-                    pchannel=channel.name,
-                    replica_node_ids=replicas,
-                    down_node_ids=lost,
-                    wanted=wanted,
-                    live=live,
-                )
-            )
-    return out
-
-
 class Node:
     def __init__(self, config: ClusterConfig, node_id: str) -> None:
         self.config = config
@@ -204,6 +177,8 @@ class Node:
         self.restart_requested = False
         self.replica = CoordinationReplica(data_dir)
         self.metrics = NodeMetrics(self)
+        # The web console on the metrics port (raftwal.node.console).
+        self.console = ConsoleFeed()
         self.notifier = AppliedNotifier()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -372,7 +347,11 @@ class Node:
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._health = health_servicer
         if self.me.metrics_port:
-            self.metrics.serve(self.me.host, self.me.metrics_port)
+            self.metrics.serve(
+                self.me.host,
+                self.me.metrics_port,
+                routes=ConsoleRoutes(self.console, self.security.tokens),
+            )
         if self.segment_transfers is not None:
             log.info(
                 "node %s serves segment transfers on %s:%d",
@@ -389,6 +368,10 @@ class Node:
                 reconcile_loop(self, self.plane, self.data_view, self._stopping), name="reconcile"
             ),
         ]
+        if self.me.metrics_port:
+            self._tasks.append(
+                asyncio.create_task(self.console.run(self, self._stopping), name="console")
+            )
         log.info(
             "node %s serving gRPC on %s (%s), Raft on %s (pid %d)",
             self.me.id,

@@ -284,6 +284,30 @@ def check_call(
     )
 
 
+# Not gRPC: the web console's state on the metrics port (raftwal.node.console) shows what
+# ClusterStatus and ListSubscriptions show, to the same roles.
+CONSOLE_ROLES = _READ
+
+
+def check_console(table: TokenTable, authorization: str | None) -> errors_pb2.ErrorInfo | None:
+    """None when the HTTP `Authorization` header value carries a token of a role in
+    CONSOLE_ROLES, else the ErrorInfo (UNAUTHENTICATED or PERMISSION_DENIED) to refuse with."""
+    metadata = [("authorization", authorization)] if authorization is not None else []
+    token, problem = _bearer_token(metadata)
+    where = "the console (expected header `Authorization: Bearer <token>` of a read role)"
+    if token is None:
+        return error_info(E.UNAUTHENTICATED, f"{problem} for {where}")
+    role = table.role_of(token)
+    if role is None:
+        return error_info(E.UNAUTHENTICATED, f"unknown bearer token for {where}")
+    if role in CONSOLE_ROLES:
+        return None
+    return error_info(
+        E.PERMISSION_DENIED,
+        f"role {role} may not read the console (expected role {' or '.join(sorted(CONSOLE_ROLES))})",
+    )
+
+
 def _refusal(handler: grpc.RpcMethodHandler, info: errors_pb2.ErrorInfo) -> grpc.RpcMethodHandler:
     """A handler of the same shape as `handler` that only answers `info`."""
     status = to_status(info)
@@ -352,6 +376,9 @@ class NodeSecurity:
     #: The segment transfer port's TLS (the gRPC port's certificate, key, CA and client
     #: authentication), or None when gRPC is plaintext.
     transfer_tls: ssl.SSLContext | None = None
+    #: The tokens of auth_tokens_file (None: token auth is off), for what the node serves
+    #: outside gRPC that needs a role (the console's state on the metrics port).
+    tokens: TokenTable | None = None
 
     @property
     def summary(self) -> str:
@@ -427,4 +454,4 @@ class NodeSecurity:
                     f"invalid TLS files of node {node.id} for the segment transfer port "
                     f"({error}; expected the PEM certificate chain and key gRPC uses)"
                 ) from None
-        return cls(credentials, interceptors, client, transfer_tls)
+        return cls(credentials, interceptors, client, transfer_tls, table)

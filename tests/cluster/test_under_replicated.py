@@ -12,10 +12,12 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from raftwal.cli import dev
 from raftwal.node.process import under_replicated
@@ -61,6 +63,22 @@ def _short(data: dict) -> dict[str, dict]:
     return {item["pchannel"]: item for item in data.get("under_replicated", [])}
 
 
+def _flag(cluster: dev.LocalCluster, node_id: str, pchannel: str) -> float | None:
+    """raftwal_pchannel_under_replicated{pchannel} on `node_id`'s /metrics (what the
+    RaftwalPChannelUnderReplicated alert of deploy/prometheus/alerts.yml reads)."""
+    port = cluster.node(node_id).metrics_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (
+                sample.name == "raftwal_pchannel_under_replicated"
+                and sample.labels.get("pchannel") == pchannel
+            ):
+                return sample.value
+    return None
+
+
 def _node_states(data: dict) -> dict[str, str]:
     return {n["node_id"]: n["state"] for n in data["nodes"]}
 
@@ -79,6 +97,7 @@ def test_status_lists_under_replicated_pchannels(env: tuple[dev.LocalCluster, Ap
     )
     code, data = _status(cluster)
     assert full not in _short(data), data.get("under_replicated")
+    assert _flag(cluster, "n1", full) == 0
     victim = "n3"
     cluster.kill(victim, signal.SIGKILL)
     try:
@@ -92,6 +111,11 @@ def test_status_lists_under_replicated_pchannels(env: tuple[dev.LocalCluster, Ap
         assert (item["live"], item["wanted"]) == (2, 3)
         assert code == 1
         assert any(f"pchannel {full} is under-replicated" in w for w in data["warnings"])
+        # The metric says so too, on a node that saw the same state.
+        deadline = time.monotonic() + TIMEOUT_S
+        while _flag(cluster, "n1", full) != 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _flag(cluster, "n1", full) == 1
         # Created while n3 is DOWN: placed on the two nodes UP.
         narrow = f"ur_narrow_{rid()}"
         client.call("CreateChannels", api.CreateChannelsRequest(request_id=rid(), names=[narrow]))
@@ -106,6 +130,10 @@ def test_status_lists_under_replicated_pchannels(env: tuple[dev.LocalCluster, Ap
         lambda d: _node_states(d).get(victim) == "NODE_STATE_UP" and full not in _short(d),
         f"{victim} UP again and {full} no longer listed",
     )
+    deadline = time.monotonic() + TIMEOUT_S
+    while _flag(cluster, "n1", full) != 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _flag(cluster, "n1", full) == 0
     # Replica repair widens the narrow set once the node is back, and it is no longer listed.
     code, data = _until(cluster, lambda d: narrow not in _short(d), f"{narrow} widened")
     widened = {p["name"]: p for p in data["pchannels"]}[narrow]

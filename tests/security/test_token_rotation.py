@@ -28,6 +28,11 @@ from rpc.protos import coordinator_pb2_grpc, errors_pb2
 pytestmark = pytest.mark.cluster
 E = errors_pb2
 
+# A restarted node must rejoin within this (the wait ends as soon as it has): generous, so
+# that a loaded machine makes the test slower, not red (it timed out at 60 s once under a
+# load average of 6 on 2 cores).
+READY_TIMEOUT_S = 180.0
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dev.LocalCluster]:
@@ -108,7 +113,7 @@ def test_admin_and_node_tokens_rotate_without_downtime(cluster) -> None:
             *others,
         ],
     )
-    dev.rolling_restart(local)
+    dev.rolling_restart(local, ready_timeout_s=READY_TIMEOUT_S)
     _write_everywhere(local, old_admin, 1)
     _write_everywhere(local, new_admin, 1)
     # Clients move to the new token (the dev cluster's own admin client too).
@@ -118,12 +123,12 @@ def test_admin_and_node_tokens_rotate_without_downtime(cluster) -> None:
     _write_tokens(
         tokens_file, [("admin", new_admin), ("node", new_node), ("node", old_node), *others]
     )
-    dev.rolling_restart(local)
+    dev.rolling_restart(local, ready_timeout_s=READY_TIMEOUT_S)
     _unauthenticated(local, old_admin)
     _write_everywhere(local, new_admin, 2)
 
     # Round 3: the old node token goes.
     _write_tokens(tokens_file, [("admin", new_admin), ("node", new_node), *others])
-    dev.rolling_restart(local)
+    dev.rolling_restart(local, ready_timeout_s=READY_TIMEOUT_S)
     _unauthenticated(local, old_node)
     _write_everywhere(local, new_admin, 3)
