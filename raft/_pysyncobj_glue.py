@@ -1049,6 +1049,14 @@ class RaftwalSyncObj(SyncObj):
         # A new round; the deadline moves as an election's would, so a round nobody
         # answers is retried after another randomized election timeout.
         self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+        if self._SyncObj__raftLeader is not None:
+            # No leader heard for an election timeout: forget it, as pysyncobj's own
+            # election does (line 638) and etcd's becomePreCandidate does (`r.lead =
+            # None`). Else a node cut off from everyone would keep naming its old leader
+            # for as long as the cut lasts (its pre-votes win nothing), and what asks
+            # "is there a leader?" (watches, forwarding, ClusterStatus) would be told yes.
+            self._SyncObj__raftLeader = None
+            self._SyncObj__onLeaderChanged()
         self._raftwal_pre_vote_term = term
         self._raftwal_pre_vote_grants = set()
         self.raftwal_pre_vote_rounds += 1
