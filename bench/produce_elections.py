@@ -10,7 +10,7 @@ Reports: the Raft term (highest over the nodes) before the load and after it, le
 changes seen in the samples, samples where no node said it leads, and the load's msgs/s.
 Nothing under this load should cost the leader its leadership.
 
-    .venv/bin/python bench/produce_elections.py [--duration-s 60] [--json]
+    .venv/bin/python bench/produce_elections.py [--duration-s 60] [--json] [--keep-dir DIR]
 
 Every process it starts is stopped by its pid (`LocalCluster.stop_all`).
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -108,7 +109,8 @@ class Sampler:
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
     payloads = {size: os.urandom(length) for size, length in SIZES.items()}
-    with tempfile.TemporaryDirectory(prefix="raftwal-produce-elections-") as tmp:
+    kept = None if args.keep_dir is None else tempfile.mkdtemp(dir=args.keep_dir)
+    with contextlib.nullcontext(kept) if kept else tempfile.TemporaryDirectory() as tmp:
         system = RaftwalWal(Path(tmp) / "raftwal", payloads)
         try:
             await system.start()
@@ -151,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small-batch", type=int, default=100)
     parser.add_argument("--in-flight", type=int, default=8)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--keep-dir", help="keep the nodes' data and logs under this directory")
     args = parser.parse_args(argv)
     if not 1 <= args.duration_s <= 3600:
         parser.error(f"invalid --duration-s ({args.duration_s}; expected 1..3600)")
