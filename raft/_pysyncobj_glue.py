@@ -28,6 +28,7 @@ from typing import Any
 
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj import pickle as pysyncobj_pickle
+from pysyncobj import syncobj as pysyncobj_syncobj
 from pysyncobj.dns_resolver import globalDnsResolver
 from pysyncobj.monotonic import monotonic as monotonicTime
 from pysyncobj.node import TCPNode
@@ -429,6 +430,12 @@ class GuardedTcpServer(TcpServer):
 ANSWER_TERM_KEY = "raftwal_term"
 
 
+def syncobj_clock() -> float:
+    """The clock SyncObj stamps its own times with (election deadline, last response
+    times), read where SyncObj reads it: compare those stamps with this only."""
+    return float(pysyncobj_syncobj.monotonicTime())
+
+
 def lease_clock() -> float:
     """The clock of the vote guard and the leader's lease, on every node: pysyncobj's
     (CLOCK_MONOTONIC_RAW, which NTP does not slew). Never mix it with `time.monotonic()`
@@ -442,6 +449,23 @@ def lease_clock() -> float:
 TRANSFER_VOTE_KEY = "raftwal_transfer"
 # pysyncobj's _RAFT_STATE.LEADER.
 _RAFT_LEADER_STATE = 2
+_RAFT_FOLLOWER_STATE = 0
+_RAFT_CANDIDATE_STATE = 1
+
+# PreVote (Raft thesis 9.6, etcd raft's MsgPreVote): the message kinds this transport adds.
+# They travel like pysyncobj's own messages (pickled dicts, over a connection that has
+# authenticated with the cluster secret and encrypts every frame), are handled here and
+# never reach SyncObj. A pre-vote asks "would you vote for me at `term`?" and changes
+# nothing on either side: no term, no vote, no leader.
+PRE_VOTE = "raftwal_pre_vote"
+PRE_VOTE_RESPONSE = "raftwal_pre_vote_response"
+# A voter's answer to an AppendEntries of a term below its own (pysyncobj ignores those,
+# line 955): "my term is T". With PreVote a node can still be left above its live leader's
+# term (it won a pre-vote, then lost the election); the leader ignores its RequestVotes
+# while a majority answers it and the others refuse its pre-votes, so without this answer
+# it would never rejoin. The leader steps down to that term and one election follows
+# (etcd raft `Step`: a MsgApp of a lower term is answered with the higher term).
+HIGHER_TERM = "raftwal_higher_term"
 
 
 class HeartbeatRounds:
@@ -575,6 +599,7 @@ class DurableTransport(TCPTransport):
         self.raftwal_vote_guard_s = 0.0
         self.raftwal_leader_contact = lease_clock()
         self.raftwal_votes_ignored = 0
+        self.raftwal_pre_votes_refused = 0
         self.raftwal_transfer_vote_term = -1
         super().__init__(sync_obj, self_node, other_nodes)
 
@@ -637,6 +662,22 @@ class DurableTransport(TCPTransport):
         return sent
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 (pysyncobj's)
+        kind = message.get("type") if type(message) is dict else None
+        if kind == PRE_VOTE:
+            self._raftwal_answer_pre_vote(node, message)
+            return
+        if kind == PRE_VOTE_RESPONSE:
+            sync = self._syncObj
+            if isinstance(sync, RaftwalSyncObj):
+                sync.raftwal_on_pre_vote_response(node, message)
+            return
+        if kind == HIGHER_TERM:
+            sync = self._syncObj
+            if isinstance(sync, RaftwalSyncObj):
+                sync.raftwal_on_higher_term(node, message)
+            return
+        if kind == "append_entries":
+            self._raftwal_answer_stale_leader(node, message)
         if type(message) is dict and not self._raftwal_vote_guard(node, message):
             return
         # SyncObj handles the message first (term, match index, lastResponseTime), then the
@@ -645,6 +686,71 @@ class DurableTransport(TCPTransport):
         if type(message) is dict and message.get("type") == "next_node_idx":
             term = message.get(ANSWER_TERM_KEY)
             self.raftwal_rounds.answered(str(node.id), term if type(term) is int else None)
+
+    def raftwal_in_leader_lease(self) -> bool:
+        """Whether this node heard from a live leader within the vote guard: as a follower,
+        an AppendEntries of its leader's term less than `raftwal_vote_guard_s` ago; as the
+        leader, answers from a majority of the voters within that time (CheckQuorum).
+        Such a node refuses pre-votes and votes (Raft thesis 9.6)."""
+        guard_s = self.raftwal_vote_guard_s
+        if guard_s <= 0:
+            return False
+        sync = self._syncObj
+        if sync._SyncObj__raftState == _RAFT_LEADER_STATE:
+            # SyncObj's own stamps (next_node_idx answers, line 1080), on its clock.
+            now = syncobj_clock()
+            others = list(sync._SyncObj__otherNodes)
+            answered = sync._SyncObj__lastResponseTime
+            live = 1 + sum(1 for n in others if now - answered.get(n, float("-inf")) < guard_s)
+            return live > (len(others) + 1) / 2
+        return lease_clock() - self.raftwal_leader_contact < guard_s
+
+    def _raftwal_answer_stale_leader(self, node: Any, message: dict[str, Any]) -> None:
+        """Tell a leader of a lower term this voter's term (see HIGHER_TERM)."""
+        sync = self._syncObj
+        term = message.get("term")
+        if (
+            isinstance(sync, RaftwalSyncObj)
+            and sync.raftwal_pre_vote
+            and sync._SyncObj__selfNode is not None
+            and type(term) is int
+            and term < sync.raftCurrentTerm
+        ):
+            self.send(node, {"type": HIGHER_TERM, "term": sync.raftCurrentTerm})
+
+    def _raftwal_answer_pre_vote(self, node: Any, message: dict[str, Any]) -> None:
+        """Grant a pre-vote when this node would vote for the sender at the term it names
+        (a term above ours, a log at least as up to date as ours) and has not heard from a
+        live leader within the vote guard; else refuse. Either way nothing of ours changes
+        (etcd raft `Step`, MsgPreVote)."""
+        sync = self._syncObj
+        term = message.get("term")
+        last_log_term = message.get("last_log_term")
+        last_log_index = message.get("last_log_index")
+        if sync._SyncObj__selfNode is None or not all(
+            type(v) is int for v in (term, last_log_term, last_log_index)
+        ):
+            return  # a read-only node never votes; a malformed request gets no answer
+        own = (sync._SyncObj__getCurrentLogTerm(), sync._SyncObj__getCurrentLogIndex())
+        # A leader refuses: while it leads it believes it is live (pysyncobj steps it
+        # down once no majority answered for leader_fallback_timeout_s).
+        granted = (
+            sync._SyncObj__raftState != _RAFT_LEADER_STATE
+            and term > sync.raftCurrentTerm
+            and (last_log_term, last_log_index) >= own
+            and not self.raftwal_in_leader_lease()
+        )
+        if not granted:
+            self.raftwal_pre_votes_refused += 1
+        self.send(
+            node,
+            {
+                "type": PRE_VOTE_RESPONSE,
+                "term": term,
+                "granted": granted,
+                "current_term": sync.raftCurrentTerm,
+            },
+        )
 
     def _raftwal_vote_guard(self, node: Any, message: dict[str, Any]) -> bool:
         """False for a RequestVote this node must ignore: it heard from its leader less
@@ -667,16 +773,16 @@ class DurableTransport(TCPTransport):
             ):
                 # pysyncobj starts an election at the next tick, one term up.
                 self.raftwal_transfer_vote_term = sync.raftCurrentTerm + 1
-        elif kind == "request_vote":
-            guard_s = self.raftwal_vote_guard_s
-            if (
-                guard_s > 0
-                and message.get(TRANSFER_VOTE_KEY) is not True
-                and sync._SyncObj__raftState != _RAFT_LEADER_STATE
-                and lease_clock() - self.raftwal_leader_contact < guard_s
-            ):
-                self.raftwal_votes_ignored += 1
-                return False
+        elif (
+            kind == "request_vote"
+            and message.get(TRANSFER_VOTE_KEY) is not True
+            and self.raftwal_in_leader_lease()
+        ):
+            # A follower that hears its leader, and a leader that hears a majority,
+            # ignore it: the sender only missed heartbeats (or was cut off), and voting
+            # would depose a live leader. The election of a leadership transfer passes.
+            self.raftwal_votes_ignored += 1
+            return False
         return True
 
     def send_now(self, node: Any, message: Any) -> bool:
@@ -894,8 +1000,126 @@ class RaftwalSyncObj(SyncObj):
         # Called on the tick thread after the voter set changed (a membership entry was
         # appended, received, rolled back, or a snapshot replaced the set).
         self.raftwal_on_membership: Callable[[], None] | None = None
+        # PreVote (`_raftwal_pre_election`): on unless the peer turns it off; the round in
+        # progress (the term it asks for, who granted) and the term it won, if any.
+        self.raftwal_pre_vote = True
+        self._raftwal_pre_vote_term = -1
+        self._raftwal_pre_vote_grants: set[str] = set()
+        self._raftwal_pre_vote_won_term = -1
+        self.raftwal_pre_vote_rounds = 0
         partners = [self._raftwal_node(a) for a in partner_addresses]
         super().__init__(self_address, partners, conf=conf, transportClass=make_transport)
+
+    # ---- PreVote (Raft thesis 9.6; etcd raft `campaignPreElection`)
+    #
+    # pysyncobj starts an election as soon as a follower's election deadline passes (line
+    # 635): it raises its term at once, and the leader, on the RequestVote of that higher
+    # term (line 918), steps down, even when the follower only missed a few heartbeats
+    # (a paused or starved process, a partition that heals). Here the deadline first starts
+    # a pre-vote round at term + 1, which changes nothing anywhere; only a majority of
+    # grants (this node's own included) lets pysyncobj's election run, at the next check.
+    # Voters refuse while they hear a live leader (`DurableTransport.
+    # raftwal_in_leader_lease`), so a node cut off from the leader never raises its term
+    # and rejoins without an election. A leadership transfer (TimeoutNow) skips the round,
+    # as etcd's `campaignTransfer` does: the leader has given up its lease.
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802 (pysyncobj's name)
+        self._raftwal_pre_election()
+        super()._onTick(timeToWait)
+
+    def _raftwal_pre_election(self) -> None:
+        if not self.raftwal_pre_vote or self._SyncObj__selfNode is None:
+            return
+        if self._SyncObj__raftState not in (_RAFT_FOLLOWER_STATE, _RAFT_CANDIDATE_STATE):
+            return
+        if self._SyncObj__transferInProgress:
+            return
+        now = syncobj_clock()  # the election deadline is SyncObj's stamp
+        deadline: float = getattr(self, "_SyncObj__raftElectionDeadline")  # noqa: B009
+        if deadline >= now:
+            # A leader was heard since any round was won (its AppendEntries moved the
+            # deadline): a later timeout asks again.
+            self._raftwal_pre_vote_won_term = -1
+            return
+        if not self._SyncObj__connectedToAnyone():
+            return  # pysyncobj would not elect either
+        term = self._SyncObj__raftCurrentTerm + 1
+        if self._raftwal_pre_vote_won_term == term:
+            return  # won: pysyncobj's election runs in this tick, at exactly that term
+        # A new round; the deadline moves as an election's would, so a round nobody
+        # answers is retried after another randomized election timeout.
+        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+        if self._SyncObj__raftLeader is not None:
+            # No leader heard for an election timeout: forget it, as pysyncobj's own
+            # election does (line 638) and etcd's becomePreCandidate does (`r.lead =
+            # None`). Else a node cut off from everyone would keep naming its old leader
+            # for as long as the cut lasts (its pre-votes win nothing), and what asks
+            # "is there a leader?" (watches, forwarding, ClusterStatus) would be told yes.
+            self._SyncObj__raftLeader = None
+            self._SyncObj__onLeaderChanged()
+        self._raftwal_pre_vote_term = term
+        self._raftwal_pre_vote_grants = set()
+        self.raftwal_pre_vote_rounds += 1
+        request = {
+            "type": PRE_VOTE,
+            "term": term,
+            "last_log_index": self._SyncObj__getCurrentLogIndex(),
+            "last_log_term": self._SyncObj__getCurrentLogTerm(),
+        }
+        for node in list(self._SyncObj__otherNodes):
+            self._raftwal_transport.send(node, dict(request))
+        self._raftwal_count_pre_votes()
+
+    def raftwal_on_pre_vote_response(self, node: Any, message: dict[str, Any]) -> None:
+        term = message.get("term")
+        current_term = message.get("current_term")
+        if (
+            message.get("granted") is not True
+            and type(current_term) is int
+            and current_term > self._SyncObj__raftCurrentTerm
+            and node in self._SyncObj__otherNodes
+            and self._SyncObj__raftState != _RAFT_LEADER_STATE
+        ):
+            # Refused by a voter already at a higher term: take that term, as etcd does
+            # for a rejected MsgPreVoteResp. Else a node whose log is the most up to date
+            # but whose term is behind would ask forever at a term nobody grants, while
+            # the others (at the higher term) refuse it and it refuses their less up to
+            # date logs.
+            self._SyncObj__setCurrentTerm(current_term, None)
+            self._SyncObj__setState(_RAFT_FOLLOWER_STATE)
+            return
+        if (
+            term != self._raftwal_pre_vote_term
+            or term != self._SyncObj__raftCurrentTerm + 1
+            or self._SyncObj__raftState == _RAFT_LEADER_STATE
+            or message.get("granted") is not True
+            or node not in self._SyncObj__otherNodes
+        ):
+            return
+        self._raftwal_pre_vote_grants.add(str(node.id))
+        self._raftwal_count_pre_votes()
+
+    def raftwal_on_higher_term(self, node: Any, message: dict[str, Any]) -> None:
+        """A voter answered our AppendEntries with a higher term (HIGHER_TERM): follow
+        that term, as pysyncobj does on any message of a higher term (line 918); an
+        election follows."""
+        term = message.get("term")
+        if (
+            type(term) is int
+            and term > self._SyncObj__raftCurrentTerm
+            and node in self._SyncObj__otherNodes
+        ):
+            self._SyncObj__setCurrentTerm(term, None)
+            self._SyncObj__setState(_RAFT_FOLLOWER_STATE)
+            self._SyncObj__raftLeader = None
+
+    def _raftwal_count_pre_votes(self) -> None:
+        voters = len(self._SyncObj__otherNodes) + 1
+        if 1 + len(self._raftwal_pre_vote_grants) > voters / 2:
+            self._raftwal_pre_vote_won_term = self._raftwal_pre_vote_term
+            # pysyncobj's election check runs at the start of the next tick (or of this
+            # one, when the round was won inside `_raftwal_pre_election`).
+            self._SyncObj__raftElectionDeadline = 0
 
     def _raftwal_node(self, address: str) -> TCPNode:
         dial = self._raftwal_dial.get(address)

@@ -161,8 +161,16 @@ class RaftTuning:
     # election_timeout_min_s ago ignores RequestVote (except the election a leadership
     # transfer starts). Below 1, so it never delays the election after a leader died (no
     # follower times out sooner than election_timeout_min_s). The leader's lease relies
-    # on it at every voter: keep it the same across the cluster.
+    # on it at every voter: keep it the same across the cluster. A leader that a majority
+    # answered within the guard ignores RequestVote too (CheckQuorum), and the guard also
+    # decides who refuses a pre-vote (`pre_vote`).
     vote_guard_fraction: float = 0.75
+    # PreVote (Raft thesis 9.6): a follower whose election timeout passed asks for
+    # pre-votes at term + 1 and raises its term only once a majority would vote for it;
+    # a voter that heard from a live leader within the vote guard refuses (so does the
+    # leader itself while a majority answers it). Every voter of a cluster must run the
+    # same setting: a node without it never grants a pre-vote.
+    pre_vote: bool = True
     # Lease reads (`RaftPeer.lease_read_index`): a leader that a majority answered within
     # the last vote_guard_s * (1 - max_clock_drift) serves linearizable reads without a
     # heartbeat round. max_clock_drift bounds how much faster or slower any voter's
@@ -689,6 +697,7 @@ class RaftPeer:
             self._rounds = syncobj.raftwal_transport().raftwal_rounds
             self._rounds.on_answer = self._on_answer
             syncobj.raftwal_transport().raftwal_vote_guard_s = tuning.vote_guard_s()
+            syncobj.raftwal_pre_vote = tuning.pre_vote
             self._wakeup: Wakeup | _LoopTicker
             if self._ticker is None:
                 self._wakeup = self._started_wakeup = Wakeup(syncobj._poller)
@@ -1332,6 +1341,8 @@ class RaftPeer:
             "lease_reads": self.lease_reads,
             "read_rounds": self.read_rounds,
             "votes_ignored": syncobj.raftwal_transport().raftwal_votes_ignored,
+            "pre_vote_rounds": syncobj.raftwal_pre_vote_rounds,
+            "pre_votes_refused": syncobj.raftwal_transport().raftwal_pre_votes_refused,
             "fatal_error": None if self._fatal is None else str(self._fatal),
             "closed": self._closed,
         }

@@ -266,6 +266,11 @@ def main() -> int:
     parser.add_argument("--snapshot-every", type=int, default=10_000)
     parser.add_argument("--snapshot-delay-s", type=float, default=0.0)
     parser.add_argument("--unsafe-no-fsync", action="store_true")
+    parser.add_argument(
+        "--dial",
+        default="",
+        help="comma-separated partner=host:port: where to connect to a partner (a proxy)",
+    )
     args = parser.parse_args()
 
     logging.basicConfig(
@@ -292,6 +297,7 @@ def main() -> int:
         tuning=RaftTuning(snapshot_every_entries=args.snapshot_every),
         durable=not args.unsafe_no_fsync,
         on_fatal=on_fatal,
+        partner_dial_addresses=dict(item.split("=", 1) for item in args.dial.split(",") if item),
     )
     emit({"id": 0, "ok": True, "ready": True, "pid": os.getpid()})
     try:

@@ -220,11 +220,28 @@ class Cluster:
         extra_args: Iterable[str] = (),
         env: dict[str, str] | None = None,
         per_peer_args: dict[int, list[str]] | None = None,
+        proxied: bool = False,
     ) -> None:
         ports = free_ports(size)
         addresses = [f"127.0.0.1:{port}" for port in ports]
         log_dir = root / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
+        # `proxied`: every peer dials its partners through a proxy per directed link
+        # (tests/raft/raft_net.py), which a test cuts with `self.net`.
+        self.net = None
+        if proxied:
+            from raft_net import RaftNet
+
+            self.net = RaftNet(addresses)
+            self.net.start()
+            per_peer_args = {
+                number: [
+                    *(per_peer_args or {}).get(number, []),
+                    "--dial",
+                    ",".join(f"{k}={v}" for k, v in self.net.dial_table(address).items()),
+                ]
+                for number, address in enumerate(addresses)
+            }
         self.peers = [
             PeerProcess(
                 f"n{number}",
@@ -249,6 +266,8 @@ class Cluster:
     def stop_all(self) -> None:
         for peer in self.peers:
             peer.stop()
+        if self.net is not None:
+            self.net.close()
 
     def running(self) -> list[PeerProcess]:
         return [peer for peer in self.peers if peer.is_running()]

@@ -1,0 +1,332 @@
+"""Leadership stability on a starved host: raftwal and etcd 3.4 side by side (issue 35).
+
+One run, on 127.0.0.1: `--hogs K` busy-loop processes start first (each a Python
+`while True: pass`), then a three-member etcd (bench/coord.py's `EtcdSystem`) and a
+three-node raftwal dev cluster, one after the other, each timed from its first process
+start to its first acknowledged write. With `--cpu C` this process pins itself to core C
+before it starts anything, so every hog and every process of both clusters (they inherit
+the affinity), and this sampler too, share that one core.
+
+Then both clusters run side by side and are sampled once a second for `--duration-s`
+(90). A sample reads every member's Raft term and leadership (etcd: the JSON gateway's
+`/v3/maintenance/status`; raftwal: each node's Prometheus endpoint, `raftwal_raft_term`
+and `raftwal_raft_is_leader`) and sends one write with a 5 s deadline (etcd: a put through
+member e1, which forwards to the leader; raftwal: a Lock or Unlock of one key under one
+lease through the SDK on every endpoint, which retries with the same request id). A
+write still running does not delay the next sample.
+
+Reports, for each system: start to first write; the Raft term at the first and the last
+sample (highest over the members that answered); samples in which no member said there
+was a leader; failed writes of N; write p50, p99 and max (successful writes).
+
+    .venv/bin/python bench/stability.py [--duration-s 90] [--hogs 2] [--cpu 0] [--json]
+
+etcd comes from `scripts/install-etcd.sh`. Every process started here is stopped by its
+pid: the hogs with SIGKILL, the clusters as bench/coord.py and `raftwal dev` stop them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import kill9, median, percentile  # noqa: E402
+from coord import ERRORS, EtcdBenchClient, EtcdSystem  # noqa: E402
+from produce_elections import scrape  # noqa: E402
+
+from raftwal.cli import dev  # noqa: E402
+from rpc.client import CoordinatorClient  # noqa: E402
+
+SAMPLE_INTERVAL_S = 1.0
+WRITE_DEADLINE_S = 5.0
+STATUS_TIMEOUT_S = 0.9
+START_TIMEOUT_S = 300.0
+MAX_HOGS = 16
+LOCK_KEY = "stability/key"
+
+
+@dataclass
+class Series:
+    """What one system showed over the samples."""
+
+    name: str
+    start_to_first_write_s: float = float("nan")
+    terms: list[int] = field(default_factory=list)
+    samples: int = 0
+    without_leader: int = 0
+    writes: int = 0
+    failed_writes: int = 0
+    write_errors: dict[str, int] = field(default_factory=dict)
+    latencies_s: list[float] = field(default_factory=list)
+
+    def sample(self, answers: list[tuple[int, bool] | None]) -> None:
+        self.samples += 1
+        answered = [a for a in answers if a is not None]
+        if answered:
+            self.terms.append(max(term for term, _ in answered))
+        if not any(has_leader for _, has_leader in answered):
+            self.without_leader += 1
+
+    def wrote(self, elapsed_s: float | None, error: BaseException | None) -> None:
+        self.writes += 1
+        if error is not None or elapsed_s is None:
+            self.failed_writes += 1
+            name = type(error).__name__ if error is not None else "unknown"
+            self.write_errors[name] = self.write_errors.get(name, 0) + 1
+        else:
+            self.latencies_s.append(elapsed_s)
+
+    def summary(self) -> dict[str, Any]:
+        ms = [s * 1000 for s in self.latencies_s]
+        return {
+            "start_to_first_write_s": round(self.start_to_first_write_s, 2),
+            "term_first": self.terms[0] if self.terms else None,
+            "term_last": self.terms[-1] if self.terms else None,
+            "samples": self.samples,
+            "samples_without_leader": self.without_leader,
+            "writes": self.writes,
+            "failed_writes": self.failed_writes,
+            "write_errors": self.write_errors,
+            "write_p50_ms": round(median(ms), 1) if ms else None,
+            "write_p99_ms": round(percentile(ms, 0.99), 1) if ms else None,
+            "write_max_ms": round(max(ms), 1) if ms else None,
+        }
+
+
+# -- hogs -----------------------------------------------------------------------------------
+
+
+def start_hogs(count: int) -> list[subprocess.Popen[bytes]]:
+    return [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        for _ in range(count)
+    ]
+
+
+def stop_hogs(hogs: list[subprocess.Popen[bytes]]) -> None:
+    for hog in hogs:
+        if hog.poll() is None:
+            kill9(hog)
+
+
+# -- etcd -----------------------------------------------------------------------------------
+
+
+class Etcd:
+    def __init__(self, directory: Path, binary: str) -> None:
+        self.system = EtcdSystem(directory, binary)
+        self.series = Series("etcd")
+        self._status = {
+            name: EtcdBenchClient(self.system.member(name), -1) for name in self.system.members()
+        }
+
+    async def start(self) -> None:
+        began = time.perf_counter()
+        await self.system.start()  # returns after a first put has been acknowledged
+        self.series.start_to_first_write_s = time.perf_counter() - began
+
+    async def stop(self) -> None:
+        for client in self._status.values():
+            await client.close()
+        await self.system.stop()
+
+    async def _one(self, name: str) -> tuple[int, bool] | None:
+        try:
+            status = await self._status[name].status(STATUS_TIMEOUT_S)
+        except ERRORS:
+            return None
+        return int(status.get("raftTerm", 0)), int(status.get("leader", 0) or 0) != 0
+
+    async def sample(self) -> None:
+        answers = await asyncio.gather(*(self._one(name) for name in self._status))
+        self.series.sample(list(answers))
+
+    async def write(self, index: int) -> None:
+        client = EtcdBenchClient(self.system.member("e1"), -1)
+        began = time.perf_counter()
+        try:
+            await asyncio.wait_for(client.put(LOCK_KEY, str(index)), WRITE_DEADLINE_S)
+        except ERRORS as error:
+            self.series.wrote(None, error)
+        else:
+            self.series.wrote(time.perf_counter() - began, None)
+        finally:
+            await client.close()
+
+
+# -- raftwal --------------------------------------------------------------------------------
+
+
+class Raftwal:
+    def __init__(self, directory: Path) -> None:
+        self._directory = directory
+        self.cluster: dev.LocalCluster | None = None
+        self.series = Series("raftwal")
+        self._sdk: CoordinatorClient | None = None
+        self._lease_id = 0
+        self._held = False
+        self._metrics: list[str] = []
+
+    async def start(self, lease_ttl_s: float) -> None:
+        began = time.perf_counter()
+        self.cluster = await asyncio.to_thread(dev.up, self._directory, 3, START_TIMEOUT_S)
+        self._metrics = [f"{n.host}:{n.metrics_port}" for n in self.cluster.config.nodes]
+        self._sdk = CoordinatorClient(self.cluster.endpoints, timeout_s=WRITE_DEADLINE_S)
+        first = await self._sdk.grant_lease(int(lease_ttl_s * 1000), holder="stability")
+        self._lease_id = first.lease_id
+        self.series.start_to_first_write_s = time.perf_counter() - began
+
+    async def stop(self) -> None:
+        if self._sdk is not None:
+            await self._sdk.close()
+        if self.cluster is not None:
+            await asyncio.to_thread(self.cluster.stop_all)
+
+    async def sample(self) -> None:
+        answers = await asyncio.gather(
+            *(asyncio.to_thread(scrape, address) for address in self._metrics)
+        )
+        self.series.sample(list(answers))
+
+    async def write(self, _index: int) -> None:
+        assert self._sdk is not None
+        began = time.perf_counter()
+        # Lock is idempotent for its holder and Unlock of a key not held is a no-op, so two
+        # overlapping writes (one slower than a sample) never fail each other.
+        held, self._held = self._held, not self._held
+        try:
+            if held:
+                call = self._sdk.unlock(LOCK_KEY, self._lease_id)
+            else:
+                call = self._sdk.lock(LOCK_KEY, self._lease_id)
+            await asyncio.wait_for(call, WRITE_DEADLINE_S)
+        except ERRORS as error:
+            self.series.wrote(None, error)
+        else:
+            self.series.wrote(time.perf_counter() - began, None)
+
+
+# -- run ------------------------------------------------------------------------------------
+
+
+async def sample_both(systems: list[Etcd | Raftwal], duration_s: float) -> None:
+    writes: set[asyncio.Task[None]] = set()
+    began = time.perf_counter()
+    index = 0
+    while time.perf_counter() - began < duration_s:
+        index += 1
+        for system in systems:
+            task = asyncio.create_task(system.write(index))
+            writes.add(task)
+            task.add_done_callback(writes.discard)
+        await asyncio.gather(*(system.sample() for system in systems))
+        next_at = began + index * SAMPLE_INTERVAL_S
+        await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+    if writes:
+        await asyncio.wait(list(writes), timeout=2 * WRITE_DEADLINE_S)
+
+
+async def run(args: argparse.Namespace, etcd_binary: str) -> dict[str, Any]:
+    hogs = start_hogs(args.hogs)
+    try:
+        with tempfile.TemporaryDirectory(prefix="raftwal-stability-") as tmp:
+            etcd = Etcd(Path(tmp) / "etcd", etcd_binary)
+            raftwal = Raftwal(Path(tmp) / "raftwal")
+            try:
+                await etcd.start()
+                await raftwal.start(lease_ttl_s=args.duration_s + 600)
+                await sample_both([etcd, raftwal], args.duration_s)
+            finally:
+                with contextlib.suppress(*ERRORS):
+                    await raftwal.stop()
+                await etcd.stop()
+    finally:
+        stop_hogs(hogs)
+    return {
+        "duration_s": args.duration_s,
+        "hogs": args.hogs,
+        "cpu": args.cpu,
+        "cpus": os.cpu_count(),
+        "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+        "etcd_version": etcd.system.version(),
+        "systems": {"etcd": etcd.series.summary(), "raftwal": raftwal.series.summary()},
+    }
+
+
+ROWS = [
+    ("start to first write", lambda s: f"{s['start_to_first_write_s']:.1f} s"),
+    ("Raft term, first -> last sample", lambda s: f"{s['term_first']} -> {s['term_last']}"),
+    ("samples with no leader", lambda s: f"{s['samples_without_leader']} of {s['samples']}"),
+    (
+        f"failed writes ({WRITE_DEADLINE_S:.0f} s deadline)",
+        lambda s: f"{s['failed_writes']} of {s['writes']}",
+    ),
+    (
+        "write p50 / p99 / max",
+        lambda s: f"{s['write_p50_ms']} / {s['write_p99_ms']} / {s['write_max_ms']} ms",
+    ),
+]
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    etcd, raftwal = report["systems"]["etcd"], report["systems"]["raftwal"]
+    lines = ["| | etcd | raftwal |", "|---|---:|---:|"]
+    lines += [f"| {label} | {show(etcd)} | {show(raftwal)} |" for label, show in ROWS]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration-s", type=float, default=90.0, help="sampling time (90)")
+    parser.add_argument("--hogs", type=int, default=0, help="busy-loop processes (0)")
+    parser.add_argument("--cpu", type=int, help="pin everything to this core (default: none)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if not 1 <= args.duration_s <= 3600:
+        parser.error(f"invalid --duration-s ({args.duration_s}; expected 1..3600)")
+    if not 0 <= args.hogs <= MAX_HOGS:
+        parser.error(f"invalid --hogs ({args.hogs}; expected 0..{MAX_HOGS})")
+    if args.cpu is not None and args.cpu not in os.sched_getaffinity(0):
+        parser.error(
+            f"invalid --cpu ({args.cpu}; expected one of {sorted(os.sched_getaffinity(0))})"
+        )
+    binary = shutil.which("etcd")
+    if binary is None:
+        parser.error("etcd is not installed: run scripts/install-etcd.sh")
+    if args.cpu is not None:
+        # Inherited by every process started from here on: hogs and both clusters.
+        os.sched_setaffinity(0, {args.cpu})
+    report = asyncio.run(run(args, binary))
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(
+            f"{report['duration_s']:.0f} s, {args.hogs} hogs, cpu {args.cpu}, "
+            f"etcd {report['etcd_version']}, load average {report['load_average_1m_at_end']}"
+        )
+        print(render_markdown(report))
+        for name, summary in report["systems"].items():
+            if summary["write_errors"]:
+                print(f"{name} write errors: {summary['write_errors']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
