@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from raftwal.cli import dev
 from tests.processes import start_in_own_session
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark]
@@ -69,6 +70,10 @@ def test_the_readme_demo_runs_end_to_end(tmp_path: Path) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env["COLUMNS"] = "120"  # rich wraps at the terminal width; keep the lines whole
+    # The demo's cluster lives in a temporary directory: here, so that its nodes (each in
+    # a session of its own, out of the demo's group) can be found and stopped by their
+    # recorded pids if the demo does not stop them itself.
+    env["TMPDIR"] = str(tmp_path)
     log_path = tmp_path / "demo.log"
     started = time.monotonic()
     demo = start_in_own_session(
@@ -100,10 +105,15 @@ def test_the_readme_demo_runs_end_to_end(tmp_path: Path) -> None:
                 os.killpg(demo.pid, signal.SIGKILL)
         if demo.poll() is None:
             demo.wait(timeout=10)
+        stopped_nodes = []
+        for directory in tmp_path.glob("raftwal-demo-*"):
+            with contextlib.suppress(Exception):
+                stopped_nodes += dev.down(directory)
     output = log_path.read_text(errors="replace")
     elapsed = time.monotonic() - started
     assert code == 0, f"demo exited with {code} after {elapsed:.0f} s:\n{output[-6000:]}"
     assert not leftovers, f"the demo left processes running: {described}\n{output[-3000:]}"
+    assert not stopped_nodes, f"the demo left node processes running: {stopped_nodes}"
     for step in (
         "three nodes on 127.0.0.1",
         "every replica holds the same state at the same revision",
