@@ -95,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     node = commands.add_parser("node", help="run one raftwal node in the foreground")
     node.add_argument("--config", required=True, type=Path, help="cluster TOML file")
     node.add_argument("--id", required=True, help="this node's id in the config")
+    node.add_argument(
+        "--join",
+        default=None,
+        metavar="ENDPOINTS",
+        help="host:port,... gRPC endpoints of a running cluster to join as a data node (the "
+        "config then names only this node; `raftwal member add ID` makes it a voter); "
+        "default: [cluster] join in the config",
+    )
     node.set_defaults(handler=_run_node)
 
     secret = commands.add_parser("secret", help="the cluster secret of the Raft transport")
@@ -266,13 +274,21 @@ def _run_node(args: argparse.Namespace) -> int:
     import logging
     import os
 
-    from raftwal.node.config import ConfigError, load_config
+    from raftwal.node.config import ConfigError, load_config, with_join
     from raftwal.node.membership import RoleFileError
     from raftwal.node.process import run_node
 
     try:
         config = load_config(args.config)
+        if args.join:
+            config = with_join(config, args.join)
         config.node(args.id)
+        if config.join:
+            from raftwal.node.join import discover
+            from raftwal.node.security import NodeSecurity
+
+            security = NodeSecurity.load(config, config.node(args.id)).client
+            config = discover(config, args.id, config.join, security)
         restart = asyncio.run(run_node(config, args.id))
     except (ConfigError, RoleFileError) as error:
         print(f"error: {error}", file=sys.stderr)

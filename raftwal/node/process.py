@@ -37,6 +37,7 @@ import signal
 import stat
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -161,9 +162,20 @@ class AppliedNotifier:
         return True
 
 
+def _announced_nodes(state: pb.CoordinationState) -> tuple[tuple[str, str, str], ...]:
+    """(id, gRPC address, Raft address) of every node the state has both addresses of."""
+    return tuple(
+        (node_id, node.address, node.raft_address)
+        for node_id, node in sorted(state.nodes.items())
+        if node.address and node.raft_address
+    )
+
+
 class Node:
     def __init__(self, config: ClusterConfig, node_id: str) -> None:
-        self.config = config
+        # The config file's nodes; `config` adds those that joined since (see there).
+        self._static_config = config
+        self._config_view: tuple[tuple[tuple[str, str, str], ...], ClusterConfig] = ((), config)
         self.me: NodeConfig = config.node(node_id)
         check_transport_security(config, self.me)
         # TLS and bearer-token auth of the gRPC port, and the node's own client credentials.
@@ -232,6 +244,42 @@ class Node:
             view=self.data_view,
             observer=self.metrics,
         )
+
+    @property
+    def config(self) -> ClusterConfig:
+        """The cluster's nodes: those of the config file, and every node that joined
+        without being in it (raftwal/node/join.py), at the gRPC and Raft addresses it
+        announced in its heartbeats (registered in the replicated state)."""
+        static = self._static_config
+        replica = getattr(self, "replica", None)
+        if replica is None:
+            return static
+        announced = replica.read(_announced_nodes)
+        seen, view = self._config_view
+        if announced == seen:
+            return view
+        known = {n.id for n in static.nodes}
+        added = []
+        for node_id, address, raft_address in announced:
+            if node_id in known:
+                continue
+            host, _, grpc_port = address.rpartition(":")
+            _, _, raft_port = raft_address.rpartition(":")
+            if not host or not grpc_port.isdigit() or not raft_port.isdigit():
+                continue
+            added.append(
+                NodeConfig(
+                    id=node_id,
+                    host=host,
+                    grpc_port=int(grpc_port),
+                    raft_port=int(raft_port),
+                    data_dir=Path("/nonexistent") / node_id,
+                    role="data",
+                )
+            )
+        view = replace(static, nodes=static.nodes + tuple(added)) if added else static
+        self._config_view = (announced, view)
+        return view
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -1136,7 +1184,11 @@ class Node:
     async def _heartbeat_loop(self) -> None:
         interval = self.config.heartbeat_interval_ms / 1000
         request = api.HeartbeatRequest(
-            node_id=self.me.id, address=self.me.grpc_address, incarnation=self.incarnation
+            node_id=self.me.id,
+            address=self.me.grpc_address,
+            incarnation=self.incarnation,
+            raft_address=self.me.raft_address,
+            joined=bool(self._static_config.join),
         )
         while not self._stopping.is_set():
             leader = self.leader() if self.peer is not None else None
