@@ -191,6 +191,24 @@ def build_parser() -> argparse.ArgumentParser:
     dev_down = dev_commands.add_parser("down", help="stop the local nodes")
     _dev_dir_argument(dev_down)
     dev_down.set_defaults(handler=_dev_down)
+    dev_add = dev_commands.add_parser(
+        "add-node",
+        help="start one more node that joins the running dev cluster as a data node "
+        "(raftwal node --join; a config file of its own, the others untouched); "
+        "`raftwal member add ID` then makes it a voter",
+    )
+    _dev_dir_argument(dev_add)
+    dev_add.add_argument(
+        "--netns",
+        action="store_true",
+        help="expect a cluster started with --netns (the new node gets a namespace of its "
+        "own on the same bridge; without the flag such a cluster is refused)",
+    )
+    dev_add.add_argument(
+        "--timeout-s", type=float, default=60.0, help="how long to wait for it (default: 60)"
+    )
+    dev_add.add_argument("--json", action="store_true", help="print the new node as JSON")
+    dev_add.set_defaults(handler=_dev_add_node)
     dev_restart = dev_commands.add_parser(
         "restart",
         help="restart nodes of the local cluster one at a time: SIGTERM (the node hands "
@@ -445,6 +463,39 @@ def _dev_renew_certs(args: argparse.Namespace) -> int:
         f"{args.days} days; restart the nodes to load them: raftwal dev restart --rolling "
         f"--dir {args.dir}"
     )
+    return 0
+
+
+def _dev_add_node(args: argparse.Namespace) -> int:
+    from raftwal.cli import dev
+    from raftwal.cli.progress import Progress
+
+    if not 1 <= args.timeout_s <= 3600:
+        print(f"error: invalid --timeout-s ({args.timeout_s}; expected 1..3600)", file=sys.stderr)
+        return 2
+    try:
+        cluster = dev.load(args.dir)
+        if args.netns != (cluster.netns is not None):
+            started = "with" if cluster.netns is not None else "without"
+            print(
+                f"error: the dev cluster in {args.dir} was started {started} --netns (expected "
+                f"add-node {'--netns' if cluster.netns is not None else 'without --netns'})",
+                file=sys.stderr,
+            )
+            return 2
+        with Progress.for_args("adding a node", args) as progress:
+            node = dev.add_node(cluster, args.timeout_s, on_progress=progress.update)
+    except (RuntimeError, TimeoutError, ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"id": node.id, "grpc": node.grpc_address, "raft": node.raft_address}))
+    else:
+        print(
+            f"{node.id} joined as a data node: grpc {node.grpc_address}, raft "
+            f"{node.raft_address}; make it a voter with: raftwal member add {node.id} "
+            f"--dev-dir {args.dir}"
+        )
     return 0
 
 
