@@ -105,6 +105,11 @@ MAX_COMMAND_BYTES = 2 * 1024 * 1024
 FORWARDS_IN_FLIGHT = 4
 # A suspicion (HeartbeatRequest.suspect_node_ids) is repeated this long.
 SUSPECT_KEEP_S = 3.0
+# The stall watch ticks this often; a tick this much later than due means the process
+# itself was frozen (SIGSTOP, a VM pause, a starved CPU): for SUSPECT_KEEP_S after that it
+# suspects no peer, whose streams may well have ended because of its own silence.
+STALL_TICK_S = 0.1
+STALL_S = 1.0
 # How long a follower waits for the leader to confirm a read index it forwarded.
 FORWARDED_READ_INDEX_S = 2.0
 
@@ -220,6 +225,9 @@ class Node:
         self.data_view = NodeDataView(self)
         # node id -> monotonic time it was suspected (see HeartbeatRequest.suspect_node_ids)
         self._suspects: dict[str, float] = {}
+        # The stall watch's last tick, and when it last found this process frozen.
+        self._alive_at = time.monotonic()
+        self._stalled_at = -1e9
         self._heartbeat_now = asyncio.Event()
         # Last time (monotonic) this node knew a Raft leader; start counts as one.
         self._leader_seen_at = time.monotonic()
@@ -416,6 +424,7 @@ class Node:
             )
         self._tasks = [
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+            asyncio.create_task(self._stall_watch(), name="stall-watch"),
             asyncio.create_task(self.coordinator.run(), name="coordinator"),
             asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
             asyncio.create_task(_trim_memory_loop(self._stopping), name="trim-memory"),
@@ -1156,11 +1165,30 @@ class Node:
     # -- background loops ---------------------------------------------------------------
 
     def suspect(self, node_id: str) -> None:
-        """A peer's stream to this node broke abruptly: tell the leader at once."""
+        """A peer's stream to this node broke abruptly: tell the leader at once, unless
+        this process was frozen itself a moment ago (then the peer most likely gave up on
+        it: an owner closes a replica's stream that stays silent past its idle timeout)."""
         if node_id == self.me.id or node_id not in {n.id for n in self.config.nodes}:
             return
-        self._suspects[node_id] = time.monotonic()
+        now = time.monotonic()
+        if now - self._alive_at > STALL_S:
+            self._stalled_at = now
+        if now - self._stalled_at < SUSPECT_KEEP_S:
+            log.info("node %s was frozen a moment ago: not suspecting %s", self.me.id, node_id)
+            return
+        self._suspects[node_id] = now
         self._heartbeat_now.set()
+
+    async def _stall_watch(self) -> None:
+        """Notices this process being frozen (see STALL_S) and drops the suspicions it
+        raised just before: it cannot tell a peer's failure from its own silence."""
+        while not self._stopping.is_set():
+            await asyncio.sleep(STALL_TICK_S)
+            now = time.monotonic()
+            if now - self._alive_at > STALL_S:
+                self._stalled_at = now
+                self._suspects.clear()
+            self._alive_at = now
 
     async def _backfill_history(self) -> None:
         gap = self.replica.store.gap()
