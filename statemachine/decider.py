@@ -159,6 +159,7 @@ def _register_node(state, cmd: pb.RegisterNode, ctx, limits) -> Outcome:
     bad = first_error(
         check_name("node_id", cmd.node_id, limits),
         check_address("address", cmd.address, limits),
+        check_address("raft_address", cmd.raft_address, limits) if cmd.raft_address else None,
     )
     if bad:
         return bad
@@ -166,11 +167,16 @@ def _register_node(state, cmd: pb.RegisterNode, ctx, limits) -> Outcome:
     if (
         existing is not None
         and existing.address == cmd.address
+        and existing.raft_address == cmd.raft_address
         and existing.state == pb.NODE_STATE_UP
     ):
         return []
     emitter = _Emitter(state, ctx)
-    emitter.emit(node_registered=pb.NodeRegistered(node_id=cmd.node_id, address=cmd.address))
+    emitter.emit(
+        node_registered=pb.NodeRegistered(
+            node_id=cmd.node_id, address=cmd.address, raft_address=cmd.raft_address
+        )
+    )
     return emitter.events
 
 

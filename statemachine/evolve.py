@@ -22,6 +22,7 @@ def _node_registered(
     node = state.nodes[e.node_id]
     node.node_id = e.node_id
     node.address = e.address
+    node.raft_address = e.raft_address
     node.state = pb.NODE_STATE_UP
     node.registered_revision = revision
 

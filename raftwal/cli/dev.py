@@ -116,6 +116,9 @@ class LocalCluster:
     recorded_client_security: ClientSecurity | None = None
     # The nodes' network namespaces (`up(netns=True)`): each node runs in its own.
     netns: netns.NetnsHosts | None = None
+    # Nodes added by `add_node`: each runs from a config file of its own (itself and the
+    # cluster to join), so that the cluster's raftwal.toml is never rewritten.
+    joined_configs: dict[str, Path] = field(default_factory=dict)
 
     def remove_hosts(self) -> None:
         """Remove the nodes' network namespaces and their bridge (after `stop_all`)."""
@@ -163,7 +166,7 @@ class LocalCluster:
             self.env.get("RAFTWAL_LOG_FORMAT", "text"),
             "node",
             "--config",
-            str(self.directory / CONFIG_FILE),
+            str(self.joined_configs.get(node_id, self.directory / CONFIG_FILE)),
             "--id",
             node_id,
         ]
@@ -224,6 +227,11 @@ class LocalCluster:
                 "metrics_port": node.metrics_port,
                 "pid": self.pid(node.id),
                 "data_dir": str(node.data_dir),
+                **(
+                    {"config": str(self.joined_configs[node.id])}
+                    if node.id in self.joined_configs
+                    else {}
+                ),
             }
             for node in self.config.nodes
         ]
@@ -545,6 +553,12 @@ def load(directory: Path) -> LocalCluster:
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise RuntimeError(f"cannot read {path} ({error})") from None
     config = load_config(directory / CONFIG_FILE)
+    joined: dict[str, Path] = {}
+    for member in data["nodes"]:
+        if member.get("config"):
+            joined[str(member["id"])] = Path(member["config"])
+            node = load_config(Path(member["config"])).node(str(member["id"]))
+            config = replace(config, nodes=(*config.nodes, node))
     client_security = None
     if security:
         client_security = ClientSecurity.load(
@@ -564,7 +578,62 @@ def load(directory: Path) -> LocalCluster:
         recorded_pids=pids,
         recorded_client_security=client_security,
         netns=netns.NetnsHosts.from_json(data["netns"]) if data.get("netns") else None,
+        joined_configs=joined,
     )
+
+
+def add_node(
+    cluster: LocalCluster,
+    timeout_s: float = 60.0,
+    on_progress: Callable[[str], None] | None = None,
+) -> NodeConfig:
+    """Start one more node that joins `cluster` (`raftwal node --join`): a data node with
+    a config file of its own, in a namespace of its own when the cluster's nodes are; the
+    other nodes and the cluster's raftwal.toml are left as they are. Returns once the
+    cluster has registered it UP. `raftwal member add ID` makes it a voter."""
+    say = on_progress or (lambda _step: None)
+    taken = {n.id for n in cluster.config.nodes}
+    number = len(taken) + 1
+    while f"n{number}" in taken:
+        number += 1
+    node_id = f"n{number}"
+    if cluster.netns is not None:
+        say(f"creating a network namespace for {node_id}")
+        cluster.netns = cluster.netns.add_host(node_id)
+        grpc_port, raft_port, metrics_port, transfer_port = NETNS_PORTS
+        host = cluster.netns.address(node_id)
+    else:
+        host = "127.0.0.1"
+        grpc_port, raft_port, metrics_port, transfer_port = free_ports(4, host)
+    node = NodeConfig(
+        id=node_id,
+        host=host,
+        grpc_port=grpc_port,
+        raft_port=raft_port,
+        metrics_port=metrics_port,
+        transfer_port=transfer_port,
+        data_dir=(cluster.directory / node_id).resolve(),
+        role="data",
+    )
+    if cluster.config.tls:
+        cert, key = devcerts.issue_node(cluster.directory, node_id, host)
+        node = replace(node, tls_cert_file=cert, tls_key_file=key)
+    path = cluster.directory / f"{node_id}.toml"
+    joined = replace(cluster.config, nodes=(node,), join=tuple(cluster.endpoints))
+    path.write_text(render_config(joined, secret_file=str(cluster.directory / SECRET_FILE)))
+    cluster.joined_configs[node_id] = path
+    cluster.config = replace(cluster.config, nodes=(*cluster.config.nodes, node))
+    say(f"starting {node_id}")
+    cluster.start_node(node_id)
+    cluster.write_cluster_file()
+    wait_ready(
+        cluster.endpoints,
+        len(cluster.config.nodes),
+        timeout_s,
+        cluster.client_security(),
+        on_progress=on_progress,
+    )
+    return node
 
 
 @dataclass

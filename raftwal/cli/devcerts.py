@@ -265,6 +265,26 @@ def _issue_all(
     return node_certs, client_cert_file, client_key_file
 
 
+def issue_node(directory: Path, node_id: str, host: str) -> tuple[Path, Path]:
+    """A certificate and key for one more node (`host` among its names) under the CA kept
+    in `directory`/tls; nothing else is touched."""
+    tls_dir = directory / TLS_DIR
+    ca_cert, ca_key = load_ca(tls_dir / CA_CERT_FILE, tls_dir / CA_KEY_FILE)
+    cert_pem, key_pem = _issue(
+        f"raftwal node {node_id}",
+        ca_cert.subject,
+        ca_key,
+        (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH),
+        datetime.datetime.now(datetime.UTC),
+        VALIDITY,
+        [host],
+    )
+    cert_file, key_file = tls_dir / f"{node_id}.pem", tls_dir / f"{node_id}.key"
+    write_private(key_file, key_pem)
+    cert_file.write_bytes(cert_pem)
+    return cert_file, key_file
+
+
 def renew(
     directory: Path,
     node_ids: Sequence[str],

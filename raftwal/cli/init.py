@@ -32,11 +32,13 @@ from pathlib import Path
 
 from raftwal.cli import devcerts
 from raftwal.node.config import (
+    MIN_SECRET_CHARS,
     ClusterConfig,
     ConfigError,
     NodeConfig,
     parse_config,
     render_config,
+    with_join,
     write_secret_file,
 )
 from statemachine.validation import NAME_RULE, is_plain_name
@@ -113,10 +115,17 @@ def init_deployment(
     ports: Mapping[str, int] | None = None,
     listen_host: str | None = None,
     data_nodes: Sequence[str] = (),
+    join: Sequence[str] = (),
+    ca_cert_file: Path | None = None,
+    ca_key_file: Path | None = None,
+    secret_file: Path | None = None,
 ) -> Layout:
     """Write the per-host directories for `hosts` into `out` (which must not exist or be
     empty). `data_dir` may hold ``{id}``; without it each node keeps its data in
-    `data_dir` itself (one node per host)."""
+    `data_dir` itself (one node per host). With `join` (gRPC endpoints of a running
+    cluster) the hosts join that cluster (raftwal/node/join.py); with `ca_cert_file` and
+    `ca_key_file`, ``secure`` issues certificates under that CA (the running cluster's)
+    instead of a new one."""
     if len(hosts) < 1:
         raise ConfigError("no hosts (expected --hosts n1=HOST,n2=HOST,n3=HOST)")
     unknown = [n for n in data_nodes if n not in hosts]
@@ -142,7 +151,7 @@ def init_deployment(
         )
         for node_id, host in hosts.items()
     )
-    config = ClusterConfig(nodes=nodes)
+    config = ClusterConfig(nodes=nodes, join=tuple(join))
     text = render_config(config, secret_file=SECRET_FILE)
     if secure:
         # Paths relative to the config file: one text for every host.
@@ -169,7 +178,17 @@ def init_deployment(
     _private_dir(out)
     host_dirs = {node_id: _private_dir(out / node_id) for node_id in hosts}
     first = host_dirs[next(iter(hosts))]
-    write_secret_file(first / SECRET_FILE)
+    if secret_file is None:
+        write_secret_file(first / SECRET_FILE)
+    else:
+        # The running cluster's secret, for hosts that join it.
+        secret = secret_file.read_text().strip()
+        if len(secret) < MIN_SECRET_CHARS:
+            raise ConfigError(
+                f"invalid --secret-file {secret_file} (a secret of {len(secret)} chars; "
+                f"expected >= {MIN_SECRET_CHARS}: the cluster's own)"
+            )
+        _write(first / SECRET_FILE, secret + "\n")
     for node_id, directory in host_dirs.items():
         _write(directory / CONFIG_FILE, text)
         _write(directory / NODE_ENV_FILE, f"RAFTWAL_NODE_ID={node_id}\n")
@@ -178,7 +197,7 @@ def init_deployment(
     client_dir = ca_dir = None
     if secure:
         ca_dir = _private_dir(out / CA_DIR)
-        security = devcerts.generate(ca_dir, list(hosts), hosts=hosts)
+        security = devcerts.generate(ca_dir, list(hosts), ca_cert_file, ca_key_file, hosts=hosts)
         client_dir = _private_dir(out / CLIENT_DIR)
         _copy(security.ca_file, client_dir / CA_FILE)
         _copy(security.client_cert_file, client_dir / "client.pem")
@@ -239,6 +258,26 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     for name, number in DEFAULT_PORTS.items():
         parser.add_argument(f"--{name}-port", type=int, default=number, help=f"(default: {number})")
+    parser.add_argument(
+        "--join",
+        default="",
+        metavar="ENDPOINTS",
+        help="host:port,... gRPC endpoints of a running cluster: the hosts join it as data "
+        "nodes (`raftwal member add ID` then makes each a voter)",
+    )
+    parser.add_argument(
+        "--ca-cert", type=Path, default=None, help="with --secure: sign with this CA (PEM)"
+    )
+    parser.add_argument(
+        "--ca-key", type=Path, default=None, help="with --ca-cert: its key (read, not copied)"
+    )
+    parser.add_argument(
+        "--secret-file",
+        type=Path,
+        default=None,
+        help="copy this cluster secret (with --join: the running cluster's) instead of "
+        "making a new one",
+    )
     parser.add_argument("--json", action="store_true", help="print what was written as JSON")
     parser.set_defaults(handler=_run)
 
@@ -262,6 +301,10 @@ def _run(args: argparse.Namespace) -> int:
             ports=ports,
             listen_host=args.listen_host,
             data_nodes=[n for n in args.data_nodes.split(",") if n],
+            join=with_join(ClusterConfig(nodes=()), args.join).join if args.join else (),
+            ca_cert_file=args.ca_cert,
+            ca_key_file=args.ca_key,
+            secret_file=args.secret_file,
         )
     except (ConfigError, OSError, devcerts.CertificateError) as error:
         print(f"error: {error}", file=sys.stderr)

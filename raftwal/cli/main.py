@@ -95,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     node = commands.add_parser("node", help="run one raftwal node in the foreground")
     node.add_argument("--config", required=True, type=Path, help="cluster TOML file")
     node.add_argument("--id", required=True, help="this node's id in the config")
+    node.add_argument(
+        "--join",
+        default=None,
+        metavar="ENDPOINTS",
+        help="host:port,... gRPC endpoints of a running cluster to join as a data node (the "
+        "config then names only this node; `raftwal member add ID` makes it a voter); "
+        "default: [cluster] join in the config",
+    )
     node.set_defaults(handler=_run_node)
 
     secret = commands.add_parser("secret", help="the cluster secret of the Raft transport")
@@ -188,6 +196,24 @@ def build_parser() -> argparse.ArgumentParser:
     dev_down = dev_commands.add_parser("down", help="stop the local nodes")
     _dev_dir_argument(dev_down)
     dev_down.set_defaults(handler=_dev_down)
+    dev_add = dev_commands.add_parser(
+        "add-node",
+        help="start one more node that joins the running dev cluster as a data node "
+        "(raftwal node --join; a config file of its own, the others untouched); "
+        "`raftwal member add ID` then makes it a voter",
+    )
+    _dev_dir_argument(dev_add)
+    dev_add.add_argument(
+        "--netns",
+        action="store_true",
+        help="expect a cluster started with --netns (the new node gets a namespace of its "
+        "own on the same bridge; without the flag such a cluster is refused)",
+    )
+    dev_add.add_argument(
+        "--timeout-s", type=float, default=60.0, help="how long to wait for it (default: 60)"
+    )
+    dev_add.add_argument("--json", action="store_true", help="print the new node as JSON")
+    dev_add.set_defaults(handler=_dev_add_node)
     dev_restart = dev_commands.add_parser(
         "restart",
         help="restart nodes of the local cluster one at a time: SIGTERM (the node hands "
@@ -273,13 +299,21 @@ def _run_node(args: argparse.Namespace) -> int:
     import logging
     import os
 
-    from raftwal.node.config import ConfigError, load_config
+    from raftwal.node.config import ConfigError, load_config, with_join
     from raftwal.node.membership import RoleFileError
     from raftwal.node.process import run_node
 
     try:
         config = load_config(args.config)
+        if args.join:
+            config = with_join(config, args.join)
         config.node(args.id)
+        if config.join:
+            from raftwal.node.join import discover
+            from raftwal.node.security import NodeSecurity
+
+            security = NodeSecurity.load(config, config.node(args.id)).client
+            config = discover(config, args.id, config.join, security)
         restart = asyncio.run(run_node(config, args.id))
     except (ConfigError, RoleFileError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -449,6 +483,39 @@ def _dev_renew_certs(args: argparse.Namespace) -> int:
         f"{args.days} days; restart the nodes to load them: raftwal dev restart --rolling "
         f"--dir {args.dir}"
     )
+    return 0
+
+
+def _dev_add_node(args: argparse.Namespace) -> int:
+    from raftwal.cli import dev
+    from raftwal.cli.progress import Progress
+
+    if not 1 <= args.timeout_s <= 3600:
+        print(f"error: invalid --timeout-s ({args.timeout_s}; expected 1..3600)", file=sys.stderr)
+        return 2
+    try:
+        cluster = dev.load(args.dir)
+        if args.netns != (cluster.netns is not None):
+            started = "with" if cluster.netns is not None else "without"
+            print(
+                f"error: the dev cluster in {args.dir} was started {started} --netns (expected "
+                f"add-node {'--netns' if cluster.netns is not None else 'without --netns'})",
+                file=sys.stderr,
+            )
+            return 2
+        with Progress.for_args("adding a node", args) as progress:
+            node = dev.add_node(cluster, args.timeout_s, on_progress=progress.update)
+    except (RuntimeError, TimeoutError, ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"id": node.id, "grpc": node.grpc_address, "raft": node.raft_address}))
+    else:
+        print(
+            f"{node.id} joined as a data node: grpc {node.grpc_address}, raft "
+            f"{node.raft_address}; make it a voter with: raftwal member add {node.id} "
+            f"--dev-dir {args.dir}"
+        )
     return 0
 
 

@@ -123,6 +123,32 @@ class NetnsHosts:
         if result.returncode != 0:
             raise NetnsError(f"{' '.join(argv)} in {namespace}: {result.stderr.strip()}")
 
+    def _make_host(self, node_id: str) -> None:
+        namespace = self.namespace(node_id)
+        _ip("netns", "add", namespace)
+        veth = self._veth(node_id)
+        _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", namespace)
+        _ip("link", "set", veth, "master", self.bridge, "up")
+        _ip("-n", namespace, "addr", "add", f"{self.address(node_id)}/24", "dev", "eth0")
+        _ip("-n", namespace, "link", "set", "eth0", "up")
+        _ip("-n", namespace, "link", "set", "lo", "up")
+        _ip("-n", namespace, "route", "add", "default", "via", self.gateway)
+
+    def add_host(self, node_id: str) -> NetnsHosts:
+        """One more host on the same bridge (the next address); these hosts plus it."""
+        if node_id in self.node_ids or len(self.node_ids) >= 200:
+            raise NetnsError(
+                f"cannot add host {node_id!r} (have {', '.join(self.node_ids)}; expected a new "
+                "id, at most 200 hosts)"
+            )
+        hosts = NetnsHosts(self.tag, self.subnet, (*self.node_ids, node_id))
+        try:
+            hosts._make_host(node_id)
+        except BaseException:
+            _ip("netns", "del", hosts.namespace(node_id), check=False)
+            raise
+        return hosts
+
     def exists(self) -> bool:
         return any(os.path.exists(f"{NETNS_DIR}/{self.namespace(n)}") for n in self.node_ids)
 
@@ -158,15 +184,7 @@ def create(node_ids: Sequence[str]) -> NetnsHosts:
         _ip("addr", "add", f"{hosts.gateway}/24", "dev", hosts.bridge)
         _ip("link", "set", hosts.bridge, "up")
         for node_id in node_ids:
-            namespace = hosts.namespace(node_id)
-            _ip("netns", "add", namespace)
-            veth = hosts._veth(node_id)
-            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", namespace)
-            _ip("link", "set", veth, "master", hosts.bridge, "up")
-            _ip("-n", namespace, "addr", "add", f"{hosts.address(node_id)}/24", "dev", "eth0")
-            _ip("-n", namespace, "link", "set", "eth0", "up")
-            _ip("-n", namespace, "link", "set", "lo", "up")
-            _ip("-n", namespace, "route", "add", "default", "via", hosts.gateway)
+            hosts._make_host(node_id)
     except BaseException:
         hosts.destroy()
         raise

@@ -240,6 +240,9 @@ class ClusterConfig:
     tls_client_auth: str = "none"
     # Bearer tokens and their roles (raftwal/security.py); None: authentication is off.
     auth_tokens_file: Path | None = None
+    # gRPC endpoints (host:port) of a running cluster this node joins (raftwal/node/join.py):
+    # its config then needs to name only itself.
+    join: tuple[str, ...] = ()
     extra: Mapping[str, object] = field(default_factory=dict)
 
     @property
@@ -369,6 +372,30 @@ def _peer_addresses(
     return tuple(pairs)
 
 
+def _join_endpoints(value: object) -> tuple[str, ...]:
+    """`[cluster] join` (or --join): host:port strings, at most 16."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or len(items) > 16:
+        raise ConfigError(
+            f"invalid cluster.join ({value!r}; expected a list of at most 16 host:port "
+            "gRPC endpoints of a running cluster)"
+        )
+    endpoints = []
+    for item in items:
+        host, _, port = item.strip().rpartition(":") if isinstance(item, str) else ("", "", "")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ConfigError(
+                f"invalid cluster.join endpoint ({item!r}; expected host:port with a port 1..65535)"
+            )
+        endpoints.append(item.strip())
+    return tuple(endpoints)
+
+
+def with_join(config: ClusterConfig, endpoints: str) -> ClusterConfig:
+    """`config` joining the cluster at `endpoints` (comma-separated; raftwal node --join)."""
+    return replace(config, join=_join_endpoints(endpoints))
+
+
 def parse_config(
     data: Mapping[str, object], base_dir: Path, environ: Mapping[str, str] | None = None
 ) -> ClusterConfig:
@@ -447,7 +474,8 @@ def parse_config(
     ids = [n.id for n in nodes]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"duplicate node ids ({ids}; expected each once)")
-    if not any(n.voter for n in nodes):
+    join = _join_endpoints(cluster_table.get("join", []))
+    if not any(n.voter for n in nodes) and not join:
         raise ConfigError(
             f"no voting node (roles {', '.join(f'{n.id}={n.role}' for n in nodes)}; expected "
             'at least one node with role = "voter", the default: three or five of them)'
@@ -471,7 +499,7 @@ def parse_config(
             f"TLS configured for some nodes only ({', '.join(with_tls)} of {', '.join(ids)}; "
             "expected tls_cert_file/tls_key_file for every node or for none)"
         )
-    config = ClusterConfig(nodes=tuple(nodes))
+    config = ClusterConfig(nodes=tuple(nodes), join=join)
     overrides: dict[str, object] = {}
     for name in sorted(_TIMINGS):
         if name in cluster_table:
@@ -696,6 +724,8 @@ def render_config(config: ClusterConfig, secret_file: str | None = None) -> str:
         lines.append(f'tls_client_auth = "{config.tls_client_auth}"')
     if config.auth_tokens_file is not None:
         lines.append(f'auth_tokens_file = "{config.auth_tokens_file}"')
+    if config.join:
+        lines.append("join = [" + ", ".join(f'"{e}"' for e in config.join) + "]")
     for node in config.nodes:
         lines += [
             "",

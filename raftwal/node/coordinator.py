@@ -125,6 +125,7 @@ class _Heartbeat:
     address: str
     incarnation: int
     seen_at: float  # time.monotonic()
+    raft_address: str = ""
 
 
 class Coordinator:
@@ -164,7 +165,10 @@ class Coordinator:
     def record_heartbeat(self, request: api.HeartbeatRequest) -> None:
         now = time.monotonic()
         self._heartbeats[request.node_id] = _Heartbeat(
-            address=request.address, incarnation=request.incarnation, seen_at=now
+            address=request.address,
+            incarnation=request.incarnation,
+            seen_at=now,
+            raft_address=request.raft_address,
         )
         for node_id in request.suspect_node_ids[:16]:
             self._suspected[node_id] = now
@@ -308,9 +312,16 @@ class Coordinator:
             if not beat.address or now - beat.seen_at > timeout_s:
                 continue
             known = state.nodes.get(node_id)
-            if known is None or known.address != beat.address or known.state != pb.NODE_STATE_UP:
+            if (
+                known is None
+                or known.address != beat.address
+                or known.raft_address != beat.raft_address
+                or known.state != pb.NODE_STATE_UP
+            ):
                 await self._propose(
-                    register_node=pb.RegisterNode(node_id=node_id, address=beat.address)
+                    register_node=pb.RegisterNode(
+                        node_id=node_id, address=beat.address, raft_address=beat.raft_address
+                    )
                 )
         for node_id in sorted(state.nodes):
             if state.nodes[node_id].state != pb.NODE_STATE_UP:

@@ -37,6 +37,7 @@ import signal
 import stat
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -106,6 +107,11 @@ MAX_COMMAND_BYTES = 2 * 1024 * 1024
 FORWARDS_IN_FLIGHT = 4
 # A suspicion (HeartbeatRequest.suspect_node_ids) is repeated this long.
 SUSPECT_KEEP_S = 3.0
+# The stall watch ticks this often; a tick this much later than due means the process
+# itself was frozen (SIGSTOP, a VM pause, a starved CPU): for SUSPECT_KEEP_S after that it
+# suspects no peer, whose streams may well have ended because of its own silence.
+STALL_TICK_S = 0.1
+STALL_S = 1.0
 # How long a follower waits for the leader to confirm a read index it forwarded.
 FORWARDED_READ_INDEX_S = 2.0
 
@@ -199,9 +205,20 @@ class _ReplicatorHost:
             raise RaftwalError(result.rejection)
 
 
+def _announced_nodes(state: pb.CoordinationState) -> tuple[tuple[str, str, str], ...]:
+    """(id, gRPC address, Raft address) of every node the state has both addresses of."""
+    return tuple(
+        (node_id, node.address, node.raft_address)
+        for node_id, node in sorted(state.nodes.items())
+        if node.address and node.raft_address
+    )
+
+
 class Node:
     def __init__(self, config: ClusterConfig, node_id: str) -> None:
-        self.config = config
+        # The config file's nodes; `config` adds those that joined since (see there).
+        self._static_config = config
+        self._config_view: tuple[tuple[tuple[str, str, str], ...], ClusterConfig] = ((), config)
         self.me: NodeConfig = config.node(node_id)
         check_transport_security(config, self.me)
         # TLS and bearer-token auth of the gRPC port, and the node's own client credentials.
@@ -249,6 +266,9 @@ class Node:
         self.data_view = NodeDataView(self)
         # node id -> monotonic time it was suspected (see HeartbeatRequest.suspect_node_ids)
         self._suspects: dict[str, float] = {}
+        # The stall watch's last tick, and when it last found this process frozen.
+        self._alive_at = time.monotonic()
+        self._stalled_at = -1e9
         self._heartbeat_now = asyncio.Event()
         # Last time (monotonic) this node knew a Raft leader; start counts as one.
         self._leader_seen_at = time.monotonic()
@@ -273,6 +293,42 @@ class Node:
             view=self.data_view,
             observer=self.metrics,
         )
+
+    @property
+    def config(self) -> ClusterConfig:
+        """The cluster's nodes: those of the config file, and every node that joined
+        without being in it (raftwal/node/join.py), at the gRPC and Raft addresses it
+        announced in its heartbeats (registered in the replicated state)."""
+        static = self._static_config
+        replica = getattr(self, "replica", None)
+        if replica is None:
+            return static
+        announced = replica.read(_announced_nodes)
+        seen, view = self._config_view
+        if announced == seen:
+            return view
+        known = {n.id for n in static.nodes}
+        added = []
+        for node_id, address, raft_address in announced:
+            if node_id in known:
+                continue
+            host, _, grpc_port = address.rpartition(":")
+            _, _, raft_port = raft_address.rpartition(":")
+            if not host or not grpc_port.isdigit() or not raft_port.isdigit():
+                continue
+            added.append(
+                NodeConfig(
+                    id=node_id,
+                    host=host,
+                    grpc_port=int(grpc_port),
+                    raft_port=int(raft_port),
+                    data_dir=Path("/nonexistent") / node_id,
+                    role="data",
+                )
+            )
+        view = replace(static, nodes=static.nodes + tuple(added)) if added else static
+        self._config_view = (announced, view)
+        return view
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -409,6 +465,7 @@ class Node:
             )
         self._tasks = [
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+            asyncio.create_task(self._stall_watch(), name="stall-watch"),
             asyncio.create_task(self.coordinator.run(), name="coordinator"),
             asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
             asyncio.create_task(_trim_memory_loop(self._stopping), name="trim-memory"),
@@ -1184,11 +1241,30 @@ class Node:
     # -- background loops ---------------------------------------------------------------
 
     def suspect(self, node_id: str) -> None:
-        """A peer's stream to this node broke abruptly: tell the leader at once."""
+        """A peer's stream to this node broke abruptly: tell the leader at once, unless
+        this process was frozen itself a moment ago (then the peer most likely gave up on
+        it: an owner closes a replica's stream that stays silent past its idle timeout)."""
         if node_id == self.me.id or node_id not in {n.id for n in self.config.nodes}:
             return
-        self._suspects[node_id] = time.monotonic()
+        now = time.monotonic()
+        if now - self._alive_at > STALL_S:
+            self._stalled_at = now
+        if now - self._stalled_at < SUSPECT_KEEP_S:
+            log.info("node %s was frozen a moment ago: not suspecting %s", self.me.id, node_id)
+            return
+        self._suspects[node_id] = now
         self._heartbeat_now.set()
+
+    async def _stall_watch(self) -> None:
+        """Notices this process being frozen (see STALL_S) and drops the suspicions it
+        raised just before: it cannot tell a peer's failure from its own silence."""
+        while not self._stopping.is_set():
+            await asyncio.sleep(STALL_TICK_S)
+            now = time.monotonic()
+            if now - self._alive_at > STALL_S:
+                self._stalled_at = now
+                self._suspects.clear()
+            self._alive_at = now
 
     async def _backfill_history(self) -> None:
         gap = self.replica.store.gap()
@@ -1212,7 +1288,11 @@ class Node:
     async def _heartbeat_loop(self) -> None:
         interval = self.config.heartbeat_interval_ms / 1000
         request = api.HeartbeatRequest(
-            node_id=self.me.id, address=self.me.grpc_address, incarnation=self.incarnation
+            node_id=self.me.id,
+            address=self.me.grpc_address,
+            incarnation=self.incarnation,
+            raft_address=self.me.raft_address,
+            joined=bool(self._static_config.join),
         )
         while not self._stopping.is_set():
             leader = self.leader() if self.peer is not None else None

@@ -89,12 +89,12 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
         "DescribeChannels",
         "ListChannels",
         "WatchAssignments",
-        "ClusterStatus",
         "ListSegments",
         "ListMembers",
     ),
-    # Nodes backfill their event history from each other.
-    **_methods("Coordinator", _READ | _NODE, "WatchEvents"),
+    # Nodes backfill their event history from each other, and a joining node learns the
+    # cluster's members from its status (raftwal/node/join.py).
+    **_methods("Coordinator", _READ | _NODE, "WatchEvents", "ClusterStatus"),
     **_methods(
         "Coordinator",
         _COORDINATE,

@@ -55,6 +55,9 @@ class NodeIdentity(Protocol):
     @property
     def grpc_address(self) -> str: ...
 
+    @property
+    def raft_address(self) -> str: ...
+
 
 class DataView(Protocol):
     """The node's cached view of the coordination state for the data plane."""

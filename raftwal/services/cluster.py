@@ -12,11 +12,12 @@ import logging
 
 from google.protobuf.message import DecodeError
 
-from raftwal.services.backend import ClusterBackend
+from raftwal.services.backend import ClusterBackend, ClusterMembers
 from rpc.errors import RaftwalError, error_info, to_status
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
+from statemachine.validation import NAME_RULE, is_plain_name
 
 log = logging.getLogger(__name__)
 E = errors_pb2
@@ -45,13 +46,23 @@ class ClusterServicer(coordinator_pb2_grpc.ClusterServicer):
                     )
                 )
             )
-        if self._node.config.nodes and request.node_id not in {
-            n.id for n in self._node.config.nodes
-        }:
-            await context.abort_with_status(
-                to_status(
-                    error_info(E.INVALID_ARGUMENT, f"unknown node id {request.node_id[:64]!r}")
-                )
+        known = {n.id for n in self._node.config.nodes}
+        if request.node_id not in known:
+            refusal = _joiner_refusal(request, self._node.config)
+            if refusal is not None:
+                await context.abort_with_status(to_status(refusal))
+            # A node that joined (raftwal node --join): registered with what it announced.
+            self._node.coordinator.record_heartbeat(request)
+            voters, settled = self._node.membership()
+            return api.HeartbeatResponse(
+                leader_node_id=self._node.me.id,
+                revision=self._node.applied_revision(),
+                voter_node_ids=voters,
+                membership_settled=settled,
+                draining_seen=request.draining,
+                handover_targets=self._node.coordinator.handover_targets(request.node_id)
+                if request.draining
+                else 0,
             )
         configured = self._node.config.node(request.node_id).grpc_address
         if request.address != configured:
@@ -170,3 +181,33 @@ class ClusterServicer(coordinator_pb2_grpc.ClusterServicer):
                     )
                 )
             )
+
+
+def _joiner_refusal(
+    request: api.HeartbeatRequest, config: ClusterMembers
+) -> errors_pb2.ErrorInfo | None:
+    """Why a heartbeat from a node no config file names is refused, or None: it must say
+    it joined, and its id and addresses must be well-formed and no other node's."""
+    node_id = request.node_id
+    if not request.joined:
+        return error_info(E.INVALID_ARGUMENT, f"unknown node id {node_id[:64]!r}")
+    if not is_plain_name(node_id) or len(node_id) > 64:
+        return error_info(
+            E.INVALID_ARGUMENT, f"invalid node id ({node_id[:64]!r}; expected {NAME_RULE})"
+        )
+    for name, address in (("address", request.address), ("raft_address", request.raft_address)):
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535 or len(address) > 256:
+            return error_info(
+                E.INVALID_ARGUMENT,
+                f"invalid {name} of joining node {node_id} ({address[:64]!r}; expected "
+                "host:port with a port 1..65535)",
+            )
+    for node in config.nodes:
+        if request.address == node.grpc_address or request.raft_address == node.raft_address:
+            return error_info(
+                E.INVALID_ARGUMENT,
+                f"joining node {node_id} announces an address of node {node.id} "
+                f"({request.address!r}, {request.raft_address!r}; expected its own)",
+            )
+    return None

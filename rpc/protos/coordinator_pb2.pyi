@@ -786,7 +786,7 @@ class CollectStatusResponse(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., member: _Optional[_Union[MemberStatus, _Mapping]] = ..., serving_terms: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "address", "incarnation", "serving_terms", "suspect_node_ids", "draining")
+    __slots__ = ("node_id", "address", "incarnation", "serving_terms", "suspect_node_ids", "draining", "raft_address", "joined")
     class ServingTermsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -800,13 +800,17 @@ class HeartbeatRequest(_message.Message):
     SERVING_TERMS_FIELD_NUMBER: _ClassVar[int]
     SUSPECT_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    JOINED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     incarnation: int
     serving_terms: _containers.ScalarMap[str, int]
     suspect_node_ids: _containers.RepeatedScalarFieldContainer[str]
     draining: bool
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., serving_terms: _Optional[_Mapping[str, int]] = ..., suspect_node_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ...) -> None: ...
+    raft_address: str
+    joined: bool
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., serving_terms: _Optional[_Mapping[str, int]] = ..., suspect_node_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., raft_address: _Optional[str] = ..., joined: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("leader_node_id", "revision", "draining_seen", "handover_targets", "voter_node_ids", "membership_settled")

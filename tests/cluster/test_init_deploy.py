@@ -39,7 +39,7 @@ def _ports_free_on_every_host() -> list[int]:
         ports = dev.free_ports(4, HOSTS["n1"])
         held = []
         try:
-            for host in HOSTS.values():
+            for host in (*HOSTS.values(), "127.0.0.4"):
                 for port in ports:
                     sock = socket.socket()
                     held.append(sock)
@@ -146,6 +146,50 @@ def test_a_cluster_starts_from_raftwal_init_output_on_three_addresses(tmp_path: 
         # n2 at 127.0.0.2 (the TLS handshake above would have failed otherwise).
         for node_id in HOSTS:
             assert processes[node_id].poll() is None, f"{node_id} exited"
+        # A fourth machine joins, as docs/deploy.md says: its own files from init, with
+        # the cluster's secret, CA and tokens; nothing of the others changes.
+        joiner = tmp_path / "n4-files"
+        assert (
+            main(
+                [
+                    "init",
+                    "--hosts",
+                    "n4=127.0.0.4",
+                    "--out",
+                    str(joiner),
+                    "--join",
+                    ",".join(endpoints),
+                    "--secret-file",
+                    str(out / "n1" / "secret"),
+                    "--secure",
+                    "--ca-cert",
+                    str(out / "ca" / "tls" / "ca.pem"),
+                    "--ca-key",
+                    str(out / "ca" / "tls" / "ca.key"),
+                    "--data-dir",
+                    str(tmp_path / "data" / "{id}"),
+                    "--grpc-port",
+                    str(ports[0]),
+                    "--raft-port",
+                    str(ports[1]),
+                    "--metrics-port",
+                    str(ports[2]),
+                    "--transfer-port",
+                    str(ports[3]),
+                ]
+            )
+            == 0
+        )
+        shutil.copy(out / "n1" / "auth_tokens", joiner / "n4" / "auth_tokens")
+        processes["n4"] = start_in_own_session(
+            [sys.executable, "-m", "raftwal.cli", "--log-level", "INFO", "node"]
+            + ["--config", str(joiner / "n4" / "raftwal.toml"), "--id", "n4"],
+            cwd=tmp_path,
+            env=env,
+            log_path=tmp_path / "n4.log",
+        )
+        status = dev.wait_ready(endpoints, 4, 90.0, security)
+        assert {m.node_id: m.grpc_address for m in status.members}["n4"] == f"127.0.0.4:{ports[0]}"
     finally:
         if client is not None:
             client.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,3 +91,52 @@ def test_netns_hosts_round_trip_and_names() -> None:
     assert hosts.command("n2", ["true"]) == ["ip", "netns", "exec", "rwa1b2c3-n2", "true"]
     # Interface names must fit Linux's 15 characters.
     assert all(len(name) <= 15 for name in (hosts.bridge, hosts._veth("n10")))
+
+
+@needs_netns
+def test_add_node_in_a_namespace_joins_and_replaces_an_original_voter(tmp_path: Path) -> None:
+    """issue 36's case: `dev up --netns`, `dev add-node --netns`, `member add` the new node,
+    `member remove` an original voter: three voters again, on distinct non-loopback
+    addresses; no other node's config rewritten or process restarted; every acknowledged
+    message read back."""
+    directory = tmp_path / "dev"
+    cluster = dev.up(directory, 3, timeout_s=90, in_netns=True)
+    client = Api(cluster.endpoints)
+    try:
+        config_before = (directory / dev.CONFIG_FILE).read_bytes()
+        pids = {n: cluster.pid(n) for n in ("n1", "n2", "n3")}
+        (pchannel,) = setup_channels(client, "nsjoin", {"nsjoin_v": 0})
+        wait_assigned(client, pchannel)
+        producer = Producer(client, pchannel, "nsjoin")
+        history = History()
+        try:
+            assert producer.send("nsjoin_v", [b"a-%d" % i for i in range(10)], history)
+            assert main(["dev", "add-node", "--netns", "--dir", str(directory)]) == 0
+            loaded = dev.load(directory)
+            n4 = loaded.node("n4")
+            assert not ipaddress.ip_address(n4.host).is_loopback
+            assert main(["member", "add", "n4", "--dev-dir", str(directory), "--json"]) == 0
+            assert producer.send("nsjoin_v", [b"b-%d" % i for i in range(10)], history)
+            assert main(["member", "remove", "n1", "--dev-dir", str(directory), "--json"]) == 0
+            deadline = time.monotonic() + 90
+            roles: dict[str, str] = {}
+            while time.monotonic() < deadline:
+                with contextlib.suppress(Exception):
+                    roles = {m.node_id: m.role for m in client.status().members if m.reachable}
+                    if roles == {"n1": "data", "n2": "voter", "n3": "voter", "n4": "voter"}:
+                        break
+                time.sleep(0.3)
+            assert roles == {"n1": "data", "n2": "voter", "n3": "voter", "n4": "voter"}
+            assert producer.send("nsjoin_v", [b"c-%d" % i for i in range(10)], history)
+        finally:
+            producer.close()
+        entries = consume_all(client, "nsjoin_v", pchannel, expect=len(history.acked))
+        assert sorted(e.payload for e in entries) == sorted(a.payload for a in history.acked)
+        assert (directory / dev.CONFIG_FILE).read_bytes() == config_before
+        assert {n: cluster.pid(n) for n in ("n1", "n2", "n3")} == pids
+    finally:
+        client.close()
+        hosts = dev.load(directory).netns  # with n4's namespace
+        dev.down(directory)
+        cluster.remove_hosts()
+        assert hosts is not None and not hosts.exists()

@@ -99,9 +99,14 @@ EXPECTED: dict[str, set[str]] = {
     "producer": _METADATA | _LEASES_AND_LOCKS | _PRODUCE,
     "consumer": _METADATA | _LEASES_AND_LOCKS | _READ_DATA | _SUBSCRIBE | {"Coordinator/Ack"},
     "reader": _METADATA | _READ_DATA,
-    # Node-to-node services, the event history nodes backfill from each other, and where a
-    # pchannel's log ends (asked of its owner for a subscription's lag or a seek).
-    "node": {"Coordinator/WatchEvents", "StreamingNode/GetLatestTimeTick"},
+    # Node-to-node services, the event history nodes backfill from each other, where a
+    # pchannel's log ends (asked of its owner for a subscription's lag or a seek), and the
+    # cluster's members (asked by a joining node).
+    "node": {
+        "Coordinator/WatchEvents",
+        "StreamingNode/GetLatestTimeTick",
+        "Coordinator/ClusterStatus",
+    },
 }
 
 SERVICES = [

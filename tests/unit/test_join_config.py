@@ -1,0 +1,73 @@
+"""What a joining node's config and a joining heartbeat may be (raftwal/node/join.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raftwal.node.config import ConfigError, parse_config, render_config, with_join
+from raftwal.node.join import PEERS_FILE, _read_peers, _write_peers, discover
+from raftwal.services.cluster import _joiner_refusal
+from rpc.credentials import ClientSecurity
+from rpc.protos import coordinator_pb2 as api
+
+ME = {"id": "n4", "host": "10.0.0.4", "grpc_port": 7201, "raft_port": 7301, "role": "data"}
+
+
+def test_a_config_with_join_may_name_only_a_data_node(tmp_path: Path) -> None:
+    data = {"cluster": {"join": ["10.0.0.1:7201", "10.0.0.2:7201"]}, "nodes": [ME]}
+    config = parse_config(data, tmp_path, environ={})
+    assert config.join == ("10.0.0.1:7201", "10.0.0.2:7201")
+    assert 'join = ["10.0.0.1:7201", "10.0.0.2:7201"]' in render_config(config)
+    with pytest.raises(ConfigError, match="no voting node"):
+        parse_config({"nodes": [ME]}, tmp_path, environ={})
+    with pytest.raises(ConfigError, match=r"invalid cluster.join endpoint \('nope'"):
+        parse_config({"cluster": {"join": ["nope"]}, "nodes": [ME]}, tmp_path, environ={})
+    assert with_join(config, "a:1,b:2").join == ("a:1", "b:2")
+
+
+def test_a_joining_heartbeat_is_refused_unless_it_says_so_and_is_well_formed(
+    tmp_path: Path,
+) -> None:
+    config = parse_config(
+        {"nodes": [{"id": "n1", "host": "10.0.0.1", "grpc_port": 7201, "raft_port": 7301}]},
+        tmp_path,
+        environ={},
+    )
+
+    def beat(**fields: object) -> api.HeartbeatRequest:
+        base: dict[str, object] = {
+            "node_id": "n4",
+            "address": "10.0.0.4:7201",
+            "raft_address": "10.0.0.4:7301",
+            "joined": True,
+        }
+        return api.HeartbeatRequest(**{**base, **fields})
+
+    assert _joiner_refusal(beat(), config) is None
+    for request, message in (
+        (beat(joined=False), "unknown node id 'n4'"),
+        (beat(node_id="n 4"), "invalid node id"),
+        (beat(raft_address="10.0.0.4"), "invalid raft_address of joining node n4"),
+        (beat(address="10.0.0.1:7201"), "announces an address of node n1"),
+    ):
+        refusal = _joiner_refusal(request, config)
+        assert refusal is not None and message in refusal.message, (request, refusal)
+
+
+def test_without_an_answer_a_joined_node_finds_its_peers_in_peers_json(tmp_path: Path) -> None:
+    me = dict(ME, data_dir=str(tmp_path / "n4"))
+    config = parse_config({"cluster": {"join": ["127.0.0.1:1"]}, "nodes": [me]}, tmp_path, {})
+    with pytest.raises(ConfigError, match="cannot join: no answer from 127.0.0.1:1"):
+        discover(config, "n4", config.join, ClientSecurity(), timeout_s=0)
+    peers = parse_config(
+        {"nodes": [{"id": "n1", "host": "10.0.0.1", "grpc_port": 7201, "raft_port": 7301}]},
+        tmp_path,
+        {},
+    ).nodes
+    _write_peers(tmp_path / "n4" / PEERS_FILE, peers)
+    assert [n.raft_address for n in _read_peers(tmp_path / "n4" / PEERS_FILE)] == ["10.0.0.1:7301"]
+    joined = discover(config, "n4", config.join, ClientSecurity(), timeout_s=0)
+    assert [(n.id, n.role) for n in joined.nodes] == [("n4", "data"), ("n1", "voter")]
+    assert [n.id for n in joined.voters] == ["n1"]
