@@ -1,6 +1,7 @@
 """Start and drive `peer_main.py` processes on 127.0.0.1 for raft tests and benchmarks.
 
-Lives here: `free_ports`, `PeerProcess` (one peer process: start, request, kill -9,
+Lives here: `free_ports` (the dev helpers' own, from this worker's port range),
+`PeerProcess` (one peer process: start, request, kill -9,
 SIGSTOP/SIGCONT, restart on the same data dir) and `Cluster` (several of them, leader
 lookup, convergence waits). Every wait is bounded in time; every process is stopped by its
 own PID.
@@ -15,7 +16,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from raftwal.cli.dev import free_ports
 
 PEER_MAIN = Path(__file__).resolve().parent / "peer_main.py"
 START_TIMEOUT_S = 20.0
@@ -51,19 +53,6 @@ class Items:
 
     def restore_snapshot(self, data: bytes) -> None:
         self.items = data.split(b"\n") if data else []
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 class PeerProcess:
