@@ -24,15 +24,17 @@ T = TypeVar("T")
 SCALE = time_scale()
 
 
-def wait_for(what: str, check: Callable[[], T], timeout_s: float, interval_s: float = 0.1) -> T:
-    """Call `check` until it returns something truthy and return that; AssertionError
-    naming `what` after ``scaled(timeout_s)``."""
+def wait_for(
+    what: str, check: Callable[[], T | None], timeout_s: float = 20.0, interval_s: float = 0.2
+) -> T:
+    """Call `check` every `interval_s` until it returns something truthy and return that;
+    AssertionError naming `what` (and the last value) after ``scaled(timeout_s)``."""
     limit_s = scaled(timeout_s)
     deadline = time.monotonic() + limit_s
     while True:
-        result = check()
-        if result:
-            return result
+        last = check()
+        if last:
+            return last
         if time.monotonic() >= deadline:
-            raise AssertionError(f"{what}: not within {limit_s:.0f} s")
+            raise AssertionError(f"{what}: not within {limit_s:.0f} s (last: {last!r})")
         time.sleep(interval_s)
