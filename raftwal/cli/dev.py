@@ -27,6 +27,12 @@ for TLS, mutual TLS and bearer-token auth; ``cluster.json`` then names the CA, t
 certificate and the token files, so that the CLI connects with them (admin token) and
 tests can pick another role (``LocalCluster.client_security``).
 
+On a slow or busy machine one factor stretches every wait these helpers make:
+``RAFTWAL_TEST_TIME_SCALE`` (default 1; ``scaled``). The test suite derives its own
+deadlines from the same factor (``tests/timing.py``). ``RAFTWAL_PORT_RANGE`` (``LO-HI``)
+makes ``free_ports`` pick from that range instead of the kernel's ephemeral one: the test
+suite gives each of its parallel workers a range of its own there.
+
 It is also the helper API that ``raftwal.chaos``, the tests and the benchmarks use to run
 clusters: ``ClusterConfig``, ``NodeConfig`` and ``render_config`` are re-exported here so
 that they need nothing else from the node's modules.
@@ -66,6 +72,8 @@ __all__ = [
     "NodeConfig",
     "down",
     "free_ports",
+    "scaled",
+    "time_scale",
     "make_config",
     "render_config",
     "RestartStep",
@@ -78,6 +86,9 @@ __all__ = [
     "wait_ready",
 ]
 
+TIME_SCALE_ENV = "RAFTWAL_TEST_TIME_SCALE"
+PORT_RANGE_ENV = "RAFTWAL_PORT_RANGE"
+
 CLUSTER_FILE = "cluster.json"
 CONFIG_FILE = "raftwal.toml"
 SECRET_FILE = "secret"
@@ -86,15 +97,84 @@ SECRET_FILE = "secret"
 DEV_CLUSTER_ID = "dev"
 
 
+def time_scale() -> float:
+    """The factor every wait of these helpers (and of the test suite) is multiplied by:
+    ``RAFTWAL_TEST_TIME_SCALE``, default 1, bounded to 0.1..100."""
+    raw = os.environ.get(TIME_SCALE_ENV, "").strip()
+    if not raw:
+        return 1.0
+    try:
+        factor = float(raw)
+    except ValueError:
+        raise ValueError(
+            f"invalid {TIME_SCALE_ENV} ({raw!r}; expected a number 0.1..100)"
+        ) from None
+    if not 0.1 <= factor <= 100:
+        raise ValueError(f"invalid {TIME_SCALE_ENV} ({raw!r}; expected a number 0.1..100)")
+    return factor
+
+
+def scaled(seconds: float) -> float:
+    """`seconds` stretched by ``time_scale()``: the bound of a wait, never a poll interval."""
+    return seconds * time_scale()
+
+
+def _port_range() -> tuple[int, int] | None:
+    raw = os.environ.get(PORT_RANGE_ENV, "").strip()
+    if not raw:
+        return None
+    low, sep, high = raw.partition("-")
+    try:
+        bounds = (int(low), int(high)) if sep else None
+    except ValueError:
+        bounds = None
+    if bounds is None or not 1024 <= bounds[0] < bounds[1] <= 65535:
+        raise ValueError(f"invalid {PORT_RANGE_ENV} ({raw!r}; expected LO-HI within 1024..65535)")
+    return bounds
+
+
+# Where the next pick from RAFTWAL_PORT_RANGE starts: a random place in the range at first,
+# then after the last port handed out, so that ports given to a cluster that has not bound
+# them yet are not handed out again by this process.
+_range_cursor: int | None = None
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct ports that were free a moment ago (bound all at once, then closed)."""
+    """`count` distinct ports that were free a moment ago (bound all at once, then closed).
+
+    Without ``RAFTWAL_PORT_RANGE`` the kernel picks them from its ephemeral range. With
+    it, they come from that range (outside the ephemeral one, where neither a socket bound
+    to port 0 nor an outgoing connection can take a port between this pick and the node's
+    bind); a port that cannot be bound now (in use, or in TIME_WAIT) is skipped."""
+    global _range_cursor
+    bounds = _port_range()
     sockets = []
     try:
-        for _ in range(count):
+        if bounds is None:
+            for _ in range(count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.bind((host, 0))
+                sockets.append(sock)
+            return [sock.getsockname()[1] for sock in sockets]
+        low, high = bounds
+        size = high - low + 1
+        if _range_cursor is None:
+            _range_cursor = low + secrets.randbelow(size)
+        for _ in range(size):
+            port = _range_cursor
+            _range_cursor = low + (_range_cursor + 1 - low) % size
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((host, 0))
+            try:
+                sock.bind((host, port))
+            except OSError:
+                sock.close()
+                continue
             sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
+            if len(sockets) == count:
+                return [s.getsockname()[1] for s in sockets]
+        raise RuntimeError(
+            f"only {len(sockets)} of {count} ports free in {PORT_RANGE_ENV} {low}-{high}"
+        )
     finally:
         for sock in sockets:
             sock.close()
@@ -190,10 +270,10 @@ class LocalCluster:
             os.kill(process.pid, signum)
         if signum in (signal.SIGKILL, signal.SIGTERM):
             try:
-                process.wait(timeout=10)
+                process.wait(timeout=scaled(KILL_WAIT_S))
             except subprocess.TimeoutExpired:
                 os.kill(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+                process.wait(timeout=scaled(KILL_WAIT_S))
             self.processes[node_id] = None
 
     def stop_all(self, grace_s: float = 5.0) -> None:
@@ -201,7 +281,7 @@ class LocalCluster:
             if process is not None and process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     process.terminate()
-        deadline = time.monotonic() + grace_s
+        deadline = time.monotonic() + scaled(grace_s)
         for node_id, process in list(self.processes.items()):
             if process is None:
                 continue
@@ -209,7 +289,7 @@ class LocalCluster:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 process.kill()
-                process.wait(timeout=10)
+                process.wait(timeout=scaled(KILL_WAIT_S))
             self.processes[node_id] = None
 
     def write_cluster_file(self) -> None:
@@ -333,14 +413,14 @@ def wait_ready(
     """Poll ClusterStatus until a leader is known and every node is registered UP;
     `on_progress` hears what is still missing after each round."""
     security = security or ClientSecurity()
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     last_error = "no answer yet"
     while time.monotonic() < deadline:
         for endpoint in endpoints:
             try:
                 with security.channel(endpoint) as channel:
                     stub = coordinator_pb2_grpc.CoordinatorStub(channel)
-                    status = stub.ClusterStatus(api.ClusterStatusRequest(), timeout=2.0)
+                    status = stub.ClusterStatus(api.ClusterStatusRequest(), timeout=scaled(2.0))
                 up = [n for n in status.nodes if n.state == 1]
                 if status.leader_node_id and len(up) >= nodes:
                     return status
@@ -350,7 +430,7 @@ def wait_ready(
         if on_progress is not None:
             on_progress(f"waiting for a leader and {nodes} nodes UP ({last_error})")
         time.sleep(0.2)
-    raise TimeoutError(f"cluster not ready after {timeout_s:.0f} s ({last_error})")
+    raise TimeoutError(f"cluster not ready after {scaled(timeout_s):.0f} s ({last_error})")
 
 
 def up(
@@ -503,7 +583,7 @@ def down(directory: Path, grace_s: float = 10.0) -> list[int]:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
+    deadline = time.monotonic() + scaled(grace_s)
     while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
         time.sleep(0.1)
     for pid in pids:
@@ -512,7 +592,7 @@ def down(directory: Path, grace_s: float = 10.0) -> list[int]:
                 os.kill(pid, signal.SIGKILL)
     # Return only once every node is gone (its ports free, its files closed): a SIGKILLed
     # process still takes a moment to die.
-    deadline = time.monotonic() + KILL_WAIT_S
+    deadline = time.monotonic() + scaled(KILL_WAIT_S)
     while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
         time.sleep(0.05)
     still = [pid for pid in pids if _alive(pid)]
@@ -663,6 +743,7 @@ def _stop_process(cluster: LocalCluster, node_id: str, signum: int, exit_timeout
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signum)
     killed = False
+    exit_timeout_s = scaled(exit_timeout_s)
     deadline = time.monotonic() + exit_timeout_s
     if process is not None:
         try:
@@ -670,7 +751,7 @@ def _stop_process(cluster: LocalCluster, node_id: str, signum: int, exit_timeout
         except subprocess.TimeoutExpired:
             killed = True
             process.kill()
-            process.wait(timeout=KILL_WAIT_S)
+            process.wait(timeout=scaled(KILL_WAIT_S))
     else:
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -678,7 +759,7 @@ def _stop_process(cluster: LocalCluster, node_id: str, signum: int, exit_timeout
             killed = True
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            kill_deadline = time.monotonic() + KILL_WAIT_S
+            kill_deadline = time.monotonic() + scaled(KILL_WAIT_S)
             while _alive(pid) and time.monotonic() < kill_deadline:
                 time.sleep(0.05)
             if _alive(pid):
@@ -697,7 +778,7 @@ def _status_once(
         try:
             with security.channel(endpoint) as channel:
                 stub = coordinator_pb2_grpc.CoordinatorStub(channel)
-                return stub.ClusterStatus(api.ClusterStatusRequest(), timeout=2.0)
+                return stub.ClusterStatus(api.ClusterStatusRequest(), timeout=scaled(2.0))
         except grpc.RpcError:
             continue
     return None
@@ -770,6 +851,7 @@ def wait_caught_up(
     docstring); TimeoutError naming what was still missing."""
     security = cluster.client_security()
     check = _CatchUp(node_id)
+    timeout_s = scaled(timeout_s)
     deadline = time.monotonic() + timeout_s
     last = "no answer yet"
     while time.monotonic() < deadline:
@@ -786,7 +868,7 @@ def wait_caught_up(
 def _wait_balanced(cluster: LocalCluster, timeout_s: float) -> float | None:
     security = cluster.client_security()
     started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
+    while time.monotonic() - started < scaled(timeout_s):
         status = _status_once(cluster.endpoints, security)
         if (
             status is not None

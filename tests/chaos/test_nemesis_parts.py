@@ -27,6 +27,7 @@ from raftwal.chaos.runner import (
 )
 from raftwal.cli.dev import free_ports
 from raftwal.node.config import ConfigError, NodeConfig, parse_config, render_config
+from tests.timing import scaled
 
 
 def test_schedule_is_deterministic_and_covers_every_kind() -> None:
@@ -104,7 +105,7 @@ def test_proxies_forward_drop_and_reset(echo_port: int) -> None:
         assert configured_b.peer_transfer_addresses == ()  # a has no transfer port
         host, port = configured_b.dial_raft_address(a).split(":")
         assert int(port) != echo_port  # b dials a through its proxy
-        with socket.create_connection((host, int(port)), timeout=5) as client:
+        with socket.create_connection((host, int(port)), timeout=scaled(5)) as client:
             client.sendall(b"hello")
             assert client.recv(100) == b"hello"
             net.cut("a", "b", "drop")
@@ -121,13 +122,16 @@ def test_proxies_forward_drop_and_reset(echo_port: int) -> None:
                 client.sendall(b"x")
                 if not client.recv(100):
                     raise ConnectionResetError("closed")
-        with pytest.raises(OSError), socket.create_connection((host, int(port)), timeout=5) as s:
+        with (
+            pytest.raises(OSError),
+            socket.create_connection((host, int(port)), timeout=scaled(5)) as s,
+        ):
             s.sendall(b"x")
             if not s.recv(100):
                 raise ConnectionResetError("closed")
         net.heal_all()
         assert net.cut_pairs() == []
-        with socket.create_connection((host, int(port)), timeout=5) as client:
+        with socket.create_connection((host, int(port)), timeout=scaled(5)) as client:
             client.sendall(b"again")
             assert client.recv(100) == b"again"
     finally:
@@ -233,7 +237,7 @@ def test_the_transfer_port_has_a_proxy_of_its_own(echo_port: int) -> None:
         assert address is not None
         host, port = address.split(":")
         assert int(port) != echo_port
-        with socket.create_connection((host, int(port)), timeout=5) as client:
+        with socket.create_connection((host, int(port)), timeout=scaled(5)) as client:
             client.sendall(b"append")
             assert client.recv(100) == b"append"
             net.cut("a", "b", "reset")

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from raftwal.chaos.powerfs import STASH_NAME, PowerMount, fuse_unavailable, is_mounted
+from tests.timing import scaled
 
 _UNAVAILABLE = fuse_unavailable()
 pytestmark = pytest.mark.skipif(bool(_UNAVAILABLE), reason=f"FUSE cannot mount: {_UNAVAILABLE}")
@@ -255,7 +256,7 @@ def _commit_then_kill(database: Path, synchronous: str, until: int) -> int:
                 break
     finally:
         writer.kill()
-        writer.wait(timeout=30)
+        writer.wait(timeout=scaled(30))
     assert committed >= until, f"the writer stopped at {committed} (expected {until})"
     return committed
 
@@ -311,7 +312,7 @@ def test_close_unmounts_after_the_daemon_died(tmp_path: Path) -> None:
     try:
         assert power.pid is not None
         os.kill(power.pid, signal.SIGKILL)
-        power.process.wait(timeout=30)  # type: ignore[union-attr]
+        power.process.wait(timeout=scaled(30))  # type: ignore[union-attr]
     finally:
         power.close()
     assert not is_mounted(tmp_path / "mnt")

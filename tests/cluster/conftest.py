@@ -22,6 +22,7 @@ from rpc.errors import from_rpc_error
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
 from rpc.request_ids import with_request_id
+from tests.timing import scaled
 
 
 class Api:
@@ -40,7 +41,7 @@ class Api:
     def call(self, method: str, request, *, endpoint: str | None = None, timeout_s: float = 15.0):
         # One request id for every attempt: a retried write is answered, not re-applied.
         request = with_request_id(request)
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + scaled(timeout_s)
         order = [endpoint] if endpoint else []
         order += [e for e in self.endpoints if e not in order]
         attempt = 0
@@ -49,7 +50,7 @@ class Api:
             target = order[attempt % len(order)]
             attempt += 1
             try:
-                return getattr(self.stub(target), method)(request, timeout=5.0)
+                return getattr(self.stub(target), method)(request, timeout=scaled(5.0))
             except grpc.RpcError as error:
                 last = error
                 info = from_rpc_error(error)
@@ -81,7 +82,7 @@ def converged(
     client: Api, expect_members: int = 3, timeout_s: float = 20.0
 ) -> api.ClusterStatusResponse:
     """Wait until `expect_members` replicas are reachable at one revision and one digest."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     status = None
     while time.monotonic() < deadline:
         try:
@@ -104,7 +105,7 @@ def converged(
 
 
 def leader_id(client: Api, timeout_s: float = 15.0) -> str:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         try:
             status = client.status()

@@ -38,6 +38,7 @@ from rpc.protos import streaming_pb2 as wire
 from rpc.protos import streaming_pb2_grpc
 from tests.cluster.conftest import Api, running_cluster
 from tests.cluster.wal_helpers import History, Producer, consume_all, setup_channels, wait_assigned
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 SEED = int(os.environ.get("RAFTWAL_TEST_SEED", random.randrange(1 << 30)))
@@ -61,7 +62,7 @@ def cluster_and_client(
 def _metrics(cluster: dev.LocalCluster, node_id: str) -> dict[tuple[str, frozenset], float]:
     node = cluster.node(node_id)
     url = f"http://{node.host}:{node.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
+    with urllib.request.urlopen(url, timeout=scaled(10)) as response:
         text = response.read().decode()
     return {
         (sample.name, frozenset(sample.labels.items())): sample.value
@@ -116,7 +117,7 @@ def _catches_up(
 
 
 def _wait(what: str, check, timeout_s: float = 40.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError):
             if check():
@@ -142,7 +143,7 @@ def _exchange(address: str, port: int, data: bytes) -> bytes:
     """Send `data` to the transfer port; everything the node answers until it closes."""
     host = segment_transfer.transfer_host(address)
     received = b""
-    with socket.create_connection((host, port), timeout=15) as sock:
+    with socket.create_connection((host, port), timeout=scaled(15)) as sock:
         sock.sendall(data)
         with contextlib.suppress(ConnectionResetError):
             while chunk := sock.recv(65536):
@@ -235,7 +236,7 @@ def test_owner_stream_recovers_from_a_killed_and_a_paused_replica(cluster_and_cl
     counter = iter(range(10_000_000))
 
     def produce() -> None:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + scaled(180)
         while not stop.is_set() and time.monotonic() < deadline:
             producer.send("af_v", [b"af-%07d" % next(counter) for _ in range(20)], history)
 
@@ -277,7 +278,7 @@ def test_owner_stream_recovers_from_a_killed_and_a_paused_replica(cluster_and_cl
         assert _port_count(cluster, paused, "appends") > appends_before
     finally:
         stop.set()
-        thread.join(timeout=120)
+        thread.join(timeout=scaled(120))
         producer.close()
     assert not thread.is_alive()
     assert wait_assigned(client, pchannel)[:2] == (owner, term), "the owner changed"
@@ -389,7 +390,7 @@ def _produce_over_port(
     assert len(offer.ticket) == segment_transfer.TICKET_BYTES
     assert offer.max_frame_bytes == MAX_FRAME_BYTES
     host = segment_transfer.transfer_host(address)
-    with socket.create_connection((host, offer.port), timeout=15) as sock:
+    with socket.create_connection((host, offer.port), timeout=scaled(15)) as sock:
         sock.sendall(
             produce_stream.HELLO + offer.ticket + append_stream.frame(request.SerializeToString())
         )

@@ -26,6 +26,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.streaming_client import Producer, StreamingClient
 from tests.cluster.conftest import Api, leader_id, running_cluster
 from tests.cluster.wal_helpers import setup_channels
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
@@ -62,6 +63,7 @@ def _assigned(client: Api) -> int:
 def _wait(what: str, check, timeout_s: float) -> float:  # type: ignore[no-untyped-def]
     started = time.monotonic()
     last = None
+    timeout_s = scaled(timeout_s)
     while time.monotonic() - started < timeout_s:
         try:
             last = check()
@@ -144,7 +146,9 @@ def test_a_restarted_node_gets_its_share_back_and_no_produce_fails(env) -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([RAFTWAL, *args], capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [RAFTWAL, *args], capture_output=True, text=True, timeout=scaled(60), check=False
+    )
 
 
 def test_the_balance_command_shows_and_changes_the_policy(env) -> None:

@@ -42,6 +42,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2 as E
 from tests.cluster.conftest import Api, converged, leader_id, rid
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
@@ -335,7 +336,7 @@ def test_deposed_leader_serves_no_stale_linearizable_read(
         majority = Api(other_endpoints)
         try:
             # The majority side elects a new leader and acknowledges a write.
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + scaled(30)
             new_id = ""
             while time.monotonic() < deadline:
                 status = majority.call(
@@ -379,7 +380,7 @@ def test_deposed_leader_serves_no_stale_linearizable_read(
                 try:
                     answers.append(
                         stub.ListChannels(
-                            api.ListChannelsRequest(consistency=LINEARIZABLE), timeout=10
+                            api.ListChannelsRequest(consistency=LINEARIZABLE), timeout=scaled(10)
                         ).revision
                     )
                 except grpc.RpcError as error:

@@ -15,9 +15,8 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
@@ -25,9 +24,9 @@ from raftwal.cli import dev, devcerts
 from rpc.protos import coordinator_pb2 as api
 from tests.cluster.conftest import Api, running_cluster
 from tests.cluster.wal_helpers import setup_channels, wait_assigned
+from tests.timing import wait_for
 
 pytestmark = pytest.mark.cluster
-T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("RAFTWAL_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts"))
@@ -90,17 +89,6 @@ def browser(tmp_path: Path):
         yield driver
     finally:
         driver.quit()
-
-
-def wait_for(what: str, check: Callable[[], T | None], timeout_s: float) -> T:
-    deadline = time.monotonic() + timeout_s
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.25)
-    raise AssertionError(f"{what}: not within {timeout_s} s (last: {last!r})")
 
 
 # One script reads a table at once: the console replaces its rows every second, so

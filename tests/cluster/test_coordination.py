@@ -22,6 +22,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2 as E
 from tests.cluster.conftest import Api, converged, leader_id, rid
+from tests.timing import scaled, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -50,7 +51,7 @@ def test_cluster_elects_a_leader_and_every_node_serves_writes(cluster, client):
         )
         assert response.vchannel.name == f"any-node-{index}"
     # The balancer places the new pchannels and the owners report ready.
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + scaled(15)
     while time.monotonic() < deadline:
         described = client.call(
             "DescribeChannels", api.DescribeChannelsRequest(pchannels=list(created.pchannels))
@@ -120,7 +121,7 @@ def test_exclusive_lock_is_never_held_twice(cluster, client):
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=120)
+        thread.join(timeout=scaled(120))
     assert not errors, (seed, errors)
     assert len(history) == 45, seed
     history.sort(key=lambda h: h[1])
@@ -162,7 +163,7 @@ def test_expired_lease_releases_its_locks(cluster, client):
     assert 0.3 < waited < 8, waited
     with pytest.raises(grpc.RpcError) as raised:
         replies = client.stub(client.endpoints[0]).KeepAlive(
-            iter([api.KeepAliveRequest(lease_id=short.lease_id)]), timeout=5
+            iter([api.KeepAliveRequest(lease_id=short.lease_id)]), timeout=scaled(5)
         )
         list(replies)
     assert from_rpc_error(raised.value).code == E.NOT_FOUND
@@ -204,12 +205,12 @@ def test_bad_input_gets_invalid_argument_and_the_node_stays_healthy(cluster, cli
         assert info.code == E.INVALID_ARGUMENT and info.message, (method, info)
     with pytest.raises(grpc.RpcError) as raised:
         stream = client.stub(endpoint).WatchEvents(
-            api.WatchEventsRequest(kinds=["no_such_event"]), timeout=5
+            api.WatchEventsRequest(kinds=["no_such_event"]), timeout=scaled(5)
         )
         next(iter(stream))
     assert from_rpc_error(raised.value).code == E.INVALID_ARGUMENT
     health = health_pb2_grpc.HealthStub(client.channels[endpoint])
-    reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=scaled(5))
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
     client.call("CreateVChannel", api.CreateVChannelRequest(name="after-bad", pchannel="basic_0"))
     converged(client)
@@ -240,20 +241,22 @@ def test_kill_leader_during_writes_loses_nothing_acknowledged(cluster, client):
 
     thread = threading.Thread(target=writer)
     thread.start()
-    time.sleep(1.0)
+    wait_for("writes before the kill", lambda: len(acked) >= 10 or failures, timeout_s=30)
     victim = leader_id(client)
     before_kill = len(acked)
     cluster.kill(victim, signal.SIGKILL)
     killed_at = time.monotonic()
-    while len(acked) <= before_kill + 1 and time.monotonic() - killed_at < 20:
+    while len(acked) <= before_kill + 1 and time.monotonic() - killed_at < scaled(20):
         time.sleep(0.01)
     recovered_after = time.monotonic() - killed_at
-    time.sleep(1.0)
+    if len(acked) > before_kill + 1:
+        recovered = len(acked)
+        wait_for("writes under the new leader", lambda: len(acked) >= recovered + 10, timeout_s=30)
     stop.set()
-    thread.join(timeout=60)
+    thread.join(timeout=scaled(60))
     assert not failures, (seed, failures[:3])
     assert len(acked) > before_kill + 1, f"seed {seed}: no write after the leader was killed"
-    assert recovered_after < 10, recovered_after
+    assert recovered_after < scaled(10), recovered_after
     survivors = [
         e for n, e in zip(("n1", "n2", "n3"), cluster.endpoints, strict=True) if n != victim
     ]
@@ -290,7 +293,7 @@ def test_crash_mid_snapshot_then_full_restart_keeps_everything(tmp_path, crash_p
                 acked.append(f"h{k}")
             except grpc.RpcError:
                 break
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + scaled(20)
         while time.monotonic() < deadline and not any(
             p is not None and p.poll() is not None for p in local.processes.values()
         ):
@@ -325,12 +328,12 @@ def test_crash_mid_snapshot_then_full_restart_keeps_everything(tmp_path, crash_p
 def collect_history(client: Api, up_to: int, endpoint: str | None = None) -> list[pb.Event]:
     """Events 1..up_to from WatchEvents on `endpoint`; a node still backfilling history
     (after a snapshot install) answers COMPACTED for a while: retry, bounded."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while True:
         events: list[pb.Event] = []
         # wait_for_ready: the channel may still be backing off from the node's restart.
         stream = client.stub(endpoint or client.endpoints[0]).WatchEvents(
-            api.WatchEventsRequest(from_revision=1), timeout=20, wait_for_ready=True
+            api.WatchEventsRequest(from_revision=1), timeout=scaled(20), wait_for_ready=True
         )
         try:
             for batch in stream:

@@ -23,6 +23,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from tests.cluster.conftest import Api, rid, running_cluster
 from tests.cluster.wal_helpers import History, Producer, consume_all, wait_nodes_up
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
@@ -42,7 +43,7 @@ def five(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dev.LocalCl
 
 def _placed(client: Api, names: list[str]) -> dict[str, pb.PChannel]:
     """The pchannels once every one of them is ASSIGNED."""
-    deadline = time.monotonic() + TIMEOUT_S
+    deadline = time.monotonic() + scaled(TIMEOUT_S)
     last: object = None
     while time.monotonic() < deadline:
         try:

@@ -23,6 +23,7 @@ import pytest
 
 from raftwal.cli import dev
 from tests.processes import start_in_own_session
+from tests.timing import scaled
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark]
 
@@ -88,13 +89,13 @@ def test_the_readme_demo_runs_end_to_end(tmp_path: Path) -> None:
         log_path=log_path,
     )
     try:
-        code = demo.wait(timeout=DEMO_TIMEOUT_S)
+        code = demo.wait(timeout=scaled(DEMO_TIMEOUT_S))
     except subprocess.TimeoutExpired:
         code = None
     finally:
         # Children that are stopping when the demo exits (its JVM ends once the demo's
         # end of their pipe closes) get a moment; anything still running after it is left.
-        deadline = time.monotonic() + LINGER_S
+        deadline = time.monotonic() + scaled(LINGER_S)
         leftovers = _group_members(demo.pid)
         while leftovers and code is not None and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -104,7 +105,7 @@ def test_the_readme_demo_runs_end_to_end(tmp_path: Path) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(demo.pid, signal.SIGKILL)
         if demo.poll() is None:
-            demo.wait(timeout=10)
+            demo.wait(timeout=scaled(10))
         stopped_nodes = []
         for directory in tmp_path.glob("raftwal-demo-*"):
             with contextlib.suppress(Exception):

@@ -46,6 +46,7 @@ from tests.cluster.wal_helpers import (
     setup_channels,
     wait_assigned,
 )
+from tests.timing import scaled, wait_for
 from wal_segments.segment import SegmentReader, list_segment_files, open_segment
 
 pytestmark = pytest.mark.cluster
@@ -93,7 +94,7 @@ def fault_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultClu
 def _healthy(address: str) -> bool:
     with grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=scaled(5))
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
@@ -105,7 +106,7 @@ def _produce_raw(address: str, pchannel: str, vchannel: str, payload: bytes) -> 
             pchannel=pchannel,
             messages=[wire.Message(vchannel=vchannel, payload=payload)],
         )
-        (result,) = list(stub.Produce(iter([request]), timeout=15))
+        (result,) = list(stub.Produce(iter([request]), timeout=scaled(15)))
     return result
 
 
@@ -131,6 +132,29 @@ def _check_segment_files(cluster: dev.LocalCluster) -> int:
                     SegmentReader.open(path).close()
                 checked += 1
     return checked
+
+
+def _segment_files_whole(cluster: dev.LocalCluster, at_least: int) -> int:
+    """`_check_segment_files` once the replicas' last writes and fsyncs have landed: a
+    replica still appending shows a tail in flight, which is not a torn one. Bounded by the
+    scaled deadline; the last check's failure is what a timeout reports."""
+    last: list[BaseException | int] = []
+
+    def check() -> int:
+        try:
+            checked = _check_segment_files(cluster)
+        except AssertionError as error:
+            last[:] = [error]
+            return 0
+        last[:] = [checked]
+        return checked if checked >= at_least else 0
+
+    try:
+        return wait_for(f"{at_least} whole segment files", check, timeout_s=20)
+    except AssertionError:
+        if last and isinstance(last[0], BaseException):
+            raise last[0] from None
+        raise
 
 
 def test_enospc_on_wal_append_fails_clearly_and_writes_resume(fault_cluster) -> None:
@@ -185,8 +209,7 @@ def test_enospc_on_wal_append_fails_clearly_and_writes_resume(fault_cluster) -> 
     assert not [e for e in entries if e.payload.startswith(b"refused-")]
     other_entries = consume_all(client, "other_v", other, expect=len(other_history.acked))
     _check_history(other_history, other_entries)
-    time.sleep(1.0)  # the last fsyncs of the replicas land
-    assert _check_segment_files(cluster) >= 6
+    _segment_files_whole(cluster, at_least=6)
 
 
 def test_wal_fsync_failure_stops_the_owner_and_the_pchannel_recovers(fault_cluster) -> None:
@@ -225,8 +248,7 @@ def test_wal_fsync_failure_stops_the_owner_and_the_pchannel_recovers(fault_clust
     assert len(entries) == len(history.acked) == 300
     # The faulty node's copy is whole again once it replicates (it reopened its log).
     converged(client, expect_members=3, timeout_s=30)
-    time.sleep(1.0)
-    assert _check_segment_files(cluster) >= 3
+    _segment_files_whole(cluster, at_least=3)
 
 
 def test_leader_whose_journal_fsync_fails_steps_down(fault_cluster) -> None:
@@ -241,11 +263,11 @@ def test_leader_whose_journal_fsync_fails_steps_down(fault_cluster) -> None:
     process = cluster.processes[old_leader]
     assert process is not None
     # The faulty leader stops at once instead of hanging: it exits with status 70.
-    assert process.wait(timeout=20) == 70
+    assert process.wait(timeout=scaled(20)) == 70
     survivors = Api([n.grpc_address for n in cluster.config.nodes if n.id != old_leader])
     try:
         new_leader = old_leader
-        while new_leader == old_leader and time.monotonic() - started < 30:
+        while new_leader == old_leader and time.monotonic() - started < scaled(30):
             new_leader = leader_id(survivors, timeout_s=20)
             time.sleep(0.1)
         elapsed_s = time.monotonic() - started
@@ -317,7 +339,7 @@ def test_dropped_replication_messages_are_resent(fault_cluster) -> None:
     _check_history(history, entries)
     assert len(entries) == len(history.acked) == 300
     # Every replica catches up completely.
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     positions: dict[str, int] = {}
     while time.monotonic() < deadline:
         member = next(m for m in client.status().members if m.node_id == owner)

@@ -59,6 +59,7 @@ from tests.cluster.wal_helpers import (
     setup_channels,
     wait_assigned,
 )
+from tests.timing import scaled
 from wal_segments.format import Entry, FileHeader, MsgType, encode_file_header
 from wal_segments.segment import SegmentWriter
 
@@ -322,7 +323,7 @@ class Fuzzed:
 
 
 def _metric(port: int, name: str) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=scaled(5)) as response:
         text = response.read().decode()
     match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
     assert match is not None, f"metric {name} missing"
@@ -376,7 +377,7 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
         _, _, decoy_address = wait_assigned(client, decoys[0])
         with grpc.insecure_channel(decoy_address) as channel:
             txn = streaming_pb2_grpc.StreamingNodeStub(channel).BeginTxn(
-                wire.BeginTxnRequest(vchannel="fd_v0", keepalive_ms=600_000), timeout=10
+                wire.BeginTxnRequest(vchannel="fd_v0", keepalive_ms=600_000), timeout=scaled(10)
             )
         lease = client.call("GrantLease", api.GrantLeaseRequest(ttl_ms=3_600_000, holder="fuzz"))
         known = Known(
@@ -486,7 +487,7 @@ def test_methods_are_enumerated_from_the_descriptors() -> None:
 def _health(endpoint: str) -> int:
     with grpc.insecure_channel(endpoint) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        return stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+        return stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=scaled(5)).status
 
 
 def test_nodes_are_intact_after_the_fuzzing(fuzzed: Fuzzed) -> None:
@@ -565,24 +566,24 @@ def test_wrong_sequences_are_refused_with_an_error_info(fuzzed: Fuzzed) -> None:
             ("KeepAliveTxn", wire.KeepAliveTxnRequest(vchannel="fz_v0", txn_id=12345)),
         ):
             _expect_error(
-                lambda m=method, r=request: getattr(stub, m)(r, timeout=5),
+                lambda m=method, r=request: getattr(stub, m)(r, timeout=scaled(5)),
                 E.TRANSACTION_EXPIRED,
             )
         # CommitTxn twice: the retry gets the original positions; the body is written once.
-        begin = stub.BeginTxn(wire.BeginTxnRequest(vchannel="fz_v0"), timeout=5)
+        begin = stub.BeginTxn(wire.BeginTxnRequest(vchannel="fz_v0"), timeout=scaled(5))
         stub.AppendTxn(
             wire.AppendTxnRequest(
                 vchannel="fz_v0", txn_id=begin.txn_id, messages=[wire.Message(payload=b"once")]
             ),
-            timeout=5,
+            timeout=scaled(5),
         )
         committed = stub.CommitTxn(
-            wire.CommitTxnRequest(vchannel="fz_v0", txn_id=begin.txn_id), timeout=5
+            wire.CommitTxnRequest(vchannel="fz_v0", txn_id=begin.txn_id), timeout=scaled(5)
         )
         assert len(committed.positions) == 3
         # A retried commit answers the original positions and writes nothing again.
         again = stub.CommitTxn(
-            wire.CommitTxnRequest(vchannel="fz_v0", txn_id=begin.txn_id), timeout=5
+            wire.CommitTxnRequest(vchannel="fz_v0", txn_id=begin.txn_id), timeout=scaled(5)
         )
         assert list(again.positions) == list(committed.positions)
         # A Produce stream goes on after an error answer: every request gets its own.
@@ -604,7 +605,7 @@ def test_wrong_sequences_are_refused_with_an_error_info(fuzzed: Fuzzed) -> None:
                 messages=[wire.Message(vchannel="fz_v0", payload=b"after-error-2")],
             ),
         ]
-        results = {r.request_id: r for r in stub.Produce(iter(requests), timeout=10)}
+        results = {r.request_id: r for r in stub.Produce(iter(requests), timeout=scaled(10))}
         assert sorted(results) == [1, 2, 3, 4]
         assert results[1].error.code == E.CHANNEL_NOT_EXIST
         assert results[3].error.code == E.INVALID_ARGUMENT
@@ -614,18 +615,20 @@ def test_wrong_sequences_are_refused_with_an_error_info(fuzzed: Fuzzed) -> None:
         _expect_error(
             lambda: list(
                 stub.ReadSegment(
-                    wire.ReadSegmentRequest(pchannel=pchannel, segment_id=10**12), timeout=5
+                    wire.ReadSegmentRequest(pchannel=pchannel, segment_id=10**12), timeout=scaled(5)
                 )
             ),
             E.NOT_FOUND,
         )
         # Consume from beyond the end: nothing is invented, the stream just waits.
-        latest = stub.GetLatestTimeTick(wire.GetLatestTimeTickRequest(pchannel=pchannel), timeout=5)
+        latest = stub.GetLatestTimeTick(
+            wire.GetLatestTimeTickRequest(pchannel=pchannel), timeout=scaled(5)
+        )
         beyond = stub.Consume(
             wire.ConsumeRequest(
                 vchannel="fz_v0", policy=wire.DELIVER_POLICY_START_FROM, lsn=latest.last_lsn + 1000
             ),
-            timeout=1.5,
+            timeout=scaled(1.5),
         )
         with pytest.raises(grpc.RpcError) as raised:
             for response in beyond:
@@ -635,14 +638,15 @@ def test_wrong_sequences_are_refused_with_an_error_info(fuzzed: Fuzzed) -> None:
     # Ack of a broadcast that does not exist.
     _expect_error(
         lambda: coordinator.Ack(
-            api.AckRequest(broadcast_id=987654321, vchannel="fz_v0", checkpoint=1), timeout=5
+            api.AckRequest(broadcast_id=987654321, vchannel="fz_v0", checkpoint=1),
+            timeout=scaled(5),
         ),
         E.NOT_FOUND,
     )
     # KeepAlive of a lease that was never granted: refused on the stream.
     _expect_error(
         lambda: list(
-            coordinator.KeepAlive(iter([api.KeepAliveRequest(lease_id=424242)]), timeout=5)
+            coordinator.KeepAlive(iter([api.KeepAliveRequest(lease_id=424242)]), timeout=scaled(5))
         ),
         E.NOT_FOUND,
     )
@@ -663,13 +667,15 @@ def test_internal_services_refuse_what_the_state_never_said(fuzzed: Fuzzed) -> N
         _expect_error(
             lambda: cluster_stub.Heartbeat(
                 api.HeartbeatRequest(node_id=replica.id, address="10.9.9.9:1", incarnation=7),
-                timeout=5,
+                timeout=scaled(5),
             ),
             E.INVALID_ARGUMENT,
         )
         # Bytes that are no command never reach the Raft log.
         _expect_error(
-            lambda: cluster_stub.Propose(api.ProposeRequest(command=b"\xff\x00garbage"), timeout=5),
+            lambda: cluster_stub.Propose(
+                api.ProposeRequest(command=b"\xff\x00garbage"), timeout=scaled(5)
+            ),
             E.INVALID_ARGUMENT,
         )
     with grpc.insecure_channel(replica.grpc_address) as channel:
@@ -678,7 +684,7 @@ def test_internal_services_refuse_what_the_state_never_said(fuzzed: Fuzzed) -> N
         for bad_term, claimed_owner in ((term + 1000, owner), (term, "n-impostor")):
             _expect_error(
                 lambda t=bad_term, o=claimed_owner: replication.Fence(
-                    wire.FenceRequest(pchannel=pchannel, term=t, owner_node_id=o), timeout=5
+                    wire.FenceRequest(pchannel=pchannel, term=t, owner_node_id=o), timeout=scaled(5)
                 ),
                 E.UNMATCHED_CHANNEL_TERM,
             )
@@ -695,7 +701,7 @@ def test_internal_services_refuse_what_the_state_never_said(fuzzed: Fuzzed) -> N
                         )
                     ]
                 ),
-                timeout=5,
+                timeout=scaled(5),
             )
         )
         assert answer.status == wire.APPEND_STATUS_ERROR, answer
@@ -703,7 +709,7 @@ def test_internal_services_refuse_what_the_state_never_said(fuzzed: Fuzzed) -> N
         # An unknown pchannel never gets a directory.
         _expect_error(
             lambda: replication.Fetch(
-                wire.FetchRequest(pchannel="fz_never_created", term=1), timeout=5
+                wire.FetchRequest(pchannel="fz_never_created", term=1), timeout=scaled(5)
             ),
             E.CHANNEL_NOT_EXIST,
         )
@@ -716,7 +722,7 @@ def test_internal_services_refuse_what_the_state_never_said(fuzzed: Fuzzed) -> N
                 wire.AppendBroadcastRequest(
                     pchannel=pchannel, vchannel="fz_v0", broadcast_id=777, message=b"forged"
                 ),
-                timeout=5,
+                timeout=scaled(5),
             ),
             E.INVALID_ARGUMENT,
         )
@@ -763,7 +769,7 @@ def _junk_kinds(directory: Path) -> dict[str, Callable[[Path], None]]:
 
 def _wait_durable_on(client: Api, pchannel: str, node_id: str, lsn: int) -> None:
     """Until the owner of `pchannel` reports `lsn` durable on `node_id`."""
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     positions: dict[str, int] = {}
     while time.monotonic() < deadline:
         for member in client.status().members:
@@ -815,7 +821,7 @@ def test_malformed_segment_files_are_reported_not_fatal(fuzzed: Fuzzed, tmp_path
         finally:
             producer.close()
         # ...and the victim reports the damaged log, naming the file, in ClusterStatus.
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + scaled(20)
         warnings: list[str] = []
         while time.monotonic() < deadline:
             warnings = [

@@ -34,6 +34,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.streaming_client import Consumer, Producer, StreamingClient
 from tests.cluster.conftest import Api, converged, leader_id, running_cluster
 from tests.cluster.wal_helpers import setup_channels
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
@@ -68,7 +69,7 @@ def _assigned(status) -> dict[str, str]:  # type: ignore[no-untyped-def]
 
 
 def _wait_assigned(client: Api, timeout_s: float = 60.0) -> dict[str, str]:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         owners = _assigned(client.status())
         if len(owners) == PCHANNELS:
@@ -86,7 +87,7 @@ def test_sigterm_on_the_leader_hands_over_pchannels_and_leadership_before_exit(e
     converged(client)
     leader = leader_id(client)
     # A balanced start (one pchannel per node): the leader has one of its own to hand over.
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     while sorted(_wait_assigned(client).values()) != sorted(n.id for n in cluster.config.nodes):
         assert time.monotonic() < deadline, f"no balanced start: {_wait_assigned(client)}"
         time.sleep(0.3)
@@ -95,7 +96,7 @@ def test_sigterm_on_the_leader_hands_over_pchannels_and_leadership_before_exit(e
     assert process is not None
     started = time.monotonic()
     os.kill(process.pid, signal.SIGTERM)
-    process.wait(timeout=30)
+    process.wait(timeout=scaled(30))
     exit_s = time.monotonic() - started
     cluster.processes[leader] = None
     # Right after the exit: far sooner than the coordinator could have noticed the node
@@ -155,7 +156,7 @@ async def _produce_while(endpoints: list[str], vchannels: list[str], work) -> Lo
             await asyncio.sleep(1.0)
         finally:
             stop.set()
-            await asyncio.wait(tasks, timeout=90)
+            await asyncio.wait(tasks, timeout=scaled(90))
     return load
 
 
@@ -169,7 +170,7 @@ async def _history_problems(endpoints: list[str], load: Load) -> list[str]:
         for vchannel, expected in sorted(by_vchannel.items()):
             last = max(expected.values())
             seen: dict[bytes, list[int]] = {}
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + scaled(60)
             async with Consumer(client, vchannel) as consumer:
                 while time.monotonic() < deadline:
                     entry = await asyncio.wait_for(anext(consumer), deadline - time.monotonic())
@@ -223,11 +224,11 @@ def test_dev_restart_cli_restarts_one_node(env) -> None:
         [RAFTWAL, "dev", "restart", "--node", node, "--dev-dir", str(cluster.directory), "--json"],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=scaled(180),
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert process is not None and process.wait(timeout=5) == 0
+    assert process is not None and process.wait(timeout=scaled(5)) == 0
     step = json.loads(done.stdout.strip().splitlines()[-1])
     assert step["node_id"] == node and step["old_pid"] == old_pid and not step["killed"]
     assert step["new_pid"] and step["new_pid"] != old_pid
@@ -238,7 +239,7 @@ def test_dev_restart_cli_restarts_one_node(env) -> None:
         [RAFTWAL, "dev", "restart", "--node", "nosuch", "--dev-dir", str(cluster.directory)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
         check=False,
     )
     assert bad.returncode == 2 and "unknown node id 'nosuch'" in bad.stderr

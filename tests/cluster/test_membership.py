@@ -37,6 +37,7 @@ from tests.cluster.wal_helpers import (
     wait_assigned,
     wait_nodes_up,
 )
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
@@ -97,7 +98,7 @@ def _roles(client: Api) -> dict[str, str]:
 
 
 def _wait(condition, what: str, timeout_s: float = TIMEOUT_S) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     last: object = None
     while time.monotonic() < deadline:
         try:

@@ -18,10 +18,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
 
 import grpc
 import pytest
@@ -43,10 +42,10 @@ from tests.cluster.wal_helpers import (
     wait_assigned,
     wait_nodes_up,
 )
+from tests.timing import scaled, wait_for
 
 pytestmark = pytest.mark.cluster
 E = errors_pb2
-T = TypeVar("T")
 EXCLUSIVE = pb.LOCK_MODE_EXCLUSIVE
 
 LAG_WARN_ENTRIES = 200
@@ -100,21 +99,9 @@ def node_ids(cluster: dev.LocalCluster) -> list[str]:
     return [n.id for n in cluster.config.nodes]
 
 
-def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 20.0) -> T:
-    """Poll `check()` every 0.2 s until it returns something truthy (bounded); that value."""
-    deadline = time.monotonic() + timeout_s
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {timeout_s} s (last: {last!r})")
-
-
 def status_at(client: Api, endpoint: str) -> api.ClusterStatusResponse:
     """ClusterStatus answered by `endpoint` (one call, bounded)."""
-    return client.stub(endpoint).ClusterStatus(api.ClusterStatusRequest(), timeout=10)
+    return client.stub(endpoint).ClusterStatus(api.ClusterStatusRequest(), timeout=scaled(10))
 
 
 def warnings_at(client: Api, endpoint: str) -> list[str] | None:

@@ -26,6 +26,7 @@ from rpc.protos import streaming_pb2 as wire
 from rpc.streaming_client import Pack, PackConsumer, Producer, StreamingClient
 from tests.cluster.conftest import Api, running_cluster
 from tests.cluster.wal_helpers import setup_channels, wait_assigned, wait_nodes_up
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
@@ -97,7 +98,7 @@ def _check_packs(packs: list[Pack], acked: Acked, begin: int = 0) -> None:
 async def _read_until(
     consumer: PackConsumer, packs: list[Pack], done, timeout_s: float = TIMEOUT_S
 ) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while not done():
         remaining = deadline - time.monotonic()
         try:
@@ -269,7 +270,7 @@ def test_owner_killed_mid_stream_keeps_packs_complete_and_in_order(env) -> None:
                 reading = asyncio.ensure_future(
                     _read_until(consumer, packs, lambda: _count(packs) >= 300)
                 )
-                deadline = time.monotonic() + TIMEOUT_S
+                deadline = time.monotonic() + scaled(TIMEOUT_S)
                 while len(acked) < 60 and time.monotonic() < deadline:
                     await asyncio.sleep(0.02)
                 cluster.kill(owner)
@@ -368,7 +369,11 @@ def test_bad_pack_requests_get_a_clear_error(env) -> None:
         request = wire.ConsumeRequest(vchannel=names["a"], time_tick_interval_ms=interval)
         for _ in range(20):  # bounded: a node restarted by an earlier test may still start
             with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as raised:
-                list(streaming_pb2_grpc.StreamingNodeStub(channel).Consume(request, timeout=5))
+                list(
+                    streaming_pb2_grpc.StreamingNodeStub(channel).Consume(
+                        request, timeout=scaled(5)
+                    )
+                )
             info = from_rpc_error(raised.value)
             if info.code != E.UNAVAILABLE:
                 break

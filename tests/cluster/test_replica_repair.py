@@ -26,6 +26,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from tests.cluster.conftest import Api, rid, running_cluster
 from tests.cluster.wal_helpers import History, Producer, consume_all, wait_nodes_up
+from tests.timing import scaled
 from wal_segments.segment import list_segment_files
 
 pytestmark = pytest.mark.cluster
@@ -58,7 +59,7 @@ def _channel(client: Api, name: str) -> pb.PChannel:
 
 def _wait_set(client: Api, name: str, members: set[str], what: str) -> pb.PChannel:
     """`name` ASSIGNED (ready) with replica set `members`."""
-    deadline = time.monotonic() + TIMEOUT_S
+    deadline = time.monotonic() + scaled(TIMEOUT_S)
     last = None
     while time.monotonic() < deadline:
         try:

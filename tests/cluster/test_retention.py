@@ -43,6 +43,7 @@ from rpc.protos import streaming_pb2 as wire
 from statemachine.state import state_digest
 from tests.cluster.conftest import Api, converged, rid
 from tests.cluster.wal_helpers import History, Producer, setup_channels, wait_assigned
+from tests.timing import scaled
 from wal_segments.segment import list_segment_files
 
 pytestmark = pytest.mark.cluster
@@ -107,7 +108,7 @@ def _wait_committed_bytes(
 ) -> tuple[api.RetentionStatus, api.ClusterStatusResponse]:
     """The retention row once more than `above` bytes of `pchannel` are committed: sealed
     segments commit through Raft after the writes that filled them were acknowledged."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     row, status = _retention(client, pchannel)
     while row.committed_bytes <= above and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -117,7 +118,7 @@ def _wait_committed_bytes(
 
 
 def _wait_floor(client: Api, pchannel: str, above: int, timeout_s: float = 60.0) -> int:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     floor = 0
     while time.monotonic() < deadline:
         floor = _retention(client, pchannel)[0].deleted_before_lsn
@@ -135,7 +136,7 @@ def _files(cluster: dev.LocalCluster, node_id: str, pchannel: str) -> list[int]:
 def _catalog(cluster: dev.LocalCluster, node_id: str, pchannel: str) -> tuple[int, int]:
     """(lowest first_lsn of a catalog row, recorded retention floor) on `node_id`."""
     path = cluster.node(node_id).data_dir / "catalog.db"
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as db:
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=scaled(5)) as db:
         lowest = db.execute(
             "select min(first_lsn) from segments where pchannel = ?", [pchannel]
         ).fetchone()[0]
@@ -150,7 +151,7 @@ def _wait_rows_at_floor(
 ) -> int:
     """The lowest catalog row of `pchannel` on `node_id`, once none is below `floor` (the
     rows go right after the files, in the same worker) or the time is up."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     lowest = _catalog(cluster, node_id, pchannel)[0]
     while 0 < lowest < floor and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -161,7 +162,7 @@ def _wait_rows_at_floor(
 def _wait_files_at_floor(
     cluster: dev.LocalCluster, pchannel: str, floor: int, node_ids: list[str], timeout_s: float = 30
 ) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     seen: dict[str, list[int]] = {}
     while time.monotonic() < deadline:
         seen = {n: _files(cluster, n, pchannel)[:3] for n in node_ids}
@@ -187,7 +188,7 @@ def _consume_from(address: str, vchannel: str, lsn: int, expect: int) -> list[wi
         request = wire.ConsumeRequest(
             vchannel=vchannel, policy=wire.DELIVER_POLICY_START_FROM, lsn=lsn
         )
-        stream = stub.Consume(request, timeout=30)
+        stream = stub.Consume(request, timeout=scaled(30))
         for response in stream:
             entries.extend(response.entries)
             if len(entries) >= expect:
@@ -234,7 +235,7 @@ def test_retention_deletes_the_same_segments_everywhere_and_answers_compacted(
     # Without it the size limit alone decides.
     client.call("DropSubscription", api.DropSubscriptionRequest(request_id=rid(), name="holder"))
     floor = _wait_floor(client, pchannel, floor)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while time.monotonic() < deadline:
         row, status = _retention(client, pchannel)
         if row.committed_bytes <= RETENTION_BYTES:
@@ -269,7 +270,7 @@ def test_retention_deletes_the_same_segments_everywhere_and_answers_compacted(
         code, first, message = _code(
             lambda: list(
                 stub.ReadSegment(
-                    wire.ReadSegmentRequest(pchannel=pchannel, segment_id=1), timeout=10
+                    wire.ReadSegmentRequest(pchannel=pchannel, segment_id=1), timeout=scaled(10)
                 )
             )
         )
@@ -311,7 +312,9 @@ def _watch_answer(stub, from_revision: int) -> tuple[int, int, str]:
     """(code, first_available, message) of a WatchEvents from `from_revision`; code 0 when
     the watch starts."""
     try:
-        stream = stub.WatchEvents(api.WatchEventsRequest(from_revision=from_revision), timeout=5)
+        stream = stub.WatchEvents(
+            api.WatchEventsRequest(from_revision=from_revision), timeout=scaled(5)
+        )
         responses = iter(stream)
         next(responses)  # where the watch starts
         next(responses)  # its first events, or the error
@@ -335,7 +338,7 @@ def test_watch_events_below_the_compacted_history_answers_compacted(
     revision = client.status().revision
     assert revision > 80
     # Every node compacts its own events.db (every second here): ask each of them.
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     answers: list[tuple[int, int, str]] = []
     while time.monotonic() < deadline:
         answers = [_watch_answer(client.stub(e), 1) for e in client.endpoints]
@@ -374,7 +377,7 @@ def test_a_replica_killed_mid_delete_finishes_the_deletion_after_restart(
     _produce(producer, "kill_v", 80, history, "k")
     floor = _wait_floor(client, pchannel, 0)
     # The victim recorded the floor and is stuck deleting: its files below it remain.
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     recorded = 0
     while time.monotonic() < deadline:
         recorded = _catalog(cluster, victim, pchannel)[1]
@@ -405,7 +408,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "raftwal.cli", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
         check=False,
     )
 
@@ -467,7 +470,7 @@ def test_snapshot_save_then_restore_into_a_fresh_cluster(
     restored_cluster = dev.up(directory / "cluster", 3, timeout_s=60, config=config)
     client = Api(restored_cluster.endpoints)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while time.monotonic() < deadline and client.status().revision < saved.revision:
             time.sleep(0.3)
         status = client.status()
@@ -495,7 +498,7 @@ def test_snapshot_save_then_restore_into_a_fresh_cluster(
         converged(client)
         # The restored pchannel whose segments were not copied is not served: a new owner
         # with an empty log is refused (docs/operations.md, "Backup and restore"), and status says so.
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         warnings: list[str] = []
         while time.monotonic() < deadline:
             warnings = list(client.status().warnings)

@@ -39,6 +39,7 @@ from tests.cluster.conftest import Api, running_cluster
 from tests.cluster.shard_app import Counters
 from tests.cluster.wal_helpers import setup_channels, wait_assigned
 from tests.processes import start_in_own_session
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
@@ -72,7 +73,7 @@ def _read_store(path: Path) -> tuple[dict[str, int], list[int]] | None:
     if not path.exists():
         return None
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=scaled(5))
         try:
             counters = dict(conn.execute("SELECT key, n FROM counters"))
             applied = [row[0] for row in conn.execute("SELECT lsn FROM applied ORDER BY lsn")]
@@ -89,7 +90,7 @@ def _expected(acked: list[tuple[int, str]]) -> dict[str, int]:
 
 
 async def _wait_applied(path: Path, count: int, process: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + TIMEOUT_S
+    deadline = time.monotonic() + scaled(TIMEOUT_S)
     seen = None
     while time.monotonic() < deadline:
         seen = _read_store(path)
@@ -104,7 +105,7 @@ async def _wait_applied(path: Path, count: int, process: subprocess.Popen | None
 
 
 async def _wait_log(path: Path, text: str, count: int, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + TIMEOUT_S
+    deadline = time.monotonic() + scaled(TIMEOUT_S)
     while time.monotonic() < deadline:
         if path.exists() and path.read_text().count(text) >= count:
             return
@@ -152,7 +153,7 @@ def _stop(process: subprocess.Popen, signum: int = signal.SIGTERM, timeout_s: fl
         return process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
+        process.wait(timeout=scaled(10))
         raise
 
 
@@ -229,7 +230,7 @@ def test_exactly_once_across_kill9_and_a_lost_disk(env, tmp_path: Path) -> None:
             ],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=scaled(60),
         )
         assert listed.returncode == 0, listed.stderr
         rows = {r["vchannel"]: r for r in map(json.loads, listed.stdout.splitlines())}
@@ -267,7 +268,7 @@ def test_a_sigstopped_zombie_never_commits(env, tmp_path: Path) -> None:
                 # SQLite transaction open.
                 pause.write_text("pause")
                 acked += await _produce(client, "zs_v", 300, rng)
-                deadline = time.monotonic() + TIMEOUT_S
+                deadline = time.monotonic() + scaled(TIMEOUT_S)
                 while not Path(f"{pause}.entered").exists() and time.monotonic() < deadline:
                     await asyncio.sleep(0.01)
                 os.killpg(zombie.pid, signal.SIGSTOP)
@@ -399,7 +400,7 @@ def test_consumer_run_and_shard_list_refuse_bad_input(env, tmp_path: Path) -> No
             [RAFTWAL, *argv, *endpoints],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=scaled(60),
             cwd=tmp_path,
             env=environ,
         )

@@ -27,6 +27,7 @@ from tests.cluster.conftest import Api, running_cluster
 from tests.cluster.shard_app import Counters
 from tests.cluster.test_shards import _check_exactly_once, _produce
 from tests.cluster.wal_helpers import setup_channels, wait_assigned
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
@@ -92,7 +93,7 @@ def test_retention_never_deletes_a_recovery_log(tight, tmp_path: Path) -> None:
                     applied += await first.run_once()
                 _check_exactly_once(tmp_path / "first.sqlite", acked)
                 # The shard's position moved the source's floor: retention ran there.
-                deadline = time.monotonic() + TIMEOUT_S
+                deadline = time.monotonic() + scaled(TIMEOUT_S)
                 while _floor(api_client, source) == 0:
                     assert time.monotonic() < deadline, "retention never ran on the source"
                     await first.run_once()

@@ -33,6 +33,7 @@ from rpc.streaming_client import (
 )
 from tests.cluster.conftest import Api, running_cluster
 from tests.cluster.wal_helpers import setup_channels, wait_assigned
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
@@ -147,7 +148,7 @@ def test_bad_requests_get_a_clear_error(env) -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([RAFTWAL, *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([RAFTWAL, *args], capture_output=True, text=True, timeout=scaled(120))
 
 
 def test_the_cli_resumes_from_a_subscription(env) -> None:

@@ -24,6 +24,7 @@ from raftwal.node.process import under_replicated
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from tests.cluster.conftest import Api, rid, running_cluster
+from tests.timing import scaled
 
 RAFTWAL = str(Path(sys.executable).with_name("raftwal"))
 TIMEOUT_S = 60.0
@@ -49,7 +50,7 @@ def _status(cluster: dev.LocalCluster) -> tuple[int, dict]:
 
 
 def _until(cluster: dev.LocalCluster, check, what: str) -> tuple[int, dict]:
-    deadline = time.monotonic() + TIMEOUT_S
+    deadline = time.monotonic() + scaled(TIMEOUT_S)
     last: tuple[int, dict] | None = None
     while time.monotonic() < deadline:
         last = _status(cluster)
@@ -67,7 +68,7 @@ def _flag(cluster: dev.LocalCluster, node_id: str, pchannel: str) -> float | Non
     """raftwal_pchannel_under_replicated{pchannel} on `node_id`'s /metrics (what the
     RaftwalPChannelUnderReplicated alert of deploy/prometheus/alerts.yml reads)."""
     port = cluster.node(node_id).metrics_port
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=scaled(5)) as response:
         text = response.read().decode()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -112,7 +113,7 @@ def test_status_lists_under_replicated_pchannels(env: tuple[dev.LocalCluster, Ap
         assert code == 1
         assert any(f"pchannel {full} is under-replicated" in w for w in data["warnings"])
         # The metric says so too, on a node that saw the same state.
-        deadline = time.monotonic() + TIMEOUT_S
+        deadline = time.monotonic() + scaled(TIMEOUT_S)
         while _flag(cluster, "n1", full) != 1 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _flag(cluster, "n1", full) == 1
@@ -130,7 +131,7 @@ def test_status_lists_under_replicated_pchannels(env: tuple[dev.LocalCluster, Ap
         lambda d: _node_states(d).get(victim) == "NODE_STATE_UP" and full not in _short(d),
         f"{victim} UP again and {full} no longer listed",
     )
-    deadline = time.monotonic() + TIMEOUT_S
+    deadline = time.monotonic() + scaled(TIMEOUT_S)
     while _flag(cluster, "n1", full) != 0 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _flag(cluster, "n1", full) == 0

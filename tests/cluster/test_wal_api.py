@@ -30,6 +30,7 @@ from spark_connector.options import parse_options
 from spark_connector.plan import plan, snapshot
 from tests.cluster.conftest import Api
 from tests.cluster.wal_helpers import list_segments, setup_channels, wait_assigned
+from tests.timing import scaled
 from wal_segments.format import crc32c
 from wal_segments.segment import SegmentReader, segment_file_name
 
@@ -58,7 +59,9 @@ def env(
 def _produce(address: str, request: wire.ProduceRequest) -> wire.ProduceResult:
     with grpc.insecure_channel(address) as channel:
         results = list(
-            streaming_pb2_grpc.StreamingNodeStub(channel).Produce(iter([request]), timeout=10)
+            streaming_pb2_grpc.StreamingNodeStub(channel).Produce(
+                iter([request]), timeout=scaled(10)
+            )
         )
     assert len(results) == 1
     return results[0]
@@ -67,7 +70,7 @@ def _produce(address: str, request: wire.ProduceRequest) -> wire.ProduceResult:
 def _consume(address: str, request: wire.ConsumeRequest, expect: int) -> list[wire.WalEntry]:
     entries: list[wire.WalEntry] = []
     with grpc.insecure_channel(address) as channel:
-        stream = streaming_pb2_grpc.StreamingNodeStub(channel).Consume(request, timeout=5)
+        stream = streaming_pb2_grpc.StreamingNodeStub(channel).Consume(request, timeout=scaled(5))
         try:
             for response in stream:
                 entries.extend(response.entries)
@@ -135,7 +138,7 @@ def test_policies_filters_and_positions(env) -> None:
     )
     with grpc.insecure_channel(address) as channel:
         latest = streaming_pb2_grpc.StreamingNodeStub(channel).GetLatestTimeTick(
-            wire.GetLatestTimeTickRequest(pchannel=pchannel), timeout=5
+            wire.GetLatestTimeTickRequest(pchannel=pchannel), timeout=scaled(5)
         )
     assert latest.last_lsn >= lsns[-1] and latest.time_tick >= ticks[-1]
     assert latest.committed_lsn >= lsns[-1]
@@ -145,7 +148,7 @@ def test_expected_last_lsn_and_idempotent_retry(env) -> None:
     _, _, pchannel, address = env
     with grpc.insecure_channel(address) as channel:
         latest = streaming_pb2_grpc.StreamingNodeStub(channel).GetLatestTimeTick(
-            wire.GetLatestTimeTickRequest(pchannel=pchannel), timeout=5
+            wire.GetLatestTimeTickRequest(pchannel=pchannel), timeout=scaled(5)
         )
     ok = _produce(
         address,
@@ -264,17 +267,17 @@ def test_routing_errors_carry_hints_and_bad_streams_fail_cleanly(env) -> None:
         wire.ConsumeRequest(vchannel="api_a", lsn=-1),
     ):
         with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as raised:
-            list(streaming_pb2_grpc.StreamingNodeStub(channel).Consume(request, timeout=5))
+            list(streaming_pb2_grpc.StreamingNodeStub(channel).Consume(request, timeout=scaled(5)))
         assert from_rpc_error(raised.value).code == E.INVALID_ARGUMENT
     with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as raised:
         streaming_pb2_grpc.StreamingNodeStub(channel).CommitTxn(
-            wire.CommitTxnRequest(vchannel="api_a", txn_id=12345), timeout=5
+            wire.CommitTxnRequest(vchannel="api_a", txn_id=12345), timeout=scaled(5)
         )
     assert from_rpc_error(raised.value).code == E.TRANSACTION_EXPIRED
     with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as raised:
         list(
             streaming_pb2_grpc.StreamingNodeStub(channel).ReadSegment(
-                wire.ReadSegmentRequest(pchannel=pchannel, segment_id=999_999), timeout=5
+                wire.ReadSegmentRequest(pchannel=pchannel, segment_id=999_999), timeout=scaled(5)
             )
         )
     assert from_rpc_error(raised.value).code == E.NOT_FOUND
@@ -290,7 +293,7 @@ def test_list_segments_as_of_revision_is_repeatable(env) -> None:
             ),
         )
     # Segments are committed through Raft shortly after their seal marker commits.
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + scaled(15)
     first = list_segments(client, pchannel)
     while not first.segments and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -318,7 +321,7 @@ def test_list_segments_as_of_revision_is_repeatable(env) -> None:
 
 def test_read_segment_chunks_at_frame_boundaries_with_crcs_and_offsets(env) -> None:
     _, client, pchannel, _ = env
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + scaled(15)
     listed = list_segments(client, pchannel)
     while not listed.segments and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -341,7 +344,7 @@ def test_read_segment_chunks_at_frame_boundaries_with_crcs_and_offsets(env) -> N
                             max_chunk_bytes=chunk_bytes,
                             with_offsets=True,
                         ),
-                        timeout=10,
+                        timeout=scaled(10),
                     )
                 )
             assert len(chunks) > 1, "small chunks should split the segment"
@@ -377,7 +380,7 @@ def _committed_segments(env) -> list:  # type: ignore[no-untyped-def]
                     pchannel=pchannel, messages=[_message("api_a", b"b" * 1000 + b"%d" % index)]
                 ),
             )
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + scaled(15)
     while not listed.segments and time.monotonic() < deadline:
         time.sleep(0.2)
         listed = list_segments(client, pchannel)
@@ -388,7 +391,7 @@ def _committed_segments(env) -> list:  # type: ignore[no-untyped-def]
 def _bulk_offer(address: str, request: wire.ReadSegmentRequest) -> wire.ReadSegmentResponse:
     with grpc.insecure_channel(address) as channel:
         (offer,) = list(
-            streaming_pb2_grpc.StreamingNodeStub(channel).ReadSegment(request, timeout=10)
+            streaming_pb2_grpc.StreamingNodeStub(channel).ReadSegment(request, timeout=scaled(10))
         )
     return offer
 
@@ -413,7 +416,9 @@ def test_read_segment_bulk_transfer_matches_the_stream_and_tickets_work_once(env
             )
             with grpc.insecure_channel(address) as channel:
                 streamed = list(
-                    streaming_pb2_grpc.StreamingNodeStub(channel).ReadSegment(request, timeout=10)
+                    streaming_pb2_grpc.StreamingNodeStub(channel).ReadSegment(
+                        request, timeout=scaled(10)
+                    )
                 )
             request.bulk = True
             offer = _bulk_offer(address, request)
@@ -453,10 +458,10 @@ def test_read_segment_bulk_transfer_matches_the_stream_and_tickets_work_once(env
         # sends part of a hello and goes away is dropped.
         with pytest.raises(segment_transfer.TransferError, match="refused"):
             segment_transfer.receive(host, port, b"\x07" * 32, memoryview(bytearray(10)), 10.0)
-        with socket.create_connection((host, port), timeout=10) as sock:
+        with socket.create_connection((host, port), timeout=scaled(10)) as sock:
             sock.sendall(b"GET / HTTP/1.1\r\n" + b"x" * 60)
             assert sock.recv(1) == segment_transfer.REFUSED
-        with socket.create_connection((host, port), timeout=10) as sock:
+        with socket.create_connection((host, port), timeout=scaled(10)) as sock:
             sock.sendall(segment_transfer.HELLO[:3])
         # Still serving: a fresh offer transfers.
         request = wire.ReadSegmentRequest(
@@ -532,13 +537,13 @@ def test_transfer_port_caps_connections_before_any_ticket(env) -> None:
         f"127.0.0.{1 + index // MAX_CONNECTIONS_PER_SOURCE}" for index in range(MAX_CONNECTIONS)
     ]
     idle = [
-        socket.create_connection((host, port), timeout=10, source_address=(source, 0))
+        socket.create_connection((host, port), timeout=scaled(10), source_address=(source, 0))
         for source in sources
     ]
 
     def turned_away(source: str) -> None:
         with socket.create_connection(
-            (host, port), timeout=10, source_address=(source, 0)
+            (host, port), timeout=scaled(10), source_address=(source, 0)
         ) as extra:
             extra.sendall(segment_transfer.HELLO + offer.transfer_ticket)
             try:
@@ -558,7 +563,7 @@ def test_transfer_port_caps_connections_before_any_ticket(env) -> None:
         for sock in idle:
             sock.close()
     # The turned-away connection did not use the ticket: it still transfers.
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + scaled(10)
     target = bytearray(offer.transfer_bytes)
     while True:
         try:
@@ -571,7 +576,9 @@ def test_transfer_port_caps_connections_before_any_ticket(env) -> None:
     assert crc32c(target) == segment.digest
     # Operators see it: the node counts the connections it turned away.
     node = next(n for n in local.config.nodes if n.grpc_address == address)
-    with urllib.request.urlopen(f"http://{node.host}:{node.metrics_port}/metrics", timeout=10) as r:
+    with urllib.request.urlopen(
+        f"http://{node.host}:{node.metrics_port}/metrics", timeout=scaled(10)
+    ) as r:
         text = r.read().decode()
     counts = {
         sample.labels["outcome"]: sample.value

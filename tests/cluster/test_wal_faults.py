@@ -34,6 +34,7 @@ from tests.cluster.wal_helpers import (
     setup_channels,
     wait_assigned,
 )
+from tests.timing import scaled, wait_for
 from wal_segments.format import iter_batch
 
 pytestmark = pytest.mark.cluster
@@ -97,7 +98,7 @@ def _check_segments(client: Api, pchannel: str, entries: list[wire.WalEntry]) ->
                     r.frames
                     for r in stub.ReadSegment(
                         wire.ReadSegmentRequest(pchannel=pchannel, segment_id=segment.segment_id),
-                        timeout=10,
+                        timeout=scaled(10),
                     )
                 )
                 break
@@ -123,7 +124,7 @@ def test_kill_owner_mid_produce_loses_nothing_acknowledged(wal_cluster) -> None:
     counter = iter(range(1_000_000))
 
     def loop() -> None:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while not stop.is_set() and time.monotonic() < deadline:
             batch = [b"m-%06d-" % next(counter) + b"x" * 200 for _ in range(20)]
             producer.send("ko_v", batch, history, budget_s=30)
@@ -131,18 +132,18 @@ def test_kill_owner_mid_produce_loses_nothing_acknowledged(wal_cluster) -> None:
     thread = threading.Thread(target=loop)
     thread.start()
     try:
-        time.sleep(1.5)
+        wait_for("acknowledgements before the kill", lambda: len(history.acked) >= 40, timeout_s=30)
         acked_before = len(history.acked)
         cluster.kill(owner)
         new_owner, new_term, _ = wait_assigned(client, pchannel, min_term=term + 1)
         # Keep producing at the new owner for a while.
         target = len(history.acked) + 400
-        wait_until = time.monotonic() + 30
+        wait_until = time.monotonic() + scaled(30)
         while len(history.acked) < target and time.monotonic() < wait_until:
             time.sleep(0.1)
     finally:
         stop.set()
-        thread.join(timeout=60)
+        thread.join(timeout=scaled(60))
         producer.close()
     assert acked_before > 0, "nothing was acknowledged before the kill"
     assert new_owner != owner and new_term > term
@@ -179,7 +180,7 @@ def test_sigstopped_owner_is_fenced_and_never_acknowledges(wal_cluster) -> None:
                 )
                 for i in range(5)
             ]
-            for result in stub.Produce(iter(requests), timeout=60):
+            for result in stub.Produce(iter(requests), timeout=scaled(60)):
                 stale_results.append(result)
         except grpc.RpcError as error:
             stale_errors.append(f"{error.code()}: {from_rpc_error(error).message}")
@@ -194,7 +195,7 @@ def test_sigstopped_owner_is_fenced_and_never_acknowledges(wal_cluster) -> None:
         assert producer.send("so_v", [b"after-%d" % i for i in range(10)], history)
     finally:
         os.kill(pid, signal.SIGCONT)
-    thread.join(timeout=90)
+    thread.join(timeout=scaled(90))
     assert not thread.is_alive()
     acknowledged_stale = [r for r in stale_results if not r.HasField("error")]
     assert not acknowledged_stale, f"a fenced owner acknowledged: {acknowledged_stale}"
@@ -249,7 +250,7 @@ def test_transaction_all_or_nothing_across_owner_failover(wal_cluster) -> None:
     owner, term, address = wait_assigned(client, pchannel)
     channel, stub = _stub(address)
     try:
-        begin = stub.BeginTxn(wire.BeginTxnRequest(vchannel="tx_v"), timeout=10)
+        begin = stub.BeginTxn(wire.BeginTxnRequest(vchannel="tx_v"), timeout=scaled(10))
         for index in range(3):
             stub.AppendTxn(
                 wire.AppendTxnRequest(
@@ -259,48 +260,54 @@ def test_transaction_all_or_nothing_across_owner_failover(wal_cluster) -> None:
                         wire.Message(payload=b"committed-%d-%d" % (index, i)) for i in range(5)
                     ],
                 ),
-                timeout=10,
+                timeout=scaled(10),
             )
         committed = stub.CommitTxn(
-            wire.CommitTxnRequest(vchannel="tx_v", txn_id=begin.txn_id), timeout=10
+            wire.CommitTxnRequest(vchannel="tx_v", txn_id=begin.txn_id), timeout=scaled(10)
         )
         assert len(committed.positions) == 17  # begin + 15 + commit
         # A client whose answer was lost retries: it gets the original positions (Kafka's
         # EndTxn), and a rollback after the commit is refused with a clear error.
         again = stub.CommitTxn(
-            wire.CommitTxnRequest(vchannel="tx_v", txn_id=begin.txn_id), timeout=10
+            wire.CommitTxnRequest(vchannel="tx_v", txn_id=begin.txn_id), timeout=scaled(10)
         )
         assert list(again.positions) == list(committed.positions)
         with pytest.raises(grpc.RpcError) as refused:
             stub.RollbackTxn(
-                wire.RollbackTxnRequest(vchannel="tx_v", txn_id=begin.txn_id), timeout=10
+                wire.RollbackTxnRequest(vchannel="tx_v", txn_id=begin.txn_id), timeout=scaled(10)
             )
         info = from_rpc_error(refused.value)
         assert info.code == E.INVALID_TRANSACTION_STATE, info
         assert "was committed at lsn" in info.message
-        rolled = stub.BeginTxn(wire.BeginTxnRequest(vchannel="tx_v"), timeout=10)
+        rolled = stub.BeginTxn(wire.BeginTxnRequest(vchannel="tx_v"), timeout=scaled(10))
         stub.AppendTxn(
             wire.AppendTxnRequest(
                 vchannel="tx_v", txn_id=rolled.txn_id, messages=[wire.Message(payload=b"rolled")]
             ),
-            timeout=10,
+            timeout=scaled(10),
         )
-        stub.RollbackTxn(wire.RollbackTxnRequest(vchannel="tx_v", txn_id=rolled.txn_id), timeout=10)
+        stub.RollbackTxn(
+            wire.RollbackTxnRequest(vchannel="tx_v", txn_id=rolled.txn_id), timeout=scaled(10)
+        )
         # A retried rollback answers the same; a commit after it is refused.
-        stub.RollbackTxn(wire.RollbackTxnRequest(vchannel="tx_v", txn_id=rolled.txn_id), timeout=10)
+        stub.RollbackTxn(
+            wire.RollbackTxnRequest(vchannel="tx_v", txn_id=rolled.txn_id), timeout=scaled(10)
+        )
         with pytest.raises(grpc.RpcError) as refused:
-            stub.CommitTxn(wire.CommitTxnRequest(vchannel="tx_v", txn_id=rolled.txn_id), timeout=10)
+            stub.CommitTxn(
+                wire.CommitTxnRequest(vchannel="tx_v", txn_id=rolled.txn_id), timeout=scaled(10)
+            )
         info = from_rpc_error(refused.value)
         assert info.code == E.INVALID_TRANSACTION_STATE, info
         assert "was rolled back" in info.message
-        cut = stub.BeginTxn(wire.BeginTxnRequest(vchannel="tx_v"), timeout=10)
+        cut = stub.BeginTxn(wire.BeginTxnRequest(vchannel="tx_v"), timeout=scaled(10))
         stub.AppendTxn(
             wire.AppendTxnRequest(
                 vchannel="tx_v",
                 txn_id=cut.txn_id,
                 messages=[wire.Message(payload=b"cut-%d" % i) for i in range(5)],
             ),
-            timeout=10,
+            timeout=scaled(10),
         )
     finally:
         channel.close()
@@ -309,12 +316,14 @@ def test_transaction_all_or_nothing_across_owner_failover(wal_cluster) -> None:
     channel, stub = _stub(new_address)
     try:
         with pytest.raises(grpc.RpcError) as raised:
-            stub.CommitTxn(wire.CommitTxnRequest(vchannel="tx_v", txn_id=cut.txn_id), timeout=10)
+            stub.CommitTxn(
+                wire.CommitTxnRequest(vchannel="tx_v", txn_id=cut.txn_id), timeout=scaled(10)
+            )
         assert from_rpc_error(raised.value).code == E.TRANSACTION_EXPIRED
         # The new owner never saw the commit's answer, yet a retry gets the same positions:
         # it finds the commit entry in the log it recovered.
         retried = stub.CommitTxn(
-            wire.CommitTxnRequest(vchannel="tx_v", txn_id=begin.txn_id), timeout=10
+            wire.CommitTxnRequest(vchannel="tx_v", txn_id=begin.txn_id), timeout=scaled(10)
         )
         assert list(retried.positions) == list(committed.positions)
     finally:

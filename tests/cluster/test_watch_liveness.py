@@ -26,6 +26,7 @@ from rpc.errors import from_rpc_error
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2
 from tests.cluster.conftest import Api, converged, leader_id, running_cluster
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 E = errors_pb2
@@ -82,7 +83,7 @@ def test_cut_off_node_ends_its_watches(watched: tuple[dev.LocalCluster, Api]) ->
     converged(client)
     lonely, *stopped = cluster.config.nodes
     stream = client.stub(lonely.grpc_address).WatchEvents(
-        api.WatchEventsRequest(from_revision=0), timeout=60
+        api.WatchEventsRequest(from_revision=0), timeout=scaled(60)
     )
     started = time.monotonic()
     seen: list[api.WatchEventsResponse] = []
@@ -118,7 +119,7 @@ def test_cut_off_node_ends_its_watches(watched: tuple[dev.LocalCluster, Api]) ->
     converged(client)
     # Back in touch: a new watch on the same node works again.
     again = client.stub(lonely.grpc_address).WatchEvents(
-        api.WatchEventsRequest(from_revision=0), timeout=10
+        api.WatchEventsRequest(from_revision=0), timeout=scaled(10)
     )
     assert len(next(again).events) == 0
     again.cancel()

@@ -19,6 +19,7 @@ from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from tests.cluster.conftest import Api
+from tests.timing import scaled
 
 E = errors_pb2
 
@@ -27,7 +28,7 @@ def wait_assigned(
     client: Api, pchannel: str, *, min_term: int = 0, timeout_s: float = 40.0
 ) -> tuple[str, int, str]:
     """(owner node id, term, owner address) once `pchannel` is ASSIGNED at >= min_term."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     last: object = None
     attempt = 0
     while time.monotonic() < deadline:
@@ -36,7 +37,8 @@ def wait_assigned(
         attempt += 1
         try:
             status = client.stub(endpoint).ClusterStatus(
-                api.ClusterStatusRequest(consistency=api.CONSISTENCY_LINEARIZABLE), timeout=3
+                api.ClusterStatusRequest(consistency=api.CONSISTENCY_LINEARIZABLE),
+                timeout=scaled(3),
             )
         except grpc.RpcError as error:
             last = error.code()
@@ -61,14 +63,16 @@ def wait_assigned(
 def wait_nodes_up(client: Api, count: int = 3, timeout_s: float = 40.0) -> None:
     """Until `count` nodes are UP in the coordination state (a pchannel created while a
     node is DOWN gets a smaller replica set)."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     attempt = 0
     up = 0
     while time.monotonic() < deadline:
         endpoint = client.endpoints[attempt % len(client.endpoints)]
         attempt += 1
         try:
-            status = client.stub(endpoint).ClusterStatus(api.ClusterStatusRequest(), timeout=3)
+            status = client.stub(endpoint).ClusterStatus(
+                api.ClusterStatusRequest(), timeout=scaled(3)
+            )
         except grpc.RpcError:
             time.sleep(0.1)
             continue
@@ -146,7 +150,7 @@ class Producer:
             producer_id=self.producer_id,
             sequence=self.sequence,
         )
-        deadline = time.monotonic() + budget_s
+        deadline = time.monotonic() + scaled(budget_s)
         attempts = 0
         while time.monotonic() < deadline and attempts < 500:
             attempts += 1
@@ -186,7 +190,7 @@ def consume_all(
 ) -> list[wire.WalEntry]:
     """Every committed entry of `vchannel` from the beginning, once at least `expect`
     arrived (or the time budget ends): re-routes to the current owner on errors."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     entries: list[wire.WalEntry] = []
     while time.monotonic() < deadline and len(entries) < expect:
         _, _, address = wait_assigned(

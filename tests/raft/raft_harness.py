@@ -1,6 +1,7 @@
 """Start and drive `peer_main.py` processes on 127.0.0.1 for raft tests and benchmarks.
 
-Lives here: `free_ports`, `PeerProcess` (one peer process: start, request, kill -9,
+Lives here: `free_ports` (the dev helpers' own, from this worker's port range),
+`PeerProcess` (one peer process: start, request, kill -9,
 SIGSTOP/SIGCONT, restart on the same data dir) and `Cluster` (several of them, leader
 lookup, convergence waits). Every wait is bounded in time; every process is stopped by its
 own PID.
@@ -15,7 +16,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from raftwal.cli.dev import free_ports, scaled
 
 PEER_MAIN = Path(__file__).resolve().parent / "peer_main.py"
 START_TIMEOUT_S = 20.0
@@ -51,19 +53,6 @@ class Items:
 
     def restore_snapshot(self, data: bytes) -> None:
         self.items = data.split(b"\n") if data else []
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 class PeerProcess:
@@ -139,8 +128,8 @@ class PeerProcess:
     ) -> None:
         assert process.stdout is not None
         for line in process.stdout:
-            answers.put(json.loads(line), timeout=60)
-        answers.put(None, timeout=60)
+            answers.put(json.loads(line), timeout=scaled(60))
+        answers.put(None, timeout=scaled(60))
 
     def _next_answer(self, timeout_s: float) -> dict[str, Any]:
         try:
@@ -160,7 +149,7 @@ class PeerProcess:
             self.process.stdin.flush()
         except (BrokenPipeError, OSError) as exc:
             raise PeerDied(f"{self.name}: stdin closed ({exc})") from exc
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + scaled(wait_s)
         while True:
             answer = self._next_answer(max(0.01, deadline - time.monotonic()))
             if answer.get("id") != request_id:
@@ -180,7 +169,7 @@ class PeerProcess:
         if self.is_running():
             assert self.process is not None
             os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=scaled(10))
 
     def pause(self) -> None:
         assert self.process is not None
@@ -203,7 +192,7 @@ class PeerProcess:
                 os.kill(self.process.pid, signal.SIGCONT)  # in case a test paused it
                 assert self.process.stdin is not None
                 self.process.stdin.close()
-                self.process.wait(timeout=5)
+                self.process.wait(timeout=scaled(5))
             except (subprocess.TimeoutExpired, OSError):
                 self.kill9()
         if self.process.stdout is not None:
@@ -277,7 +266,7 @@ class Cluster:
     ) -> PeerProcess:
         """The one peer all of `among` agree is leader (same address, and it says so)."""
         candidates = among if among is not None else self.running()
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + scaled(timeout_s)
         last_seen: list[Any] = []
         while time.monotonic() < deadline:
             statuses = [peer.status()["status"] for peer in candidates]
@@ -294,7 +283,7 @@ class Cluster:
     def wait_until(
         self, predicate: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.05
     ) -> None:
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + scaled(timeout_s)
         while time.monotonic() < deadline:
             if predicate():
                 return

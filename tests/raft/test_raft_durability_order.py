@@ -27,6 +27,7 @@ import pytest
 from raft_harness import TEST_SECRET, free_ports
 
 from raft import DurabilityEvent, RaftPeer
+from tests.timing import scaled
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def run_cluster(tmp_path: Path, durable: bool, proposals: int) -> tuple[History,
                     password=TEST_SECRET,
                 )
             )
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + scaled(10.0)
         while not any(peer.is_leader() for peer in peers) and time.monotonic() < deadline:
             time.sleep(0.01)
         leader = next(peer for peer in peers if peer.is_leader())
@@ -121,8 +122,8 @@ def run_cluster(tmp_path: Path, durable: bool, proposals: int) -> tuple[History,
             )
             futures.append(future)
             if number % 50 == 49:
-                concurrent.futures.wait(futures, timeout=10.0)  # some idle gaps too
-        done, not_done = concurrent.futures.wait(futures, timeout=20.0)
+                concurrent.futures.wait(futures, timeout=scaled(10.0))  # some idle gaps too
+        done, not_done = concurrent.futures.wait(futures, timeout=scaled(20.0))
         assert not not_done
         assert all(future.exception() is None for future in done)
         return history, leader_address, leader.status()

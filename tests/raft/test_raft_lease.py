@@ -25,6 +25,7 @@ from raft_harness import TEST_SECRET, Items, free_ports
 
 import raft._pysyncobj_glue as glue
 from raft import RaftPeer, RaftTuning
+from tests.timing import scaled
 
 TUNING = RaftTuning(
     # In-process peers share one GIL: elections are kept slow enough that a loaded host
@@ -78,7 +79,7 @@ def peers(tmp_path: Path) -> Iterator[list[tuple[RaftPeer, Items]]]:
 
 def _leased_leader(peers: list[tuple[RaftPeer, Items]]) -> tuple[RaftPeer, Items]:
     """The leader, once it holds a lease (bounded: 20 s)."""
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     while time.monotonic() < deadline:
         for peer, app in peers:
             if peer.is_leader() and peer.lease_read_index() is not None:
@@ -162,7 +163,7 @@ def test_a_transfer_gives_up_the_lease_and_its_election_passes_the_vote_guard(
         ignored_before = sum(peer.status()["votes_ignored"] for peer, _ in peers)
         # Every follower has heard from the leader within its guard when the target calls
         # its election; the old leader's vote and the target's own are 2 of 5.
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         sent = False
         while not sent and time.monotonic() < deadline:
             sent = old.transfer_leadership().result(10)
@@ -170,7 +171,7 @@ def test_a_transfer_gives_up_the_lease_and_its_election_passes_the_vote_guard(
                 time.sleep(0.05)
         assert sent, "no follower caught up within 10 s"
         assert old.lease_read_index() is None
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         new = None
         while time.monotonic() < deadline and new is None:
             leaders = [peer for peer, _ in peers if peer.is_leader()]

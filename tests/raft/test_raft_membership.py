@@ -24,6 +24,7 @@ from test_raft_read_index import FAST, Items
 
 from raft import ChangeRefused, RaftPeer
 from raft.journal import DurableJournal
+from tests.timing import scaled
 
 TUNING = replace(FAST, snapshot_every_entries=8)
 
@@ -54,7 +55,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[Peers, list[str], str]]:
 
 
 def _leader(peers: Peers, timeout_s: float = 20.0) -> RaftPeer:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         for peer, _ in peers.values():
             if peer.is_leader() and peer.read_index(5.0).result(10) > 0:
@@ -64,7 +65,7 @@ def _leader(peers: Peers, timeout_s: float = 20.0) -> RaftPeer:
 
 
 def _wait(condition, timeout_s: float = 15.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.05)

@@ -22,6 +22,7 @@ from test_raft_read_index import FAST, Items
 
 from raft import NotLeader, RaftPeer, RaftTuning, UnknownOutcome
 from raft.errors import LeadershipUnconfirmed
+from tests.timing import scaled
 
 # Snapshots every few entries: a non-voter takes its own, and restarts from one.
 TUNING = replace(FAST, snapshot_every_entries=8)
@@ -63,7 +64,7 @@ def members(tmp_path: Path) -> Iterator[dict[str, tuple[RaftPeer, Items]]]:
 
 
 def _leader(members: dict[str, tuple[RaftPeer, Items]]) -> tuple[str, RaftPeer, Items]:
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     while time.monotonic() < deadline:
         for name, (peer, app) in members.items():
             if peer.is_leader() and peer.read_index(5.0).result(10) > 0:
@@ -99,7 +100,7 @@ def test_a_non_voter_follows_the_log_and_never_leads(members, tmp_path: Path) ->
     assert learned.items[-1] == b"after" and learned.items == new_app.items
 
     # Durable: restarted on its own snapshot and journal, it has everything it applied.
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + scaled(10)
     while learner.status()["snapshots_written"] == 0 and time.monotonic() < deadline:
         new_leader.propose(b"more", 5.0).result(10)
     assert learner.status()["snapshots_written"] > 0

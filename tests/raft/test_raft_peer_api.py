@@ -25,6 +25,7 @@ from raft import (
     RaftTuning,
     is_loopback_address,
 )
+from tests.timing import scaled
 
 FAST = RaftTuning(election_timeout_min_s=0.2, election_timeout_max_s=0.3, heartbeat_period_s=0.05)
 
@@ -72,7 +73,7 @@ def _solo(data_dir: Path, app: ListApp, **kwargs: object) -> RaftPeer:
         password=kwargs.pop("password", TEST_SECRET),  # type: ignore[arg-type]
         **kwargs,  # type: ignore[arg-type]
     )
-    deadline = time.monotonic() + 10.0
+    deadline = time.monotonic() + scaled(10.0)
     while not peer.is_leader() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert peer.is_leader()
@@ -162,7 +163,7 @@ def test_restart_replays_journal_then_snapshot_plus_journal(tmp_path: Path) -> N
     peer = _solo(tmp_path, replayed)
     assert replayed.items == app.items and replayed.restored == 0
     peer.request_snapshot()
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + scaled(5.0)
     while peer.status()["snapshot_index"] == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert peer.status()["snapshot_index"] > 0
@@ -268,7 +269,7 @@ async def test_peer_ticked_on_the_callers_event_loop(tmp_path: Path) -> None:
         password=TEST_SECRET,
     )
     try:
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + scaled(10.0)
         while not peer.is_leader() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert peer.is_leader()

@@ -21,6 +21,7 @@ from raft_harness import TEST_SECRET, Items, free_ports
 
 from raft import NotLeader, PeerClosed, RaftPeer, RaftTuning
 from raft.errors import LeadershipUnconfirmed
+from tests.timing import scaled
 
 FAST = RaftTuning(
     # The three peers share this process's GIL. With 0.3-0.6 s, a loaded CI host once
@@ -68,7 +69,7 @@ def peers(tmp_path: Path) -> Iterator[list[tuple[RaftPeer, Items]]]:
 
 
 def _leader(peers: list[tuple[RaftPeer, Items]]) -> tuple[RaftPeer, Items]:
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     while time.monotonic() < deadline:
         for peer, app in peers:
             if peer.is_leader() and peer.read_index(5.0).result(10) > 0:
@@ -99,7 +100,7 @@ def test_read_index_covers_acknowledged_writes_without_entries_or_syncs(peers) -
     assert 0 < leader.read_rounds - rounds <= 200
 
     for follower in followers:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while follower.leader_address() is None and time.monotonic() < deadline:
             time.sleep(0.02)
         with pytest.raises(NotLeader) as refused:
@@ -165,7 +166,7 @@ def test_reads_confirm_again_after_the_followers_were_away(peers, tmp_path: Path
     )
     for n, _ in away:
         peers.append(_start(addresses, n, tmp_path, patient))
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + scaled(10)
     while time.monotonic() < deadline:
         try:
             index = leader.read_index(1.0).result(10)
@@ -196,7 +197,7 @@ def test_loop_mailbox_delivers_in_order_with_one_wakeup_per_batch() -> None:
         # Posted from another thread while the loop is blocked in to_thread's wait: the
         # loop drains them in few wakeups, in order, and loses none.
         await asyncio.to_thread(post_many)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + scaled(5)
         while len(got) < 500 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert got == list(range(500))

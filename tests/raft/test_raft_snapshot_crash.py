@@ -18,6 +18,7 @@ import pytest
 from raft_harness import PeerDied, PeerProcess, free_ports
 
 from raft._faults import CRASH_ENV_VAR, CRASH_POINTS
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
@@ -32,7 +33,7 @@ def _single_peer(tmp_path: Path, extra_args: list[str] | None = None) -> PeerPro
 
 
 def _wait_leader(peer: PeerProcess, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         if peer.status()["status"]["state"] == "leader":
             return

@@ -15,6 +15,7 @@ from raft_harness import TEST_SECRET, free_ports
 
 from raft import NotLeader, RaftPeer, RaftTuning
 from raft.errors import RaftError
+from tests.timing import scaled
 
 TUNING = RaftTuning(election_timeout_min_s=0.4, election_timeout_max_s=0.8, heartbeat_period_s=0.05)
 
@@ -62,7 +63,7 @@ def peers(tmp_path: Path) -> Iterator[list[RaftPeer]]:
 def _leader(
     peers: list[RaftPeer], timeout_s: float = 10.0, not_: RaftPeer | None = None
 ) -> RaftPeer:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         leaders = [p for p in peers if p.is_leader() and p is not not_]
         if len(leaders) == 1 and not (not_ is not None and not_.is_leader()):
@@ -86,7 +87,7 @@ def test_the_leadership_moves_at_once_under_a_stream_of_commands(peers: list[Raf
                 continue
             sent += 1
             try:
-                leader.propose(b"x", timeout_s=5.0).result(timeout=6.0)
+                leader.propose(b"x", timeout_s=5.0).result(timeout=scaled(6.0))
             except NotLeader as error:
                 refused.append(error)
                 time.sleep(0.005)
@@ -100,9 +101,9 @@ def test_the_leadership_moves_at_once_under_a_stream_of_commands(peers: list[Raf
         time.sleep(0.5)
         started = time.monotonic()
         moved_after = None
-        while time.monotonic() - started < 5.0:
+        while time.monotonic() - started < scaled(5.0):
             try:
-                sent = old.transfer_leadership().result(timeout=2.0)
+                sent = old.transfer_leadership().result(timeout=scaled(2.0))
             except NotLeader:
                 sent = True
             if sent:
@@ -116,7 +117,7 @@ def test_the_leadership_moves_at_once_under_a_stream_of_commands(peers: list[Raf
     finally:
         stop.set()
         for writer in writers:
-            writer.join(timeout=10)
+            writer.join(timeout=scaled(10))
     assert moved_after is not None, "the leadership did not move within 5 s"
     print(f"leadership moved in {moved_after * 1000:.0f} ms; {len(refused)} proposals refused")
     assert new is not old and not old.is_leader()
@@ -129,7 +130,7 @@ def test_a_follower_cannot_transfer(peers: list[RaftPeer]) -> None:
     leader = _leader(peers)
     follower = next(p for p in peers if p is not leader)
     with pytest.raises(NotLeader):
-        follower.transfer_leadership().result(timeout=2.0)
+        follower.transfer_leadership().result(timeout=scaled(2.0))
     assert leader.is_leader()
 
 
@@ -137,4 +138,4 @@ def test_a_closed_peer_refuses_a_transfer(peers: list[RaftPeer]) -> None:
     peer = peers[0]
     peer.close()
     with pytest.raises(RaftError):
-        peer.transfer_leadership().result(timeout=2.0)
+        peer.transfer_leadership().result(timeout=scaled(2.0))

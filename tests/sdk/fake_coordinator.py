@@ -21,6 +21,7 @@ from rpc.errors import error_info, to_status
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
+from tests.timing import scaled
 
 E = errors_pb2
 T = TypeVar("T")
@@ -222,7 +223,7 @@ class FakeCluster:
         self.nodes: list[FakeCoordinator] = []
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=10)
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=scaled(10))
 
     def add(self, name: str) -> FakeCoordinator:
         node = FakeCoordinator(name)
@@ -249,5 +250,5 @@ class FakeCluster:
         for node in list(self.nodes):
             self.stop_node(node)
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=scaled(10))
         self._loop.close()

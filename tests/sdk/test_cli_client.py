@@ -20,6 +20,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2
 from tests.sdk.fake_coordinator import FakeCluster, make_events
+from tests.timing import scaled
 
 E = errors_pb2
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,7 +192,7 @@ def test_lock_holds_until_sigterm_then_releases(cluster: FakeCluster) -> None:
         time.sleep(1.2)  # a third of the ttl: the keeper has renewed at least once
         assert node.keepalive_count >= 2
         process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=15)
+        _, err = process.communicate(timeout=scaled(15))
     finally:
         if process.poll() is None:
             process.kill()

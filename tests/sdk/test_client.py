@@ -26,6 +26,7 @@ from rpc.client import (
 from rpc.errors import error_info
 from rpc.protos import errors_pb2
 from tests.sdk.fake_coordinator import FakeCluster, make_events, not_leader, on_shutdown
+from tests.timing import scaled
 
 E = errors_pb2
 FAST = {"backoff_initial_s": 0.01, "backoff_max_s": 0.05}
@@ -301,7 +302,7 @@ async def test_lease_keeper_for_unknown_lease_fails_on_enter(cluster: FakeCluste
 
 
 async def _until(predicate: Callable[[], bool], timeout_s: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         if predicate():
             return True

@@ -24,6 +24,7 @@ from rpc.client import CoordinatorClient, InnerError, RaftwalError, TransactionE
 from rpc.protos import errors_pb2
 from rpc.streaming_client import Consumer, Producer, StreamingClient, Txn
 from tests.sdk.test_streaming_client import _replicated_vchannel, _wait_all_up
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
@@ -80,7 +81,7 @@ async def _stopped(cluster: dev.LocalCluster, node_id: str, how: str):
 
 
 async def _until(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout_s} s: {what}")
@@ -109,7 +110,7 @@ async def test_lease_keeper_outlives_the_node_its_stream_is_on(
             before = keeper.renewals
             async with _stopped(cluster, _node_of(cluster, endpoints[0]), how):
                 # Three ttls: without renewals the lease would have expired twice over.
-                deadline = time.monotonic() + 3 * LEASE_TTL_MS / 1000
+                deadline = time.monotonic() + scaled(3 * LEASE_TTL_MS / 1000)
                 while time.monotonic() < deadline:
                     assert keeper.lost_error is None, keeper.lost_error
                     await asyncio.sleep(0.1)
@@ -192,7 +193,7 @@ async def test_watches_resume_after_a_kill_and_end_typed_when_the_client_closes(
     finally:
         await client.close()
     for task, name in ((events, "watch_events"), (discoveries, "watch_assignments")):
-        done, _ = await asyncio.wait({task}, timeout=10)
+        done, _ = await asyncio.wait({task}, timeout=scaled(10))
         assert done, f"{name} still runs after the client closed"
         assert not task.cancelled(), f"{name} ended as if its caller had been cancelled"
         assert _closed_client_error(task.exception()), (name, task.exception())
@@ -392,7 +393,7 @@ async def test_consumer_survives_its_owner_paused_and_ends_typed_when_closed_und
         reading = asyncio.create_task(consumer.__anext__())
         await asyncio.sleep(0.3)
         await client.close()
-        done, _ = await asyncio.wait({reading}, timeout=10)
+        done, _ = await asyncio.wait({reading}, timeout=scaled(10))
         assert done, "the read ends when the client closes"
         assert _closed_client_error(reading.exception()), reading.exception()
     finally:

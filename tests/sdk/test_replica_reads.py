@@ -25,6 +25,7 @@ from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from rpc.streaming_client import Consumer, Producer, StreamingClient
 from tests.sdk.test_streaming_client import _cli, _replicated_vchannel, _wait_all_up
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
@@ -153,7 +154,7 @@ async def test_nodes_without_a_replica_and_time_tick_streams_answer_with_the_own
             async with grpc.aio.insecure_channel(address) as channel:
                 stub = streaming_pb2_grpc.StreamingNodeStub(channel)
                 with pytest.raises(grpc.aio.AioRpcError) as raised:
-                    async for _ in stub.Consume(request, timeout=10):
+                    async for _ in stub.Consume(request, timeout=scaled(10)):
                         break
                 info = from_rpc_error(raised.value)
                 assert info.code == errors_pb2.NOT_OWNER, info
@@ -166,7 +167,7 @@ async def test_nodes_without_a_replica_and_time_tick_streams_answer_with_the_own
             stub = streaming_pb2_grpc.StreamingNodeStub(channel)
             latest = await stub.GetLatestTimeTick(
                 wire.GetLatestTimeTickRequest(pchannel=replicated_p, from_replica=True),
-                timeout=10,
+                timeout=scaled(10),
             )
             assert latest.term >= replicated_owner.term
         with contextlib.suppress(Exception):

@@ -30,6 +30,7 @@ from rpc.protos import streaming_pb2 as wire
 from rpc.segment_transfer import ACCEPTED
 from tests.cluster.conftest import Api
 from tests.cluster.wal_helpers import wait_nodes_up
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 E = errors_pb2
@@ -71,11 +72,11 @@ def _tickets(address: str) -> list[tuple[bytes, bytes, int]]:
         for index in range(STREAMS):
             if index % 2:
                 opened = replication.OpenAppend(
-                    wire.OpenAppendRequest(owner_node_id="n9"), timeout=5
+                    wire.OpenAppendRequest(owner_node_id="n9"), timeout=scaled(5)
                 )
                 out.append((b"RWAPPND1", opened.ticket, opened.port))
             else:
-                produce = stub.OpenProduce(wire.OpenProduceRequest(), timeout=5)
+                produce = stub.OpenProduce(wire.OpenProduceRequest(), timeout=scaled(5))
                 out.append((b"RWPRODC1", produce.ticket, produce.port))
     for _, ticket, port in out:
         assert len(ticket) == 32 and port > 0
@@ -83,7 +84,7 @@ def _tickets(address: str) -> list[tuple[bytes, bytes, int]]:
 
 
 def _half_send(host: str, hello: bytes, ticket: bytes, port: int) -> socket.socket:
-    sock = socket.create_connection((host, port), timeout=10)
+    sock = socket.create_connection((host, port), timeout=scaled(10))
     sock.sendall(hello + ticket)
     assert sock.recv(1) == ACCEPTED
     sock.sendall(struct.pack(">I", DECLARED))

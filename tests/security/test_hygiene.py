@@ -25,6 +25,7 @@ import pytest
 from raftwal.cli import dev
 from rpc.client import CoordinatorClient
 from rpc.streaming_client import Consumer, Producer, StreamingClient
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
@@ -140,7 +141,7 @@ def test_sigterm_is_a_clean_stop_with_streams_open(tmp_path: Path) -> None:
 
 def test_dev_down_returns_once_every_node_has_exited(tmp_path: Path) -> None:
     directory = tmp_path / "down"
-    subprocess.run([RAFTWAL, "dev", "up", "--dir", str(directory)], check=True, timeout=120)
+    subprocess.run([RAFTWAL, "dev", "up", "--dir", str(directory)], check=True, timeout=scaled(120))
     pids = [m["pid"] for m in json.loads((directory / dev.CLUSTER_FILE).read_text())["nodes"]]
     # One node ignores the SIGTERM for now (stopped): down must wait, SIGKILL it, and still
     # return only once it is gone.

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from raftwal.cli import dev
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
@@ -95,7 +96,9 @@ def test_half_open_connections_by_the_thousand_cost_nothing(cluster: dev.LocalCl
     try:
         for index in range(HALF_OPEN):
             try:
-                sock = socket.create_connection((leader.host, leader.metrics_port), timeout=2)
+                sock = socket.create_connection(
+                    (leader.host, leader.metrics_port), timeout=scaled(2)
+                )
                 sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finished
                 held.append(sock)
             except OSError:
@@ -145,13 +148,13 @@ def test_half_open_connections_by_the_thousand_cost_nothing(cluster: dev.LocalCl
 def test_slow_large_and_wrong_requests_are_closed(cluster: dev.LocalCluster) -> None:
     node = cluster.config.nodes[0]
     before = _endpoint_refusals(node)
-    with socket.create_connection((node.host, node.metrics_port), timeout=10) as slow:
+    with socket.create_connection((node.host, node.metrics_port), timeout=scaled(10)) as slow:
         slow.sendall(b"GET /metrics HTTP/1.1\r\n")
         slow.settimeout(READ_TIMEOUT_S + 3)
         started = time.monotonic()
         assert slow.recv(1024) == b"", "a request not finished in time is closed unanswered"
         assert READ_TIMEOUT_S - 1 <= time.monotonic() - started <= READ_TIMEOUT_S + 3
-    with socket.create_connection((node.host, node.metrics_port), timeout=10) as large:
+    with socket.create_connection((node.host, node.metrics_port), timeout=scaled(10)) as large:
         with contextlib.suppress(ConnectionResetError, BrokenPipeError):
             large.sendall(b"GET /metrics HTTP/1.1\r\nX: " + b"a" * (2 * MAX_REQUEST_BYTES))
         answer = large.recv(1024)

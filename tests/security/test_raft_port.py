@@ -45,6 +45,7 @@ from raftwal.cli import dev
 from raftwal.node.config import render_config
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
@@ -92,7 +93,7 @@ def _closed_by_peer(sock: socket.socket, within_s: float) -> float | None:
     """Seconds until the node closed `sock` (EOF or reset), or None if it did not."""
     started = time.monotonic()
     sock.settimeout(0.1)
-    while time.monotonic() - started < within_s:
+    while time.monotonic() - started < scaled(within_s):
         try:
             if sock.recv(65536) == b"":
                 return time.monotonic() - started
@@ -132,7 +133,7 @@ def _write(endpoints: list[str], name: str, timeout_s: float = 10.0) -> float:
     started = time.monotonic()
     request = api.CreateChannelsRequest(prefix=name, count=1, request_id=uuid.uuid4().hex)
     last: grpc.RpcError | None = None
-    while time.monotonic() - started < timeout_s:
+    while time.monotonic() - started < scaled(timeout_s):
         for endpoint in endpoints:
             with grpc.insecure_channel(endpoint) as channel:
                 try:
@@ -167,7 +168,7 @@ def test_a_node_without_a_secret_refuses_to_start_on_loopback(tmp_path: Path) ->
         [RAFTWAL, "node", "--config", str(tmp_path / "raftwal.toml"), "--id", "n1"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
         env=env,
     )
     assert done.returncode == 2, (done.returncode, done.stderr)
@@ -176,7 +177,9 @@ def test_a_node_without_a_secret_refuses_to_start_on_loopback(tmp_path: Path) ->
     assert not config.nodes[0].data_dir.exists(), "refused before touching the disk"
     # Nothing listens on its Raft port.
     with pytest.raises(OSError):
-        socket.create_connection(_host_port(config.nodes[0].raft_address), timeout=1).close()
+        socket.create_connection(
+            _host_port(config.nodes[0].raft_address), timeout=scaled(1)
+        ).close()
 
 
 # ---------------------------------------------------------------------------------------
@@ -334,7 +337,7 @@ class _RecordingProxy:
             except OSError:
                 return
             try:
-                upstream = socket.create_connection(self.target, timeout=5)
+                upstream = socket.create_connection(self.target, timeout=scaled(5))
             except OSError:
                 client.close()  # the node is not up (yet): its peer retries
                 continue
@@ -368,7 +371,7 @@ class _RecordingProxy:
         self._stop.set()
         self.listener.close()
         for thread in self._threads:
-            thread.join(timeout=2)
+            thread.join(timeout=scaled(2))
 
 
 def test_a_replayed_peer_connection_changes_nothing(tmp_path: Path) -> None:
@@ -432,7 +435,7 @@ def _flood(address: str, rate_bytes_s: float, stop: threading.Event, counts: lis
     while not stop.is_set():
         try:
             if sock is None:
-                sock = socket.create_connection(_host_port(address), timeout=1.0)
+                sock = socket.create_connection(_host_port(address), timeout=scaled(1.0))
                 sock.sendall(struct.pack("i", TWO_GIB))
                 counts[0] += 1
             sock.sendall(chunk)
@@ -475,7 +478,7 @@ def _run_flood(cluster: dev.LocalCluster, duration_s: float, rate_bytes_s: float
     finally:
         stop.set()
         for thread in flooders:
-            thread.join(timeout=5)
+            thread.join(timeout=scaled(5))
     quantile = statistics.quantiles
     return {
         "writes": len(latencies),

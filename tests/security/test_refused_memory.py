@@ -28,6 +28,7 @@ from raftwal.cli import dev
 from rpc.credentials import ClientSecurity
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 CLIENTS = 8
@@ -92,7 +93,7 @@ def test_refused_large_requests_leave_no_memory_behind(node) -> None:
             stub = coordinator_pb2_grpc.CoordinatorStub(channel)
             while time.monotonic() < stop:
                 try:
-                    stub.CreateChannels(big, timeout=10)
+                    stub.CreateChannels(big, timeout=scaled(10))
                 except grpc.RpcError as error:
                     codes.append(error.code())
 
@@ -107,7 +108,7 @@ def test_refused_large_requests_leave_no_memory_behind(node) -> None:
         grpc.StatusCode.UNAUTHENTICATED,
         grpc.StatusCode.INVALID_ARGUMENT,
     }, set(codes)
-    deadline = time.monotonic() + SETTLE_S
+    deadline = time.monotonic() + scaled(SETTLE_S)
     left = _rss_bytes(pid) - before
     while left > MAX_LEFT_BYTES[mode] and time.monotonic() < deadline:
         time.sleep(1.0)

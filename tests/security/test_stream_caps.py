@@ -30,6 +30,7 @@ from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from tests.cluster.conftest import Api
 from tests.cluster.wal_helpers import wait_nodes_up
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 E = errors_pb2
@@ -95,19 +96,23 @@ class _Opener:
         with pytest.raises(grpc.RpcError) as raised:
             if method == "KeepAlive":
                 call = self.coordinator.KeepAlive(
-                    iter([api.KeepAliveRequest(lease_id=1)]), timeout=10
+                    iter([api.KeepAliveRequest(lease_id=1)]), timeout=scaled(10)
                 )
                 list(call)
             elif method == "Consume":
                 call = self.streaming.Consume(
                     wire.ConsumeRequest(vchannel="cap_v", policy=wire.DELIVER_POLICY_LATEST),
-                    timeout=10,
+                    timeout=scaled(10),
                 )
                 next(call)
             elif method == "WatchEvents":
-                next(self.coordinator.WatchEvents(api.WatchEventsRequest(), timeout=10))
+                next(self.coordinator.WatchEvents(api.WatchEventsRequest(), timeout=scaled(10)))
             else:
-                next(self.coordinator.WatchAssignments(api.WatchAssignmentsRequest(), timeout=10))
+                next(
+                    self.coordinator.WatchAssignments(
+                        api.WatchAssignmentsRequest(), timeout=scaled(10)
+                    )
+                )
         return raised.value
 
     def close(self) -> None:
@@ -125,7 +130,7 @@ def _silent_requests(hold_s: float = 30.0) -> Iterator[api.KeepAliveRequest]:
 def _metric(local: dev.LocalCluster, name: str) -> float:
     """The value of the sample `name` (with its labels) on the node's metrics page."""
     port = local.config.nodes[0].metrics_port
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=scaled(5)) as page:
         text = page.read().decode()
     for line in text.splitlines():
         sample, _, value = line.rpartition(" ")

@@ -41,6 +41,7 @@ from spark_connector.options import parse_options
 from spark_connector.plan import ConnectorError, plan, snapshot
 from tests.cluster.conftest import Api
 from tests.cluster.wal_helpers import setup_channels, wait_assigned
+from tests.timing import scaled
 from wal_segments.format import crc32c
 
 pytestmark = pytest.mark.cluster
@@ -310,7 +311,7 @@ def test_replication_goes_over_the_transfer_port_with_tls(secure) -> None:
         if n != owner_id
     ]
     assert len(replicas) == 2
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while True:
         owners = [o for m in admin.status().members for o in m.owners if o.pchannel == pchannel]
         durable = {r.node_id: r.durable_lsn for r in owners[0].replicas} if owners else {}
@@ -321,7 +322,7 @@ def test_replication_goes_over_the_transfer_port_with_tls(secure) -> None:
     for replica in replicas:
         node = local.node(replica)
         url = f"http://{node.host}:{node.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(url, timeout=scaled(10)) as response:
             text = response.read().decode()
         assert 'raftwal_segment_transfers_total{outcome="appends"}' in text
         appends = next(
@@ -332,7 +333,7 @@ def test_replication_goes_over_the_transfer_port_with_tls(secure) -> None:
         assert appends >= 1, f"{replica}: no append connection over TLS"
         # Plaintext: the node expects a TLS handshake and answers no status byte.
         host = segment_transfer.transfer_host(node.grpc_address)
-        with socket.create_connection((host, node.transfer_port), timeout=10) as sock:
+        with socket.create_connection((host, node.transfer_port), timeout=scaled(10)) as sock:
             sock.sendall(append_stream.HELLO + os.urandom(segment_transfer.TICKET_BYTES))
             with contextlib.suppress(ConnectionResetError, TimeoutError):
                 answer = sock.recv(16)
@@ -380,7 +381,7 @@ def test_producers_stream_over_the_transfer_port_with_tls(secure) -> None:
     assert consumed == payloads
     node = local.node(owner_id)
     url = f"http://{node.host}:{node.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
+    with urllib.request.urlopen(url, timeout=scaled(10)) as response:
         text = response.read().decode()
     produces = next(
         float(line.split()[-1])
@@ -390,7 +391,7 @@ def test_producers_stream_over_the_transfer_port_with_tls(secure) -> None:
     assert produces >= 1, "no Produce connection over TLS"
     # Plaintext: the node expects a TLS handshake and answers no status byte.
     host = segment_transfer.transfer_host(node.grpc_address)
-    with socket.create_connection((host, node.transfer_port), timeout=10) as sock:
+    with socket.create_connection((host, node.transfer_port), timeout=scaled(10)) as sock:
         sock.sendall(produce_stream.HELLO + os.urandom(segment_transfer.TICKET_BYTES))
         with contextlib.suppress(ConnectionResetError, TimeoutError):
             answer = sock.recv(16)
@@ -419,7 +420,7 @@ def test_segment_transfers_speak_tls_with_the_grpc_ports_certificates(
     last_lsn = result.positions[-1].lsn
     with local.client_security("admin").channel(owner) as channel:
         sealed = streaming_pb2_grpc.StreamingNodeStub(channel).Seal(
-            wire.SealRequest(pchannel=pchannel), timeout=15
+            wire.SealRequest(pchannel=pchannel), timeout=scaled(15)
         )
     assert sealed.committed_through_lsn >= last_lsn
     listed = admin.call("ListSegments", api.ListSegmentsRequest(pchannels=[pchannel]))

@@ -24,6 +24,7 @@ from rpc.credentials import ClientSecurity
 from rpc.errors import from_rpc_error
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 UNKNOWN = "UnknownTokenAbCdEfGh0123456789xyz"
@@ -79,7 +80,9 @@ def test_no_part_of_a_token_is_echoed_or_logged(node) -> None:
         for value in _headers([*real, UNKNOWN]):
             with pytest.raises(grpc.RpcError) as raised:
                 stub.ClusterStatus(
-                    api.ClusterStatusRequest(), metadata=(("authorization", value),), timeout=5
+                    api.ClusterStatusRequest(),
+                    metadata=(("authorization", value),),
+                    timeout=scaled(5),
                 )
             assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED, value
             answers.append(raised.value.details() or "")
@@ -89,13 +92,15 @@ def test_no_part_of_a_token_is_echoed_or_logged(node) -> None:
             stub.ClusterStatus(
                 api.ClusterStatusRequest(),
                 metadata=(("authorization", real[0]), ("authorization", f"Basic {real[1]}")),
-                timeout=5,
+                timeout=scaled(5),
             )
         answers.append(raised.value.details() or "")
         with pytest.raises(grpc.RpcError) as raised:
             next(
                 stub.WatchEvents(
-                    api.WatchEventsRequest(), metadata=(("authorization", real[0]),), timeout=5
+                    api.WatchEventsRequest(),
+                    metadata=(("authorization", real[0]),),
+                    timeout=scaled(5),
                 )
             )
         answers.append(raised.value.details() or "")

@@ -24,6 +24,7 @@ from rpc.credentials import ClientSecurity
 from rpc.errors import from_rpc_error
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 E = errors_pb2
@@ -61,7 +62,8 @@ def _write_everywhere(local: dev.LocalCluster, token: str, round_: int) -> None:
         with with_token.channel(endpoint) as channel:
             stub = coordinator_pb2_grpc.CoordinatorStub(channel)
             created = stub.CreateChannels(
-                api.CreateChannelsRequest(prefix=f"rot{round_}n{index}", count=1), timeout=15
+                api.CreateChannelsRequest(prefix=f"rot{round_}n{index}", count=1),
+                timeout=scaled(15),
             )
             assert created.pchannels, (endpoint, created)
 
@@ -73,7 +75,7 @@ def _unauthenticated(local: dev.LocalCluster, token: str) -> None:
             pytest.raises(grpc.RpcError) as raised,
         ):
             coordinator_pb2_grpc.CoordinatorStub(channel).ClusterStatus(
-                api.ClusterStatusRequest(), timeout=5
+                api.ClusterStatusRequest(), timeout=scaled(5)
             )
         assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert from_rpc_error(raised.value).code == E.UNAUTHENTICATED

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.timing import scaled
+
 pytestmark = pytest.mark.spark
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -51,9 +53,11 @@ def bare_python(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A Python of the driver's version with nothing installed (no grpc)."""
     directory = tmp_path_factory.mktemp("bare") / "venv"
     base = getattr(sys, "_base_executable", sys.executable)
-    subprocess.run([base, "-m", "venv", "--without-pip", str(directory)], check=True, timeout=120)
+    subprocess.run(
+        [base, "-m", "venv", "--without-pip", str(directory)], check=True, timeout=scaled(120)
+    )
     python = str(directory / "bin" / "python")
-    missing = subprocess.run([python, "-c", "import grpc"], capture_output=True, timeout=60)
+    missing = subprocess.run([python, "-c", "import grpc"], capture_output=True, timeout=scaled(60))
     assert missing.returncode != 0, "the bare Python unexpectedly has grpc"
     return python
 

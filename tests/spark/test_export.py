@@ -38,6 +38,7 @@ from spark_connector.export import (
 from tests.cluster.conftest import Api
 from tests.cluster.wal_helpers import Acked, History, Producer, setup_channels, wait_assigned
 from tests.processes import start_in_own_session
+from tests.timing import scaled
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark]
 
@@ -130,7 +131,7 @@ def _transactions(env: Env) -> None:
     _, _, address = wait_assigned(env.client, env.pchannels["payments"])
     with grpc.insecure_channel(address) as channel:
         stub = streaming_pb2_grpc.StreamingNodeStub(channel)
-        committed = stub.BeginTxn(wire.BeginTxnRequest(vchannel="payments"), timeout=10)
+        committed = stub.BeginTxn(wire.BeginTxnRequest(vchannel="payments"), timeout=scaled(10))
         payloads = [b"txn-%d-%d" % (committed.txn_id, i) for i in range(4)]
         stub.AppendTxn(
             wire.AppendTxnRequest(
@@ -138,22 +139,22 @@ def _transactions(env: Env) -> None:
                 txn_id=committed.txn_id,
                 messages=[wire.Message(vchannel="payments", payload=p) for p in payloads],
             ),
-            timeout=10,
+            timeout=scaled(10),
         )
         done = stub.CommitTxn(
-            wire.CommitTxnRequest(vchannel="payments", txn_id=committed.txn_id), timeout=10
+            wire.CommitTxnRequest(vchannel="payments", txn_id=committed.txn_id), timeout=scaled(10)
         )
-        rolled = stub.BeginTxn(wire.BeginTxnRequest(vchannel="payments"), timeout=10)
+        rolled = stub.BeginTxn(wire.BeginTxnRequest(vchannel="payments"), timeout=scaled(10))
         stub.AppendTxn(
             wire.AppendTxnRequest(
                 vchannel="payments",
                 txn_id=rolled.txn_id,
                 messages=[wire.Message(vchannel="payments", payload=b"rolled-back")],
             ),
-            timeout=10,
+            timeout=scaled(10),
         )
         stub.RollbackTxn(
-            wire.RollbackTxnRequest(vchannel="payments", txn_id=rolled.txn_id), timeout=10
+            wire.RollbackTxnRequest(vchannel="payments", txn_id=rolled.txn_id), timeout=scaled(10)
         )
     # The commit answers the positions of [begin, body..., commit]: the body is the middle.
     body = list(done.positions)[1:-1]
@@ -328,11 +329,11 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
     workers): they were started in their own session, by this test."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
+    process.wait(timeout=scaled(30))
 
 
 def _wait_gone(pgid: int, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         try:
             os.killpg(pgid, 0)
@@ -361,7 +362,7 @@ def _kill_at(env: Env, target: Path, tmp_path: Path, point: str) -> None:
     log_path = tmp_path / f"killed-{point}.log"
     process = _cli(env, target, log_path, pause=f"{point}:{marker}")
     try:
-        deadline = time.monotonic() + PAUSE_TIMEOUT_S
+        deadline = time.monotonic() + scaled(PAUSE_TIMEOUT_S)
         while not marker.exists():
             assert process.poll() is None, f"export ended early:\n{log_path.read_text()}"
             assert time.monotonic() < deadline, f"no pause at {point}:\n{log_path.read_text()}"
@@ -461,7 +462,7 @@ def _cli_error(*arguments: str) -> list[str]:
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
         stdin=subprocess.DEVNULL,
     )
     assert completed.returncode == 1, (completed.stdout, completed.stderr)

@@ -19,6 +19,7 @@ from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc
 from spark_connector.options import parse_options
 from spark_connector.plan import ConnectorError, _on_any
+from tests.timing import scaled
 
 
 class _Coordinator(coordinator_pb2_grpc.CoordinatorServicer):
@@ -70,7 +71,7 @@ def servers() -> Iterator[Callable[..., tuple[_Coordinator, str]]]:
 
 
 def _list(stub: coordinator_pb2_grpc.CoordinatorStub) -> api.ListSegmentsResponse:
-    return stub.ListSegments(api.ListSegmentsRequest(), timeout=2)
+    return stub.ListSegments(api.ListSegmentsRequest(), timeout=scaled(2))
 
 
 def test_rides_out_an_election(servers) -> None:

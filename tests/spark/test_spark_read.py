@@ -28,6 +28,7 @@ from spark_connector.options import parse_options
 from spark_connector.plan import SegmentSlice, connector_message
 from tests.cluster.conftest import Api
 from tests.cluster.wal_helpers import History, Producer, setup_channels, wait_assigned
+from tests.timing import scaled
 from wal_segments.segment import segment_file_name
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark]
@@ -96,7 +97,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
 
 
 def _wait_committed(env: Env, pchannel: str, lsn: int, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         if env.committed_through(pchannel, env.segments()) >= lsn:
             return
@@ -106,7 +107,7 @@ def _wait_committed(env: Env, pchannel: str, lsn: int, timeout_s: float = 30.0) 
 
 def _settle(env: Env, timeout_s: float = 30.0) -> None:
     """Until sealed segments are committed: the manifest stops growing for 1.5 s."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     last, since = -1, time.monotonic()
     while time.monotonic() < deadline:
         count = len(env.segments().segments)
@@ -262,7 +263,7 @@ def test_transactions_are_all_or_nothing(spark, env) -> None:
     _, _, address = wait_assigned(env.client, pchannel)
     with grpc.insecure_channel(address) as channel:
         stub = streaming_pb2_grpc.StreamingNodeStub(channel)
-        committed = stub.BeginTxn(wire.BeginTxnRequest(vchannel="payments"), timeout=10)
+        committed = stub.BeginTxn(wire.BeginTxnRequest(vchannel="payments"), timeout=scaled(10))
         stub.AppendTxn(
             wire.AppendTxnRequest(
                 vchannel="payments",
@@ -271,22 +272,22 @@ def test_transactions_are_all_or_nothing(spark, env) -> None:
                     wire.Message(vchannel="payments", payload=b"txn-%d" % i) for i in range(5)
                 ],
             ),
-            timeout=10,
+            timeout=scaled(10),
         )
         done = stub.CommitTxn(
-            wire.CommitTxnRequest(vchannel="payments", txn_id=committed.txn_id), timeout=10
+            wire.CommitTxnRequest(vchannel="payments", txn_id=committed.txn_id), timeout=scaled(10)
         )
-        rolled = stub.BeginTxn(wire.BeginTxnRequest(vchannel="payments"), timeout=10)
+        rolled = stub.BeginTxn(wire.BeginTxnRequest(vchannel="payments"), timeout=scaled(10))
         stub.AppendTxn(
             wire.AppendTxnRequest(
                 vchannel="payments",
                 txn_id=rolled.txn_id,
                 messages=[wire.Message(vchannel="payments", payload=b"rolled-back")],
             ),
-            timeout=10,
+            timeout=scaled(10),
         )
         stub.RollbackTxn(
-            wire.RollbackTxnRequest(vchannel="payments", txn_id=rolled.txn_id), timeout=10
+            wire.RollbackTxnRequest(vchannel="payments", txn_id=rolled.txn_id), timeout=scaled(10)
         )
     # Push the txn into a committed segment.
     env.produce("payments", pchannel, 25)

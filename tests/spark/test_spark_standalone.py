@@ -35,6 +35,7 @@ from rpc.protos import coordinator_pb2 as api
 from tests.cluster.conftest import Api
 from tests.cluster.wal_helpers import History, Producer, setup_channels, wait_assigned
 from tests.processes import start_in_own_session
+from tests.timing import scaled
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark]
 
@@ -109,7 +110,7 @@ class Standalone:
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
         """The master's JSON status once `WORKERS` workers are ALIVE."""
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + scaled(timeout_s)
         last = "no answer yet"
         while time.monotonic() < deadline:
             exited = {n: p.returncode for n, p in self.processes.items() if p.poll() is not None}
@@ -117,7 +118,7 @@ class Standalone:
                 raise AssertionError(f"Spark processes exited early {exited}\n{self.logs()}")
             url = f"http://127.0.0.1:{self.webui_port}/json/"
             try:
-                with urllib.request.urlopen(url, timeout=2) as response:
+                with urllib.request.urlopen(url, timeout=scaled(2)) as response:
                     status = json.load(response)
             except (OSError, ValueError) as error:
                 last = repr(error)
@@ -209,7 +210,7 @@ class Wal:
 
     def settle(self, timeout_s: float = 30.0) -> None:
         """Until sealed segments are committed: the manifest stops growing for 1.5 s."""
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + scaled(timeout_s)
         last, since = -1, time.monotonic()
         while time.monotonic() < deadline:
             count = len(self.segments().segments)
@@ -378,7 +379,7 @@ def _run_stream_driver(
 def _wait_file(
     path: Path, driver: subprocess.Popen[bytes], log_path: Path, timeout_s: float
 ) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while not path.exists():
         if driver.poll() is not None or time.monotonic() > deadline:
             raise AssertionError(
@@ -460,7 +461,7 @@ def _driver(arguments: dict[str, Any]) -> None:
         context = session.sparkContext
         spark_connector.register(session)
         # The driver's block manager and one per executor.
-        deadline = time.monotonic() + READY_TIMEOUT_S
+        deadline = time.monotonic() + scaled(READY_TIMEOUT_S)
         memory = context._jsc.sc().getExecutorMemoryStatus()
         while memory.size() < 1 + WORKERS and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -517,7 +518,7 @@ def _stream_driver(arguments: dict[str, Any]) -> None:
     try:
         context = session.sparkContext
         spark_connector.register(session)
-        deadline = time.monotonic() + READY_TIMEOUT_S
+        deadline = time.monotonic() + scaled(READY_TIMEOUT_S)
         memory = context._jsc.sc().getExecutorMemoryStatus()
         while memory.size() < 1 + WORKERS and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -540,7 +541,7 @@ def _stream_driver(arguments: dict[str, Any]) -> None:
             return df.where("msg_type = 'message'").select("vchannel", "lsn", "payload").collect()
 
         try:
-            deadline = time.monotonic() + DRIVER_TIMEOUT_S
+            deadline = time.monotonic() + scaled(DRIVER_TIMEOUT_S)
             while not sink_rows() and time.monotonic() < deadline:
                 assert query.exception() is None, query.exception()
                 time.sleep(0.5)

@@ -36,6 +36,7 @@ from spark_connector.plan import connector_message
 from spark_connector.stream import TailPartition, _Rows, _take, parse_starting_offsets
 from tests.cluster.conftest import Api
 from tests.cluster.wal_helpers import History, Producer, setup_channels, wait_assigned
+from tests.timing import scaled
 from wal_segments.format import EntryFlags
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark]
@@ -164,7 +165,7 @@ class Query:
 
 def _wait_for(spark: Any, path: Path, want: set[tuple[str, int, bytes]], query: Query) -> list:
     """Sink rows once they include `want` (bounded by CATCH_UP_S)."""
-    deadline = time.monotonic() + CATCH_UP_S
+    deadline = time.monotonic() + scaled(CATCH_UP_S)
     rows: list[tuple[str, str, int, bytes]] = []
     while time.monotonic() < deadline:
         query.check()
@@ -238,7 +239,7 @@ def test_owner_killed_under_a_running_query_every_ack_exactly_once(spark, env, t
             time.sleep(2)
         finally:
             stop.set()
-            writer.join(timeout=120)
+            writer.join(timeout=scaled(120))
         assert not writer.is_alive()
         assert len(env.history[VCHANNELS[0]].acked) > 200
         rows = _wait_for(spark, sink, env.acked(), query)
@@ -297,14 +298,14 @@ def test_starting_offsets_latest_and_json(spark, env, tmp_path) -> None:
     query = _memory(lambda: env.stream(spark, startingOffsets="latest"), "latest_stream")
     try:
         # Wait for the first (empty) batch to fix the start, then produce.
-        deadline = time.monotonic() + CATCH_UP_S
+        deadline = time.monotonic() + scaled(CATCH_UP_S)
         while query.query.lastProgress is None and time.monotonic() < deadline:
             query.check()
             time.sleep(0.2)
         assert query.query.lastProgress is not None
         env.produce(VCHANNELS[0], 2, tag="g")
         new = env.acked() - before
-        deadline = time.monotonic() + CATCH_UP_S
+        deadline = time.monotonic() + scaled(CATCH_UP_S)
         got: set[tuple[str, int, bytes]] = set()
         while time.monotonic() < deadline:
             query.check()
@@ -333,7 +334,7 @@ def test_bad_stream_options_are_one_sentence(spark, env) -> None:
             failure = error
         else:
             try:
-                deadline = time.monotonic() + CATCH_UP_S
+                deadline = time.monotonic() + scaled(CATCH_UP_S)
                 while failure is None and time.monotonic() < deadline:
                     time.sleep(0.2)
                     failure = query.error()
@@ -391,7 +392,7 @@ def test_parse_starting_offsets() -> None:
 def _delete_segments_before(env: Env, pchannel: str, before_lsn: int) -> None:
     """Retention, as the state machine has it (DeleteSegmentsBefore): no node drives it yet,
     so the test proposes it at the Raft leader through the node-to-node Propose."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     last = ""
     while time.monotonic() < deadline:
         status = env.client.call("ClusterStatus", api.ClusterStatusRequest())
@@ -407,7 +408,7 @@ def _delete_segments_before(env: Env, pchannel: str, before_lsn: int) -> None:
                 try:
                     answer = coordinator_pb2_grpc.ClusterStub(chan).Propose(
                         api.ProposeRequest(command=command.SerializeToString(), timeout_ms=10_000),
-                        timeout=15,
+                        timeout=scaled(15),
                     )
                     result = pb.CommandResult.FromString(answer.result)
                     assert not result.rejection.code, result.rejection
@@ -428,7 +429,7 @@ def _seal(env: Env, pchannel: str) -> None:
         with grpc.insecure_channel(address) as chan:
             try:
                 streaming_pb2_grpc.StreamingNodeStub(chan).Seal(
-                    wire.SealRequest(pchannel=pchannel, timeout_ms=30_000), timeout=40
+                    wire.SealRequest(pchannel=pchannel, timeout_ms=30_000), timeout=scaled(40)
                 )
                 return
             except grpc.RpcError as error:
@@ -497,7 +498,7 @@ def test_spark_read_of_a_compacted_snapshot_is_one_sentence(env, compacted) -> N
             compacted.pchannel, "--as-of-revision", str(compacted.old_revision),
             "--master", "local[1]",
         ],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=scaled(600),
     )  # fmt: skip
     assert done.returncode == 1, (done.stdout, done.stderr[-2000:])
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
@@ -520,7 +521,7 @@ def test_a_stream_offset_below_retention_is_one_sentence(spark, env, compacted) 
         "compacted_stream",
     )
     try:
-        deadline = time.monotonic() + CATCH_UP_S
+        deadline = time.monotonic() + scaled(CATCH_UP_S)
         error = query.error()
         while error is None and time.monotonic() < deadline:
             time.sleep(0.3)
@@ -544,7 +545,7 @@ def test_a_stream_offset_below_retention_is_one_sentence(spark, env, compacted) 
     )
     expected = sorted(a.lsn for a in compacted.history.acked if a.lsn >= kept)
     try:
-        deadline = time.monotonic() + CATCH_UP_S
+        deadline = time.monotonic() + scaled(CATCH_UP_S)
         got: list[int] = []
         while time.monotonic() < deadline:
             query.check()

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from rpc.aio import wait_event, wait_within
+from tests.timing import scaled
 
 
 async def _cancel_as_the_event_is_set(wait) -> str:
@@ -91,9 +92,9 @@ async def test_a_pack_consumer_waiting_for_a_pack_keeps_its_cancellation() -> No
     for _ in range(2):
         await asyncio.sleep(0.02)
         consumer._wake.set()
-    done, _ = await asyncio.wait({task}, timeout=1.0)
+    done, _ = await asyncio.wait({task}, timeout=scaled(1.0))
     if not done:  # the lost cancellation: stop the loop for good, then fail
         consumer._closed = True
         consumer._wake.set()
-        await asyncio.wait({task}, timeout=2.0)
+        await asyncio.wait({task}, timeout=scaled(2.0))
     assert done and task.cancelled()

@@ -30,6 +30,7 @@ from statemachine import (
     snapshot_state,
     state_digest,
 )
+from tests.timing import scaled
 
 SEEDS = [1, 7, 42, 20_240_607]
 COUNT = 400
@@ -294,7 +295,7 @@ def test_replicas_in_other_processes_agree_whatever_the_hash_seed() -> None:
             text=True,
             env=env,
             cwd=root,
-            timeout=120,
+            timeout=scaled(120),
             check=False,
         )
         assert child.returncode == 0, child.stderr

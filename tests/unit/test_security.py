@@ -34,6 +34,7 @@ from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from spark_connector.options import parse_options
+from tests.timing import scaled
 
 E = errors_pb2
 NODES = [
@@ -351,12 +352,12 @@ async def test_interceptor_over_mutual_tls(tmp_path: Path) -> None:
             streaming = streaming_pb2_grpc.StreamingNodeStub(channel)
             try:
                 if shape == "unary":
-                    await coordinator.CreateChannels(api.CreateChannelsRequest(), timeout=5)
+                    await coordinator.CreateChannels(api.CreateChannelsRequest(), timeout=scaled(5))
                 elif shape == "server-stream":
-                    [r async for r in streaming.Consume(wire.ConsumeRequest(), timeout=5)]
+                    [r async for r in streaming.Consume(wire.ConsumeRequest(), timeout=scaled(5))]
                 else:
                     requests = iter([streaming_pb2.ProduceRequest(request_id=1)])
-                    [r async for r in streaming.Produce(requests, timeout=5)]
+                    [r async for r in streaming.Produce(requests, timeout=scaled(5))]
             except grpc.aio.AioRpcError as error:
                 info = from_rpc_error(error)
                 assert error.code().name == E.ErrorCode.Name(info.code), (error, info)

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from tests.timing import scaled
 from wal_segments.owner import _stop_sender
 
 
@@ -48,5 +49,5 @@ async def test_one_cancel_alone_is_swallowed_on_python_3_11() -> None:
     done, _ = await asyncio.wait({task}, timeout=0.5)
     stuck = not done
     task.cancel()
-    await asyncio.wait({task}, timeout=1.0)
+    await asyncio.wait({task}, timeout=scaled(1.0))
     assert stuck and task.cancelled()

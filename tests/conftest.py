@@ -1,0 +1,70 @@
+"""Suite-wide settings that make the tests safe and steady on parallel workers and on slow
+machines.
+
+- Ports: every port a test picks (``raftwal.cli.dev.free_ports``) comes from a range of
+  this worker's own (``RAFTWAL_PORT_RANGE``), below the kernel's ephemeral range, so that
+  neither another worker's picks nor a socket bound to port 0 nor an outgoing connection
+  takes a port between the pick and the node's bind.
+- Time: pytest-timeout's per-test limit (pyproject's ``timeout`` and every
+  ``@pytest.mark.timeout``) is stretched by ``RAFTWAL_TEST_TIME_SCALE`` like every wait in
+  the tests (``tests/timing.py``).
+- Order: test files run heaviest directories first, so that ``--dist loadfile`` does not
+  leave one worker with a long cluster module at the end while the others are idle.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from raftwal.cli.dev import PORT_RANGE_ENV
+from tests.timing import SCALE
+
+#: Worker k of pytest-xdist gets ports PORT_BASE + k * PORT_SPAN .. + PORT_SPAN - 1 (modulo
+#: PORT_SLOTS); the whole span stays below the ephemeral range (32768 on Linux) and leaves
+#: 32000-32767 to tests that need a range of their own (tests/unit/test_dev_ports.py).
+PORT_BASE = 20000
+PORT_SPAN = 1000
+PORT_SLOTS = 12
+
+#: Directories by how long their files take, heaviest first (the order files are handed to
+#: workers in); a directory not named here comes last.
+DIRECTORY_ORDER = ("spark", "cluster", "chaos", "security", "raft", "wal", "sdk", "sim", "unit")
+
+
+def _worker_index() -> int:
+    match = re.fullmatch(r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))
+    return int(match.group(1)) if match else 0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    slot = _worker_index() % PORT_SLOTS
+    low = PORT_BASE + slot * PORT_SPAN
+    # Node processes and CLI subprocesses inherit it, so their picks stay in the range too.
+    os.environ[PORT_RANGE_ENV] = f"{low}-{low + PORT_SPAN - 1}"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # pytest-timeout has read pyproject's limit in its pytest_configure by now.
+    env_timeout = getattr(session.config, "_env_timeout", None)
+    if env_timeout:
+        session.config._env_timeout = env_timeout * SCALE  # type: ignore[attr-defined]
+
+
+def _directory_rank(item: pytest.Item) -> int:
+    parts = item.nodeid.split("/")
+    name = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+    return DIRECTORY_ORDER.index(name) if name in DIRECTORY_ORDER else len(DIRECTORY_ORDER)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A stable sort: the files of one directory, and the tests of one file, keep their order.
+    items.sort(key=_directory_rank)
+    if SCALE != 1:
+        for item in items:
+            marker = item.get_closest_marker("timeout")
+            if marker is not None and marker.args:
+                item.add_marker(pytest.mark.timeout(marker.args[0] * SCALE), append=False)
