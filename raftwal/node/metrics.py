@@ -667,6 +667,21 @@ class _NodeCollector(Collector):
             for pchannel, behind in sorted(worst.items()):
                 subscription_lag.add_metric([name, pchannel], behind)
         yield subscription_lag
+        # Cross-cluster replication lag, on the source pchannel's owner: its committed LSN
+        # minus the last source LSN each target holds as recorded in Raft (recorded after
+        # the target acknowledged, so this is an upper bound by at most one batch).
+        replicate_lag = GaugeMetricFamily(
+            "raftwal_replicate_lag_entries",
+            "Committed LSNs of this owner's pchannel that a replication target does not hold "
+            "yet (as recorded by the replicator), by pchannel and target cluster id.",
+            labels=["pchannel", "target"],
+        )
+        for pchannel, targets in sorted(view.replicate_checkpoints.items()):
+            if pchannel in committed_by_pchannel:
+                for target, lsn in sorted(targets.items()):
+                    behind = max(0, committed_by_pchannel[pchannel] - lsn)
+                    replicate_lag.add_metric([pchannel, target], behind)
+        yield replicate_lag
 
 
 class _StateView(NamedTuple):
@@ -686,6 +701,8 @@ class _StateView(NamedTuple):
     under_replicated: dict[str, int]
     # subscription -> [(vchannel, pchannel, committed position LSN)]
     subscriptions: dict[str, list[tuple[str, str, int]]]
+    # source pchannel -> {target cluster id: last source LSN the target holds, as recorded}
+    replicate_checkpoints: dict[str, dict[str, int]]
 
     @classmethod
     def of(cls, state: pb.CoordinationState) -> _StateView:
@@ -715,6 +732,10 @@ class _StateView(NamedTuple):
                     if vchannel in state.vchannels
                 ]
                 for name, sub in state.subscriptions.items()
+            },
+            replicate_checkpoints={
+                pchannel: dict(checkpoints.source_lsns)
+                for pchannel, checkpoints in state.replicate_checkpoints.items()
             },
         )
 

@@ -43,6 +43,8 @@ EVENT_ONLY = {
     "raftwal_proposal_rejections_total",
     "raftwal_proposal_failures_total",
     "raftwal_stream_refusals_total",
+    # Only while a replication target is configured (raftwal replicate).
+    "raftwal_replicate_lag_entries",
 }
 METRIC_NAME = re.compile(r"\b(raftwal_[a-z0-9_]+|up)\b(?!\s*\()")
 

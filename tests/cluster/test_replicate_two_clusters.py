@@ -15,11 +15,13 @@ import random
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from raftwal.cli import dev
 from rpc.protos import coordination_pb2 as pb
@@ -242,6 +244,17 @@ def test_the_target_holds_the_sources_committed_entries_exactly_once(
             last_source_lsn,
         )
         assert (row["lag_entries"], row["lag_s"]) == (0, 0.0), row
+        # The source owner's metric says the same (the RaftwalReplicationLagHigh alert's).
+        owner_id = wait_assigned(east_api, pchannel)[0]
+        port = east.node(owner_id).metrics_port
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+            lags = {
+                (s.labels["pchannel"], s.labels["target"]): s.value
+                for family in text_string_to_metric_families(page.read().decode())
+                for s in family.samples
+                if s.name == "raftwal_replicate_lag_entries"
+            }
+        assert lags == {(pchannel, "west"): 0.0}, lags
 
         # A vchannel dropped on the source is dropped on the target once replicated.
         east_api.call("DropVChannel", api.DropVChannelRequest(name="refunds"))
