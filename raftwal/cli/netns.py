@@ -1,6 +1,5 @@
-"""Hosts in network namespaces: each node of a dev cluster (``raftwal dev up --netns``) or
-of a benchmark gets a Linux network namespace of its own, with its own address on a
-private bridge, so that a cluster runs across distinct, non-loopback IP addresses on one
+"""Hosts in network namespaces: each node of a dev cluster (``raftwal dev up --netns``)
+gets a Linux network namespace of its own, with its own address on a private bridge, so that a cluster runs across distinct, non-loopback IP addresses on one
 machine, as it would across machines.
 
 Layout, for a tag ``T`` (6 hex digits, random, so that several clusters and test workers
@@ -13,11 +12,9 @@ never collide):
 - a process runs in a host with ``ip netns exec``, which execs it (its pid is the
   process's own).
 
-``set_latency`` delays every packet a host sends (``tc netem`` on its ``eth0``), so the
-round trip between two hosts with delay d each is 2d. ``destroy`` removes the namespaces
-(which removes their veths) and the bridge; it is idempotent and also runs when
-``create`` fails half-way. Needs root (CAP_NET_ADMIN) and iproute2: ``unavailable()``
-says why not where they are missing.
+``destroy`` removes the namespaces (which removes their veths) and the bridge; it is
+idempotent and also runs when ``create`` fails half-way. Needs root (CAP_NET_ADMIN) and
+iproute2: ``unavailable()`` says why not where they are missing.
 """
 
 from __future__ import annotations
@@ -99,29 +96,6 @@ class NetnsHosts:
     def command(self, node_id: str, argv: Sequence[str]) -> list[str]:
         """`argv` run inside `node_id`'s namespace."""
         return ["ip", "netns", "exec", self.namespace(node_id), *argv]
-
-    def set_latency(self, node_id: str, delay_ms: float, jitter_ms: float = 0.0) -> None:
-        """Delay what `node_id` sends by `delay_ms` (+- `jitter_ms`); 0 and 0: no delay."""
-        namespace = self.namespace(node_id)
-        if delay_ms <= 0 and jitter_ms <= 0:
-            # Fails only when there is no netem to remove.
-            subprocess.run(
-                ["ip", "netns", "exec", namespace, "tc", "qdisc", "del", "dev", "eth0", "root"],
-                capture_output=True,
-                timeout=30,
-            )
-            return
-        argv = ["tc", "qdisc", "replace", "dev", "eth0", "root", "netem"]
-        argv += ["delay", f"{delay_ms}ms"]
-        if jitter_ms > 0:
-            argv += [f"{jitter_ms}ms", "distribution", "normal"]
-        # netem's default queue (1000 packets) would drop under a produce load.
-        argv += ["limit", "100000"]
-        result = subprocess.run(
-            ["ip", "netns", "exec", namespace, *argv], capture_output=True, text=True, timeout=30
-        )
-        if result.returncode != 0:
-            raise NetnsError(f"{' '.join(argv)} in {namespace}: {result.stderr.strip()}")
 
     def _make_host(self, node_id: str) -> None:
         namespace = self.namespace(node_id)
