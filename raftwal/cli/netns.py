@@ -1,6 +1,7 @@
 """Hosts in network namespaces: each node of a dev cluster (``raftwal dev up --netns``)
-gets a Linux network namespace of its own, with its own address on a private bridge, so that a cluster runs across distinct, non-loopback IP addresses on one
-machine, as it would across machines.
+gets a Linux network namespace of its own, with its own address on a private bridge, so
+that a cluster runs across distinct, non-loopback IP addresses on one machine, as it
+would across machines.
 
 Layout, for a tag ``T`` (6 hex digits, random, so that several clusters and test workers
 never collide):
