@@ -10,6 +10,10 @@ machines.
   the tests (``tests/timing.py``).
 - Order: test files run heaviest directories first, so that ``--dist loadfile`` does not
   leave one worker with a long cluster module at the end while the others are idle.
+- Spark: the files under ``tests/spark`` are one unit of work for ``--dist loadfile``, run
+  on one worker in their serial order. Some of them start and stop a SparkSession of
+  their own, which stops the worker's shared one (``getOrCreate`` hands back the same
+  JVM context): spread over workers, a later file then found a dead session.
 """
 
 from __future__ import annotations
@@ -52,6 +56,26 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     env_timeout = getattr(session.config, "_env_timeout", None)
     if env_timeout:
         session.config._env_timeout = env_timeout * SCALE  # type: ignore[attr-defined]
+
+
+#: Test files under this directory form one work unit on parallel workers (see above).
+SPARK_DIR = "tests/spark/"
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadfile``, with every Spark file in one work unit; other modes untouched."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SparkTogetherScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(SPARK_DIR):
+                return SPARK_DIR
+            return super()._split_scope(nodeid)
+
+    return SparkTogetherScheduling(config, log)  # type: ignore[arg-type]
 
 
 def _directory_rank(item: pytest.Item) -> int:
