@@ -32,6 +32,7 @@ next tick, never in a tight loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -57,6 +58,11 @@ E = errors_pb2
 CLEAR_BROADCASTS_EVERY_S = 10.0
 # A suspected node (see record_heartbeat) is judged within this window after the report.
 SUSPECT_WINDOW_S = 5.0
+# How long the leader's own connection attempt to a suspected node may take (see
+# _refuses_connections): a refusal comes back in one round trip.
+PROBE_TIMEOUT_S = 1.0
+# A suspected node whose port accepted the last probe is probed again after this long.
+PROBE_EVERY_S = 0.5
 # Broadcast delivery: appends in flight at once, and the retry backoff bounds.
 MAX_BROADCAST_APPENDS_IN_FLIGHT = 16
 BROADCAST_RETRY_MIN_S = 0.2
@@ -128,6 +134,34 @@ class _Heartbeat:
     raft_address: str = ""
 
 
+def _host_port(address: str) -> tuple[str, int] | None:
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        return None
+    return host, int(port)
+
+
+async def refuses_connections(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """True when nothing listens at `address` (the connection is refused): the node's
+    process is gone. A process that is alive but slow, starved or stopped still has its
+    listening socket, whose connections the kernel accepts; an unreachable host times
+    out. Neither of those is a refusal."""
+    target = _host_port(address)
+    if target is None:
+        return False
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(*target), timeout_s)
+    except ConnectionRefusedError:
+        return True
+    except (TimeoutError, OSError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return False
+
+
 class Coordinator:
     def __init__(self, node: CoordinatorHost) -> None:
         self._node = node
@@ -141,8 +175,13 @@ class Coordinator:
         self._background: set[asyncio.Task[bool]] = set()
         self.failures = 0
         # node id -> when a peer reported its streams broke (a crash): such a node is
-        # marked DOWN once its own heartbeats are late, not after the full node_timeout.
+        # marked DOWN once its own heartbeats are late and its gRPC port refuses this
+        # leader's connection, not after the full node_timeout (see _suspect_confirmed).
         self._suspected: dict[str, float] = {}
+        # node id -> when the leader's own probe found its gRPC port refusing connections.
+        self._refused_at: dict[str, float] = {}
+        self._probing: set[str] = set()
+        self._probed_at: dict[str, float] = {}
         # Broadcast delivery, per (broadcast id, vchannel): in flight, next retry time,
         # failed attempts and the last error (shown by ClusterStatus on the leader).
         self._broadcast_inflight: set[tuple[int, str]] = set()
@@ -257,6 +296,50 @@ class Coordinator:
         config = self._node.config
         return min(config.node_timeout_ms, max(3 * config.heartbeat_interval_ms, 600)) / 1000
 
+    def _suspect_confirmed(self, node_id: str, beat: _Heartbeat, address: str, now: float) -> bool:
+        """A suspected node is DOWN before the node timeout only on evidence that its
+        process is gone: its heartbeats are late by the grace AND its gRPC port refused
+        this leader's connection since the suspicion. Broken streams and late heartbeats
+        alone are what a starved or briefly stopped node shows too (a loaded host delays
+        both by a second or two), and moving its pchannels then costs every writer a new
+        term; such a node goes DOWN only after the full node timeout. The probe runs in
+        the background; its answer counts from the next tick on."""
+        suspected_at = self._suspected.get(node_id)
+        grace = self._suspect_grace_s()
+        if (
+            suspected_at is None
+            or now - suspected_at >= SUSPECT_WINDOW_S
+            or now - beat.seen_at <= grace
+            or self._leading_since is None
+            or now - self._leading_since <= grace
+        ):
+            return False
+        if self._refused_at.get(node_id, -1e9) >= suspected_at:
+            return True
+        target = beat.address or address
+        if (
+            target
+            and node_id not in self._probing
+            and now - self._probed_at.get(node_id, -1e9) >= PROBE_EVERY_S
+        ):
+            self._probing.add(node_id)
+            self._probed_at[node_id] = now
+            task = asyncio.create_task(self._probe(node_id, target))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        return False
+
+    async def _probe(self, node_id: str, address: str) -> bool:
+        try:
+            refused = await refuses_connections(address)
+        finally:
+            self._probing.discard(node_id)
+        if refused:
+            self._refused_at[node_id] = time.monotonic()
+        else:
+            log.debug("node %s is suspected but accepts connections: not DOWN yet", node_id)
+        return refused
+
     async def run(self) -> None:
         interval = self._node.config.coordinator_tick_ms / 1000
         while True:
@@ -329,11 +412,8 @@ class Coordinator:
             beat = self._heartbeats.get(node_id)
             if beat is None:
                 self._heartbeats[node_id] = _Heartbeat(address="", incarnation=0, seen_at=now)
-            elif now - beat.seen_at > timeout_s or (
-                now - self._suspected.get(node_id, -1e9) < SUSPECT_WINDOW_S
-                and now - beat.seen_at > self._suspect_grace_s()
-                and self._leading_since is not None
-                and now - self._leading_since > self._suspect_grace_s()
+            elif now - beat.seen_at > timeout_s or self._suspect_confirmed(
+                node_id, beat, state.nodes[node_id].address, now
             ):
                 log.warning(
                     "node %s silent for %.1f s: marking it DOWN", node_id, now - beat.seen_at
@@ -345,6 +425,7 @@ class Coordinator:
                     address="", incarnation=0, seen_at=beat.seen_at
                 )
                 self._suspected.pop(node_id, None)
+                self._refused_at.pop(node_id, None)
 
         # 2. Leases and broadcasts, judged by the leader's wall clock.
         wall_ms = int(time.time() * 1000)
