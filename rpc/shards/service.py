@@ -554,8 +554,10 @@ def load_application(spec: str) -> Application:
 class ConsumerService:
     """Runs `app` over every shard of `subscription` the coordinator assigns to this
     process (a ``SubscriptionMember``). A vchannel moved away stops its shard; a new one
-    is recovered under the member's generation. ``run(stop)`` returns when `stop` is set;
-    it raises ChannelFencedError when a shard was fenced or the lease was lost."""
+    is recovered under the member's generation; a shard fenced while the member lives (a
+    rebalance moved the generation under its commit) is taken again under the current
+    one if the member still holds it. ``run(stop)`` returns when `stop` is set; it raises
+    ChannelFencedError when the member's lease was lost."""
 
     def __init__(
         self,
@@ -582,6 +584,8 @@ class ConsumerService:
         self.shards: dict[str, Shard] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._stops: dict[str, asyncio.Event] = {}
+        # Set when a shard's task ends (see _wait_poll).
+        self._ended = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
         described = await self._client.coordinator.describe_subscription(self.subscription)
@@ -607,10 +611,25 @@ class ConsumerService:
                     for name, task in list(self._tasks.items()):
                         if task.done():
                             error = task.exception()
+                            del self._tasks[name]
+                            if isinstance(error, ChannelFencedError) and member.alive:
+                                # A rebalance moved this member's generation (or the
+                                # shard) while the shard committed with the one before:
+                                # drop it; the next reconcile takes it again under the
+                                # current generation if it is still this member's,
+                                # recovering its store from its own checkpoint.
+                                log.warning(
+                                    "shard %s/%s fenced (%s): taking it again if still held",
+                                    self.subscription,
+                                    name,
+                                    error.info.message,
+                                )
+                                self.shards.pop(name, None)
+                                self._stops.pop(name, None)
+                                continue
                             if error is not None:
                                 raise error
-                            del self._tasks[name]
-                    await wait_event(stop, self.poll_s)
+                    await self._wait_poll(stop)
             finally:
                 # The final position commits carry the member's current generation (an
                 # assignment may have moved it since the last poll).
@@ -620,6 +639,17 @@ class ConsumerService:
                         if name in self.shards:
                             self.shards[name].generation = generation
                 await self._stop_all()
+
+    async def _wait_poll(self, stop: asyncio.Event) -> None:
+        """Until the next poll, `stop`, or a shard's end (a fenced shard is taken again
+        at once, not a poll later)."""
+        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._ended.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=self.poll_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            self._ended.clear()
 
     async def _reconcile(self, generation: int, vchannels: list[str]) -> None:
         held = set(vchannels)
@@ -656,6 +686,7 @@ class ConsumerService:
             if self.on_status:
                 self.on_status(shard.status)
             await shard.close()
+            self._ended.set()
 
     async def _stop(self, name: str) -> None:
         self._stops.pop(name).set()

@@ -33,8 +33,14 @@ import pytest
 from raftwal.cli import dev
 from rpc.client import ChannelFencedError, NotFoundError
 from rpc.shards.store import decode_record
-from rpc.shards_client import RecoveryLog, Shard, recovery_names, shard_store_path
-from rpc.streaming_client import Producer, StreamingClient
+from rpc.shards_client import (
+    ConsumerService,
+    RecoveryLog,
+    Shard,
+    recovery_names,
+    shard_store_path,
+)
+from rpc.streaming_client import Producer, StreamingClient, SubscriptionMember
 from tests.cluster.conftest import Api, running_cluster
 from tests.cluster.shard_app import Counters
 from tests.cluster.wal_helpers import setup_channels, wait_assigned
@@ -89,7 +95,12 @@ def _expected(acked: list[tuple[int, str]]) -> dict[str, int]:
     return dict(Counter(key for _, key in acked))
 
 
-async def _wait_applied(path: Path, count: int, process: subprocess.Popen | None = None) -> None:
+async def _wait_applied(
+    path: Path,
+    count: int,
+    process: subprocess.Popen | None = None,
+    service_task: asyncio.Task[None] | None = None,
+) -> None:
     deadline = time.monotonic() + scaled(TIMEOUT_S)
     seen = None
     while time.monotonic() < deadline:
@@ -98,6 +109,8 @@ async def _wait_applied(path: Path, count: int, process: subprocess.Popen | None
             return
         if process is not None and process.poll() is not None:
             raise AssertionError(f"consumer exited with {process.returncode} early")
+        if service_task is not None and service_task.done():
+            raise AssertionError(f"the consumer service ended early: {service_task.exception()!r}")
         await asyncio.sleep(0.2)
     raise AssertionError(
         f"{path} applied {len(seen[1]) if seen else 0} of {count} within {TIMEOUT_S} s"
@@ -241,6 +254,63 @@ def test_exactly_once_across_kill9_and_a_lost_disk(env, tmp_path: Path) -> None:
         rebuilt = (tmp_path / "c2.log").read_text()
         # The owner after the lost disk rebuilt its stores from the recovery log.
         assert "replayed 0 records" not in rebuilt.split("RUNNING", 1)[-1].splitlines()[0], rebuilt
+
+    asyncio.run(scenario())
+
+
+def test_a_rebalance_under_a_running_shard_does_not_stop_the_consumer(env, tmp_path: Path) -> None:
+    """A member's generation moves when another member joins or leaves. A shard that
+    commits its position with the generation before gets CHANNEL_FENCED; the service
+    takes the shard again under the current generation (it still holds it), rather than
+    the whole consumer exiting "fenced". The poll is long (5 s), so the shard's generation
+    is almost always stale when it commits right after the rebalance."""
+    cluster, api_client = env
+    (pchannel,) = setup_channels(api_client, "rb", {"rb_a": 0, "rb_b": 0})
+    wait_assigned(api_client, pchannel)
+    rng = random.Random(13)
+    data_dir = tmp_path / "data"
+    paths = {v: shard_store_path(data_dir, "rb", v) for v in ("rb_a", "rb_b")}
+
+    async def generation_of(client: StreamingClient, member_id: str) -> int:
+        described = await client.coordinator.describe_subscription("rb")
+        member = described.subscription.members.get(member_id)
+        return member.generation if member is not None else 0
+
+    async def scenario() -> None:
+        async with StreamingClient(cluster.endpoints) as client:
+            await client.coordinator.create_subscription("rb", ["rb_a", "rb_b"])
+            service = ConsumerService(
+                client,
+                Counters(),
+                "rb",
+                member_id="c1",
+                data_dir=data_dir,
+                poll_s=scaled(5),
+                commit_interval_ms=50,
+            )
+            stop = asyncio.Event()
+            running = asyncio.create_task(service.run(stop))
+            try:
+                acked = {v: await _produce(client, v, 100, rng) for v in paths}
+                for vchannel, path in paths.items():
+                    await _wait_applied(path, len(acked[vchannel]))
+                before = await generation_of(client, "c1")
+                # c2 joins (it takes a vchannel from c1) and leaves (c1 gets it back).
+                async with SubscriptionMember(client, "rb", "c2", lease_ttl_ms=10_000) as other:
+                    await other.wait_assignment(timeout_s=scaled(TIMEOUT_S))
+                assert await generation_of(client, "c1") > before
+                # The first round is applied, then its position commit is fenced; the
+                # second is applied only if the shard was taken again.
+                for _ in range(2):
+                    for vchannel in paths:
+                        acked[vchannel] += await _produce(client, vchannel, 100, rng)
+                    for vchannel, path in paths.items():
+                        await _wait_applied(path, len(acked[vchannel]), service_task=running)
+            finally:
+                stop.set()
+                await asyncio.wait_for(running, scaled(TIMEOUT_S))
+            for vchannel, path in paths.items():
+                _check_exactly_once(path, acked[vchannel])
 
     asyncio.run(scenario())
 
