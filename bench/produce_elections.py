@@ -7,8 +7,10 @@ outstanding each, back to back. Once a second every node's Prometheus endpoint i
 (`raftwal_raft_term`, `raftwal_raft_is_leader`), outside the nodes' gRPC path.
 
 Reports: the Raft term (highest over the nodes) before the load and after it, leader
-changes seen in the samples, samples where no node said it leads, and the load's msgs/s.
-Nothing under this load should cost the leader its leadership.
+changes seen in the samples, samples where no node said it leads, the pchannel terms
+(`raftwal_wal_owner_term`, highest over the nodes: each rise is an owner change, a
+failover that every writer of the pchannel pays for) and the load's msgs/s. Nothing under
+this load should cost the leader its leadership, or an owner its pchannel.
 
     .venv/bin/python bench/produce_elections.py [--duration-s 60] [--json] [--keep-dir DIR]
 
@@ -38,10 +40,12 @@ from wal import SIZES, RaftwalWal, close_all, pipelined_load  # noqa: E402
 SAMPLE_INTERVAL_S = 1.0
 SCRAPE_TIMEOUT_S = 0.8
 _GAUGE = re.compile(r"^(raftwal_raft_term|raftwal_raft_is_leader) ([0-9.e+]+)$", re.M)
+_OWNER_TERM = re.compile(r'^raftwal_wal_owner_term\{pchannel="([^"]+)"\} ([0-9.e+]+)$', re.M)
 
 
-def scrape(address: str) -> tuple[int, bool] | None:
-    """(term, is_leader) from one node's /metrics, or None when it does not answer in time."""
+def scrape(address: str) -> tuple[int, bool, dict[str, int]] | None:
+    """(term, is_leader, owner term by pchannel) from one node's /metrics, or None when it
+    does not answer in time."""
     try:
         with urllib.request.urlopen(f"http://{address}/metrics", timeout=SCRAPE_TIMEOUT_S) as r:
             text = r.read().decode()
@@ -50,7 +54,12 @@ def scrape(address: str) -> tuple[int, bool] | None:
     values = {name: float(value) for name, value in _GAUGE.findall(text)}
     if "raftwal_raft_term" not in values:
         return None
-    return int(values["raftwal_raft_term"]), values.get("raftwal_raft_is_leader", 0.0) == 1.0
+    owner_terms = {name: int(float(value)) for name, value in _OWNER_TERM.findall(text)}
+    return (
+        int(values["raftwal_raft_term"]),
+        values.get("raftwal_raft_is_leader", 0.0) == 1.0,
+        owner_terms,
+    )
 
 
 class Sampler:
@@ -59,7 +68,7 @@ class Sampler:
 
     def __init__(self, addresses: dict[str, str]) -> None:
         self._addresses = addresses
-        self.samples: list[tuple[float, dict[str, tuple[int, bool] | None]]] = []
+        self.samples: list[tuple[float, dict[str, tuple[int, bool, dict[str, int]] | None]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="term-sampler", daemon=True)
 
@@ -88,6 +97,15 @@ class Sampler:
             sorted(node for node, v in sample.items() if v is not None and v[1])
             for _, sample in self.samples
         ]
+        owner_terms: list[dict[str, int]] = []
+        for _, sample in self.samples:
+            highest: dict[str, int] = {}
+            for value in sample.values():
+                for name, term in (value[2] if value is not None else {}).items():
+                    highest[name] = max(term, highest.get(name, 0))
+            owner_terms.append(highest)
+        first_terms = next((terms for terms in owner_terms if terms), {})
+        last_terms = next((terms for terms in reversed(owner_terms) if terms), {})
         changes = 0
         previous: str | None = None
         for names in leaders:
@@ -101,6 +119,10 @@ class Sampler:
             "term_last": terms[-1] if terms else None,
             "leader_changes": changes,
             "samples_without_leader": sum(1 for names in leaders if not names),
+            "pchannels_sampled": len(last_terms),
+            "pchannel_term_rises": sum(
+                term - first_terms.get(name, term) for name, term in last_terms.items()
+            ),
             "unanswered_scrapes": sum(
                 1 for _, sample in self.samples for v in sample.values() if v is None
             ),
