@@ -600,9 +600,11 @@ def _security_for(base: ClientSecurity, cluster: pb.ReplicateCluster) -> ClientS
     return dataclasses.replace(base, tls=True, root_certificates=pem.encode())
 
 
-async def _committed_lsns(client: CoordinatorClient, pchannels: list[str], timeout_s: float):  # type: ignore[no-untyped-def]
+async def _committed_lsns(
+    client: CoordinatorClient, pchannels: list[str], timeout_s: float
+) -> list[int]:
     """The committed LSN of each pchannel, from its owner."""
-    lsns = []
+    lsns: list[int] = []
     async with StreamingClientBase(client) as streaming:
         for pchannel in pchannels:
             route = await streaming.router.owner(pchannel, timeout_s)
