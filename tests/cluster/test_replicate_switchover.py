@@ -4,6 +4,8 @@
 - after `raftwal replicate set` (east -> west), 1,000 messages produced on east are
   consumed from west with the same payloads in the same order; `raftwal replicate status
   --json` shows a lag of 0; `raftwal produce` on west exits 1 naming east;
+- a switchover whose drain cannot finish (west's owner stopped) fails with a typed error
+  and lifts the pause;
 - `raftwal replicate switchover --to west`, while a producer keeps writing to east: the
   pause refuses its writes, then west takes writes and they appear on east, and a produce
   on east exits 1 naming west;
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -184,6 +187,27 @@ def test_switchover_east_to_west_and_back(
                        endpoints=west.endpoints)  # fmt: skip
         assert refused.returncode == 1, (refused.stdout, refused.stderr)
         assert "replication target of cluster east" in refused.stderr
+
+        # A drain that cannot finish (west's owner is stopped, east has a new entry):
+        # the switchover fails with a typed error, and east takes writes again.
+        stalled, _, _ = wait_assigned(west_api, pchannel)
+        west.kill(stalled, signal.SIGSTOP)
+        try:
+            producer = Producer(east_api, pchannel, f"stalled-{SEED}")
+            assert producer.send("orders", [b"while west is stopped"], first, budget_s=30)
+            timed_out = _cli("replicate", "switchover", "--to", "west", "--drain-timeout-s", "1",
+                             endpoints=east.endpoints)  # fmt: skip
+            assert timed_out.returncode == 1, (timed_out.stdout, timed_out.stderr)
+            assert "did not catch up with east within 1 s" in timed_out.stderr
+            assert "the write pause on east was undone" in timed_out.stderr
+            answer = east_api.call(
+                "GetReplicateConfiguration", api.GetReplicateConfigurationRequest()
+            )
+            assert not answer.configuration.HasField("switchover")
+            assert producer.send("orders", [b"after the timeout"], first, budget_s=30)
+            producer.close()
+        finally:
+            west.kill(stalled, signal.SIGCONT)
 
         # The switchover, under a producer that keeps writing to east.
         background = History()
