@@ -707,6 +707,10 @@ async def _switchover(
         )
     base = _without_switchover(current)
     paused = _paused(base, source, to)
+    # A previous run that stopped after its pause: the pause began before this run.
+    resumed = current.SerializeToString(deterministic=True) == paused.SerializeToString(
+        deterministic=True
+    )
     deadline = time.monotonic() + args.drain_timeout_s
     pause_started = time.monotonic()
     # 1. The pause, in the source's Raft: from here every owner of the source refuses
@@ -773,6 +777,7 @@ async def _switchover(
                 "source_cluster_id": to,
                 "target_cluster_id": source,
                 "write_pause_s": round(write_pause_s, 3),
+                "pause_began_earlier": resumed,
                 "pchannels": rows,
             }
         )
@@ -780,6 +785,7 @@ async def _switchover(
     console.print(
         f"switched over: cluster {to} is the source and takes writes, {source} is its "
         f"target; write pause {write_pause_s:.3f} s"
+        + (" since this run began (the pause began in an earlier run)" if resumed else "")
     )
     table = Table()
     for column in (f"{source} pchannel", "drained through", f"{to} pchannel", "replicates after"):

@@ -228,8 +228,12 @@ def test_switchover_east_to_west_and_back(
         assert switched.returncode == 0, (switched.stdout, switched.stderr)
         report = json.loads(switched.stdout)
         assert (report["source_cluster_id"], report["target_cluster_id"]) == ("west", "east")
-        print(f"write pause east -> west: {report['write_pause_s']} s")
-        assert 0 < report["write_pause_s"] < 60
+        paused_refusals = sum("switching over to cluster west" in r for _, r in background.failed)
+        print(
+            f"write pause east -> west: {report['write_pause_s']} s; background producer: "
+            f"{len(background.acked)} acknowledged, {paused_refusals} refused by the pause"
+        )
+        assert 0 < report["write_pause_s"] < 60 and not report["pause_began_earlier"]
         reasons = " | ".join(reason for _, reason in background.failed)
         assert "switching over to cluster west" in reasons or (
             "replication target of cluster west" in reasons
@@ -295,7 +299,7 @@ def test_switchover_east_to_west_and_back(
             west.start_node(owner)
         back = _cli("replicate", "switchover", "--to", "east", "--json", endpoints=west.endpoints)
         assert back.returncode == 0, (back.stdout, back.stderr)
-        print(f"write pause west -> east: {json.loads(back.stdout)['write_pause_s']} s")
+        assert json.loads(back.stdout)["pause_began_earlier"]
         on_east_again = History()
         histories["east"].append(on_east_again)
         producer = Producer(east_api, pchannel, f"east-again-{SEED}")
