@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import sys
 import time
 import tomllib
@@ -50,6 +51,8 @@ from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
 from rpc.streaming.routing import StreamingClientBase
 from wal_segments.owner import TICK_LOGICAL_BITS
+
+log = logging.getLogger(__name__)
 
 # Bounds on what FILE may name (the cluster bounds the configuration itself).
 MAX_FILE_BYTES = 1 << 20
@@ -730,7 +733,15 @@ async def _switchover(
     pchannels = list([c for c in paused.clusters if c.cluster_id == source][0].pchannels)
     drained: dict[str, int] = {}
     while True:
-        answer = await peers[source].get_replicate_configuration()
+        try:
+            answer = await peers[source].get_replicate_configuration()
+        except RaftwalError as error:
+            # A leader change on the source, say: the pause is in Raft, keep waiting.
+            if time.monotonic() > deadline:
+                raise
+            log.info("switchover: reading %s's drain failed (%s); retrying", source, error)
+            await asyncio.sleep(DRAIN_POLL_S * 4)
+            continue
         drained = {
             p: answer.checkpoints[p].drained_through_lsns.get(to, 0)
             for p in pchannels
