@@ -14,11 +14,12 @@ re-reads the checkpoint: so two replicators (an old owner not yet stopped, a new
 never both write, and a restart resumes exactly after what the target holds.
 
 Replicated: data entries with their vchannel, type, key, payload and properties (minus
-the source's own ``rw.`` bookkeeping); a committed transaction's body as one batch (its
-begin and commit markers are the source's); broadcast entries as entries of their
-vchannel; the creation of vchannels (before their first entry is sent) and their removal
-(once every entry before it is replicated), through the target's Coordinator, which
-needs the target token's role to be admin. Not replicated: the source's term starts, seal markers and idle time ticks.
+the source's own ``rw.`` bookkeeping); a committed transaction as one batch with its begin
+and commit markers (the target writes them under a transaction id of its own); broadcast
+entries as entries of their vchannel; the creation of vchannels (before their first entry
+is sent) and their removal (once every entry before it is replicated), through the
+target's Coordinator, which needs the target token's role to be admin. Not replicated:
+the source's term starts, seal markers and idle time ticks.
 Every retry is bounded in rate (``RETRY_MAX_S``) and logged.
 """
 
@@ -68,9 +69,9 @@ RECORD_EVERY_S = 1.0
 #: How often an idle replicator compares the target's vchannels with the source's.
 VCHANNEL_SYNC_S = 2.0
 _SKIPPED_FLAGS = int(EntryFlags.TERM_START | EntryFlags.SEAL_MARKER)
-_SKIPPED_TYPES = frozenset(
-    {MsgType.TERM_START, MsgType.SEAL, MsgType.TIME_TICK, MsgType.TXN_BEGIN, MsgType.TXN_COMMIT}
-)
+# A committed transaction's begin and commit markers are sent (the target writes them as
+# its own, services/replicated.py:with_transactions); the source's control entries not.
+_SKIPPED_TYPES = frozenset({MsgType.TERM_START, MsgType.SEAL, MsgType.TIME_TICK})
 _RETRY_CODES = frozenset(
     {E.NOT_OWNER, E.CHANNEL_FENCED, E.UNAVAILABLE, E.ON_SHUTDOWN, E.NOT_LEADER, E.UNKNOWN}
 )

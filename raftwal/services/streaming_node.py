@@ -32,9 +32,11 @@ from raftwal.services.backend import DataView, StreamingBackend, VChannelInfo
 from raftwal.services.callers import TxnOwner, caller_identity, check_owner
 from raftwal.services.common import fail
 from raftwal.services.replicated import (
+    TXN_MARKER_TYPES,
     check_replicated_batch,
     check_source_names,
     with_source_positions,
+    with_transactions,
 )
 from raftwal.services.replicated import producer_id as replicated_producer_id
 from raftwal.services.segment_transfer import SegmentTransfers
@@ -530,6 +532,16 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             owner = self._owner(request.pchannel)
             if compact:
                 messages = self._compact_messages(request)
+            elif request.HasField("replicate_source"):
+                # A replicated transaction's markers are written as this node's own.
+                types = [m.msg_type for m in request.messages]
+                plain = [
+                    wire.Message(vchannel=m.vchannel) if m.msg_type in TXN_MARKER_TYPES else m
+                    for m in request.messages
+                ]
+                messages = with_transactions(
+                    self._messages(plain, request.pchannel), types, self._new_txn_id
+                )
             else:
                 messages = self._messages(request.messages, request.pchannel)
             if request.HasField("replicate_source"):

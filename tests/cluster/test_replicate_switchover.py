@@ -11,7 +11,9 @@
   on east exits 1 naming west;
 - a crash midway: the pause alone is applied on west (the new source), west's owner is
   killed with SIGKILL, the new owner still refuses writes; `raftwal replicate switchover
-  --to east` finishes it, and a rerun has nothing left to do.
+  --to east` finishes it, and a rerun has nothing left to do;
+- a transaction committed on east then reaches west whole, with its begin and commit
+  markers.
 
 History check after each phase: each cluster's own entries (no `rw.src.cluster`) are, in
 order and once each, the entries of the other cluster that came from it (same payloads,
@@ -28,12 +30,14 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from raftwal.cli import dev
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import streaming_pb2 as wire
+from rpc.protos import streaming_pb2_grpc
 from tests.cluster.conftest import Api
 from tests.cluster.wal_helpers import (
     History,
@@ -44,6 +48,7 @@ from tests.cluster.wal_helpers import (
     wait_nodes_up,
 )
 from tests.timing import wait_for
+from wal_segments.format import EntryFlags
 
 pytestmark = pytest.mark.cluster
 
@@ -87,7 +92,8 @@ def _mismatch(
     """What breaks the history check, or None: each cluster's own entries are the other's
     copies of them, entry for entry; acknowledged entries are there; nothing twice."""
     for cluster, entries in logs.items():
-        payloads = [e.payload for e in entries]
+        # (A transaction's markers have no payload.)
+        payloads = [e.payload for e in entries if e.msg_type not in ("txn_begin", "txn_commit")]
         if len(set(payloads)) != len(payloads):
             return f"a payload twice on {cluster}"
         own = [(e.payload, e.lsn) for e in entries if SOURCE_PROPERTY not in e.properties]
@@ -122,6 +128,10 @@ def _check_history(
 
     wait_for("each cluster holds the other's entries exactly", check, timeout_s=90, interval_s=1)
     return last[0]
+
+
+def _stub(client: Api, address: str) -> streaming_pb2_grpc.StreamingNodeStub:
+    return streaming_pb2_grpc.StreamingNodeStub(client.security.channel(address))
 
 
 def _keep_producing(client: Api, pchannel: str, history: History, stop: threading.Event) -> None:
@@ -295,6 +305,12 @@ def test_switchover_east_to_west_and_back(
             assert any("switching over to cluster east" in r for _, r in paused.failed), (
                 paused.failed[-3:]
             )
+            _, _, address = wait_assigned(west_api, pchannel)
+            with pytest.raises(grpc.RpcError) as raised:
+                _stub(west_api, address).BeginTxn(
+                    wire.BeginTxnRequest(vchannel="orders"), timeout=10
+                )
+            assert "switching over to cluster east" in str(raised.value.details())
         finally:
             west.start_node(owner)
         back = _cli("replicate", "switchover", "--to", "east", "--json", endpoints=west.endpoints)
@@ -305,9 +321,38 @@ def test_switchover_east_to_west_and_back(
         producer = Producer(east_api, pchannel, f"east-again-{SEED}")
         assert producer.send("orders", [b"east again 1", b"east again 2"], on_east_again)
         producer.close()
+        # A transaction committed on east reaches west whole, with its markers.
+        _, _, address = wait_assigned(east_api, pchannel)
+        stub = _stub(east_api, address)
+        txn = stub.BeginTxn(wire.BeginTxnRequest(vchannel="orders"), timeout=10)
+        stub.AppendTxn(
+            wire.AppendTxnRequest(
+                vchannel="orders",
+                txn_id=txn.txn_id,
+                messages=[wire.Message(vchannel="orders", payload=p) for p in (b"t1", b"t2")],
+            ),
+            timeout=10,
+        )
+        committed = stub.CommitTxn(
+            wire.CommitTxnRequest(vchannel="orders", txn_id=txn.txn_id), timeout=10
+        )
+        txn_lsns = [p.lsn for p in committed.positions]
+        assert len(txn_lsns) == 4  # begin, two messages, commit
+        histories["east"].append(History())  # (its payloads are checked below)
         logs = _check_history(east_api, west_api, pchannel, histories)
-        assert logs["west"][-1].payload == b"east again 2"
         assert b"not while paused" not in {e.payload for e in logs["west"]}
+        copies = logs["west"][-4:]
+        assert [int(e.properties["rw.src.lsn"]) for e in copies] == txn_lsns
+        assert [e.msg_type for e in copies] == ["txn_begin", "message", "message", "txn_commit"]
+        assert [e.payload for e in copies[1:3]] == [b"t1", b"t2"]
+        assert [e.flags for e in copies] == [
+            int(EntryFlags.TXN_BEGIN),
+            int(EntryFlags.TXN_BODY),
+            int(EntryFlags.TXN_BODY),
+            int(EntryFlags.TXN_COMMIT),
+        ]
+        assert len({e.txn_id for e in copies}) == 1 and copies[0].txn_id != 0
+        assert logs["west"][-5].payload == b"east again 2"
     finally:
         east_api.close()
         west_api.close()

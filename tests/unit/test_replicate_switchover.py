@@ -183,3 +183,33 @@ def test_the_pause_waits_for_a_broadcast_being_appended() -> None:
         refused.rejection.message
     )
     assert not harness.state.replicate_configuration.HasField("switchover")
+
+
+def test_a_replicated_transaction_is_written_with_its_markers() -> None:
+    from raftwal.services.replicated import with_transactions
+    from rpc.errors import RaftwalError
+    from wal_segments.format import EntryFlags, MsgType
+    from wal_segments.owner import Message
+
+    ids = iter([41, 42])
+    plain = [Message(7, int(MsgType.MESSAGE), b"", f"m{k}".encode(), {}) for k in range(5)]
+    types = ["message", "txn_begin", "insert", "txn_commit", "message"]
+    out = with_transactions(plain, types, lambda: next(ids))
+    assert [(m.msg_type, m.flags, m.txn_id) for m in out] == [
+        (int(MsgType.MESSAGE), 0, 0),
+        (int(MsgType.TXN_BEGIN), int(EntryFlags.TXN_BEGIN), 41),
+        (int(MsgType.MESSAGE), int(EntryFlags.TXN_BODY), 41),
+        (int(MsgType.TXN_COMMIT), int(EntryFlags.TXN_COMMIT), 41),
+        (int(MsgType.MESSAGE), 0, 0),
+    ]
+    assert out[3].properties == {"rw.txn.count": "3"}
+    assert with_transactions(plain, ["message"] * 5, lambda: 1) is plain
+    for bad, expected in (
+        (["txn_begin", "txn_begin", "message", "txn_commit", "message"], "begins inside another"),
+        (["message", "txn_commit", "message", "message", "message"], "commits without a begin"),
+        (["message", "txn_begin", "message", "message", "message"], "without its commit"),
+    ):
+        with pytest.raises(RaftwalError) as raised:
+            with_transactions(plain, bad, lambda: 9)
+        assert raised.value.info.code == E.INVALID_ARGUMENT
+        assert expected in raised.value.info.message and "expected" in raised.value.info.message
