@@ -13,7 +13,8 @@
   killed with SIGKILL, the new owner still refuses writes; `raftwal replicate switchover
   --to east` finishes it, and a rerun has nothing left to do;
 - a transaction committed on east then reaches west whole, with its begin and commit
-  markers.
+  markers;
+- a switchover that crashed between its two reversal updates is finished by a rerun.
 
 History check after each phase: each cluster's own entries (no `rw.src.cluster`) are, in
 order and once each, the entries of the other cluster that came from it (same payloads,
@@ -353,6 +354,53 @@ def test_switchover_east_to_west_and_back(
         ]
         assert len({e.txn_id for e in copies}) == 1 and copies[0].txn_id != 0
         assert logs["west"][-5].payload == b"east again 2"
+
+        # A switchover to west that crashed between its two reversal updates: east is
+        # paused (and drained: west holds all of it), west already has the reversed edge.
+        # A rerun applies the reversed edge to east.
+        forward = east_api.call(
+            "GetReplicateConfiguration", api.GetReplicateConfigurationRequest()
+        ).configuration
+        paused_east = pb.ReplicateConfiguration()
+        paused_east.CopyFrom(forward)
+        paused_east.switchover.CopyFrom(
+            pb.ReplicateSwitchover(source_cluster_id="east", target_cluster_id="west")
+        )
+        east_api.call(
+            "UpdateReplicateConfiguration",
+            api.UpdateReplicateConfigurationRequest(configuration=paused_east),
+        )
+        _, _, address = wait_assigned(west_api, pchannel)
+        west_committed = (
+            _stub(west_api, address)
+            .GetLatestTimeTick(wire.GetLatestTimeTickRequest(pchannel=pchannel), timeout=10)
+            .committed_lsn
+        )
+        reversed_edge = pb.ReplicateConfiguration()
+        reversed_edge.CopyFrom(forward)
+        del reversed_edge.topology[:]
+        reversed_edge.topology.add(
+            source_cluster_id="west", target_cluster_id="east", start_after_lsns=[west_committed]
+        )
+        west_api.call(
+            "UpdateReplicateConfiguration",
+            api.UpdateReplicateConfigurationRequest(configuration=reversed_edge),
+        )
+        finish = _cli("replicate", "switchover", "--to", "west", "--json", endpoints=east.endpoints)
+        assert finish.returncode == 0, (finish.stdout, finish.stderr)
+        assert json.loads(finish.stdout)["finished_now"] == ["east"]
+        for client in (east_api, west_api):
+            answer = client.call(
+                "GetReplicateConfiguration", api.GetReplicateConfigurationRequest()
+            )
+            assert answer.configuration == reversed_edge
+        last_west = History()
+        histories["west"].append(last_west)
+        producer = Producer(west_api, pchannel, f"west-last-{SEED}")
+        assert producer.send("orders", [b"west at last"], last_west, budget_s=60)
+        producer.close()
+        logs = _check_history(east_api, west_api, pchannel, histories)
+        assert logs["east"][-1].payload == b"west at last"
     finally:
         east_api.close()
         west_api.close()
