@@ -22,6 +22,8 @@ from statemachine.replicate import (
     local_cluster,
     replicated_pairs,
     replication_hold,
+    switching_to,
+    write_refusal,
 )
 from statemachine.state import restore_state
 from statemachine.types import DEFAULT_LIMITS, Context, Limits, Rejection
@@ -760,6 +762,16 @@ def _create_broadcast(state, cmd: pb.CreateBroadcast, ctx, limits) -> Outcome:
         vchannel = state.vchannels.get(name)
         if vchannel is None or vchannel.state != pb.VCHANNEL_STATE_NORMAL:
             return Rejection(E.CHANNEL_NOT_EXIST, f"vchannel {show(name)} does not exist")
+        # A replication target takes only its source's entries, and a source pauses its
+        # client writes during a switchover (statemachine/replicate.py).
+        refusal = write_refusal(
+            state.replicate_configuration,
+            state.replicate_cluster_id,
+            vchannel.pchannel,
+            f"a broadcast to {name}",
+        )
+        if refusal:
+            return Rejection(E.IGNORED_OPERATION, refusal)
     emitter = _Emitter(state, ctx)
     broadcast_id = emitter.next_revision
     for resource in cmd.resource_keys:
@@ -1446,6 +1458,19 @@ def _update_replicate_configuration(
         deterministic=True
     ):
         return []
+    if switching_to(configuration, cmd.local_cluster_id) and not switching_to(
+        current, cmd.local_cluster_id
+    ):
+        # A write pause begins: a broadcast accepted before it must be in the log first,
+        # or its append would follow the entries the target is known to hold.
+        pending = _undelivered_broadcasts(state, configuration, cmd.local_cluster_id)
+        if pending:
+            return Rejection(
+                E.UNAVAILABLE,
+                f"broadcasts {', '.join(map(str, pending[:5]))} are still being appended to "
+                f"pchannels of cluster {cmd.local_cluster_id} (got {len(pending)}; expected "
+                "none before a switchover pauses writes: retry in a moment)",
+            )
     emitter = _Emitter(state, ctx)
     emitter.emit(
         replicate_configuration_updated=pb.ReplicateConfigurationUpdated(
@@ -1453,6 +1478,26 @@ def _update_replicate_configuration(
         )
     )
     return emitter.events
+
+
+def _undelivered_broadcasts(
+    state: pb.CoordinationState, configuration: pb.ReplicateConfiguration, cluster_id: str
+) -> list[int]:
+    """PENDING broadcasts with a vchannel not yet appended on a pchannel this cluster
+    lists in `configuration`."""
+    mine = local_cluster(configuration, cluster_id)
+    listed = set(mine.pchannels) if mine is not None else set()
+    pending = []
+    for broadcast_id in sorted(state.broadcasts):
+        task = state.broadcasts[broadcast_id]
+        if task.state != pb.BROADCAST_STATE_PENDING:
+            continue
+        for target in task.vchannels:
+            vchannel = state.vchannels.get(target.vchannel)
+            if not target.appended and vchannel is not None and vchannel.pchannel in listed:
+                pending.append(broadcast_id)
+                break
+    return pending
 
 
 def _record_replicate_checkpoint(state, cmd: pb.RecordReplicateCheckpoint, ctx, limits) -> Outcome:
@@ -1472,16 +1517,38 @@ def _record_replicate_checkpoint(state, cmd: pb.RecordReplicateCheckpoint, ctx, 
             f"{show(cmd.target_cluster_id)} (got none in the configuration; expected an "
             "edge from this cluster to it that lists the pchannel)",
         )
+    drained = cmd.drained_through_lsn
+    if drained:
+        target = switching_to(state.replicate_configuration, state.replicate_cluster_id)
+        if target != cmd.target_cluster_id:
+            return Rejection(
+                E.IGNORED_OPERATION,
+                f"drained_through_lsn {drained} of pchannel {show(cmd.pchannel)} for cluster "
+                f"{show(cmd.target_cluster_id)} without a switchover to it (got "
+                f"{'a switchover to ' + target if target else 'none'}; expected this cluster "
+                f"switching over to {cmd.target_cluster_id})",
+            )
+        if drained < cmd.source_lsn:
+            return invalid(
+                f"invalid drained_through_lsn ({drained}; expected 0, or at least source_lsn "
+                f"{cmd.source_lsn})"
+            )
     checkpoints = state.replicate_checkpoints.get(cmd.pchannel)
     current = checkpoints.source_lsns.get(cmd.target_cluster_id, 0) if checkpoints else 0
-    if cmd.source_lsn <= current:
+    current_drained = (
+        checkpoints.drained_through_lsns.get(cmd.target_cluster_id, 0) if checkpoints else 0
+    )
+    moves = cmd.source_lsn > current
+    drains = drained > current_drained
+    if not moves and not drains:
         return []
     emitter = _Emitter(state, ctx)
     emitter.emit(
         replicate_checkpoint_recorded=pb.ReplicateCheckpointRecorded(
             pchannel=cmd.pchannel,
             target_cluster_id=cmd.target_cluster_id,
-            source_lsn=cmd.source_lsn,
+            source_lsn=max(cmd.source_lsn, current),
+            drained_through_lsn=drained if drains else 0,
         )
     )
     return emitter.events

@@ -294,6 +294,8 @@ def _replicate_configuration_updated(
         for target in sorted(checkpoints.source_lsns):
             if (pchannel, target) not in kept:
                 del checkpoints.source_lsns[target]
+        # A drain is proven anew under each configuration (each write pause).
+        checkpoints.drained_through_lsns.clear()
         if not checkpoints.source_lsns:
             del state.replicate_checkpoints[pchannel]
 
@@ -302,10 +304,12 @@ def _replicate_checkpoint_recorded(
     state, e: pb.ReplicateCheckpointRecorded, revision, limits: Limits
 ) -> None:
     checkpoints = state.replicate_checkpoints[e.pchannel]
-    assert e.source_lsn > checkpoints.source_lsns.get(e.target_cluster_id, 0), (
+    assert e.source_lsn >= checkpoints.source_lsns.get(e.target_cluster_id, 0), (
         "a replication checkpoint went back"
     )
     checkpoints.source_lsns[e.target_cluster_id] = e.source_lsn
+    if e.drained_through_lsn:
+        checkpoints.drained_through_lsns[e.target_cluster_id] = e.drained_through_lsn
 
 
 def _state_restored(state, e: pb.StateRestored, revision, limits: Limits) -> None:

@@ -29,7 +29,11 @@ PEM_CERTIFICATE_HEADER = "-----BEGIN CERTIFICATE-----"
 
 
 def is_empty(configuration: pb.ReplicateConfiguration) -> bool:
-    return not configuration.clusters and not configuration.topology
+    return (
+        not configuration.clusters
+        and not configuration.topology
+        and not configuration.HasField("switchover")
+    )
 
 
 def _check_credentials(
@@ -151,12 +155,55 @@ def _check_topology(
     return None
 
 
+def _check_start_after(configuration: pb.ReplicateConfiguration) -> Rejection | None:
+    """An edge's start_after_lsns: none, or one LSN >= 0 per pchannel."""
+    count = len(configuration.clusters[0].pchannels)
+    for index, edge in enumerate(configuration.topology):
+        lsns = list(edge.start_after_lsns)
+        if lsns and len(lsns) != count:
+            return invalid(
+                f"invalid topology[{index}].start_after_lsns ({len(lsns)} LSNs; expected "
+                f"none or {count}, one per pchannel)"
+            )
+        for lsn in lsns:
+            if lsn < 0:
+                return invalid(
+                    f"invalid topology[{index}].start_after_lsns ({lsn}; expected LSNs >= 0)"
+                )
+    return None
+
+
+def _check_switchover(configuration: pb.ReplicateConfiguration) -> Rejection | None:
+    """A switchover names an edge of the topology whose source has no other edge: the
+    swap reverses that edge only, so the source may neither feed another target nor be a
+    target itself."""
+    if not configuration.HasField("switchover"):
+        return None
+    switchover = configuration.switchover
+    source, target = switchover.source_cluster_id, switchover.target_cluster_id
+    edges = [(e.source_cluster_id, e.target_cluster_id) for e in configuration.topology]
+    if (source, target) not in edges:
+        listed = ", ".join(f"{s} -> {t}" for s, t in edges) or "none"
+        return invalid(
+            f"invalid switchover ({show(source)} -> {show(target)}; expected an edge of the "
+            f"topology: {listed})"
+        )
+    others = [f"{s} -> {t}" for s, t in edges if source in (s, t) and (s, t) != (source, target)]
+    if others:
+        return invalid(
+            f"invalid switchover {source} -> {target} (got other edges of {source}: "
+            f"{', '.join(others)}; expected {source} -> {target} to be its only edge)"
+        )
+    return None
+
+
 def check_configuration(
     configuration: pb.ReplicateConfiguration, local_cluster_id: str, limits: Limits
 ) -> Rejection | None:
     """None when `configuration` may replace the current one on the cluster whose id is
     `local_cluster_id`; else an INVALID_ARGUMENT Rejection saying what was got and what was
-    expected. An empty configuration (no clusters, no edges) is always valid: it clears."""
+    expected. An empty configuration (no clusters, no edges, no switchover) is always
+    valid: it clears."""
     if is_empty(configuration):
         return None
     count = len(configuration.clusters)
@@ -191,7 +238,10 @@ def check_configuration(
             f"invalid number of topology edges ({len(configuration.topology)}; expected "
             f"0..{limits.max_replicate_clusters})"
         )
-    bad = _check_topology(configuration, ids, limits)
+    bad = _check_topology(configuration, ids, limits) or _check_start_after(configuration)
+    if bad:
+        return bad
+    bad = _check_switchover(configuration)
     if bad:
         return bad
     if not local_cluster_id:
@@ -278,14 +328,62 @@ def replication_hold(state: pb.CoordinationState, pchannel: str) -> int:
     A target dropped from the configuration holds nothing."""
     hold = 1 << 62
     checkpoints = state.replicate_checkpoints.get(pchannel)
-    for local, target in replicated_pairs(
-        state.replicate_configuration, state.replicate_cluster_id
-    ):
+    configuration, cluster_id = state.replicate_configuration, state.replicate_cluster_id
+    for local, target in replicated_pairs(configuration, cluster_id):
         if local != pchannel:
             continue
         applied = checkpoints.source_lsns.get(target, 0) if checkpoints is not None else 0
-        hold = min(hold, applied + 1)
+        start = start_after(configuration, cluster_id, target, pchannel)
+        hold = min(hold, max(applied, start) + 1)
     return hold
+
+
+def start_after(
+    configuration: pb.ReplicateConfiguration, source_id: str, target_id: str, pchannel: str
+) -> int:
+    """The LSN of `pchannel` (of `source_id`) after which replication to `target_id`
+    starts: the edge's start_after_lsns entry (set by a switchover), else 0."""
+    source = local_cluster(configuration, source_id)
+    if source is None or pchannel not in source.pchannels:
+        return 0
+    index = list(source.pchannels).index(pchannel)
+    for edge in configuration.topology:
+        if (edge.source_cluster_id, edge.target_cluster_id) == (source_id, target_id):
+            return edge.start_after_lsns[index] if index < len(edge.start_after_lsns) else 0
+    return 0
+
+
+def switching_to(configuration: pb.ReplicateConfiguration, cluster_id: str) -> str:
+    """The cluster `cluster_id` is switching over to (its writes are paused), or ""."""
+    switchover = configuration.switchover
+    if configuration.HasField("switchover") and switchover.source_cluster_id == cluster_id:
+        return switchover.target_cluster_id
+    return ""
+
+
+def write_refusal(
+    configuration: pb.ReplicateConfiguration, cluster_id: str, pchannel: str, what: str
+) -> str:
+    """Why a client's write (`what`: "a Produce", ...) to `pchannel` of this cluster is
+    refused, or "" when it is taken: the pchannel is a replication target, or this
+    cluster is the source of a switchover in progress."""
+    source, _ = replication_sources(configuration, cluster_id).get(pchannel, ("", ""))
+    if source:
+        return (
+            f"pchannel {pchannel} is a replication target of cluster {source} (got {what}; "
+            f"expected it on cluster {source}, whose replicator copies it here, or this "
+            "cluster taken out of the replication topology first)"
+        )
+    target = switching_to(configuration, cluster_id)
+    local = local_cluster(configuration, cluster_id) if target else None
+    if local is not None and pchannel in local.pchannels:
+        return (
+            f"cluster {cluster_id} is switching over to cluster {target}: writes are paused "
+            f"until {target} holds every entry (got {what} for pchannel {pchannel}; "
+            f"expected it on cluster {target} once the switchover ends, or the switchover "
+            "undone with `raftwal replicate set`)"
+        )
+    return ""
 
 
 def replication_sources(

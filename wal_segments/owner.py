@@ -895,9 +895,14 @@ class ChannelOwner:
         sequence: int = 0,
         expected_last_lsn: int = 0,
         previous_sequence: int | None = None,
+        admit: Callable[[], None] | None = None,
     ) -> tuple[list[tuple[int, int]], bool]:
         """Write `messages` as one batch; returns ([(lsn, time_tick)], duplicate) once a
         majority holds them durably. Raises WalError.
+
+        `admit`, when given, runs under the write lock just before the append and may
+        raise (a RaftwalError or WalError) to refuse the batch: a check that must hold at
+        the moment the batch gets its LSNs (a switchover's write pause), not earlier.
 
         With `previous_sequence` (and a producer id and sequence) the batch must continue
         the producer's newest sequence exactly: a retry of a batch already written is
@@ -934,6 +939,8 @@ class ChannelOwner:
         await self._wait_room()
         async with self._write_lock:
             self._check_serving()
+            if admit is not None:
+                admit()
             if contiguous:
                 history = self._producers.get(producer_id)
                 newest = history[-1].sequence if history else 0
@@ -1190,6 +1197,12 @@ class ChannelOwner:
         raise ConnectionError(f"append stream to {replica.node_id} ended")
 
     # -- sealing and committing segments ------------------------------------------------------
+
+    async def settled_last_lsn(self) -> int:
+        """The last LSN once every write that holds the write lock now has appended: a
+        write admitted later gets a higher LSN."""
+        async with self._write_lock:
+            return self.log.last_lsn
 
     async def seal_now(self) -> None:
         async with self._write_lock:

@@ -1,5 +1,5 @@
-"""`raftwal replicate set FILE | clear | show`: the cross-cluster replication configuration
-(docs/replication.md) from the command line.
+"""`raftwal replicate set FILE | clear | show | status | promote | switchover --to ID`: the
+cross-cluster replication configuration (docs/replication.md) from the command line.
 
 FILE is TOML: one ``[[clusters]]`` table per cluster (``id``, ``endpoints``, ``pchannels``
 in order, and optional ``token_file`` / ``ca_file``, paths relative to FILE) and one
@@ -9,14 +9,19 @@ control while the token files stay 0600. ``set`` replaces the configuration of e
 cluster FILE names with FILE's, each reached at its endpoints with its own token
 and CA file (``--here``: only the cluster the CLI talks to, ``--endpoints`` or the dev
 cluster, with the flags' credentials); ``clear`` empties the CLI's cluster's one;
-``show`` prints it as the cluster answers it, tokens redacted. This module only parses,
-calls the SDK and prints: the cluster validates.
+``show`` prints it as the cluster answers it, tokens redacted. ``switchover`` drives a
+planned swap through configuration updates (the write pause is the configuration's
+``switchover``, kept in Raft) and waits for the drain the source's replicators record. This
+module only parses, calls the SDK and prints: the clusters validate and enforce.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
+import logging
 import sys
 import time
 import tomllib
@@ -34,16 +39,20 @@ from raftwal.cli.client import (
     _console,
     _handler,
     _print_json,
+    client_security,
     common_arguments,
     message_to_json,
 )
 from raftwal.node.replicator import cluster_security
 from rpc.client import CoordinatorClient, RaftwalError
-from rpc.credentials import CredentialsError
+from rpc.credentials import ClientSecurity, CredentialsError
 from rpc.protos import coordination_pb2 as pb
+from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
 from rpc.streaming.routing import StreamingClientBase
 from wal_segments.owner import TICK_LOGICAL_BITS
+
+log = logging.getLogger(__name__)
 
 # Bounds on what FILE may name (the cluster bounds the configuration itself).
 MAX_FILE_BYTES = 1 << 20
@@ -200,6 +209,28 @@ def register(commands: argparse._SubParsersAction) -> None:
         "cluster only: the source is assumed gone) and reports where each pchannel stands.",
     )
     promote.set_defaults(handler=_handler(_replicate_promote))
+    switchover = replicate_commands.add_parser(
+        "switchover",
+        parents=[common],
+        help="planned swap: the source pauses client writes, its target catches up, then "
+        "the edge is reversed (the target becomes the source); prints the write pause",
+        description="Run against any cluster of the configuration; every cluster of the "
+        "swapped edge is reached at its configured endpoints with the flags' token (and "
+        "its configured CA). Safe to run again after a crash or a timeout: it finishes "
+        "or redoes what is left.",
+    )
+    switchover.add_argument(
+        "--to", required=True, metavar="ID", help="the target cluster that becomes the source"
+    )
+    switchover.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        default=DRAIN_TIMEOUT_S,
+        help="how long the source's writes may stay paused waiting for the target to hold "
+        f"every entry; past it the pause is undone and the command fails (default: "
+        f"{DRAIN_TIMEOUT_S:g})",
+    )
+    switchover.set_defaults(handler=_handler(_replicate_switchover))
     show = replicate_commands.add_parser(
         "show", parents=[common], help="the configuration, tokens redacted"
     )
@@ -379,7 +410,11 @@ async def _replicate_status(
                 latest = await streaming.stub(route.owner_address).GetLatestTimeTick(
                     wire.GetLatestTimeTickRequest(pchannel=pchannel), timeout=args.timeout_s
                 )
-                recorded = answer.checkpoints[pchannel].source_lsns.get(edge.target_cluster_id, 0)
+                recorded = max(
+                    answer.checkpoints[pchannel].source_lsns.get(edge.target_cluster_id, 0),
+                    # A reversed edge starts after what its target wrote itself.
+                    edge.start_after_lsns[index] if edge.start_after_lsns else 0,
+                )
                 lag, first_tick = await _unreplicated(
                     streaming, pchannel, recorded, latest.committed_lsn
                 )
@@ -501,6 +536,277 @@ async def _replicate_promote(
     for row in rows:
         table.add_row(
             str(row["pchannel"]), str(row["source_pchannel"]), str(row["last_source_lsn"])
+        )
+    console.print(table)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# switchover
+# ---------------------------------------------------------------------------------------
+
+#: Default bound on the write pause spent waiting for the drain.
+DRAIN_TIMEOUT_S = 60.0
+#: How often the drain is polled (a Raft read on the source).
+DRAIN_POLL_S = 0.05
+
+
+class SwitchoverTimeout(CliError):
+    """The target did not catch up within --drain-timeout-s; the source's write pause was
+    undone (the message says which pchannels lagged)."""
+
+
+def _edges(configuration: pb.ReplicateConfiguration) -> list[tuple[str, str]]:
+    return [(e.source_cluster_id, e.target_cluster_id) for e in configuration.topology]
+
+
+def _without_switchover(configuration: pb.ReplicateConfiguration) -> pb.ReplicateConfiguration:
+    copy = pb.ReplicateConfiguration()
+    copy.CopyFrom(configuration)
+    copy.ClearField("switchover")
+    return copy
+
+
+def _paused(
+    configuration: pb.ReplicateConfiguration, source: str, target: str
+) -> pb.ReplicateConfiguration:
+    copy = _without_switchover(configuration)
+    copy.switchover.CopyFrom(
+        pb.ReplicateSwitchover(source_cluster_id=source, target_cluster_id=target)
+    )
+    return copy
+
+
+def _reversed(
+    configuration: pb.ReplicateConfiguration, source: str, target: str, start_after: list[int]
+) -> pb.ReplicateConfiguration:
+    """`configuration` with source -> target replaced by target -> source, replication
+    starting after `start_after` (the target's committed LSN per pchannel: everything
+    through it came from the source)."""
+    copy = _without_switchover(configuration)
+    del copy.topology[:]
+    for edge in configuration.topology:
+        if (edge.source_cluster_id, edge.target_cluster_id) == (source, target):
+            copy.topology.add(
+                source_cluster_id=target, target_cluster_id=source, start_after_lsns=start_after
+            )
+        else:
+            copy.topology.add().CopyFrom(edge)
+    return copy
+
+
+def _security_for(base: ClientSecurity, cluster: pb.ReplicateCluster) -> ClientSecurity:
+    """The flags' credentials, with TLS and the cluster's configured CA where it has one."""
+    pem = cluster.credentials.ca_certificate_pem
+    if not pem:
+        return base
+    return dataclasses.replace(base, tls=True, root_certificates=pem.encode())
+
+
+async def _committed_lsns(
+    client: CoordinatorClient, pchannels: list[str], timeout_s: float
+) -> list[int]:
+    """The committed LSN of each pchannel, from its owner."""
+    lsns: list[int] = []
+    async with StreamingClientBase(client) as streaming:
+        for pchannel in pchannels:
+            route = await streaming.router.owner(pchannel, timeout_s)
+            latest = await streaming.stub(route.owner_address).GetLatestTimeTick(
+                wire.GetLatestTimeTickRequest(pchannel=pchannel), timeout=timeout_s
+            )
+            lsns.append(latest.committed_lsn)
+    return lsns
+
+
+async def _replicate_switchover(
+    args: argparse.Namespace, client: CoordinatorClient, target: Target
+) -> int:
+    to = args.to
+    here = await client.get_replicate_configuration()
+    configuration = here.configuration
+    clusters = {c.cluster_id: c for c in configuration.clusters}
+    edges = _edges(configuration)
+    into = [s for s, t in edges if t == to]
+    out_of = [t for s, t in edges if s == to]
+    if to not in clusters or len(into) + len(out_of) != 1:
+        listed = ", ".join(f"{s} -> {t}" for s, t in edges) or "none"
+        raise CliError(
+            f"cannot switch over to cluster {to} (got topology {listed} seen from cluster "
+            f"{here.cluster_id or '(no cluster_id)'}; expected one edge SOURCE -> {to}, and "
+            "no other edge of it)"
+        )
+    # The other cluster of the pair: the source, or (already reversed) the old source.
+    source = into[0] if into else out_of[0]
+    for cluster in configuration.clusters:
+        if cluster.credentials.token_set:
+            raise CliError(
+                f"cluster {cluster.cluster_id} has a token in the configuration, which this "
+                "command cannot read back (expected `raftwal replicate set FILE` with the "
+                f"edge {to} -> {source} and start_after_lsns instead; docs/replication.md)"
+            )
+    base_security = client_security(args, target)
+    async with contextlib.AsyncExitStack() as stack:
+        peers: dict[str, CoordinatorClient] = {}
+        for cluster_id in (source, to):
+            peers[cluster_id] = await stack.enter_async_context(
+                CoordinatorClient(
+                    list(clusters[cluster_id].endpoints),
+                    timeout_s=args.timeout_s,
+                    security=_security_for(base_security, clusters[cluster_id]),
+                )
+            )
+        try:
+            return await _switchover(args, peers, source, to)
+        except SwitchoverTimeout as error:
+            print(f"error: {error}", file=sys.stderr)
+            return EXIT_ERROR
+
+
+async def _switchover(
+    args: argparse.Namespace, peers: dict[str, CoordinatorClient], source: str, to: str
+) -> int:
+    console = _console()
+    answers = {c: await peers[c].get_replicate_configuration() for c in (source, to)}
+    for cluster_id, answer in answers.items():
+        if answer.cluster_id != cluster_id:
+            raise CliError(
+                f"the endpoints configured for cluster {cluster_id} answer as cluster "
+                f"{answer.cluster_id or '(no cluster_id)'} (expected {cluster_id})"
+            )
+    done = [
+        c
+        for c in (to, source)
+        if (to, source) in _edges(answers[c].configuration)
+        and not answers[c].configuration.HasField("switchover")
+    ]
+    if done:
+        # A previous run reversed the edge on one cluster at least: finish it.
+        final = answers[done[0]].configuration
+        finished = []
+        for cluster_id in (to, source):
+            if (await peers[cluster_id].update_replicate_configuration(final)).changed:
+                finished.append(cluster_id)
+        report = {
+            "source_cluster_id": to,
+            "target_cluster_id": source,
+            "finished_now": finished,
+            "write_pause_s": None,
+        }
+        if args.json:
+            _print_json(report)
+        else:
+            what = f"finished on {', '.join(finished)}" if finished else "nothing left to do"
+            console.print(
+                f"cluster {to} is already the source and {source} its target ({what}; the "
+                "write pause of an earlier run is not known)"
+            )
+        return 0
+    current = answers[source].configuration
+    if (source, to) not in _edges(current):
+        raise CliError(
+            f"cluster {source} does not replicate to {to} (got topology "
+            f"{', '.join(f'{s} -> {t}' for s, t in _edges(current)) or 'none'}; expected "
+            f"{source} -> {to})"
+        )
+    base = _without_switchover(current)
+    paused = _paused(base, source, to)
+    # A previous run that stopped after its pause: the pause began before this run.
+    resumed = current.SerializeToString(deterministic=True) == paused.SerializeToString(
+        deterministic=True
+    )
+    deadline = time.monotonic() + args.drain_timeout_s
+    pause_started = time.monotonic()
+    # 1. The pause, in the source's Raft: from here every owner of the source refuses
+    #    client writes, also after a failover. A broadcast still being appended delays it.
+    while True:
+        try:
+            await peers[source].update_replicate_configuration(paused)
+            break
+        except RaftwalError as error:
+            if error.info.code != errors_pb2.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(DRAIN_POLL_S * 4)
+    if not args.json:
+        console.print(f"cluster {source}: client writes paused; waiting for {to} to catch up")
+    # 2. The drain: each source replicator records in Raft, once the target holds every
+    #    client write of its pchannel, the LSN no client write can follow.
+    pchannels = list([c for c in paused.clusters if c.cluster_id == source][0].pchannels)
+    drained: dict[str, int] = {}
+    while True:
+        try:
+            answer = await peers[source].get_replicate_configuration()
+        except RaftwalError as error:
+            # A leader change on the source, say: the pause is in Raft, keep waiting.
+            if time.monotonic() > deadline:
+                raise
+            log.info("switchover: reading %s's drain failed (%s); retrying", source, error)
+            await asyncio.sleep(DRAIN_POLL_S * 4)
+            continue
+        drained = {
+            p: answer.checkpoints[p].drained_through_lsns.get(to, 0)
+            for p in pchannels
+            if p in answer.checkpoints
+        }
+        if all(drained.get(p, 0) > 0 for p in pchannels):
+            break
+        if time.monotonic() > deadline:
+            await peers[source].update_replicate_configuration(base)
+            lagging = ", ".join(
+                f"{p} (target holds {answer.checkpoints[p].source_lsns.get(to, 0)})"
+                if p in answer.checkpoints
+                else f"{p} (no checkpoint recorded)"
+                for p in pchannels
+                if not drained.get(p)
+            )
+            raise SwitchoverTimeout(
+                f"cluster {to} did not catch up with {source} within {args.drain_timeout_s:g} s "
+                f"(got pchannels not drained: {lagging}; expected every pchannel drained): "
+                f"the write pause on {source} was undone, {source} is still the source"
+            )
+        await asyncio.sleep(DRAIN_POLL_S)
+    # 3. Reverse the edge: the target becomes the source (writable) first, then the old
+    #    source becomes its target. Replication back starts after what `to` holds now,
+    #    all of which came from `source`.
+    target_pchannels = [c for c in base.clusters if c.cluster_id == to][0].pchannels
+    start_after = await _committed_lsns(peers[to], list(target_pchannels), args.timeout_s)
+    final = _reversed(base, source, to, start_after)
+    await peers[to].update_replicate_configuration(final)
+    write_pause_s = time.monotonic() - pause_started
+    await peers[source].update_replicate_configuration(final)
+    rows = [
+        {
+            "pchannel": p,
+            "drained_through_lsn": drained[p],
+            "target_pchannel": target_pchannels[index],
+            "start_after_lsn": start_after[index],
+        }
+        for index, p in enumerate(pchannels)
+    ]
+    if args.json:
+        _print_json(
+            {
+                "source_cluster_id": to,
+                "target_cluster_id": source,
+                "write_pause_s": round(write_pause_s, 3),
+                "pause_began_earlier": resumed,
+                "pchannels": rows,
+            }
+        )
+        return 0
+    console.print(
+        f"switched over: cluster {to} is the source and takes writes, {source} is its "
+        f"target; write pause {write_pause_s:.3f} s"
+        + (" since this run began (the pause began in an earlier run)" if resumed else "")
+    )
+    table = Table()
+    for column in (f"{source} pchannel", "drained through", f"{to} pchannel", "replicates after"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            str(row["pchannel"]),
+            str(row["drained_through_lsn"]),
+            str(row["target_pchannel"]),
+            str(row["start_after_lsn"]),
         )
     console.print(table)
     return 0

@@ -114,6 +114,8 @@ class NodeDataView:
             view.replicated_from = replication_sources(
                 state.replicate_configuration, state.replicate_cluster_id
             )
+            view.replicate_configuration.CopyFrom(state.replicate_configuration)
+            view.replicate_cluster_id = state.replicate_cluster_id
             return view
 
         if self._node.applied_revision() != self.view.revision:

@@ -194,10 +194,15 @@ class _ReplicatorHost:
         self._node.data_view.refresh()
         return self._node.data_view.view
 
-    async def record_checkpoint(self, pchannel: str, target_cluster_id: str, lsn: int) -> None:
+    async def record_checkpoint(
+        self, pchannel: str, target_cluster_id: str, lsn: int, drained_through_lsn: int = 0
+    ) -> None:
         command = pb.Command(
             record_replicate_checkpoint=pb.RecordReplicateCheckpoint(
-                pchannel=pchannel, target_cluster_id=target_cluster_id, source_lsn=lsn
+                pchannel=pchannel,
+                target_cluster_id=target_cluster_id,
+                source_lsn=lsn,
+                drained_through_lsn=drained_through_lsn,
             )
         )
         result = await self._node.propose(command)

@@ -14,11 +14,12 @@ re-reads the checkpoint: so two replicators (an old owner not yet stopped, a new
 never both write, and a restart resumes exactly after what the target holds.
 
 Replicated: data entries with their vchannel, type, key, payload and properties (minus
-the source's own ``rw.`` bookkeeping); a committed transaction's body as one batch (its
-begin and commit markers are the source's); broadcast entries as entries of their
-vchannel; the creation of vchannels (before their first entry is sent) and their removal
-(once every entry before it is replicated), through the target's Coordinator, which
-needs the target token's role to be admin. Not replicated: the source's term starts, seal markers and idle time ticks.
+the source's own ``rw.`` bookkeeping); a committed transaction as one batch with its begin
+and commit markers (the target writes them under a transaction id of its own); broadcast
+entries as entries of their vchannel; the creation of vchannels (before their first entry
+is sent) and their removal (once every entry before it is replicated), through the
+target's Coordinator, which needs the target token's role to be admin. Not replicated:
+the source's term starts, seal markers and idle time ticks.
 Every retry is bounded in rate (``RETRY_MAX_S``) and logged.
 """
 
@@ -41,7 +42,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
 from rpc.streaming.routing import StreamingClientBase
-from statemachine.replicate import local_cluster
+from statemachine.replicate import local_cluster, start_after, switching_to
 from wal_segments.format import MSG_TYPE_NAMES, EntryFlags, MsgType
 from wal_segments.owner import ChannelOwner
 
@@ -68,9 +69,9 @@ RECORD_EVERY_S = 1.0
 #: How often an idle replicator compares the target's vchannels with the source's.
 VCHANNEL_SYNC_S = 2.0
 _SKIPPED_FLAGS = int(EntryFlags.TERM_START | EntryFlags.SEAL_MARKER)
-_SKIPPED_TYPES = frozenset(
-    {MsgType.TERM_START, MsgType.SEAL, MsgType.TIME_TICK, MsgType.TXN_BEGIN, MsgType.TXN_COMMIT}
-)
+# A committed transaction's begin and commit markers are sent (the target writes them as
+# its own, services/replicated.py:with_transactions); the source's control entries not.
+_SKIPPED_TYPES = frozenset({MsgType.TERM_START, MsgType.SEAL, MsgType.TIME_TICK})
 _RETRY_CODES = frozenset(
     {E.NOT_OWNER, E.CHANNEL_FENCED, E.UNAVAILABLE, E.ON_SHUTDOWN, E.NOT_LEADER, E.UNKNOWN}
 )
@@ -94,8 +95,11 @@ class ReplicatorHost(Protocol):
         """The node's data view (vchannel ids to names, pchannels), refreshed."""
         ...
 
-    async def record_checkpoint(self, pchannel: str, target_cluster_id: str, lsn: int) -> None:
-        """Propose RecordReplicateCheckpoint (the retention hold); raises RaftwalError."""
+    async def record_checkpoint(
+        self, pchannel: str, target_cluster_id: str, lsn: int, drained_through_lsn: int = 0
+    ) -> None:
+        """Propose RecordReplicateCheckpoint (the retention hold, and during a switchover
+        the drain); raises RaftwalError."""
         ...
 
 
@@ -163,10 +167,16 @@ class _Batch:
     cut_transaction: bool = False
 
 
-def next_batch(owner: ChannelOwner, after: int, committed: int, names: dict[int, str]) -> _Batch:
+def next_batch(
+    owner: ChannelOwner,
+    after: int,
+    committed: int,
+    names: dict[int, str],
+    max_bytes: int = MAX_BATCH_BYTES,
+) -> _Batch:
     """The data entries of `owner`'s log after `after` through `committed`, at most one
-    batch's worth, never ending inside a transaction."""
-    entries = owner.log.entries(after + 1, MAX_BATCH_BYTES, committed)
+    batch's worth (`max_bytes` read), never ending inside a transaction."""
+    entries = owner.log.entries(after + 1, max_bytes, committed)
     batch = _Batch([], [], [], after)
     size = 0
     txn_start: int | None = None  # index in batch.messages where an open txn's body starts
@@ -270,6 +280,12 @@ class Replicators:
         checkpoint: int | None = None
         scanned = 0
         recorded, recorded_at = 0, 0.0
+        # During a switchover to this target: the LSN no client write of the pchannel can
+        # follow (None: no pause, or not known yet), and whether the drain was recorded.
+        drain_lsn: int | None = None
+        drain_recorded = False
+        # The LSN the edge starts after (a reversed edge's: what the target wrote itself).
+        start = 0
         # The target pchannel's vchannels as last synchronized, and when.
         target_vchannels: set[str] | None = None
         synced_at = 0.0
@@ -291,6 +307,7 @@ class Replicators:
                     route = await client.router.owner(edge.target_pchannel, CALL_TIMEOUT_S)
                     address, term = route.owner_address, route.term
                     stub = client.stub(address)
+                    configuration = host.replicate_configuration()
                     if checkpoint is None:
                         answer = await stub.GetReplicateCheckpoint(
                             wire.GetReplicateCheckpointRequest(
@@ -300,12 +317,48 @@ class Replicators:
                             ),
                             timeout=CALL_TIMEOUT_S,
                         )
-                        checkpoint = scanned = answer.source_lsn
-                    if checkpoint > recorded and time.monotonic() - recorded_at >= RECORD_EVERY_S:
-                        await host.record_checkpoint(
-                            edge.pchannel, edge.target.cluster_id, checkpoint
+                        checkpoint = answer.source_lsn
+                        # After a switchover reversed the edge, the target holds this
+                        # pchannel's entries through `start` already (it wrote them).
+                        start = start_after(
+                            configuration, host.cluster_id, edge.target.cluster_id, edge.pchannel
                         )
-                        recorded, recorded_at = checkpoint, time.monotonic()
+                        scanned = max(checkpoint, start)
+                    if switching_to(configuration, host.cluster_id) != edge.target.cluster_id:
+                        drain_lsn, drain_recorded = None, False
+                    elif drain_lsn is None:
+                        # The pause is applied here: once the node's view has it, every
+                        # client write is refused under the owner's write lock, so the
+                        # last LSN after the writes holding that lock bounds them all.
+                        host.view()
+                        drain_lsn = await owner.settled_last_lsn()
+                        log.info(
+                            "replicate %s -> %s: writes paused, draining through LSN %d",
+                            edge.pchannel,
+                            edge.target.cluster_id,
+                            drain_lsn,
+                        )
+                    # What the target holds of this pchannel: what it applied, or what it
+                    # wrote itself before the edge was reversed.
+                    held = max(checkpoint, start)
+                    if drain_lsn is not None and not drain_recorded and scanned >= drain_lsn:
+                        await host.record_checkpoint(
+                            edge.pchannel,
+                            edge.target.cluster_id,
+                            held,
+                            drained_through_lsn=max(drain_lsn, held, 1),
+                        )
+                        drain_recorded = True
+                        recorded, recorded_at = max(recorded, held), time.monotonic()
+                        log.info(
+                            "replicate %s -> %s: drained (the target holds source LSN %d)",
+                            edge.pchannel,
+                            edge.target.cluster_id,
+                            checkpoint,
+                        )
+                    if held > recorded and time.monotonic() - recorded_at >= RECORD_EVERY_S:
+                        await host.record_checkpoint(edge.pchannel, edge.target.cluster_id, held)
+                        recorded, recorded_at = held, time.monotonic()
                     committed = owner.committed_lsn
                     if scanned >= committed:
                         if time.monotonic() - synced_at >= VCHANNEL_SYNC_S:

@@ -44,6 +44,12 @@ class DataViewSnapshot:
     # pchannel -> (the cluster it is a replication target of, the source pchannel matched
     # to it) (docs/replication.md): only that cluster's replicator writes to it.
     replicated_from: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # The replication configuration and this cluster's id as applied: whether a client
+    # write is taken (statemachine.replicate.write_refusal).
+    replicate_configuration: pb.ReplicateConfiguration = field(
+        default_factory=pb.ReplicateConfiguration
+    )
+    replicate_cluster_id: str = ""
 
 
 class NodeIdentity(Protocol):

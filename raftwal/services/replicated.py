@@ -11,14 +11,15 @@ atomically with the append. Nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from raftwal.services.common import fail
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
 from statemachine.types import DEFAULT_LIMITS as LIMITS
 from statemachine.validation import check_name
-from wal_segments.owner import Message
+from wal_segments.format import EntryFlags, MsgType
+from wal_segments.owner import TXN_COUNT_PROPERTY, Message
 
 E = errors_pb2
 
@@ -30,6 +31,11 @@ SOURCE_CLUSTER_PROPERTY = "rw.src.cluster"
 SOURCE_PCHANNEL_PROPERTY = "rw.src.pchannel"
 SOURCE_LSN_PROPERTY = "rw.src.lsn"
 SOURCE_TICK_PROPERTY = "rw.src.tick"
+#: A replicated batch carries a committed transaction's markers as messages of these types
+#: (the names of MsgType.TXN_BEGIN and TXN_COMMIT); the target writes them as its own.
+TXN_BEGIN_TYPE = "txn_begin"
+TXN_COMMIT_TYPE = "txn_commit"
+TXN_MARKER_TYPES = frozenset({TXN_BEGIN_TYPE, TXN_COMMIT_TYPE})
 
 
 def producer_id(source_cluster_id: str, source_pchannel: str) -> str:
@@ -107,4 +113,62 @@ def with_source_positions(messages: list[Message], source: wire.ReplicateSource)
             SOURCE_TICK_PROPERTY: str(tick),
         }
         out.append(message._replace(properties=properties))
+    return out
+
+
+def with_transactions(
+    messages: list[Message], msg_types: Sequence[str], new_txn_id: Callable[[], int]
+) -> list[Message]:
+    """`messages` of a replicated batch (their wire `msg_types` given apart) with each
+    transaction the source committed written as one here: its begin and commit markers
+    and, between them, its body flagged as such, under a transaction id of this node's.
+    Raises INVALID_ARGUMENT for markers that do not frame whole transactions."""
+    if not TXN_MARKER_TYPES.intersection(msg_types):
+        return messages
+    out: list[Message] = []
+    txn_id, begin = 0, 0
+    for message, msg_type in zip(messages, msg_types, strict=True):
+        if msg_type == TXN_BEGIN_TYPE:
+            if txn_id:
+                raise fail(
+                    E.INVALID_ARGUMENT,
+                    f"a replicated transaction begins inside another (got {TXN_BEGIN_TYPE} "
+                    f"at message {len(out)}; expected {TXN_COMMIT_TYPE} first)",
+                )
+            txn_id, begin = new_txn_id(), len(out)
+            out.append(
+                message._replace(
+                    msg_type=int(MsgType.TXN_BEGIN),
+                    flags=int(EntryFlags.TXN_BEGIN),
+                    txn_id=txn_id,
+                    properties={},
+                )
+            )
+        elif msg_type == TXN_COMMIT_TYPE:
+            if not txn_id:
+                raise fail(
+                    E.INVALID_ARGUMENT,
+                    f"a replicated transaction commits without a begin (got {TXN_COMMIT_TYPE} "
+                    f"at message {len(out)}; expected {TXN_BEGIN_TYPE} before it)",
+                )
+            out.append(
+                message._replace(
+                    msg_type=int(MsgType.TXN_COMMIT),
+                    flags=int(EntryFlags.TXN_COMMIT),
+                    txn_id=txn_id,
+                    # As CommitTxn writes it: a later owner answers from its log.
+                    properties={TXN_COUNT_PROPERTY: str(len(out) - begin + 1)},
+                )
+            )
+            txn_id = 0
+        elif txn_id:
+            out.append(message._replace(flags=int(EntryFlags.TXN_BODY), txn_id=txn_id))
+        else:
+            out.append(message)
+    if txn_id:
+        raise fail(
+            E.INVALID_ARGUMENT,
+            f"a replicated transaction without its commit (got {TXN_BEGIN_TYPE} and no "
+            f"{TXN_COMMIT_TYPE}; expected whole transactions in one batch)",
+        )
     return out

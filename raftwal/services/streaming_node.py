@@ -32,9 +32,11 @@ from raftwal.services.backend import DataView, StreamingBackend, VChannelInfo
 from raftwal.services.callers import TxnOwner, caller_identity, check_owner
 from raftwal.services.common import fail
 from raftwal.services.replicated import (
+    TXN_MARKER_TYPES,
     check_replicated_batch,
     check_source_names,
     with_source_positions,
+    with_transactions,
 )
 from raftwal.services.replicated import producer_id as replicated_producer_id
 from raftwal.services.segment_transfer import SegmentTransfers
@@ -42,6 +44,7 @@ from rpc import append_stream, produce_stream
 from rpc.errors import RaftwalError, error_info, to_status
 from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
+from statemachine.replicate import write_refusal
 from statemachine.types import DEFAULT_LIMITS as LIMITS
 from statemachine.validation import check_name
 from wal_segments.format import (
@@ -320,16 +323,19 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             info = error_info(E.INNER, f"internal error: {error!r}"[:300])
         await context.abort_with_status(to_status(info))
 
-    def _check_writable(self, pchannel: str, what: str) -> None:
-        """Refuse a client's write to a pchannel that is a replication target."""
-        source, _ = self._view.view.replicated_from.get(pchannel, (None, ""))
-        if source is not None:
-            raise fail(
-                E.IGNORED_OPERATION,
-                f"pchannel {pchannel} is a replication target of cluster {source} (got {what}; "
-                f"expected it on cluster {source}, whose replicator copies it here, or this "
-                "cluster taken out of the replication topology first)",
-            )
+    def _check_writable(self, pchannel: str, what: str, refresh: bool = False) -> None:
+        """Refuse a client's write to a pchannel that is a replication target, or of a
+        cluster whose writes a switchover paused (docs/replication.md). With `refresh`,
+        against the node's newest applied state (the check the owner runs under its write
+        lock, so that no write admitted before a pause lands after it)."""
+        if refresh:
+            self._view.refresh()
+        view = self._view.view
+        refusal = write_refusal(
+            view.replicate_configuration, view.replicate_cluster_id, pchannel, what
+        )
+        if refusal:
+            raise fail(E.IGNORED_OPERATION, refusal)
 
     def _check_replicated_from(self, pchannel: str, cluster_id: str) -> None:
         """Refuse a replicated batch unless `pchannel` is a target of `cluster_id`."""
@@ -526,16 +532,34 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             owner = self._owner(request.pchannel)
             if compact:
                 messages = self._compact_messages(request)
+            elif request.HasField("replicate_source"):
+                # A replicated transaction's markers are written as this node's own.
+                types = [m.msg_type for m in request.messages]
+                plain = [
+                    wire.Message(vchannel=m.vchannel) if m.msg_type in TXN_MARKER_TYPES else m
+                    for m in request.messages
+                ]
+                messages = with_transactions(
+                    self._messages(plain, request.pchannel), types, self._new_txn_id
+                )
             else:
                 messages = self._messages(request.messages, request.pchannel)
             if request.HasField("replicate_source"):
                 messages = with_source_positions(messages, request.replicate_source)
+            admit = None
+            if not request.HasField("replicate_source"):
+                pchannel = request.pchannel
+
+                def admit() -> None:
+                    self._check_writable(pchannel, "a Produce", refresh=True)
+
             positions, duplicate = await owner.write(
                 messages,
                 producer_id=request.producer_id,
                 sequence=request.sequence if request.producer_id else 0,
                 expected_last_lsn=request.expected_last_lsn,
                 previous_sequence=previous_sequence,
+                admit=admit,
             )
             result = wire.ProduceResult(
                 request_id=request.request_id,
@@ -1118,7 +1142,11 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             assert ended.positions is not None
             self._remember_end(txn.txn_id, ended)
             try:
-                positions, _ = await owner.write(batch)
+                pchannel = txn.pchannel
+                positions, _ = await owner.write(
+                    batch,
+                    admit=lambda: self._check_writable(pchannel, "a CommitTxn", refresh=True),
+                )
             except BaseException as error:
                 # Not known to be written: a retry must not wait on this failure but ask
                 # the log (here, or at a new owner) whether the commit landed.

@@ -414,6 +414,16 @@ class ReplicateCluster(_message.Message):
     def __init__(self, cluster_id: _Optional[str] = ..., endpoints: _Optional[_Iterable[str]] = ..., credentials: _Optional[_Union[ReplicateCredentials, _Mapping]] = ..., pchannels: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReplicateTopologyEdge(_message.Message):
+    __slots__ = ("source_cluster_id", "target_cluster_id", "start_after_lsns")
+    SOURCE_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    START_AFTER_LSNS_FIELD_NUMBER: _ClassVar[int]
+    source_cluster_id: str
+    target_cluster_id: str
+    start_after_lsns: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, source_cluster_id: _Optional[str] = ..., target_cluster_id: _Optional[str] = ..., start_after_lsns: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReplicateSwitchover(_message.Message):
     __slots__ = ("source_cluster_id", "target_cluster_id")
     SOURCE_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -422,12 +432,14 @@ class ReplicateTopologyEdge(_message.Message):
     def __init__(self, source_cluster_id: _Optional[str] = ..., target_cluster_id: _Optional[str] = ...) -> None: ...
 
 class ReplicateConfiguration(_message.Message):
-    __slots__ = ("clusters", "topology")
+    __slots__ = ("clusters", "topology", "switchover")
     CLUSTERS_FIELD_NUMBER: _ClassVar[int]
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    SWITCHOVER_FIELD_NUMBER: _ClassVar[int]
     clusters: _containers.RepeatedCompositeFieldContainer[ReplicateCluster]
     topology: _containers.RepeatedCompositeFieldContainer[ReplicateTopologyEdge]
-    def __init__(self, clusters: _Optional[_Iterable[_Union[ReplicateCluster, _Mapping]]] = ..., topology: _Optional[_Iterable[_Union[ReplicateTopologyEdge, _Mapping]]] = ...) -> None: ...
+    switchover: ReplicateSwitchover
+    def __init__(self, clusters: _Optional[_Iterable[_Union[ReplicateCluster, _Mapping]]] = ..., topology: _Optional[_Iterable[_Union[ReplicateTopologyEdge, _Mapping]]] = ..., switchover: _Optional[_Union[ReplicateSwitchover, _Mapping]] = ...) -> None: ...
 
 class CoordinationState(_message.Message):
     __slots__ = ("format_version", "revision", "last_raft_index", "nodes", "pchannels", "vchannels", "next_vchannel_id", "manifests", "broadcasts", "broadcast_idempotency", "locks", "leases", "consumer_groups", "balance_policy", "recent_results", "recent_request_ids", "recent_cursor", "last_time_ms", "subscriptions", "replicate_configuration", "replicate_cluster_id", "replicate_checkpoints")
@@ -562,7 +574,7 @@ class CoordinationState(_message.Message):
     def __init__(self, format_version: _Optional[int] = ..., revision: _Optional[int] = ..., last_raft_index: _Optional[int] = ..., nodes: _Optional[_Mapping[str, Node]] = ..., pchannels: _Optional[_Mapping[str, PChannel]] = ..., vchannels: _Optional[_Mapping[str, VChannel]] = ..., next_vchannel_id: _Optional[int] = ..., manifests: _Optional[_Mapping[str, SegmentManifest]] = ..., broadcasts: _Optional[_Mapping[int, BroadcastTask]] = ..., broadcast_idempotency: _Optional[_Mapping[str, int]] = ..., locks: _Optional[_Mapping[str, ResourceLock]] = ..., leases: _Optional[_Mapping[int, Lease]] = ..., consumer_groups: _Optional[_Mapping[str, ConsumerGroup]] = ..., balance_policy: _Optional[_Union[BalancePolicy, _Mapping]] = ..., recent_results: _Optional[_Mapping[str, bytes]] = ..., recent_request_ids: _Optional[_Iterable[str]] = ..., recent_cursor: _Optional[int] = ..., last_time_ms: _Optional[int] = ..., subscriptions: _Optional[_Mapping[str, Subscription]] = ..., replicate_configuration: _Optional[_Union[ReplicateConfiguration, _Mapping]] = ..., replicate_cluster_id: _Optional[str] = ..., replicate_checkpoints: _Optional[_Mapping[str, ReplicateCheckpoints]] = ...) -> None: ...
 
 class ReplicateCheckpoints(_message.Message):
-    __slots__ = ("source_lsns",)
+    __slots__ = ("source_lsns", "drained_through_lsns")
     class SourceLsnsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -570,9 +582,18 @@ class ReplicateCheckpoints(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class DrainedThroughLsnsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     SOURCE_LSNS_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_THROUGH_LSNS_FIELD_NUMBER: _ClassVar[int]
     source_lsns: _containers.ScalarMap[str, int]
-    def __init__(self, source_lsns: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    drained_through_lsns: _containers.ScalarMap[str, int]
+    def __init__(self, source_lsns: _Optional[_Mapping[str, int]] = ..., drained_through_lsns: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class RegisterNode(_message.Message):
     __slots__ = ("node_id", "address", "raft_address")
@@ -923,14 +944,16 @@ class UpdateReplicateConfiguration(_message.Message):
     def __init__(self, configuration: _Optional[_Union[ReplicateConfiguration, _Mapping]] = ..., local_cluster_id: _Optional[str] = ...) -> None: ...
 
 class RecordReplicateCheckpoint(_message.Message):
-    __slots__ = ("pchannel", "target_cluster_id", "source_lsn")
+    __slots__ = ("pchannel", "target_cluster_id", "source_lsn", "drained_through_lsn")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     TARGET_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_LSN_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_THROUGH_LSN_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
     target_cluster_id: str
     source_lsn: int
-    def __init__(self, pchannel: _Optional[str] = ..., target_cluster_id: _Optional[str] = ..., source_lsn: _Optional[int] = ...) -> None: ...
+    drained_through_lsn: int
+    def __init__(self, pchannel: _Optional[str] = ..., target_cluster_id: _Optional[str] = ..., source_lsn: _Optional[int] = ..., drained_through_lsn: _Optional[int] = ...) -> None: ...
 
 class Barrier(_message.Message):
     __slots__ = ()
@@ -1315,14 +1338,16 @@ class BalancePolicySet(_message.Message):
     def __init__(self, allow_rebalance: _Optional[bool] = ..., max_moves_per_round: _Optional[int] = ...) -> None: ...
 
 class ReplicateCheckpointRecorded(_message.Message):
-    __slots__ = ("pchannel", "target_cluster_id", "source_lsn")
+    __slots__ = ("pchannel", "target_cluster_id", "source_lsn", "drained_through_lsn")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     TARGET_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_LSN_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_THROUGH_LSN_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
     target_cluster_id: str
     source_lsn: int
-    def __init__(self, pchannel: _Optional[str] = ..., target_cluster_id: _Optional[str] = ..., source_lsn: _Optional[int] = ...) -> None: ...
+    drained_through_lsn: int
+    def __init__(self, pchannel: _Optional[str] = ..., target_cluster_id: _Optional[str] = ..., source_lsn: _Optional[int] = ..., drained_through_lsn: _Optional[int] = ...) -> None: ...
 
 class ReplicateConfigurationUpdated(_message.Message):
     __slots__ = ("configuration", "local_cluster_id")

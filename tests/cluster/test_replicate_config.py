@@ -258,7 +258,7 @@ target = "west"
     west = answer["configuration"]["clusters"][1]
     assert (west["cluster_id"], west["credentials"]["token_set"]) == ("west", True)
     assert answer["configuration"]["topology"] == [
-        {"source_cluster_id": "east", "target_cluster_id": "west"}
+        {"source_cluster_id": "east", "target_cluster_id": "west", "start_after_lsns": []}
     ]
     server_side = _get(admin).configuration
     assert [c.cluster_id for c in server_side.clusters] == ["east", "west"]
