@@ -24,6 +24,8 @@ from raftwal import __version__
 LOG_FORMATS = ("text", "json")
 LOG_FORMAT_ENV = "RAFTWAL_LOG_FORMAT"
 TEXT_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# `raftwal node` exits with this when the cluster forgot the node (raftwal member remove).
+EXIT_NODE_REMOVED = 3
 
 
 class JsonLogFormatter(logging.Formatter):
@@ -301,7 +303,7 @@ def _run_node(args: argparse.Namespace) -> int:
 
     from raftwal.node.config import ConfigError, load_config, with_join
     from raftwal.node.membership import RoleFileError
-    from raftwal.node.process import run_node
+    from raftwal.node.process import NodeRemoved, run_node
 
     try:
         config = load_config(args.config)
@@ -318,6 +320,10 @@ def _run_node(args: argparse.Namespace) -> int:
     except (ConfigError, RoleFileError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except NodeRemoved as error:
+        # Not a failure to restart from (the unit's RestartPreventExitStatus).
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_NODE_REMOVED
     if restart:
         # The node changed its Raft role (raftwal member add / remove) and stopped
         # cleanly: start the same command line again in this process (same pid, so
