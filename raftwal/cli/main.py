@@ -94,7 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(handler=_run_demo)
 
-    node = commands.add_parser("node", help="run one raftwal node in the foreground")
+    node = commands.add_parser(
+        "node",
+        help="run one raftwal node in the foreground",
+        description="Exit status 0: stopped (SIGTERM: after handing over); 2: a bad config "
+        "or role file; 3: the cluster forgot this node (`raftwal member remove`): start it "
+        "with --join to bring it back.",
+    )
     node.add_argument("--config", required=True, type=Path, help="cluster TOML file")
     node.add_argument("--id", required=True, help="this node's id in the config")
     node.add_argument(

@@ -1356,7 +1356,7 @@ class Node:
                         )
                     except grpc.aio.AioRpcError as error:
                         log.debug("heartbeat to %s failed: %s", leader.id, error.code())
-                        refusal = from_rpc_error(error).info
+                        refusal = from_rpc_error(error)
                         if refusal.code == E.NOT_FOUND and REMOVED_MARK in refusal.message:
                             self._stop_removed(refusal.message)
                             return

@@ -97,7 +97,8 @@ def test_a_minute_of_faults_across_namespaces_loses_no_acknowledged_message(
         writer.start()
         started = time.monotonic()
         order = list(KINDS)
-        while time.monotonic() - started < RUN_S:
+        # At least one fault of each kind, however slow the machine.
+        while time.monotonic() - started < RUN_S or len(faults) < len(KINDS):
             if not order:
                 order = list(KINDS)
             kind = order.pop(rng.randrange(len(order)))
@@ -140,7 +141,6 @@ def test_a_minute_of_faults_across_namespaces_loses_no_acknowledged_message(
         assert not writer.is_alive(), "the writer did not finish its last batch"
         print(f"{len(faults)} faults: {'; '.join(faults)}")
         print(f"{len(history.acked)} acknowledged, {len(unfinished)} batches unfinished")
-        assert len(faults) >= len(KINDS), faults
         entries = consume_all(client, "chaos_v", pchannel, expect=len(history.acked), timeout_s=90)
         logged = Counter(e.payload for e in entries)
         at = {e.payload: e.lsn for e in entries}

@@ -57,6 +57,12 @@ def _random_body(rng: random.Random, state: pb.CoordinationState) -> dict[str, o
         lambda: {"mark_node_up": pb.MarkNodeUp(node_id=node)},
         lambda: {"freeze_node": pb.FreezeNode(node_id=node)},
         lambda: {"unfreeze_node": pb.UnfreezeNode(node_id=node)},
+        lambda: {"remove_node": pb.RemoveNode(node_id=node)},
+        lambda: {
+            "register_node": pb.RegisterNode(
+                node_id=node, address="h:1", joined_incarnation_ms=10**15
+            )
+        },
         lambda: {"create_pchannels": pb.CreatePChannels(names=[pchannel])},
         lambda: {"create_pchannels": pb.CreatePChannels(prefix="q", count=rng.randint(1, 2))},
         lambda: {
