@@ -16,12 +16,23 @@ import time
 from collections.abc import Callable
 
 from rpc.coordinator_client import CoordinatorClient
-from rpc.errors import IgnoredOperationError, NotFoundError, error_info
+from rpc.errors import (
+    IgnoredOperationError,
+    NotFoundError,
+    UnavailableError,
+    UnknownError,
+    error_info,
+)
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2
 
 POLL_S = 0.5
+# Asked again until the deadline: a precondition that does not hold yet, no leader for a
+# moment (a promoted voter restarts itself, and with a dead voter among four that leaves
+# no quorum until it is back), or an outcome the leader could not tell (ChangeMembership
+# and the forget are idempotent: asking again says `changed` False).
+RETRIED = (IgnoredOperationError, UnavailableError, UnknownError)
 
 
 class MembershipTimeout(TimeoutError):
@@ -37,7 +48,19 @@ async def _change(
     while True:
         try:
             return await client.change_membership(node_id, add)
-        except IgnoredOperationError as error:
+        except RETRIED as error:
+            if time.monotonic() + POLL_S >= deadline:
+                raise MembershipTimeout(error.info.message) from None
+            await asyncio.sleep(POLL_S)
+
+
+async def _status(client: CoordinatorClient, deadline: float) -> api.ClusterStatusResponse:
+    """ClusterStatus, asked again while no node can answer (a leader change) until
+    `deadline`."""
+    while True:
+        try:
+            return await client.cluster_status()
+        except UnavailableError as error:
             if time.monotonic() + POLL_S >= deadline:
                 raise MembershipTimeout(error.info.message) from None
             await asyncio.sleep(POLL_S)
@@ -48,7 +71,7 @@ async def _wait_running_as(
 ) -> bool:
     """Wait until `node_id` answers and runs as `role`; False if it does not by then."""
     while True:
-        status = await client.cluster_status()
+        status = await _status(client, deadline)
         member = next((m for m in status.members if m.node_id == node_id), None)
         if member is not None and member.reachable and member.role == role:
             return True
@@ -119,7 +142,7 @@ async def demote(
         )
         say(f"froze {node_id}: its pchannels move and it leaves every replica set")
     while True:
-        owned, replicas = _held(await client.cluster_status(), node_id)
+        owned, replicas = _held(await _status(client, deadline), node_id)
         if owned == 0 and replicas == 0:
             break
         if time.monotonic() + POLL_S >= deadline:
@@ -156,7 +179,7 @@ async def remove(
         try:
             forgotten = await client.forget_node(node_id)
             break
-        except IgnoredOperationError as error:
+        except RETRIED as error:
             # The voter set settling, or a replica set still naming it for a moment.
             if time.monotonic() + POLL_S >= deadline:
                 raise MembershipTimeout(error.info.message) from None

@@ -1463,6 +1463,21 @@ class Node:
         if peer.membership_pending():
             raise refuse("another membership change is not committed yet; retry shortly")
         if add:
+            # The new voter counts toward commits only once it restarted as one, which it
+            # does when the change has committed: the voters connected now must be a
+            # majority of the new set without it, or the change never commits and the
+            # cluster is left without a leader (a dead voter among them: remove it first).
+            connected = peer.status()["partners_connected"]
+            current = peer.voters()
+            live = sum(1 for v in current if v == self.me.raft_address or connected.get(v, False))
+            needed = (len(current) + 1) // 2 + 1
+            if live < needed:
+                raise refuse(
+                    f"adding {node_id} would make {len(current) + 1} voters of which only "
+                    f"{live} are connected to the leader, and {node_id} counts only once it "
+                    f"restarted as a voter (expected {needed} connected): remove the dead "
+                    f"voter first (raftwal member remove), then add {node_id}"
+                )
             member = await self._collect_member(node)
             if not member.reachable:
                 raise refuse(
