@@ -3,7 +3,7 @@ its config names only itself and the cluster's endpoints; it announces its addre
 through its heartbeats, catches up as a data node, and `raftwal member add` makes it a
 voter; `member remove` of an original voter then leaves three voters and forgets the
 removed node's addresses (RemoveNode), for good across restarts: its process stops, and
-started again without --join it is refused. A dead voter's machine is replaced by one at
+started again without --join it is refused, with --join it rejoins. A dead voter's machine is replaced by one at
 new addresses with one remove and one add (adding first is refused: with the dead voter
 the new set has no quorum until the new voter restarted as one, which needs the change
 committed). No other node's config file changes and no other node restarts; every
@@ -184,7 +184,7 @@ def test_a_node_joins_is_promoted_and_an_original_voter_leaves(three, tmp_path: 
     pchannel = _one_pchannel(client, "join")
     producer = Producer(client, pchannel, "join")
     history = History()
-    process = None
+    process = rejoined = None
     try:
 
         def produce(tag: str) -> None:
@@ -263,14 +263,33 @@ def test_a_node_joins_is_promoted_and_an_original_voter_leaves(three, tmp_path: 
         assert restarted is not None
         assert restarted.wait(timeout=scaled(TIMEOUT_S)) == 3
         cluster.processes["n1"] = None
+        assert "was removed from the cluster" in (cluster.directory / "n1.log").read_text()
         assert not _listed(_status_json(cluster, others), "n1", n1_addresses)
         produce("e")
+        # Started again with --join, it rejoins explicitly: a data node at its addresses.
+        rejoined = start_in_own_session(
+            [sys.executable, "-m", "raftwal.cli", "--log-level", "INFO", "node"]
+            + ["--config", str(original_config), "--id", "n1", "--join", ",".join(others)],
+            cwd=tmp_path,
+            env=os.environ,
+            log_path=tmp_path / "n1-rejoined.log",
+        )
+        _wait(
+            lambda: (
+                {m.node_id: m.role for m in client.status().members if m.reachable}.get("n1")
+                == "data"
+                and any(n.node_id == "n1" and n.state == 1 for n in client.status().nodes)
+            ),
+            "n1 back as a data node after --join",
+        )
+        assert rejoined.poll() is None
         acked = [a.payload for a in history.acked]
         entries = consume_all(client, f"{pchannel}_v", pchannel, expect=len(acked), timeout_s=60)
         assert sorted(e.payload for e in entries) == sorted(acked)
     finally:
         producer.close()
         _stop(process)
+        _stop(rejoined)
 
 
 def test_a_dead_voter_is_replaced_by_a_new_machine_without_restarting_the_others(
