@@ -911,6 +911,16 @@ class CoordinatorClient:
         extra_wait_s = (timeout_ms or 10_000) / 1000
         return await self._unary("ChangeMembership", request, extra_wait_s=extra_wait_s)
 
+    async def forget_node(self, node_id: str) -> api.ChangeMembershipResponse:
+        """Forget `node_id` (MEMBERSHIP_ACTION_FORGET): a node that left the voters and
+        holds nothing; its addresses leave the cluster's state and its heartbeats are
+        refused until it is started again with --join. Raises IgnoredOperationError while
+        it is a voter or holds something; ``changed`` is False when it was forgotten
+        already, so a retry is safe."""
+        request = api.ChangeMembershipRequest(node_id=node_id, action=api.MEMBERSHIP_ACTION_FORGET)
+        response: api.ChangeMembershipResponse = await self._unary("ChangeMembership", request)
+        return response
+
     async def list_members(self) -> api.ListMembersResponse:
         """The Raft voters as the leader's log has them, and whether a change is pending."""
         response: api.ListMembersResponse = await self._unary(

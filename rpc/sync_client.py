@@ -294,6 +294,9 @@ class Client:
             extra_wait_s=(timeout_ms or 10_000) / 1000,
         )
 
+    def forget_node(self, node_id: str) -> api.ChangeMembershipResponse:
+        return self._run(self._async.forget_node(node_id))
+
     def list_members(self) -> api.ListMembersResponse:
         return self._run(self._async.list_members())
 

@@ -165,6 +165,15 @@ def _register_node(state, cmd: pb.RegisterNode, ctx, limits) -> Outcome:
     )
     if bad:
         return bad
+    removed = state.removed_nodes.get(cmd.node_id)
+    if removed is not None and cmd.joined_incarnation_ms <= removed.removed_at_ms:
+        return Rejection(
+            E.IGNORED_OPERATION,
+            f"node {show(cmd.node_id)} was removed from the cluster at revision "
+            f"{removed.removed_revision} (got a registration from a process started at "
+            f"{cmd.joined_incarnation_ms} ms; expected one started with --join after the "
+            f"removal at {removed.removed_at_ms} ms)",
+        )
     existing = state.nodes.get(cmd.node_id)
     if (
         existing is not None
@@ -179,6 +188,39 @@ def _register_node(state, cmd: pb.RegisterNode, ctx, limits) -> Outcome:
             node_id=cmd.node_id, address=cmd.address, raft_address=cmd.raft_address
         )
     )
+    return emitter.events
+
+
+def _remove_node(state, cmd: pb.RemoveNode, ctx, limits) -> Outcome:
+    """Forget a node that left: its registration and addresses go; its id is remembered
+    so that its heartbeats do not register it again (only a rejoin does)."""
+    bad = check_name("node_id", cmd.node_id, limits)
+    if bad:
+        return bad
+    if cmd.node_id in state.removed_nodes:
+        return []
+    for name in sorted(state.pchannels):
+        channel = state.pchannels[name]
+        if channel.state == pb.PCHANNEL_STATE_DROPPED:
+            continue
+        if (
+            channel.owner_node_id == cmd.node_id
+            or cmd.node_id in channel.replica_node_ids
+            or cmd.node_id in channel.stable_replica_node_ids
+        ):
+            return Rejection(
+                E.IGNORED_OPERATION,
+                f"node {show(cmd.node_id)} still holds pchannel {show(name)} (as its owner or "
+                "a replica; expected a node that holds nothing: freeze it and wait first)",
+            )
+    if len(state.removed_nodes) >= limits.max_removed_nodes:
+        return Rejection(
+            E.RESOURCE_EXHAUSTED,
+            f"too many removed nodes ({len(state.removed_nodes)}; expected fewer than "
+            f"{limits.max_removed_nodes})",
+        )
+    emitter = _Emitter(state, ctx)
+    emitter.emit(node_removed=pb.NodeRemoved(node_id=cmd.node_id, removed_at_ms=ctx.time_ms))
     return emitter.events
 
 
@@ -1619,6 +1661,7 @@ _DECIDERS: dict[str, Callable[..., Outcome]] = {
     "unfreeze_node": _node_flag(
         "unfreeze_node", lambda n: not n.frozen, "node_unfrozen", pb.NodeUnfrozen
     ),
+    "remove_node": _remove_node,
     "create_pchannels": _create_pchannels,
     "assign_pchannel": _assign_pchannel,
     "pchannel_ready": _pchannel_ready,

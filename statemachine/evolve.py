@@ -25,6 +25,17 @@ def _node_registered(
     node.raft_address = e.raft_address
     node.state = pb.NODE_STATE_UP
     node.registered_revision = revision
+    # Only a rejoin registers a removed node (the decider checked).
+    if e.node_id in state.removed_nodes:
+        del state.removed_nodes[e.node_id]
+
+
+def _node_removed(state, e: pb.NodeRemoved, revision, limits: Limits) -> None:
+    if e.node_id in state.nodes:
+        del state.nodes[e.node_id]
+    removed = state.removed_nodes[e.node_id]
+    removed.removed_revision = revision
+    removed.removed_at_ms = e.removed_at_ms
 
 
 def _node_marked_down(state, e: pb.NodeMarkedDown, revision, limits: Limits) -> None:
@@ -338,6 +349,7 @@ _EVOLVERS: dict[str, Callable[..., None]] = {
     "node_marked_up": _node_marked_up,
     "node_frozen": _node_frozen,
     "node_unfrozen": _node_unfrozen,
+    "node_removed": _node_removed,
     "pchannel_created": _pchannel_created,
     "pchannel_assigned": _pchannel_assigned,
     "pchannel_became_ready": _pchannel_became_ready,

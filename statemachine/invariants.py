@@ -171,6 +171,23 @@ def _subscription_step_violations(
     return problems
 
 
+def _removed_node_violations(state: pb.CoordinationState) -> list[str]:
+    """A removed node is registered no more, and holds nothing."""
+    problems = [
+        f"node {node_id} is both registered and removed"
+        for node_id in sorted(state.removed_nodes)
+        if node_id in state.nodes
+    ]
+    for name in sorted(state.pchannels):
+        channel = state.pchannels[name]
+        if channel.state == pb.PCHANNEL_STATE_DROPPED:
+            continue
+        held = {channel.owner_node_id, *channel.replica_node_ids}
+        for node_id in sorted(held & set(state.removed_nodes)):
+            problems.append(f"pchannel {name} is held by removed node {node_id}")
+    return problems
+
+
 def violations(
     state: pb.CoordinationState,
     previous: pb.CoordinationState | None = None,
@@ -182,6 +199,7 @@ def violations(
         + _broadcast_violations(state)
         + _channel_violations(state)
         + _member_violations(state)
+        + _removed_node_violations(state)
     )
     if previous is not None:
         for name in sorted(previous.pchannels):

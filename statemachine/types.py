@@ -81,6 +81,8 @@ class Limits:
     # Replica set changes per balancer round: each one copies a pchannel's log to a node.
     max_repairs_per_round: int = 4
     dedup_window: int = 4096
+    # Node ids `raftwal member remove` forgot and still refuses (a rejoin frees one).
+    max_removed_nodes: int = 4096
     # Cross-cluster replication configuration (statemachine/replicate.py).
     max_replicate_clusters: int = 16
     max_replicate_endpoints: int = 16

@@ -24,6 +24,8 @@ from raftwal import __version__
 LOG_FORMATS = ("text", "json")
 LOG_FORMAT_ENV = "RAFTWAL_LOG_FORMAT"
 TEXT_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# `raftwal node` exits with this when the cluster forgot the node (raftwal member remove).
+EXIT_NODE_REMOVED = 3
 
 
 class JsonLogFormatter(logging.Formatter):
@@ -92,7 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(handler=_run_demo)
 
-    node = commands.add_parser("node", help="run one raftwal node in the foreground")
+    node = commands.add_parser(
+        "node",
+        help="run one raftwal node in the foreground",
+        description="Exit status 0: stopped (SIGTERM: after handing over); 2: a bad config "
+        "or role file; 3: the cluster forgot this node (`raftwal member remove`): start it "
+        "with --join to bring it back.",
+    )
     node.add_argument("--config", required=True, type=Path, help="cluster TOML file")
     node.add_argument("--id", required=True, help="this node's id in the config")
     node.add_argument(
@@ -301,7 +309,7 @@ def _run_node(args: argparse.Namespace) -> int:
 
     from raftwal.node.config import ConfigError, load_config, with_join
     from raftwal.node.membership import RoleFileError
-    from raftwal.node.process import run_node
+    from raftwal.node.process import NodeRemoved, run_node
 
     try:
         config = load_config(args.config)
@@ -318,6 +326,10 @@ def _run_node(args: argparse.Namespace) -> int:
     except (ConfigError, RoleFileError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except NodeRemoved as error:
+        # Not a failure to restart from (the unit's RestartPreventExitStatus).
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_NODE_REMOVED
     if restart:
         # The node changed its Raft role (raftwal member add / remove) and stopped
         # cleanly: start the same command line again in this process (same pid, so

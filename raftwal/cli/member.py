@@ -7,9 +7,13 @@
   the command retries while it catches up, then waits until the node has restarted
   itself as a voter.
 - ``remove NODE``: drain the node (freeze it: its pchannels move, the balancer replaces it
-  in every replica set), wait until it holds nothing, then remove it from the voters and
-  wait until it has restarted as a data node. It stays frozen: stop it, or unfreeze it to
-  keep it as a data node (``raftwal balance unfreeze NODE``).
+  in every replica set), wait until it holds nothing, remove it from the voters (and wait
+  until it has restarted as a data node, when it answers), then forget it: its addresses
+  leave the replicated state (status, routing, every node's view of the cluster) and its
+  next heartbeat is refused, which stops it. It comes back only when started with
+  ``--join``. A dead node's replacement is ``member add`` of the new one plus ``member
+  remove`` of the dead one. ``--keep-data-node`` stops after the demotion instead: the
+  node stays, frozen, as a data node (``raftwal balance unfreeze NODE`` to use it).
 
 Each waits at most ``--wait-s`` and exits 1 with what it was waiting for when that runs out.
 One change at a time: the cluster refuses a second while the first is uncommitted.
@@ -34,7 +38,7 @@ from raftwal.cli.client import (
     common_arguments,
 )
 from rpc.client import CoordinatorClient, NotFoundError
-from rpc.membership import MembershipTimeout, demote, promote
+from rpc.membership import MembershipTimeout, demote, promote, remove
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 
@@ -46,7 +50,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="the Raft voters: list them, make a data node a voter, make a voter a data node",
         description="A cluster keeps 3 or 5 voters; every other node is a data node that "
         "follows the Raft log without voting. `add` promotes a caught-up data node, `remove` "
-        "drains a voter and demotes it. Each node restarts itself in its new role.",
+        "drains a node, demotes it and forgets it. Each node restarts itself in its new role.",
     )
     actions = member.add_subparsers(dest="member_command", metavar="ACTION")
     actions.required = True
@@ -54,7 +58,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     listing.set_defaults(handler=_handler(_list))
     for name, text, default_wait in (
         ("add", "make the data node NODE a voter", 120.0),
-        ("remove", "drain the voter NODE and make it a data node", 300.0),
+        ("remove", "drain the node NODE, make it a data node and forget it", 300.0),
     ):
         sub = actions.add_parser(name, parents=[common], help=text)
         sub.add_argument("node", metavar="NODE", help="a node id of the cluster configuration")
@@ -64,6 +68,13 @@ def register(commands: argparse._SubParsersAction) -> None:
             default=default_wait,
             help=f"how long to wait for the whole change (default: {default_wait:.0f})",
         )
+        if name == "remove":
+            sub.add_argument(
+                "--keep-data-node",
+                action="store_true",
+                help="stop after the demotion: the node stays, frozen, as a data node "
+                "(default: forget it, which stops it)",
+            )
         sub.set_defaults(handler=_handler(_add if name == "add" else _remove))
 
 
@@ -200,17 +211,32 @@ def _report(
 
 async def _remove(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
     started = time.monotonic()
-    response = await _changed(
-        args, demote(client, args.node, args.wait_s, lambda text: _say(args, text))
-    )
+    say = lambda text: _say(args, text)  # noqa: E731
+    if args.keep_data_node:
+        response = await _changed(args, demote(client, args.node, args.wait_s, say))
+        if response is None:
+            return EXIT_ERROR
+        _report(
+            args,
+            response,
+            started,
+            (
+                f"{args.node} is a data node now"
+                if response.changed
+                else f"{args.node} was not a voter"
+            )
+            + f"; it stays frozen: stop it, or `raftwal balance unfreeze {args.node}` to "
+            "keep it as a data node",
+        )
+        return 0
+    response = await _changed(args, remove(client, args.node, args.wait_s, say))
     if response is None:
         return EXIT_ERROR
     _report(
         args,
         response,
         started,
-        (f"{args.node} is a data node now" if response.changed else f"{args.node} was not a voter")
-        + f"; it stays frozen: stop it, or `raftwal balance unfreeze {args.node}` to keep it "
-        "as a data node",
+        (f"{args.node} left the cluster" if response.changed else f"{args.node} was gone already")
+        + "; its addresses are forgotten (start it with --join to bring it back)",
     )
     return 0

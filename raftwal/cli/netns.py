@@ -124,6 +124,11 @@ class NetnsHosts:
             raise
         return hosts
 
+    def set_connected(self, node_id: str, connected: bool) -> None:
+        """Cut `node_id`'s host off the bridge (its veth down: a partition of that machine
+        from every other host and from this one), or connect it again."""
+        _ip("link", "set", self._veth(node_id), "up" if connected else "down")
+
     def exists(self) -> bool:
         return any(os.path.exists(f"{NETNS_DIR}/{self.namespace(n)}") for n in self.node_ids)
 

@@ -132,6 +132,8 @@ class _Heartbeat:
     incarnation: int
     seen_at: float  # time.monotonic()
     raft_address: str = ""
+    # The sender was started with --join (it may bring back a removed node id).
+    joined: bool = False
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
@@ -208,6 +210,7 @@ class Coordinator:
             incarnation=request.incarnation,
             seen_at=now,
             raft_address=request.raft_address,
+            joined=request.joined,
         )
         for node_id in request.suspect_node_ids[:16]:
             self._suspected[node_id] = now
@@ -217,6 +220,13 @@ class Coordinator:
             self.draining.add(request.node_id)
         else:
             self.draining.discard(request.node_id)
+
+    def forget(self, node_id: str) -> None:
+        """`node_id` was removed (RemoveNode): drop what this leader heard from it, so
+        that its last heartbeat does not propose registering it again."""
+        self._heartbeats.pop(node_id, None)
+        self.draining.discard(node_id)
+        self._down_since.pop(node_id, None)
 
     def replaceable(self, state: pb.CoordinationState, now: float) -> list[str]:
         """Nodes DOWN for longer than replica_replace_after_ms (none when it is 0)."""
@@ -403,7 +413,10 @@ class Coordinator:
             ):
                 await self._propose(
                     register_node=pb.RegisterNode(
-                        node_id=node_id, address=beat.address, raft_address=beat.raft_address
+                        node_id=node_id,
+                        address=beat.address,
+                        raft_address=beat.raft_address,
+                        joined_incarnation_ms=beat.incarnation if beat.joined else 0,
                     )
                 )
         for node_id in sorted(state.nodes):

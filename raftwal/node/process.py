@@ -77,7 +77,7 @@ from raftwal.node.metrics import NodeMetrics
 from raftwal.node.proposals import ProposalBatcher
 from raftwal.node.replicator import Replicators
 from raftwal.node.security import NodeSecurity
-from raftwal.services.cluster import ClusterServicer
+from raftwal.services.cluster import REMOVED_MARK, ClusterServicer
 from raftwal.services.consume_wire import add_streaming_node_servicer
 from raftwal.services.coordinator import CompactedHistory, CoordinatorServicer
 from raftwal.services.decoding import DecodeInterceptor
@@ -210,20 +210,36 @@ class _ReplicatorHost:
             raise RaftwalError(result.rejection)
 
 
-def _announced_nodes(state: pb.CoordinationState) -> tuple[tuple[str, str, str], ...]:
-    """(id, gRPC address, Raft address) of every node the state has both addresses of."""
-    return tuple(
-        (node_id, node.address, node.raft_address)
-        for node_id, node in sorted(state.nodes.items())
-        if node.address and node.raft_address
+def _announced_nodes(
+    state: pb.CoordinationState,
+) -> tuple[tuple[tuple[str, str, str], ...], tuple[str, ...]]:
+    """(id, gRPC address, Raft address) of every node the state has both addresses of,
+    and the ids of the nodes `raftwal member remove` forgot."""
+    return (
+        tuple(
+            (node_id, node.address, node.raft_address)
+            for node_id, node in sorted(state.nodes.items())
+            if node.address and node.raft_address
+        ),
+        tuple(sorted(state.removed_nodes)),
     )
+
+
+def _removed_node(state: pb.CoordinationState, node_id: str) -> pb.RemovedNode | None:
+    if node_id not in state.removed_nodes:
+        return None
+    copy = pb.RemovedNode()
+    copy.CopyFrom(state.removed_nodes[node_id])
+    return copy
 
 
 class Node:
     def __init__(self, config: ClusterConfig, node_id: str) -> None:
         # The config file's nodes; `config` adds those that joined since (see there).
         self._static_config = config
-        self._config_view: tuple[tuple[tuple[str, str, str], ...], ClusterConfig] = ((), config)
+        self._config_view: tuple[
+            tuple[tuple[tuple[str, str, str], ...], tuple[str, ...]], ClusterConfig
+        ] = (((), ()), config)
         self.me: NodeConfig = config.node(node_id)
         check_transport_security(config, self.me)
         # TLS and bearer-token auth of the gRPC port, and the node's own client credentials.
@@ -239,6 +255,8 @@ class Node:
         # (raftwal/node/membership.py). A switch restarts the process in the new role.
         self.role = load_role(data_dir, self.me.role)
         self.restart_requested = False
+        # The leader refused this node's heartbeat: `raftwal member remove` forgot it.
+        self.removed = False
         self.replica = CoordinationReplica(data_dir)
         self.metrics = NodeMetrics(self)
         # The web console on the metrics port (raftwal.node.console).
@@ -303,16 +321,20 @@ class Node:
     def config(self) -> ClusterConfig:
         """The cluster's nodes: those of the config file, and every node that joined
         without being in it (raftwal/node/join.py), at the gRPC and Raft addresses it
-        announced in its heartbeats (registered in the replicated state)."""
+        announced in its heartbeats (registered in the replicated state); without the
+        nodes `raftwal member remove` forgot (RemoveNode), except this node itself."""
         static = self._static_config
         replica = getattr(self, "replica", None)
         if replica is None:
             return static
-        announced = replica.read(_announced_nodes)
+        seen_state = replica.read(_announced_nodes)
         seen, view = self._config_view
-        if announced == seen:
+        if seen_state == seen:
             return view
+        announced, removed_ids = seen_state
+        removed = set(removed_ids) - {self.me.id}
         known = {n.id for n in static.nodes}
+        kept = tuple(n for n in static.nodes if n.id not in removed)
         added = []
         for node_id, address, raft_address in announced:
             if node_id in known:
@@ -331,9 +353,18 @@ class Node:
                     role="data",
                 )
             )
-        view = replace(static, nodes=static.nodes + tuple(added)) if added else static
-        self._config_view = (announced, view)
+        view = (
+            replace(static, nodes=kept + tuple(added))
+            if added or len(kept) != len(static.nodes)
+            else static
+        )
+        self._config_view = (seen_state, view)
         return view
+
+    def removed_node(self, node_id: str) -> pb.RemovedNode | None:
+        """The removal of `node_id` (RemoveNode) in the applied state; None when it was
+        not removed (or rejoined since)."""
+        return self.replica.read(lambda state: _removed_node(state, node_id))
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -350,7 +381,9 @@ class Node:
         # (a data node connects to them, as pysyncobj's read-only node). The configured
         # voters are the first voter set; the Raft log and snapshots hold every change
         # since, and the peer replays them.
-        partners = [n.raft_address for n in self.config.voters if n.id != self.me.id]
+        # The config file's voters, never the replicated view: the journal's membership
+        # changes are replayed onto exactly this first set.
+        partners = [n.raft_address for n in self._static_config.voters if n.id != self.me.id]
         # A peer may be dialled elsewhere than at its own address (config peer_*_addresses,
         # e.g. the chaos suite's per-link proxies); its identity stays its own address.
         others = [n for n in self.config.nodes if n.id != self.me.id]
@@ -514,7 +547,8 @@ class Node:
         gc.collect()
         gc.freeze()
         await self._stop_requested.wait()
-        await self.handover_or_abort()
+        if not self.removed:  # a forgotten node holds nothing and has no leader to ask
+            await self.handover_or_abort()
         await self.stop()
 
     def _on_stop_signal(self) -> None:
@@ -1300,6 +1334,8 @@ class Node:
             joined=bool(self._static_config.join),
         )
         while not self._stopping.is_set():
+            if self._forgotten(request):
+                return
             leader = self.leader() if self.peer is not None else None
             self.leaderless_s()
             request.serving_terms.clear()
@@ -1325,8 +1361,36 @@ class Node:
                         )
                     except grpc.aio.AioRpcError as error:
                         log.debug("heartbeat to %s failed: %s", leader.id, error.code())
+                        refusal = from_rpc_error(error)
+                        if refusal.code == E.NOT_FOUND and REMOVED_MARK in refusal.message:
+                            self._stop_removed(refusal.message)
+                            return
             self._heartbeat_now.clear()
             await wait_event(self._heartbeat_now, interval)
+
+    def _forgotten(self, request: api.HeartbeatRequest) -> bool:
+        """True (and the node stopping) when the applied state says `raftwal member
+        remove` forgot this node and this process was not started with --join after that:
+        a removed node stops even when it cannot reach the leader to be refused."""
+        removed = self.removed_node(self.me.id)
+        if removed is None or (request.joined and request.incarnation > removed.removed_at_ms):
+            return False
+        self._stop_removed(
+            f"node {self.me.id} {REMOVED_MARK} by `raftwal member remove` at revision "
+            f"{removed.removed_revision} (this process started at {request.incarnation} ms"
+            f"{' with' if request.joined else ' without'} --join; expected one started with "
+            f"--join after the removal, at {removed.removed_at_ms} ms): stop it, or start it "
+            "again with --join"
+        )
+        return True
+
+    def _stop_removed(self, why: str) -> None:
+        """Forgotten by `raftwal member remove`: stop, and say why (``run_node`` raises
+        NodeRemoved: exit status 3)."""
+        log.error("%s", why)
+        self.removed = True
+        self.restart_requested = False
+        self._stop_requested.set()
 
     async def _follow_membership(self, voter_node_ids: list[str], settled: bool) -> None:
         """Switch this node's role when the leader's settled voter set says so: remember
@@ -1404,6 +1468,21 @@ class Node:
         if peer.membership_pending():
             raise refuse("another membership change is not committed yet; retry shortly")
         if add:
+            # The new voter counts toward commits only once it restarted as one, which it
+            # does when the change has committed: the voters connected now must be a
+            # majority of the new set without it, or the change never commits and the
+            # cluster is left without a leader (a dead voter among them: remove it first).
+            connected = peer.status()["partners_connected"]
+            current = peer.voters()
+            live = sum(1 for v in current if v == self.me.raft_address or connected.get(v, False))
+            needed = (len(current) + 1) // 2 + 1
+            if live < needed:
+                raise refuse(
+                    f"adding {node_id} would make {len(current) + 1} voters of which only "
+                    f"{live} are connected to the leader, and {node_id} counts only once it "
+                    f"restarted as a voter (expected {needed} connected): remove the dead "
+                    f"voter first (raftwal member remove), then add {node_id}"
+                )
             member = await self._collect_member(node)
             if not member.reachable:
                 raise refuse(
@@ -1472,6 +1551,55 @@ class Node:
             ", ".join(self.voter_node_ids()),
         )
         return self.voter_node_ids(), True
+
+    async def forget_node(self, node_id: str) -> bool:
+        """Forget `node_id` (RemoveNode): a node that left the voters and holds nothing.
+        False when it was forgotten already. Raises RaftwalError: NOT_FOUND for a node the
+        cluster does not know, IGNORED_OPERATION while it is a voter, a membership change
+        is uncommitted or it still holds something."""
+        peer = self._require_leader()
+        if self.removed_node(node_id) is not None:
+            return False
+        if node_id not in {n.id for n in self.config.nodes}:
+            raise RaftwalError(
+                error_info(
+                    E.NOT_FOUND,
+                    f"unknown node {node_id!r} (expected one of the cluster's nodes: "
+                    f"{', '.join(n.id for n in self.config.nodes)})",
+                )
+            )
+        if node_id == self.me.id:
+            raise RaftwalError(
+                error_info(
+                    E.IGNORED_OPERATION,
+                    f"node {node_id} leads (expected a node that left the voters)",
+                )
+            )
+
+        def refuse(message: str) -> RaftwalError:
+            return RaftwalError(error_info(E.IGNORED_OPERATION, message))
+
+        if peer.membership_pending():
+            raise refuse("a membership change is not committed yet; retry shortly")
+        if node_id in self.voter_node_ids():
+            raise refuse(
+                f"node {node_id} is a Raft voter (expected a node that left the voters: "
+                "MEMBERSHIP_ACTION_REMOVE first)"
+            )
+        held = self._held_by(node_id)
+        if held:
+            raise refuse(
+                f"node {node_id} still holds {', '.join(held[:8])}"
+                f"{' and more' if len(held) > 8 else ''} (expected nothing: freeze it and "
+                "wait until its pchannels moved)"
+            )
+        result = await self.propose(pb.Command(remove_node=pb.RemoveNode(node_id=node_id)))
+        if result.rejection.code != E.OK:
+            raise RaftwalError(result.rejection)
+        # Its last heartbeats must not register it again.
+        self.coordinator.forget(node_id)
+        log.warning("node %s: forgot node %s (it left the cluster)", self.me.id, node_id)
+        return True
 
     def _held_by(self, node_id: str) -> list[str]:
         """What `node_id` still holds in the applied state: pchannels it owns, replica
@@ -1653,9 +1781,15 @@ async def _trim_memory_loop(stopping: asyncio.Event) -> None:
         log.debug("memory: resident %d -> %d MiB", resident >> 20, last_after >> 20)
 
 
+class NodeRemoved(Exception):
+    """The leader refused this node's heartbeats: `raftwal member remove` forgot it. It
+    stopped; it comes back only when started again with --join."""
+
+
 async def run_node(config: ClusterConfig, node_id: str) -> bool:
     """Run the node until it stops; True when it stopped to restart in another Raft role
-    (``raftwal member``): the caller then starts the same command again."""
+    (``raftwal member``): the caller then starts the same command again. Raises
+    NodeRemoved when it stopped because the cluster forgot it."""
     _return_large_blocks_to_the_system()
     # Every file the node creates (segments, catalog.db, events.db, the Raft journal and
     # snapshots, SQLite's side files) is for its own user only: 0600 in 0700 directories.
@@ -1664,4 +1798,9 @@ async def run_node(config: ClusterConfig, node_id: str) -> bool:
     faults.install_from_environment(node_id)
     node = Node(config, node_id)
     await node.run_until_stopped()
+    if node.removed:
+        raise NodeRemoved(
+            f"node {node_id} was removed from the cluster (raftwal member remove): start it "
+            "again with --join to rejoin"
+        )
     return node.restart_requested

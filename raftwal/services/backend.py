@@ -162,6 +162,10 @@ class ClusterBackend(Protocol):
 
     def applied_revision(self) -> int: ...
 
+    def removed_node(self, node_id: str) -> pb.RemovedNode | None:
+        """`node_id`'s removal (RemoveNode) in the applied state, None when not removed."""
+        ...
+
     def membership(self) -> tuple[list[str], bool]:
         """(the Raft voters as node ids, whether that set is settled: no membership entry
         uncommitted), as this node's log has them."""

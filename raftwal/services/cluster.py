@@ -28,6 +28,9 @@ MAX_PROPOSE_TIMEOUT_MS = 60_000
 MAX_BATCH_COMMANDS = 1024
 # A ReadIndex request without a timeout waits this long for the heartbeat round.
 MAX_READ_INDEX_TIMEOUT_MS = 10_000
+# In the NOT_FOUND answer to a heartbeat of a node `raftwal member remove` forgot: the
+# node stops when it reads it.
+REMOVED_MARK = "was removed from the cluster"
 
 
 class ClusterServicer(coordinator_pb2_grpc.ClusterServicer):
@@ -43,6 +46,25 @@ class ClusterServicer(coordinator_pb2_grpc.ClusterServicer):
                         E.NOT_LEADER,
                         f"node {self._node.me.id} is not the leader",
                         leader_hint=leader.grpc_address if leader else "",
+                    )
+                )
+            )
+        removed = self._node.removed_node(request.node_id)
+        if removed is not None and not (
+            request.joined and request.incarnation > removed.removed_at_ms
+        ):
+            # Forgotten (RemoveNode): only a process started with --join after that comes
+            # back; anything else would register it again behind the operator's back.
+            await context.abort_with_status(
+                to_status(
+                    error_info(
+                        E.NOT_FOUND,
+                        f"node {request.node_id} {REMOVED_MARK} by `raftwal member remove` "
+                        f"at revision {removed.removed_revision} (got a heartbeat from its "
+                        f"process started at {request.incarnation} ms"
+                        f"{' with' if request.joined else ' without'} --join; expected a "
+                        "process started with --join after the removal, at "
+                        f"{removed.removed_at_ms} ms): stop it, or start it again with --join",
                     )
                 )
             )

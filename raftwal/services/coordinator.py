@@ -123,6 +123,12 @@ class CoordinationBackend(Protocol):
         does not hold, UNKNOWN when the outcome is unknown)."""
         ...
 
+    async def forget_node(self, node_id: str) -> bool:
+        """Forget `node_id`, a node that left the voters and holds nothing (RemoveNode);
+        False when it was forgotten already. Raises RaftwalError (NOT_LEADER, NOT_FOUND,
+        IGNORED_OPERATION when a precondition does not hold)."""
+        ...
+
     def list_members(self) -> api.ListMembersResponse:
         """The leader's voter set; raises RaftwalError NOT_LEADER on another node."""
         ...
@@ -1157,11 +1163,12 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             if request.action not in (
                 api.MEMBERSHIP_ACTION_ADD,
                 api.MEMBERSHIP_ACTION_REMOVE,
+                api.MEMBERSHIP_ACTION_FORGET,
             ):
                 raise fail(
                     E.INVALID_ARGUMENT,
-                    f"invalid action ({request.action}; expected MEMBERSHIP_ACTION_ADD or "
-                    "MEMBERSHIP_ACTION_REMOVE)",
+                    f"invalid action ({request.action}; expected MEMBERSHIP_ACTION_ADD, "
+                    "MEMBERSHIP_ACTION_REMOVE or MEMBERSHIP_ACTION_FORGET)",
                 )
             if not 0 <= request.timeout_ms <= MAX_MEMBERSHIP_TIMEOUT_MS:
                 raise fail(
@@ -1172,6 +1179,11 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             bad = check_name("node_id", request.node_id, LIMITS)
             if bad is not None:
                 raise fail(E.INVALID_ARGUMENT, bad.message)
+            if request.action == api.MEMBERSHIP_ACTION_FORGET:
+                changed = await self._backend.forget_node(request.node_id)
+                return api.ChangeMembershipResponse(
+                    voter_node_ids=self._backend.list_members().voter_node_ids, changed=changed
+                )
             voters, changed = await self._backend.change_membership(
                 request.node_id,
                 request.action == api.MEMBERSHIP_ACTION_ADD,

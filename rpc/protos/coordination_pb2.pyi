@@ -442,7 +442,7 @@ class ReplicateConfiguration(_message.Message):
     def __init__(self, clusters: _Optional[_Iterable[_Union[ReplicateCluster, _Mapping]]] = ..., topology: _Optional[_Iterable[_Union[ReplicateTopologyEdge, _Mapping]]] = ..., switchover: _Optional[_Union[ReplicateSwitchover, _Mapping]] = ...) -> None: ...
 
 class CoordinationState(_message.Message):
-    __slots__ = ("format_version", "revision", "last_raft_index", "nodes", "pchannels", "vchannels", "next_vchannel_id", "manifests", "broadcasts", "broadcast_idempotency", "locks", "leases", "consumer_groups", "balance_policy", "recent_results", "recent_request_ids", "recent_cursor", "last_time_ms", "subscriptions", "replicate_configuration", "replicate_cluster_id", "replicate_checkpoints")
+    __slots__ = ("format_version", "revision", "last_raft_index", "nodes", "pchannels", "vchannels", "next_vchannel_id", "manifests", "broadcasts", "broadcast_idempotency", "locks", "leases", "consumer_groups", "balance_policy", "recent_results", "recent_request_ids", "recent_cursor", "last_time_ms", "subscriptions", "replicate_configuration", "replicate_cluster_id", "replicate_checkpoints", "removed_nodes")
     class NodesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -527,6 +527,13 @@ class CoordinationState(_message.Message):
         key: str
         value: ReplicateCheckpoints
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ReplicateCheckpoints, _Mapping]] = ...) -> None: ...
+    class RemovedNodesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: RemovedNode
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[RemovedNode, _Mapping]] = ...) -> None: ...
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     LAST_RAFT_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -549,6 +556,7 @@ class CoordinationState(_message.Message):
     REPLICATE_CONFIGURATION_FIELD_NUMBER: _ClassVar[int]
     REPLICATE_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICATE_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_NODES_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     revision: int
     last_raft_index: int
@@ -571,7 +579,16 @@ class CoordinationState(_message.Message):
     replicate_configuration: ReplicateConfiguration
     replicate_cluster_id: str
     replicate_checkpoints: _containers.MessageMap[str, ReplicateCheckpoints]
-    def __init__(self, format_version: _Optional[int] = ..., revision: _Optional[int] = ..., last_raft_index: _Optional[int] = ..., nodes: _Optional[_Mapping[str, Node]] = ..., pchannels: _Optional[_Mapping[str, PChannel]] = ..., vchannels: _Optional[_Mapping[str, VChannel]] = ..., next_vchannel_id: _Optional[int] = ..., manifests: _Optional[_Mapping[str, SegmentManifest]] = ..., broadcasts: _Optional[_Mapping[int, BroadcastTask]] = ..., broadcast_idempotency: _Optional[_Mapping[str, int]] = ..., locks: _Optional[_Mapping[str, ResourceLock]] = ..., leases: _Optional[_Mapping[int, Lease]] = ..., consumer_groups: _Optional[_Mapping[str, ConsumerGroup]] = ..., balance_policy: _Optional[_Union[BalancePolicy, _Mapping]] = ..., recent_results: _Optional[_Mapping[str, bytes]] = ..., recent_request_ids: _Optional[_Iterable[str]] = ..., recent_cursor: _Optional[int] = ..., last_time_ms: _Optional[int] = ..., subscriptions: _Optional[_Mapping[str, Subscription]] = ..., replicate_configuration: _Optional[_Union[ReplicateConfiguration, _Mapping]] = ..., replicate_cluster_id: _Optional[str] = ..., replicate_checkpoints: _Optional[_Mapping[str, ReplicateCheckpoints]] = ...) -> None: ...
+    removed_nodes: _containers.MessageMap[str, RemovedNode]
+    def __init__(self, format_version: _Optional[int] = ..., revision: _Optional[int] = ..., last_raft_index: _Optional[int] = ..., nodes: _Optional[_Mapping[str, Node]] = ..., pchannels: _Optional[_Mapping[str, PChannel]] = ..., vchannels: _Optional[_Mapping[str, VChannel]] = ..., next_vchannel_id: _Optional[int] = ..., manifests: _Optional[_Mapping[str, SegmentManifest]] = ..., broadcasts: _Optional[_Mapping[int, BroadcastTask]] = ..., broadcast_idempotency: _Optional[_Mapping[str, int]] = ..., locks: _Optional[_Mapping[str, ResourceLock]] = ..., leases: _Optional[_Mapping[int, Lease]] = ..., consumer_groups: _Optional[_Mapping[str, ConsumerGroup]] = ..., balance_policy: _Optional[_Union[BalancePolicy, _Mapping]] = ..., recent_results: _Optional[_Mapping[str, bytes]] = ..., recent_request_ids: _Optional[_Iterable[str]] = ..., recent_cursor: _Optional[int] = ..., last_time_ms: _Optional[int] = ..., subscriptions: _Optional[_Mapping[str, Subscription]] = ..., replicate_configuration: _Optional[_Union[ReplicateConfiguration, _Mapping]] = ..., replicate_cluster_id: _Optional[str] = ..., replicate_checkpoints: _Optional[_Mapping[str, ReplicateCheckpoints]] = ..., removed_nodes: _Optional[_Mapping[str, RemovedNode]] = ...) -> None: ...
+
+class RemovedNode(_message.Message):
+    __slots__ = ("removed_revision", "removed_at_ms")
+    REMOVED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    removed_revision: int
+    removed_at_ms: int
+    def __init__(self, removed_revision: _Optional[int] = ..., removed_at_ms: _Optional[int] = ...) -> None: ...
 
 class ReplicateCheckpoints(_message.Message):
     __slots__ = ("source_lsns", "drained_through_lsns")
@@ -596,14 +613,22 @@ class ReplicateCheckpoints(_message.Message):
     def __init__(self, source_lsns: _Optional[_Mapping[str, int]] = ..., drained_through_lsns: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class RegisterNode(_message.Message):
-    __slots__ = ("node_id", "address", "raft_address")
+    __slots__ = ("node_id", "address", "raft_address", "joined_incarnation_ms")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    JOINED_INCARNATION_MS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     raft_address: str
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., raft_address: _Optional[str] = ...) -> None: ...
+    joined_incarnation_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., raft_address: _Optional[str] = ..., joined_incarnation_ms: _Optional[int] = ...) -> None: ...
+
+class RemoveNode(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class MarkNodeDown(_message.Message):
     __slots__ = ("node_id",)
@@ -960,7 +985,7 @@ class Barrier(_message.Message):
     def __init__(self) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("request_id", "proposed_at_ms", "register_node", "mark_node_down", "mark_node_up", "freeze_node", "unfreeze_node", "create_pchannels", "assign_pchannel", "pchannel_ready", "mark_pchannel_unavailable", "drop_pchannel", "create_vchannel", "drop_vchannel", "commit_segment", "delete_segments_before", "create_broadcast", "record_broadcast_appended", "ack_broadcast", "clear_broadcasts", "grant_lease", "keep_alive_lease", "revoke_lease", "expire_leases", "extend_leases", "lock", "unlock", "commit_consumer_position", "bump_consumer_fence", "create_subscription", "drop_subscription", "commit_subscription_position", "seek_subscription", "join_subscription", "leave_subscription", "assign_subscription", "restore_state", "set_balance_policy", "update_replicate_configuration", "record_replicate_checkpoint", "barrier")
+    __slots__ = ("request_id", "proposed_at_ms", "register_node", "mark_node_down", "mark_node_up", "freeze_node", "unfreeze_node", "remove_node", "create_pchannels", "assign_pchannel", "pchannel_ready", "mark_pchannel_unavailable", "drop_pchannel", "create_vchannel", "drop_vchannel", "commit_segment", "delete_segments_before", "create_broadcast", "record_broadcast_appended", "ack_broadcast", "clear_broadcasts", "grant_lease", "keep_alive_lease", "revoke_lease", "expire_leases", "extend_leases", "lock", "unlock", "commit_consumer_position", "bump_consumer_fence", "create_subscription", "drop_subscription", "commit_subscription_position", "seek_subscription", "join_subscription", "leave_subscription", "assign_subscription", "restore_state", "set_balance_policy", "update_replicate_configuration", "record_replicate_checkpoint", "barrier")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     REGISTER_NODE_FIELD_NUMBER: _ClassVar[int]
@@ -968,6 +993,7 @@ class Command(_message.Message):
     MARK_NODE_UP_FIELD_NUMBER: _ClassVar[int]
     FREEZE_NODE_FIELD_NUMBER: _ClassVar[int]
     UNFREEZE_NODE_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_NODE_FIELD_NUMBER: _ClassVar[int]
     CREATE_PCHANNELS_FIELD_NUMBER: _ClassVar[int]
     ASSIGN_PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     PCHANNEL_READY_FIELD_NUMBER: _ClassVar[int]
@@ -1009,6 +1035,7 @@ class Command(_message.Message):
     mark_node_up: MarkNodeUp
     freeze_node: FreezeNode
     unfreeze_node: UnfreezeNode
+    remove_node: RemoveNode
     create_pchannels: CreatePChannels
     assign_pchannel: AssignPChannel
     pchannel_ready: PChannelReady
@@ -1043,7 +1070,7 @@ class Command(_message.Message):
     update_replicate_configuration: UpdateReplicateConfiguration
     record_replicate_checkpoint: RecordReplicateCheckpoint
     barrier: Barrier
-    def __init__(self, request_id: _Optional[str] = ..., proposed_at_ms: _Optional[int] = ..., register_node: _Optional[_Union[RegisterNode, _Mapping]] = ..., mark_node_down: _Optional[_Union[MarkNodeDown, _Mapping]] = ..., mark_node_up: _Optional[_Union[MarkNodeUp, _Mapping]] = ..., freeze_node: _Optional[_Union[FreezeNode, _Mapping]] = ..., unfreeze_node: _Optional[_Union[UnfreezeNode, _Mapping]] = ..., create_pchannels: _Optional[_Union[CreatePChannels, _Mapping]] = ..., assign_pchannel: _Optional[_Union[AssignPChannel, _Mapping]] = ..., pchannel_ready: _Optional[_Union[PChannelReady, _Mapping]] = ..., mark_pchannel_unavailable: _Optional[_Union[MarkPChannelUnavailable, _Mapping]] = ..., drop_pchannel: _Optional[_Union[DropPChannel, _Mapping]] = ..., create_vchannel: _Optional[_Union[CreateVChannel, _Mapping]] = ..., drop_vchannel: _Optional[_Union[DropVChannel, _Mapping]] = ..., commit_segment: _Optional[_Union[CommitSegment, _Mapping]] = ..., delete_segments_before: _Optional[_Union[DeleteSegmentsBefore, _Mapping]] = ..., create_broadcast: _Optional[_Union[CreateBroadcast, _Mapping]] = ..., record_broadcast_appended: _Optional[_Union[RecordBroadcastAppended, _Mapping]] = ..., ack_broadcast: _Optional[_Union[AckBroadcast, _Mapping]] = ..., clear_broadcasts: _Optional[_Union[ClearBroadcasts, _Mapping]] = ..., grant_lease: _Optional[_Union[GrantLease, _Mapping]] = ..., keep_alive_lease: _Optional[_Union[KeepAliveLease, _Mapping]] = ..., revoke_lease: _Optional[_Union[RevokeLease, _Mapping]] = ..., expire_leases: _Optional[_Union[ExpireLeases, _Mapping]] = ..., extend_leases: _Optional[_Union[ExtendLeases, _Mapping]] = ..., lock: _Optional[_Union[Lock, _Mapping]] = ..., unlock: _Optional[_Union[Unlock, _Mapping]] = ..., commit_consumer_position: _Optional[_Union[CommitConsumerPosition, _Mapping]] = ..., bump_consumer_fence: _Optional[_Union[BumpConsumerFence, _Mapping]] = ..., create_subscription: _Optional[_Union[CreateSubscription, _Mapping]] = ..., drop_subscription: _Optional[_Union[DropSubscription, _Mapping]] = ..., commit_subscription_position: _Optional[_Union[CommitSubscriptionPosition, _Mapping]] = ..., seek_subscription: _Optional[_Union[SeekSubscription, _Mapping]] = ..., join_subscription: _Optional[_Union[JoinSubscription, _Mapping]] = ..., leave_subscription: _Optional[_Union[LeaveSubscription, _Mapping]] = ..., assign_subscription: _Optional[_Union[AssignSubscription, _Mapping]] = ..., restore_state: _Optional[_Union[RestoreState, _Mapping]] = ..., set_balance_policy: _Optional[_Union[SetBalancePolicy, _Mapping]] = ..., update_replicate_configuration: _Optional[_Union[UpdateReplicateConfiguration, _Mapping]] = ..., record_replicate_checkpoint: _Optional[_Union[RecordReplicateCheckpoint, _Mapping]] = ..., barrier: _Optional[_Union[Barrier, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., proposed_at_ms: _Optional[int] = ..., register_node: _Optional[_Union[RegisterNode, _Mapping]] = ..., mark_node_down: _Optional[_Union[MarkNodeDown, _Mapping]] = ..., mark_node_up: _Optional[_Union[MarkNodeUp, _Mapping]] = ..., freeze_node: _Optional[_Union[FreezeNode, _Mapping]] = ..., unfreeze_node: _Optional[_Union[UnfreezeNode, _Mapping]] = ..., remove_node: _Optional[_Union[RemoveNode, _Mapping]] = ..., create_pchannels: _Optional[_Union[CreatePChannels, _Mapping]] = ..., assign_pchannel: _Optional[_Union[AssignPChannel, _Mapping]] = ..., pchannel_ready: _Optional[_Union[PChannelReady, _Mapping]] = ..., mark_pchannel_unavailable: _Optional[_Union[MarkPChannelUnavailable, _Mapping]] = ..., drop_pchannel: _Optional[_Union[DropPChannel, _Mapping]] = ..., create_vchannel: _Optional[_Union[CreateVChannel, _Mapping]] = ..., drop_vchannel: _Optional[_Union[DropVChannel, _Mapping]] = ..., commit_segment: _Optional[_Union[CommitSegment, _Mapping]] = ..., delete_segments_before: _Optional[_Union[DeleteSegmentsBefore, _Mapping]] = ..., create_broadcast: _Optional[_Union[CreateBroadcast, _Mapping]] = ..., record_broadcast_appended: _Optional[_Union[RecordBroadcastAppended, _Mapping]] = ..., ack_broadcast: _Optional[_Union[AckBroadcast, _Mapping]] = ..., clear_broadcasts: _Optional[_Union[ClearBroadcasts, _Mapping]] = ..., grant_lease: _Optional[_Union[GrantLease, _Mapping]] = ..., keep_alive_lease: _Optional[_Union[KeepAliveLease, _Mapping]] = ..., revoke_lease: _Optional[_Union[RevokeLease, _Mapping]] = ..., expire_leases: _Optional[_Union[ExpireLeases, _Mapping]] = ..., extend_leases: _Optional[_Union[ExtendLeases, _Mapping]] = ..., lock: _Optional[_Union[Lock, _Mapping]] = ..., unlock: _Optional[_Union[Unlock, _Mapping]] = ..., commit_consumer_position: _Optional[_Union[CommitConsumerPosition, _Mapping]] = ..., bump_consumer_fence: _Optional[_Union[BumpConsumerFence, _Mapping]] = ..., create_subscription: _Optional[_Union[CreateSubscription, _Mapping]] = ..., drop_subscription: _Optional[_Union[DropSubscription, _Mapping]] = ..., commit_subscription_position: _Optional[_Union[CommitSubscriptionPosition, _Mapping]] = ..., seek_subscription: _Optional[_Union[SeekSubscription, _Mapping]] = ..., join_subscription: _Optional[_Union[JoinSubscription, _Mapping]] = ..., leave_subscription: _Optional[_Union[LeaveSubscription, _Mapping]] = ..., assign_subscription: _Optional[_Union[AssignSubscription, _Mapping]] = ..., restore_state: _Optional[_Union[RestoreState, _Mapping]] = ..., set_balance_policy: _Optional[_Union[SetBalancePolicy, _Mapping]] = ..., update_replicate_configuration: _Optional[_Union[UpdateReplicateConfiguration, _Mapping]] = ..., record_replicate_checkpoint: _Optional[_Union[RecordReplicateCheckpoint, _Mapping]] = ..., barrier: _Optional[_Union[Barrier, _Mapping]] = ...) -> None: ...
 
 class NodeRegistered(_message.Message):
     __slots__ = ("node_id", "address", "raft_address")
@@ -1054,6 +1081,14 @@ class NodeRegistered(_message.Message):
     address: str
     raft_address: str
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., raft_address: _Optional[str] = ...) -> None: ...
+
+class NodeRemoved(_message.Message):
+    __slots__ = ("node_id", "removed_at_ms")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    removed_at_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., removed_at_ms: _Optional[int] = ...) -> None: ...
 
 class NodeMarkedDown(_message.Message):
     __slots__ = ("node_id",)
@@ -1358,7 +1393,7 @@ class ReplicateConfigurationUpdated(_message.Message):
     def __init__(self, configuration: _Optional[_Union[ReplicateConfiguration, _Mapping]] = ..., local_cluster_id: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("revision", "raft_index", "time_ms", "node_registered", "node_marked_down", "node_marked_up", "node_frozen", "node_unfrozen", "pchannel_created", "pchannel_assigned", "pchannel_became_ready", "pchannel_marked_unavailable", "pchannel_dropped", "vchannel_created", "vchannel_dropped", "segment_committed", "segments_deleted", "broadcast_created", "broadcast_appended", "broadcast_acked", "broadcast_tombstoned", "broadcast_cleared", "lease_granted", "lease_renewed", "lease_revoked", "lease_expired", "lock_acquired", "lock_released", "consumer_position_committed", "consumer_fence_bumped", "subscription_created", "subscription_dropped", "subscription_position_committed", "subscription_member_joined", "subscription_member_left", "subscription_member_assigned", "state_restored", "balance_policy_set", "replicate_configuration_updated", "replicate_checkpoint_recorded")
+    __slots__ = ("revision", "raft_index", "time_ms", "node_registered", "node_marked_down", "node_marked_up", "node_frozen", "node_unfrozen", "node_removed", "pchannel_created", "pchannel_assigned", "pchannel_became_ready", "pchannel_marked_unavailable", "pchannel_dropped", "vchannel_created", "vchannel_dropped", "segment_committed", "segments_deleted", "broadcast_created", "broadcast_appended", "broadcast_acked", "broadcast_tombstoned", "broadcast_cleared", "lease_granted", "lease_renewed", "lease_revoked", "lease_expired", "lock_acquired", "lock_released", "consumer_position_committed", "consumer_fence_bumped", "subscription_created", "subscription_dropped", "subscription_position_committed", "subscription_member_joined", "subscription_member_left", "subscription_member_assigned", "state_restored", "balance_policy_set", "replicate_configuration_updated", "replicate_checkpoint_recorded")
     REVISION_FIELD_NUMBER: _ClassVar[int]
     RAFT_INDEX_FIELD_NUMBER: _ClassVar[int]
     TIME_MS_FIELD_NUMBER: _ClassVar[int]
@@ -1367,6 +1402,7 @@ class Event(_message.Message):
     NODE_MARKED_UP_FIELD_NUMBER: _ClassVar[int]
     NODE_FROZEN_FIELD_NUMBER: _ClassVar[int]
     NODE_UNFROZEN_FIELD_NUMBER: _ClassVar[int]
+    NODE_REMOVED_FIELD_NUMBER: _ClassVar[int]
     PCHANNEL_CREATED_FIELD_NUMBER: _ClassVar[int]
     PCHANNEL_ASSIGNED_FIELD_NUMBER: _ClassVar[int]
     PCHANNEL_BECAME_READY_FIELD_NUMBER: _ClassVar[int]
@@ -1407,6 +1443,7 @@ class Event(_message.Message):
     node_marked_up: NodeMarkedUp
     node_frozen: NodeFrozen
     node_unfrozen: NodeUnfrozen
+    node_removed: NodeRemoved
     pchannel_created: PChannelCreated
     pchannel_assigned: PChannelAssigned
     pchannel_became_ready: PChannelBecameReady
@@ -1439,7 +1476,7 @@ class Event(_message.Message):
     balance_policy_set: BalancePolicySet
     replicate_configuration_updated: ReplicateConfigurationUpdated
     replicate_checkpoint_recorded: ReplicateCheckpointRecorded
-    def __init__(self, revision: _Optional[int] = ..., raft_index: _Optional[int] = ..., time_ms: _Optional[int] = ..., node_registered: _Optional[_Union[NodeRegistered, _Mapping]] = ..., node_marked_down: _Optional[_Union[NodeMarkedDown, _Mapping]] = ..., node_marked_up: _Optional[_Union[NodeMarkedUp, _Mapping]] = ..., node_frozen: _Optional[_Union[NodeFrozen, _Mapping]] = ..., node_unfrozen: _Optional[_Union[NodeUnfrozen, _Mapping]] = ..., pchannel_created: _Optional[_Union[PChannelCreated, _Mapping]] = ..., pchannel_assigned: _Optional[_Union[PChannelAssigned, _Mapping]] = ..., pchannel_became_ready: _Optional[_Union[PChannelBecameReady, _Mapping]] = ..., pchannel_marked_unavailable: _Optional[_Union[PChannelMarkedUnavailable, _Mapping]] = ..., pchannel_dropped: _Optional[_Union[PChannelDropped, _Mapping]] = ..., vchannel_created: _Optional[_Union[VChannelCreated, _Mapping]] = ..., vchannel_dropped: _Optional[_Union[VChannelDropped, _Mapping]] = ..., segment_committed: _Optional[_Union[SegmentCommitted, _Mapping]] = ..., segments_deleted: _Optional[_Union[SegmentsDeleted, _Mapping]] = ..., broadcast_created: _Optional[_Union[BroadcastCreated, _Mapping]] = ..., broadcast_appended: _Optional[_Union[BroadcastAppended, _Mapping]] = ..., broadcast_acked: _Optional[_Union[BroadcastAcked, _Mapping]] = ..., broadcast_tombstoned: _Optional[_Union[BroadcastTombstoned, _Mapping]] = ..., broadcast_cleared: _Optional[_Union[BroadcastCleared, _Mapping]] = ..., lease_granted: _Optional[_Union[LeaseGranted, _Mapping]] = ..., lease_renewed: _Optional[_Union[LeaseRenewed, _Mapping]] = ..., lease_revoked: _Optional[_Union[LeaseRevoked, _Mapping]] = ..., lease_expired: _Optional[_Union[LeaseExpired, _Mapping]] = ..., lock_acquired: _Optional[_Union[LockAcquired, _Mapping]] = ..., lock_released: _Optional[_Union[LockReleased, _Mapping]] = ..., consumer_position_committed: _Optional[_Union[ConsumerPositionCommitted, _Mapping]] = ..., consumer_fence_bumped: _Optional[_Union[ConsumerFenceBumped, _Mapping]] = ..., subscription_created: _Optional[_Union[SubscriptionCreated, _Mapping]] = ..., subscription_dropped: _Optional[_Union[SubscriptionDropped, _Mapping]] = ..., subscription_position_committed: _Optional[_Union[SubscriptionPositionCommitted, _Mapping]] = ..., subscription_member_joined: _Optional[_Union[SubscriptionMemberJoined, _Mapping]] = ..., subscription_member_left: _Optional[_Union[SubscriptionMemberLeft, _Mapping]] = ..., subscription_member_assigned: _Optional[_Union[SubscriptionMemberAssigned, _Mapping]] = ..., state_restored: _Optional[_Union[StateRestored, _Mapping]] = ..., balance_policy_set: _Optional[_Union[BalancePolicySet, _Mapping]] = ..., replicate_configuration_updated: _Optional[_Union[ReplicateConfigurationUpdated, _Mapping]] = ..., replicate_checkpoint_recorded: _Optional[_Union[ReplicateCheckpointRecorded, _Mapping]] = ...) -> None: ...
+    def __init__(self, revision: _Optional[int] = ..., raft_index: _Optional[int] = ..., time_ms: _Optional[int] = ..., node_registered: _Optional[_Union[NodeRegistered, _Mapping]] = ..., node_marked_down: _Optional[_Union[NodeMarkedDown, _Mapping]] = ..., node_marked_up: _Optional[_Union[NodeMarkedUp, _Mapping]] = ..., node_frozen: _Optional[_Union[NodeFrozen, _Mapping]] = ..., node_unfrozen: _Optional[_Union[NodeUnfrozen, _Mapping]] = ..., node_removed: _Optional[_Union[NodeRemoved, _Mapping]] = ..., pchannel_created: _Optional[_Union[PChannelCreated, _Mapping]] = ..., pchannel_assigned: _Optional[_Union[PChannelAssigned, _Mapping]] = ..., pchannel_became_ready: _Optional[_Union[PChannelBecameReady, _Mapping]] = ..., pchannel_marked_unavailable: _Optional[_Union[PChannelMarkedUnavailable, _Mapping]] = ..., pchannel_dropped: _Optional[_Union[PChannelDropped, _Mapping]] = ..., vchannel_created: _Optional[_Union[VChannelCreated, _Mapping]] = ..., vchannel_dropped: _Optional[_Union[VChannelDropped, _Mapping]] = ..., segment_committed: _Optional[_Union[SegmentCommitted, _Mapping]] = ..., segments_deleted: _Optional[_Union[SegmentsDeleted, _Mapping]] = ..., broadcast_created: _Optional[_Union[BroadcastCreated, _Mapping]] = ..., broadcast_appended: _Optional[_Union[BroadcastAppended, _Mapping]] = ..., broadcast_acked: _Optional[_Union[BroadcastAcked, _Mapping]] = ..., broadcast_tombstoned: _Optional[_Union[BroadcastTombstoned, _Mapping]] = ..., broadcast_cleared: _Optional[_Union[BroadcastCleared, _Mapping]] = ..., lease_granted: _Optional[_Union[LeaseGranted, _Mapping]] = ..., lease_renewed: _Optional[_Union[LeaseRenewed, _Mapping]] = ..., lease_revoked: _Optional[_Union[LeaseRevoked, _Mapping]] = ..., lease_expired: _Optional[_Union[LeaseExpired, _Mapping]] = ..., lock_acquired: _Optional[_Union[LockAcquired, _Mapping]] = ..., lock_released: _Optional[_Union[LockReleased, _Mapping]] = ..., consumer_position_committed: _Optional[_Union[ConsumerPositionCommitted, _Mapping]] = ..., consumer_fence_bumped: _Optional[_Union[ConsumerFenceBumped, _Mapping]] = ..., subscription_created: _Optional[_Union[SubscriptionCreated, _Mapping]] = ..., subscription_dropped: _Optional[_Union[SubscriptionDropped, _Mapping]] = ..., subscription_position_committed: _Optional[_Union[SubscriptionPositionCommitted, _Mapping]] = ..., subscription_member_joined: _Optional[_Union[SubscriptionMemberJoined, _Mapping]] = ..., subscription_member_left: _Optional[_Union[SubscriptionMemberLeft, _Mapping]] = ..., subscription_member_assigned: _Optional[_Union[SubscriptionMemberAssigned, _Mapping]] = ..., state_restored: _Optional[_Union[StateRestored, _Mapping]] = ..., balance_policy_set: _Optional[_Union[BalancePolicySet, _Mapping]] = ..., replicate_configuration_updated: _Optional[_Union[ReplicateConfigurationUpdated, _Mapping]] = ..., replicate_checkpoint_recorded: _Optional[_Union[ReplicateCheckpointRecorded, _Mapping]] = ...) -> None: ...
 
 class CommandResult(_message.Message):
     __slots__ = ("rejection", "events", "revision", "raft_index", "deduplicated", "broadcast_id", "lease_id", "fencing_token", "consumer_fence", "pchannel_names", "lease_deadline_ms")

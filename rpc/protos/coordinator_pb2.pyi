@@ -32,6 +32,7 @@ class MembershipAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MEMBERSHIP_ACTION_UNSPECIFIED: _ClassVar[MembershipAction]
     MEMBERSHIP_ACTION_ADD: _ClassVar[MembershipAction]
     MEMBERSHIP_ACTION_REMOVE: _ClassVar[MembershipAction]
+    MEMBERSHIP_ACTION_FORGET: _ClassVar[MembershipAction]
 CONSISTENCY_LINEARIZABLE: Consistency
 CONSISTENCY_SERIALIZABLE: Consistency
 WAIT_MODE_ONCE: WaitMode
@@ -44,6 +45,7 @@ SEEK_TARGET_TIME_TICK: SeekTarget
 MEMBERSHIP_ACTION_UNSPECIFIED: MembershipAction
 MEMBERSHIP_ACTION_ADD: MembershipAction
 MEMBERSHIP_ACTION_REMOVE: MembershipAction
+MEMBERSHIP_ACTION_FORGET: MembershipAction
 
 class CreateChannelsRequest(_message.Message):
     __slots__ = ("request_id", "names", "prefix", "count", "owner", "replica_count")

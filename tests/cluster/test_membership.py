@@ -146,6 +146,17 @@ def test_member_commands_refuse_what_cannot_be_done_with_one_sentence(
     with pytest.raises(grpc.RpcError) as invalid:
         client.call("ChangeMembership", api.ChangeMembershipRequest(node_id="n2"))
     assert from_rpc_error(invalid.value).code == errors_pb2.INVALID_ARGUMENT
+    # A voter is never forgotten: it must leave the voters first.
+    leader = client.status().leader_node_id
+    voter = next(n for n in ("n1", "n2", "n3") if n != leader)
+    with pytest.raises(grpc.RpcError) as forgotten:
+        client.call(
+            "ChangeMembership",
+            api.ChangeMembershipRequest(node_id=voter, action=api.MEMBERSHIP_ACTION_FORGET),
+        )
+    info = from_rpc_error(forgotten.value)
+    assert info.code == errors_pb2.IGNORED_OPERATION, info
+    assert "is a Raft voter" in info.message, info.message
     assert _voters(client) == ["n1", "n2", "n3"]
 
 
@@ -184,7 +195,9 @@ def test_add_a_voter_remove_a_voter_and_the_membership_survives_restarts(
         _produce(producers, history, "b")
 
         # Remove n1 (drained first, whatever it led or held).
-        removed = _cli(cluster, "remove", "n1")
+        # --keep-data-node: n1 stays as a data node (a plain remove forgets it:
+        # tests/cluster/test_join.py).
+        removed = _cli(cluster, "remove", "n1", "--keep-data-node")
         assert removed["changed"] is True
         assert removed["voter_node_ids"] == ["n2", "n3", "n4"]
         _wait(lambda: _roles(client).get("n1") == "data", "n1 running as a data node")

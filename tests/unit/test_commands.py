@@ -42,7 +42,7 @@ from helpers import (
 from rpc.protos import coordination_pb2 as pb
 from statemachine import Context, Limits, Rejection, copy_state, decide, state_digest
 from statemachine.invariants import violations
-from statemachine.state import snapshot_state
+from statemachine.state import restore_state, snapshot_state
 
 # --------------------------------------------------------------------------------------
 # Shorthands for the rows
@@ -55,6 +55,19 @@ def down(node_id: str, at: int = NOW) -> pb.Command:
 
 def up(node_id: str) -> pb.Command:
     return cmd(mark_node_up=pb.MarkNodeUp(node_id=node_id))
+
+
+def forget(node_id: str, at: int = NOW) -> pb.Command:
+    return cmd(remove_node=pb.RemoveNode(node_id=node_id), at=at)
+
+
+def rejoin(node_id: str, incarnation_ms: int) -> pb.Command:
+    return cmd(
+        register_node=pb.RegisterNode(
+            node_id=node_id, address="h:9", joined_incarnation_ms=incarnation_ms
+        ),
+        at=incarnation_ms + 1,
+    )
 
 
 def freeze(node_id: str) -> pb.Command:
@@ -314,6 +327,20 @@ ROWS = [
     row("register_node/empty-id", [], register("", "h:1"), INVALID, "missing node_id"),
     row("register_node/no-port", [], register("n1", "localhost"), INVALID, "expected host:port"),
     row("register_node/empty-address", [], register("n1", ""), INVALID, "address"),
+    row("register_node/removed", [*NODES, forget("n3")], register("n3"), E.IGNORED_OPERATION,
+        "was removed from the cluster"),
+    row("register_node/removed-joined-before", [*NODES, forget("n3")], rejoin("n3", NOW - 1),
+        E.IGNORED_OPERATION, "expected one started with --join after the removal"),
+    row("register_node/rejoined", [*NODES, forget("n3")], rejoin("n3", NOW + 5),
+        ["node_registered"]),
+    # ---- remove_node
+    row("remove_node/accept", NODES, forget("n3"), ["node_removed"]),
+    row("remove_node/never-registered", NODES, forget("n9"), ["node_removed"]),
+    row("remove_node/repeat", [*NODES, forget("n3")], forget("n3"), []),
+    row("remove_node/owner", ASSIGNED, forget("n1"), E.IGNORED_OPERATION,
+        "still holds pchannel 'p1'"),
+    row("remove_node/replica", ASSIGNED, forget("n2"), E.IGNORED_OPERATION, "holds pchannel"),
+    row("remove_node/bad-id", NODES, forget("n 1"), INVALID, "node_id"),
     # ---- mark_node_down / mark_node_up
     row("mark_node_down/up-node", NODES, down("n1"), ["node_marked_down"]),
     row("mark_node_down/repeat", [*NODES, down("n1")], down("n1"), []),
@@ -966,6 +993,29 @@ def test_register_node_fields_and_down_node_keeps_frozen_flag() -> None:
     assert (h.state.nodes["n1"].state, h.state.nodes["n1"].frozen) == (pb.NODE_STATE_DOWN, True)
     h.ok(register("n1", "10.0.0.1:7201"))
     assert h.state.nodes["n1"].state == pb.NODE_STATE_UP
+
+
+def test_a_removed_node_loses_its_addresses_and_a_rejoin_brings_it_back() -> None:
+    h = Harness()
+    h.ok(*NODES, register("n4", "10.0.0.4:7201"))
+    assert h.state.nodes["n4"].address == "10.0.0.4:7201"
+    result = h.ok(forget("n4", at=NOW + 10))
+    assert "n4" not in h.state.nodes
+    removed = h.state.removed_nodes["n4"]
+    assert (removed.removed_revision, removed.removed_at_ms) == (
+        result.events[0].revision,
+        NOW + 10,
+    )
+    # Durable as state: a snapshot keeps the removal.
+    assert restore_state(snapshot_state(h.state)).removed_nodes["n4"] == removed
+    # Nothing can be placed on it any more.
+    h.ok(create_pchannels("p1"))
+    assert h.apply(assign("p1", 1, "n4", ["n1"])).rejection.code != E.OK
+    # Its heartbeats register it no more; a process started with --join later does.
+    assert h.apply(register("n4", "10.0.0.4:7201")).rejection.code == E.IGNORED_OPERATION
+    h.ok(rejoin("n4", NOW + 11))
+    assert "n4" not in h.state.removed_nodes
+    assert h.state.nodes["n4"].state == pb.NODE_STATE_UP
 
 
 def test_create_pchannels_prefix_takes_smallest_unused_suffix() -> None:

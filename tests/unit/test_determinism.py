@@ -148,6 +148,12 @@ def _random_body(rng: random.Random, state: pb.CoordinationState) -> dict[str, o
             )
         },
         lambda: {"barrier": pb.Barrier()},
+        lambda: {"remove_node": pb.RemoveNode(node_id=node)},
+        lambda: {
+            "register_node": pb.RegisterNode(
+                node_id=node, address="h:1", joined_incarnation_ms=10**15
+            )
+        },
     ]
     return rng.choices(choices, weights=WEIGHTS)[0]()
 
@@ -155,6 +161,8 @@ def _random_body(rng: random.Random, state: pb.CoordinationState) -> dict[str, o
 # Per builder above, in order: fewer drops and node failures, more of the deep flows.
 WEIGHTS = [1, 0.5, 1, 0.5, 0.5, 0.5, 0.5, 2, 3, 0.5, 0.2, 1.5, 0.5, 4, 1.5, 3, 2, 3, 1]
 WEIGHTS += [2, 1, 1, 1, 1, 3, 1.5, 1.5, 1, 0.5, 0.5]
+# A node removed (RemoveNode), and one started with --join registering again.
+WEIGHTS += [0.2, 0.3]
 PREAMBLE = [{"register_node": pb.RegisterNode(node_id=node, address="h:1")} for node in NODES] + [
     {"create_pchannels": pb.CreatePChannels(names=["p1", "p2"])},
     {"assign_pchannel": pb.AssignPChannel(pchannel="p1", term=1, node_id="n1")},

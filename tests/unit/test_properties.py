@@ -539,6 +539,19 @@ class CoordinationMachine(RuleBasedStateMachine):
         else:
             self.step(meta, unfreeze_node=pb.UnfreezeNode(node_id=node))
 
+    @rule(meta=META, node=st.sampled_from(NODES), rejoin=st.booleans())
+    def remove_node(self, meta, node, rejoin) -> None:
+        if not rejoin:
+            self.step(meta, remove_node=pb.RemoveNode(node_id=node))
+            return
+        # A process started with --join now (after any removal so far).
+        self.step(
+            meta,
+            register_node=pb.RegisterNode(
+                node_id=node, address="h:1", joined_incarnation_ms=self.wall_clock + 1
+            ),
+        )
+
     # ---- pchannels
 
     @rule(
