@@ -17,6 +17,7 @@ machine alone (no processes).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -275,7 +276,21 @@ def _spark_demo(
         spark.stop()
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # SIGTERM's default action ends the process at once, leaving the node processes (each
+    # in a session of its own) running: exit through the finally blocks that stop them.
+    raise SystemExit(128 + signum)
+
+
 def run_cluster_demo(directory: Path | None = None) -> int:
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        return _run_cluster_demo(directory)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_cluster_demo(directory: Path | None) -> int:
     console = Console(highlight=False)
     temp = None
     if directory is None:
@@ -287,7 +302,15 @@ def run_cluster_demo(directory: Path | None = None) -> int:
     # committed segments to read (the default is 64 MiB).
     environ = dict(os.environ)
     environ.setdefault("RAFTWAL_SEGMENT_MAX_BYTES", str(64 * 1024))
-    cluster = dev.up(directory, 3, timeout_s=START_TIMEOUT_S, env=environ)
+    try:
+        cluster = dev.up(directory, 3, timeout_s=START_TIMEOUT_S, env=environ)
+    except BaseException:
+        # Stopped (SIGTERM, Ctrl-C) or failed while starting: stop what had started.
+        with contextlib.suppress(Exception):
+            dev.down(directory)
+        if temp is not None:
+            temp.cleanup()
+        raise
     client = _Client(cluster.endpoints)
     client.slowness = host_slowness(time.monotonic() - started)
     try:

@@ -11,6 +11,7 @@ nodes and its JVM) is killed by the session's id, nothing else.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -128,3 +129,46 @@ def test_the_readme_demo_runs_end_to_end(tmp_path: Path) -> None:
     )
     assert match is not None, output[-6000:]
     assert match.group(1) == match.group(2) and int(match.group(1).replace(",", "")) > 0
+
+
+@pytest.mark.timeout(int(DEMO_TIMEOUT_S) + 60)
+def test_sigterm_stops_the_demo_and_its_nodes(tmp_path: Path) -> None:
+    """SIGTERM to the demo (a terminal closed, a CI job cancelled) stops its node
+    processes, which run in sessions of their own, out of the demo's process group."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env["TMPDIR"] = str(tmp_path)
+    log_path = tmp_path / "demo.log"
+    demo = start_in_own_session(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from raftwal.cli.main import main; sys.exit(main())",
+            "demo",
+        ],
+        cwd=tmp_path,
+        env=env,
+        log_path=log_path,
+    )
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + scaled(DEMO_TIMEOUT_S)
+        while "cluster up in" not in log_path.read_text(errors="replace"):
+            assert demo.poll() is None, log_path.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "the demo's cluster did not come up"
+            time.sleep(0.2)
+        for path in tmp_path.glob("raftwal-demo-*/cluster.json"):
+            pids += [node["pid"] for node in json.loads(path.read_text())["nodes"]]
+        assert len(pids) == 3, pids
+        os.kill(demo.pid, signal.SIGTERM)
+        code = demo.wait(timeout=scaled(60))
+        assert code == 128 + signal.SIGTERM, log_path.read_text(errors="replace")[-3000:]
+        assert [pid for pid in pids if _alive(pid)] == [], "node processes left running"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(demo.pid, signal.SIGKILL)
+        if demo.poll() is None:
+            demo.wait(timeout=scaled(10))
+        for directory in tmp_path.glob("raftwal-demo-*"):
+            with contextlib.suppress(Exception):
+                dev.down(directory)
