@@ -42,7 +42,7 @@ from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 SEED = int(os.environ.get("RAFTWAL_TEST_SEED", random.randrange(1 << 30)))
-CALL_TIMEOUT_S = 5.0
+CALL_TIMEOUT_S = scaled(5.0)
 # The gRPC port's default message limit, which caps an Append frame too.
 MAX_FRAME_BYTES = 32 * 1024 * 1024
 

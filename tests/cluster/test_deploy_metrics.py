@@ -29,13 +29,14 @@ from rpc.protos import coordinator_pb2_grpc
 from rpc.streaming_client import Producer, StreamingClient
 from tests.cluster.conftest import Api, running_cluster
 from tests.cluster.wal_helpers import setup_channels, wait_assigned
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "raftwal.json"
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
-SCRAPE_TIMEOUT_S = 5.0
+SCRAPE_TIMEOUT_S = scaled(5.0)
 # Scraped by Prometheus itself, not served by a node.
 PROMETHEUS_OWN = {"up"}
 # Counters that get a sample only once the event happens; their declaration must be there.

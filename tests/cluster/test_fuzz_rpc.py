@@ -68,8 +68,8 @@ E = errors_pb2
 SEED = int(os.environ.get("RAFTWAL_TEST_SEED", random.randrange(1 << 30)))
 DEFAULT_EXAMPLES = 8
 SLOW_EXAMPLES = 150
-UNARY_TIMEOUT_S = 5.0
-STREAM_TIMEOUT_S = 1.0
+UNARY_TIMEOUT_S = scaled(5.0)
+STREAM_TIMEOUT_S = scaled(1.0)
 MAX_STREAM_RESPONSES = 4
 # Checked after the run: the fuzzer never learns these names.
 VCHANNELS = {"fz_v0": 0, "fz_v1": 1}

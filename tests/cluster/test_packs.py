@@ -32,7 +32,7 @@ pytestmark = pytest.mark.cluster
 
 E = errors_pb2
 
-TIMEOUT_S = float(os.environ.get("PACKS_TEST_TIMEOUT_S", 60))
+TIMEOUT_S = scaled(float(os.environ.get("PACKS_TEST_TIMEOUT_S", 60)))
 # vchannel -> pchannel index: two vchannels share pchannel 0, one is alone on pchannel 1.
 LAYOUT = {"a": 0, "b": 0, "c": 1}
 
@@ -270,7 +270,7 @@ def test_owner_killed_mid_stream_keeps_packs_complete_and_in_order(env) -> None:
                 reading = asyncio.ensure_future(
                     _read_until(consumer, packs, lambda: _count(packs) >= 300)
                 )
-                deadline = time.monotonic() + scaled(TIMEOUT_S)
+                deadline = time.monotonic() + TIMEOUT_S
                 while len(acked) < 60 and time.monotonic() < deadline:
                     await asyncio.sleep(0.02)
                 cluster.kill(owner)

@@ -23,10 +23,11 @@ from raftwal.cli import dev
 from tests.cluster.conftest import Api, running_cluster
 from tests.cluster.wal_helpers import setup_channels, wait_assigned
 from tests.doc_blocks import RUN, Block, all_blocks
+from tests.timing import scaled
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark]
 
-TIMEOUT_S = 240.0
+TIMEOUT_S = scaled(240.0)
 # What each Python block of a page, in page order, must print (a fragment of its output).
 # A page with Python blocks that is not listed here, or with more or fewer, fails.
 EXPECTED = {

@@ -38,7 +38,7 @@ from tests.timing import scaled
 pytestmark = pytest.mark.cluster
 
 RAFTWAL = str(Path(sys.executable).with_name("raftwal"))
-TIMEOUT_S = 60.0
+TIMEOUT_S = scaled(60.0)
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from tests.cluster.conftest import Api, rid, running_cluster
 from tests.timing import scaled
 
 RAFTWAL = str(Path(sys.executable).with_name("raftwal"))
-TIMEOUT_S = 60.0
+TIMEOUT_S = scaled(60.0)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def _status(cluster: dev.LocalCluster) -> tuple[int, dict]:
 
 
 def _until(cluster: dev.LocalCluster, check, what: str) -> tuple[int, dict]:
-    deadline = time.monotonic() + scaled(TIMEOUT_S)
+    deadline = time.monotonic() + TIMEOUT_S
     last: tuple[int, dict] | None = None
     while time.monotonic() < deadline:
         last = _status(cluster)
@@ -113,7 +113,7 @@ def test_status_lists_under_replicated_pchannels(env: tuple[dev.LocalCluster, Ap
         assert code == 1
         assert any(f"pchannel {full} is under-replicated" in w for w in data["warnings"])
         # The metric says so too, on a node that saw the same state.
-        deadline = time.monotonic() + scaled(TIMEOUT_S)
+        deadline = time.monotonic() + TIMEOUT_S
         while _flag(cluster, "n1", full) != 1 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _flag(cluster, "n1", full) == 1
@@ -131,7 +131,7 @@ def test_status_lists_under_replicated_pchannels(env: tuple[dev.LocalCluster, Ap
         lambda d: _node_states(d).get(victim) == "NODE_STATE_UP" and full not in _short(d),
         f"{victim} UP again and {full} no longer listed",
     )
-    deadline = time.monotonic() + scaled(TIMEOUT_S)
+    deadline = time.monotonic() + TIMEOUT_S
     while _flag(cluster, "n1", full) != 0 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _flag(cluster, "n1", full) == 0

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RAFTWAL = str(Path(sys.executable).with_name("raftwal"))
 # Small segments so that the owner seals and commits some while the tests write.
 SEGMENT_MAX_BYTES = 256 * 1024
-TEST_TIMEOUT_S = 60.0
+TEST_TIMEOUT_S = scaled(60.0)
 
 
 @pytest.fixture(scope="module")
@@ -314,7 +314,7 @@ async def test_list_segments_shows_committed_segments(wal_cluster: dev.LocalClus
         payload = b"s" * 1024
         async with Producer(client, max_batch_messages=100) as producer:
             positions = await producer.send_batch(vchannel, [payload] * 700)
-        deadline = time.monotonic() + scaled(TEST_TIMEOUT_S)
+        deadline = time.monotonic() + TEST_TIMEOUT_S
         while True:
             response = await list_segments(client, [pchannel])
             if len(response.segments) >= 2 or time.monotonic() > deadline:
@@ -436,7 +436,7 @@ async def test_cli_produce_consume_round_trip(wal_cluster: dev.LocalCluster) -> 
 async def _wait_all_up(client: StreamingClient, nodes: int = 3, stable_s: float = 1.5) -> None:
     """Wait until every node is UP and reachable (linearizable status), continuously for
     `stable_s`: a node restarted quickly may still be marked DOWN a moment later."""
-    deadline = time.monotonic() + scaled(TEST_TIMEOUT_S)
+    deadline = time.monotonic() + TEST_TIMEOUT_S
     healthy_since: float | None = None
     while time.monotonic() < deadline:
         healthy = False

@@ -22,10 +22,11 @@ from raftwal.cli import dev
 from rpc.errors import from_rpc_error
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
-CALL_TIMEOUT_S = 5.0
+CALL_TIMEOUT_S = scaled(5.0)
 SERVICES = [
     api.DESCRIPTOR.services_by_name[name] for name in ("Coordinator", "NodeManager", "Cluster")
 ] + [streaming_pb2.DESCRIPTOR.services_by_name[name] for name in ("StreamingNode", "Replication")]

@@ -28,7 +28,7 @@ from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
-CALL_TIMEOUT_S = 5.0
+CALL_TIMEOUT_S = scaled(5.0)
 HALF_OPEN = 1000
 # raftwal.node.metrics_http defaults.
 READ_TIMEOUT_S = 5.0

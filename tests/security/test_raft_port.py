@@ -50,7 +50,7 @@ from tests.timing import scaled
 pytestmark = pytest.mark.cluster
 
 RAFTWAL = str(Path(sys.executable).with_name("raftwal"))
-CALL_TIMEOUT_S = 5.0
+CALL_TIMEOUT_S = scaled(5.0)
 # raft.peer.RaftTuning defaults: the deadline to authenticate and the cap of
 # unauthenticated connections per node.
 AUTH_TIMEOUT_S = 2.0

@@ -27,9 +27,10 @@ from raftwal.node.config import NodeConfig
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc
 from tests.cluster.conftest import Api, converged, leader_id
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
-CALL_TIMEOUT_S = 5.0
+CALL_TIMEOUT_S = scaled(5.0)
 # Several Raft election timeouts (0.4-1.2 s) and reconnection attempts of the intruder.
 INTRUDER_WATCH_S = 6.0
 

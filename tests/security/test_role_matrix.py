@@ -25,10 +25,11 @@ from grpc_health.v1 import health_pb2
 from raftwal.cli import dev
 from rpc.errors import from_rpc_error
 from rpc.protos import coordinator_pb2, streaming_pb2
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
-CALL_TIMEOUT_S = 1.5
+CALL_TIMEOUT_S = scaled(1.5)
 USERS = ("admin", "producer", "consumer", "reader")
 CALLERS = ("none", *USERS, "node")
 

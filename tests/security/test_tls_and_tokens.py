@@ -46,8 +46,8 @@ from wal_segments.format import crc32c
 
 pytestmark = pytest.mark.cluster
 E = errors_pb2
-CALL_TIMEOUT_S = 5.0
-CLI_TIMEOUT_S = 60.0
+CALL_TIMEOUT_S = scaled(5.0)
+CLI_TIMEOUT_S = scaled(60.0)
 
 
 @pytest.fixture(scope="module")

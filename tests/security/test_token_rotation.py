@@ -32,7 +32,7 @@ E = errors_pb2
 # A restarted node must rejoin within this (the wait ends as soon as it has): generous, so
 # that a loaded machine makes the test slower, not red (it timed out at 60 s once under a
 # load average of 6 on 2 cores).
-READY_TIMEOUT_S = 180.0
+READY_TIMEOUT_S = scaled(180.0)
 
 
 @pytest.fixture(scope="module")

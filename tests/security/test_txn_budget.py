@@ -28,10 +28,11 @@ from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from tests.cluster.conftest import Api, running_cluster
 from tests.cluster.wal_helpers import consume_all, setup_channels, wait_assigned
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 E = errors_pb2
-CALL_TIMEOUT_S = 30.0
+CALL_TIMEOUT_S = scaled(30.0)
 CHUNK = 4 << 20  # one AppendTxn: a 4 MiB payload (the payload limit is 8 MiB)
 CHUNKS_PER_TXN = 3  # 12 MiB per transaction
 TRANSACTIONS = 60

@@ -27,10 +27,11 @@ from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from tests.cluster.conftest import Api
 from tests.cluster.wal_helpers import consume_all, wait_assigned, wait_nodes_up
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 E = errors_pb2
-CALL_TIMEOUT_S = 10.0
+CALL_TIMEOUT_S = scaled(10.0)
 
 
 @pytest.fixture(scope="module", params=["tokens", "open"])

@@ -22,7 +22,7 @@ from tests.timing import scaled
 pytestmark = pytest.mark.spark
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 180.0
+TIMEOUT_S = scaled(180.0)
 
 _SCRIPT = """
 import sys

@@ -47,7 +47,7 @@ SEGMENT_BYTES = 32 * 1024
 VCHANNELS = {"orders": 0, "payments": 1}
 #: A whole `raftwal export` process: JVM start, snapshot, write, commit (generous: the
 #: machine is shared, and a JVM start under load takes minutes).
-CLI_TIMEOUT_S = 420.0
+CLI_TIMEOUT_S = scaled(420.0)
 #: The killed run reaches its pause point within this.
 PAUSE_TIMEOUT_S = 420.0
 TICK_LOGICAL_BITS = 18

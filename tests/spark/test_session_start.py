@@ -15,16 +15,18 @@ from pathlib import Path
 import pytest
 
 from spark_connector.session import start_session
+from tests.timing import scaled
 
 pytestmark = pytest.mark.spark
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 120.0
+TIMEOUT_S = scaled(120.0)
 
 _SCRIPT = """
 import json, sys
 from pathlib import Path
 from spark_connector.session import SparkStartError, start_session
+from tests.timing import scaled
 
 try:
     start_session(

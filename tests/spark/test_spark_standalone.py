@@ -45,10 +45,10 @@ WORKERS = 2
 #: Master and workers registered, and the driver's executors registered, within this.
 READY_TIMEOUT_S = 60.0
 #: The whole driver subprocess: JVM start, executors, two reads, stop.
-DRIVER_TIMEOUT_S = 120.0
+DRIVER_TIMEOUT_S = scaled(120.0)
 STOP_GRACE_S = 10.0
 #: The export's driver subprocess: JVM start, executors, snapshot, write, commit, read back.
-EXPORT_DRIVER_TIMEOUT_S = 300.0
+EXPORT_DRIVER_TIMEOUT_S = scaled(300.0)
 VCHANNELS = {"orders": 0, "payments": 1}
 
 
@@ -541,7 +541,7 @@ def _stream_driver(arguments: dict[str, Any]) -> None:
             return df.where("msg_type = 'message'").select("vchannel", "lsn", "payload").collect()
 
         try:
-            deadline = time.monotonic() + scaled(DRIVER_TIMEOUT_S)
+            deadline = time.monotonic() + DRIVER_TIMEOUT_S
             while not sink_rows() and time.monotonic() < deadline:
                 assert query.exception() is None, query.exception()
                 time.sleep(0.5)

@@ -17,11 +17,12 @@ import pytest
 from raftwal.node.console import STATIC_FILES, ConsoleFeed, ConsoleRoutes
 from raftwal.node.metrics_http import MetricsServer
 from raftwal.node.security import ROLES, TokenTable
+from tests.timing import scaled
 
 TOKENS = {role: f"{role}-token-0123456789abcdef" for role in ROLES}
 TABLE = TokenTable.parse("".join(f"{r} {t}\n" for r, t in TOKENS.items()), "tokens")
 SNAPSHOT = {"generated_at_ms": 1, "members": [{"node_id": "n1"}]}
-TIMEOUT_S = 5.0
+TIMEOUT_S = scaled(5.0)
 
 
 def serve(tokens: TokenTable | None, published: bool = True) -> MetricsServer:

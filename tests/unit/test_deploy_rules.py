@@ -15,11 +15,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from tests.timing import scaled
+
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "rules_test.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "raftwal.json"
-PROMTOOL_TIMEOUT_S = 60
+PROMTOOL_TIMEOUT_S = scaled(60)
 
 
 def promtool() -> str:
