@@ -52,7 +52,7 @@ def start(directory: Path) -> tuple[float, float]:
     """(wall seconds of `raftwal dev up`, the "ready in" it printed)."""
     began = time.monotonic()
     done = subprocess.run(
-        [RAFTWAL, "dev", "up", "--dir", str(directory)],
+        [RAFTWAL, "dev", "up", "--dev-dir", str(directory)],
         capture_output=True,
         text=True,
         timeout=LIMIT_S,
