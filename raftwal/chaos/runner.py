@@ -1511,11 +1511,19 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--rate", type=float, default=150.0, help="messages per second (default: 150)"
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--replicate",
+        action="store_true",
+        help="two clusters, source -> target (`replicate set`), faults on both sides and "
+        "between them; checks that the target holds the source's committed log exactly",
+    )
     parser.set_defaults(handler=_command)
 
 
 def _command(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+    if args.replicate:
+        return _replicate_command(args, seed)
     faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
     options = ChaosOptions(
         seed=seed,
@@ -1547,6 +1555,38 @@ def _command(args: argparse.Namespace) -> int:
     if report.violations:
         return 1
     return 3 if report.ineffective else 0
+
+
+def _replicate_command(args: argparse.Namespace, seed: int) -> int:
+    from raftwal.chaos.replicate import run_replicate_chaos
+
+    if args.duration <= 0:
+        print(f"error: invalid --duration (got {args.duration}; expected > 0)", file=sys.stderr)
+        return 2
+    progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    if progress is not None:
+        progress(f"raftwal chaos --replicate: seed {seed}, {args.duration:.0f} s")
+    try:
+        report = run_replicate_chaos(seed, args.duration, args.dir, rate_per_s=args.rate,
+                                     progress=progress)  # fmt: skip
+    except (RuntimeError, TimeoutError, OSError, RaftwalError) as error:
+        print(f"error: setup failed: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report.as_json(), default=str))
+    else:
+        for fault in report.faults:
+            print(f"  {fault['at_s']:>7.1f} s  {fault['kind']:<13} {fault['hold_s']:.1f} s  "
+                  f"{fault['detail']}")  # fmt: skip
+        print(f"faults: {len(report.faults)}; acknowledged produces: {report.acked}; "
+              f"committed transactions: {report.txns_committed}; "
+              f"source entries: {report.source_entries}")  # fmt: skip
+        for violation in report.violations:
+            print(f"VIOLATION: {violation}")
+        print("ok: the target holds the source's committed log" if report.ok else "FAILED")
+    if report.violations:
+        return 1
+    return 3 if not report.faults else 0
 
 
 def print_report(report: ChaosReport) -> None:

@@ -1,0 +1,423 @@
+"""``raftwal chaos --replicate``: two dev clusters on this machine, source -> target
+(docs/replication.md), a producing workload on the source (plain entries and committed
+transactions) and a nemesis on both sides: owner kills (SIGKILL, then a restart), owner
+pauses (SIGSTOP/SIGCONT), a partition between the clusters (every target node paused)
+and node restarts (SIGTERM, then a start).
+
+The check, after healing and a bounded wait for the target to catch up: every pchannel of
+the target holds the source's committed log, entry for entry and in order (vchannel,
+message type, key, payload digest), no entry twice, every transaction whole, and every
+acknowledged write is in the source's log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from raftwal.chaos.checker import LogEntry
+from raftwal.chaos.runner import _status, read_log, wait_recovered
+from raftwal.chaos.workload import NOT_DONE_CODES
+from raftwal.cli import dev
+from rpc.client import CoordinatorClient, RaftwalError
+from rpc.protos import coordination_pb2 as pb
+from rpc.protos import streaming_pb2 as wire
+from rpc.protos import streaming_pb2_grpc
+from rpc.streaming_client import StreamingClient
+
+SOURCE, TARGET = "source", "target"
+FAULTS = ("kill-source", "kill-target", "pause-source", "pause-target", "partition", "restart")
+START_TIMEOUT_S = 120.0
+CATCH_UP_TIMEOUT_S = 180.0
+
+
+@dataclass
+class ReplicateReport:
+    seed: int
+    duration_s: float
+    directory: str = ""
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    acked: int = 0
+    txns_committed: int = 0
+    source_entries: dict[str, int] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "mode": "replicate",
+            "seed": self.seed,
+            "duration_s": self.duration_s,
+            "directory": self.directory,
+            "faults": self.faults,
+            "acked_produces": self.acked,
+            "committed_txns": self.txns_committed,
+            "source_entries": self.source_entries,
+            "violations": self.violations,
+            "ok": self.ok,
+        }
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["RAFTWAL_NODE_TIMEOUT_MS"] = "2000"
+    return env
+
+
+def _signal(cluster: dev.LocalCluster, node_id: str, signum: int) -> None:
+    pid = cluster.pid(node_id)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
+class _Workload:
+    """Plain produces (one idempotent SDK producer) and transactions of 2..4 entries on the
+    source; `acked` holds the keys the source acknowledged, `txns` the committed txns."""
+
+    def __init__(self, streaming: StreamingClient, vchannels: list[str], rng: random.Random):
+        self.streaming = streaming
+        self.vchannels = vchannels
+        self.rng = rng
+        self.acked: set[str] = set()
+        self.txns: dict[str, int] = {}
+        self.sent = 0
+
+    async def produce(self, stop: asyncio.Event, rate_per_s: float) -> None:
+        producer = self.streaming.producer(
+            producer_id=f"chaos-rp-{self.rng.randrange(1 << 30)}",
+            linger_ms=5,
+            max_in_flight=4,
+            retry_timeout_s=60.0,
+            attempt_timeout_s=5.0,
+        )
+        try:
+            while not stop.is_set():
+                key = f"p:{self.sent}"
+                self.sent += 1
+                vchannel = self.rng.choice(self.vchannels)
+                try:
+                    future = await asyncio.wait_for(
+                        producer.submit(vchannel, key.encode() + b"|payload"), 30.0
+                    )
+                except (RaftwalError, TimeoutError, RuntimeError):
+                    continue
+                future.add_done_callback(
+                    lambda f, key=key: (
+                        self.acked.add(key) if not f.cancelled() and f.exception() is None else None
+                    )
+                )
+                await asyncio.sleep(1.0 / rate_per_s)
+            with contextlib.suppress(TimeoutError, RaftwalError):
+                await asyncio.wait_for(producer.flush(), 30.0)
+        finally:
+            await producer.close(timeout_s=2.0)
+
+    async def transact(self, stop: asyncio.Event) -> None:
+        number = 0
+        while not stop.is_set():
+            number += 1
+            size = self.rng.randint(2, 4)
+            name = f"t:{number}"
+            try:
+                async with self.streaming.txn(self.rng.choice(self.vchannels)) as txn:
+                    await txn.append(*[f"{name}:{k}/{size}|txn".encode() for k in range(size)])
+                    await txn.commit()
+                self.txns[name] = size
+            except (RaftwalError, grpc.RpcError, TimeoutError, RuntimeError, OSError):
+                await asyncio.sleep(0.5)
+            await asyncio.sleep(0.2)
+
+
+def _key(entry: LogEntry) -> str:
+    return entry.key
+
+
+def check_logs(
+    source: dict[str, list[LogEntry]],
+    target: dict[str, list[LogEntry]],
+    acked: set[str],
+    txns: dict[str, int],
+) -> list[str]:
+    """The violations: a target pchannel that is not the source's committed log (data
+    entries, in order), a duplicate, a transaction split or partial, an acknowledged write
+    missing from the source."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    for pchannel, entries in source.items():
+        want = [(e.vchannel, e.msg_type, e.key, e.digest) for e in entries if not e.control]
+        got = [
+            (e.vchannel, e.msg_type, e.key, e.digest)
+            for e in target.get(pchannel, [])
+            if not e.control
+        ]
+        for name, rows in (("source", want), ("target", got)):
+            twice = [k for k, n in Counter(r[2] for r in rows if r[2]).items() if n > 1]
+            if twice:
+                problems.append(f"{name} {pchannel}: {len(twice)} keys twice (e.g. {twice[:3]})")
+        if want != got:
+            first = next(
+                (i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b),
+                min(len(want), len(got)),
+            )
+            problems.append(
+                f"target {pchannel} differs from the source at data entry {first} "
+                f"(source {len(want)} entries, target {len(got)}; "
+                f"source {want[first : first + 1]}, target {got[first : first + 1]})"
+            )
+        # Transactions whole: the entries of one txn are contiguous and all there.
+        keys = [r[2] for r in got]
+        groups: dict[str, list[int]] = {}
+        for index, key in enumerate(keys):
+            if key.startswith("t:"):
+                groups.setdefault(key.rsplit(":", 1)[0], []).append(index)
+        for name, indexes in groups.items():
+            size = int(keys[indexes[0]].rsplit("/", 1)[1])
+            if len(indexes) != size or indexes[-1] - indexes[0] != size - 1:
+                problems.append(f"target {pchannel}: transaction {name} not whole ({indexes})")
+        seen.update(r[2] for r in want)
+    lost = sorted(k for k in acked if k not in seen)
+    if lost:
+        problems.append(f"{len(lost)} acknowledged produces not in the source log: {lost[:5]}")
+    missing_txns = sorted(t for t in txns if f"{t}:0/{txns[t]}" not in seen)
+    if missing_txns:
+        problems.append(f"{len(missing_txns)} committed transactions not in the source log")
+    return problems
+
+
+def _owner_address(status: Any, pchannel: str) -> str:
+    if status is None:
+        return ""
+    addresses = {n.node_id: n.address for n in status.nodes}
+    owners = {p.name: p.owner_node_id for p in status.pchannels}
+    return str(addresses.get(owners.get(pchannel, ""), ""))
+
+
+async def _read_all(endpoints: list[str], pchannels: list[str]) -> dict[str, list[LogEntry]]:
+    logs: dict[str, list[LogEntry]] = {}
+    for pchannel in pchannels:
+        error = "no owner"
+        for _ in range(5):
+            status = await _status(endpoints, linearizable=True)
+            owner = _owner_address(status, pchannel)
+            if owner:
+                try:
+                    logs[pchannel] = await read_log(owner, pchannel, 60.0)
+                    break
+                except (RuntimeError, grpc.aio.AioRpcError) as failure:
+                    error = str(failure)
+            await asyncio.sleep(1.0)
+        else:
+            raise RuntimeError(f"could not read {pchannel}: {error}")
+    return logs
+
+
+async def _checkpoint(endpoints: list[str], pchannel: str) -> int:
+    status = await _status(endpoints)
+    owner = _owner_address(status, pchannel)
+    if not owner:
+        return -1
+    async with grpc.aio.insecure_channel(owner) as channel:
+        try:
+            answer = await streaming_pb2_grpc.StreamingNodeStub(channel).GetReplicateCheckpoint(
+                wire.GetReplicateCheckpointRequest(
+                    pchannel=pchannel, source_cluster_id=SOURCE, source_pchannel=pchannel
+                ),
+                timeout=5.0,
+            )
+        except grpc.aio.AioRpcError:
+            return -1
+    return int(answer.source_lsn)
+
+
+class _Nemesis:
+    def __init__(
+        self, clusters: dict[str, dev.LocalCluster], rng: random.Random, report: ReplicateReport
+    ):
+        self.clusters = clusters
+        self.rng = rng
+        self.report = report
+        self.paused: list[tuple[dev.LocalCluster, str]] = []
+        self.down: list[tuple[dev.LocalCluster, str]] = []
+
+    async def _owner(self, side: str, pchannels: list[str]) -> str:
+        status = await _status(self.clusters[side].endpoints)
+        owners = [
+            p.owner_node_id for p in (status.pchannels if status else ()) if p.name in pchannels
+        ]
+        owners = [o for o in owners if o]
+        return (
+            self.rng.choice(owners)
+            if owners
+            else self.rng.choice([n.id for n in self.clusters[side].config.nodes])
+        )
+
+    async def run(self, stop: asyncio.Event, pchannels: list[str], started: float) -> None:
+        kinds = list(FAULTS)
+        self.rng.shuffle(kinds)
+        while not stop.is_set():
+            if not kinds:
+                kinds = list(FAULTS)
+                self.rng.shuffle(kinds)
+            kind = kinds.pop()
+            hold_s = self.rng.uniform(2.0, 6.0)
+            side = TARGET if kind.endswith("target") or kind == "partition" else SOURCE
+            cluster = self.clusters[side]
+            at = time.monotonic() - started
+            if kind == "partition":
+                nodes = [n.id for n in cluster.config.nodes]
+                for node in nodes:
+                    _signal(cluster, node, signal.SIGSTOP)
+                self.paused += [(cluster, n) for n in nodes]
+                detail = f"{TARGET} paused whole ({', '.join(nodes)})"
+            elif kind == "restart":
+                side = self.rng.choice((SOURCE, TARGET))
+                cluster = self.clusters[side]
+                node = self.rng.choice([n.id for n in cluster.config.nodes])
+                await asyncio.to_thread(cluster.kill, node, signal.SIGTERM)
+                self.down.append((cluster, node))
+                detail = f"{side} {node} stopped (SIGTERM), started again"
+            else:
+                node = await self._owner(side, pchannels)
+                if kind.startswith("kill"):
+                    await asyncio.to_thread(cluster.kill, node)
+                    self.down.append((cluster, node))
+                    detail = f"{side} owner {node} SIGKILL, started again"
+                else:
+                    _signal(cluster, node, signal.SIGSTOP)
+                    self.paused.append((cluster, node))
+                    detail = f"{side} owner {node} SIGSTOP/SIGCONT"
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), hold_s)
+            await self.heal()
+            self.report.faults.append(
+                {"kind": kind, "at_s": round(at, 1), "hold_s": round(hold_s, 1), "detail": detail}
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.rng.uniform(3.0, 8.0))
+
+    async def heal(self) -> None:
+        for cluster, node in self.paused:
+            _signal(cluster, node, signal.SIGCONT)
+        self.paused = []
+        for cluster, node in self.down:
+            await asyncio.to_thread(cluster.start_node, node)
+        self.down = []
+
+
+async def _run(
+    seed: int, duration_s: float, directory: Path, pchannel_count: int, rate_per_s: float,
+    progress: Callable[[str], None],
+) -> ReplicateReport:  # fmt: skip
+    report = ReplicateReport(seed, duration_s, str(directory))
+    rng = random.Random(seed)
+    clusters: dict[str, dev.LocalCluster] = {}
+    try:
+        for side in (SOURCE, TARGET):
+            clusters[side] = await asyncio.to_thread(
+                dev.up, directory / side, 3, START_TIMEOUT_S, _env(), None, cluster_id=side
+            )
+            pids = ", ".join(
+                f"{n.id} {clusters[side].pid(n.id)}" for n in clusters[side].config.nodes
+            )
+            progress(f"{side} cluster up (pids: {pids})")
+        source, target = clusters[SOURCE], clusters[TARGET]
+        names = [f"crp_{k}" for k in range(pchannel_count)]
+        vchannels = [f"crp_v{k}" for k in range(pchannel_count * 2)]
+        async with CoordinatorClient(source.endpoints, timeout_s=15.0, max_attempts=60) as client:
+            await client.create_channels(names=names)
+            for index, vchannel in enumerate(vchannels):
+                await client.create_vchannel(vchannel, names[index % len(names)])
+        async with CoordinatorClient(target.endpoints, timeout_s=15.0, max_attempts=60) as client:
+            await client.create_channels(names=names)
+        for side in (SOURCE, TARGET):
+            _, missing = await wait_recovered(clusters[side].endpoints, names, START_TIMEOUT_S)
+            if missing:
+                raise RuntimeError(f"{side}: channels not ready: {missing}")
+        configuration = pb.ReplicateConfiguration(
+            clusters=[
+                pb.ReplicateCluster(cluster_id=SOURCE, endpoints=source.endpoints, pchannels=names),
+                pb.ReplicateCluster(cluster_id=TARGET, endpoints=target.endpoints, pchannels=names),
+            ],
+            topology=[pb.ReplicateTopologyEdge(source_cluster_id=SOURCE, target_cluster_id=TARGET)],
+        )
+        for side in (SOURCE, TARGET):
+            async with CoordinatorClient(clusters[side].endpoints, timeout_s=15.0) as client:
+                await client.update_replicate_configuration(configuration)
+        progress(f"replicate set: {SOURCE} -> {TARGET}, pchannels {names}")
+
+        coordinator = CoordinatorClient(source.endpoints, timeout_s=15.0, max_attempts=60)
+        streaming = StreamingClient(coordinator)
+        workload = _Workload(streaming, vchannels, random.Random(rng.getrandbits(64)))
+        nemesis = _Nemesis(clusters, random.Random(rng.getrandbits(64)), report)
+        stop = asyncio.Event()
+        started = time.monotonic()
+        tasks = [
+            asyncio.create_task(workload.produce(stop, rate_per_s)),
+            asyncio.create_task(workload.transact(stop)),
+            asyncio.create_task(nemesis.run(stop, names, started)),
+        ]
+        try:
+            await asyncio.sleep(duration_s)
+        finally:
+            stop.set()
+            await asyncio.wait(tasks, timeout=90.0)
+            await nemesis.heal()
+            await streaming.close()
+            await coordinator.close()
+        progress(f"healed after {len(report.faults)} faults; waiting for the target")
+        report.acked, report.txns_committed = len(workload.acked), len(workload.txns)
+        for side in (SOURCE, TARGET):
+            await wait_recovered(clusters[side].endpoints, names, START_TIMEOUT_S)
+        source_logs = await _read_all(source.endpoints, names)
+        report.source_entries = {p: len(e) for p, e in source_logs.items()}
+        deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+        behind = list(names)
+        while behind and time.monotonic() < deadline:
+            last = {
+                p: max((e.lsn for e in source_logs[p] if not e.control), default=0) for p in names
+            }
+            behind = [p for p in names if await _checkpoint(target.endpoints, p) < last[p]]
+            if behind:
+                await asyncio.sleep(1.0)
+        if behind:
+            report.violations.append(
+                f"the target did not catch up within {CATCH_UP_TIMEOUT_S:.0f} s: {behind}"
+            )
+        target_logs = await _read_all(target.endpoints, names)
+        report.violations += check_logs(source_logs, target_logs, workload.acked, workload.txns)
+        return report
+    finally:
+        for cluster in clusters.values():
+            for node in cluster.config.nodes:
+                _signal(cluster, node.id, signal.SIGCONT)
+            await asyncio.to_thread(cluster.stop_all)
+
+
+def run_replicate_chaos(
+    seed: int, duration_s: float, directory: Path | None = None, pchannels: int = 2,
+    rate_per_s: float = 50.0, progress: Callable[[str], None] | None = None,
+) -> ReplicateReport:  # fmt: skip
+    say = progress or (lambda _: None)
+    if directory is None:
+        directory = Path(tempfile.mkdtemp(prefix="raftwal-chaos-rp-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    return asyncio.run(_run(seed, duration_s, directory, pchannels, rate_per_s, say))
+
+
+__all__ = ["NOT_DONE_CODES", "ReplicateReport", "check_logs", "run_replicate_chaos"]
