@@ -10,8 +10,8 @@
 
     .venv/bin/python bench/rejoin.py [--runs 3] [--writes 2000] [--json]
 
-Reports each run and the medians. Every process it starts is stopped by its pid
-(`LocalCluster.stop_all`).
+Reports each run and the medians. Every process it starts is stopped by its pid (the
+restarted node by `LocalCluster.stop_all`, the others by `dev.down`).
 """
 
 from __future__ import annotations
@@ -128,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 marks = asyncio.run(rejoin(cluster, args.writes))
             finally:
+                # The restarted node is this process's child; the others were started
+                # by `dev up` and are stopped by their recorded pids.
                 cluster.stop_all()
+                dev.down(directory)
         runs.append({"dev_up_wall_s": round(wall, 2), "dev_up_ready_s": ready, **marks})
         if not args.json:
             print(json.dumps(runs[-1]))
