@@ -375,16 +375,18 @@ def test_a_replica_killed_mid_delete_finishes_the_deletion_after_restart(
     history = History()
     producer = Producer(client, pchannel, "kill-producer")
     _produce(producer, "kill_v", 80, history, "k")
-    floor = _wait_floor(client, pchannel, 0)
-    # The victim recorded the floor and is stuck deleting: its files below it remain.
+    _wait_floor(client, pchannel, 0)
+    # The victim recorded a floor and is stuck deleting below it: those files remain. On
+    # a loaded host the floor may have moved on since (it rises in steps as segments
+    # age): the victim, stuck in its first deletion, records no later one.
     deadline = time.monotonic() + scaled(30)
     recorded = 0
     while time.monotonic() < deadline:
         recorded = _catalog(cluster, victim, pchannel)[1]
-        if recorded >= floor:
+        if recorded > 0:
             break
         time.sleep(0.2)
-    assert recorded >= floor, (recorded, floor)
+    assert recorded > 0, "the victim recorded no retention floor"
     cluster.kill(victim)
     left = _files(cluster, victim, pchannel)
     assert left[0] < recorded and left[1] <= recorded, (left, recorded)

@@ -35,6 +35,7 @@ def _full_state() -> pb.CoordinationState:
     state.replicate_configuration.clusters.add(cluster_id="east")
     state.replicate_cluster_id = "east"
     state.replicate_checkpoints["p1"].source_lsns["west"] = 3
+    state.removed_nodes["n9"].removed_revision = 2
     state.format_version = state.format_version or 1
     state.recent_cursor = 3
     return state
