@@ -28,7 +28,7 @@ from typing import Any
 import grpc
 
 from raftwal.chaos.checker import LogEntry
-from raftwal.chaos.runner import _status, read_log, wait_recovered
+from raftwal.chaos.observe import _status, read_log, wait_recovered
 from raftwal.chaos.workload import NOT_DONE_CODES
 from raftwal.cli import dev
 from rpc.client import CoordinatorClient, RaftwalError
