@@ -269,6 +269,8 @@ class ChannelOwner:
         self._commit_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._waiter_sequence = itertools.count()
         self._write_lock = asyncio.Lock()
+        #: held from a write's arrival until it holds `_write_lock` (`write`)
+        self._write_turn = asyncio.Lock()
         #: first lsn -> (last lsn, prev term, frames, crc32c of frames, ends a segment)
         self._recent: OrderedDict[int, tuple[int, int, bytes, int, bool]] = OrderedDict()
         self._recent_bytes = 0
@@ -887,6 +889,38 @@ class ChannelOwner:
             heapq.heappush(waiters, (lsn, next(self._waiter_sequence), waiter))
             await waiter
 
+    def _repeat_of(self, producer_id: str, sequence: int, count: int) -> _ProducerBatch | None:
+        """The batch of `producer_id` with `sequence` if the owner holds it (a retry);
+        None for a new batch. Raises INVALID_REQUEST_SEQ for a retry of another size or a
+        sequence older than the producer's retained window."""
+        history = self._producers.get(producer_id)
+        if not history:
+            return None
+        for batch in history:
+            if batch.sequence == sequence:
+                if batch.last_lsn - batch.first_lsn + 1 != count:
+                    raise WalError(
+                        E.INVALID_REQUEST_SEQ,
+                        f"producer {producer_id} sequence {sequence} was a batch of "
+                        f"{batch.last_lsn - batch.first_lsn + 1} messages (got {count})",
+                    )
+                return batch
+        if sequence < history[-1].sequence:
+            raise WalError(
+                E.INVALID_REQUEST_SEQ,
+                f"producer {producer_id} sequence {sequence} is older than the retained "
+                f"window (newest {history[-1].sequence})",
+            )
+        return None
+
+    async def _answer_repeat(self, batch: _ProducerBatch) -> list[tuple[int, int]]:
+        """The positions of a batch written earlier, once it is committed."""
+        if batch.done is not None:
+            return await asyncio.shield(batch.done)
+        await self._wait_committed(batch.last_lsn)
+        entries = self.log.entries(batch.first_lsn, 1 << 30, batch.last_lsn)
+        return [(e.lsn, e.time_tick) for e in entries]
+
     async def write(
         self,
         messages: Sequence[Message],
@@ -911,107 +945,104 @@ class ChannelOwner:
         both continue the same sequence."""
         started = time.perf_counter()
         self._check_serving()
+        repeat: _ProducerBatch | None = None
         if producer_id and sequence > 0:
-            for batch in self._producers.get(producer_id, ()):
-                if batch.sequence == sequence:
-                    if batch.last_lsn - batch.first_lsn + 1 != len(messages):
-                        raise WalError(
-                            E.INVALID_REQUEST_SEQ,
-                            f"producer {producer_id} sequence {sequence} was a batch of "
-                            f"{batch.last_lsn - batch.first_lsn + 1} messages (got {len(messages)})",
-                        )
-                    if batch.done is not None:
-                        return await asyncio.shield(batch.done), True
-                    await self._wait_committed(batch.last_lsn)
-                    entries = self.log.entries(batch.first_lsn, 1 << 30, batch.last_lsn)
-                    return [(e.lsn, e.time_tick) for e in entries], True
-            history = self._producers.get(producer_id)
-            if history and sequence < history[-1].sequence:
-                raise WalError(
-                    E.INVALID_REQUEST_SEQ,
-                    f"producer {producer_id} sequence {sequence} is older than the retained "
-                    f"window (newest {history[-1].sequence})",
-                )
+            repeat = self._repeat_of(producer_id, sequence, len(messages))
+            if repeat is not None:
+                return await self._answer_repeat(repeat), True
         contiguous = previous_sequence is not None and bool(producer_id) and sequence > 0
         if contiguous:
             await self._know_producer(producer_id)
-        # Backpressure: bounded uncommitted data.
-        await self._wait_room()
-        async with self._write_lock:
+        # Writers take their turns in the order they came: one waiting for room (bounded
+        # uncommitted data) is never overtaken by a later one, so a producer's pipelined
+        # batches reach the log in sequence order. The producer checks are made again
+        # under the write lock, where the producer table cannot change: a retry that
+        # raced its own first attempt is answered as a duplicate, never written twice.
+        async with self._write_turn:
+            await self._wait_room()
+            await self._write_lock.acquire()
+        try:
             self._check_serving()
-            if admit is not None:
-                admit()
-            if contiguous:
-                history = self._producers.get(producer_id)
-                newest = history[-1].sequence if history else 0
-                if newest != previous_sequence:
-                    raise WalError(
-                        E.INVALID_REQUEST_SEQ,
-                        f"producer {producer_id} does not continue here (got "
-                        f"previous_sequence {previous_sequence}; expected {newest}, the "
-                        "newest sequence this pchannel holds)",
-                    )
-            if expected_last_lsn:
-                actual = self.log.last_lsn
-                want = 0 if expected_last_lsn == -1 else expected_last_lsn
-                if actual != want:
-                    raise WalError(
-                        E.UNMATCHED_CHANNEL_TERM,
-                        f"expected_last_lsn {expected_last_lsn} does not hold (last lsn {actual})",
-                        current_term=self.term,
-                    )
-            estimate = sum(100 + len(m[2]) + len(m[3]) for m in messages)
-            if (
-                self.log.open_segment_first_lsn() is not None
-                and self.log.open_segment_bytes() + estimate > self.config.segment_max_bytes
-            ):
-                # Seal first: a batch (a transaction in particular) never spans segments.
-                await self._append_control(MsgType.SEAL, int(EntryFlags.SEAL_MARKER))
-            first_lsn = self.log.last_lsn + 1
-            tick = self.log.last_time_tick
-            wall_tick = self._wall_ms() << TICK_LOGICAL_BITS
-            term = self.term
-            rows = []
-            last_index = len(messages) - 1
-            for index, message in enumerate(messages):
-                vchannel_id, msg_type, key, payload, properties, flags, txn_id, broadcast_id = (
-                    message
-                )
-                tick = tick + 1 if tick >= wall_tick else wall_tick
-                if producer_id and index == last_index:
-                    properties = {
-                        **properties,
-                        PRODUCER_ID_PROPERTY: producer_id,
-                        PRODUCER_SEQ_PROPERTY: str(sequence),
-                        PRODUCER_COUNT_PROPERTY: str(len(messages)),
-                    }
-                rows.append(
-                    (
-                        first_lsn + index,
-                        term,
-                        tick,
-                        msg_type,
-                        vchannel_id,
-                        flags,
-                        txn_id,
-                        broadcast_id,
-                        key,
-                        payload,
-                        properties,
-                    )
-                )
-            batch = encode_rows(rows)
-            await self._write_locked(batch.data, batch.meta)
-            positions = [(row[0], row[2]) for row in rows]
-            record = None
             if producer_id and sequence > 0:
-                record = _ProducerBatch(
-                    sequence,
-                    first_lsn,
-                    first_lsn + len(rows) - 1,
-                    asyncio.get_running_loop().create_future(),
-                )
-                self._remember(producer_id, record)
+                repeat = self._repeat_of(producer_id, sequence, len(messages))
+            if repeat is None:
+                if admit is not None:
+                    admit()
+                if contiguous:
+                    history = self._producers.get(producer_id)
+                    newest = history[-1].sequence if history else 0
+                    if newest != previous_sequence:
+                        raise WalError(
+                            E.INVALID_REQUEST_SEQ,
+                            f"producer {producer_id} does not continue here (got "
+                            f"previous_sequence {previous_sequence}; expected {newest}, the "
+                            "newest sequence this pchannel holds)",
+                        )
+                if expected_last_lsn:
+                    actual = self.log.last_lsn
+                    want = 0 if expected_last_lsn == -1 else expected_last_lsn
+                    if actual != want:
+                        raise WalError(
+                            E.UNMATCHED_CHANNEL_TERM,
+                            f"expected_last_lsn {expected_last_lsn} does not hold (last lsn {actual})",
+                            current_term=self.term,
+                        )
+                estimate = sum(100 + len(m[2]) + len(m[3]) for m in messages)
+                if (
+                    self.log.open_segment_first_lsn() is not None
+                    and self.log.open_segment_bytes() + estimate > self.config.segment_max_bytes
+                ):
+                    # Seal first: a batch (a transaction in particular) never spans segments.
+                    await self._append_control(MsgType.SEAL, int(EntryFlags.SEAL_MARKER))
+                first_lsn = self.log.last_lsn + 1
+                tick = self.log.last_time_tick
+                wall_tick = self._wall_ms() << TICK_LOGICAL_BITS
+                term = self.term
+                rows = []
+                last_index = len(messages) - 1
+                for index, message in enumerate(messages):
+                    vchannel_id, msg_type, key, payload, properties, flags, txn_id, broadcast_id = (
+                        message
+                    )
+                    tick = tick + 1 if tick >= wall_tick else wall_tick
+                    if producer_id and index == last_index:
+                        properties = {
+                            **properties,
+                            PRODUCER_ID_PROPERTY: producer_id,
+                            PRODUCER_SEQ_PROPERTY: str(sequence),
+                            PRODUCER_COUNT_PROPERTY: str(len(messages)),
+                        }
+                    rows.append(
+                        (
+                            first_lsn + index,
+                            term,
+                            tick,
+                            msg_type,
+                            vchannel_id,
+                            flags,
+                            txn_id,
+                            broadcast_id,
+                            key,
+                            payload,
+                            properties,
+                        )
+                    )
+                batch = encode_rows(rows)
+                await self._write_locked(batch.data, batch.meta)
+                positions = [(row[0], row[2]) for row in rows]
+                record = None
+                if producer_id and sequence > 0:
+                    record = _ProducerBatch(
+                        sequence,
+                        first_lsn,
+                        first_lsn + len(rows) - 1,
+                        asyncio.get_running_loop().create_future(),
+                    )
+                    self._remember(producer_id, record)
+        finally:
+            self._write_lock.release()
+        if repeat is not None:
+            return await self._answer_repeat(repeat), True
         try:
             await self._wait_committed(positions[-1][0])
         except WalError as error:
