@@ -21,7 +21,7 @@ import asyncio
 import pytest
 
 from tests.timing import scaled
-from tests.wal.test_wal_owner_recovery import NODES, PCHANNEL, Loopback, _Stream, _open_logs
+from tests.wal.test_wal_owner_recovery import NODES, PCHANNEL, Loopback, _open_logs, _Stream
 from wal_segments.format import MsgType
 from wal_segments.log import PChannelLog
 from wal_segments.owner import PRODUCER_SEQ_PROPERTY, ChannelOwner, Message, OwnerConfig
