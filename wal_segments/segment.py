@@ -37,11 +37,8 @@ from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from wal_segments import columnar
 from wal_segments.faults import fault
 from wal_segments.format import (
     CONTROL_FLAGS,
@@ -69,6 +66,11 @@ from wal_segments.format import (
     encode_footer_parts,
     entry_from_frame,
 )
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from wal_segments import columnar
 
 logger = logging.getLogger(__name__)
 
@@ -830,7 +832,13 @@ class SegmentWriter:
 # -- readers --------------------------------------------------------------------------------
 
 
+# pyarrow (and columnar, built on it) is imported by the readers below only: the write
+# path and recovery need none of it, and a node answers Raft before it pays for it.
+
+
 def _aligned_buffer(data: bytes | bytearray | memoryview | pa.Buffer) -> pa.Buffer:
+    import pyarrow as pa
+
     buffer = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
     if buffer.address % 8:
         copy = pa.allocate_buffer(buffer.size)
@@ -844,6 +852,8 @@ class SegmentReader:
     crc); reads then go through the footer index without per-frame crc work."""
 
     def __init__(self, buffer: pa.Buffer, name: str, mapped: pa.MemoryMappedFile | None) -> None:
+        import pyarrow as pa
+
         self.name = name
         self._buffer = buffer
         self._mapped = mapped
@@ -875,6 +885,8 @@ class SegmentReader:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> SegmentReader:
+        import pyarrow as pa
+
         mapped = pa.memory_map(os.fspath(path), "r")
         try:
             return cls(mapped.read_buffer(), os.fspath(path), mapped)
@@ -959,6 +971,9 @@ class SegmentReader:
 
     def row_offsets(self, start: int, stop: int, base: int) -> bytes:
         """Offsets of rows [start, stop) minus `base`, as little-endian uint64 bytes."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         shifted = pc.subtract(self._index.slice(start, stop - start), pa.scalar(base, pa.uint64()))
         return shifted.buffers()[1].to_pybytes()[: 8 * (stop - start)]
 
@@ -970,12 +985,18 @@ class SegmentReader:
     def header_columns(self, lsn_range: tuple[int, int] | None = None) -> pa.RecordBatch:
         """The fixed frame headers in `lsn_range` as Arrow columns (verified, no Python
         object per row); see `columnar.HEADER_SCHEMA`."""
+        import pyarrow as pa
+
+        from wal_segments import columnar
+
         start, stop = self._rows(lsn_range)
         if start == stop:
             return pa.RecordBatch.from_pylist([], schema=columnar.HEADER_SCHEMA)
         return self._decode(start, stop).to_record_batch()
 
     def _decode(self, start: int, stop: int) -> columnar.HeaderColumns:
+        from wal_segments import columnar
+
         try:
             return columnar.decode_headers(
                 self._buffer,
@@ -1002,6 +1023,11 @@ class SegmentReader:
         (KeyError for an id it lacks; id 0 is the pchannel itself and becomes ""),
         `segment_id` defaults to the first LSN, and `include_control=False` drops
         term-start and seal-marker entries."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from wal_segments import columnar
+
         if pchannel != self.pchannel:
             raise ValueError(
                 f"segment {self.name} belongs to pchannel {self.pchannel!r}, not {pchannel!r}"

@@ -61,7 +61,9 @@ def configure_logging(level: str, log_format: str, node_id: str | None = None) -
     logging.captureWarnings(True)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(all_commands: bool = True) -> argparse.ArgumentParser:
+    """The whole command line; with `all_commands` False, only the commands defined in
+    this module (not those the other modules register, which import what they run)."""
     parser = argparse.ArgumentParser(
         prog="raftwal",
         description="Event-sourced coordination service and term-fenced WAL on Raft.",
@@ -257,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print one JSON object per restarted node"
     )
     dev_restart.set_defaults(handler=_dev_restart)
+    if not all_commands:
+        return parser
 
     from raftwal.chaos.runner import register as register_chaos
     from raftwal.cli.client import register
@@ -607,8 +611,25 @@ def _dev_restart(args: argparse.Namespace) -> int:
     return 0
 
 
+def _names_the_node_command(argv: Sequence[str]) -> bool:
+    """Whether `argv` runs `raftwal node` (global options first, no help asked before it).
+    A node then builds only this module's commands: registering the others imports the
+    chaos runner, the SQLite shards and pyarrow, over a second of CPU before the node can
+    answer a vote on a slow host (issue 35)."""
+    args = iter(argv)
+    for arg in args:
+        if arg in ("--log-level", "--log-format"):
+            next(args, None)
+        elif arg.startswith(("--log-level=", "--log-format=")):
+            continue
+        else:
+            return arg == "node"
+    return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(all_commands=not _names_the_node_command(argv))
     args = parser.parse_args(argv)
     if args.log_format not in LOG_FORMATS:
         # Only the environment default can get here (argparse checks the flag's value).
