@@ -33,6 +33,12 @@ failed, and their p50 / p99.
     .venv/bin/python bench/stability.py [--duration-s 90] [--hogs 2] [--cpu 0]
         [--phases idle,load] [--json]
 
+With `--command CMD` it runs CMD instead of the two clusters (split as a shell would, no
+shell), `--runs` times one after the other, under the same hogs and core, and reports each
+run's exit code and time; it exits 0 only when every run did. Issue 35 runs the demo so:
+
+    .venv/bin/python bench/stability.py --hogs 2 --cpu 0 --command "./run demo" --runs 3
+
 etcd comes from `scripts/install-etcd.sh`. Every process started here is stopped by its
 pid: the hogs with SIGKILL, the clusters as bench/coord.py and `raftwal dev` stop them.
 """
@@ -44,7 +50,9 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -526,6 +534,46 @@ def _phases(value: str) -> tuple[str, ...]:
     return names
 
 
+# -- a command under the same starvation ----------------------------------------------------
+
+
+def run_command(argv: list[str], runs: int, timeout_s: float) -> list[dict[str, Any]]:
+    """Run `argv` `runs` times in a row (the hogs already started); each run's exit code
+    (None: stopped after `timeout_s`) and wall time. A run past its time gets SIGTERM, then
+    after 60 s SIGKILL to its process group (its own session, started here)."""
+    results: list[dict[str, Any]] = []
+    for number in range(1, runs + 1):
+        started = time.perf_counter()
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            code: int | None = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+        finally:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+        elapsed = time.perf_counter() - started
+        results.append({"run": number, "exit_code": code, "seconds": round(elapsed, 1)})
+        print(
+            f"run {number} of {runs}: "
+            + (f"exit {code}" if code is not None else f"stopped after {timeout_s:.0f} s")
+            + f" in {elapsed:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration-s", type=float, default=90.0, help="sampling time (90)")
@@ -547,8 +595,24 @@ def main(argv: list[str] | None = None) -> int:
         default=200.0,
         help="load phase, raftwal: WAL messages/s (200)",
     )
+    parser.add_argument(
+        "--command",
+        help="instead of the clusters: run this command (split as a shell would) under the "
+        "same hogs and core, --runs times",
+    )
+    parser.add_argument("--runs", type=int, default=1, help="with --command: how many runs (1)")
+    parser.add_argument(
+        "--command-timeout-s",
+        type=float,
+        default=1200.0,
+        help="with --command: stop a run after this long (1200)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    if not 1 <= args.runs <= 100:
+        parser.error(f"invalid --runs ({args.runs}; expected 1..100)")
+    if not 1 <= args.command_timeout_s <= 24 * 3600:
+        parser.error(f"invalid --command-timeout-s ({args.command_timeout_s}; expected 1..86400)")
     if not 0 < args.load_writes_per_s <= MAX_LOAD_WRITES_PER_S:
         parser.error(
             f"invalid --load-writes-per-s ({args.load_writes_per_s}; "
@@ -571,12 +635,26 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"invalid --cpu ({args.cpu}; expected one of {sorted(os.sched_getaffinity(0))})"
         )
+    command = shlex.split(args.command) if args.command else []
+    if args.command is not None and not command:
+        parser.error("invalid --command (empty)")
     binary = shutil.which("etcd")
-    if binary is None:
+    if binary is None and not command:
         parser.error("etcd is not installed: run scripts/install-etcd.sh")
     if args.cpu is not None:
         # Inherited by every process started from here on: hogs and both clusters.
         os.sched_setaffinity(0, {args.cpu})
+    if command:
+        hogs = start_hogs(args.hogs)
+        try:
+            runs = run_command(command, args.runs, args.command_timeout_s)
+        finally:
+            stop_hogs(hogs)
+        passed = sum(1 for run in runs if run["exit_code"] == 0)
+        summary = {"command": args.command, "hogs": args.hogs, "cpu": args.cpu, "runs": runs}
+        print(json.dumps(summary) if args.json else f"{passed} of {len(runs)} runs exited 0")
+        return 0 if passed == len(runs) else 1
+    assert binary is not None
     report = asyncio.run(run(args, binary))
     if args.json:
         print(json.dumps(report))
