@@ -23,6 +23,7 @@ from statemachine.replicate import (
     replicated_pairs,
     replication_hold,
     switching_to,
+    with_kept_tokens,
     write_refusal,
 )
 from statemachine.state import restore_state
@@ -1478,7 +1479,9 @@ def _set_balance_policy(state, cmd: pb.SetBalancePolicy, ctx, limits) -> Outcome
 def _update_replicate_configuration(
     state, cmd: pb.UpdateReplicateConfiguration, ctx, limits
 ) -> Outcome:
-    configuration = cmd.configuration
+    configuration = with_kept_tokens(cmd.configuration, state.replicate_configuration)
+    if isinstance(configuration, Rejection):
+        return configuration
     bad = check_configuration(configuration, cmd.local_cluster_id, limits)
     if bad:
         return bad

@@ -4,7 +4,8 @@
 one: well-formed cluster ids, endpoints and pchannel names, one source per target, no
 cycle, the same number of pchannels in every cluster (matched by position), and the
 proposing cluster among the clusters. ``redacted`` is the copy that answers carry: tokens
-emptied, ``token_set`` marking where one is stored. No message here ever contains a
+emptied, ``token_set`` marking where one is stored; ``with_kept_tokens`` lets such an
+answer be applied again (the stored tokens are kept). No message here ever contains a
 token (a rejected token is described by its length only).
 
 Pure: no clock, randomness, I/O or iteration over protobuf maps.
@@ -50,12 +51,6 @@ def _check_credentials(
         return invalid(
             f"invalid {where} credentials.token (a value of {len(token)} chars with spaces "
             "or unprintable characters; expected a bearer token of printable characters)"
-        )
-    if credentials.token_set and not token:
-        return invalid(
-            f"{where} credentials.token_set is set without a token (got token_set true; "
-            "expected a token, or neither: GetReplicateConfiguration answers hide tokens "
-            "and cannot be applied as they are)"
         )
     pem = credentials.ca_certificate_pem
     if len(pem) > limits.replicate_ca_max_chars:
@@ -255,6 +250,36 @@ def check_configuration(
             f"{', '.join(ids)}; expected it among them)"
         )
     return None
+
+
+def with_kept_tokens(
+    configuration: pb.ReplicateConfiguration, current: pb.ReplicateConfiguration
+) -> pb.ReplicateConfiguration | Rejection:
+    """`configuration` with every cluster marked `token_set` without a token given the
+    token `current` stores for that cluster id: a GetReplicateConfiguration answer (tokens
+    hidden) edited and applied again keeps the stored tokens, as the switchover and
+    promote commands do. A Rejection when no token is stored for such a cluster."""
+    if not any(c.credentials.token_set and not c.credentials.token for c in configuration.clusters):
+        return configuration
+    stored = {c.cluster_id: c.credentials.token for c in current.clusters if c.credentials.token}
+    resolved = pb.ReplicateConfiguration()
+    resolved.CopyFrom(configuration)
+    for index, cluster in enumerate(resolved.clusters):
+        credentials = cluster.credentials
+        if not credentials.token_set or credentials.token:
+            continue
+        token = stored.get(cluster.cluster_id)
+        if token is None:
+            return invalid(
+                f"clusters[{index}] ({show(cluster.cluster_id)}) credentials.token_set is set "
+                "without a token, and no token is stored for that cluster (got token_set "
+                "true; expected a token, or token_set only for a cluster whose token the "
+                "current configuration stores: it is then kept)"
+            )
+        # Stored as any given token is: the token, token_set false (redacted sets it).
+        credentials.token = token
+        credentials.token_set = False
+    return resolved
 
 
 def local_cluster(

@@ -502,18 +502,12 @@ async def _replicate_promote(
     promoted.CopyFrom(configuration)
     del promoted.topology[:]
     promoted.topology.extend(e for e in configuration.topology if e.target_cluster_id != local)
-    # Get answers hide tokens, and a configuration is replaced whole: the source's token is
-    # dropped (it is gone), any other stored token cannot be carried over from here.
+    # Get answers hide tokens (token_set marks them): sent back so, each cluster keeps the
+    # token it stores. The source's is dropped: the source is gone from the topology's use.
     for cluster in promoted.clusters:
         if cluster.cluster_id == source_id:
             cluster.credentials.token = ""
             cluster.credentials.token_set = False
-        elif cluster.credentials.token_set:
-            raise CliError(
-                f"cluster {cluster.cluster_id} has a token in the configuration, which this "
-                "command cannot read back (expected `raftwal replicate set --here FILE` "
-                f"with the edge {source_id} -> {local} removed instead)"
-            )
     response = await client.update_replicate_configuration(promoted)
     if args.json:
         _print_json(
@@ -637,13 +631,9 @@ async def _replicate_switchover(
         )
     # The other cluster of the pair: the source, or (already reversed) the old source.
     source = into[0] if into else out_of[0]
-    for cluster in configuration.clusters:
-        if cluster.credentials.token_set:
-            raise CliError(
-                f"cluster {cluster.cluster_id} has a token in the configuration, which this "
-                "command cannot read back (expected `raftwal replicate set FILE` with the "
-                f"edge {to} -> {source} and start_after_lsns instead; docs/replication.md)"
-            )
+    # Tokens: every configuration this command sends is one a cluster answered (tokens
+    # hidden, token_set where stored), which each cluster applies keeping its own stored
+    # tokens (statemachine.replicate.with_kept_tokens).
     base_security = client_security(args, target)
     async with contextlib.AsyncExitStack() as stack:
         peers: dict[str, CoordinatorClient] = {}

@@ -116,6 +116,8 @@ def test_set_read_back_repeat_and_clear(east: dev.LocalCluster, admin: Api) -> N
     assert answer.configuration.clusters[1].credentials.token_set
     assert TOKEN.encode() not in answer.SerializeToString()
 
+    # The Get answer sent back as it is: the stored token is kept, so nothing changes.
+    assert not _update(admin, answer.configuration).changed
     repeat = _update(admin, forward)
     # A repeat changes nothing; the revision it answers is the state's, which any other
     # command (a lease, a node's registration) may have moved meanwhile.
@@ -162,7 +164,9 @@ def _bad_cases() -> list[tuple[str, pb.ReplicateConfiguration, int, str]]:
     not_east.topology[0].source_cluster_id = "north"
     missing = _configuration(("east", "west"))
     missing.clusters[0].pchannels[1] = "east_9"
+    # token_set on east, for which no token is stored (only west has one).
     from_answer = _redacted(_configuration(("east", "west")))
+    from_answer.clusters[0].credentials.token_set = True
     bad_endpoint = _configuration()
     bad_endpoint.clusters[1].endpoints.append("no port here")
     return [
@@ -170,7 +174,7 @@ def _bad_cases() -> list[tuple[str, pb.ReplicateConfiguration, int, str]]:
         ("counts", _configuration(("east", "west"), west_pchannels=3), errors_pb2.INVALID_ARGUMENT, "cluster 'west' has 3 pchannels (got 3; expected 2"),
         ("not this cluster", not_east, errors_pb2.INVALID_ARGUMENT, "this cluster ('east') is not in the configuration (got clusters north, west"),
         ("missing pchannel", missing, errors_pb2.CHANNEL_NOT_EXIST, "'east_9' does not exist"),
-        ("a Get answer", from_answer, errors_pb2.INVALID_ARGUMENT, "token_set is set without a token"),
+        ("a token not stored", from_answer, errors_pb2.INVALID_ARGUMENT, "credentials.token_set is set without a token, and no token is stored"),
         ("bad endpoint", bad_endpoint, errors_pb2.INVALID_ARGUMENT, "invalid endpoint of cluster 'west' ('no port here'; expected host:port)"),
     ]  # fmt: skip
 

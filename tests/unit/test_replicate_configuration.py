@@ -13,7 +13,13 @@ from raftwal.cli.replicate import ReplicateFileError, load_replicate_file
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
 from statemachine import DEFAULT_LIMITS, new_state, restore_state, snapshot_state
-from statemachine.replicate import check_configuration, redacted, redacted_event
+from statemachine.replicate import (
+    check_configuration,
+    redacted,
+    redacted_event,
+    with_kept_tokens,
+)
+from statemachine.types import Rejection
 
 TOKEN = "s3cret-token-never-shown"
 CA = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
@@ -78,7 +84,6 @@ CASES = [
     ("duplicate pchannel", config(cluster("a", "p1", "p1"), B), "a", "duplicate pchannel of cluster 'a' ('p1'"),
     ("token with space", config(cluster("a", credentials=secret("two words")), B), "a", "a value of 9 chars with spaces"),
     ("token too long", config(cluster("a", credentials=secret("x" * 4097)), B), "a", "credentials.token too long (4097 chars; expected 0..4096)"),
-    ("token_set without a token", config(cluster("a", credentials=pb.ReplicateCredentials(token_set=True)), B), "a", "GetReplicateConfiguration answers hide tokens"),
     ("not a PEM", config(cluster("a", credentials=secret(pem="hello")), B), "a", "invalid cluster 'a' credentials.ca_certificate_pem ('hello'; expected PEM"),
     ("too many clusters", config(*(cluster(f"c{k}") for k in range(17))), "c0", "invalid number of clusters (17; expected 1..16)"),
 ]  # fmt: skip
@@ -240,3 +245,32 @@ def test_status_warns_about_a_lagging_target() -> None:
         "replication of pchannel p1 to cluster west is lagging: 150 entries behind committed "
         "lsn 500 (target checkpoint 350; warning above 100; see `raftwal replicate status`)"
     ]
+
+
+def test_a_get_answer_sent_back_keeps_the_stored_tokens() -> None:
+    stored = config(cluster("a", credentials=secret(pem=CA)), B, edges=("a>b",))
+    answer = redacted(stored)
+    assert with_kept_tokens(answer, stored) == stored
+    # Edited (the edge reversed) and sent back: the token stays, the edit applies.
+    edited = redacted(stored)
+    edited.topology[0].source_cluster_id, edited.topology[0].target_cluster_id = "b", "a"
+    resolved = with_kept_tokens(edited, stored)
+    assert not isinstance(resolved, Rejection)
+    assert resolved.clusters[0].credentials.token == TOKEN
+    assert resolved.clusters[0] == stored.clusters[0]
+    assert [(e.source_cluster_id, e.target_cluster_id) for e in resolved.topology] == [("b", "a")]
+    # A configuration that gives its tokens is taken as it is.
+    given = config(cluster("a", credentials=secret("other-token")), B)
+    assert with_kept_tokens(given, stored) is given
+
+
+def test_token_set_for_a_cluster_without_a_stored_token_is_refused() -> None:
+    stored = config(cluster("a", credentials=secret()), B)
+    for current in (stored, pb.ReplicateConfiguration()):
+        asked = config(A, cluster("b", credentials=pb.ReplicateCredentials(token_set=True)))
+        rejection = with_kept_tokens(asked, current)
+        assert isinstance(rejection, Rejection)
+        assert rejection.code == errors_pb2.INVALID_ARGUMENT
+        assert "clusters[1] ('b') credentials.token_set is set without a token" in rejection.message
+        assert "expected" in rejection.message
+        assert TOKEN not in rejection.message
