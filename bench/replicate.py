@@ -3,13 +3,14 @@ mirror between two nats-servers, in the same run.
 
 raftwal: a source dev cluster (3 nodes) alone: the maximum produce throughput (one SDK
 producer, as fast as acks come back). Then a target dev cluster, `replicate set` source
--> target, and the same maximum again (with a target). Then a steady rate of half the
-first maximum: each message's lag runs from the source's acknowledgement to a consumer on
-the target receiving it; p50 and p99.
+-> target, and the same maximum again (with a target). The target catches up (`drain_s`),
+then a steady rate of half the first maximum: each message's lag runs from its send on
+the source to a consumer on the target receiving it (end to end; the source's ack
+latency is reported beside it); p50 and p99.
 
 JetStream: server A (domain a) holds stream S; server B (domain b, a leaf node of A) holds
 a mirror M of S. The same three phases: max publish rate to S without M, with M, then a
-paced half rate with the lag from the publish ack on A to delivery from M on B.
+paced half rate with the lag from the publish on A to delivery from M on B.
 
     .venv/bin/python bench/replicate.py [--seconds 10] [--json]
 """
@@ -40,40 +41,46 @@ from rpc.protos import coordination_pb2 as pb  # noqa: E402
 from rpc.streaming_client import Consumer, StreamingClient  # noqa: E402
 
 PAYLOAD = b"x" * 200
+#: how long the target may take to catch up with the maximum-rate phase
+DRAIN_BUDGET_S = 180.0
 
 
 def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-async def max_rate(submit: Callable[[bytes], Awaitable[Any]], seconds: float) -> float:
-    """Messages per second acknowledged with submissions as fast as acks allow."""
-    acked = 0
+async def max_rate(
+    submit: Callable[[bytes], Awaitable[Any]], seconds: float, tag: str = "m"
+) -> tuple[float, dict[str, float]]:
+    """(messages per second acknowledged with submissions as fast as acks allow, key ->
+    ack time of each acknowledged message); keys are `tag` + a count."""
+    acks: dict[str, float] = {}
     outstanding: set[asyncio.Future[Any]] = set()
 
-    def done(future: asyncio.Future[Any]) -> None:
-        nonlocal acked
+    def done(future: asyncio.Future[Any], key: str) -> None:
         outstanding.discard(future)
         if not future.cancelled() and future.exception() is None:
-            acked += 1
+            acks[key] = time.perf_counter()
 
     started = time.perf_counter()
     n = 0
     while time.perf_counter() - started < seconds:
-        future = await submit(b"m%d|" % n + PAYLOAD)
+        key = f"{tag}{n}"
+        future = await submit(key.encode() + b"|" + PAYLOAD)
         n += 1
         outstanding.add(future)
-        future.add_done_callback(done)
+        future.add_done_callback(lambda f, key=key: done(f, key))
     if outstanding:
         await asyncio.wait(list(outstanding), timeout=30)
-    return acked / (time.perf_counter() - started)
+    return len(acks) / (time.perf_counter() - started), acks
 
 
 async def paced(
     submit: Callable[[bytes], Awaitable[Any]], rate: float, seconds: float, tag: str
 ) -> dict[str, float]:
-    """Key -> ack time of each message sent at `rate` for `seconds`."""
-    acks: dict[str, float] = {}
+    """Key -> (send time, ack time) of each message sent at `rate` for `seconds` and
+    acknowledged."""
+    acks: dict[str, tuple[float, float]] = {}
     waiting: list[asyncio.Future[Any]] = []
     t0 = time.perf_counter()
     for n in range(int(rate * seconds)):
@@ -81,10 +88,11 @@ async def paced(
         if delay > 0:
             await asyncio.sleep(delay)
         key = f"{tag}{n}"
+        sent = time.perf_counter()
         future = await submit(key.encode() + b"|" + PAYLOAD)
         future.add_done_callback(
-            lambda f, key=key: (
-                acks.__setitem__(key, time.perf_counter())
+            lambda f, key=key, sent=sent: (
+                acks.__setitem__(key, (sent, time.perf_counter()))
                 if not f.cancelled() and f.exception() is None
                 else None
             )
@@ -94,20 +102,46 @@ async def paced(
     return acks
 
 
-def lags(acks: dict[str, float], seen: dict[str, float]) -> dict[str, Any]:
-    values = [max(0.0, seen[k] - t) for k, t in acks.items() if k in seen]
+def lags(acks: dict[str, tuple[float, float]], seen: dict[str, float]) -> dict[str, Any]:
+    """The paced phase's figures: the source's ack latency (send -> ack) and the
+    replication lag, send on the source -> delivered from the target (end to end: a
+    target may deliver before the source's ack reaches the client, so the ack is no
+    starting point)."""
+    ack_ms = [(acked - sent) * 1000 for sent, acked in acks.values()]
+    lag_ms = [(seen[k] - sent) * 1000 for k, (sent, _) in acks.items() if k in seen]
+
+    def pct(values: list[float], q: float) -> float | None:
+        return round(percentile(values, q), 1) if values else None
+
     return {
         "acked": len(acks),
-        "replicated": len(values),
-        "lag_p50_ms": round(percentile(values, 0.5) * 1000, 1) if values else None,
-        "lag_p99_ms": round(percentile(values, 0.99) * 1000, 1) if values else None,
+        "replicated": len(lag_ms),
+        "ack_p50_ms": pct(ack_ms, 0.5),
+        "ack_p99_ms": pct(ack_ms, 0.99),
+        "lag_p50_ms": pct(lag_ms, 0.5),
+        "lag_p99_ms": pct(lag_ms, 0.99),
     }
 
 
-async def wait_seen(acks: dict[str, float], seen: dict[str, float], budget_s: float) -> None:
-    deadline = time.monotonic() + budget_s
+async def wait_seen(acks: dict[str, Any], seen: dict[str, float], budget_s: float) -> float:
+    """Wait until every key of `acks` was seen on the target (at most `budget_s`); the
+    seconds waited."""
+    started = time.monotonic()
+    deadline = started + budget_s
     while time.monotonic() < deadline and not all(k in seen for k in acks):
         await asyncio.sleep(0.1)
+    return time.monotonic() - started
+
+
+async def drained(
+    name: str, acks: dict[str, Any], seen: dict[str, float], result: dict[str, Any]
+) -> None:
+    """Before the lag phase: the target catches up with the maximum-rate phase, so that
+    the lag measured is the steady one, not the backlog's (`drain_s`: how long that took;
+    `drain_missing`: messages still not seen after DRAIN_BUDGET_S)."""
+    result["drain_s"] = round(await wait_seen(acks, seen, DRAIN_BUDGET_S), 1)
+    result["drain_missing"] = sum(1 for key in acks if key not in seen)
+    say(f"{name}: target caught up in {result['drain_s']} s ({result['drain_missing']} missing)")
 
 
 # -- raftwal -------------------------------------------------------------------------------
@@ -133,7 +167,8 @@ async def run_raftwal(directory: Path, seconds: float) -> dict[str, Any]:
             return await producer.submit("rb_v", payload)
 
         await (await submit(b"warm|"))
-        result["max_without_target_msgs_s"] = round(await max_rate(submit, seconds), 1)
+        rate_without, before = await max_rate(submit, seconds, "a")
+        result["max_without_target_msgs_s"] = round(rate_without, 1)
         say(f"raftwal max without target: {result['max_without_target_msgs_s']} msg/s")
 
         target = await asyncio.to_thread(
@@ -171,9 +206,11 @@ async def run_raftwal(directory: Path, seconds: float) -> dict[str, Any]:
                     await asyncio.sleep(0.2)
 
         reader = asyncio.create_task(consume())
-        await wait_seen({"warm": 0.0}, seen, 60.0)
-        result["max_with_target_msgs_s"] = round(await max_rate(submit, seconds), 1)
+        await wait_seen({"warm": 0.0, **before}, seen, DRAIN_BUDGET_S)
+        rate_with, during = await max_rate(submit, seconds, "b")
+        result["max_with_target_msgs_s"] = round(rate_with, 1)
         say(f"raftwal max with target: {result['max_with_target_msgs_s']} msg/s")
+        await drained("raftwal", during, seen, result)
         rate = result["max_without_target_msgs_s"] / 2
         result["paced_rate_msgs_s"] = round(rate, 1)
         acks = await paced(submit, rate, seconds, "k")
@@ -231,7 +268,8 @@ async def run_nats(directory: Path, binary: str, seconds: float) -> dict[str, An
             return asyncio.ensure_future(ja.publish("rb.x", payload))
 
         await (await submit(b"warm|"))
-        result["max_without_target_msgs_s"] = round(await max_rate(submit, seconds), 1)
+        rate_without, before = await max_rate(submit, seconds, "a")
+        result["max_without_target_msgs_s"] = round(rate_without, 1)
         say(f"JetStream max without mirror: {result['max_without_target_msgs_s']} msg/s")
         await jb.add_stream(
             StreamConfig(
@@ -244,9 +282,11 @@ async def run_nats(directory: Path, binary: str, seconds: float) -> dict[str, An
             seen[message.data.split(b"|", 1)[0].decode()] = time.perf_counter()
 
         await jb.subscribe("rb.x", stream="M", cb=on_message, ordered_consumer=True)
-        await wait_seen({"warm": 0.0}, seen, 60.0)
-        result["max_with_target_msgs_s"] = round(await max_rate(submit, seconds), 1)
+        await wait_seen({"warm": 0.0, **before}, seen, DRAIN_BUDGET_S)
+        rate_with, during = await max_rate(submit, seconds, "b")
+        result["max_with_target_msgs_s"] = round(rate_with, 1)
         say(f"JetStream max with mirror: {result['max_with_target_msgs_s']} msg/s")
+        await drained("JetStream", during, seen, result)
         rate = result["max_without_target_msgs_s"] / 2
         result["paced_rate_msgs_s"] = round(rate, 1)
         acks = await paced(submit, rate, seconds, "k")
