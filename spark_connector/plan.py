@@ -131,6 +131,15 @@ def _on_any(options: ReadOptions, call: Callable[[coordinator_pb2_grpc.Coordinat
     raise AssertionError("unreachable")
 
 
+def probe(options: ReadOptions) -> None:
+    """Return once an endpoint answers ClusterStatus; ConnectorError, in the same words a
+    read would fail with, when none answers within `timeoutSeconds`."""
+    _on_any(
+        options,
+        lambda stub: stub.ClusterStatus(api.ClusterStatusRequest(), timeout=options.timeout_s),
+    )
+
+
 def _read_pchannels(options: ReadOptions, channels: Any) -> list[str]:
     """The live pchannels a read covers (its pchannels, those of its vchannels, or all)."""
     live = {p.name for p in channels.pchannels if p.state != pb.PCHANNEL_STATE_DROPPED}

@@ -88,6 +88,42 @@ def run(args: argparse.Namespace) -> int:
     from spark_connector.plan import connector_message
     from spark_connector.session import SparkStartError
 
+    settings = security_settings(args, target)
+    options = {"endpoints": ",".join(target.endpoints)}
+    for option, value in (
+        ("token", settings.get("token", "")),
+        ("tokenFile", settings.get("token_file", "")),
+        ("tlsCaFile", settings.get("tls_ca_file", "")),
+        ("tlsCertFile", settings.get("tls_cert_file", "")),
+        ("tlsKeyFile", settings.get("tls_key_file", "")),
+        ("vchannels", args.vchannels),
+        ("pchannels", args.pchannels),
+        ("msgTypes", args.msg_types),
+        ("asOfRevision", str(args.as_of_revision) if args.as_of_revision else ""),
+        ("timeoutSeconds", f"{args.timeout_s:g}"),
+    ):
+        if value:
+            options[option] = value
+    if args.prefer_local:
+        dirs = _local_dirs(args.dev_dir)
+        if dirs:
+            options["preferLocal"] = "true"
+            options["localDataDirs"] = dirs
+    # A cluster that does not answer is reported before a JVM starts, which takes tens of
+    # seconds on a busy host (options the connector refuses are left to it: same words).
+    from spark_connector.options import parse_options
+    from spark_connector.plan import ConnectorError, probe
+
+    try:
+        parsed = parse_options(options)
+    except ValueError:
+        parsed = None
+    if parsed is not None:
+        try:
+            probe(parsed)
+        except ConnectorError as error:
+            print(f"error: {str(error)[:2000]}", file=sys.stderr)
+            return 1
     try:
         spark = session(args.master)
     except SparkStartError as error:
@@ -95,26 +131,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         spark_connector.register(spark)
-        reader = spark.read.format("raftwal").option("endpoints", ",".join(target.endpoints))
-        settings = security_settings(args, target)
-        for option, value in (
-            ("token", settings.get("token", "")),
-            ("tokenFile", settings.get("token_file", "")),
-            ("tlsCaFile", settings.get("tls_ca_file", "")),
-            ("tlsCertFile", settings.get("tls_cert_file", "")),
-            ("tlsKeyFile", settings.get("tls_key_file", "")),
-            ("vchannels", args.vchannels),
-            ("pchannels", args.pchannels),
-            ("msgTypes", args.msg_types),
-            ("asOfRevision", str(args.as_of_revision) if args.as_of_revision else ""),
-            ("timeoutSeconds", f"{args.timeout_s:g}"),
-        ):
-            if value:
-                reader = reader.option(option, value)
-        if args.prefer_local:
-            dirs = _local_dirs(args.dev_dir)
-            if dirs:
-                reader = reader.option("preferLocal", "true").option("localDataDirs", dirs)
+        reader = spark.read.format("raftwal")
+        for option, value in options.items():
+            reader = reader.option(option, value)
         started = time.monotonic()
         try:
             rows = (
