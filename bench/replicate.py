@@ -41,6 +41,7 @@ from rpc.protos import coordination_pb2 as pb  # noqa: E402
 from rpc.streaming_client import Consumer, StreamingClient  # noqa: E402
 
 PAYLOAD = b"x" * 200
+MAX_PENDING_PUBLISHES = 4000
 #: how long the target may take to catch up with the maximum-rate phase
 DRAIN_BUDGET_S = 180.0
 
@@ -252,25 +253,44 @@ async def run_nats(directory: Path, binary: str, seconds: float) -> dict[str, An
                     subprocess.Popen([binary, "-c", str(directory / f"{name}.conf")], stdout=log, stderr=log)
                 )  # fmt: skip
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                a = await nats.connect(f"nats://127.0.0.1:{ports[0]}", connect_timeout=2)
-                b = await nats.connect(f"nats://127.0.0.1:{ports[1]}", connect_timeout=2)
-                break
-            except (OSError, TimeoutError, NatsError):
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.3)
+
+        async def connect(port: int) -> Any:
+            # One connection per server, retried until it is up (never a second one left
+            # reconnecting in the background).
+            while True:
+                try:
+                    return await nats.connect(
+                        f"nats://127.0.0.1:{port}", connect_timeout=2, allow_reconnect=False
+                    )
+                except (OSError, TimeoutError, NatsError) as error:
+                    if time.monotonic() > deadline:
+                        raise NatsUnavailable(
+                            f"no connection to 127.0.0.1:{port} in 30 s ({error!r}): "
+                            + _log_tails(directory)
+                        ) from None
+                    await asyncio.sleep(0.3)
+
+        a = await connect(ports[0])
+        b = await connect(ports[1])
         ja, jb = a.jetstream(), b.jetstream()
         await ja.add_stream(StreamConfig(name="S", subjects=["rb.>"]))
 
+        # At most MAX_PENDING_PUBLISHES unacknowledged (the Go client's async publish
+        # default): without a bound a stalled server piles up futures without end.
+        pending = asyncio.Semaphore(MAX_PENDING_PUBLISHES)
+
         async def submit(payload: bytes) -> Any:
-            return asyncio.ensure_future(ja.publish("rb.x", payload))
+            await pending.acquire()
+            future = asyncio.ensure_future(ja.publish("rb.x", payload, timeout=5.0))
+            future.add_done_callback(lambda _: pending.release())
+            return future
 
         await (await submit(b"warm|"))
         rate_without, before = await max_rate(submit, seconds, "a")
         result["max_without_target_msgs_s"] = round(rate_without, 1)
         say(f"JetStream max without mirror: {result['max_without_target_msgs_s']} msg/s")
+        if not before:
+            raise NatsUnavailable("no publish acknowledged: " + _log_tails(directory))
         await jb.add_stream(
             StreamConfig(
                 name="M", mirror=StreamSource(name="S", external=ExternalStream(api="$JS.a.API"))
@@ -300,6 +320,22 @@ async def run_nats(directory: Path, binary: str, seconds: float) -> dict[str, An
             stop_process(process)
 
 
+class NatsUnavailable(RuntimeError):
+    pass
+
+
+def _log_tails(directory: Path) -> str:
+    """The last lines of both servers' logs, for a report that says why."""
+    tails = []
+    for name in ("a", "b"):
+        try:
+            lines = (directory / f"{name}.log").read_text(errors="replace").splitlines()
+        except OSError as error:
+            lines = [f"(no log: {error})"]
+        tails.append(f"server {name}: " + " | ".join(lines[-5:]))
+    return "; ".join(tails)
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     directory = Path(tempfile.mkdtemp(prefix="bench-replicate-"))
     report: dict[str, Any] = {"seconds": args.seconds, "loadavg_start": os.getloadavg()[0]}
@@ -312,7 +348,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             (directory / "nats").mkdir()
             try:
                 report["jetstream"] = await run_nats(directory / "nats", binary, args.seconds)
-            except (OSError, TimeoutError, NatsError) as error:  # reported, not hidden
+            except (OSError, TimeoutError, NatsError, NatsUnavailable) as error:  # reported
                 report["jetstream"] = {"unavailable": f"{type(error).__name__}: {error}"}
     finally:
         report["loadavg_end"] = os.getloadavg()[0]
