@@ -124,6 +124,12 @@ class Series:
             "start_to_first_write_s": round(self.start_to_first_write_s, 2),
             "term_first": self.terms[0] if self.terms else None,
             "term_last": self.terms[-1] if self.terms else None,
+            # [sample number (1-based), new term] at each rise: when the elections were.
+            "term_rises": [
+                [index + 1, self.terms[index]]
+                for index in range(1, len(self.terms))
+                if self.terms[index] > self.terms[index - 1]
+            ],
             "samples": self.samples,
             "samples_without_leader": self.without_leader,
             "writes": self.writes,
