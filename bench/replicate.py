@@ -12,7 +12,7 @@ JetStream: server A (domain a) holds stream S; server B (domain b, a leaf node o
 a mirror M of S. The same three phases: max publish rate to S without M, with M, then a
 paced half rate with the lag from the publish on A to delivery from M on B.
 
-    .venv/bin/python bench/replicate.py [--seconds 10] [--json]
+    .venv/bin/python bench/replicate.py [--seconds 10] [--rate MSGS_S] [--json]
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ async def drained(
 # -- raftwal -------------------------------------------------------------------------------
 
 
-async def run_raftwal(directory: Path, seconds: float) -> dict[str, Any]:
+async def run_raftwal(directory: Path, seconds: float, rate_s: float = 0.0) -> dict[str, Any]:
     result: dict[str, Any] = {}
     clusters: list[dev.LocalCluster] = []
     try:
@@ -212,7 +212,7 @@ async def run_raftwal(directory: Path, seconds: float) -> dict[str, Any]:
         result["max_with_target_msgs_s"] = round(rate_with, 1)
         say(f"raftwal max with target: {result['max_with_target_msgs_s']} msg/s")
         await drained("raftwal", during, seen, result)
-        rate = result["max_without_target_msgs_s"] / 2
+        rate = rate_s or result["max_without_target_msgs_s"] / 2
         result["paced_rate_msgs_s"] = round(rate, 1)
         acks = await paced(submit, rate, seconds, "k")
         await wait_seen(acks, seen, 60.0)
@@ -230,7 +230,9 @@ async def run_raftwal(directory: Path, seconds: float) -> dict[str, Any]:
 # -- JetStream -----------------------------------------------------------------------------
 
 
-async def run_nats(directory: Path, binary: str, seconds: float) -> dict[str, Any]:
+async def run_nats(
+    directory: Path, binary: str, seconds: float, rate_s: float = 0.0
+) -> dict[str, Any]:
     import nats
     from nats.js.api import ExternalStream, StreamConfig, StreamSource
 
@@ -307,7 +309,7 @@ async def run_nats(directory: Path, binary: str, seconds: float) -> dict[str, An
         result["max_with_target_msgs_s"] = round(rate_with, 1)
         say(f"JetStream max with mirror: {result['max_with_target_msgs_s']} msg/s")
         await drained("JetStream", during, seen, result)
-        rate = result["max_without_target_msgs_s"] / 2
+        rate = rate_s or result["max_without_target_msgs_s"] / 2
         result["paced_rate_msgs_s"] = round(rate, 1)
         acks = await paced(submit, rate, seconds, "k")
         await wait_seen(acks, seen, 60.0)
@@ -340,14 +342,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     directory = Path(tempfile.mkdtemp(prefix="bench-replicate-"))
     report: dict[str, Any] = {"seconds": args.seconds, "loadavg_start": os.getloadavg()[0]}
     try:
-        report["raftwal"] = await run_raftwal(directory / "raftwal", args.seconds)
+        report["raftwal"] = await run_raftwal(directory / "raftwal", args.seconds, args.rate)
         binary = args.nats_server or shutil.which("nats-server")
         if binary is None:
             report["jetstream"] = {"unavailable": "nats-server not found (scripts/install-nats.sh)"}
         else:
             (directory / "nats").mkdir()
             try:
-                report["jetstream"] = await run_nats(directory / "nats", binary, args.seconds)
+                report["jetstream"] = await run_nats(
+                    directory / "nats", binary, args.seconds, args.rate
+                )
             except (OSError, TimeoutError, NatsError, NatsUnavailable) as error:  # reported
                 report["jetstream"] = {"unavailable": f"{type(error).__name__}: {error}"}
     finally:
@@ -365,11 +369,19 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="lag phase rate in msgs/s for both systems (default: half each one's maximum)",
+    )
     parser.add_argument("--nats-server", default=None, help="nats-server binary")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.seconds <= 0:
         parser.error(f"invalid --seconds (got {args.seconds}; expected > 0)")
+    if not 0 <= args.rate <= 1_000_000:
+        parser.error(f"invalid --rate (got {args.rate}; expected 0..1000000, 0: half the maximum)")
     report = asyncio.run(main_async(args))
     if args.json:
         print(json.dumps(report))
