@@ -921,6 +921,92 @@ class ChannelOwner:
         entries = self.log.entries(batch.first_lsn, 1 << 30, batch.last_lsn)
         return [(e.lsn, e.time_tick) for e in entries]
 
+    async def _append_locked(
+        self,
+        messages: Sequence[Message],
+        producer_id: str,
+        sequence: int,
+        expected_last_lsn: int,
+        previous_sequence: int | None,
+        contiguous: bool,
+        admit: Callable[[], None] | None,
+    ) -> tuple[list[tuple[int, int]], _ProducerBatch | None, int, int]:
+        """`write`'s append, under the write lock: the checks that must hold when the batch
+        gets its LSNs, then the batch itself. Returns ([(lsn, time_tick)], the producer
+        record or None, rows, WAL bytes)."""
+        if admit is not None:
+            admit()
+        if contiguous:
+            history = self._producers.get(producer_id)
+            newest = history[-1].sequence if history else 0
+            if newest != previous_sequence:
+                raise WalError(
+                    E.INVALID_REQUEST_SEQ,
+                    f"producer {producer_id} does not continue here (got "
+                    f"previous_sequence {previous_sequence}; expected {newest}, the "
+                    "newest sequence this pchannel holds)",
+                )
+        if expected_last_lsn:
+            actual = self.log.last_lsn
+            want = 0 if expected_last_lsn == -1 else expected_last_lsn
+            if actual != want:
+                raise WalError(
+                    E.UNMATCHED_CHANNEL_TERM,
+                    f"expected_last_lsn {expected_last_lsn} does not hold (last lsn {actual})",
+                    current_term=self.term,
+                )
+        estimate = sum(100 + len(m[2]) + len(m[3]) for m in messages)
+        if (
+            self.log.open_segment_first_lsn() is not None
+            and self.log.open_segment_bytes() + estimate > self.config.segment_max_bytes
+        ):
+            # Seal first: a batch (a transaction in particular) never spans segments.
+            await self._append_control(MsgType.SEAL, int(EntryFlags.SEAL_MARKER))
+        first_lsn = self.log.last_lsn + 1
+        tick = self.log.last_time_tick
+        wall_tick = self._wall_ms() << TICK_LOGICAL_BITS
+        term = self.term
+        rows = []
+        last_index = len(messages) - 1
+        for index, message in enumerate(messages):
+            vchannel_id, msg_type, key, payload, properties, flags, txn_id, broadcast_id = message
+            tick = tick + 1 if tick >= wall_tick else wall_tick
+            if producer_id and index == last_index:
+                properties = {
+                    **properties,
+                    PRODUCER_ID_PROPERTY: producer_id,
+                    PRODUCER_SEQ_PROPERTY: str(sequence),
+                    PRODUCER_COUNT_PROPERTY: str(len(messages)),
+                }
+            rows.append(
+                (
+                    first_lsn + index,
+                    term,
+                    tick,
+                    msg_type,
+                    vchannel_id,
+                    flags,
+                    txn_id,
+                    broadcast_id,
+                    key,
+                    payload,
+                    properties,
+                )
+            )
+        batch = encode_rows(rows)
+        await self._write_locked(batch.data, batch.meta)
+        positions = [(row[0], row[2]) for row in rows]
+        record = None
+        if producer_id and sequence > 0:
+            record = _ProducerBatch(
+                sequence,
+                first_lsn,
+                first_lsn + len(rows) - 1,
+                asyncio.get_running_loop().create_future(),
+            )
+            self._remember(producer_id, record)
+        return positions, record, len(rows), len(batch.data)
+
     async def write(
         self,
         messages: Sequence[Message],
@@ -966,79 +1052,15 @@ class ChannelOwner:
             if producer_id and sequence > 0:
                 repeat = self._repeat_of(producer_id, sequence, len(messages))
             if repeat is None:
-                if admit is not None:
-                    admit()
-                if contiguous:
-                    history = self._producers.get(producer_id)
-                    newest = history[-1].sequence if history else 0
-                    if newest != previous_sequence:
-                        raise WalError(
-                            E.INVALID_REQUEST_SEQ,
-                            f"producer {producer_id} does not continue here (got "
-                            f"previous_sequence {previous_sequence}; expected {newest}, the "
-                            "newest sequence this pchannel holds)",
-                        )
-                if expected_last_lsn:
-                    actual = self.log.last_lsn
-                    want = 0 if expected_last_lsn == -1 else expected_last_lsn
-                    if actual != want:
-                        raise WalError(
-                            E.UNMATCHED_CHANNEL_TERM,
-                            f"expected_last_lsn {expected_last_lsn} does not hold (last lsn {actual})",
-                            current_term=self.term,
-                        )
-                estimate = sum(100 + len(m[2]) + len(m[3]) for m in messages)
-                if (
-                    self.log.open_segment_first_lsn() is not None
-                    and self.log.open_segment_bytes() + estimate > self.config.segment_max_bytes
-                ):
-                    # Seal first: a batch (a transaction in particular) never spans segments.
-                    await self._append_control(MsgType.SEAL, int(EntryFlags.SEAL_MARKER))
-                first_lsn = self.log.last_lsn + 1
-                tick = self.log.last_time_tick
-                wall_tick = self._wall_ms() << TICK_LOGICAL_BITS
-                term = self.term
-                rows = []
-                last_index = len(messages) - 1
-                for index, message in enumerate(messages):
-                    vchannel_id, msg_type, key, payload, properties, flags, txn_id, broadcast_id = (
-                        message
-                    )
-                    tick = tick + 1 if tick >= wall_tick else wall_tick
-                    if producer_id and index == last_index:
-                        properties = {
-                            **properties,
-                            PRODUCER_ID_PROPERTY: producer_id,
-                            PRODUCER_SEQ_PROPERTY: str(sequence),
-                            PRODUCER_COUNT_PROPERTY: str(len(messages)),
-                        }
-                    rows.append(
-                        (
-                            first_lsn + index,
-                            term,
-                            tick,
-                            msg_type,
-                            vchannel_id,
-                            flags,
-                            txn_id,
-                            broadcast_id,
-                            key,
-                            payload,
-                            properties,
-                        )
-                    )
-                batch = encode_rows(rows)
-                await self._write_locked(batch.data, batch.meta)
-                positions = [(row[0], row[2]) for row in rows]
-                record = None
-                if producer_id and sequence > 0:
-                    record = _ProducerBatch(
-                        sequence,
-                        first_lsn,
-                        first_lsn + len(rows) - 1,
-                        asyncio.get_running_loop().create_future(),
-                    )
-                    self._remember(producer_id, record)
+                positions, record, rows, wal_bytes = await self._append_locked(
+                    messages,
+                    producer_id,
+                    sequence,
+                    expected_last_lsn,
+                    previous_sequence,
+                    contiguous,
+                    admit,
+                )
         finally:
             self._write_lock.release()
         if repeat is not None:
@@ -1055,7 +1077,7 @@ class ChannelOwner:
             record.done = None
         if self.observer is not None:
             self.observer.batch_acknowledged(
-                self.pchannel, len(rows), len(batch.data), time.perf_counter() - started
+                self.pchannel, rows, wal_bytes, time.perf_counter() - started
             )
         return positions, False
 
