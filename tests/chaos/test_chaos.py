@@ -19,10 +19,11 @@ from raftwal.chaos.runner import FAULT_KINDS, ChaosOptions, ChaosReport, run_cha
 
 pytestmark = pytest.mark.cluster
 
-CI_SEEDS = [int(s) for s in os.environ.get("RAFTWAL_CHAOS_SEEDS", "20261123,7").split(",") if s]
-#: Short runs of further seeds, with ``-m slow`` only: each costs about 45 s, and the
-#: default suite stays near 20 minutes.
-SLOW_SEEDS = [4242]
+CI_SEEDS = [int(s) for s in os.environ.get("RAFTWAL_CHAOS_SEEDS", "20261123").split(",") if s]
+#: Short runs of further seeds, with ``-m slow`` only: each costs 45-120 s (the recovery
+#: after the faults varies with the seed and the host's load), and the default suite keeps
+#: one seed beside the power-cut run.
+SLOW_SEEDS = [7, 4242]
 CI_DURATION_S = float(os.environ.get("RAFTWAL_CHAOS_DURATION_S", "35"))
 
 

@@ -1,4 +1,4 @@
-"""A short chaos run across network namespaces (issue 36): a three-node cluster of
+"""A short chaos run across network namespaces (issue 36; the `slow` tier): a three-node cluster of
 `raftwal dev up --netns`, one producer writing throughout, and about a minute of faults on
 the pchannel's owner and the Raft leader inside their namespaces: kill -9 (then a restart),
 SIGSTOP (then SIGCONT) and a partition (the host's veth on the bridge set down, then up).
@@ -55,6 +55,7 @@ def _healthy(client: Api, pchannel: str) -> bool:
     )
 
 
+@pytest.mark.slow
 @needs_netns
 def test_a_minute_of_faults_across_namespaces_loses_no_acknowledged_message(
     tmp_path: Path,

@@ -296,6 +296,7 @@ def _run_driver(
     return json.loads(result_path.read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_executors_on_a_standalone_cluster_read_exactly_the_committed_messages(
     standalone: Standalone, wal: Wal, tmp_path: Path
