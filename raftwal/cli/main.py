@@ -10,6 +10,7 @@ warnings go through logging too, so that a JSON log holds nothing but JSON lines
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -61,9 +62,33 @@ def configure_logging(level: str, log_format: str, node_id: str | None = None) -
     logging.captureWarnings(True)
 
 
-def build_parser(all_commands: bool = True) -> argparse.ArgumentParser:
+#: The top-level commands the other modules register, by module: a command line that names
+#: one of them imports that module only (tests/unit/test_cli_modules.py checks the table
+#: against each module's register()).
+COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "raftwal.cli.client": (
+        "status", "channel", "vchannel", "events", "lock", "produce", "consume", "balance",
+        "subscription", "seal", "segments",
+    ),
+    "raftwal.cli.spark": ("spark-read", "export"),
+    "raftwal.chaos.runner": ("chaos",),
+    "raftwal.cli.snapshot": ("snapshot",),
+    "raftwal.cli.shards": ("shard", "consumer"),
+    "raftwal.cli.member": ("member",),
+    "raftwal.cli.replicate": ("replicate",),
+    "raftwal.cli.simulate": ("simulate",),
+    "raftwal.cli.init": ("init",),
+}  # fmt: skip
+#: The commands this module defines.
+OWN_COMMANDS = ("demo", "node", "secret", "config", "dev")
+
+
+def build_parser(
+    all_commands: bool = True, modules: Sequence[str] | None = None
+) -> argparse.ArgumentParser:
     """The whole command line; with `all_commands` False, only the commands defined in
-    this module (not those the other modules register, which import what they run)."""
+    this module (not those the other modules register, which import what they run); with
+    `modules`, this module's commands and those of the named modules of COMMAND_MODULES."""
     parser = argparse.ArgumentParser(
         prog="raftwal",
         description="Event-sourced coordination service and term-fenced WAL on Raft.",
@@ -262,25 +287,8 @@ def build_parser(all_commands: bool = True) -> argparse.ArgumentParser:
     if not all_commands:
         return parser
 
-    from raftwal.chaos.runner import register as register_chaos
-    from raftwal.cli.client import register
-    from raftwal.cli.init import register as register_init
-    from raftwal.cli.member import register as register_member
-    from raftwal.cli.replicate import register as register_replicate
-    from raftwal.cli.shards import register as register_shards
-    from raftwal.cli.simulate import register as register_simulate
-    from raftwal.cli.snapshot import register as register_snapshot
-    from raftwal.cli.spark import register as register_spark
-
-    register(commands)
-    register_spark(commands)
-    register_chaos(commands)
-    register_snapshot(commands)
-    register_shards(commands)
-    register_member(commands)
-    register_replicate(commands)
-    register_simulate(commands)
-    register_init(commands)
+    for module in COMMAND_MODULES if modules is None else modules:
+        importlib.import_module(module).register(commands)
     return parser
 
 
@@ -611,11 +619,9 @@ def _dev_restart(args: argparse.Namespace) -> int:
     return 0
 
 
-def _names_the_node_command(argv: Sequence[str]) -> bool:
-    """Whether `argv` runs `raftwal node` (global options first, no help asked before it).
-    A node then builds only this module's commands: registering the others imports the
-    chaos runner, the SQLite shards and pyarrow, over a second of CPU before the node can
-    answer a vote on a slow host (issue 35)."""
+def _command_named(argv: Sequence[str]) -> str | None:
+    """The command `argv` runs (global options first), or None when it asks for help or the
+    version first or names no command."""
     args = iter(argv)
     for arg in args:
         if arg in ("--log-level", "--log-format"):
@@ -623,13 +629,28 @@ def _names_the_node_command(argv: Sequence[str]) -> bool:
         elif arg.startswith(("--log-level=", "--log-format=")):
             continue
         else:
-            return arg == "node"
-    return False
+            return None if arg.startswith("-") else arg
+    return None
+
+
+def _parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser with what `argv` needs: a command of the other modules imports its own
+    module only, and `raftwal node` none of them (registering them all imports the chaos
+    runner, the SQLite shards and pyarrow: over a second of CPU before a node can answer a
+    vote on a slow host, issue 35, and about 1 s more for every CLI call). Help, the
+    version, no command or an unknown one get the whole command line."""
+    command = _command_named(argv)
+    for module, names in COMMAND_MODULES.items():
+        if command in names:
+            return build_parser(modules=[module])
+    if command in OWN_COMMANDS:
+        return build_parser(all_commands=False)
+    return build_parser()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(all_commands=not _names_the_node_command(argv))
+    parser = _parser_for(argv)
     args = parser.parse_args(argv)
     if args.log_format not in LOG_FORMATS:
         # Only the environment default can get here (argparse checks the flag's value).
