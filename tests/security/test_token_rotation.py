@@ -13,6 +13,7 @@ to the leader with the node token) is applied: the cluster never stopped talking
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,15 +57,27 @@ def _with_token(local: dev.LocalCluster, token: str) -> ClientSecurity:
 
 
 def _write_everywhere(local: dev.LocalCluster, token: str, round_: int) -> None:
-    """A proposal through every node (forwarded by followers with the node token)."""
+    """A proposal through every node (forwarded by followers with the node token). Right
+    after a rolling restart a node may not know the new leader yet (NOT_LEADER): a client
+    retries that, with its request id, as the SDK does; any other error fails at once."""
     with_token = _with_token(local, token)
     for index, endpoint in enumerate(local.endpoints):
+        request = api.CreateChannelsRequest(
+            request_id=f"rot{round_}n{index}-{secrets.token_hex(8)}",
+            prefix=f"rot{round_}n{index}",
+            count=1,
+        )
+        deadline = time.monotonic() + scaled(15)
         with with_token.channel(endpoint) as channel:
             stub = coordinator_pb2_grpc.CoordinatorStub(channel)
-            created = stub.CreateChannels(
-                api.CreateChannelsRequest(prefix=f"rot{round_}n{index}", count=1),
-                timeout=scaled(15),
-            )
+            while True:
+                try:
+                    created = stub.CreateChannels(request, timeout=scaled(15))
+                    break
+                except grpc.RpcError as error:
+                    if from_rpc_error(error).code != E.NOT_LEADER or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
             assert created.pchannels, (endpoint, created)
 
 
