@@ -70,6 +70,9 @@ BROADCAST_RETRY_MAX_S = 30.0
 BROADCAST_APPEND_TIMEOUT_S = 10.0
 RESEND_ASSIGN_EVERY_S = 2.0
 RESTORE_CHECK_EVERY_S = 1.0
+# A coordinator tick this much later than due means the process was frozen or starved: it
+# takes over afresh instead of judging the silence it sees (see `Coordinator.run`).
+FROZEN_S = 1.0
 
 
 T = TypeVar("T")
@@ -102,7 +105,7 @@ class CoordinatorHost(Protocol):
         self, reader: Callable[[pb.CoordinationState], T], linearizable: bool
     ) -> Awaitable[tuple[T, int]]: ...
 
-    def propose(self, command: pb.Command) -> Awaitable[pb.CommandResult]: ...
+    def propose(self, command: pb.Command, forward: bool = ...) -> Awaitable[pb.CommandResult]: ...
 
     def channel(self, address: str) -> grpc.aio.Channel: ...
 
@@ -352,11 +355,25 @@ class Coordinator:
 
     async def run(self) -> None:
         interval = self._node.config.coordinator_tick_ms / 1000
+        woke_at = time.monotonic()
         while True:
             await asyncio.sleep(interval)
+            late_s = time.monotonic() - woke_at - interval
+            woke_at = time.monotonic()
             if not self._node.is_leader():
                 self._leading_since = None
                 continue
+            if late_s > FROZEN_S and self._leading_since is not None:
+                # This process was frozen (SIGSTOP, a VM pause, a starved host): the
+                # silence it sees now is its own, and the heartbeats sent meanwhile are
+                # still unread. Judge nobody on it: start over as a new leader does,
+                # every node getting a full timeout from now.
+                log.warning(
+                    "node %s: coordinator woke %.1f s late; taking over afresh",
+                    self._node.me.id,
+                    late_s,
+                )
+                self._leading_since = None
             try:
                 if self._leading_since is None:
                     await self._take_over()
@@ -365,9 +382,14 @@ class Coordinator:
                 # Lost leadership mid-tick or a proposal timed out: try again next tick.
                 self.failures += 1
                 log.info("coordinator tick failed: %s", error)
+            woke_at = time.monotonic()
 
     async def _propose(self, **body: object) -> pb.CommandResult:
-        result = await self._node.propose(pb.Command(**body))  # type: ignore[arg-type]
+        # Never forwarded: the coordinator's commands rest on what this node saw as leader
+        # (heartbeats, plans). A node that lost the leadership without noticing yet (it
+        # was frozen) gets NOT_LEADER, and a leader deposed with the command in its log
+        # never commits it; forwarded, the new leader would apply a stale verdict.
+        result = await self._node.propose(pb.Command(**body), forward=False)  # type: ignore[arg-type]
         if result.rejection.code != E.OK:
             log.info("coordinator command %s rejected: %s", list(body), result.rejection.message)
         return result

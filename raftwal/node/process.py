@@ -814,7 +814,9 @@ class Node:
 
     # -- CoordinationBackend ------------------------------------------------------------
 
-    async def propose(self, command: pb.Command) -> pb.CommandResult:
+    async def propose(self, command: pb.Command, forward: bool = True) -> pb.CommandResult:
+        """Propose `command` here, or at the leader when this node is not it (unless
+        `forward` is False: then NOT_LEADER; the coordinator proposes only as leader)."""
         if not command.proposed_at_ms:
             command.proposed_at_ms = now_ms()
         data = command.SerializeToString()
@@ -826,7 +828,7 @@ class Node:
                 )
             )
         result = await self.metrics.observe_proposal(
-            command.WhichOneof("body") or "none", self.propose_bytes(data)
+            command.WhichOneof("body") or "none", self.propose_bytes(data, forward)
         )
         if result.raft_index and not await self.notifier.wait_index(
             result.raft_index, self.config.propose_timeout_ms / 1000

@@ -116,14 +116,30 @@ def _catches_up(
     return check
 
 
-def _wait(what: str, check, timeout_s: float = 40.0) -> None:  # type: ignore[no-untyped-def]
+def _wait(what: str, check, timeout_s: float = 40.0, detail=None) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError):
             if check():
                 return
         time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {timeout_s} s")
+    raise AssertionError(f"{what}: not within {timeout_s} s" + (f" ({detail()})" if detail else ""))
+
+
+def _positions(cluster: dev.LocalCluster, owner: str, pchannel: str) -> str:
+    """The owner's last LSN and each replica's durable LSN, as its metrics say."""
+    with contextlib.suppress(OSError):
+        samples = _metrics(cluster, owner)
+        return ", ".join(
+            f"{name} {dict(labels).get('replica', '')}={value:g}".replace(" =", "=")
+            for (name, labels), value in sorted(samples.items(), key=str)
+            if name in ("raftwal_wal_last_lsn", "raftwal_wal_replica_durable_lsn")
+            and dict(labels).get("pchannel") == pchannel
+        )
+    return f"no metrics from {owner}"
+
+
+_runs = iter(range(1_000_000))
 
 
 def _replicas(client: Api, pchannel: str, owner: str) -> list[str]:
@@ -224,13 +240,16 @@ def test_a_frame_over_the_cap_or_not_a_request_closes_the_connection(cluster_and
 
 def test_owner_stream_recovers_from_a_killed_and_a_paused_replica(cluster_and_client) -> None:
     cluster, client = cluster_and_client
-    (pchannel,) = setup_channels(client, "apfault", {"af_v": 0})
+    # Names of their own, so that `./run test --repeat N` can run it again on the cluster.
+    run = next(_runs)
+    vchannel = f"af{run}_v"
+    (pchannel,) = setup_channels(client, f"apfault{run}", {vchannel: 0})
     owner, term, _ = wait_assigned(client, pchannel)
     replicas = _replicas(client, pchannel, owner)
-    rng = random.Random(SEED)
+    rng = random.Random(SEED + run)
     killed = rng.choice(replicas)
     paused = next(r for r in replicas if r != killed)
-    producer = Producer(client, pchannel, "apfault")
+    producer = Producer(client, pchannel, f"apfault{run}")
     history = History()
     stop = threading.Event()
     counter = iter(range(10_000_000))
@@ -238,7 +257,7 @@ def test_owner_stream_recovers_from_a_killed_and_a_paused_replica(cluster_and_cl
     def produce() -> None:
         deadline = time.monotonic() + scaled(180)
         while not stop.is_set() and time.monotonic() < deadline:
-            producer.send("af_v", [b"af-%07d" % next(counter) for _ in range(20)], history)
+            producer.send(vchannel, [b"af-%07d" % next(counter) for _ in range(20)], history)
 
     thread = threading.Thread(target=produce)
     thread.start()
@@ -254,6 +273,7 @@ def test_owner_stream_recovers_from_a_killed_and_a_paused_replica(cluster_and_cl
             f"the restarted {killed} caught up over the port",
             lambda: _port_count(cluster, killed, "appends") >= 1 and killed_caught_up(),
             timeout_s=60,
+            detail=lambda: _positions(cluster, owner, pchannel),
         )
         # Pause the other replica past both sides' idle timeout, then resume it.
         pid = cluster.pid(paused)
@@ -272,6 +292,10 @@ def test_owner_stream_recovers_from_a_killed_and_a_paused_replica(cluster_and_cl
             f"the resumed {paused} caught up",
             lambda: len(history.acked) > acked and paused_caught_up(),
             timeout_s=60,
+            detail=lambda: (
+                f"{len(history.acked) - acked} acknowledged since the resume; "
+                + _positions(cluster, owner, pchannel)
+            ),
         )
         # The owner gave the silent connection up after the idle timeout and opened a new
         # one over the port once the replica answered again.
@@ -282,7 +306,7 @@ def test_owner_stream_recovers_from_a_killed_and_a_paused_replica(cluster_and_cl
         producer.close()
     assert not thread.is_alive()
     assert wait_assigned(client, pchannel)[:2] == (owner, term), "the owner changed"
-    entries = consume_all(client, "af_v", pchannel, expect=len(history.acked), timeout_s=60)
+    entries = consume_all(client, vchannel, pchannel, expect=len(history.acked), timeout_s=60)
     print(f"{len(history.acked)} acknowledged, {len(entries)} consumed")
     _check_history(history, entries)
 

@@ -55,7 +55,9 @@ class FakeHost:
     ) -> tuple[Any, int]:
         return reader(self.state), self.state.revision
 
-    async def propose(self, command: pb.Command) -> pb.CommandResult:
+    async def propose(self, command: pb.Command, forward: bool = True) -> pb.CommandResult:
+        # The coordinator proposes as the leader only: never through another node.
+        assert forward is False, "the coordinator forwarded a proposal"
         self.proposed.append(command)
         return pb.CommandResult()
 
