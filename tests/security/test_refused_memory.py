@@ -104,10 +104,15 @@ def test_refused_large_requests_leave_no_memory_behind(node) -> None:
     while any(thread.is_alive() for thread in threads):
         peak = max(peak, _rss_bytes(pid))
         time.sleep(0.25)
-    assert codes and set(codes) <= {
+    # Every answer is a refusal. On a loaded host a 30 MiB upload among eight may outlast
+    # its deadline before the node answers: the client gave up, nothing was accepted, and
+    # it still loaded the node. Most calls must be answered, though.
+    refused = [c for c in codes if c != grpc.StatusCode.DEADLINE_EXCEEDED]
+    assert refused and set(refused) <= {
         grpc.StatusCode.UNAUTHENTICATED,
         grpc.StatusCode.INVALID_ARGUMENT,
     }, set(codes)
+    assert len(refused) * 2 > len(codes), f"{len(codes) - len(refused)} of {len(codes)} timed out"
     deadline = time.monotonic() + scaled(SETTLE_S)
     left = _rss_bytes(pid) - before
     while left > MAX_LEFT_BYTES[mode] and time.monotonic() < deadline:
