@@ -17,6 +17,7 @@ import pytest
 
 from raftwal.node import coordinator as coordinator_module
 from raftwal.node.coordinator import FROZEN_S, Coordinator
+from tests.timing import scaled
 from tests.unit.test_handover_coordinator import NODES, FakeHost, _beat, _state
 
 NODE_TIMEOUT_MS = 1000
@@ -53,7 +54,7 @@ async def _run_through_a_freeze(freeze_s: float) -> FakeHost:
     loop = asyncio.create_task(coordinator.run())
     beats = asyncio.create_task(_beating(coordinator))
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while coordinator._leading_since is None:
             assert time.monotonic() < deadline, "the coordinator did not take over"
             await asyncio.sleep(0.01)
@@ -90,7 +91,7 @@ async def test_a_node_silent_past_the_timeout_is_still_marked_down() -> None:
     coordinator = Coordinator(host)  # type: ignore[arg-type]
     loop = asyncio.create_task(coordinator.run())
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while "n3" not in _downs(host):
             assert time.monotonic() < deadline, f"n3 not marked DOWN: {_downs(host)}"
             _beat(coordinator, "n1")
