@@ -45,11 +45,17 @@ def _downs(host: FakeHost) -> list[str]:
     ]
 
 
-async def _run_through_a_freeze(freeze_s: float) -> FakeHost:
+def _fast_host() -> FakeHost:
+    """A leader's host with a short node timeout and a fast coordinator tick."""
     host = FakeHost(_state())
     host.config = dataclasses.replace(
         host.config, node_timeout_ms=NODE_TIMEOUT_MS, coordinator_tick_ms=TICK_MS
     )
+    return host
+
+
+async def _run_through_a_freeze(freeze_s: float) -> FakeHost:
+    host = _fast_host()
     coordinator = Coordinator(host)  # type: ignore[arg-type]
     loop = asyncio.create_task(coordinator.run())
     beats = asyncio.create_task(_beating(coordinator))
@@ -84,10 +90,7 @@ async def test_a_frozen_leader_marks_nobody_down_for_its_own_silence() -> None:
 async def test_a_node_silent_past_the_timeout_is_still_marked_down() -> None:
     # The guard does not blind the leader: with no freeze, a node that stops beating is
     # marked DOWN after the timeout.
-    host = FakeHost(_state())
-    host.config = dataclasses.replace(
-        host.config, node_timeout_ms=NODE_TIMEOUT_MS, coordinator_tick_ms=TICK_MS
-    )
+    host = _fast_host()
     coordinator = Coordinator(host)  # type: ignore[arg-type]
     loop = asyncio.create_task(coordinator.run())
     try:
