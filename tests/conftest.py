@@ -10,6 +10,10 @@ machines.
   the tests (``tests/timing.py``).
 - Order: test files run heaviest directories first, so that ``--dist loadfile`` does not
   leave one worker with a long cluster module at the end while the others are idle.
+- Nodes: a worker forks the nodes of its local clusters from a fork server
+  (``raftwal.cli.forkserver``) that imported a node's modules once: a node then starts
+  with about 0.2 CPU-seconds instead of 1.1, and the suite starts about 300 of them.
+  ``RAFTWAL_TEST_FORK_SERVER=0`` starts each in a fresh interpreter instead.
 - Spark: the files under ``tests/spark`` are one unit of work for ``--dist loadfile``, run
   on one worker in their serial order. Some of them start and stop a SparkSession of
   their own, which stops the worker's shared one (``getOrCreate`` hands back the same
@@ -23,6 +27,7 @@ import re
 
 import pytest
 
+from raftwal.cli import dev
 from raftwal.cli.dev import PORT_RANGE_ENV
 from tests.timing import SCALE
 
@@ -32,6 +37,9 @@ from tests.timing import SCALE
 PORT_BASE = 20000
 PORT_SPAN = 1000
 PORT_SLOTS = 12
+
+#: "0": start every node in a fresh interpreter instead of forking it from the fork server.
+FORK_SERVER_ENV = "RAFTWAL_TEST_FORK_SERVER"
 
 #: Directories by how long their files take, heaviest first (the order files are handed to
 #: workers in); a directory not named here comes last.
@@ -48,6 +56,15 @@ def pytest_configure(config: pytest.Config) -> None:
     low = PORT_BASE + slot * PORT_SPAN
     # Node processes and CLI subprocesses inherit it, so their picks stay in the range too.
     os.environ[PORT_RANGE_ENV] = f"{low}-{low + PORT_SPAN - 1}"
+    # xdist's controller runs no test: only the workers (or a run without xdist) need one.
+    runs_tests = hasattr(config, "workerinput") or not config.getoption("numprocesses", None)
+    if runs_tests and os.environ.get(FORK_SERVER_ENV, "1") != "0":
+        dev.use_fork_server()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # Also stops any node a failed teardown left running.
+    dev.stop_fork_server()
 
 
 @pytest.hookimpl(trylast=True)

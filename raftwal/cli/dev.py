@@ -52,10 +52,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
 from raftwal.cli import devcerts, netns
+
+if TYPE_CHECKING:
+    from raftwal.cli import forkserver
 from raftwal.node.config import ClusterConfig, NodeConfig, load_config, render_config
 from raftwal.node.security import ADMIN
 from rpc.credentials import ClientSecurity
@@ -95,6 +99,29 @@ SECRET_FILE = "secret"
 # The cluster_id of a dev cluster unless `--cluster-id` names another (two dev clusters
 # that replicate to each other need two ids).
 DEV_CLUSTER_ID = "dev"
+
+
+_fork_server: forkserver.ForkServer | None = None
+
+
+def use_fork_server(log_path: Path | None = None) -> None:
+    """Fork the nodes this process starts from now on from a fork server (`forkserver`),
+    which imported what a node imports once, instead of starting a fresh interpreter for
+    each. For a process that outlives its clusters (the test suite's workers): the server
+    stops its nodes when this process exits. `stop_fork_server` ends it."""
+    global _fork_server
+    from raftwal.cli import forkserver
+
+    if _fork_server is None or not _fork_server.alive:
+        _fork_server = forkserver.ForkServer(log_path)
+
+
+def stop_fork_server() -> None:
+    """Stop the fork server (and any node of it still running)."""
+    global _fork_server
+    server, _fork_server = _fork_server, None
+    if server is not None:
+        server.close()
 
 
 def time_scale() -> float:
@@ -186,7 +213,7 @@ class LocalCluster:
 
     directory: Path
     config: ClusterConfig
-    processes: dict[str, subprocess.Popen[bytes] | None]
+    processes: dict[str, subprocess.Popen[bytes] | forkserver.ForkedProcess | None]
     env: dict[str, str]
     # The key material of a cluster started with secure=True.
     security: devcerts.DevSecurity | None = None
@@ -250,6 +277,13 @@ class LocalCluster:
             "--id",
             node_id,
         ]
+        env = {**self.env, **(extra_env or {})}
+        if self.netns is None and _fork_server is not None:
+            log_file.close()
+            self.processes[node_id] = _fork_server.spawn(
+                command[3:], env=env, log_path=log_path, cwd=Path.cwd()
+            )
+            return
         if self.netns is not None:
             command = self.netns.command(node_id, command)
         self.processes[node_id] = subprocess.Popen(
@@ -257,7 +291,7 @@ class LocalCluster:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**self.env, **(extra_env or {})},
+            env=env,
             start_new_session=True,
         )
         log_file.close()
