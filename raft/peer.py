@@ -1307,6 +1307,18 @@ class RaftPeer:
         self._syncobj.forceLogCompaction()
         self._wakeup.notify()
 
+    def quorum_in_reach(self) -> bool:
+        """A majority of the voters is this peer (when it votes) and the partners it is
+        connected to. False: nothing can commit, and no leader be elected, until others
+        come back (the rest of the cluster stopped, or this peer is cut off)."""
+        syncobj = self._syncobj
+        voters = set(self._voters)
+        if not voters:
+            return True
+        reachable = {str(node.id) for node in syncobj.otherNodes if syncobj.isNodeConnected(node)}
+        reachable.add(self._self_address)
+        return len(voters & reachable) * 2 > len(voters)
+
     def status(self) -> dict[str, Any]:
         """A point-in-time view for health checks and tests (plain JSON-able values)."""
         syncobj = self._syncobj

@@ -131,8 +131,10 @@ def now_ms() -> int:
 # How long a stopping node waits for the server's cancelled handlers to finish.
 STOP_HANDLERS_WAIT_S = 2.0
 # A handover gives up waiting for its pchannels to move once the leader has reported no
-# other node to move them to for this long (the whole cluster is stopping). Two heartbeat
-# intervals (300 ms): a leader that just took over has heard nobody yet.
+# other node to move them to for this long (the whole cluster is stopping), or once no
+# majority of the voters has been in reach for this long (the others stopped first, so no
+# leader is left to report). Two heartbeat intervals (300 ms): a leader that just took over
+# has heard nobody yet.
 HANDOVER_NO_TARGET_S = 0.6
 # The share of handover_timeout_ms kept for the leadership transfer (at most 2 s of it).
 HANDOVER_LEADERSHIP_SHARE = 0.2
@@ -603,7 +605,9 @@ class Node:
         moved_at = time.monotonic()
         led = self.is_leader()
         # With nobody to hand over to (the whole cluster is stopping), keep the leadership.
-        nobody = self._handover_targets == 0
+        nobody = self._handover_targets == 0 or (
+            self.peer is not None and not self.peer.quorum_in_reach()
+        )
         transferred = await self._hand_over_leadership(deadline) if led and not nobody else True
         log.info(
             "node %s handover %s: pchannels %s in %.3f s, leadership %s in %.3f s",
@@ -639,11 +643,26 @@ class Node:
 
     async def _hand_over_pchannels(self, deadline: float) -> bool:
         watched: set[str] = set(self.plane.serving_terms())
+        no_quorum_since: float | None = None
         while True:
             waiting = self._pchannels_to_hand_over(watched)
             if not waiting and not self.plane.serving_terms():
                 return True
             now = time.monotonic()
+            # No majority of the voters in reach: no move can commit, and no leader is left
+            # to report targets (the rest of the cluster stopped first).
+            peer = self.peer
+            if peer is not None and not peer.quorum_in_reach():
+                no_quorum_since = now if no_quorum_since is None else no_quorum_since
+                if now - no_quorum_since >= HANDOVER_NO_TARGET_S:
+                    log.warning(
+                        "node %s: no majority of the voters in reach; stopping without moving %s",
+                        self.me.id,
+                        ", ".join(waiting[:8]) or "its pchannels",
+                    )
+                    return False
+            else:
+                no_quorum_since = None
             if self._no_target_since is not None and now - self._no_target_since >= (
                 HANDOVER_NO_TARGET_S
             ):

@@ -259,3 +259,43 @@ def test_a_whole_cluster_sigterm_does_not_wait_for_the_handover_bound(env) -> No
     for node in cluster.config.nodes:
         cluster.processes[node.id] = None
         cluster.recorded_pids.pop(node.id, None)
+
+
+def test_the_last_node_left_stops_without_waiting_for_the_handover_bound(
+    tmp_path: Path,
+) -> None:
+    """The other two nodes are gone (killed): no move of this node's pchannels can commit
+    and no leader is left to say there is no target. The node sees that no majority is in
+    reach and stops within a second or two, not after the 10 s handover bound."""
+    with running_cluster(tmp_path / "last") as (cluster, client):
+        setup_channels(client, "last", {f"last_v{index}": index for index in range(PCHANNELS)})
+        owners = _wait_assigned_prefix(client, "last_")
+        last = sorted(owners.values())[0]
+        others = [n.id for n in cluster.config.nodes if n.id != last]
+        for node_id in others:
+            cluster.kill(node_id)
+        process = cluster.processes[last]
+        assert process is not None
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=scaled(30))
+        took_s = time.monotonic() - started
+        cluster.processes[last] = None
+        log_tail = (cluster.directory / f"{last}.log").read_text()[-2000:]
+        print(f"last node {last} exited {took_s:.2f} s after SIGTERM")
+        assert took_s < cluster.config.handover_timeout_ms / 1000 / 2, log_tail
+        assert "no majority of the voters in reach" in log_tail, log_tail
+
+
+def _wait_assigned_prefix(client: Api, prefix: str, timeout_s: float = 60.0) -> dict[str, str]:
+    deadline = time.monotonic() + scaled(timeout_s)
+    while time.monotonic() < deadline:
+        owners = {
+            c.name: c.owner_node_id
+            for c in client.status().pchannels
+            if c.name.startswith(prefix) and c.state == pb.PCHANNEL_STATE_ASSIGNED
+        }
+        if len(owners) == PCHANNELS:
+            return owners
+        time.sleep(0.2)
+    raise AssertionError(f"{prefix}* pchannels not all assigned within {scaled(timeout_s)} s")
