@@ -57,15 +57,15 @@ from typing import TYPE_CHECKING
 import grpc
 
 from raftwal.cli import devcerts, netns
-
-if TYPE_CHECKING:
-    from raftwal.cli import forkserver
 from raftwal.node.config import ClusterConfig, NodeConfig, load_config, render_config
 from raftwal.node.security import ADMIN
 from rpc.credentials import ClientSecurity
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc
+
+if TYPE_CHECKING:
+    from raftwal.cli import forkserver
 
 __all__ = [
     "CLUSTER_FILE",
