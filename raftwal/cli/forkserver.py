@@ -384,6 +384,11 @@ class ForkServer:
         with self._lock:
             if pid not in self._exits and not self._closed:
                 self._changed.wait(0.5 if timeout is None else min(timeout, 0.5))
+                return
+            closed = self._closed
+        if closed:
+            # Nobody reports exits any more: `returncode` looks at /proc; poll it gently.
+            time.sleep(0.05 if timeout is None else max(0.0, min(timeout, 0.05)))
 
     @property
     def alive(self) -> bool:
