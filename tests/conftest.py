@@ -18,18 +18,26 @@ machines.
   on one worker in their serial order. Some of them start and stop a SparkSession of
   their own, which stops the worker's shared one (``getOrCreate`` hands back the same
   JVM context): spread over workers, a later file then found a dead session.
+- Spark's class archive: ``./run test`` builds it (``scripts/spark-class-archive.py``)
+  while the tests run and names, in ``RAFTWAL_TEST_SPARK_JVM_OPTIONS``, the file its JVM
+  options will appear in. A test marked ``spark`` waits for that file before its first
+  JVM starts (bounded: without it a JVM only starts slower), so the other tests need not.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import time
+import warnings
+from pathlib import Path
 
 import pytest
 
 from raftwal.cli import dev
 from raftwal.cli.dev import PORT_RANGE_ENV
-from tests.timing import SCALE
+from tests.timing import SCALE, scaled
 
 #: Worker k of pytest-xdist gets ports PORT_BASE + k * PORT_SPAN .. + PORT_SPAN - 1 (modulo
 #: PORT_SLOTS); the whole span stays below the ephemeral range (32768 on Linux) and leaves
@@ -44,6 +52,15 @@ FORK_SERVER_ENV = "RAFTWAL_TEST_FORK_SERVER"
 #: Directories by how long their files take, heaviest first (the order files are handed to
 #: workers in); a directory not named here comes last.
 DIRECTORY_ORDER = ("spark", "cluster", "chaos", "security", "raft", "wal", "sdk", "sim", "unit")
+
+#: The file ``./run test`` writes the Spark JVM options of its class archive to, once built
+#: (empty: none could be built).
+SPARK_JVM_OPTIONS_ENV = "RAFTWAL_TEST_SPARK_JVM_OPTIONS"
+
+#: How long a Spark test waits for that file. The archive takes about 80 s on a 2-core
+#: machine; past this the JVMs start without it (slower, the same results), well inside
+#: the per-test timeout that also covers this wait.
+SPARK_JVM_OPTIONS_WAIT_S = 180.0
 
 
 def _worker_index() -> int:
@@ -73,6 +90,37 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     env_timeout = getattr(session.config, "_env_timeout", None)
     if env_timeout:
         session.config._env_timeout = env_timeout * SCALE  # type: ignore[attr-defined]
+
+
+@functools.cache
+def _spark_jvm_options() -> str:
+    """Wait for the class archive's JVM options, once per worker; put them in
+    SPARK_SUBMIT_OPTS, which every Spark JVM this worker or its children start reads."""
+    path = os.environ.get(SPARK_JVM_OPTIONS_ENV)
+    if not path:
+        return ""
+    deadline = time.monotonic() + scaled(SPARK_JVM_OPTIONS_WAIT_S)
+    while not os.path.exists(path):
+        if time.monotonic() >= deadline:
+            warnings.warn(
+                f"no Spark class archive within {scaled(SPARK_JVM_OPTIONS_WAIT_S):.0f} s "
+                f"({path} absent): Spark JVMs start without one",
+                stacklevel=1,
+            )
+            return ""
+        time.sleep(0.5)
+    options = Path(path).read_text().strip()
+    if options:
+        current = os.environ.get("SPARK_SUBMIT_OPTS", "")
+        os.environ["SPARK_SUBMIT_OPTS"] = f"{current} {options}".strip()
+    return options
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Before the item's fixtures, which may start the worker's shared SparkSession.
+    if item.get_closest_marker("spark") is not None:
+        _spark_jvm_options()
 
 
 #: Test files under this directory form one work unit on parallel workers (see above).
