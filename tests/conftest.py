@@ -20,8 +20,9 @@ machines.
   JVM context): spread over workers, a later file then found a dead session.
 - Spark's class archive: ``./run test`` builds it (``scripts/spark-class-archive.py``)
   while the tests run and names, in ``RAFTWAL_TEST_SPARK_JVM_OPTIONS``, the file its JVM
-  options will appear in. A test marked ``spark`` waits for that file before its first
-  JVM starts (bounded: without it a JVM only starts slower), so the other tests need not.
+  options will appear in. On parallel workers the Spark unit is handed out once that file
+  exists, other files meanwhile; a test marked ``spark`` also waits for it before its
+  first JVM starts (bounded: without it a JVM only starts slower).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import re
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,11 +136,35 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
         return None
     from xdist.scheduler import LoadFileScheduling
 
+    started = time.monotonic()
+
+    def archive_settled() -> bool:
+        path = os.environ.get(SPARK_JVM_OPTIONS_ENV)
+        return (
+            not path
+            or os.path.exists(path)
+            or time.monotonic() - started >= scaled(SPARK_JVM_OPTIONS_WAIT_S)
+        )
+
     class SparkTogetherScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith(SPARK_DIR):
                 return SPARK_DIR
             return super()._split_scope(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            # The Spark unit, first in line, waits there while the class archive builds
+            # and other files go out: its worker would otherwise sit out the build.
+            queue = self.workqueue
+            if next(iter(queue)) != SPARK_DIR or len(queue) == 1 or archive_settled():
+                super()._assign_work_unit(node)
+                return
+            spark = queue.pop(SPARK_DIR)
+            try:
+                super()._assign_work_unit(node)
+            finally:
+                queue[SPARK_DIR] = spark
+                queue.move_to_end(SPARK_DIR, last=False)
 
     return SparkTogetherScheduling(config, log)  # type: ignore[arg-type]
 
