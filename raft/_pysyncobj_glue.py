@@ -1027,6 +1027,18 @@ class RaftwalSyncObj(SyncObj):
         self._raftwal_pre_election()
         super()._onTick(timeToWait)
 
+    def raftwal_follower_idle_s(self) -> float | None:
+        """For a follower that no timer of its own is due on before its election deadline
+        (no leadership transfer under way): the seconds until that deadline (at least 0).
+        None for a leader, a candidate, or a node outside the voters: their ticks run
+        timers (heartbeats, lease and commit checks, vote retries) at the tick period."""
+        if self._SyncObj__selfNode is None or self._SyncObj__transferInProgress:
+            return None
+        if self._SyncObj__raftState != _RAFT_FOLLOWER_STATE:
+            return None
+        deadline: float = getattr(self, "_SyncObj__raftElectionDeadline")  # noqa: B009
+        return max(0.0, deadline - syncobj_clock())
+
     def _raftwal_pre_election(self) -> None:
         if not self.raftwal_pre_vote or self._SyncObj__selfNode is None:
             return

@@ -127,6 +127,12 @@ class RaftTuning:
     # Poll timeout of the tick loop: the granularity of timers (heartbeats, elections,
     # proposal timeouts). Network events and proposals wake it earlier.
     tick_period_s: float = 0.02
+    # The longest poll of a follower with nothing pending (no proposal, read or membership
+    # change of its own): it polls until its election deadline, at most this long. Its
+    # leader's heartbeats and any request wake it earlier; the cap bounds how late its
+    # connection retries and timeouts run. An idle follower then wakes for its leader's
+    # heartbeats only instead of every tick period as well (about a third of the wakeups).
+    idle_tick_period_s: float = 0.1
     # Leader heartbeat period; must be < election_timeout_min_s / 3 (pysyncobj checks).
     heartbeat_period_s: float = 0.05
     election_timeout_min_s: float = 0.4
@@ -203,6 +209,12 @@ class RaftTuning:
                 raise ValueError(f"invalid {name} ({value!r}; expected {expected})")
 
         check(0 < self.tick_period_s <= 1, "tick_period_s", self.tick_period_s, "0 < x <= 1")
+        check(
+            0 < self.idle_tick_period_s <= 1,
+            "idle_tick_period_s",
+            self.idle_tick_period_s,
+            "0 < x <= 1 (at most tick_period_s: no longer idle polls)",
+        )
         check(
             0 < self.heartbeat_period_s * 3 < self.election_timeout_min_s,
             "heartbeat_period_s",
@@ -1397,12 +1409,34 @@ class RaftPeer:
 
     def _run(self) -> None:
         while not self._stop.is_set() and self._fatal is None:
-            self._tick_once(self._tuning.tick_period_s)
+            self._tick_once(None)
         self._shutdown_syncobj()
         if self._fatal is not None:
             self._fail_all_pending(PeerClosed(f"raft peer stopped: {self._fatal}"))
             if self._on_fatal is not None:
                 self._on_fatal(self._fatal)
+
+    def _poll_timeout_s(self) -> float:
+        """The tick period; for an idle follower, up to its election deadline (capped by
+        `idle_tick_period_s`). Read racily on purpose: a proposal, read or membership change
+        added after this wakes the poll at once (`_wakeup`), and the next tick sees it."""
+        tick_s = self._tuning.tick_period_s
+        idle_cap_s = self._tuning.idle_tick_period_s
+        if idle_cap_s <= tick_s:
+            return tick_s
+        if (
+            self._pending
+            or self._new_reads
+            or self._reads
+            or self._transfer is not None
+            or self._membership_pending
+            or self._membership_changed
+        ):
+            return tick_s
+        idle_s = self._syncobj.raftwal_follower_idle_s()
+        if idle_s is None:
+            return tick_s
+        return max(tick_s, min(idle_cap_s, idle_s))
 
     # ------------------------------------------------- ticks on an event loop
 
@@ -1482,8 +1516,11 @@ class RaftPeer:
                 self._tuning.close_timeout_s,
             )
 
-    def _tick_once(self, poll_timeout_s: float) -> None:
+    def _tick_once(self, poll_timeout_s: float | None) -> None:
+        """One tick; None polls for `_poll_timeout_s()`."""
         try:
+            if poll_timeout_s is None:
+                poll_timeout_s = self._poll_timeout_s()
             # Follower group commit: everything appended during the last poll becomes
             # durable with one sync, then the held-back acknowledgements leave.
             self._gate.flush()

@@ -20,9 +20,10 @@ machines.
   JVM context): spread over workers, a later file then found a dead session.
 - Spark's class archive: ``./run test`` builds it (``scripts/spark-class-archive.py``)
   while the tests run and names, in ``RAFTWAL_TEST_SPARK_JVM_OPTIONS``, the file its JVM
-  options will appear in. On parallel workers the Spark unit is handed out once that file
-  exists, other files meanwhile; a test marked ``spark`` also waits for it before its
-  first JVM starts (bounded: without it a JVM only starts slower).
+  options will appear in. On parallel workers, the files that mark tests ``spark`` (the
+  Spark unit, the demo, the docs' snippets, the short chaos run) go out once that file
+  exists, the others meanwhile; a test marked ``spark`` also waits for it before its first
+  JVM starts (bounded: without it a JVM only starts slower).
 """
 
 from __future__ import annotations
@@ -125,6 +126,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         _spark_jvm_options()
 
 
+#: What marks a test file as one that starts Spark JVMs, for the scheduler (which sees file
+#: names, not markers).
+SPARK_MARK = "mark.spark"
+
 #: Test files under this directory form one work unit on parallel workers (see above).
 SPARK_DIR = "tests/spark/"
 
@@ -137,6 +142,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     from xdist.scheduler import LoadFileScheduling
 
     started = time.monotonic()
+    root = Path(str(config.rootpath))
 
     def archive_settled() -> bool:
         path = os.environ.get(SPARK_JVM_OPTIONS_ENV)
@@ -146,6 +152,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
             or time.monotonic() - started >= scaled(SPARK_JVM_OPTIONS_WAIT_S)
         )
 
+    @functools.cache
+    def starts_spark(scope: str) -> bool:
+        if scope == SPARK_DIR:
+            return True
+        try:
+            return SPARK_MARK in (root / scope).read_text(encoding="utf-8")
+        except (OSError, ValueError):
+            return False
+
     class SparkTogetherScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith(SPARK_DIR):
@@ -153,18 +168,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
             return super()._split_scope(nodeid)
 
         def _assign_work_unit(self, node: Any) -> None:
-            # The Spark unit, first in line, waits there while the class archive builds
-            # and other files go out: its worker would otherwise sit out the build.
+            # While the class archive builds, files that start Spark JVMs keep their place
+            # in line and the first other file goes out: their tests would otherwise hold
+            # a worker idle until the archive is there.
             queue = self.workqueue
-            if next(iter(queue)) != SPARK_DIR or len(queue) == 1 or archive_settled():
-                super()._assign_work_unit(node)
-                return
-            spark = queue.pop(SPARK_DIR)
-            try:
-                super()._assign_work_unit(node)
-            finally:
-                queue[SPARK_DIR] = spark
-                queue.move_to_end(SPARK_DIR, last=False)
+            if not archive_settled():
+                other = next((scope for scope in queue if not starts_spark(scope)), None)
+                if other is not None:
+                    queue.move_to_end(other, last=False)
+            super()._assign_work_unit(node)
 
     return SparkTogetherScheduling(config, log)  # type: ignore[arg-type]
 

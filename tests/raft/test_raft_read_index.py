@@ -112,6 +112,35 @@ def test_read_index_covers_acknowledged_writes_without_entries_or_syncs(peers) -
         assert follower.last_applied_index() >= target
 
 
+def test_an_idle_follower_polls_until_its_election_deadline(peers) -> None:
+    """An idle follower's tick waits for its leader's heartbeats (up to the idle cap), not
+    the tick period as well: it wakes about a third as often. The leader keeps the tick
+    period (its heartbeats and lease run on it), and the follower still applies."""
+    leader, app = _leader(peers)
+    follower = next(peer for peer, _ in peers if peer is not leader)
+    polls: dict[RaftPeer, list[float]] = {leader: [], follower: []}
+    for peer, seen in polls.items():
+        poll_timeout_s = peer._poll_timeout_s
+
+        def record(poll_timeout_s=poll_timeout_s, seen=seen) -> float:
+            seen.append(poll_timeout_s())
+            return seen[-1]
+
+        peer._poll_timeout_s = record  # type: ignore[method-assign]
+    deadline = time.monotonic() + scaled(20)
+    while min(len(seen) for seen in polls.values()) < 40 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert min(len(seen) for seen in polls.values()) >= 40, polls
+    assert set(polls[leader]) == {FAST.tick_period_s}
+    waits = sorted(polls[follower][:40])
+    assert all(FAST.tick_period_s <= wait <= FAST.idle_tick_period_s for wait in waits), waits
+    assert waits[len(waits) // 2] > 2 * FAST.tick_period_s, waits
+    # The leader's appends still wake it: it applies what the leader commits.
+    index = int.from_bytes(leader.propose(b"after-idling", 5.0).result(10), "big")
+    assert follower.wait_applied(index, 5.0).result(10) == index
+    assert app.items[-1] == b"after-idling"
+
+
 def test_wait_applied_async_and_timeouts(peers) -> None:
     leader, _ = _leader(peers)
 
