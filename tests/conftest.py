@@ -29,6 +29,7 @@ machines.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import time
@@ -77,7 +78,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # Node processes and CLI subprocesses inherit it, so their picks stay in the range too.
     os.environ[PORT_RANGE_ENV] = f"{low}-{low + PORT_SPAN - 1}"
     # xdist's controller runs no test: only the workers (or a run without xdist) need one.
+    global _runs_tests
     runs_tests = hasattr(config, "workerinput") or not config.getoption("numprocesses", None)
+    _runs_tests = runs_tests
     if runs_tests and os.environ.get(FORK_SERVER_ENV, "1") != "0":
         dev.use_fork_server()
 
@@ -124,6 +127,38 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     # Before the item's fixtures, which may start the worker's shared SparkSession.
     if item.get_closest_marker("spark") is not None:
         _spark_jvm_options()
+
+
+#: A file to append one JSON line per test to (worker, node id, start and end on the wall
+#: clock): where each worker spent the run, to balance the order files go out in.
+TIMELINE_ENV = "RAFTWAL_TEST_TIMELINE"
+
+_test_started: dict[str, float] = {}
+#: False in xdist's controller, which sees every worker's tests reported too.
+_runs_tests = True
+
+
+def pytest_runtest_logstart(nodeid: str, location: object) -> None:
+    if _runs_tests and os.environ.get(TIMELINE_ENV):
+        _test_started[nodeid] = time.time()
+
+
+def pytest_runtest_logfinish(nodeid: str, location: object) -> None:
+    path = os.environ.get(TIMELINE_ENV)
+    started = _test_started.pop(nodeid, None)
+    if not path or started is None:
+        return
+    line = json.dumps(
+        {
+            "worker": os.environ.get("PYTEST_XDIST_WORKER", "-"),
+            "test": nodeid,
+            "start": round(started, 3),
+            "end": round(time.time(), 3),
+        }
+    )
+    # One short line per O_APPEND write: workers' lines do not interleave.
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(line + "\n")
 
 
 #: What marks a test file as one that starts Spark JVMs, for the scheduler (which sees file
