@@ -213,7 +213,7 @@ class RaftTuning:
             0 < self.idle_tick_period_s <= 1,
             "idle_tick_period_s",
             self.idle_tick_period_s,
-            "0 < x <= 1 (at most tick_period_s: no longer idle polls)",
+            "0 < x <= 1; at most tick_period_s turns the longer idle polls off",
         )
         check(
             0 < self.heartbeat_period_s * 3 < self.election_timeout_min_s,
