@@ -60,18 +60,18 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dev.LocalClu
             dev.down(cluster.directory)
 
 
-def _assigned(status) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def _assigned(status, prefix: str = "ho_") -> dict[str, str]:  # type: ignore[no-untyped-def]
     return {
         c.name: c.owner_node_id
         for c in status.pchannels
-        if c.name.startswith("ho_") and c.state == pb.PCHANNEL_STATE_ASSIGNED
+        if c.name.startswith(prefix) and c.state == pb.PCHANNEL_STATE_ASSIGNED
     }
 
 
-def _wait_assigned(client: Api, timeout_s: float = 60.0) -> dict[str, str]:
+def _wait_assigned(client: Api, timeout_s: float = 60.0, prefix: str = "ho_") -> dict[str, str]:
     deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
-        owners = _assigned(client.status())
+        owners = _assigned(client.status(), prefix)
         if len(owners) == PCHANNELS:
             return owners
         time.sleep(0.2)
@@ -269,7 +269,7 @@ def test_the_last_node_left_stops_without_waiting_for_the_handover_bound(
     reach and stops within a second or two, not after the 10 s handover bound."""
     with running_cluster(tmp_path / "last") as (cluster, client):
         setup_channels(client, "last", {f"last_v{index}": index for index in range(PCHANNELS)})
-        owners = _wait_assigned_prefix(client, "last_")
+        owners = _wait_assigned(client, prefix="last_")
         last = sorted(owners.values())[0]
         others = [n.id for n in cluster.config.nodes if n.id != last]
         for node_id in others:
@@ -285,17 +285,3 @@ def test_the_last_node_left_stops_without_waiting_for_the_handover_bound(
         print(f"last node {last} exited {took_s:.2f} s after SIGTERM")
         assert took_s < cluster.config.handover_timeout_ms / 1000 / 2, log_tail
         assert "no majority of the voters in reach" in log_tail, log_tail
-
-
-def _wait_assigned_prefix(client: Api, prefix: str, timeout_s: float = 60.0) -> dict[str, str]:
-    deadline = time.monotonic() + scaled(timeout_s)
-    while time.monotonic() < deadline:
-        owners = {
-            c.name: c.owner_node_id
-            for c in client.status().pchannels
-            if c.name.startswith(prefix) and c.state == pb.PCHANNEL_STATE_ASSIGNED
-        }
-        if len(owners) == PCHANNELS:
-            return owners
-        time.sleep(0.2)
-    raise AssertionError(f"{prefix}* pchannels not all assigned within {scaled(timeout_s)} s")
