@@ -13,23 +13,18 @@ import contextlib
 import dataclasses
 import time
 
-import pytest
-
-from raftwal.node import coordinator as coordinator_module
 from raftwal.node.coordinator import FROZEN_S, Coordinator
 from tests.timing import scaled
-from tests.unit.test_handover_coordinator import NODES, FakeHost, _beat, _state
+from tests.unit.test_handover_coordinator import (  # no_assign_calls: an autouse fixture
+    NODES,
+    FakeHost,
+    _beat,
+    _state,
+    no_assign_calls,  # noqa: F401
+)
 
 NODE_TIMEOUT_MS = 1000
 TICK_MS = 50
-
-
-@pytest.fixture(autouse=True)
-def no_assign_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def fake_call_assign(node: object, address: str, pchannel: str, term: int) -> bool:
-        return True
-
-    monkeypatch.setattr(coordinator_module, "call_assign", fake_call_assign)
 
 
 async def _beating(coordinator: Coordinator) -> None:

@@ -16,18 +16,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from raftwal.node import coordinator as coordinator_module
 from raftwal.node.coordinator import Coordinator, refuses_connections
 from rpc.protos import coordinator_pb2 as api
-from tests.unit.test_handover_coordinator import NODES, FakeHost, _state
-
-
-@pytest.fixture(autouse=True)
-def no_assign_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def fake_call_assign(node: object, address: str, pchannel: str, term: int) -> bool:
-        return True
-
-    monkeypatch.setattr(coordinator_module, "call_assign", fake_call_assign)
+from tests.unit.test_handover_coordinator import (  # no_assign_calls: an autouse fixture
+    NODES,
+    FakeHost,
+    _state,
+    no_assign_calls,  # noqa: F401
+)
 
 
 @pytest.fixture
