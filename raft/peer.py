@@ -1327,9 +1327,9 @@ class RaftPeer:
         voters = set(self._voters)
         if not voters:
             return True
-        # Called off the tick thread: tuple() copies the set in one step under the GIL.
-        others = tuple(syncobj.otherNodes)
-        reachable = {str(node.id) for node in others if syncobj.isNodeConnected(node)}
+        # Called off the tick thread: pysyncobj's otherNodes is a copy (set.copy(), one step
+        # under the GIL), so a membership change on the tick thread cannot break the loop.
+        reachable = {str(node.id) for node in syncobj.otherNodes if syncobj.isNodeConnected(node)}
         reachable.add(self._self_address)
         return len(voters & reachable) * 2 > len(voters)
 
