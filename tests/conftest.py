@@ -49,6 +49,7 @@ from tests.timing import SCALE, scaled
 PORT_BASE = 20000
 PORT_SPAN = 1000
 PORT_SLOTS = 12
+PORT_SLOT_ENV = "RAFTWAL_TEST_PORT_SLOT"
 
 #: "0": start every node in a fresh interpreter instead of forking it from the fork server.
 FORK_SERVER_ENV = "RAFTWAL_TEST_FORK_SERVER"
@@ -82,7 +83,15 @@ def _worker_index() -> int:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    slot = _worker_index() % PORT_SLOTS
+    # Two suites on one machine (two checkouts, or a suite beside someone's hunt for a
+    # flake) give each other room with RAFTWAL_TEST_PORT_SLOT: the first slot this run's
+    # workers take (default 0), so that their ranges do not overlap.
+    first_slot = os.environ.get(PORT_SLOT_ENV, "0")
+    if not first_slot.isdigit():
+        raise pytest.UsageError(
+            f"invalid {PORT_SLOT_ENV} ({first_slot!r}; expected 0..{PORT_SLOTS - 1})"
+        )
+    slot = (int(first_slot) + _worker_index()) % PORT_SLOTS
     low = PORT_BASE + slot * PORT_SPAN
     # Node processes and CLI subprocesses inherit it, so their picks stay in the range too.
     os.environ[PORT_RANGE_ENV] = f"{low}-{low + PORT_SPAN - 1}"
