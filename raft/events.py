@@ -82,13 +82,14 @@ class EventStore:
 
     # -- writes (apply thread) ----------------------------------------------------------
 
-    def append(self, events: list[pb.Event]) -> None:
+    def append(self, events: list[pb.Event]) -> list[bytes]:
         """Queue the events of one command; a writer thread stores them in batches (one
         SQLite transaction per batch), off the Raft apply thread. Blocks while
         MAX_PENDING_EVENTS are queued (backpressure). Raises if the writer failed: the
-        apply must not go on with a history that is not being recorded."""
+        apply must not go on with a history that is not being recorded. Returns each
+        event's deterministic bytes, as stored."""
         if not events:
-            return
+            return []
         rows = [
             (
                 event.revision,
@@ -112,6 +113,7 @@ class EventStore:
             # out WRITE_DELAY_S on its own) or a full batch.
             if first or len(self._pending) >= WRITE_BATCH_EVENTS:
                 self._pending_changed.notify_all()
+        return [row[4] for row in rows]
 
     def _write_loop(self) -> None:
         while True:

@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Listener = Callable[[int, int], None]
+# (each applied event's deterministic bytes, revision, raft index, state machine clock,
+# whether the state was replaced: a snapshot restore or a RestoreState, after which the
+# events do not lead from the previous state to the new one)
+EventListener = Callable[[list[bytes], int, int, int, bool], None]
 
 # Recent events kept in memory for live watchers (older ones are read from events.db).
 RECENT_EVENTS = 20_000
@@ -40,6 +44,7 @@ class CoordinationReplica:
         self._store = EventStore(data_dir / "events.db")
         self._recent: collections.deque[pb.Event] = collections.deque(maxlen=RECENT_EVENTS)
         self._listeners: list[Listener] = []
+        self._event_listeners: list[EventListener] = []
 
     @property
     def store(self) -> EventStore:
@@ -47,6 +52,12 @@ class CoordinationReplica:
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
+
+    def add_event_listener(self, listener: EventListener) -> None:
+        """`listener` hears every applied command's events (as bytes) and every state
+        replacement, on the apply thread, before the plain listeners; it must be quick and
+        must not block (the node's data workers keep their copy of the state with it)."""
+        self._event_listeners.append(listener)
 
     # -- Raft application callbacks (peer thread) ----------------------------------------
 
@@ -62,15 +73,19 @@ class CoordinationReplica:
                 )
             results = apply_log_entry(self._state, command_bytes, raft_index)
             events = [event for result in results for event in result.events]
+            encoded: list[bytes] = []
             if events:
-                self._store.append(events)
+                encoded = self._store.append(events)
                 self._recent.extend(events)
             revision = self._state.revision
-            if any(event.HasField("state_restored") for event in events):
+            restored = any(event.HasField("state_restored") for event in events)
+            if restored:
                 # A restored cluster has no history before the restore: watches from an
                 # earlier revision answer COMPACTED (first retained: the next revision).
                 self._recent.clear()
                 self._store.compact(revision + 1)
+            for event_listener in self._event_listeners:
+                event_listener(encoded, revision, raft_index, self._state.last_time_ms, restored)
         for listener in self._listeners:
             listener(revision, raft_index)
         return pb.LogEntryResult(
@@ -89,6 +104,8 @@ class CoordinationReplica:
             self._state = state
             self._recent.clear()
             revision, raft_index = state.revision, state.last_raft_index
+            for event_listener in self._event_listeners:
+                event_listener([], revision, raft_index, state.last_time_ms, True)
         stored = self._store.last_revision()
         if stored < revision:
             # A snapshot installed by the leader (this node lagged past its log), or a lost

@@ -15,12 +15,13 @@ import itertools
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
 
 from rpc.errors import code_name, from_rpc_error
+from rpc.placement import address_for
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2_grpc
@@ -65,6 +66,15 @@ class Snapshot:
     #: vchannel name -> its pchannel (dropped vchannels included)
     vchannel_pchannels: Mapping[str, str]
     addresses: Mapping[str, str]
+    #: node id -> the gRPC addresses of its data workers (rpc.placement)
+    worker_addresses: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def address(self, node_id: str, pchannel: str) -> str:
+        """Where `node_id` serves `pchannel`: its data worker for it ("" when unknown)."""
+        node_address = self.addresses.get(node_id, "")
+        if not node_address:
+            return ""
+        return address_for(node_address, self.worker_addresses.get(node_id, ()), pchannel)
 
 
 class ConnectorError(RuntimeError):
@@ -166,9 +176,14 @@ def seal_open_segments(options: ReadOptions, channels: Any) -> dict[str, int]:
                     api.ClusterStatusRequest(), timeout=options.timeout_s
                 ),
             )
-            addresses = {n.node_id: n.address for n in status.nodes}
+            nodes = {n.node_id: n for n in status.nodes}
             found = next((p for p in status.pchannels if p.name == pchannel), None)
-            address = addresses.get(found.owner_node_id, "") if found is not None else ""
+            owner = nodes.get(found.owner_node_id) if found is not None else None
+            address = (
+                address_for(owner.address, owner.worker_addresses, pchannel)
+                if owner is not None and owner.address
+                else ""
+            )
             if found is not None and found.state == pb.PCHANNEL_STATE_ASSIGNED and address:
                 remaining = max(0.1, deadline - time.monotonic())
                 with channel(address, options) as chan:
@@ -244,6 +259,7 @@ def snapshot(options: ReadOptions) -> Snapshot:
         vchannel_ids={name: vid for vid, name in names.items()},
         vchannel_pchannels={v.name: v.pchannel for v in channels.vchannels},
         addresses={n.node_id: n.address for n in status.nodes},
+        worker_addresses={n.node_id: tuple(n.worker_addresses) for n in status.nodes},
     )
 
 
@@ -281,9 +297,9 @@ def plan(
         if high_tick is not None and segment.first_time_tick >= high_tick:
             continue
         replicas = tuple(
-            (node_id, snap.addresses[node_id])
+            (node_id, snap.address(node_id, segment.pchannel))
             for node_id in segment.replica_node_ids
-            if node_id in snap.addresses
+            if snap.address(node_id, segment.pchannel)
         )
         if not replicas:
             raise ConnectorError(

@@ -38,6 +38,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from rpc.errors import from_rpc_error
+from rpc.placement import address_for
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2, streaming_pb2_grpc
@@ -167,11 +168,17 @@ def _owners(options: ReadOptions, pchannels: Sequence[str]) -> dict[str, str]:
         options,
         lambda stub: stub.ClusterStatus(api.ClusterStatusRequest(), timeout=options.timeout_s),
     )
-    addresses = {n.node_id: n.address for n in status.nodes}
+    nodes = {n.node_id: n for n in status.nodes}
     found: dict[str, str] = {}
     for p in status.pchannels:
         if p.name in pchannels and p.state == pb.PCHANNEL_STATE_ASSIGNED:
-            address = addresses.get(p.owner_node_id, "")
+            owner = nodes.get(p.owner_node_id)
+            # The owner's data worker for the pchannel (rpc.placement).
+            address = (
+                address_for(owner.address, owner.worker_addresses, p.name)
+                if owner is not None and owner.address
+                else ""
+            )
             if address:
                 found[p.name] = address
     return found

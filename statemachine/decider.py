@@ -163,9 +163,18 @@ def _register_node(state, cmd: pb.RegisterNode, ctx, limits) -> Outcome:
         check_name("node_id", cmd.node_id, limits),
         check_address("address", cmd.address, limits),
         check_address("raft_address", cmd.raft_address, limits) if cmd.raft_address else None,
+        *(
+            check_address(f"worker_addresses[{index}]", address, limits)
+            for index, address in enumerate(cmd.worker_addresses[: limits.max_data_workers])
+        ),
     )
     if bad:
         return bad
+    if len(cmd.worker_addresses) > limits.max_data_workers:
+        return invalid(
+            f"too many worker_addresses ({len(cmd.worker_addresses)}; expected at most "
+            f"{limits.max_data_workers})"
+        )
     removed = state.removed_nodes.get(cmd.node_id)
     if removed is not None and cmd.joined_incarnation_ms <= removed.removed_at_ms:
         return Rejection(
@@ -180,13 +189,17 @@ def _register_node(state, cmd: pb.RegisterNode, ctx, limits) -> Outcome:
         existing is not None
         and existing.address == cmd.address
         and existing.raft_address == cmd.raft_address
+        and list(existing.worker_addresses) == list(cmd.worker_addresses)
         and existing.state == pb.NODE_STATE_UP
     ):
         return []
     emitter = _Emitter(state, ctx)
     emitter.emit(
         node_registered=pb.NodeRegistered(
-            node_id=cmd.node_id, address=cmd.address, raft_address=cmd.raft_address
+            node_id=cmd.node_id,
+            address=cmd.address,
+            raft_address=cmd.raft_address,
+            worker_addresses=cmd.worker_addresses,
         )
     )
     return emitter.events

@@ -23,6 +23,8 @@ def _node_registered(
     node.node_id = e.node_id
     node.address = e.address
     node.raft_address = e.raft_address
+    del node.worker_addresses[:]
+    node.worker_addresses.extend(e.worker_addresses)
     node.state = pb.NODE_STATE_UP
     node.registered_revision = revision
     # Only a rejoin registers a removed node (the decider checked).

@@ -83,6 +83,8 @@ class Limits:
     dedup_window: int = 4096
     # Node ids `raftwal member remove` forgot and still refuses (a rejoin frees one).
     max_removed_nodes: int = 4096
+    # Data worker processes a node announces (Node.worker_addresses).
+    max_data_workers: int = 256
     # Cross-cluster replication configuration (statemachine/replicate.py).
     max_replicate_clusters: int = 16
     max_replicate_endpoints: int = 16

@@ -112,6 +112,10 @@ _UPSERT_REPLICA_POSITION = (
 )
 
 
+#: How long a statement waits for another process's write transaction on the catalog.
+BUSY_TIMEOUT_MS = 30_000
+
+
 class Catalog:
     """One node's catalog. Thread-safe (one connection guarded by a lock). Each statement
     outside an explicit transaction commits on its own (autocommit)."""
@@ -120,6 +124,9 @@ class Catalog:
         self.path = Path(path)
         self._lock = threading.Lock()
         connection = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        # A node's data workers share the catalog (each writes the rows of its own
+        # pchannels): a writer waits for another's transaction rather than fail at once.
+        connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         connection.execute("PRAGMA journal_mode=WAL")
         connection.execute("PRAGMA synchronous=FULL")
         connection.executescript(_SCHEMA)

@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import logging
+import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -57,6 +60,38 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 
 class UnsafePath(LogError):
     """A name that would not be one plain path component under its root."""
+
+
+class NotHere(LogError):
+    """A pchannel this data plane does not hold (another data worker of the node does)."""
+
+
+class LogLocked(LogError):
+    """A pchannel's log is open in another process."""
+
+
+#: The file in a pchannel's directory whose exclusive flock the process that has the log
+#: open holds (``DataPlane(exclusive=True)``).
+LOCK_FILE = ".lock"
+
+
+def _lock_directory(directory: Path) -> int:
+    """Create `directory` if needed and take its lock file's exclusive flock, without
+    waiting; the descriptor holds it (released when it is closed, also by the process's
+    death). Raises LogLocked when another process holds it."""
+    make_durable_directory(directory)
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise LogLocked(
+            f"the log in {directory} is open in another process (its {LOCK_FILE} is locked)"
+        ) from None
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def path_under(root: Path, name: str) -> Path:
@@ -103,8 +138,18 @@ class DataPlane:
         proposer: Proposer,
         view: CoordinationView,
         observer: WriteObserver | None = None,
+        accepts: Callable[[str], bool] | None = None,
+        exclusive: bool = False,
     ) -> None:
         self.node_id = node_id
+        # Which pchannels this data plane may hold (a data worker holds those placed on it,
+        # rpc.placement); None: every one. A log outside it is never opened here.
+        self._accepts = accepts
+        # Each open log holds an exclusive lock on its directory (`LOCK_FILE`), so that no
+        # two processes sharing the data directory (two data workers of one node, or a
+        # stray second node process) ever write one pchannel's files at once.
+        self._exclusive = exclusive
+        self._locks: dict[str, int] = {}
         self.wal_dir = data_dir / "wal"
         make_durable_directory(self.wal_dir)
         self.catalog = Catalog(data_dir / "catalog.db")
@@ -126,9 +171,16 @@ class DataPlane:
         # owners could start for the same assignment.
         self._reconcile_lock = asyncio.Lock()
 
+    def accepts(self, pchannel: str) -> bool:
+        """Whether this data plane may hold `pchannel` (see ``accepts`` in the constructor)."""
+        return self._accepts is None or self._accepts(pchannel)
+
     async def log(self, pchannel: str) -> PChannelLog:
         """The pchannel's log, opened (recovered from the files) on first use, and opened
-        again when a local I/O failure left it unusable (`PChannelLog.failure`)."""
+        again when a local I/O failure left it unusable (`PChannelLog.failure`). Raises
+        ``NotHere`` for a pchannel this data plane does not hold."""
+        if not self.accepts(pchannel):
+            raise NotHere(f"pchannel {pchannel[:128]} is not held by this data worker")
         log = self.logs.get(pchannel)
         if log is not None and log.failure is None:
             return log
@@ -156,9 +208,10 @@ class DataPlane:
                 )
                 del self.logs[pchannel]
                 await log.close()
-            log = await PChannelLog.open(
-                path_under(self.wal_dir, pchannel), pchannel, self.catalog, self.policy
-            )
+            directory = path_under(self.wal_dir, pchannel)
+            if self._exclusive and pchannel not in self._locks:
+                self._locks[pchannel] = await asyncio.to_thread(_lock_directory, directory)
+            log = await PChannelLog.open(directory, pchannel, self.catalog, self.policy)
         except Exception as error:
             # A malformed segment is reported for this pchannel (logged once, and in
             # ClusterStatus); others keep working.
@@ -321,3 +374,7 @@ class DataPlane:
             with contextlib.suppress(Exception):
                 await log.close()
         self.catalog.close()
+        for fd in self._locks.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)  # closing the descriptor releases its flock
+        self._locks.clear()

@@ -315,13 +315,10 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _run_node(args: argparse.Namespace) -> int:
-    import asyncio
-    import logging
-    import os
 
     from raftwal.node.config import ConfigError, load_config, with_join
     from raftwal.node.membership import RoleFileError
-    from raftwal.node.process import NodeRemoved, run_node
+    from raftwal.node.supervisor import run_node
 
     try:
         config = load_config(args.config)
@@ -334,23 +331,14 @@ def _run_node(args: argparse.Namespace) -> int:
 
             security = NodeSecurity.load(config, config.node(args.id)).client
             config = discover(config, args.id, config.join, security)
-        restart = asyncio.run(run_node(config, args.id))
+        # A supervisor of the node's processes (raftwal/node/supervisor.py). Its status:
+        # EXIT_NODE_REMOVED (3) when the cluster forgot the node, not a failure to restart
+        # from (the unit's RestartPreventExitStatus). A change of Raft role restarts the
+        # same command line in this process (same pid; it reads role.json).
+        return run_node(config, args.id)
     except (ConfigError, RoleFileError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except NodeRemoved as error:
-        # Not a failure to restart from (the unit's RestartPreventExitStatus).
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_NODE_REMOVED
-    if restart:
-        # The node changed its Raft role (raftwal member add / remove) and stopped
-        # cleanly: start the same command line again in this process (same pid, so
-        # whatever supervises it sees no exit); it reads its new role from role.json.
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.execv(sys.executable, sys.orig_argv)
-    return 0
 
 
 def _secret_new(args: argparse.Namespace) -> int:

@@ -96,6 +96,21 @@ class NodeConfig:
     # None: on `host`. `host` is what the other nodes and clients reach it at (the
     # advertised address), so it can never be a wildcard address.
     listen_host: str | None = None
+    # Data worker processes (DESIGN.md section 2): each runs the WAL of the pchannels
+    # placed on it (rpc.placement) with its own gRPC port and transfer port, beside the
+    # control process (Raft, the coordinator, the Coordinator/Cluster/NodeManager
+    # services on grpc_port). 0: the machine's cores minus one, at least one.
+    data_workers: int = 0
+    # Worker k's gRPC port (0 or absent: any free port; announced through Raft).
+    worker_grpc_ports: tuple[int, ...] = ()
+    # Worker k's transfer port (absent: transfer_port for worker 0, any free port for the
+    # others; -1 turns it off). transfer_port = -1 turns every worker's off.
+    worker_transfer_ports: tuple[int, ...] = ()
+    # As peer_grpc_addresses / peer_transfer_addresses, for each peer's data workers by
+    # index (peer id -> ["host:port", ...]); worker 0's transfer port defaults to
+    # peer_transfer_addresses.
+    peer_worker_grpc_addresses: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    peer_worker_transfer_addresses: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def voter(self) -> bool:
@@ -126,6 +141,51 @@ class NodeConfig:
     def dial_grpc_address(self, peer: NodeConfig) -> str:
         """Where this node connects to `peer`'s gRPC port."""
         return dict(self.peer_grpc_addresses).get(peer.id, peer.grpc_address)
+
+    def worker_count(self) -> int:
+        """How many data workers this node runs: `data_workers`, else the cores this
+        process may run on minus one (at least one)."""
+        if self.data_workers > 0:
+            return self.data_workers
+        return max(1, available_cores() - 1)
+
+    def worker_grpc_port(self, index: int) -> int:
+        """The gRPC port worker `index` listens on (0: any free port)."""
+        ports = self.worker_grpc_ports
+        return ports[index] if index < len(ports) else 0
+
+    def worker_transfer_port(self, index: int) -> int:
+        """The transfer port worker `index` listens on (0: any free port, -1: none)."""
+        if self.transfer_port < 0:
+            return -1
+        ports = self.worker_transfer_ports
+        if index < len(ports):
+            return ports[index]
+        return self.transfer_port if index == 0 else 0
+
+    def dial_worker_grpc_address(self, peer_id: str, index: int, address: str) -> str:
+        """Where this node connects to worker `index` of `peer_id`, announced at `address`."""
+        routed = dict(self.peer_worker_grpc_addresses).get(peer_id, ())
+        return routed[index] if index < len(routed) else address
+
+    def dial_worker_transfer_address(
+        self, peer: NodeConfig, index: int, host: str, port: int
+    ) -> str | None:
+        """Where this node connects to the transfer port `port` of worker `index` of
+        `peer`, whose gRPC port is announced on `host`; None when `peer` is dialled
+        through another gRPC address but no transfer address (a relay of gRPC only)."""
+        routed = dict(self.peer_worker_transfer_addresses).get(peer.id, ())
+        if index < len(routed):
+            return routed[index]
+        if index == 0:
+            single = dict(self.peer_transfer_addresses).get(peer.id)
+            if single is not None:
+                return single
+        if peer.id in dict(self.peer_grpc_addresses) or peer.id in dict(
+            self.peer_worker_grpc_addresses
+        ):
+            return None
+        return f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
 
     def dial_transfer_address(self, peer: NodeConfig, port: int) -> str | None:
         """Where this node connects to `peer`'s transfer port, which `peer` says is `port`;
@@ -217,6 +277,10 @@ class ClusterConfig:
     # ClusterStatus flags a replication target (docs/replication.md) whose recorded
     # checkpoint is this many LSNs behind its source pchannel's committed LSN.
     replicate_lag_warn_entries: int = 10_000
+    # How much less CPU priority a node's data workers get than its control process
+    # (the niceness added to theirs, 0..19): a coordination write or a lease keep-alive
+    # never queues behind the WAL (docs/architecture.md, "Processes of a node").
+    data_worker_nice: int = 10
     # Uncommitted transaction data a node holds in memory: what all open transactions on
     # the node, and those of one producer (BeginTxnRequest.producer_id, else the client's
     # address), may buffer before an append is refused with RESOURCE_EXHAUSTED. A node's
@@ -298,6 +362,19 @@ _ZERO_MEANS_OFF = frozenset(
 )
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+#: The most data workers a node runs (statemachine.types.Limits.max_data_workers bounds
+#: what it may announce).
+MAX_DATA_WORKERS = 64
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -369,6 +446,48 @@ def _peer_addresses(
                 "port 1..65535)"
             )
         pairs.append((str(peer_id), address))
+    return tuple(pairs)
+
+
+def _ports(table: Mapping[str, object], key: str, where: str, low: int) -> tuple[int, ...]:
+    value = table.get(key, [])
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_DATA_WORKERS
+        or not all(
+            isinstance(v, int) and not isinstance(v, bool) and low <= v <= 65535 for v in value
+        )
+    ):
+        raise ConfigError(
+            f"invalid {where}.{key} ({value!r}; expected a list of at most {MAX_DATA_WORKERS} "
+            f"ports {low}..65535, one per data worker)"
+        )
+    return tuple(value)
+
+
+def _peer_worker_addresses(
+    table: Mapping[str, object], key: str, where: str
+) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    value = table.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f'invalid {where}.{key} ({value!r}; expected a table of node id = ["host:port", ...])'
+        )
+    pairs = []
+    for peer_id, addresses in sorted(value.items()):
+        if not isinstance(addresses, list) or len(addresses) > MAX_DATA_WORKERS:
+            raise ConfigError(
+                f"invalid {where}.{key}.{peer_id} ({addresses!r}; expected a list of "
+                "host:port, one per data worker of that node)"
+            )
+        for address in addresses:
+            host, _, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
+            if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise ConfigError(
+                    f"invalid {where}.{key}.{peer_id} ({address!r}; expected host:port with "
+                    "a port 1..65535)"
+                )
+        pairs.append((str(peer_id), tuple(addresses)))
     return tuple(pairs)
 
 
@@ -469,6 +588,17 @@ def parse_config(
                 peer_transfer_addresses=_peer_addresses(raw, "peer_transfer_addresses", where),
                 role=_role(raw, where),
                 listen_host=listen_host,
+                data_workers=_int(raw, "data_workers", where, 0, MAX_DATA_WORKERS)
+                if "data_workers" in raw
+                else 0,
+                worker_grpc_ports=_ports(raw, "worker_grpc_ports", where, 0),
+                worker_transfer_ports=_ports(raw, "worker_transfer_ports", where, -1),
+                peer_worker_grpc_addresses=_peer_worker_addresses(
+                    raw, "peer_worker_grpc_addresses", where
+                ),
+                peer_worker_transfer_addresses=_peer_worker_addresses(
+                    raw, "peer_worker_transfer_addresses", where
+                ),
             )
         )
     ids = [n.id for n in nodes]
@@ -485,6 +615,8 @@ def parse_config(
             *node.peer_raft_addresses,
             *node.peer_grpc_addresses,
             *node.peer_transfer_addresses,
+            *node.peer_worker_grpc_addresses,
+            *node.peer_worker_transfer_addresses,
         ):
             if peer_id == node.id or peer_id not in ids:
                 others = ", ".join(i for i in ids if i != node.id) or "none"
@@ -531,6 +663,17 @@ def parse_config(
             f"invalid cluster.raft_lease_reads ({lease_reads!r}; expected true or false)"
         )
     overrides["raft_lease_reads"] = lease_reads
+    nice = environ.get("RAFTWAL_DATA_WORKER_NICE", cluster_table.get("data_worker_nice", 10))
+    try:
+        nice = int(nice)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        nice = -1
+    if not 0 <= nice <= 19:
+        raise ConfigError(
+            f"invalid cluster.data_worker_nice ({cluster_table.get('data_worker_nice')!r}; "
+            "expected an integer 0..19)"
+        )
+    overrides["data_worker_nice"] = nice
     overrides["tls_ca_file"] = _path(cluster_table, "tls_ca_file", "cluster", base_dir, environ)
     overrides["auth_tokens_file"] = _path(
         cluster_table, "auth_tokens_file", "cluster", base_dir, environ
@@ -718,6 +861,8 @@ def render_config(config: ClusterConfig, secret_file: str | None = None) -> str:
     lines.append(f'wal_fsync_policy = "{config.wal_fsync_policy}"')
     if not config.raft_lease_reads:
         lines.append("raft_lease_reads = false")
+    if config.data_worker_nice != 10:
+        lines.append(f"data_worker_nice = {config.data_worker_nice}")
     if config.tls_ca_file is not None:
         lines.append(f'tls_ca_file = "{config.tls_ca_file}"')
     if config.tls_client_auth != "none":
@@ -746,9 +891,23 @@ def render_config(config: ClusterConfig, secret_file: str | None = None) -> str:
                 f'tls_cert_file = "{node.tls_cert_file}"',
                 f'tls_key_file = "{node.tls_key_file}"',
             ]
+        if node.data_workers:
+            lines.append(f"data_workers = {node.data_workers}")
+        for name in ("worker_grpc_ports", "worker_transfer_ports"):
+            ports = getattr(node, name)
+            if ports:
+                lines.append(f"{name} = [{', '.join(str(p) for p in ports)}]")
         for name in ("peer_raft_addresses", "peer_grpc_addresses", "peer_transfer_addresses"):
             pairs = getattr(node, name)
             if pairs:
                 table = ", ".join(f'"{peer}" = "{address}"' for peer, address in pairs)
+                lines.append(f"{name} = {{ {table} }}")
+        for name in ("peer_worker_grpc_addresses", "peer_worker_transfer_addresses"):
+            pairs = getattr(node, name)
+            if pairs:
+                table = ", ".join(
+                    f'"{peer}" = [{", ".join(f"{chr(34)}{a}{chr(34)}" for a in addresses)}]'
+                    for peer, addresses in pairs
+                )
                 lines.append(f"{name} = {{ {table} }}")
     return "\n".join(lines) + "\n"

@@ -44,6 +44,7 @@ import grpc
 from raftwal.node.backup import BackupError, finish_restore, pending_restore
 from raftwal.node.config import ClusterConfig, NodeConfig
 from rpc.errors import RaftwalError, from_rpc_error
+from rpc.placement import address_for
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2_grpc
@@ -137,6 +138,13 @@ class _Heartbeat:
     raft_address: str = ""
     # The sender was started with --join (it may bring back a removed node id).
     joined: bool = False
+    # Its data workers' gRPC addresses (empty until they are all up).
+    worker_addresses: tuple[str, ...] = ()
+
+
+#: The most data worker addresses a heartbeat's registration takes
+#: (statemachine.types.Limits.max_data_workers).
+MAX_WORKER_ADDRESSES = 256
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
@@ -214,6 +222,7 @@ class Coordinator:
             seen_at=now,
             raft_address=request.raft_address,
             joined=request.joined,
+            worker_addresses=tuple(request.worker_addresses[:MAX_WORKER_ADDRESSES]),
         )
         for node_id in request.suspect_node_ids[:16]:
             self._suspected[node_id] = now
@@ -427,10 +436,16 @@ class Coordinator:
             if not beat.address or now - beat.seen_at > timeout_s:
                 continue
             known = state.nodes.get(node_id)
+            # A node's data workers are announced once they are all up; until then (a
+            # node starting) the registered ones stay, since they may still serve.
+            workers = beat.worker_addresses or (
+                tuple(known.worker_addresses) if known is not None else ()
+            )
             if (
                 known is None
                 or known.address != beat.address
                 or known.raft_address != beat.raft_address
+                or tuple(known.worker_addresses) != workers
                 or known.state != pb.NODE_STATE_UP
             ):
                 await self._propose(
@@ -439,6 +454,7 @@ class Coordinator:
                         address=beat.address,
                         raft_address=beat.raft_address,
                         joined_incarnation_ms=beat.incarnation if beat.joined else 0,
+                        worker_addresses=workers,
                     )
                 )
         for node_id in sorted(state.nodes):
@@ -637,7 +653,9 @@ class Coordinator:
                     message=task.message,
                 )
                 self._broadcast_inflight.add(key)
-                work = asyncio.create_task(self._append_broadcast(key, owner.address, request))
+                # To the owner's data worker for the pchannel (rpc.placement).
+                address = address_for(owner.address, owner.worker_addresses, vchannel.pchannel)
+                work = asyncio.create_task(self._append_broadcast(key, address, request))
                 self._broadcast_tasks.add(work)
                 work.add_done_callback(self._broadcast_tasks.discard)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 import grpc
@@ -33,6 +33,7 @@ from raftwal.services.backend import (
 )
 from rpc import append_stream
 from rpc.errors import RaftwalError
+from rpc.placement import worker_index
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
@@ -77,12 +78,26 @@ class _ChangeNotifier(Protocol):
 
 
 class NodeDataView:
-    """CoordinationView + Proposer over the node's applied state."""
+    """CoordinationView + Proposer over the node's applied state. With `worker` = (index,
+    count), the view of one data worker: its assignments are those of the pchannels placed
+    on it (rpc.placement), the only ones its data plane runs."""
 
-    def __init__(self, node: DataPlaneHost) -> None:
+    def __init__(self, node: DataPlaneHost, worker: tuple[int, int] | None = None) -> None:
         self._node = node
         self.view = DataViewSnapshot()
         self._reassign_attempts = 0
+        self._worker = worker
+        # The view's assignments, as this worker sees them (its pchannels only).
+        self._mine: dict[str, Assignment] = {}
+        self._mine_revision = -2
+
+    def holds(self, pchannel: str) -> bool:
+        """Whether `pchannel` is placed on this view's data worker (always, for a node's
+        view)."""
+        if self._worker is None:
+            return True
+        index, count = self._worker
+        return worker_index(pchannel, count) == index
 
     def refresh(self) -> None:
         def reader(state: pb.CoordinationState) -> DataViewSnapshot:
@@ -107,6 +122,8 @@ class NodeDataView:
                 view.vchannel_names[vchannel.id] = name
             for node_id, node in state.nodes.items():
                 view.addresses[node_id] = node.address
+                if node.worker_addresses:
+                    view.worker_addresses[node_id] = tuple(node.worker_addresses)
             for name, manifest in state.manifests.items():
                 view.committed_through[name] = manifest.committed_through_lsn
                 if manifest.deleted_before_lsn:
@@ -124,7 +141,12 @@ class NodeDataView:
     # CoordinationView
 
     def assignments(self) -> dict[str, Assignment]:
-        return self.view.assignments
+        if self._worker is None:
+            return self.view.assignments
+        if self._mine_revision != self.view.revision:
+            self._mine = {p: a for p, a in self.view.assignments.items() if self.holds(p)}
+            self._mine_revision = self.view.revision
+        return self._mine
 
     async def reassign_to_self(self, pchannel: str, term: int) -> None:
         """Propose the next term of `pchannel` to this node; raises RaftwalError when it is
@@ -193,10 +215,12 @@ class NodeDataView:
     # helpers for the servicers
 
     def owner_hint(self, pchannel: str) -> tuple[str, int]:
+        """(the gRPC address serving `pchannel` on its owner: the owner's data worker for
+        it, term), or ("", 0)."""
         assignment = self.view.assignments.get(pchannel)
         if assignment is None:
             return "", 0
-        return self.view.addresses.get(assignment.owner_node_id, ""), assignment.term
+        return self.view.address(assignment.owner_node_id, pchannel), assignment.term
 
 
 # -- transport -------------------------------------------------------------------------------
@@ -220,18 +244,24 @@ class _GrpcAppendStream:
         self._call.cancel()
 
 
-class _PortAppendStream:
-    """The Append stream over the replica's transfer port (`rpc.append_stream`).
+class _AppendStream:
+    """The Append stream to one replica, opened on its first request: the request's
+    pchannel says which of the replica's data workers holds it (rpc.placement), hence
+    which address to dial.
 
-    It opens on first use: OpenAppend for a ticket, then the connection. When the replica
-    hands out no ticket (its port is off or at its cap, or it predates OpenAppend), or
-    the port cannot be reached or refuses the ticket, the stream is the gRPC Append call
-    instead. A failed OpenAppend call (the replica is down) fails the stream: the owner
-    retries with backoff, as for a failed Append call."""
+    Over the replica's transfer port (`rpc.append_stream`) when `over_port`: OpenAppend
+    for a ticket, then the connection. When the replica hands out no ticket (its port is
+    off or at its cap, or it predates OpenAppend), or the port cannot be reached or
+    refuses the ticket, the stream is the gRPC Append call instead. A failed OpenAppend
+    call (the replica is down) fails the stream: the owner retries with backoff, as for a
+    failed Append call."""
 
-    def __init__(self, transport: GrpcReplicaTransport, node_id: str) -> None:
+    def __init__(self, transport: GrpcReplicaTransport, node_id: str, over_port: bool) -> None:
         self._transport = transport
         self._node_id = node_id
+        self._over_port = over_port
+        self._pchannel: str | None = None
+        self._known = asyncio.Event()
         self._opening: asyncio.Future[None] | None = None
         self._grpc: _GrpcAppendStream | None = None
         self._reader: asyncio.StreamReader | None = None
@@ -240,7 +270,11 @@ class _PortAppendStream:
 
     async def _open(self) -> None:
         transport, node_id = self._transport, self._node_id
-        stub = transport.stub(node_id)
+        pchannel = self._pchannel or ""
+        stub = transport.stub(node_id, pchannel)
+        if not self._over_port:
+            self._grpc = _GrpcAppendStream(stub)
+            return
         try:
             offer = await stub.OpenAppend(
                 wire.OpenAppendRequest(owner_node_id=transport.node.me.id), timeout=2.0
@@ -249,14 +283,9 @@ class _PortAppendStream:
             if error.code() != grpc.StatusCode.UNIMPLEMENTED:
                 raise
             offer = wire.OpenAppendResponse()  # a node from before OpenAppend
-        config = transport.node.config
         # None: this peer is dialled through a relay of gRPC only (no transfer address).
         address = (
-            config.node(transport.node.me.id).dial_transfer_address(
-                config.node(node_id), offer.port
-            )
-            if offer.ticket
-            else None
+            transport.transfer_address(node_id, pchannel, offer.port) if offer.ticket else None
         )
         if address is not None:
             try:
@@ -277,6 +306,9 @@ class _PortAppendStream:
         self._grpc = _GrpcAppendStream(stub)
 
     async def _opened(self) -> None:
+        await self._known.wait()
+        if self._cancelled:
+            raise ConnectionError(f"append stream to {self._node_id} cancelled")
         if self._opening is None:
             self._opening = asyncio.ensure_future(self._open())
         # Shielded: the sender and the reader of the stream both wait for it, and one of
@@ -286,6 +318,9 @@ class _PortAppendStream:
             raise ConnectionError(f"append stream to {self._node_id} cancelled")
 
     async def write(self, request: wire.AppendRequest) -> None:
+        if self._pchannel is None:
+            self._pchannel = request.pchannel
+            self._known.set()
         await self._opened()
         if self._grpc is not None:
             await self._grpc.write(request)
@@ -325,6 +360,7 @@ class _PortAppendStream:
 
     def cancel(self) -> None:
         self._cancelled = True
+        self._known.set()
         if self._opening is not None and not self._opening.done():
             self._opening.cancel()
         if self._grpc is not None:
@@ -337,7 +373,7 @@ class _FaultedAppendStream:
     """Every AppendRequest passes the ``replication.send`` fault point first (the nemesis
     tests drop and delay replication here, whichever way the stream goes)."""
 
-    def __init__(self, stream: _PortAppendStream | _GrpcAppendStream) -> None:
+    def __init__(self, stream: _AppendStream) -> None:
         self._stream = stream
 
     async def write(self, request: wire.AppendRequest) -> None:
@@ -355,12 +391,23 @@ class _FaultedAppendStream:
         self._stream.cancel()
 
 
+class _WorkerAddresses(Protocol):
+    """Where a node serves a pchannel (``DataViewSnapshot``)."""
+
+    def address(self, node_id: str, pchannel: str) -> str: ...
+
+    @property
+    def worker_addresses(self) -> dict[str, tuple[str, ...]]: ...
+
+
 class GrpcReplicaTransport:
-    """The owner's side of the Replication service. Append streams go over the replica's
-    transfer port (at the config's peer_transfer_addresses if set, e.g. the chaos suite's
-    per-link proxies) unless `append_over_port` is off or the replica is dialled through
-    another gRPC address and no transfer address (`routed_node_ids`: a relay of gRPC
-    only); otherwise, and whenever the port is not offered, over the gRPC Append call."""
+    """The owner's side of the Replication service, to the data worker of each replica
+    that holds the pchannel (its address from `view`, rpc.placement; a node that announced
+    no workers at its own address). Append streams go over that worker's transfer port
+    (at the config's peer addresses if set, e.g. the chaos suite's per-link proxies)
+    unless `append_over_port` is off or the replica is dialled through another gRPC
+    address and no transfer address (`routed_node_ids`: a relay of gRPC only); otherwise,
+    and whenever the port is not offered, over the gRPC Append call."""
 
     def __init__(
         self,
@@ -369,24 +416,55 @@ class GrpcReplicaTransport:
         append_over_port: bool = True,
         tls: ssl.SSLContext | None = None,
         routed_node_ids: frozenset[str] = frozenset(),
+        view: Callable[[], _WorkerAddresses] | None = None,
     ) -> None:
         self.node = node
         self.tls = tls
         self._append_over_port = append_over_port
         self._routed_node_ids = routed_node_ids
+        self._view = view
 
-    def stub(self, node_id: str) -> streaming_pb2_grpc.ReplicationStub:
-        address = self.node.config.node(node_id).grpc_address
+    def _worker(self, node_id: str, pchannel: str) -> tuple[str, int | None]:
+        """(the announced gRPC address serving `pchannel` on `node_id`, its worker index;
+        None: the node's own address)."""
+        if self._view is not None:
+            view = self._view()
+            workers = view.worker_addresses.get(node_id, ())
+            if workers:
+                index = worker_index(pchannel, len(workers))
+                if workers[index]:
+                    return workers[index], index
+            address = view.address(node_id, pchannel)
+            if address:
+                return address, None
+        return self.node.config.node(node_id).grpc_address, None
+
+    def stub(self, node_id: str, pchannel: str = "") -> streaming_pb2_grpc.ReplicationStub:
+        address, index = self._worker(node_id, pchannel)
+        if index is not None:
+            me = self.node.config.node(self.node.me.id)
+            dial = dial_worker_grpc_address(me, node_id, index, address)
+            return streaming_pb2_grpc.ReplicationStub(self.node.channel(dial))
         return streaming_pb2_grpc.ReplicationStub(self.node.channel(address))
 
+    def transfer_address(self, node_id: str, pchannel: str, port: int) -> str | None:
+        """Where to connect to the transfer port `port` that `node_id`'s worker holding
+        `pchannel` offered; None: dial through gRPC only."""
+        config = self.node.config
+        me, peer = config.node(self.node.me.id), config.node(node_id)
+        address, index = self._worker(node_id, pchannel)
+        if index is None:
+            return me.dial_transfer_address(peer, port)
+        host = address.rpartition(":")[0].strip("[]")
+        return me.dial_worker_transfer_address(peer, index, host, port)
+
     def open_append(self, node_id: str) -> _FaultedAppendStream:
-        if self._append_over_port and node_id not in self._routed_node_ids:
-            return _FaultedAppendStream(_PortAppendStream(self, node_id))
-        return _FaultedAppendStream(_GrpcAppendStream(self.stub(node_id)))
+        over_port = self._append_over_port and node_id not in self._routed_node_ids
+        return _FaultedAppendStream(_AppendStream(self, node_id, over_port))
 
     async def fence(self, node_id: str, request: wire.FenceRequest) -> wire.FenceResponse:
         try:
-            return await self.stub(node_id).Fence(request, timeout=2.0)
+            return await self.stub(node_id, request.pchannel).Fence(request, timeout=2.0)
         except grpc.aio.AioRpcError as error:
             from rpc.errors import from_rpc_error
 
@@ -398,7 +476,28 @@ class GrpcReplicaTransport:
             raise
 
     async def fetch(self, node_id: str, request: wire.FetchRequest) -> wire.FetchResponse:
-        return await self.stub(node_id).Fetch(request, timeout=10.0)
+        return await self.stub(node_id, request.pchannel).Fetch(request, timeout=10.0)
+
+
+def dial_address(me: NodeIdentity, config: ClusterMembers, view: NodeDataView, address: str) -> str:
+    """Where `me` dials the gRPC `address`: a peer node's control port or one of its data
+    workers' ports (as announced), through a configured per-link proxy if there is one."""
+    peer = next((n for n in config.nodes if n.grpc_address == address), None)
+    if peer is not None:
+        dial = getattr(me, "dial_grpc_address", None)
+        return dial(peer) if dial is not None else address  # type: ignore[no-any-return]
+    view.refresh()
+    for node_id, workers in view.view.worker_addresses.items():
+        if address in workers:
+            return dial_worker_grpc_address(me, node_id, workers.index(address), address)
+    return address
+
+
+def dial_worker_grpc_address(me: NodeIdentity, node_id: str, index: int, address: str) -> str:
+    """Where `me` dials worker `index` of `node_id`, announced at `address` (a configured
+    per-link proxy, or the address itself)."""
+    dial = getattr(me, "dial_worker_grpc_address", None)
+    return dial(node_id, index, address) if dial is not None else address
 
 
 # -- reconciliation loop ---------------------------------------------------------------------

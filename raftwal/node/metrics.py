@@ -36,8 +36,8 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Awaitable, Iterable, Iterator, Sized
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sized
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -47,10 +47,10 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from raft.peer import RaftPeer
-from raft.replica import CoordinationReplica
 from raftwal import __version__
 from raftwal.node.config import NodeConfig
 from raftwal.node.health import under_replicated
@@ -60,7 +60,6 @@ from raftwal.services.stream_caps import StreamCaps
 from rpc.errors import RaftwalError
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
-from wal_segments.plane import DataPlane
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -68,6 +67,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 E = errors_pb2
+T = TypeVar("T")
 
 # Produce -> acknowledgement latency buckets (seconds): an fsync is ~0.1-10 ms, a majority
 # round trip on a LAN ~0.2-2 ms; the tail covers backpressure and failover waits.
@@ -137,8 +137,14 @@ class _BroadcastFailures(Protocol):
     def broadcast_failures(self) -> Sized: ...
 
 
+class _StateReader(Protocol):
+    def read(self, reader: Callable[[pb.CoordinationState], T]) -> T: ...
+
+
 class MetricsHost(Protocol):
-    """What the metrics read from their node at every scrape (``Node`` implements it)."""
+    """What the metrics read from their process at every scrape: the control process
+    (``raftwal.node.process.Node``: Raft, the state, the event store, the disk) or a data
+    worker (``raftwal.node.worker.WorkerNode``: its owners and transfer port)."""
 
     @property
     def me(self) -> NodeConfig: ...
@@ -147,10 +153,7 @@ class MetricsHost(Protocol):
     def peer(self) -> RaftPeer | None: ...
 
     @property
-    def replica(self) -> CoordinationReplica: ...
-
-    @property
-    def plane(self) -> DataPlane: ...
+    def replica(self) -> _StateReader: ...
 
     @property
     def coordinator(self) -> _BroadcastFailures: ...
@@ -173,9 +176,13 @@ class MetricsHost(Protocol):
 class NodeMetrics:
     """The metrics of one node: its registry, its event metrics and its endpoint."""
 
-    def __init__(self, node: MetricsHost) -> None:
+    def __init__(self, node: MetricsHost, role: str = "control") -> None:
         self.registry = CollectorRegistry()
         self._node = node
+        # "control": the process's own page is the node's, with its data workers' pages
+        # merged in (`serve`); "worker": a data worker's page, which its control process
+        # asks for (`render`).
+        self.role = role
         self._server: MetricsServer | None = None
         self.proposals = Counter(
             "raftwal_proposals",
@@ -252,7 +259,7 @@ class NodeMetrics:
             registry=self.registry,
         )
         self._probe: _FsyncProbe | None = None
-        self.registry.register(_NodeCollector(node))
+        self.registry.register(_NodeCollector(node, role))
 
     # -- events ---------------------------------------------------------------------------
 
@@ -298,13 +305,27 @@ class NodeMetrics:
 
     # -- endpoint -------------------------------------------------------------------------
 
-    def serve(self, host: str, port: int, routes: Routes | None = None) -> None:
+    def render(self) -> bytes:
+        """This process's page (Prometheus text format)."""
+        return generate_latest(self.registry)
+
+    def serve(
+        self,
+        host: str,
+        port: int,
+        routes: Routes | None = None,
+        worker_pages: Callable[[], dict[int, bytes]] | None = None,
+    ) -> None:
         """Serve ``/metrics`` (and `routes`: the console) on host:port from one daemon thread
-        with bounded connections and deadlines (``raftwal.node.metrics_http``). Raises
-        OSError when the port cannot be bound."""
+        with bounded connections and deadlines (``raftwal.node.metrics_http``): this
+        process's metrics with those of the node's data workers (`worker_pages`: each
+        worker's page by index; their samples get a ``worker`` label). Raises OSError when
+        the port cannot be bound."""
 
         def render() -> tuple[bytes, str]:
-            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+            if worker_pages is None:
+                return generate_latest(self.registry), CONTENT_TYPE_LATEST
+            return merge_pages(self.registry, worker_pages()), CONTENT_TYPE_LATEST
 
         try:
             self._server = MetricsServer(host, port, render, routes=routes).start()
@@ -367,14 +388,54 @@ class _FsyncProbe:
             log.warning("disk probe of %s failed: %s", self._path, error)
 
 
-class _NodeCollector(Collector):
-    """Reads the node's current state at every scrape (see the module docstring)."""
+def merge_pages(registry: CollectorRegistry, pages: dict[int, bytes]) -> bytes:
+    """`registry`'s page with the data workers' `pages` merged in: one family per name,
+    each worker's samples labelled ``worker="<index>"``. A page that does not parse is
+    left out (and logged)."""
+    families: dict[str, Metric] = {}
+    for family in registry.collect():
+        families[family.name] = family
+    for index, page in sorted(pages.items()):
+        try:
+            parsed = list(text_string_to_metric_families(page.decode()))
+        except (ValueError, UnicodeDecodeError) as error:
+            log.warning("metrics page of data worker %d does not parse: %s", index, error)
+            continue
+        for family in parsed:
+            samples = [
+                sample._replace(labels={**sample.labels, "worker": str(index)})
+                for sample in family.samples
+            ]
+            known = families.get(family.name)
+            if known is None:
+                family.samples = samples
+                families[family.name] = family
+            elif known.type == family.type:
+                known.samples.extend(samples)
 
-    def __init__(self, node: MetricsHost) -> None:
+    class _Merged(Collector):
+        def collect(self) -> Iterator[Metric]:
+            return iter(families.values())
+
+    merged = CollectorRegistry(auto_describe=False)
+    merged.register(_Merged())
+    return generate_latest(merged)
+
+
+class _NodeCollector(Collector):
+    """Reads the process's current state at every scrape (see the module docstring)."""
+
+    def __init__(self, node: MetricsHost, role: str) -> None:
         self._node = node
+        self._role = role
 
     def collect(self) -> Iterator[Metric]:
         node = self._node
+        view = node.replica.read(_StateView.of)
+        if self._role == "worker":
+            yield from self._wal(view)
+            yield from self._process()
+            return
         info = GaugeMetricFamily(
             "raftwal_node_info",
             "This node's id and raftwal version (always 1).",
@@ -383,11 +444,15 @@ class _NodeCollector(Collector):
         info.add_metric([node.me.id, __version__], 1)
         yield info
         yield from self._raft()
-        view = node.replica.read(_StateView.of)
         yield from self._state(view)
         yield from self._event_store()
         yield from self._disk()
-        yield from self._wal(view)
+        yield from self._process()
+
+    def _process(self) -> Iterator[Metric]:
+        """What each process of a node has of its own: its transfer port (a data worker),
+        its stream caps, its event loop's tasks."""
+        node = self._node
         transfers = node.segment_transfers
         if transfers is not None:
             outcomes = CounterMetricFamily(
@@ -595,7 +660,7 @@ class _NodeCollector(Collector):
         )
 
     def _event_store(self) -> Iterator[Metric]:
-        store = self._node.replica.store
+        store = self._node.replica.store  # type: ignore[attr-defined]
         yield GaugeMetricFamily(
             "raftwal_event_store_events",
             "Events retained in this node's event store (events.db).",
@@ -609,7 +674,8 @@ class _NodeCollector(Collector):
 
     def _wal(self, view: _StateView) -> Iterator[Metric]:
         # A copy: owners are added and removed on the event loop thread.
-        owners = sorted(dict(self._node.plane.owners).items())
+        plane = getattr(self._node, "plane", None)
+        owners = sorted(dict(plane.owners).items()) if plane is not None else []
         serving = GaugeMetricFamily(
             "raftwal_wal_owner_serving",
             "1 for a pchannel this node owns and serves writes for, 0 while its owner "

@@ -28,16 +28,17 @@ CoordinationBackend`` for the public servicer:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
-import ctypes
 import gc
 import logging
 import os
 import signal
+import socket
 import stat
+import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -57,6 +58,7 @@ from raft.events import Compacted
 from raft.peer import RaftPeer, RaftTuning, loop_mailbox
 from raft.replica import CoordinationReplica
 from raftwal.node import faults
+from raftwal.node.cluster_view import ClusterView, removed_node
 from raftwal.node.config import (
     ClusterConfig,
     NodeConfig,
@@ -65,7 +67,7 @@ from raftwal.node.config import (
 )
 from raftwal.node.console import ConsoleFeed, ConsoleRoutes
 from raftwal.node.coordinator import Coordinator
-from raftwal.node.data_plane import GrpcReplicaTransport, NodeDataView, reconcile_loop
+from raftwal.node.data_plane import NodeDataView, dial_address
 from raftwal.node.health import under_replicated
 from raftwal.node.membership import (
     MAX_PROMOTION_LAG_ENTRIES,
@@ -74,29 +76,26 @@ from raftwal.node.membership import (
     wanted_role,
 )
 from raftwal.node.metrics import NodeMetrics
+from raftwal.node.notify import AppliedNotifier
+from raftwal.node.planes import DataWorkers, supervisor_message
 from raftwal.node.proposals import ProposalBatcher
-from raftwal.node.replicator import Replicators
 from raftwal.node.security import NodeSecurity
+from raftwal.node.status import process_status, tree_bytes
+from raftwal.node.trim import return_large_blocks_to_the_system, trim_memory_loop
 from raftwal.services.cluster import REMOVED_MARK, ClusterServicer
-from raftwal.services.consume_wire import add_streaming_node_servicer
 from raftwal.services.coordinator import CompactedHistory, CoordinatorServicer
+from raftwal.services.data_redirect import add_data_redirects
 from raftwal.services.decoding import DecodeInterceptor
 from raftwal.services.grpc_metrics import GrpcMetricsInterceptor
 from raftwal.services.node_manager import NodeManagerServicer
-from raftwal.services.replication import ReplicationServicer
-from raftwal.services.segment_transfer import SegmentTransfers
 from raftwal.services.stream_caps import StreamCapInterceptor, StreamCaps
-from raftwal.services.streaming_node import StreamingNodeServicer
 from rpc.aio import wait_event
 from rpc.errors import RaftwalError, error_info, from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2, streaming_pb2_grpc
-from rpc.segment_transfer import client_tls
+from statemachine import snapshot_state
 from statemachine.replicate import replicated_pairs
-from wal_segments.fsync_policy import parse_fsync_policy
-from wal_segments.owner import ChannelOwner, OwnerConfig
-from wal_segments.plane import DataPlane
 
 log = logging.getLogger(__name__)
 E = errors_pb2
@@ -130,6 +129,13 @@ def now_ms() -> int:
 
 # How long a stopping node waits for the server's cancelled handlers to finish.
 STOP_HANDLERS_WAIT_S = 2.0
+# How long a stopping node waits for its data workers to close their data planes.
+WORKERS_STOP_WAIT_S = 10.0
+# How long a status waits for the data workers' own (those that do not answer in time are
+# shown with what they sent last).
+MEMBER_STATUS_WAIT_S = 0.5
+# How long a metrics scrape waits for the data workers' pages.
+METRICS_WAIT_S = 2.0
 # A handover gives up waiting for its pchannels to move once the leader has reported no
 # other node to move them to for this long (the whole cluster is stopping), or once no
 # majority of the voters has been in reach for this long (the others stopped first, so no
@@ -144,112 +150,25 @@ HANDOVER_LEADERSHIP_MAX_S = 2.0
 HANDOVER_POLL_S = 0.05
 
 
-class AppliedNotifier:
-    """asyncio view of the replica's progress: who waits for the next applied command."""
-
-    def __init__(self) -> None:
-        self.revision = 0
-        self.raft_index = 0
-        self._changed = asyncio.Event()
-
-    def advance(self, revision: int, raft_index: int) -> None:
-        self.revision = max(self.revision, revision)
-        self.raft_index = max(self.raft_index, raft_index)
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
-
-    async def wait_change(self, timeout_s: float) -> None:
-        await wait_event(self._changed, timeout_s)
-
-    async def wait_index(self, raft_index: int, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while self.raft_index < raft_index:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            await self.wait_change(remaining)
-        return True
-
-
-class _ReplicatorHost:
-    """The node as `Replicators` sees it (raftwal.node.replicator.ReplicatorHost)."""
-
-    def __init__(self, node: Node) -> None:
-        self._node = node
-
-    @property
-    def cluster_id(self) -> str:
-        return self._node.cluster_id
-
-    def replicate_configuration(self) -> pb.ReplicateConfiguration:
-        def reader(state: pb.CoordinationState) -> pb.ReplicateConfiguration:
-            copy = pb.ReplicateConfiguration()
-            copy.CopyFrom(state.replicate_configuration)
-            return copy
-
-        return self._node.replica.read(reader)  # type: ignore[no-any-return]
-
-    def serving_owner(self, pchannel: str):  # type: ignore[no-untyped-def]
-        return self._node.plane.owner(pchannel)
-
-    def view(self):  # type: ignore[no-untyped-def]
-        self._node.data_view.refresh()
-        return self._node.data_view.view
-
-    async def record_checkpoint(
-        self, pchannel: str, target_cluster_id: str, lsn: int, drained_through_lsn: int = 0
-    ) -> None:
-        command = pb.Command(
-            record_replicate_checkpoint=pb.RecordReplicateCheckpoint(
-                pchannel=pchannel,
-                target_cluster_id=target_cluster_id,
-                source_lsn=lsn,
-                drained_through_lsn=drained_through_lsn,
-            )
-        )
-        result = await self._node.propose(command)
-        if result.rejection.code != E.OK:
-            raise RaftwalError(result.rejection)
-
-
-def _announced_nodes(
-    state: pb.CoordinationState,
-) -> tuple[tuple[tuple[str, str, str], ...], tuple[str, ...]]:
-    """(id, gRPC address, Raft address) of every node the state has both addresses of,
-    and the ids of the nodes `raftwal member remove` forgot."""
-    return (
-        tuple(
-            (node_id, node.address, node.raft_address)
-            for node_id, node in sorted(state.nodes.items())
-            if node.address and node.raft_address
-        ),
-        tuple(sorted(state.removed_nodes)),
-    )
-
-
-def _removed_node(state: pb.CoordinationState, node_id: str) -> pb.RemovedNode | None:
-    if node_id not in state.removed_nodes:
-        return None
-    copy = pb.RemovedNode()
-    copy.CopyFrom(state.removed_nodes[node_id])
-    return copy
-
-
 class Node:
-    def __init__(self, config: ClusterConfig, node_id: str) -> None:
+    """The control process of a node (see the module doc)."""
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        node_id: str,
+        token: bytes = b"",
+        supervisor: socket.socket | None = None,
+    ) -> None:
         # The config file's nodes; `config` adds those that joined since (see there).
         self._static_config = config
-        self._config_view: tuple[
-            tuple[tuple[tuple[str, str, str], ...], tuple[str, ...]], ClusterConfig
-        ] = (((), ()), config)
+        self._cluster = ClusterView(config, node_id)
         self.me: NodeConfig = config.node(node_id)
         check_transport_security(config, self.me)
         # TLS and bearer-token auth of the gRPC port, and the node's own client credentials.
         self.security = NodeSecurity.load(config, self.me)
         self.max_wait_ms = config.max_wait_ms
         self.cluster_id = config.cluster_id
-        # Cross-cluster replication of the source pchannels this node owns.
-        self.replicators = Replicators(_ReplicatorHost(self))
         self.incarnation = now_ms()
         data_dir = self.me.data_dir
         prepare_data_dir(data_dir)
@@ -283,11 +202,14 @@ class Node:
         # (one gRPC call on the GIL-bound leader for many clients).
         self.forwarder = ProposalBatcher(self._forward_entry, max_in_flight=FORWARDS_IN_FLIGHT)
         self._server: grpc.aio.Server | None = None
-        self.segment_transfers: SegmentTransfers | None = None
+        # The control process serves no segment transfers (its data workers do).
+        self.segment_transfers = None
         self.stream_caps = StreamCaps(
             self.config.max_node_streams, self.config.max_identity_streams
         )
         self._tasks: list[asyncio.Task[None]] = []
+        # The node's view of assignments and addresses (owner hints for clients that ask
+        # this port for data).
         self.data_view = NodeDataView(self)
         # node id -> monotonic time it was suspected (see HeartbeatRequest.suspect_node_ids)
         self._suspects: dict[str, float] = {}
@@ -297,27 +219,10 @@ class Node:
         self._heartbeat_now = asyncio.Event()
         # Last time (monotonic) this node knew a Raft leader; start counts as one.
         self._leader_seen_at = time.monotonic()
-        self.plane = DataPlane(
-            node_id=self.me.id,
-            data_dir=data_dir,
-            policy=parse_fsync_policy(config.wal_fsync_policy),
-            owner_config=OwnerConfig(
-                segment_max_bytes=config.segment_max_bytes,
-                segment_max_age_ms=config.segment_max_age_ms,
-            ),
-            # Append streams over the peers' transfer ports (TLS as for gRPC), except to
-            # peers dialled through another gRPC address and no transfer address (a
-            # relay of gRPC only).
-            transport=GrpcReplicaTransport(
-                self,
-                tls=client_tls(self.security.client),
-                routed_node_ids=frozenset(dict(self.me.peer_grpc_addresses))
-                - frozenset(dict(self.me.peer_transfer_addresses)),
-            ),
-            proposer=self.data_view,
-            view=self.data_view,
-            observer=self.metrics,
-        )
+        # The node's data workers (raftwal.node.planes), whose links the supervisor hands
+        # over on `supervisor` (raftwal.node.supervisor).
+        self.workers = DataWorkers(self, token, self.me.worker_count())
+        self._supervisor = supervisor
 
     @property
     def config(self) -> ClusterConfig:
@@ -325,48 +230,84 @@ class Node:
         without being in it (raftwal/node/join.py), at the gRPC and Raft addresses it
         announced in its heartbeats (registered in the replicated state); without the
         nodes `raftwal member remove` forgot (RemoveNode), except this node itself."""
-        static = self._static_config
-        replica = getattr(self, "replica", None)
-        if replica is None:
-            return static
-        seen_state = replica.read(_announced_nodes)
-        seen, view = self._config_view
-        if seen_state == seen:
-            return view
-        announced, removed_ids = seen_state
-        removed = set(removed_ids) - {self.me.id}
-        known = {n.id for n in static.nodes}
-        kept = tuple(n for n in static.nodes if n.id not in removed)
-        added = []
-        for node_id, address, raft_address in announced:
-            if node_id in known:
-                continue
-            host, _, grpc_port = address.rpartition(":")
-            _, _, raft_port = raft_address.rpartition(":")
-            if not host or not grpc_port.isdigit() or not raft_port.isdigit():
-                continue
-            added.append(
-                NodeConfig(
-                    id=node_id,
-                    host=host,
-                    grpc_port=int(grpc_port),
-                    raft_port=int(raft_port),
-                    data_dir=Path("/nonexistent") / node_id,
-                    role="data",
-                )
-            )
-        view = (
-            replace(static, nodes=kept + tuple(added))
-            if added or len(kept) != len(static.nodes)
-            else static
-        )
-        self._config_view = (seen_state, view)
-        return view
+        return self._cluster.current(getattr(self, "replica", None))
 
     def removed_node(self, node_id: str) -> pb.RemovedNode | None:
         """The removal of `node_id` (RemoveNode) in the applied state; None when it was
         not removed (or rejoined since)."""
-        return self.replica.read(lambda state: _removed_node(state, node_id))
+        return self.replica.read(lambda state: removed_node(state, node_id))
+
+    # -- the data workers (raftwal.node.planes.WorkersHost) ---------------------------------
+
+    def state_bytes(self) -> bytes:
+        return self.replica.read(snapshot_state)
+
+    def serving_changed(self) -> None:
+        self._heartbeat_now.set()
+
+    def serving_terms(self) -> dict[str, int]:
+        """pchannel -> term of every pchannel an owner of this node serves now."""
+        return self.workers.serving_terms()
+
+    def reconcile_now(self) -> None:
+        """NodeManager.Assign: the data workers look at their assignments now."""
+        self.workers.reconcile_now()
+
+    def _worker_pages(self) -> dict[int, bytes]:
+        """The data workers' metrics pages (for the metrics endpoint's thread)."""
+        loop = self._loop
+        if loop is None or self._stopping.is_set():
+            return {}
+        try:
+            return asyncio.run_coroutine_threadsafe(self.workers.metrics_pages(), loop).result(
+                METRICS_WAIT_S + 1.0
+            )
+        except (TimeoutError, RuntimeError, concurrent.futures.CancelledError):
+            return {}
+
+    def _follow_supervisor(self) -> None:
+        """Take what the supervisor sends (raftwal.node.supervisor): a new link to a data
+        worker, or the news that one exited."""
+        sock = self._supervisor
+        assert sock is not None
+        while True:
+            try:
+                message, fds, _, _ = socket.recv_fds(sock, 4096, 1)
+            except BlockingIOError:
+                return
+            except OSError as error:
+                log.error("node %s: supervisor channel failed: %s", self.me.id, error)
+                self._close_supervisor_channel()
+                return
+            if not message:
+                # The supervisor is gone: this process is an orphan now, and must stop.
+                log.error("node %s: the supervisor went away; stopping", self.me.id)
+                for fd in fds:
+                    os.close(fd)
+                self._close_supervisor_channel()
+                self._stop_requested.set()
+                return
+            try:
+                news = supervisor_message(message)
+            except ValueError as error:
+                log.error("node %s: bad supervisor message: %s", self.me.id, error)
+                for fd in fds:
+                    os.close(fd)
+                continue
+            if news.op == "worker" and fds:
+                self.workers.attach(
+                    news.index, socket.socket(fileno=fds[0]), restarts=news.restarts
+                )
+            elif news.op == "exited":
+                for fd in fds:
+                    os.close(fd)
+                self.workers.exited(news.index, news.how)
+
+    def _close_supervisor_channel(self) -> None:
+        if self._loop is not None and self._supervisor is not None:
+            self._loop.remove_reader(self._supervisor.fileno())
+            self._supervisor.close()
+            self._supervisor = None
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -376,6 +317,14 @@ class Node:
         # Through the loop's mailbox: the applied notifier and the proposal outcomes of one
         # Raft tick wake the event loop once (raft.peer.LoopMailbox).
         mailbox = loop_mailbox(loop)
+        # The data workers' copies of the state follow every applied event, in order, and
+        # before the notifier wakes anyone: a proposal answered to a worker has its events
+        # on the way to it first (raftwal.node.planes).
+        self.replica.add_event_listener(
+            lambda events, revision, index, last_time_ms, restored: mailbox.post(
+                self.workers.applied, events, index, last_time_ms, restored
+            )
+        )
         self.replica.add_listener(
             lambda revision, index: mailbox.post(self.notifier.advance, revision, index)
         )
@@ -443,36 +392,10 @@ class Node:
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self), server)
         coordinator_pb2_grpc.add_NodeManagerServicer_to_server(NodeManagerServicer(self), server)
         coordinator_pb2_grpc.add_ClusterServicer_to_server(ClusterServicer(self), server)
-        # Sealed segments go to readers over the transfer port: by sendfile, with no copy
-        # in this process, when gRPC is plaintext; over TLS with the gRPC port's files
-        # when it is not.
-        if self.me.transfer_port >= 0:
-            transfers = SegmentTransfers(
-                self.me.bind_host,
-                self.me.transfer_port,
-                self.security.transfer_tls,
-                frame_budget_bytes=self.config.frame_buffer_budget_bytes,
-            )
-            await transfers.start()
-            self.segment_transfers = transfers
-        # Consume's replies are pre-built bytes (raftwal.services.consume_wire).
-        streaming = StreamingNodeServicer(
-            self,
-            self.plane,
-            self.data_view,
-            self.segment_transfers,
-            self.config.grpc_max_message_bytes,
-        )
-        add_streaming_node_servicer(streaming, server)
-        replication = ReplicationServicer(
-            self, self.plane, self.segment_transfers, self.config.grpc_max_message_bytes
-        )
-        if self.segment_transfers is not None:
-            # Owners replicate to this node over the transfer port (rpc.append_stream).
-            self.segment_transfers.serve_appends(replication.serve_append_connection)
-            # Producers too (rpc.produce_stream).
-            self.segment_transfers.serve_produces(streaming.serve_produce_connection)
-        streaming_pb2_grpc.add_ReplicationServicer_to_server(replication, server)
+        # StreamingNode and Replication live on the data workers' ports: a call that
+        # reaches this port anyway is answered with where to go (raftwal.services.
+        # data_redirect).
+        add_data_redirects(server, self.data_view, self.me.id)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection(
@@ -495,24 +418,17 @@ class Node:
                 self.me.bind_host,
                 self.me.metrics_port,
                 routes=ConsoleRoutes(self.console, self.security.tokens),
+                worker_pages=self._worker_pages,
             )
-        if self.segment_transfers is not None:
-            log.info(
-                "node %s serves segment transfers on %s:%d",
-                self.me.id,
-                self.me.host,
-                self.segment_transfers.port,
-            )
+        if self._supervisor is not None:
+            self._supervisor.setblocking(False)
+            loop.add_reader(self._supervisor.fileno(), self._follow_supervisor)
         self._tasks = [
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(self._stall_watch(), name="stall-watch"),
             asyncio.create_task(self.coordinator.run(), name="coordinator"),
             asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
-            asyncio.create_task(_trim_memory_loop(self._stopping), name="trim-memory"),
-            asyncio.create_task(
-                reconcile_loop(self, self.plane, self.data_view, self._stopping), name="reconcile"
-            ),
-            asyncio.create_task(self.replicators.run(self._stopping), name="replicators"),
+            asyncio.create_task(trim_memory_loop(self._stopping), name="trim-memory"),
         ]
         if self.me.metrics_port:
             self._tasks.append(
@@ -642,11 +558,11 @@ class Node:
         return self.replica.read(reader)
 
     async def _hand_over_pchannels(self, deadline: float) -> bool:
-        watched: set[str] = set(self.plane.serving_terms())
+        watched: set[str] = set(self.serving_terms())
         no_quorum_since: float | None = None
         while True:
             waiting = self._pchannels_to_hand_over(watched)
-            if not waiting and not self.plane.serving_terms():
+            if not waiting and not self.serving_terms():
                 return True
             now = time.monotonic()
             # No majority of the voters in reach: no move can commit, and no leader is left
@@ -727,9 +643,9 @@ class Node:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self.segment_transfers is not None:
-            await self.segment_transfers.close()
-        await self.plane.close()
+        # The data workers close their data planes (their owners stop; replicas were
+        # handed over above) and exit.
+        await self.workers.stop_all(WORKERS_STOP_WAIT_S)
         if self._server is not None:
             await self._server.stop(grace=1.0)
             # The server's stop cancels handlers still open (a client's KeepAlive or Produce
@@ -758,9 +674,8 @@ class Node:
     def channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            peer = next((n for n in self.config.nodes if n.grpc_address == address), None)
             channel = self.security.client.aio_channel(
-                self.me.dial_grpc_address(peer) if peer is not None else address,
+                dial_address(self.me, self.config, self.data_view, address),
                 options=[
                     ("grpc.max_receive_message_length", self.config.grpc_max_message_bytes),
                     ("grpc.max_send_message_length", self.config.grpc_max_message_bytes),
@@ -778,9 +693,6 @@ class Node:
     async def latest_position(self, pchannel: str) -> tuple[int, int]:
         """(committed LSN, latest time tick) of `pchannel`: from the local owner when this
         node serves it, else from its owner over gRPC (GetLatestTimeTick)."""
-        owner = self.plane.owner(pchannel)
-        if owner is not None and owner.serving:
-            return owner.committed_lsn, owner.log.last_time_tick
         self.data_view.refresh()
         address, _ = self.data_view.owner_hint(pchannel)
         if not address:
@@ -1121,31 +1033,51 @@ class Node:
 
     # -- status -------------------------------------------------------------------------
 
-    def member_status(self) -> api.MemberStatus:
-        assert self.peer is not None
-        status = self.peer.status()
+    async def member_status(self) -> api.MemberStatus:
+        """This node's status: Raft as its control process has it, the owners and WAL of
+        its data workers (asked now, briefly), and every process of the node."""
+        peer = self._require_peer()
+        status = peer.status()
         revision, applied_index, digest = self.replica.digest()
-        return api.MemberStatus(
+        await self.workers.refresh_status(MEMBER_STATUS_WAIT_S)
+        member = api.MemberStatus(
             node_id=self.me.id,
             grpc_address=self.me.grpc_address,
             raft_address=self.me.raft_address,
             role=self.role,
-            is_leader=self.peer.is_leader(),
+            is_leader=peer.is_leader(),
             reachable=True,
-            raft_term=self.peer.raft_term(),
-            commit_index=self.peer.commit_index(),
+            raft_term=peer.raft_term(),
+            commit_index=peer.commit_index(),
             applied_index=applied_index,
             revision=revision,
             state_digest=digest,
             pid=os.getpid(),
             durable_index=int(status.get("durable_index", 0) or 0),
-            owners=[_owner_status(o) for _, o in sorted(self.plane.owners.items())],
-            wal_disk=[
-                api.WalDiskUsage(pchannel=name, bytes=size, first_lsn=first)
-                for name, (size, first) in self.plane.disk_usage().items()
-            ],
-            data_dir_bytes=_tree_bytes(self.me.data_dir),
+            data_dir_bytes=await asyncio.to_thread(tree_bytes, self.me.data_dir),
         )
+        member.processes.append(process_status("supervisor", os.getppid(), up=True))
+        member.processes.append(process_status("control", os.getpid(), up=True))
+        for index, link in sorted(self.workers.links.items()):
+            owners = sorted(link.status.owners, key=lambda o: o.pchannel) if link.up else []
+            member.owners.extend(owners)
+            if link.up:
+                member.wal_disk.extend(link.status.wal_disk)
+            member.processes.append(
+                process_status(
+                    "worker",
+                    link.pid if link.up else 0,
+                    index=index,
+                    up=link.up,
+                    grpc_address=link.grpc_address,
+                    transfer_port=link.transfer_port,
+                    restarts=link.restarts,
+                    owned_pchannels=[o.pchannel for o in owners],
+                    replica_pchannels=link.status.logs if link.up else 0,
+                )
+            )
+        member.wal_disk.sort(key=lambda usage: usage.pchannel)
+        return member
 
     async def cluster_status(self, linearizable: bool) -> api.ClusterStatusResponse:
         # (source pchannel, target cluster, last source LSN the target holds as recorded)
@@ -1225,7 +1157,7 @@ class Node:
 
     async def _collect_member(self, node: NodeConfig) -> api.MemberStatus:
         if node.id == self.me.id:
-            return self.member_status()
+            return await self.member_status()
         stub = coordinator_pb2_grpc.NodeManagerStub(self.channel(node.grpc_address))
         try:
             reply = await stub.CollectStatus(api.CollectStatusRequest(), timeout=1.0)
@@ -1262,8 +1194,14 @@ class Node:
                     warnings.append(
                         f"broadcast {task_id} to {vchannel} failing ({count} attempts): {error}"
                     )
-        for pchannel, error in sorted(self.plane.problems().items()):
-            warnings.append(f"pchannel {pchannel}: {error}")
+        for index, link in sorted(self.workers.links.items()):
+            if not link.up:
+                warnings.append(
+                    f"data worker {index} of node {self.me.id} is "
+                    + ("down (restarting)" if link.grpc_address else "starting")
+                )
+            for pchannel, error in sorted(link.status.problems.items()):
+                warnings.append(f"pchannel {pchannel}: {error}")
         for short in response.under_replicated:
             warnings.append(
                 f"pchannel {short.pchannel} is under-replicated: {short.live} of {short.wanted} "
@@ -1360,7 +1298,11 @@ class Node:
             leader = self.leader() if self.peer is not None else None
             self.leaderless_s()
             request.serving_terms.clear()
-            request.serving_terms.update(self.plane.serving_terms())
+            request.serving_terms.update(self.serving_terms())
+            # Announced once every data worker is up (the last known address of one
+            # that is restarting): the leader registers them (Node.worker_addresses).
+            del request.worker_addresses[:]
+            request.worker_addresses.extend(self.workers.worker_addresses())
             now = time.monotonic()
             self._suspects = {n: t for n, t in self._suspects.items() if now - t < SUSPECT_KEEP_S}
             del request.suspect_node_ids[:]
@@ -1673,32 +1615,6 @@ class Node:
                     log.info("event store: deleted %d events below revision %d", deleted, floor)
 
 
-def _tree_bytes(root: Path) -> int:
-    """Bytes of the regular files under `root` (bounded: a data dir holds few files)."""
-    total = 0
-    for count, path in enumerate(root.rglob("*")):
-        if count >= 100_000:
-            break
-        with contextlib.suppress(OSError):
-            if path.is_file():
-                total += path.stat().st_size
-    return total
-
-
-def _owner_status(owner: ChannelOwner) -> api.OwnerStatus:
-    return api.OwnerStatus(
-        pchannel=owner.pchannel,
-        term=owner.term,
-        state=owner.state,
-        last_lsn=owner.log.last_lsn,
-        committed_lsn=owner.committed_lsn,
-        replicas=[
-            api.ReplicaPosition(node_id=node_id, durable_lsn=lsn)
-            for node_id, lsn in sorted(owner.replica_positions().items())
-        ],
-    )
-
-
 async def _backfill_history_from(
     channel: grpc.aio.Channel, store: object, first: int, last: int
 ) -> bool:
@@ -1733,95 +1649,34 @@ def prepare_data_dir(data_dir: Path) -> None:
         )
 
 
-# glibc's malloc serves large blocks with mmap and gives them back on free, but after the
-# first such free it raises its threshold (up to 32 MiB) and serves later large blocks from
-# the heap, which it rarely returns. Requests of a few MiB that a node refuses (a budget
-# full, a bad batch) would then grow it for good. A fixed threshold keeps mmap for every
-# block of 1 MiB or more, so memory follows what the node holds, not what it was sent.
-M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_BYTES = 1 << 20
-
-
-def _return_large_blocks_to_the_system() -> None:
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return  # not glibc: nothing to tune
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    if not mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES):
-        log.debug("mallopt(M_MMAP_THRESHOLD) refused; keeping malloc's defaults")
-
-
-# A refused large request (a 30 MiB CreateChannels without a token, or one over a limit)
-# stays in memory after its answer: the exception that ended its call holds the handler's
-# frame, and with it the request, in a reference cycle that only the cyclic GC frees; an
-# idle node allocates too few objects to run it soon. Measured: 11 refused 30 MiB
-# requests from one client left a node 363 MiB (and at times over 1 GiB) larger until
-# then. So when the resident size is TRIM_ABOVE_BYTES above the smallest seen, the node
-# collects cycles and gives free heap pages back (malloc_trim), at once when it grew by
-# that much since the last time, else at most every TRIM_RECHECK_S (memory that is in use
-# stays, and is not collected for again and again). Checked every TRIM_CHECK_S with a
-# read of /proc/self/statm.
-TRIM_CHECK_S = 2.0
-TRIM_RECHECK_S = 10.0
-TRIM_ABOVE_BYTES = 32 << 20
-
-
-def _resident_bytes() -> int:
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-async def _trim_memory_loop(stopping: asyncio.Event) -> None:
-    malloc_trim: Callable[[int], int] | None = None
-    try:
-        malloc_trim = ctypes.CDLL(None).malloc_trim
-        malloc_trim.argtypes = (ctypes.c_size_t,)  # type: ignore[attr-defined]
-    except (OSError, AttributeError):
-        malloc_trim = None  # not glibc: collect cycles only
-    floor = last_after = _resident_bytes()
-    last_collect = time.monotonic()
-    while not stopping.is_set():
-        await asyncio.sleep(TRIM_CHECK_S)
-        resident = _resident_bytes()
-        floor = min(floor, resident)
-        if resident - floor <= TRIM_ABOVE_BYTES:
-            continue
-        if resident - last_after <= TRIM_ABOVE_BYTES and (
-            time.monotonic() - last_collect < TRIM_RECHECK_S
-        ):
-            continue
-        gc.collect()
-        if malloc_trim is not None:
-            await asyncio.to_thread(malloc_trim, 0)
-        last_after, last_collect = _resident_bytes(), time.monotonic()
-        log.debug("memory: resident %d -> %d MiB", resident >> 20, last_after >> 20)
-
-
 class NodeRemoved(Exception):
     """The leader refused this node's heartbeats: `raftwal member remove` forgot it. It
     stopped; it comes back only when started again with --join."""
 
 
-async def run_node(config: ClusterConfig, node_id: str) -> bool:
-    """Run the node until it stops; True when it stopped to restart in another Raft role
-    (``raftwal member``): the caller then starts the same command again. Raises
-    NodeRemoved when it stopped because the cluster forgot it."""
-    _return_large_blocks_to_the_system()
-    # Every file the node creates (segments, catalog.db, events.db, the Raft journal and
-    # snapshots, SQLite's side files) is for its own user only: 0600 in 0700 directories.
-    os.umask(0o077)
+#: Exit statuses of the control process, which the supervisor turns into the node's:
+#: removed from the cluster (start it again with --join), and stopped to restart in
+#: another Raft role (the supervisor starts the same command again).
+EXIT_NODE_REMOVED = 3
+EXIT_RESTART = 75
+
+
+def run_control(
+    config: ClusterConfig, node_id: str, token: bytes, supervisor: socket.socket | None
+) -> int:
+    """The control process's main (forked by the supervisor, raftwal.node.supervisor): its
+    exit status (0: stopped; EXIT_RESTART: to be started again in another Raft role;
+    EXIT_NODE_REMOVED: the cluster forgot it)."""
+    return_large_blocks_to_the_system()
     # Tests only, and only with RAFTWAL_ENABLE_FAULTS=1 (see raftwal/faults.py).
     faults.install_from_environment(node_id)
-    node = Node(config, node_id)
-    await node.run_until_stopped()
+    node = Node(config, node_id, token=token, supervisor=supervisor)
+    asyncio.run(node.run_until_stopped())
     if node.removed:
-        raise NodeRemoved(
-            f"node {node_id} was removed from the cluster (raftwal member remove): start it "
-            "again with --join to rejoin"
+        print(
+            f"error: node {node_id} was removed from the cluster (raftwal member remove): "
+            "start it again with --join to rejoin",
+            file=sys.stderr,
         )
-    return node.restart_requested
+        return EXIT_NODE_REMOVED
+    return EXIT_RESTART if node.restart_requested else 0

@@ -13,9 +13,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from rpc.placement import address_for
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
-from wal_segments.plane import Assignment, DataPlane
+from wal_segments.plane import Assignment
 
 T = TypeVar("T")
 
@@ -50,6 +51,16 @@ class DataViewSnapshot:
         default_factory=pb.ReplicateConfiguration
     )
     replicate_cluster_id: str = ""
+    # node id -> the gRPC addresses of its data workers (Node.worker_addresses)
+    worker_addresses: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def address(self, node_id: str, pchannel: str) -> str:
+        """Where `node_id` serves `pchannel`: its data worker for it (rpc.placement), or
+        its own address while it announced none; "" for an unknown node."""
+        node_address = self.addresses.get(node_id, "")
+        if not node_address:
+            return ""
+        return address_for(node_address, self.worker_addresses.get(node_id, ()), pchannel)
 
 
 class NodeIdentity(Protocol):
@@ -190,17 +201,19 @@ class ClusterBackend(Protocol):
 
 
 class NodeManagerBackend(Protocol):
-    """What ``NodeManagerServicer`` needs from its node."""
+    """What ``NodeManagerServicer`` needs from its node (its control process)."""
 
     @property
     def me(self) -> NodeIdentity: ...
 
-    @property
-    def data_view(self) -> DataView: ...
+    def reconcile_now(self) -> None:
+        """Make the node's data workers look at their assignments now."""
 
-    @property
-    def plane(self) -> DataPlane: ...
+    def serving_terms(self) -> dict[str, int]:
+        """pchannel -> term of every pchannel an owner of this node serves now."""
+        ...
 
-    def member_status(self) -> api.MemberStatus:
-        """This node's status; raises AssertionError while it starts or stops."""
+    def member_status(self) -> Awaitable[api.MemberStatus]:
+        """This node's status; raises RaftwalError (ON_SHUTDOWN) while it starts or
+        stops."""
         ...

@@ -33,6 +33,33 @@ MAX_READ_INDEX_TIMEOUT_MS = 10_000
 REMOVED_MARK = "was removed from the cluster"
 
 
+#: The most data worker addresses a heartbeat may announce, and the longest one.
+MAX_WORKER_ADDRESSES = 256
+MAX_ADDRESS_CHARS = 256
+
+
+def _bad_worker_address(request: api.HeartbeatRequest) -> str | None:
+    """What is wrong with the data worker addresses a heartbeat announces, or None."""
+    if len(request.worker_addresses) > MAX_WORKER_ADDRESSES:
+        return (
+            f"too many worker_addresses ({len(request.worker_addresses)}; expected at most "
+            f"{MAX_WORKER_ADDRESSES})"
+        )
+    for index, address in enumerate(request.worker_addresses):
+        host, _, port = address.rpartition(":")
+        if (
+            len(address) > MAX_ADDRESS_CHARS
+            or not host
+            or not port.isdigit()
+            or not 1 <= int(port) <= 65535
+        ):
+            return (
+                f"invalid worker_addresses[{index}] ({address[:64]!r}; expected host:port "
+                "with a port 1..65535)"
+            )
+    return None
+
+
 class ClusterServicer(coordinator_pb2_grpc.ClusterServicer):
     def __init__(self, node: ClusterBackend) -> None:
         self._node = node
@@ -68,6 +95,9 @@ class ClusterServicer(coordinator_pb2_grpc.ClusterServicer):
                     )
                 )
             )
+        bad_worker = _bad_worker_address(request)
+        if bad_worker is not None:
+            await context.abort_with_status(to_status(error_info(E.INVALID_ARGUMENT, bad_worker)))
         known = {n.id for n in self._node.config.nodes}
         if request.node_id not in known:
             refusal = _joiner_refusal(request, self._node.config)

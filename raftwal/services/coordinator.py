@@ -22,6 +22,7 @@ import grpc
 
 from raftwal.services.common import fail
 from rpc.errors import RaftwalError, error_info, to_status
+from rpc.placement import address_for
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
@@ -205,21 +206,34 @@ def assignment_view(state: pb.CoordinationState) -> api.AssignmentDiscovery:
             vchannels.setdefault(vchannel.pchannel, []).append(name)
     for node_id in sorted(state.nodes):
         node = state.nodes[node_id]
-        view.nodes.add(node_id=node_id, address=node.address, state=node.state)
+        view.nodes.add(
+            node_id=node_id,
+            address=node.address,
+            state=node.state,
+            worker_addresses=node.worker_addresses,
+        )
+
+    def serving(node_id: str, pchannel: str) -> str:
+        # The node's data worker for the pchannel (rpc.placement), or "" when unknown.
+        node = state.nodes.get(node_id)
+        if node is None:
+            return ""
+        return address_for(node.address, node.worker_addresses, pchannel)
+
     for name in sorted(state.pchannels):
         channel = state.pchannels[name]
         if channel.state == pb.PCHANNEL_STATE_DROPPED:
             continue
-        owner = state.nodes.get(channel.owner_node_id)
         view.channels.add(
             pchannel=name,
             term=channel.term,
             owner_node_id=channel.owner_node_id,
-            owner_address=owner.address if owner is not None else "",
+            owner_address=serving(channel.owner_node_id, name),
             state=channel.state,
             access_mode=channel.access_mode,
             replica_node_ids=channel.replica_node_ids,
             vchannels=vchannels.get(name, []),
+            replica_addresses=[serving(node_id, name) for node_id in channel.replica_node_ids],
         )
     return view
 

@@ -1,7 +1,7 @@
 """The node-internal ``NodeManager`` service: what the coordinator calls on a node (Assign,
 Remove, CollectStatus).
 
-``Assign`` wakes the data plane, which runs tail recovery for the assignment and ends it
+``Assign`` wakes the node's data workers, whose data planes run tail recovery for the assignment and ends it
 with ``PChannelReady`` (``wal_segments.owner``). Depends on ``NodeManagerBackend``, never on
 the node.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from raftwal.services.backend import NodeManagerBackend
-from rpc.errors import error_info, to_status
+from rpc.errors import RaftwalError, error_info, to_status
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
 
@@ -34,10 +34,9 @@ class NodeManagerServicer(coordinator_pb2_grpc.NodeManagerServicer):
                     )
                 )
             )
-        # The data plane's reconcile loop starts tail recovery as soon as this node has
-        # applied the assignment; this call only makes sure it looks now.
-        self._node.data_view.refresh()
-        await self._node.plane.reconcile()
+        # The data workers' reconcile loops start tail recovery as soon as they have
+        # applied the assignment; this call only makes sure they look now.
+        self._node.reconcile_now()
         return api.AssignResponse(accepted=True)
 
     async def Remove(self, request, context):
@@ -45,13 +44,13 @@ class NodeManagerServicer(coordinator_pb2_grpc.NodeManagerServicer):
 
     async def CollectStatus(self, request, context):
         try:
-            member = self._node.member_status()
-        except AssertionError:
+            member = await self._node.member_status()
+        except (AssertionError, RaftwalError):
             await context.abort_with_status(
                 to_status(error_info(E.ON_SHUTDOWN, "node is starting or stopping"))
             )
         return api.CollectStatusResponse(
             node_id=self._node.me.id,
             member=member,
-            serving_terms=self._node.plane.serving_terms(),
+            serving_terms=self._node.serving_terms(),
         )

@@ -103,20 +103,22 @@ class OwnerDescription(_message.Message):
     def __init__(self, role: _Optional[str] = ..., address: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("node_id", "address", "state", "frozen", "registered_revision", "raft_address")
+    __slots__ = ("node_id", "address", "state", "frozen", "registered_revision", "raft_address", "worker_addresses")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     FROZEN_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_REVISION_FIELD_NUMBER: _ClassVar[int]
     RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     state: NodeState
     frozen: bool
     registered_revision: int
     raft_address: str
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., frozen: _Optional[bool] = ..., registered_revision: _Optional[int] = ..., raft_address: _Optional[str] = ...) -> None: ...
+    worker_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., frozen: _Optional[bool] = ..., registered_revision: _Optional[int] = ..., raft_address: _Optional[str] = ..., worker_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AssignmentHistoryEntry(_message.Message):
     __slots__ = ("term", "node_id", "start_lsn", "end_lsn")
@@ -613,16 +615,18 @@ class ReplicateCheckpoints(_message.Message):
     def __init__(self, source_lsns: _Optional[_Mapping[str, int]] = ..., drained_through_lsns: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class RegisterNode(_message.Message):
-    __slots__ = ("node_id", "address", "raft_address", "joined_incarnation_ms")
+    __slots__ = ("node_id", "address", "raft_address", "joined_incarnation_ms", "worker_addresses")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     JOINED_INCARNATION_MS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     raft_address: str
     joined_incarnation_ms: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., raft_address: _Optional[str] = ..., joined_incarnation_ms: _Optional[int] = ...) -> None: ...
+    worker_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., raft_address: _Optional[str] = ..., joined_incarnation_ms: _Optional[int] = ..., worker_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RemoveNode(_message.Message):
     __slots__ = ("node_id",)
@@ -1073,14 +1077,16 @@ class Command(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., proposed_at_ms: _Optional[int] = ..., register_node: _Optional[_Union[RegisterNode, _Mapping]] = ..., mark_node_down: _Optional[_Union[MarkNodeDown, _Mapping]] = ..., mark_node_up: _Optional[_Union[MarkNodeUp, _Mapping]] = ..., freeze_node: _Optional[_Union[FreezeNode, _Mapping]] = ..., unfreeze_node: _Optional[_Union[UnfreezeNode, _Mapping]] = ..., remove_node: _Optional[_Union[RemoveNode, _Mapping]] = ..., create_pchannels: _Optional[_Union[CreatePChannels, _Mapping]] = ..., assign_pchannel: _Optional[_Union[AssignPChannel, _Mapping]] = ..., pchannel_ready: _Optional[_Union[PChannelReady, _Mapping]] = ..., mark_pchannel_unavailable: _Optional[_Union[MarkPChannelUnavailable, _Mapping]] = ..., drop_pchannel: _Optional[_Union[DropPChannel, _Mapping]] = ..., create_vchannel: _Optional[_Union[CreateVChannel, _Mapping]] = ..., drop_vchannel: _Optional[_Union[DropVChannel, _Mapping]] = ..., commit_segment: _Optional[_Union[CommitSegment, _Mapping]] = ..., delete_segments_before: _Optional[_Union[DeleteSegmentsBefore, _Mapping]] = ..., create_broadcast: _Optional[_Union[CreateBroadcast, _Mapping]] = ..., record_broadcast_appended: _Optional[_Union[RecordBroadcastAppended, _Mapping]] = ..., ack_broadcast: _Optional[_Union[AckBroadcast, _Mapping]] = ..., clear_broadcasts: _Optional[_Union[ClearBroadcasts, _Mapping]] = ..., grant_lease: _Optional[_Union[GrantLease, _Mapping]] = ..., keep_alive_lease: _Optional[_Union[KeepAliveLease, _Mapping]] = ..., revoke_lease: _Optional[_Union[RevokeLease, _Mapping]] = ..., expire_leases: _Optional[_Union[ExpireLeases, _Mapping]] = ..., extend_leases: _Optional[_Union[ExtendLeases, _Mapping]] = ..., lock: _Optional[_Union[Lock, _Mapping]] = ..., unlock: _Optional[_Union[Unlock, _Mapping]] = ..., commit_consumer_position: _Optional[_Union[CommitConsumerPosition, _Mapping]] = ..., bump_consumer_fence: _Optional[_Union[BumpConsumerFence, _Mapping]] = ..., create_subscription: _Optional[_Union[CreateSubscription, _Mapping]] = ..., drop_subscription: _Optional[_Union[DropSubscription, _Mapping]] = ..., commit_subscription_position: _Optional[_Union[CommitSubscriptionPosition, _Mapping]] = ..., seek_subscription: _Optional[_Union[SeekSubscription, _Mapping]] = ..., join_subscription: _Optional[_Union[JoinSubscription, _Mapping]] = ..., leave_subscription: _Optional[_Union[LeaveSubscription, _Mapping]] = ..., assign_subscription: _Optional[_Union[AssignSubscription, _Mapping]] = ..., restore_state: _Optional[_Union[RestoreState, _Mapping]] = ..., set_balance_policy: _Optional[_Union[SetBalancePolicy, _Mapping]] = ..., update_replicate_configuration: _Optional[_Union[UpdateReplicateConfiguration, _Mapping]] = ..., record_replicate_checkpoint: _Optional[_Union[RecordReplicateCheckpoint, _Mapping]] = ..., barrier: _Optional[_Union[Barrier, _Mapping]] = ...) -> None: ...
 
 class NodeRegistered(_message.Message):
-    __slots__ = ("node_id", "address", "raft_address")
+    __slots__ = ("node_id", "address", "raft_address", "worker_addresses")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     raft_address: str
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., raft_address: _Optional[str] = ...) -> None: ...
+    worker_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., raft_address: _Optional[str] = ..., worker_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeRemoved(_message.Message):
     __slots__ = ("node_id", "removed_at_ms")

@@ -160,17 +160,19 @@ class WatchAssignmentsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeAssignment(_message.Message):
-    __slots__ = ("node_id", "address", "state")
+    __slots__ = ("node_id", "address", "state", "worker_addresses")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     state: _coordination_pb2.NodeState
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[_coordination_pb2.NodeState, str]] = ...) -> None: ...
+    worker_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[_coordination_pb2.NodeState, str]] = ..., worker_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ChannelAssignment(_message.Message):
-    __slots__ = ("pchannel", "term", "owner_node_id", "owner_address", "state", "access_mode", "replica_node_ids", "vchannels")
+    __slots__ = ("pchannel", "term", "owner_node_id", "owner_address", "state", "access_mode", "replica_node_ids", "vchannels", "replica_addresses")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     OWNER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +181,7 @@ class ChannelAssignment(_message.Message):
     ACCESS_MODE_FIELD_NUMBER: _ClassVar[int]
     REPLICA_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     VCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
     term: int
     owner_node_id: str
@@ -187,7 +190,8 @@ class ChannelAssignment(_message.Message):
     access_mode: _coordination_pb2.AccessMode
     replica_node_ids: _containers.RepeatedScalarFieldContainer[str]
     vchannels: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., owner_node_id: _Optional[str] = ..., owner_address: _Optional[str] = ..., state: _Optional[_Union[_coordination_pb2.PChannelState, str]] = ..., access_mode: _Optional[_Union[_coordination_pb2.AccessMode, str]] = ..., replica_node_ids: _Optional[_Iterable[str]] = ..., vchannels: _Optional[_Iterable[str]] = ...) -> None: ...
+    replica_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., owner_node_id: _Optional[str] = ..., owner_address: _Optional[str] = ..., state: _Optional[_Union[_coordination_pb2.PChannelState, str]] = ..., access_mode: _Optional[_Union[_coordination_pb2.AccessMode, str]] = ..., replica_node_ids: _Optional[_Iterable[str]] = ..., vchannels: _Optional[_Iterable[str]] = ..., replica_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AssignmentDiscovery(_message.Message):
     __slots__ = ("version", "channels", "nodes", "progress")
@@ -388,7 +392,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self, consistency: _Optional[_Union[Consistency, str]] = ...) -> None: ...
 
 class MemberStatus(_message.Message):
-    __slots__ = ("node_id", "grpc_address", "raft_address", "is_leader", "reachable", "raft_term", "commit_index", "applied_index", "revision", "state_digest", "pid", "durable_index", "owners", "wal_disk", "data_dir_bytes", "role")
+    __slots__ = ("node_id", "grpc_address", "raft_address", "is_leader", "reachable", "raft_term", "commit_index", "applied_index", "revision", "state_digest", "pid", "durable_index", "owners", "wal_disk", "data_dir_bytes", "role", "processes")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -405,6 +409,7 @@ class MemberStatus(_message.Message):
     WAL_DISK_FIELD_NUMBER: _ClassVar[int]
     DATA_DIR_BYTES_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     grpc_address: str
     raft_address: str
@@ -421,7 +426,34 @@ class MemberStatus(_message.Message):
     wal_disk: _containers.RepeatedCompositeFieldContainer[WalDiskUsage]
     data_dir_bytes: int
     role: str
-    def __init__(self, node_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., raft_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., reachable: _Optional[bool] = ..., raft_term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ..., pid: _Optional[int] = ..., durable_index: _Optional[int] = ..., owners: _Optional[_Iterable[_Union[OwnerStatus, _Mapping]]] = ..., wal_disk: _Optional[_Iterable[_Union[WalDiskUsage, _Mapping]]] = ..., data_dir_bytes: _Optional[int] = ..., role: _Optional[str] = ...) -> None: ...
+    processes: _containers.RepeatedCompositeFieldContainer[ProcessStatus]
+    def __init__(self, node_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., raft_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., reachable: _Optional[bool] = ..., raft_term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ..., pid: _Optional[int] = ..., durable_index: _Optional[int] = ..., owners: _Optional[_Iterable[_Union[OwnerStatus, _Mapping]]] = ..., wal_disk: _Optional[_Iterable[_Union[WalDiskUsage, _Mapping]]] = ..., data_dir_bytes: _Optional[int] = ..., role: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ProcessStatus, _Mapping]]] = ...) -> None: ...
+
+class ProcessStatus(_message.Message):
+    __slots__ = ("kind", "index", "pid", "up", "cpu_seconds", "rss_bytes", "grpc_address", "transfer_port", "restarts", "owned_pchannels", "replica_pchannels")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    UP_FIELD_NUMBER: _ClassVar[int]
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_PORT_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    OWNED_PCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_PCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    index: int
+    pid: int
+    up: bool
+    cpu_seconds: float
+    rss_bytes: int
+    grpc_address: str
+    transfer_port: int
+    restarts: int
+    owned_pchannels: _containers.RepeatedScalarFieldContainer[str]
+    replica_pchannels: int
+    def __init__(self, kind: _Optional[str] = ..., index: _Optional[int] = ..., pid: _Optional[int] = ..., up: _Optional[bool] = ..., cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., grpc_address: _Optional[str] = ..., transfer_port: _Optional[int] = ..., restarts: _Optional[int] = ..., owned_pchannels: _Optional[_Iterable[str]] = ..., replica_pchannels: _Optional[int] = ...) -> None: ...
 
 class OwnerStatus(_message.Message):
     __slots__ = ("pchannel", "term", "state", "last_lsn", "committed_lsn", "replicas")
@@ -788,7 +820,7 @@ class CollectStatusResponse(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., member: _Optional[_Union[MemberStatus, _Mapping]] = ..., serving_terms: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "address", "incarnation", "serving_terms", "suspect_node_ids", "draining", "raft_address", "joined")
+    __slots__ = ("node_id", "address", "incarnation", "serving_terms", "suspect_node_ids", "draining", "raft_address", "joined", "worker_addresses")
     class ServingTermsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -804,6 +836,7 @@ class HeartbeatRequest(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     JOINED_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     incarnation: int
@@ -812,7 +845,8 @@ class HeartbeatRequest(_message.Message):
     draining: bool
     raft_address: str
     joined: bool
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., serving_terms: _Optional[_Mapping[str, int]] = ..., suspect_node_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., raft_address: _Optional[str] = ..., joined: _Optional[bool] = ...) -> None: ...
+    worker_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., serving_terms: _Optional[_Mapping[str, int]] = ..., suspect_node_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., raft_address: _Optional[str] = ..., joined: _Optional[bool] = ..., worker_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("leader_node_id", "revision", "draining_seen", "handover_targets", "voter_node_ids", "membership_settled")

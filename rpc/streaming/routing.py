@@ -336,9 +336,16 @@ class AssignmentCache:
                 state=channel.state,
                 vchannels=tuple(channel.vchannels),
                 replica_addresses=tuple(
-                    addresses[node]
-                    for node in channel.replica_node_ids
-                    if node != channel.owner_node_id and addresses.get(node)
+                    address
+                    for node, address in zip(
+                        channel.replica_node_ids,
+                        # The node's data worker for this pchannel (a node that announced
+                        # none, or an older one: its own address).
+                        channel.replica_addresses
+                        or [addresses.get(node, "") for node in channel.replica_node_ids],
+                        strict=False,
+                    )
+                    if node != channel.owner_node_id and address
                 ),
             )
             for name in channel.vchannels:

@@ -30,6 +30,8 @@ _LOWER = (
     "rpc.protos",
     "rpc.errors",
     "rpc.aio",
+    # which data worker of a node holds a pchannel (the SDK and Spark compute it too)
+    "rpc.placement",
     # the segment transfer protocol's constants (the reader's side lives there too)
     "rpc.segment_transfer",
     # the Append stream's framing over the same port (the owner's side lives there too)
