@@ -18,7 +18,8 @@ differs between two processes (Python's ``hash`` is salted per process: never us
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 
 def _weight(pchannel: str, index: int) -> bytes:
@@ -43,4 +44,22 @@ def address_for(node_address: str, worker_addresses: Sequence[str], pchannel: st
     return address or node_address
 
 
-__all__ = ["address_for", "worker_index"]
+class _Node(Protocol):
+    node_id: str
+    address: str
+
+    @property
+    def worker_addresses(self) -> Sequence[str]: ...
+
+
+def serving_address(nodes: Iterable[_Node], node_id: str, pchannel: str) -> str:
+    """Where `node_id` serves `pchannel`, from a list of nodes as ``ClusterStatus`` (or
+    ``WatchAssignments``) returns them: its data worker for it, or its own address while
+    it announced none; "" for a node not in `nodes`."""
+    for node in nodes:
+        if node.node_id == node_id:
+            return address_for(node.address, list(node.worker_addresses), pchannel)
+    return ""
+
+
+__all__ = ["address_for", "serving_address", "worker_index"]

@@ -1,7 +1,8 @@
 """Per-link TCP proxies for the chaos suite (``raftwal chaos``): the network the nemesis cuts.
 
 Every node dials every peer through a proxy of its own, one per directed link and port kind
-(``raft``, ``grpc`` and ``transfer``, the port that carries replication's Append streams),
+(``raft``, ``grpc`` and ``transfer``, the port that carries replication's Append streams,
+and each data worker's gRPC and transfer ports, ``wgrpc<k>`` and ``wtransfer<k>``),
 configured with the node's ``peer_raft_addresses`` / ``peer_grpc_addresses`` /
 ``peer_transfer_addresses`` (raftwal/node/config.py). Clients still reach every node
 directly, as in Jepsen: a partition separates the servers from each other, for Raft and WAL
@@ -60,6 +61,32 @@ class Link:
     source: str
     target: str
     kind: str
+
+
+# A data worker's ports (DESIGN.md section 2): "wgrpc<k>" is worker k's gRPC port,
+# "wtransfer<k>" its transfer port. Worker 0's transfer port is the node's transfer_port
+# ("transfer"). Only workers with fixed ports (`worker_grpc_ports`, as `dev.make_config`
+# gives them) can be proxied.
+WORKER_GRPC = "wgrpc"
+WORKER_TRANSFER = "wtransfer"
+
+
+def _worker_kinds(node: NodeConfig) -> list[str]:
+    kinds = [f"{WORKER_GRPC}{k}" for k, port in enumerate(node.worker_grpc_ports) if port > 0]
+    kinds += [
+        f"{WORKER_TRANSFER}{k}"
+        for k, port in enumerate(node.worker_transfer_ports)
+        if k > 0 and port > 0
+    ]
+    return kinds
+
+
+def _upstream_port(node: NodeConfig, kind: str) -> int:
+    if kind.startswith(WORKER_GRPC):
+        return node.worker_grpc_ports[int(kind[len(WORKER_GRPC) :])]
+    if kind.startswith(WORKER_TRANSFER):
+        return node.worker_transfer_ports[int(kind[len(WORKER_TRANSFER) :])]
+    return {"raft": node.raft_port, "grpc": node.grpc_port, "transfer": node.transfer_port}[kind]
 
 
 class _Connection:
@@ -237,7 +264,7 @@ class ProxyNet:
             for source in nodes
             for target in nodes
             if source.id != target.id
-            for kind in LINK_KINDS
+            for kind in (*LINK_KINDS, *_worker_kinds(target))
             if kind != "transfer" or target.transfer_port > 0
         ]
         # Ports free a moment ago may include the nodes' own (picked, then closed, by
@@ -245,7 +272,14 @@ class ProxyNet:
         taken = {
             port
             for n in nodes
-            for port in (n.grpc_port, n.raft_port, n.metrics_port, n.transfer_port)
+            for port in (
+                n.grpc_port,
+                n.raft_port,
+                n.metrics_port,
+                n.transfer_port,
+                *n.worker_grpc_ports,
+                *n.worker_transfer_ports,
+            )
         }
         ports = [p for p in free_ports(len(links) + len(taken), HOST) if p not in taken]
         self._ports = dict(zip(links, ports[: len(links)], strict=True))
@@ -268,12 +302,25 @@ class ProxyNet:
                 if link.source == source and link.kind == kind
             )
 
+        def workers(source: str, prefix: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+            by_target: dict[str, dict[int, str]] = {}
+            for link, port in self._ports.items():
+                if link.source == source and link.kind.startswith(prefix):
+                    index = int(link.kind[len(prefix) :])
+                    by_target.setdefault(link.target, {})[index] = f"{HOST}:{port}"
+            return tuple(
+                (target, tuple(found[k] for k in sorted(found)))
+                for target, found in sorted(by_target.items())
+            )
+
         return tuple(
             replace(
                 node,
                 peer_raft_addresses=table(node.id, "raft"),
                 peer_grpc_addresses=table(node.id, "grpc"),
                 peer_transfer_addresses=table(node.id, "transfer"),
+                peer_worker_grpc_addresses=workers(node.id, WORKER_GRPC),
+                peer_worker_transfer_addresses=workers(node.id, WORKER_TRANSFER),
             )
             for node in nodes
         )
@@ -293,11 +340,7 @@ class ProxyNet:
         async def start_all() -> None:
             for link, port in self._ports.items():
                 target = by_id[link.target]
-                upstream = {
-                    "raft": target.raft_port,
-                    "grpc": target.grpc_port,
-                    "transfer": target.transfer_port,
-                }[link.kind]
+                upstream = _upstream_port(target, link.kind)
                 proxy = _LinkProxy(link, port, upstream)
                 await proxy.start()
                 self._proxies[link] = proxy

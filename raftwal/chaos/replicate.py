@@ -82,8 +82,8 @@ def _env() -> dict[str, str]:
 def _signal(cluster: dev.LocalCluster, node_id: str, signum: int) -> None:
     pid = cluster.pid(node_id)
     if pid is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
+        # Every process of the node: its supervisor, control process and data workers.
+        dev.signal_node(pid, signum)
 
 
 class _Workload:

@@ -79,12 +79,14 @@ __all__ = [
     "scaled",
     "time_scale",
     "make_config",
+    "node_processes",
     "render_config",
     "RestartStep",
     "load",
     "restart_node",
     "rolling_restart",
     "secure_config",
+    "signal_node",
     "up",
     "wait_caught_up",
     "wait_ready",
@@ -297,16 +299,22 @@ class LocalCluster:
         log_file.close()
 
     def kill(self, node_id: str, signum: int = signal.SIGKILL) -> None:
+        """Signal `node_id`: SIGKILL, SIGSTOP and SIGCONT reach every process of the node
+        (`signal_node`), SIGTERM its supervisor (which stops the others); wait for the
+        exit of the whole node after SIGKILL and SIGTERM."""
         process = self.processes.get(node_id)
         if process is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signum)
+        if signum == signal.SIGTERM:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signum)
+        else:
+            signal_node(process.pid, signum)
         if signum in (signal.SIGKILL, signal.SIGTERM):
             try:
                 process.wait(timeout=scaled(KILL_WAIT_S))
             except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
+                signal_node(process.pid, signal.SIGKILL)
                 process.wait(timeout=scaled(KILL_WAIT_S))
             self.processes[node_id] = None
 
@@ -322,7 +330,7 @@ class LocalCluster:
             try:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                process.kill()
+                signal_node(process.pid, signal.SIGKILL)
                 process.wait(timeout=scaled(KILL_WAIT_S))
             self.processes[node_id] = None
 
@@ -365,8 +373,25 @@ class LocalCluster:
         (self.directory / CLUSTER_FILE).write_text(json.dumps(data, indent=2))
 
 
-#: The ports of a node alone in its network namespace (`up(netns=True)`).
+#: The ports of a node alone in its network namespace (`up(netns=True)`), and its data
+#: worker's gRPC port.
 NETNS_PORTS = (7201, 7301, 9201, 7601)
+NETNS_WORKER_GRPC_PORT = 7211
+
+#: Data workers per node of a local cluster (the node's default, the machine's cores minus
+#: one, would give three nodes on one machine three times the cores): RAFTWAL_DEV_DATA_WORKERS
+#: overrides it.
+DEV_DATA_WORKERS = 1
+DATA_WORKERS_ENV = "RAFTWAL_DEV_DATA_WORKERS"
+
+
+def dev_data_workers() -> int:
+    raw = os.environ.get(DATA_WORKERS_ENV, "").strip()
+    if not raw:
+        return DEV_DATA_WORKERS
+    if not raw.isdigit() or not 1 <= int(raw) <= 16:
+        raise ValueError(f"invalid {DATA_WORKERS_ENV} ({raw!r}; expected 1..16)")
+    return int(raw)
 
 
 def make_netns_config(
@@ -386,6 +411,8 @@ def make_netns_config(
                 transfer_port=transfer_port,
                 data_dir=(directory / node_id).resolve(),
                 role="data" if k >= count - data_nodes else "voter",
+                data_workers=1,
+                worker_grpc_ports=(NETNS_WORKER_GRPC_PORT,),
             )
             for k, node_id in enumerate(hosts.node_ids)
         )
@@ -401,21 +428,30 @@ def make_config(
     port from the kernel's ephemeral range, the same range these picks come from, and could
     take a port picked for a node that has not bound it yet (CI saw a node's transfer port
     take another node's metrics port, which then failed to start)."""
-    ports = free_ports(nodes * 4, host)
-    members = tuple(
-        NodeConfig(
-            id=f"n{k + 1}",
-            host=host,
-            grpc_port=ports[4 * k],
-            raft_port=ports[4 * k + 1],
-            metrics_port=ports[4 * k + 2],
-            transfer_port=ports[4 * k + 3],
-            data_dir=(directory / f"n{k + 1}").resolve(),
-            role="data" if k >= nodes - data_nodes else "voter",
+    workers = dev_data_workers()
+    # Per node: gRPC, Raft, metrics, transfer (worker 0's), each worker's gRPC port and
+    # every other worker's transfer port.
+    per_node = 4 + workers + (workers - 1)
+    ports = free_ports(nodes * per_node, host)
+    members = []
+    for k in range(nodes):
+        mine = ports[per_node * k : per_node * (k + 1)]
+        members.append(
+            NodeConfig(
+                id=f"n{k + 1}",
+                host=host,
+                grpc_port=mine[0],
+                raft_port=mine[1],
+                metrics_port=mine[2],
+                transfer_port=mine[3],
+                data_dir=(directory / f"n{k + 1}").resolve(),
+                role="data" if k >= nodes - data_nodes else "voter",
+                data_workers=workers,
+                worker_grpc_ports=tuple(mine[4 : 4 + workers]),
+                worker_transfer_ports=(mine[3], *mine[4 + workers :]) if workers > 1 else (),
+            )
         )
-        for k in range(nodes)
-    )
-    return ClusterConfig(nodes=members)
+    return ClusterConfig(nodes=tuple(members))
 
 
 def secure_config(config: ClusterConfig, security: devcerts.DevSecurity) -> ClusterConfig:
@@ -585,6 +621,47 @@ def _start(
     return cluster
 
 
+def node_processes(pid: int) -> list[int]:
+    """`pid` (a node's supervisor) and every process under it (its control process and
+    data workers), read from /proc; the supervisor first."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                    raw = stat.read()
+                parent = int(raw[raw.rfind(b")") + 2 :].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found: list[int] = []
+    todo = [pid]
+    while todo and len(found) < 1024:
+        current = todo.pop(0)
+        found.append(current)
+        todo.extend(sorted(children.get(current, [])))
+    return found
+
+
+def signal_node(pid: int, signum: int) -> list[int]:
+    """Send `signum` to every process of the node whose supervisor is `pid` (a node is a
+    supervisor, a control process and data workers, not one process: pausing only the
+    supervisor would pause nothing that serves). The supervisor first, so that it cannot
+    start a worker again between the signals; after SIGKILL, returns once every one of
+    them is gone (its ports free). Returns the pids signalled."""
+    pids = node_processes(pid)
+    for target in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(target, signum)
+    if signum == signal.SIGKILL:
+        deadline = time.monotonic() + scaled(KILL_WAIT_S)
+        while time.monotonic() < deadline and any(_alive(p) for p in pids[1:]):
+            time.sleep(0.01)
+    return pids
+
+
 def _alive(pid: object) -> bool:
     if not isinstance(pid, int) or pid <= 0:
         return False
@@ -622,8 +699,7 @@ def down(directory: Path, grace_s: float = 10.0) -> list[int]:
         time.sleep(0.1)
     for pid in pids:
         if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            signal_node(pid, signal.SIGKILL)
     # Return only once every node is gone (its ports free, its files closed): a SIGKILLed
     # process still takes a moment to die.
     deadline = time.monotonic() + scaled(KILL_WAIT_S)
@@ -774,8 +850,11 @@ def _stop_process(cluster: LocalCluster, node_id: str, signum: int, exit_timeout
     pid = cluster.pid(node_id)
     if pid is None or (process is None and not _alive(pid)):
         return False
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signum)
+    if signum == signal.SIGKILL:
+        signal_node(pid, signum)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
     killed = False
     exit_timeout_s = scaled(exit_timeout_s)
     deadline = time.monotonic() + exit_timeout_s
@@ -784,15 +863,14 @@ def _stop_process(cluster: LocalCluster, node_id: str, signum: int, exit_timeout
             process.wait(timeout=exit_timeout_s)
         except subprocess.TimeoutExpired:
             killed = True
-            process.kill()
+            signal_node(pid, signal.SIGKILL)
             process.wait(timeout=scaled(KILL_WAIT_S))
     else:
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         if _alive(pid):
             killed = True
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            signal_node(pid, signal.SIGKILL)
             kill_deadline = time.monotonic() + scaled(KILL_WAIT_S)
             while _alive(pid) and time.monotonic() < kill_deadline:
                 time.sleep(0.05)

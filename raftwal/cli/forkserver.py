@@ -43,7 +43,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 # What `python -m raftwal.cli node` imports before it serves; imported once, here.
-PRELOAD = ("raftwal.cli.main", "raftwal.node.process", "raftwal.node.config")
+PRELOAD = (
+    "raftwal.cli.main",
+    "raftwal.node.process",
+    "raftwal.node.config",
+    "raftwal.node.supervisor",
+    "raftwal.node.worker",
+)
 
 _MAX_LINE_BYTES = 1 << 20
 

@@ -1052,7 +1052,8 @@ class Node:
             applied_index=applied_index,
             revision=revision,
             state_digest=digest,
-            pid=os.getpid(),
+            # The node's own process (`raftwal node`): its supervisor.
+            pid=os.getppid(),
             durable_index=int(status.get("durable_index", 0) or 0),
             data_dir_bytes=await asyncio.to_thread(tree_bytes, self.me.data_dir),
         )

@@ -242,7 +242,9 @@ class Supervisor:
                         log.warning("starting data worker %d again", index)
                         self._start_worker(index)
         finally:
-            self._stop_workers()
+            # A control process killed by a signal ended the node as a crash would: its
+            # workers go the same way at once. Otherwise they stop cleanly.
+            self._stop_workers(crashed=status is None or status < 0)
             selector.close()
             signal.set_wakeup_fd(-1)
             os.close(wake_r)
@@ -325,12 +327,13 @@ class Supervisor:
             if error.errno not in (errno.EPIPE, errno.ECONNREFUSED, errno.ECONNRESET):
                 log.warning("cannot tell the control process: %s", error)
 
-    def _stop_workers(self) -> None:
+    def _stop_workers(self, crashed: bool) -> None:
         """Stop what is left: the workers end on their own once the control process is
-        gone (their links close); those that do not within the grace are killed."""
-        deadline = time.monotonic() + WORKER_STOP_GRACE_S
+        gone (their links close); those that do not within the grace are killed. After a
+        crash (`crashed`) they are killed at once."""
+        deadline = time.monotonic() + (0.0 if crashed else WORKER_STOP_GRACE_S)
         for child in self._children():
-            self._kill(child.pid, signal.SIGTERM)
+            self._kill(child.pid, signal.SIGKILL if crashed else signal.SIGTERM)
         while any(w is not None for w in self._workers.values()) or self._control is not None:
             try:
                 pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -379,7 +382,8 @@ def run_node(config: ClusterConfig, node_id: str) -> int:
         os.execv(sys.executable, sys.orig_argv)
     if status < 0:
         # The control process died of a signal: end the same way, for whoever watches.
-        signal.signal(-status, signal.SIG_DFL)
+        if -status not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
         return 128 - status
     return status

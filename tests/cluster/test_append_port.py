@@ -279,13 +279,13 @@ def test_owner_stream_recovers_from_a_killed_and_a_paused_replica(cluster_and_cl
         pid = cluster.pid(paused)
         assert pid is not None
         appends_before = _port_count(cluster, paused, "appends")
-        os.kill(pid, signal.SIGSTOP)
+        dev.signal_node(pid, signal.SIGSTOP)
         try:
             acked = len(history.acked)
             time.sleep(append_stream.IDLE_TIMEOUT_S + 2)
             assert len(history.acked) > acked + 200, "writes stopped with one replica paused"
         finally:
-            os.kill(pid, signal.SIGCONT)
+            dev.signal_node(pid, signal.SIGCONT)
         acked = len(history.acked)
         paused_caught_up = _catches_up(cluster, owner, pchannel, paused)
         _wait(

@@ -72,7 +72,7 @@ def test_a_resumed_frozen_leader_marks_no_other_node_down(cluster) -> None:
     endpoint = {n.id: n.grpc_address for n in local.config.nodes}
     pid = local.pid(frozen)
     assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
+    dev.signal_node(pid, signal.SIGSTOP)
     try:
         # The others take over: a new leader, the frozen node DOWN, its pchannels moved.
         def taken_over() -> api.ClusterStatusResponse | None:
@@ -90,7 +90,7 @@ def test_a_resumed_frozen_leader_marks_no_other_node_down(cluster) -> None:
         # DOWN only a full timeout after taking over.
         before = wait_for("the others took over from the frozen leader", taken_over, 60)
     finally:
-        os.kill(pid, signal.SIGCONT)
+        dev.signal_node(pid, signal.SIGCONT)
     registered = {n.node_id: n.registered_revision for n in before.nodes if n.node_id in others}
     placement = _placement(before, names)
 

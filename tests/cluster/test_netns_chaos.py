@@ -115,10 +115,10 @@ def test_a_minute_of_faults_across_namespaces_loses_no_acknowledged_message(
                 target = leader
                 pid = local.pid(target)
                 assert pid is not None
-                os.kill(pid, signal.SIGSTOP)
+                dev.signal_node(pid, signal.SIGSTOP)
                 stopped.add(pid)
                 time.sleep(rng.uniform(1.0, FAULT_S))
-                os.kill(pid, signal.SIGCONT)
+                dev.signal_node(pid, signal.SIGCONT)
                 stopped.discard(pid)
             else:
                 target = owner
@@ -162,7 +162,7 @@ def test_a_minute_of_faults_across_namespaces_loses_no_acknowledged_message(
         done.set()
         for pid in stopped:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+                dev.signal_node(pid, signal.SIGCONT)
         for node_id in cut:
             with contextlib.suppress(netns.NetnsError):
                 hosts.set_connected(node_id, True)

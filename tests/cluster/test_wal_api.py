@@ -22,6 +22,7 @@ from raftwal.cli import dev
 from raftwal.services.segment_transfer import MAX_CONNECTIONS, MAX_CONNECTIONS_PER_SOURCE
 from rpc import segment_transfer
 from rpc.errors import from_rpc_error
+from rpc.placement import serving_address
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
@@ -254,7 +255,11 @@ def test_a_bad_msg_type_lists_only_what_a_producer_may_send(env, msg_type: str) 
 
 def test_routing_errors_carry_hints_and_bad_streams_fail_cleanly(env) -> None:
     cluster, client, pchannel, address = env
-    other = next(e for e in cluster.endpoints if e != address)
+    owner, _, _ = wait_assigned(client, pchannel)
+    nodes = client.status().nodes
+    other = next(
+        serving_address(nodes, n.id, pchannel) for n in cluster.config.nodes if n.id != owner
+    )
     result = _produce(
         other, wire.ProduceRequest(pchannel=pchannel, messages=[_message("api_a", b"x")])
     )
@@ -327,7 +332,8 @@ def test_read_segment_chunks_at_frame_boundaries_with_crcs_and_offsets(env) -> N
         time.sleep(0.2)
         listed = list_segments(client, pchannel)
     segment = listed.segments[0]
-    node_addresses = {n.node_id: n.address for n in client.status().nodes}
+    nodes = client.status().nodes
+    node_addresses = {n: serving_address(nodes, n, pchannel) for n in segment.replica_node_ids}
     for node_id in segment.replica_node_ids:
         for low, high, chunk_bytes in (
             (0, 0, 4096),
@@ -402,7 +408,8 @@ def test_read_segment_bulk_transfer_matches_the_stream_and_tickets_work_once(env
     ticket are refused, and the node keeps serving."""
     _, client, pchannel, _ = env
     segment = _committed_segments(env)[0]
-    node_addresses = {n.node_id: n.address for n in client.status().nodes}
+    nodes = client.status().nodes
+    node_addresses = {n: serving_address(nodes, n, pchannel) for n in segment.replica_node_ids}
     for node_id in segment.replica_node_ids:
         address = node_addresses[node_id]
         host = segment_transfer.transfer_host(address)
@@ -527,7 +534,8 @@ def test_transfer_port_caps_connections_before_any_ticket(env) -> None:
     they go the port serves again."""
     local, client, pchannel, _ = env
     segment = _committed_segments(env)[0]
-    address = {n.node_id: n.address for n in client.status().nodes}[segment.replica_node_ids[0]]
+    replica = segment.replica_node_ids[0]
+    address = serving_address(client.status().nodes, replica, pchannel)
     request = wire.ReadSegmentRequest(pchannel=pchannel, segment_id=segment.segment_id, bulk=True)
     offer = _bulk_offer(address, request)
     host, port = segment_transfer.transfer_host(address), offer.transfer_port
@@ -575,7 +583,7 @@ def test_transfer_port_caps_connections_before_any_ticket(env) -> None:
             time.sleep(0.2)
     assert crc32c(target) == segment.digest
     # Operators see it: the node counts the connections it turned away.
-    node = next(n for n in local.config.nodes if n.grpc_address == address)
+    node = local.config.node(replica)
     with urllib.request.urlopen(
         f"http://{node.host}:{node.metrics_port}/metrics", timeout=scaled(10)
     ) as r:
@@ -595,7 +603,8 @@ def test_transfer_port_drops_a_silent_connection(env) -> None:
     """A connection that never sends its ticket is closed after HELLO_TIMEOUT_S."""
     _, client, pchannel, _ = env
     segment = _committed_segments(env)[0]
-    address = {n.node_id: n.address for n in client.status().nodes}[segment.replica_node_ids[0]]
+    replica = segment.replica_node_ids[0]
+    address = serving_address(client.status().nodes, replica, pchannel)
     request = wire.ReadSegmentRequest(pchannel=pchannel, segment_id=segment.segment_id, bulk=True)
     port = _bulk_offer(address, request).transfer_port
     host = segment_transfer.transfer_host(address)

@@ -163,7 +163,7 @@ def test_sigstopped_owner_is_fenced_and_never_acknowledges(wal_cluster) -> None:
     assert producer.send("so_v", [b"before-%d" % i for i in range(10)], history)
     pid = cluster.pid(owner)
     assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
+    dev.signal_node(pid, signal.SIGSTOP)
     stale_results: list[wire.ProduceResult] = []
     stale_errors: list[str] = []
 
@@ -194,7 +194,7 @@ def test_sigstopped_owner_is_fenced_and_never_acknowledges(wal_cluster) -> None:
         assert new_owner != owner
         assert producer.send("so_v", [b"after-%d" % i for i in range(10)], history)
     finally:
-        os.kill(pid, signal.SIGCONT)
+        dev.signal_node(pid, signal.SIGCONT)
     thread.join(timeout=scaled(90))
     assert not thread.is_alive()
     acknowledged_stale = [r for r in stale_results if not r.HasField("error")]

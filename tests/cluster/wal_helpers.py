@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from rpc.errors import from_rpc_error
+from rpc.placement import serving_address
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2, streaming_pb2_grpc
@@ -27,7 +28,8 @@ E = errors_pb2
 def wait_assigned(
     client: Api, pchannel: str, *, min_term: int = 0, timeout_s: float = 40.0
 ) -> tuple[str, int, str]:
-    """(owner node id, term, owner address) once `pchannel` is ASSIGNED at >= min_term."""
+    """(owner node id, term, the address serving `pchannel` on its owner: the owner's
+    data worker for it) once `pchannel` is ASSIGNED at >= min_term."""
     deadline = time.monotonic() + scaled(timeout_s)
     last: object = None
     attempt = 0
@@ -50,7 +52,7 @@ def wait_assigned(
                 and channel.state == pb.PCHANNEL_STATE_ASSIGNED
                 and channel.term >= min_term
             ):
-                address = {n.node_id: n.address for n in status.nodes}[channel.owner_node_id]
+                address = serving_address(status.nodes, channel.owner_node_id, pchannel)
                 return channel.owner_node_id, channel.term, address
             if channel.name == pchannel:
                 last = (channel.state, channel.term, channel.owner_node_id)
