@@ -701,6 +701,9 @@ async def _status(args: argparse.Namespace, client: CoordinatorClient, target: T
             str(member.revision),
         )
     console.print(members)
+    processes = _process_table(status.members)
+    if processes.row_count:
+        console.print(processes)
     nodes = Table(title="nodes")
     for column in ("id", "address", "state", "frozen", "registered"):
         nodes.add_column(column)
@@ -746,6 +749,33 @@ async def _status(args: argparse.Namespace, client: CoordinatorClient, target: T
         )
     # `raftwal status && deploy` is safe: exit 0 only when there is nothing to warn about.
     return EXIT_ERROR if status.warnings else 0
+
+
+def _process_table(members: Sequence[api.MemberStatus]) -> Table:
+    """One row per process of each member: its supervisor, control process and data
+    workers, with pid, CPU time, resident memory and what each worker serves."""
+    table = Table(title="processes")
+    for column in ("node", "process", "pid", "CPU s", "RSS", "gRPC", "transfer", "owns"):
+        table.add_column(column)
+    table.add_column("logs")
+    for member in members:
+        for process in member.processes:
+            name = (
+                f"worker {process.index}" if process.kind == "worker" else process.kind
+            )
+            up = process.up or process.kind != "worker"
+            table.add_row(
+                member.node_id,
+                name,
+                str(process.pid) if process.pid else "-",
+                f"{process.cpu_seconds:.1f}",
+                _mib(process.rss_bytes) if process.rss_bytes else "-",
+                process.grpc_address or "-",
+                str(process.transfer_port) if process.transfer_port else "-",
+                ",".join(process.owned_pchannels) if up else "[red]down[/]",
+                str(process.replica_pchannels) if process.kind == "worker" else "",
+            )
+    return table
 
 
 def _replication_table(members: Sequence[api.MemberStatus]) -> Table:

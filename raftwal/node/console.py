@@ -298,6 +298,25 @@ async def build_snapshot(node: Node) -> dict[str, Any]:
                 "pid": member.pid,
             }
         )
+    # Every process of every member: supervisor, control process, data workers.
+    processes = [
+        {
+            "node_id": member.node_id,
+            "kind": process.kind,
+            "index": process.index,
+            "pid": process.pid,
+            "up": process.up or process.kind != "worker",
+            "cpu_seconds": round(process.cpu_seconds, 2),
+            "rss_bytes": process.rss_bytes,
+            "grpc_address": process.grpc_address,
+            "transfer_port": process.transfer_port,
+            "restarts": process.restarts,
+            "owned_pchannels": list(process.owned_pchannels),
+            "logs": process.replica_pchannels,
+        }
+        for member in status.members
+        for process in member.processes
+    ]
     # Each pchannel's serving owner's view, and the WAL bytes on every member's disk.
     owner_view: dict[str, api.OwnerStatus] = {}
     disk_bytes: dict[str, int] = {}
@@ -375,6 +394,7 @@ async def build_snapshot(node: Node) -> dict[str, Any]:
             "subscriptions": len(extras.subscriptions),
         },
         "members": members,
+        "processes": _capped(processes, truncated, "processes"),
         "pchannels": _capped(pchannels, truncated, "pchannels"),
         "vchannels": _capped(extras.vchannels, truncated, "vchannels"),
         "segments": _capped(extras.segments, truncated, "segments"),

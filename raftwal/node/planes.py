@@ -102,6 +102,8 @@ async def read_message(reader: asyncio.StreamReader, max_bytes: int) -> planes.P
         if not error.partial:
             return None
         raise LinkBroken("link closed inside a frame header") from None
+    except OSError as error:  # a reset: the other end died
+        raise LinkBroken(f"link broken: {error}") from None
     (length,) = _HEADER.unpack(header)
     if length > max_bytes:
         raise LinkBroken(f"frame of {length} bytes (expected at most {max_bytes})")
@@ -109,6 +111,8 @@ async def read_message(reader: asyncio.StreamReader, max_bytes: int) -> planes.P
         payload = await reader.readexactly(length)
     except asyncio.IncompleteReadError:
         raise LinkBroken(f"link closed inside a frame of {length} bytes") from None
+    except OSError as error:
+        raise LinkBroken(f"link broken inside a frame: {error}") from None
     try:
         return planes.PlaneMessage.FromString(payload)
     except Exception as error:  # noqa: BLE001 - protobuf's DecodeError and friends

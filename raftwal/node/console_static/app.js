@@ -90,6 +90,20 @@ function renderMembers(s) {
   });
 }
 
+function renderProcesses(s) {
+  fill("processes", s.processes || [], (p) => {
+    const name = p.kind === "worker" ? "worker " + p.index : p.kind;
+    const tr = row([
+      p.node_id, name, p.pid || "", { node: p.up ? badge("up", "ok") : badge("down", "bad") },
+      p.cpu_seconds, bytes(p.rss_bytes), p.grpc_address, p.transfer_port || "",
+      p.kind === "worker" ? p.restarts : "", p.owned_pchannels.join(", "),
+      p.kind === "worker" ? p.logs : "",
+    ], { "data-node": p.node_id, "data-process": name });
+    if (!p.up) tr.className = "bad";
+    return tr;
+  });
+}
+
 function renderPChannels(s) {
   fill("pchannels", s.pchannels, (p) => {
     const replicas = p.replicas.map((r) =>
@@ -161,6 +175,7 @@ function renderSummary(s) {
 function render(s) {
   renderSummary(s);
   renderMembers(s);
+  renderProcesses(s);
   renderPChannels(s);
   renderRest(s);
 }
