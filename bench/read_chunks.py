@@ -24,6 +24,7 @@ import grpc
 
 from raftwal.cli import dev
 from rpc.client import CoordinatorClient
+from rpc.placement import serving_address
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
@@ -62,7 +63,9 @@ async def run(messages: int, payload_bytes: int, chunks: list[int]) -> list[tupl
         if not segments:
             raise RuntimeError("no committed segment within 60 s")
         status = await coordinator.cluster_status()
-        address = {n.node_id: n.address for n in status.nodes}[segments[0].replica_node_ids[0]]
+        address = serving_address(
+            status.nodes, segments[0].replica_node_ids[0], segments[0].pchannel
+        )
         out = []
         options = [("grpc.max_receive_message_length", 64 << 20)]
         async with grpc.aio.insecure_channel(address, options=options) as channel:

@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from raftwal.cli import dev  # noqa: E402
+from rpc.placement import serving_address  # noqa: E402
 from rpc.protos import coordination_pb2 as pb  # noqa: E402
 from rpc.protos import coordinator_pb2 as api  # noqa: E402
 from rpc.protos import coordinator_pb2_grpc, streaming_pb2_grpc  # noqa: E402
@@ -98,10 +99,9 @@ class Coordinator:
     def owner_address(self, pchannel: str) -> str:
         for _ in range(200):
             status = self.call("ClusterStatus", api.ClusterStatusRequest())
-            addresses = {n.node_id: n.address for n in status.nodes}
             for channel in status.pchannels:
                 if channel.name == pchannel and channel.state == pb.PCHANNEL_STATE_ASSIGNED:
-                    return addresses[channel.owner_node_id]
+                    return serving_address(status.nodes, channel.owner_node_id, pchannel)
             time.sleep(0.2)
         raise RuntimeError(f"{pchannel} never assigned")
 

@@ -70,6 +70,7 @@ from rich.table import Table
 from raftwal.cli import dev
 from rpc.client import CoordinatorClient
 from rpc.errors import code_name
+from rpc.placement import serving_address
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import streaming_pb2 as wire
 from rpc.protos import streaming_pb2_grpc
@@ -443,11 +444,10 @@ async def wait_assigned(client: CoordinatorClient, pchannels: Sequence[str]) -> 
     since = time.monotonic()
     while time.monotonic() < deadline:
         status = await client.cluster_status()
-        addresses = {n.node_id: n.address for n in status.nodes}
         owners: dict[str, str] = {}
         for entry in status.pchannels:
             if entry.name in pchannels and entry.state == pb.PCHANNEL_STATE_ASSIGNED:
-                owners[entry.name] = addresses.get(entry.owner_node_id, "")
+                owners[entry.name] = serving_address(status.nodes, entry.owner_node_id, entry.name)
         missing = [p for p in pchannels if not owners.get(p)]
         if owners != seen:
             seen, since = owners, time.monotonic()

@@ -42,6 +42,7 @@ from typing import Any
 import grpc
 
 from raftwal.cli import dev
+from rpc.placement import serving_address
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, streaming_pb2_grpc
@@ -69,10 +70,9 @@ def _owner(coordinator: Any) -> str:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         status = coordinator.ClusterStatus(api.ClusterStatusRequest(), timeout=5)
-        addresses = {n.node_id: n.address for n in status.nodes}
         for p in status.pchannels:
             if p.name == PCHANNEL and p.state == pb.PCHANNEL_STATE_ASSIGNED:
-                return addresses[p.owner_node_id]
+                return serving_address(status.nodes, p.owner_node_id, PCHANNEL)
         time.sleep(0.2)
     raise BenchError(f"{PCHANNEL} was not assigned within {START_TIMEOUT_S} s")
 

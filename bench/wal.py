@@ -105,6 +105,7 @@ from raftwal.node.config import ClusterConfig
 from rpc import append_stream, produce_stream
 from rpc.client import AlreadyExistsError, CoordinatorClient, error_for
 from rpc.errors import RaftwalError
+from rpc.placement import serving_address
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import streaming_pb2 as wal
@@ -720,7 +721,8 @@ def _owner_of(status: api.ClusterStatusResponse, pchannel: str) -> tuple[pb.PCha
     channel = next((p for p in status.pchannels if p.name == pchannel), None)
     if channel is None:
         raise NotReady(f"pchannel {pchannel} not in the cluster status")
-    address = next((n.address for n in status.nodes if n.node_id == channel.owner_node_id), "")
+    # The owner's data worker for the pchannel (DESIGN.md section 2).
+    address = serving_address(status.nodes, channel.owner_node_id, pchannel)
     return channel, address
 
 

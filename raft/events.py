@@ -82,12 +82,12 @@ class EventStore:
 
     # -- writes (apply thread) ----------------------------------------------------------
 
-    def append(self, events: list[pb.Event]) -> list[bytes]:
+    def append(self, events: list[pb.Event]) -> list[tuple[str, bytes]]:
         """Queue the events of one command; a writer thread stores them in batches (one
         SQLite transaction per batch), off the Raft apply thread. Blocks while
         MAX_PENDING_EVENTS are queued (backpressure). Raises if the writer failed: the
         apply must not go on with a history that is not being recorded. Returns each
-        event's deterministic bytes, as stored."""
+        event's kind and deterministic bytes, as stored."""
         if not events:
             return []
         rows = [
@@ -113,7 +113,7 @@ class EventStore:
             # out WRITE_DELAY_S on its own) or a full batch.
             if first or len(self._pending) >= WRITE_BATCH_EVENTS:
                 self._pending_changed.notify_all()
-        return [row[4] for row in rows]
+        return [(row[3] or "", row[4]) for row in rows]
 
     def _write_loop(self) -> None:
         while True:

@@ -28,10 +28,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Listener = Callable[[int, int], None]
-# (each applied event's deterministic bytes, revision, raft index, state machine clock,
-# whether the state was replaced: a snapshot restore or a RestoreState, after which the
-# events do not lead from the previous state to the new one)
-EventListener = Callable[[list[bytes], int, int, int, bool], None]
+# ((kind, deterministic bytes) of each applied event, revision, raft index, state
+# machine clock, whether the state was replaced: a snapshot restore or a RestoreState,
+# after which the events do not lead from the previous state to the new one)
+EventListener = Callable[[list[tuple[str, bytes]], int, int, int, bool], None]
 
 # Recent events kept in memory for live watchers (older ones are read from events.db).
 RECENT_EVENTS = 20_000
@@ -73,7 +73,7 @@ class CoordinationReplica:
                 )
             results = apply_log_entry(self._state, command_bytes, raft_index)
             events = [event for result in results for event in result.events]
-            encoded: list[bytes] = []
+            encoded: list[tuple[str, bytes]] = []
             if events:
                 encoded = self._store.append(events)
                 self._recent.extend(events)

@@ -22,3 +22,22 @@ def start_in_own_session(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+
+
+def node_rss_bytes(pid: int) -> int:
+    """Resident memory of a node whose supervisor is `pid`: its supervisor, control process
+    and data workers together (a node is all of them, DESIGN.md section 2)."""
+    from raftwal.cli import dev
+
+    total = 0
+    for member in dev.node_processes(pid):
+        try:
+            text = Path(f"/proc/{member}/status").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        for line in text.splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) * 1024
+    if not total:
+        raise AssertionError(f"no VmRSS for node pid {pid}")
+    return total

@@ -32,6 +32,7 @@ from raftwal.chaos.observe import _status, read_log, wait_recovered
 from raftwal.chaos.workload import NOT_DONE_CODES
 from raftwal.cli import dev
 from rpc.client import CoordinatorClient, RaftwalError
+from rpc.placement import serving_address
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import streaming_pb2 as wire
 from rpc.protos import streaming_pb2_grpc
@@ -203,9 +204,9 @@ def check_logs(
 def _owner_address(status: Any, pchannel: str) -> str:
     if status is None:
         return ""
-    addresses = {n.node_id: n.address for n in status.nodes}
     owners = {p.name: p.owner_node_id for p in status.pchannels}
-    return str(addresses.get(owners.get(pchannel, ""), ""))
+    # The owner's data worker for the pchannel (DESIGN.md section 2).
+    return serving_address(status.nodes, owners.get(pchannel, ""), pchannel)
 
 
 async def _read_all(endpoints: list[str], pchannels: list[str]) -> dict[str, list[LogEntry]]:

@@ -79,6 +79,7 @@ from raftwal.chaos.workload import (
 from raftwal.cli import dev
 from rpc.client import CoordinatorClient, RaftwalError
 from rpc.membership import MembershipTimeout, demote, promote
+from rpc.placement import serving_address
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc
 from rpc.streaming_client import StreamingClient
@@ -1058,9 +1059,9 @@ async def _read_final(
         error = "no owner known after healing"
         for _ in range(5):
             if status is not None:
-                addresses = {n.node_id: n.address for n in status.nodes}
                 owners = {p.name: p.owner_node_id for p in status.pchannels}
-                address = addresses.get(owners.get(pchannel, ""), "")
+                # The owner's data worker for the pchannel (DESIGN.md section 2).
+                address = serving_address(status.nodes, owners.get(pchannel, ""), pchannel)
                 if address:
                     try:
                         final.logs[pchannel] = await read_log(
@@ -1150,7 +1151,6 @@ async def _read_replicas(
 ) -> None:
     """Each final replica's committed log of each pchannel (not the owner's: that one is
     `final.logs`), for the check that a majority of the set holds every entry."""
-    addresses = {n.node_id: n.address for n in status.nodes}
     for channel in status.pchannels:
         if channel.name not in pchannels:
             continue
@@ -1160,7 +1160,7 @@ async def _read_replicas(
                 continue
             try:
                 final.replica_logs.setdefault(channel.name, {})[node_id] = await read_log(
-                    addresses.get(node_id, ""),
+                    serving_address(status.nodes, node_id, channel.name),
                     channel.name,
                     20.0,
                     from_replica=True,

@@ -760,9 +760,7 @@ def _process_table(members: Sequence[api.MemberStatus]) -> Table:
     table.add_column("logs")
     for member in members:
         for process in member.processes:
-            name = (
-                f"worker {process.index}" if process.kind == "worker" else process.kind
-            )
+            name = f"worker {process.index}" if process.kind == "worker" else process.kind
             up = process.up or process.kind != "worker"
             table.add_row(
                 member.node_id,

@@ -60,6 +60,7 @@ from raftwal.cli import devcerts, netns
 from raftwal.node.config import ClusterConfig, NodeConfig, load_config, render_config
 from raftwal.node.security import ADMIN
 from rpc.credentials import ClientSecurity
+from rpc.placement import address_for
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc
@@ -240,6 +241,28 @@ class LocalCluster:
 
     def node(self, node_id: str) -> NodeConfig:
         return self.config.node(node_id)
+
+    def node_of(self, address: str) -> str:
+        """The id of the node serving at gRPC `address`: its control port or one of its
+        data workers' (whose ports a local cluster fixes in its config)."""
+        for node in self.config.nodes:
+            workers = {f"{node.host}:{port}" for port in node.worker_grpc_ports}
+            if address == node.grpc_address or address in workers:
+                return node.id
+        raise KeyError(f"no node of this cluster serves at {address}")
+
+    def data_endpoints(self, pchannel: str = "") -> list[str]:
+        """Where each node serves `pchannel` (its data worker for it, rpc.placement): the
+        endpoints of StreamingNode and Replication, as `endpoints` are the Coordinator's."""
+        return [
+            address_for(n.grpc_address, self.worker_addresses(n.id), pchannel)
+            for n in self.config.nodes
+        ]
+
+    def worker_addresses(self, node_id: str) -> list[str]:
+        """The gRPC addresses of `node_id`'s data workers, by index (fixed in the config)."""
+        node = self.config.node(node_id)
+        return [f"{node.host}:{port}" for port in node.worker_grpc_ports]
 
     def client_security(self, role: str = ADMIN) -> ClientSecurity:
         """How a client connects with `role`'s token (over mutual TLS); plaintext without
@@ -480,8 +503,9 @@ def wait_ready(
     security: ClientSecurity | None = None,
     on_progress: Callable[[str], None] | None = None,
 ) -> api.ClusterStatusResponse:
-    """Poll ClusterStatus until a leader is known and every node is registered UP;
-    `on_progress` hears what is still missing after each round."""
+    """Poll ClusterStatus until a leader is known and every node is registered UP with
+    its data workers announced (so that no registration is still on its way when a
+    caller starts); `on_progress` hears what is still missing after each round."""
     security = security or ClientSecurity()
     deadline = time.monotonic() + scaled(timeout_s)
     last_error = "no answer yet"
@@ -491,10 +515,13 @@ def wait_ready(
                 with security.channel(endpoint) as channel:
                     stub = coordinator_pb2_grpc.CoordinatorStub(channel)
                     status = stub.ClusterStatus(api.ClusterStatusRequest(), timeout=scaled(2.0))
-                up = [n for n in status.nodes if n.state == 1]
+                up = [n for n in status.nodes if n.state == 1 and n.worker_addresses]
                 if status.leader_node_id and len(up) >= nodes:
                     return status
-                last_error = f"leader {status.leader_node_id or '-'}, {len(up)}/{nodes} nodes up"
+                last_error = (
+                    f"leader {status.leader_node_id or '-'}, {len(up)}/{nodes} nodes up with "
+                    "their data workers"
+                )
             except grpc.RpcError as error:
                 last_error = f"{endpoint}: {error.code().name}"
         if on_progress is not None:

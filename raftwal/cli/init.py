@@ -54,6 +54,12 @@ CLIENT_DIR = "client"
 CA_DIR = "ca"
 DEFAULT_DATA_DIR = "/var/lib/raftwal"
 DEFAULT_PORTS = {"grpc": 7201, "raft": 7301, "metrics": 9201, "transfer": 7601}
+#: Fixed ports for a host's first data workers (DESIGN.md section 2), so that a firewall
+#: can name them: worker k's gRPC port is 7211 + k, its transfer port 7601 + k (worker 0's
+#: is the node's transfer port). Workers past these (a host with more cores) take free
+#: ports; `data_workers` in a node's table caps how many it runs.
+DEFAULT_WORKER_PORTS = 8
+WORKER_GRPC_BASE = 7211
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,10 @@ def init_deployment(
             data_dir=Path(data_dir.replace("{id}", node_id)),
             role="data" if node_id in data_nodes else "voter",
             listen_host=listen_host,
+            worker_grpc_ports=tuple(
+                port.get("worker_grpc", WORKER_GRPC_BASE) + k for k in range(DEFAULT_WORKER_PORTS)
+            ),
+            worker_transfer_ports=tuple(port["transfer"] + k for k in range(DEFAULT_WORKER_PORTS)),
         )
         for node_id, host in hosts.items()
     )

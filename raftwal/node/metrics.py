@@ -389,9 +389,11 @@ class _FsyncProbe:
 
 
 def merge_pages(registry: CollectorRegistry, pages: dict[int, bytes]) -> bytes:
-    """`registry`'s page with the data workers' `pages` merged in: one family per name,
-    each worker's samples labelled ``worker="<index>"``. A page that does not parse is
-    left out (and logged)."""
+    """`registry`'s page with the data workers' `pages` merged in: one family per name.
+    With more than one worker, each worker's samples get a ``worker="<index>"`` label (its
+    process-wide series, such as calls answered or open streams, would collide); a node
+    with one worker shows its samples as they are. A page that does not parse is left
+    out (and logged)."""
     families: dict[str, Metric] = {}
     for family in registry.collect():
         families[family.name] = family
@@ -402,10 +404,14 @@ def merge_pages(registry: CollectorRegistry, pages: dict[int, bytes]) -> bytes:
             log.warning("metrics page of data worker %d does not parse: %s", index, error)
             continue
         for family in parsed:
-            samples = [
-                sample._replace(labels={**sample.labels, "worker": str(index)})
-                for sample in family.samples
-            ]
+            samples = (
+                [
+                    sample._replace(labels={**sample.labels, "worker": str(index)})
+                    for sample in family.samples
+                ]
+                if len(pages) > 1 or index > 0
+                else list(family.samples)
+            )
             known = families.get(family.name)
             if known is None:
                 family.samples = samples

@@ -52,7 +52,7 @@ from rpc.errors import RaftwalError, error_info
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
 from rpc.protos import planes_pb2 as planes
-from statemachine import evolve, new_state, restore_state
+from statemachine import evolve, new_state
 
 log = logging.getLogger(__name__)
 E = errors_pb2
@@ -86,6 +86,38 @@ class LinkBroken(ConnectionError):
 class ControlGone(LinkBroken):
     """A worker's control process is gone: the worker must stop (the supervisor restarts
     the node's processes as needed)."""
+
+
+#: Events a data worker's copy of the state never needs (nothing of the data plane reads
+#: leases or locks), and the parts of the state they alone touch: the control process
+#: sends neither, so a coordination write that takes or keeps a lease costs its workers
+#: nothing. Only these evolvers read or write `leases` and `locks` (statemachine/evolve.py).
+MIRROR_SKIPPED_KINDS = frozenset(
+    {
+        "lock_acquired",
+        "lock_released",
+        "lease_granted",
+        "lease_renewed",
+        "lease_revoked",
+        "lease_expired",
+    }
+)
+MIRROR_SKIPPED_FIELDS = frozenset(
+    {"leases", "locks", "recent_results", "recent_request_ids", "recent_cursor"}
+)
+
+
+def worker_state(state: pb.CoordinationState) -> bytes:
+    """`state` as a data worker's copy starts from: without `MIRROR_SKIPPED_FIELDS`."""
+    copy = pb.CoordinationState()
+    for descriptor, value in state.ListFields():
+        if descriptor.name in MIRROR_SKIPPED_FIELDS:
+            continue
+        if descriptor.is_repeated or descriptor.message_type is not None:
+            getattr(copy, descriptor.name).MergeFrom(value)
+        else:
+            setattr(copy, descriptor.name, value)
+    return copy.SerializeToString()
 
 
 def encode(message: planes.PlaneMessage) -> bytes:
@@ -149,7 +181,7 @@ class StateMirror:
             return self._state.revision, self._state.last_raft_index
 
     def load(self, message: planes.PlaneState) -> None:
-        state = restore_state(message.state)
+        state = pb.CoordinationState.FromString(message.state)
         with self._lock:
             self._state = state
             self.ready = True
@@ -157,18 +189,17 @@ class StateMirror:
 
     def apply(self, message: planes.PlaneEvents) -> None:
         """Fold the events in (those at or below the copy's revision were in its last
-        whole state already). Raises LinkBroken on a gap: the copy would diverge."""
+        whole state already). The events of `MIRROR_SKIPPED_KINDS` never come: they touch
+        only what the copy leaves out, so the revision steps over them."""
         with self._lock:
             state = self._state
             for data in message.events:
                 event = pb.Event.FromString(data)
                 if event.revision <= state.revision:
                     continue
-                if event.revision != state.revision + 1:
-                    raise LinkBroken(
-                        f"event at revision {event.revision} after {state.revision} (a gap)"
-                    )
+                state.revision = event.revision - 1
                 evolve(state, event)
+            state.revision = max(state.revision, message.revision)
             state.last_raft_index = max(state.last_raft_index, message.raft_index)
             state.last_time_ms = max(state.last_time_ms, message.last_time_ms)
             revision, raft_index = state.revision, state.last_raft_index
@@ -337,7 +368,7 @@ class WorkersHost(Protocol):
     def suspect(self, node_id: str) -> None: ...
 
     def state_bytes(self) -> bytes:
-        """The applied state, whole (statemachine.snapshot_state)."""
+        """The applied state as a worker's copy starts from (`worker_state`)."""
         ...
 
     def serving_changed(self) -> None:
@@ -373,6 +404,7 @@ class DataWorkers:
         self._ids = itertools.count(1)
         # Events applied since the last flush, sent to every up worker once per loop turn.
         self._pending_events: list[bytes] = []
+        self._pending_revision = 0
         self._pending_index = 0
         self._pending_time_ms = 0
         self._resend_state = False
@@ -520,14 +552,22 @@ class DataWorkers:
     # -- the state, down ------------------------------------------------------------------
 
     def applied(
-        self, events: list[bytes], raft_index: int, last_time_ms: int, restored: bool
+        self,
+        events: list[tuple[str, bytes]],
+        revision: int,
+        raft_index: int,
+        last_time_ms: int,
+        restored: bool,
     ) -> None:
         """The replica applied an entry (called on the event loop, in apply order)."""
         if restored:
             self._resend_state = True
             self._pending_events.clear()
         else:
-            self._pending_events.extend(events)
+            self._pending_events.extend(
+                data for kind, data in events if kind not in MIRROR_SKIPPED_KINDS
+            )
+        self._pending_revision = max(self._pending_revision, revision)
         self._pending_index = max(self._pending_index, raft_index)
         self._pending_time_ms = max(self._pending_time_ms, last_time_ms)
         if not self._flush_scheduled:
@@ -548,6 +588,7 @@ class DataWorkers:
                         events=self._pending_events,
                         raft_index=self._pending_index,
                         last_time_ms=self._pending_time_ms,
+                        revision=self._pending_revision,
                     )
                 )
             )

@@ -1,11 +1,17 @@
-"""One raftwal node = one process: the composition root.
+"""The control process of a node: the composition root of the coordination plane.
 
-``Node`` wires the Raft peer (``raft.peer.RaftPeer``) to the coordination replica
-(``raft.replica.CoordinationReplica``), serves the gRPC services (Coordinator, NodeManager,
-Cluster, health, reflection) on ``grpc_port``, heartbeats the Raft leader, runs the
-coordinator loop while it leads, and serves Prometheus metrics on ``metrics_port`` when one
-is configured (``raftwal.node.metrics``). It implements ``raftwal.services.coordinator.
-CoordinationBackend`` for the public servicer:
+A node is a supervisor (``raftwal.node.supervisor``), this control process and its data
+workers (``raftwal.node.worker``), DESIGN.md section 2. ``Node`` wires the Raft peer
+(``raft.peer.RaftPeer``) to the coordination replica (``raft.replica.
+CoordinationReplica``), serves the gRPC services (Coordinator, NodeManager, Cluster,
+health, reflection) on ``grpc_port``, heartbeats the Raft leader (with the pchannels its
+workers serve and their addresses), runs the coordinator loop while it leads, serves
+Prometheus metrics (its own and its workers' pages) and the console on ``metrics_port``
+when one is configured (``raftwal.node.metrics``), and keeps its data workers' copies of
+the coordination state and proposals flowing (``raftwal.node.planes.DataWorkers``).
+StreamingNode and Replication calls that reach ``grpc_port`` are answered with the worker
+to go to (``raftwal.services.data_redirect``). It implements ``raftwal.services.
+coordinator.CoordinationBackend`` for the public servicer:
 
 - ``propose`` stamps the request id and the proposer's wall time, proposes through the
   local peer when it leads and otherwise forwards the command bytes to the leader's
@@ -77,7 +83,7 @@ from raftwal.node.membership import (
 )
 from raftwal.node.metrics import NodeMetrics
 from raftwal.node.notify import AppliedNotifier
-from raftwal.node.planes import DataWorkers, supervisor_message
+from raftwal.node.planes import DataWorkers, supervisor_message, worker_state
 from raftwal.node.proposals import ProposalBatcher
 from raftwal.node.security import NodeSecurity
 from raftwal.node.status import process_status, tree_bytes
@@ -94,7 +100,6 @@ from rpc.errors import RaftwalError, error_info, from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2, streaming_pb2_grpc
-from statemachine import snapshot_state
 from statemachine.replicate import replicated_pairs
 
 log = logging.getLogger(__name__)
@@ -240,7 +245,7 @@ class Node:
     # -- the data workers (raftwal.node.planes.WorkersHost) ---------------------------------
 
     def state_bytes(self) -> bytes:
-        return self.replica.read(snapshot_state)
+        return self.replica.read(worker_state)
 
     def serving_changed(self) -> None:
         self._heartbeat_now.set()
@@ -322,7 +327,7 @@ class Node:
         # on the way to it first (raftwal.node.planes).
         self.replica.add_event_listener(
             lambda events, revision, index, last_time_ms, restored: mailbox.post(
-                self.workers.applied, events, index, last_time_ms, restored
+                self.workers.applied, events, revision, index, last_time_ms, restored
             )
         )
         self.replica.add_listener(

@@ -62,13 +62,9 @@ class _Redirects(grpc.GenericRpcHandler):
 
     def _handler(self, method: Any) -> grpc.RpcMethodHandler:
         request_type = getattr(streaming_pb2, method.input_type.name)
-        parse: Callable[[bytes], Any] = request_type.FromString
-
-        def tolerant(data: bytes) -> Any:
-            try:
-                return parse(data)
-            except Exception:  # noqa: BLE001 - a bad body gets the same answer, unhinted
-                return None
+        # Strict: a body that does not parse gets INVALID_ARGUMENT naming the message, as on
+        # every port (raftwal.services.decoding wraps this deserializer).
+        tolerant: Callable[[bytes], Any] = request_type.FromString
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
             await context.abort_with_status(self._answer(request))

@@ -29,14 +29,16 @@ class PlaneState(_message.Message):
     def __init__(self, state: _Optional[bytes] = ...) -> None: ...
 
 class PlaneEvents(_message.Message):
-    __slots__ = ("events", "raft_index", "last_time_ms")
+    __slots__ = ("events", "raft_index", "last_time_ms", "revision")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     RAFT_INDEX_FIELD_NUMBER: _ClassVar[int]
     LAST_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedScalarFieldContainer[bytes]
     raft_index: int
     last_time_ms: int
-    def __init__(self, events: _Optional[_Iterable[bytes]] = ..., raft_index: _Optional[int] = ..., last_time_ms: _Optional[int] = ...) -> None: ...
+    revision: int
+    def __init__(self, events: _Optional[_Iterable[bytes]] = ..., raft_index: _Optional[int] = ..., last_time_ms: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class PlanePropose(_message.Message):
     __slots__ = ("id", "command")

@@ -205,7 +205,9 @@ def test_replication_goes_over_the_transfer_port(cluster_and_client) -> None:
 def test_unknown_and_used_tickets_are_refused(cluster_and_client) -> None:
     cluster, client = cluster_and_client
     node = cluster.config.nodes[1]
-    offer = _offer(node.grpc_address)
+    # Its data worker serves Replication (and its transfer port is the node's).
+    address = cluster.worker_addresses(node.id)[0]
+    offer = _offer(address)
     assert len(offer.ticket) == segment_transfer.TICKET_BYTES
     assert offer.port == node.transfer_port and offer.max_frame_bytes == MAX_FRAME_BYTES
     refused = _port_count(cluster, node.id, "refused")
@@ -214,12 +216,12 @@ def test_unknown_and_used_tickets_are_refused(cluster_and_client) -> None:
     request = wire.AppendRequest(pchannel="nope", term=1, request_id=1, owner_node_id="n9")
     frame = append_stream.frame(request.SerializeToString())
     unknown = append_stream.HELLO + secrets.token_bytes(segment_transfer.TICKET_BYTES)
-    assert _exchange(node.grpc_address, offer.port, unknown + frame) == segment_transfer.REFUSED
+    assert _exchange(address, offer.port, unknown + frame) == segment_transfer.REFUSED
     # Used once (accepted), then refused.
-    answer = _exchange(node.grpc_address, offer.port, append_stream.HELLO + offer.ticket)
+    answer = _exchange(address, offer.port, append_stream.HELLO + offer.ticket)
     assert answer == segment_transfer.ACCEPTED
     again = append_stream.HELLO + offer.ticket + frame
-    assert _exchange(node.grpc_address, offer.port, again) == segment_transfer.REFUSED
+    assert _exchange(address, offer.port, again) == segment_transfer.REFUSED
     assert _port_count(cluster, node.id, "refused") == refused + 2
     assert _port_count(cluster, node.id, "appends") == appends + 1
 
@@ -227,15 +229,16 @@ def test_unknown_and_used_tickets_are_refused(cluster_and_client) -> None:
 def test_a_frame_over_the_cap_or_not_a_request_closes_the_connection(cluster_and_client) -> None:
     cluster, client = cluster_and_client
     node = cluster.config.nodes[2]
+    address = cluster.worker_addresses(node.id)[0]
     for body in (append_stream.LENGTH.pack(MAX_FRAME_BYTES + 1), append_stream.frame(b"\xff" * 9)):
-        offer = _offer(node.grpc_address)
+        offer = _offer(address)
         started = time.monotonic()
-        answer = _exchange(node.grpc_address, offer.port, append_stream.HELLO + offer.ticket + body)
+        answer = _exchange(address, offer.port, append_stream.HELLO + offer.ticket + body)
         # Accepted, then closed without an answer, long before the idle timeout.
         assert answer == segment_transfer.ACCEPTED
         assert time.monotonic() - started < append_stream.IDLE_TIMEOUT_S / 2
     # The node still serves.
-    assert _offer(node.grpc_address).ticket
+    assert _offer(address).ticket
 
 
 def test_owner_stream_recovers_from_a_killed_and_a_paused_replica(cluster_and_client) -> None:
@@ -319,7 +322,7 @@ def test_replication_over_grpc_when_the_port_is_off(tmp_path: Path) -> None:
     try:
         (pchannel,) = setup_channels(client, "apoff", {"ao_v": 0})
         owner, _, _ = wait_assigned(client, pchannel)
-        assert not _offer(local.node(owner).grpc_address).ticket
+        assert not _offer(local.worker_addresses(owner)[0]).ticket
         producer = Producer(client, pchannel, "apoff")
         history = History()
         try:

@@ -190,8 +190,11 @@ def test_enospc_on_wal_append_fails_clearly_and_writes_resume(fault_cluster) -> 
             assert f"node {owner}" in result.error.message
         # The node is up: health, its view of the cluster, reads of what was acknowledged,
         # and the other pchannel (it holds a replica of it, or owns it) takes writes.
+        # (The owner's data worker and its control process: the node is up.)
         assert _healthy(address)
-        status = client.status(endpoint=address)
+        node_address = cluster.config.node(owner).grpc_address
+        assert _healthy(node_address)
+        status = client.status(endpoint=node_address)
         assert {m.node_id for m in status.members if m.reachable} == {"n1", "n2", "n3"}
         entries = consume_all(client, "full_v", full, expect=acked_before)
         _check_history(history, entries)

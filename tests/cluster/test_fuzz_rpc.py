@@ -48,6 +48,7 @@ from hypothesis import strategies as st
 
 import rpc.protos
 from raftwal.cli import dev
+from rpc.placement import serving_address
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
@@ -678,7 +679,8 @@ def test_internal_services_refuse_what_the_state_never_said(fuzzed: Fuzzed) -> N
             ),
             E.INVALID_ARGUMENT,
         )
-    with grpc.insecure_channel(replica.grpc_address) as channel:
+    # The replica's data worker for the pchannel serves its Replication service.
+    with grpc.insecure_channel(serving_address(status.nodes, replica.id, pchannel)) as channel:
         replication = streaming_pb2_grpc.ReplicationStub(channel)
         # A fence above the assigned term would have locked the real owner out for good.
         for bad_term, claimed_owner in ((term + 1000, owner), (term, "n-impostor")):

@@ -74,7 +74,11 @@ class Scrape:
         self.samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                self.samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+                # A node's page merges its data workers' pages, whose samples carry a
+                # `worker` label: a pchannel's series come from one worker only.
+                labels = {k: v for k, v in sample.labels.items() if k != "worker"}
+                key = (sample.name, frozenset(labels.items()))
+                self.samples[key] = self.samples.get(key, 0.0) + sample.value
 
     def get(self, name: str, **labels: str) -> float | None:
         return self.samples.get((name, frozenset(labels.items())))
@@ -285,7 +289,9 @@ def test_wal_metrics_match_acknowledged_batches_and_manifest(
 def test_lagging_replica_is_flagged_and_clears(obs: tuple[dev.LocalCluster, Api]) -> None:
     cluster, client = obs
     (pchannel,) = setup_channels(client, "obslag", {"obslag_v": 0})
-    owner, _, owner_address = wait_assigned(client, pchannel)
+    owner, _, _ = wait_assigned(client, pchannel)
+    # The owner node's control port (Coordinator), not its data worker's.
+    owner_address = cluster.config.node(owner).grpc_address
     status = status_at(client, owner_address)
     channel = next(c for c in status.pchannels if c.name == pchannel)
     candidates = [n for n in channel.replica_node_ids if n not in (owner, status.leader_node_id)]

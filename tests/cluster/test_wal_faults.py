@@ -23,6 +23,7 @@ import pytest
 
 from raftwal.cli import dev
 from rpc.errors import from_rpc_error
+from rpc.placement import serving_address
 from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from tests.cluster.conftest import Api, running_cluster
@@ -87,10 +88,9 @@ def _check_segments(client: Api, pchannel: str, entries: list[wire.WalEntry]) ->
     for segment in segments[-3:]:
         address = None
         status = client.status()
-        addresses = {n.node_id: n.address for n in status.nodes}
         frames = b""
         for node_id in segment.replica_node_ids:
-            address = addresses[node_id]
+            address = serving_address(status.nodes, node_id, pchannel)
             channel = grpc.insecure_channel(address)
             try:
                 stub = streaming_pb2_grpc.StreamingNodeStub(channel)

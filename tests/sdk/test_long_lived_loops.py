@@ -50,7 +50,7 @@ def _closed_client_error(error: BaseException | None) -> bool:
 
 
 def _node_of(cluster: dev.LocalCluster, address: str) -> str:
-    return next(n.id for n in cluster.config.nodes if n.grpc_address == address)
+    return cluster.node_of(address)
 
 
 async def _follower_first(cluster: dev.LocalCluster) -> list[str]:

@@ -43,7 +43,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dev.LocalClust
 
 
 def _node_of(cluster: dev.LocalCluster, address: str) -> str:
-    return next(n.id for n in cluster.config.nodes if n.grpc_address == address)
+    return cluster.node_of(address)
 
 
 async def _read(consumer: Consumer, count: int) -> list[tuple[int, bytes]]:
@@ -137,10 +137,12 @@ async def test_nodes_without_a_replica_and_time_tick_streams_answer_with_the_own
         owner = await client.router.owner(pchannel, TEST_TIMEOUT_S)
         async with Producer(client) as producer:
             await producer.send(f"{tag}_v", b"only on the owner")
-        other = next(e for e in cluster.endpoints if e != owner.owner_address)
+        other = next(e for e in cluster.data_endpoints(pchannel) if e != owner.owner_address)
         replicated_p, replicated_v = await _replicated_vchannel(client, "rt")
         replicated_owner = await client.router.owner(replicated_p, TEST_TIMEOUT_S)
-        replica = next(e for e in cluster.endpoints if e != replicated_owner.owner_address)
+        replica = next(
+            e for e in cluster.data_endpoints(replicated_p) if e != replicated_owner.owner_address
+        )
         # Each case names its own owner: `other` and `replica` may be the same node.
         cases = [
             (

@@ -19,7 +19,6 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -30,6 +29,7 @@ from rpc.protos import streaming_pb2 as wire
 from rpc.segment_transfer import ACCEPTED
 from tests.cluster.conftest import Api
 from tests.cluster.wal_helpers import wait_nodes_up
+from tests.processes import node_rss_bytes
 from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
@@ -44,10 +44,8 @@ SLACK = 24 << 20
 
 
 def _rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
+    # The whole node: supervisor, control process and data workers.
+    return node_rss_bytes(pid)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +54,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dev.LocalCl
     client = Api(local.endpoints)
     try:
         wait_nodes_up(client, 1)
-        yield local, local.endpoints[0]
+        # The node's data worker: it serves OpenProduce and OpenAppend, and its transfer port.
+        yield local, local.worker_addresses(local.config.nodes[0].id)[0]
     finally:
         client.close()
         local.stop_all()

@@ -43,8 +43,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from raftwal.cli import dev
 from raftwal.node.config import render_config
+from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc
+from tests.processes import node_rss_bytes
 from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
@@ -127,6 +129,20 @@ def _revision(endpoint: str) -> tuple[int, str]:
     return member.revision, member.state_digest
 
 
+def _until_all_assigned(endpoints: list[str], count: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + scaled(timeout_s)
+    while True:
+        with grpc.insecure_channel(endpoints[0]) as channel, contextlib.suppress(grpc.RpcError):
+            status = coordinator_pb2_grpc.CoordinatorStub(channel).ClusterStatus(
+                api.ClusterStatusRequest(), timeout=CALL_TIMEOUT_S
+            )
+            ready = [p for p in status.pchannels if p.state == pb.PCHANNEL_STATE_ASSIGNED]
+            if len(ready) >= count and len(ready) == len(status.pchannels):
+                return
+        assert time.monotonic() < deadline, "pchannels not all ASSIGNED"
+        time.sleep(0.1)
+
+
 def _write(endpoints: list[str], name: str, timeout_s: float = 10.0) -> float:
     """One coordination write (CreateChannels) through any node; its latency in seconds.
     Raises the last RpcError when no node accepted it within `timeout_s`."""
@@ -149,10 +165,8 @@ def _write(endpoints: list[str], name: str, timeout_s: float = 10.0) -> float:
 
 
 def _rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
+    # The whole node: supervisor, control process and data workers.
+    return node_rss_bytes(pid)
 
 
 # ---------------------------------------------------------------------------------------
@@ -396,6 +410,9 @@ def test_a_replayed_peer_connection_changes_nothing(tmp_path: Path) -> None:
     try:
         for number in range(5):
             _write(local.endpoints, f"replay{number}")
+        # Settled: the pchannels just created are placed and ready, so that nothing but a
+        # replay could change the state from here.
+        _until_all_assigned(local.endpoints, count=5)
         time.sleep(1.0)
         captured = [
             (local.node(to).raft_address, bytes(record))

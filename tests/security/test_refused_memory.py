@@ -19,7 +19,6 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -28,6 +27,7 @@ from raftwal.cli import dev
 from rpc.credentials import ClientSecurity
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc
+from tests.processes import node_rss_bytes
 from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
@@ -42,10 +42,8 @@ MAX_LEFT_BYTES = {"tokens": 64 << 20, "open": 160 << 20}
 
 
 def _rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
+    # The whole node: supervisor, control process and data workers.
+    return node_rss_bytes(pid)
 
 
 @pytest.fixture(scope="module", params=["tokens", "open"])

@@ -17,7 +17,6 @@ Talks to the nodes only through the generated stubs, as a client in any language
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -28,6 +27,7 @@ from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from tests.cluster.conftest import Api, running_cluster
 from tests.cluster.wal_helpers import consume_all, setup_channels, wait_assigned
+from tests.processes import node_rss_bytes
 from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
@@ -40,10 +40,8 @@ MAX_GROWTH_BYTES = 256 << 20
 
 
 def _rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
+    # The whole node: supervisor, control process and data workers.
+    return node_rss_bytes(pid)
 
 
 @pytest.fixture(scope="module")
