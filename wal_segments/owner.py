@@ -41,7 +41,7 @@ import heapq
 import itertools
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -49,7 +49,9 @@ from typing import NamedTuple, Protocol
 from rpc.aio import Signal, wait_event, wait_within
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
+from wal_segments import mutations
 from wal_segments.format import (
+    BATCH_CONTINUES_FLAG,
     ENTRY_HEADER,
     ENTRY_HEADER_SIZE,
     TXN_FLAGS,
@@ -90,6 +92,15 @@ PRODUCER_SCAN_ENTRIES = 200_000
 
 #: Commit waiters kept before the cancelled ones are swept out (see `_wait_committed`).
 _WAITERS_BEFORE_SWEEP = 1024
+#: The most entries one write batch can hold (the service's batch limit is far lower): the
+#: walk back over a batch's surviving prefix stops there.
+MAX_BATCH_ENTRIES = 1_000_000
+
+NON_ATOMIC_BATCH = mutations.declare(
+    "non-atomic-batch",
+    "a new owner keeps the surviving prefix of a write batch at the end of the log it "
+    "adopts, so a producer's retry of that batch writes those entries a second time",
+)
 
 
 class WalError(Exception):
@@ -274,6 +285,12 @@ class ChannelOwner:
         #: first lsn -> (last lsn, prev term, frames, crc32c of frames, ends a segment)
         self._recent: OrderedDict[int, tuple[int, int, bytes, int, bool]] = OrderedDict()
         self._recent_bytes = 0
+        #: the last LSN of every batch this owner appended that is not committed yet, in
+        #: order: the commit point moves only to the end of a batch (`_update_commit`)
+        self._batch_ends: deque[int] = deque()
+        #: whether this owner flags its batches BATCH_CONTINUES: decided at recovery, on
+        #: when every fence answer said the replica takes such frames
+        self._batch_flags = False
         self._producers: dict[str, list[_ProducerBatch]] = {}
         # Producers looked for in the whole log (`_know_producer`), found or not.
         self._producers_scanned: set[str] = set()
@@ -467,6 +484,7 @@ class ChannelOwner:
                 last_term=position.last_term,
                 last_time_tick=position.last_time_tick,
                 node_id=self.node_id,
+                batch_frames=True,
             )
         }
         to_fence = list(self._replicas) + [
@@ -503,6 +521,12 @@ class ChannelOwner:
         ):
             await self._adopt(best.node_id, best.last_lsn, best.last_term)
         self._check_current()
+        # Replicas of an older version refuse flagged frames (a rolling upgrade): flag only
+        # when every replica heard from says it takes them. A replica that did not answer
+        # yet and turns out older stays behind until it runs this version too.
+        self._batch_flags = all(reply.batch_frames for reply in positions.values())
+        if not mutations.active(NON_ATOMIC_BATCH):
+            await self._drop_partial_batch()
         await self._drop_partial_txn()
         await self._rebuild_producers()
         # Seal the inherited open segment, then start this term's segment.
@@ -613,6 +637,29 @@ class ChannelOwner:
         if ours and self.log.term_at(ours) == conflict_term:
             return min(ours, their_last)
         return max(0, min(conflict_first - 1, their_last))
+
+    async def _drop_partial_batch(self) -> None:
+        """A log that ends in an entry flagged BATCH_CONTINUES holds only a prefix of its
+        write batch (a torn tail, a catch-up chunk, a fetch cut short): the batch was never
+        acknowledged, since the commit point only ever moves to a batch's end
+        (`_update_commit`) and the log adopted holds every committed entry. Drop the
+        prefix, so that the producer's retry of the batch is written once, whole."""
+        last = self.log.last_lsn
+        start = None
+        lsn = last
+        while lsn >= self.log.first_lsn and last - lsn < MAX_BATCH_ENTRIES:
+            if not _header(self.log, lsn)[10] & BATCH_CONTINUES_FLAG:
+                break
+            start = lsn
+            lsn -= 1
+        if start is not None:
+            logger.warning(
+                "%s: dropping lsn %d..%d, the prefix of a batch whose end no replica holds",
+                self.pchannel,
+                start,
+                last,
+            )
+            await self.log.truncate_after(start - 1)
 
     async def _drop_partial_txn(self) -> None:
         """A transaction at the very end of the log without its commit entry was never
@@ -821,6 +868,7 @@ class ChannelOwner:
                 current_term=self.term,
             ) from None
         self._cache(meta.first_lsn, meta.last_lsn, prev_term, frames, result.sealed)
+        self._batch_ends.append(meta.last_lsn)
         for replica in self._replicas.values():
             replica.wake.set()
         if result.sealed:
@@ -854,7 +902,17 @@ class ChannelOwner:
         )
         point = matches[self.majority - 1]
         # Only entries of this term commit by counting (Raft): the term start comes first.
-        if point >= self.start_lsn > 0 and point > self.committed_lsn:
+        if point < self.start_lsn or self.start_lsn <= 0 or point <= self.committed_lsn:
+            return
+        # Only to the end of a batch: a majority may hold a prefix of one (a catch-up
+        # chunk ends inside it), and a prefix must never be committed, or a new owner
+        # could neither drop it nor tell a producer's retry of the batch from a new one.
+        ends = self._batch_ends
+        end = 0
+        while ends and ends[0] <= point:
+            end = ends.popleft()
+        if end > self.committed_lsn:
+            point = end
             self.committed_lsn = point
             self.log.committed_lsn = max(self.log.committed_lsn, point)
             self._notify_progress()
@@ -968,10 +1026,14 @@ class ChannelOwner:
         term = self.term
         rows = []
         last_index = len(messages) - 1
+        # Every entry but the last says that more of its batch follows (atomic batches).
+        more = BATCH_CONTINUES_FLAG if self._batch_flags else 0
         for index, message in enumerate(messages):
             vchannel_id, msg_type, key, payload, properties, flags, txn_id, broadcast_id = message
             tick = tick + 1 if tick >= wall_tick else wall_tick
-            if producer_id and index == last_index:
+            if index != last_index:
+                flags |= more
+            elif producer_id:
                 properties = {
                     **properties,
                     PRODUCER_ID_PROPERTY: producer_id,
