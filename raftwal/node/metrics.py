@@ -638,6 +638,19 @@ class _NodeCollector(Collector):
             "committed), as this node's owner sees it.",
             labels=["pchannel", "replica"],
         )
+        producers = GaugeMetricFamily(
+            "raftwal_wal_producers",
+            "Idempotent producers (producer_id) this node's owner remembers for the "
+            "pchannel: a retry of their newest batches is answered as a duplicate.",
+            labels=["pchannel"],
+        )
+        expired = CounterMetricFamily(
+            "raftwal_wal_producers_expired",
+            "Idempotent producers this node's owner forgot: idle past "
+            "wal_producer_expiry_ms (timeout), or the least recently written past the "
+            "per-pchannel bound (capacity). Counted since the owner took the pchannel.",
+            labels=["pchannel", "reason"],
+        )
         for pchannel, owner in owners:
             committed_lsn = owner.committed_lsn
             serving.add_metric([pchannel], float(owner.serving))
@@ -647,7 +660,10 @@ class _NodeCollector(Collector):
             for replica, lsn in sorted(owner.replica_positions().items()):
                 durable.add_metric([pchannel, replica], lsn)
                 lag.add_metric([pchannel, replica], max(0, committed_lsn - lsn))
-        yield from (serving, term, last, committed, durable, lag)
+            producers.add_metric([pchannel], owner.producer_count())
+            for reason, count in sorted(owner.producers_expired.items()):
+                expired.add_metric([pchannel, reason], count)
+        yield from (serving, term, last, committed, durable, lag, producers, expired)
         # Consumer lag where the committed LSN is known: on the owner of the pchannel. The
         # largest lag over the subscription's vchannels on that pchannel (a vchannel without
         # a committed position counts from 0, as DescribeSubscription does).

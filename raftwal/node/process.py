@@ -304,6 +304,7 @@ class Node:
             owner_config=OwnerConfig(
                 segment_max_bytes=config.segment_max_bytes,
                 segment_max_age_ms=config.segment_max_age_ms,
+                producer_expiry_ms=config.wal_producer_expiry_ms,
             ),
             # Append streams over the peers' transfer ports (TLS as for gRPC), except to
             # peers dialled through another gRPC address and no transfer address (a
