@@ -55,6 +55,7 @@ from raftwal import __version__
 from raftwal.node.config import NodeConfig
 from raftwal.node.health import under_replicated
 from raftwal.node.metrics_http import MetricsServer, Routes
+from raftwal.node.replicator import SOURCE_GAP, ReplicatorStatus
 from raftwal.services.segment_transfer import SegmentTransfers
 from raftwal.services.stream_caps import StreamCaps
 from rpc.errors import RaftwalError
@@ -137,6 +138,10 @@ class _BroadcastFailures(Protocol):
     def broadcast_failures(self) -> Sized: ...
 
 
+class _Replicators(Protocol):
+    def statuses(self) -> list[ReplicatorStatus]: ...
+
+
 class MetricsHost(Protocol):
     """What the metrics read from their node at every scrape (``Node`` implements it)."""
 
@@ -166,6 +171,9 @@ class MetricsHost(Protocol):
 
     @property
     def stream_caps(self) -> StreamCaps: ...
+
+    @property
+    def replicators(self) -> _Replicators: ...
 
     def is_leader(self) -> bool: ...
 
@@ -698,6 +706,18 @@ class _NodeCollector(Collector):
                     behind = max(0, committed_by_pchannel[pchannel] - lsn)
                     replicate_lag.add_metric([pchannel, target], behind)
         yield replicate_lag
+        source_gap = GaugeMetricFamily(
+            "raftwal_replicate_source_gap",
+            "1 while the replicator of a source pchannel (on its owner) cannot send: the "
+            "target needs entries that retention deleted here; 0 while it runs.",
+            labels=["pchannel", "target"],
+        )
+        for replicator in self._node.replicators.statuses():
+            source_gap.add_metric(
+                [replicator.pchannel, replicator.target_cluster_id],
+                float(replicator.state == SOURCE_GAP),
+            )
+        yield source_gap
 
 
 class _StateView(NamedTuple):

@@ -75,7 +75,7 @@ from raftwal.node.membership import (
 )
 from raftwal.node.metrics import NodeMetrics
 from raftwal.node.proposals import ProposalBatcher
-from raftwal.node.replicator import Replicators
+from raftwal.node.replicator import SOURCE_GAP, Replicators
 from raftwal.node.security import NodeSecurity
 from raftwal.services.cluster import REMOVED_MARK, ClusterServicer
 from raftwal.services.consume_wire import add_streaming_node_servicer
@@ -1146,6 +1146,9 @@ class Node:
                 for name, (size, first) in self.plane.disk_usage().items()
             ],
             data_dir_bytes=_tree_bytes(self.me.data_dir),
+            replicators=[
+                api.ReplicatorStatus(**vars(status)) for status in self.replicators.statuses()
+            ],
         )
 
     async def cluster_status(self, linearizable: bool) -> api.ClusterStatusResponse:
@@ -1212,7 +1215,15 @@ class Node:
             if owner.state == "serving"
         }
         limit = self.config.replicate_lag_warn_entries
-        warnings = []
+        warnings = [
+            f"replication of pchannel {replicator.pchannel} to cluster "
+            f"{replicator.target_cluster_id} is stopped: the target needs source LSN "
+            f"{replicator.needed_lsn} and the source holds only LSN "
+            f"{replicator.source_first_lsn} and later (see `raftwal replicate status`)"
+            for member in response.members
+            for replicator in member.replicators
+            if replicator.state == SOURCE_GAP
+        ]
         for pchannel, target, recorded in replicated:
             lag = committed.get(pchannel, 0) - recorded
             if lag > limit:

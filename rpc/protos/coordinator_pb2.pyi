@@ -388,7 +388,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self, consistency: _Optional[_Union[Consistency, str]] = ...) -> None: ...
 
 class MemberStatus(_message.Message):
-    __slots__ = ("node_id", "grpc_address", "raft_address", "is_leader", "reachable", "raft_term", "commit_index", "applied_index", "revision", "state_digest", "pid", "durable_index", "owners", "wal_disk", "data_dir_bytes", "role")
+    __slots__ = ("node_id", "grpc_address", "raft_address", "is_leader", "reachable", "raft_term", "commit_index", "applied_index", "revision", "state_digest", "pid", "durable_index", "owners", "wal_disk", "data_dir_bytes", "role", "replicators")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -405,6 +405,7 @@ class MemberStatus(_message.Message):
     WAL_DISK_FIELD_NUMBER: _ClassVar[int]
     DATA_DIR_BYTES_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
+    REPLICATORS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     grpc_address: str
     raft_address: str
@@ -421,7 +422,24 @@ class MemberStatus(_message.Message):
     wal_disk: _containers.RepeatedCompositeFieldContainer[WalDiskUsage]
     data_dir_bytes: int
     role: str
-    def __init__(self, node_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., raft_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., reachable: _Optional[bool] = ..., raft_term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ..., pid: _Optional[int] = ..., durable_index: _Optional[int] = ..., owners: _Optional[_Iterable[_Union[OwnerStatus, _Mapping]]] = ..., wal_disk: _Optional[_Iterable[_Union[WalDiskUsage, _Mapping]]] = ..., data_dir_bytes: _Optional[int] = ..., role: _Optional[str] = ...) -> None: ...
+    replicators: _containers.RepeatedCompositeFieldContainer[ReplicatorStatus]
+    def __init__(self, node_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., raft_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., reachable: _Optional[bool] = ..., raft_term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ..., pid: _Optional[int] = ..., durable_index: _Optional[int] = ..., owners: _Optional[_Iterable[_Union[OwnerStatus, _Mapping]]] = ..., wal_disk: _Optional[_Iterable[_Union[WalDiskUsage, _Mapping]]] = ..., data_dir_bytes: _Optional[int] = ..., role: _Optional[str] = ..., replicators: _Optional[_Iterable[_Union[ReplicatorStatus, _Mapping]]] = ...) -> None: ...
+
+class ReplicatorStatus(_message.Message):
+    __slots__ = ("pchannel", "target_cluster_id", "state", "target_checkpoint_lsn", "needed_lsn", "source_first_lsn")
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    TARGET_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_CHECKPOINT_LSN_FIELD_NUMBER: _ClassVar[int]
+    NEEDED_LSN_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIRST_LSN_FIELD_NUMBER: _ClassVar[int]
+    pchannel: str
+    target_cluster_id: str
+    state: str
+    target_checkpoint_lsn: int
+    needed_lsn: int
+    source_first_lsn: int
+    def __init__(self, pchannel: _Optional[str] = ..., target_cluster_id: _Optional[str] = ..., state: _Optional[str] = ..., target_checkpoint_lsn: _Optional[int] = ..., needed_lsn: _Optional[int] = ..., source_first_lsn: _Optional[int] = ...) -> None: ...
 
 class OwnerStatus(_message.Message):
     __slots__ = ("pchannel", "term", "state", "last_lsn", "committed_lsn", "replicas")
