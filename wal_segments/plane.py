@@ -103,6 +103,7 @@ class DataPlane:
         proposer: Proposer,
         view: CoordinationView,
         observer: WriteObserver | None = None,
+        admitted: asyncio.Event | None = None,
     ) -> None:
         self.node_id = node_id
         self.wal_dir = data_dir / "wal"
@@ -125,6 +126,10 @@ class DataPlane:
         # Reconcile runs from the loop and from NodeManager.Assign: one at a time, or two
         # owners could start for the same assignment.
         self._reconcile_lock = asyncio.Lock()
+        # Set by the node once the cluster accepted this process as the node (None:
+        # always): until then no owner starts here, so that a second process under one
+        # node id, which the cluster refuses, never recovers that node's pchannels.
+        self._admitted = admitted
 
     async def log(self, pchannel: str) -> PChannelLog:
         """The pchannel's log, opened (recovered from the files) on first use, and opened
@@ -224,7 +229,7 @@ class DataPlane:
             await self._reconcile_locked()
 
     async def _reconcile_locked(self) -> None:
-        if self._closed:
+        if self._closed or (self._admitted is not None and not self._admitted.is_set()):
             return
         assignments = self.view.assignments()
         for pchannel, owner in list(self.owners.items()):

@@ -321,7 +321,7 @@ def _run_node(args: argparse.Namespace) -> int:
 
     from raftwal.node.config import ConfigError, load_config, with_join
     from raftwal.node.membership import RoleFileError
-    from raftwal.node.process import NodeRemoved, run_node
+    from raftwal.node.process import NodeIdInUse, NodeRemoved, run_node
 
     try:
         config = load_config(args.config)
@@ -335,7 +335,8 @@ def _run_node(args: argparse.Namespace) -> int:
             security = NodeSecurity.load(config, config.node(args.id)).client
             config = discover(config, args.id, config.join, security)
         restart = asyncio.run(run_node(config, args.id))
-    except (ConfigError, RoleFileError) as error:
+    except (ConfigError, RoleFileError, NodeIdInUse) as error:
+        # NodeIdInUse: another process is this node; restarting cannot help.
         print(f"error: {error}", file=sys.stderr)
         return 2
     except NodeRemoved as error:

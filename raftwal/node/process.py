@@ -77,7 +77,7 @@ from raftwal.node.metrics import NodeMetrics
 from raftwal.node.proposals import ProposalBatcher
 from raftwal.node.replicator import SOURCE_GAP, Replicators
 from raftwal.node.security import NodeSecurity
-from raftwal.services.cluster import REMOVED_MARK, ClusterServicer
+from raftwal.services.cluster import ID_IN_USE_MARK, REMOVED_MARK, ClusterServicer
 from raftwal.services.consume_wire import add_streaming_node_servicer
 from raftwal.services.coordinator import CompactedHistory, CoordinatorServicer
 from raftwal.services.decoding import DecodeInterceptor
@@ -259,6 +259,12 @@ class Node:
         self.restart_requested = False
         # The leader refused this node's heartbeat: `raftwal member remove` forgot it.
         self.removed = False
+        # ... or another process holds this node id (the refusal's words; "" otherwise).
+        self.id_in_use = ""
+        # Set once a Raft leader accepted this process's heartbeat (or it leads): until
+        # then the data plane takes no pchannel, so that a second process under this id
+        # never recovers the node's pchannels (see DataPlane's `admitted`).
+        self.admitted = asyncio.Event()
         self.replica = CoordinationReplica(data_dir)
         self.metrics = NodeMetrics(self)
         # The web console on the metrics port (raftwal.node.console).
@@ -318,6 +324,7 @@ class Node:
             proposer=self.data_view,
             view=self.data_view,
             observer=self.metrics,
+            admitted=self.admitted,
         )
 
     @property
@@ -550,7 +557,9 @@ class Node:
         gc.collect()
         gc.freeze()
         await self._stop_requested.wait()
-        if not self.removed:  # a forgotten node holds nothing and has no leader to ask
+        # A forgotten node holds nothing and has no leader to ask; nor does a second
+        # process under a node id (it was never admitted).
+        if not self.removed and not self.id_in_use:
             await self.handover_or_abort()
         await self.stop()
 
@@ -1381,12 +1390,14 @@ class Node:
             if leader is not None:
                 if leader.id == self.me.id:
                     self.coordinator.record_heartbeat(request)
+                    self._admit()
                     if self.draining:
                         self._note_handover_targets(self.coordinator.handover_targets(self.me.id))
                 else:
                     stub = coordinator_pb2_grpc.ClusterStub(self.channel(leader.grpc_address))
                     try:
                         answer = await stub.Heartbeat(request, timeout=max(interval, 0.5))
+                        self._admit()
                         if self.draining and answer.draining_seen:
                             self._note_handover_targets(answer.handover_targets)
                         await self._follow_membership(
@@ -1397,6 +1408,9 @@ class Node:
                         refusal = from_rpc_error(error)
                         if refusal.code == E.NOT_FOUND and REMOVED_MARK in refusal.message:
                             self._stop_removed(refusal.message)
+                            return
+                        if refusal.code == E.ALREADY_EXISTS and ID_IN_USE_MARK in refusal.message:
+                            self._stop_id_in_use(refusal.message)
                             return
             self._heartbeat_now.clear()
             await wait_event(self._heartbeat_now, interval)
@@ -1416,6 +1430,28 @@ class Node:
             "again with --join"
         )
         return True
+
+    def _admit(self) -> None:
+        """A leader accepted this process as the node: the data plane may take its
+        pchannels now (at once, rather than at its next round)."""
+        if not self.admitted.is_set():
+            self.admitted.set()
+            self._tasks.append(asyncio.create_task(self._reconcile_once(), name="admitted"))
+
+    async def _reconcile_once(self) -> None:
+        try:
+            await self.plane.reconcile()
+        except Exception:  # noqa: BLE001 - logged; the reconcile loop's next round retries
+            log.exception("data plane reconcile failed")
+
+    def _stop_id_in_use(self, why: str) -> None:
+        """Another process is this node (the leader refused this one): stop at once,
+        without a handover (this process holds nothing of the node's), and say why
+        (``run_node`` raises NodeIdInUse: exit status 2, with `why` as its one line)."""
+        log.info("node %s refused by the leader: another process is this node", self.me.id)
+        self.id_in_use = why
+        self.restart_requested = False
+        self._stop_requested.set()
 
     def _stop_removed(self, why: str) -> None:
         """Forgotten by `raftwal member remove`: stop, and say why (``run_node`` raises
@@ -1819,6 +1855,12 @@ class NodeRemoved(Exception):
     stopped; it comes back only when started again with --join."""
 
 
+class NodeIdInUse(Exception):
+    """The leader refused this process's heartbeats: another process is this node (its
+    addresses are other), or joins under its id first. It stopped without taking
+    anything of the node's."""
+
+
 async def run_node(config: ClusterConfig, node_id: str) -> bool:
     """Run the node until it stops; True when it stopped to restart in another Raft role
     (``raftwal member``): the caller then starts the same command again. Raises
@@ -1836,4 +1878,6 @@ async def run_node(config: ClusterConfig, node_id: str) -> bool:
             f"node {node_id} was removed from the cluster (raftwal member remove): start it "
             "again with --join to rejoin"
         )
+    if node.id_in_use:
+        raise NodeIdInUse(node.id_in_use)
     return node.restart_requested
