@@ -96,3 +96,81 @@ def test_without_an_answer_a_joined_node_finds_its_peers_in_peers_json(tmp_path:
     joined = discover(config, "n4", config.join, ClientSecurity(), timeout_s=0)
     assert [(n.id, n.role) for n in joined.nodes] == [("n4", "data"), ("n1", "voter")]
     assert [n.id for n in joined.voters] == ["n1"]
+
+
+class _Aborted(Exception):
+    def __init__(self, status: object) -> None:
+        super().__init__(getattr(status, "details", ""))
+        self.status = status
+
+
+class _Context:
+    async def abort_with_status(self, status: object) -> None:
+        raise _Aborted(status)
+
+
+class _Leader:
+    """The ClusterBackend of a leader whose config names n1..n3 (no join)."""
+
+    def __init__(self, config: object) -> None:
+        self.config = config
+        self.me = config.nodes[0]  # type: ignore[attr-defined]
+        self.recorded: list[api.HeartbeatRequest] = []
+        self.coordinator = self
+
+    def is_leader(self) -> bool:
+        return True
+
+    def removed_node(self, node_id: str) -> None:
+        return None
+
+    def record_heartbeat(self, request: api.HeartbeatRequest) -> None:
+        self.recorded.append(request)
+
+    def joiner_conflict(self, request: api.HeartbeatRequest) -> None:
+        return None
+
+    def membership(self) -> tuple[list[str], bool]:
+        return ["n1", "n2", "n3"], True
+
+    def applied_revision(self) -> int:
+        return 1
+
+    def handover_targets(self, node_id: str) -> int:
+        return 2
+
+
+async def test_a_heartbeat_for_a_known_node_from_a_forged_raft_address_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Issue 53, item 7: n3's real gRPC address with a forged Raft address was accepted,
+    and n3's recorded Raft address then flipped. It is refused now, with the words its
+    sender stops on (another process under that id), and nothing is recorded."""
+    from raftwal.services.cluster import ClusterServicer
+
+    config = parse_config(
+        {
+            "nodes": [
+                {"id": f"n{k}", "host": "127.0.0.1", "grpc_port": 7200 + k, "raft_port": 7300 + k}
+                for k in (1, 2, 3)
+            ]
+        },
+        tmp_path,
+        environ={},
+    )
+    leader = _Leader(config)
+    servicer = ClusterServicer(leader)  # type: ignore[arg-type]
+    genuine = api.HeartbeatRequest(
+        node_id="n3", address="127.0.0.1:7203", raft_address="127.0.0.1:7303", incarnation=1
+    )
+    await servicer.Heartbeat(genuine, _Context())
+    assert leader.recorded == [genuine]
+    forged = api.HeartbeatRequest(
+        node_id="n3", address="127.0.0.1:7203", raft_address="10.6.6.6:7303", incarnation=2
+    )
+    with pytest.raises(_Aborted) as refused:
+        await servicer.Heartbeat(forged, _Context())
+    message = str(refused.value)
+    assert ID_IN_USE_MARK in message and "10.6.6.6:7303" in message, message
+    assert "127.0.0.1:7303" in message
+    assert leader.recorded == [genuine]
