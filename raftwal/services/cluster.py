@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 
 from google.protobuf.message import DecodeError
 
@@ -225,9 +226,21 @@ class ClusterServicer(coordinator_pb2_grpc.ClusterServicer):
             )
 
 
-async def _endpoints(address: str) -> set[tuple[str, int]]:
+# address -> (when resolved, time.monotonic(); the endpoints): a joiner heartbeats every
+# interval, and its checks resolve every member's addresses.
+_RESOLVED: dict[str, tuple[float, frozenset[tuple[str, int]]]] = {}
+RESOLVED_KEEP_S = 30.0
+RESOLVED_MAX = 1024
+
+
+async def _endpoints(address: str) -> frozenset[tuple[str, int]]:
     """The (IP, port) pairs `address` resolves to (empty when it does not resolve in
-    time): `localhost:7201` and `127.0.0.1:7201` are one endpoint."""
+    time): `localhost:7201` and `127.0.0.1:7201` are one endpoint. Kept for
+    RESOLVED_KEEP_S."""
+    now = time.monotonic()
+    known = _RESOLVED.get(address)
+    if known is not None and now - known[0] < RESOLVED_KEEP_S:
+        return known[1]
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
     try:
@@ -235,9 +248,13 @@ async def _endpoints(address: str) -> set[tuple[str, int]]:
             asyncio.get_running_loop().getaddrinfo(host, int(port), type=socket.SOCK_STREAM),
             RESOLVE_TIMEOUT_S,
         )
+        found = frozenset((str(info[4][0]), int(info[4][1])) for info in infos)
     except (OSError, ValueError, TimeoutError):
-        return set()
-    return {(str(info[4][0]), int(info[4][1])) for info in infos}
+        found = frozenset()
+    if len(_RESOLVED) >= RESOLVED_MAX:
+        _RESOLVED.clear()
+    _RESOLVED[address] = (now, found)
+    return found
 
 
 async def _joiner_refusal(
