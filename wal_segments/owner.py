@@ -806,7 +806,8 @@ class ChannelOwner:
     def _load_producer_state(self, state: dict[str, _ProducerBatch]) -> None:
         """Make the table what a producer-state entry lists (see `_rebuild_producers`)."""
         table: dict[str, list[_ProducerBatch]] = {}
-        for producer, newest in state.items():
+        # In the order they last wrote, as `_remember` keeps the table.
+        for producer, newest in sorted(state.items(), key=lambda item: item[1].last_lsn):
             history = [b for b in self._producers.get(producer, ()) if b.last_lsn < newest.last_lsn]
             history.append(newest)
             table[producer] = history[-PRODUCER_HISTORY:]
@@ -926,21 +927,31 @@ class ChannelOwner:
         return [(e.lsn, e.time_tick) for e in entries]
 
     def _remember(self, producer: str, batch: _ProducerBatch) -> None:
-        history = self._producers.get(producer)
+        # The table is in the order producers last wrote (least recent first).
+        history = self._producers.pop(producer, None)
         if history is None:
             if len(self._producers) >= self.config.max_producers:
                 self._forget_least_recent()
-            history = self._producers[producer] = []
+            history = []
+        self._producers[producer] = history
         history.append(batch)
         if len(history) > PRODUCER_HISTORY:
             del history[0]
 
-    def _forget_least_recent(self) -> None:
-        """Make room for one more producer: forget the one that wrote least recently."""
-        oldest = min(
-            self._producers,
-            key=lambda producer: (self._producers[producer][-1].last_lsn, producer),
+    def _forget_least_recent(self) -> bool:
+        """Make room for one more producer: forget the one that wrote least recently, but
+        never a replicated producer (a standby's checkpoint) nor one with a batch in
+        flight. Returns whether one was forgotten."""
+        oldest = next(
+            (
+                producer
+                for producer, history in self._producers.items()
+                if not producer.startswith(REPLICATED_PRODUCER_PREFIX) and history[-1].done is None
+            ),
+            None,
         )
+        if oldest is None:
+            return False
         del self._producers[oldest]
         self.producers_expired["capacity"] += 1
         logger.warning(
@@ -949,6 +960,7 @@ class ChannelOwner:
             self.config.max_producers,
             oldest[:64],
         )
+        return True
 
     async def _append_control(self, msg_type: int, flags: int) -> int:
         """Append one control entry of this owner's (a seal marker, a time tick), the
@@ -1011,9 +1023,8 @@ class ChannelOwner:
             )
             value = encode_producer_state(records)
             # One entry's properties are bounded: the least recently written go first.
-            if len(value.encode()) + 64 <= MAX_PROPERTIES_BYTES or len(self._producers) <= 1:
+            if len(value.encode()) + 64 <= MAX_PROPERTIES_BYTES or not self._forget_least_recent():
                 break
-            self._forget_least_recent()
         lsn = self.log.last_lsn + 1
         batch = encode_batch(
             [

@@ -157,3 +157,22 @@ async def test_an_idle_producer_expires_but_a_replicated_one_does_not(logs):
         assert not duplicate
     finally:
         await owner2.close()
+
+
+async def test_past_the_bound_the_least_recently_written_producer_is_forgotten(logs):
+    """Bounded: max_producers (3 here); the replicated producer is never the one to go."""
+    network, clock = Network(logs), Clock()
+    owner = await serving(owner_on(logs, network, "n1", 1, clock, max_producers=3))
+    try:
+        await owner.write([message(b"r")], producer_id=REPLICATED, sequence=5, previous_sequence=0)
+        for name in ("a", "b"):
+            await owner.write([message(name.encode())], producer_id=name, sequence=1)
+        await owner.write([message(b"a2")], producer_id="a", sequence=2)  # a is recent again
+        await owner.write([message(b"c")], producer_id="c", sequence=1)
+        assert owner.producer_count() == 3
+        assert owner.producers_expired["capacity"] == 1
+        assert await owner.producer_checkpoint("b") == (0, 0)
+        assert (await owner.producer_checkpoint("a"))[0] == 2
+        assert (await owner.producer_checkpoint(REPLICATED))[0] == 5
+    finally:
+        await owner.close()
