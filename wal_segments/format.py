@@ -126,6 +126,12 @@ class EntryFlags(enum.IntFlag):
     #: an owner's time-tick entry (msg_type TIME_TICK, no vchannel): it only moves the
     #: pchannel's committed time tick forward while no producer writes (time-tick packs)
     TIME_TICK_MARKER = 1 << 7
+    #: more entries of the same write batch follow this one: set on every entry of a
+    #: batch but its last, so that a log ending in an entry with it holds only a prefix
+    #: of a batch, which was never acknowledged (`ChannelOwner` drops it when it adopts
+    #: such a log; docs/architecture.md, the fencing argument). Logs written before it
+    #: existed have it nowhere: each of their entries reads as a whole batch.
+    BATCH_CONTINUES = 1 << 8
 
 
 KNOWN_FLAGS = int(
@@ -137,12 +143,14 @@ KNOWN_FLAGS = int(
     | EntryFlags.SEAL_MARKER
     | EntryFlags.BROADCAST
     | EntryFlags.TIME_TICK_MARKER
+    | EntryFlags.BATCH_CONTINUES
 )
 TXN_FLAGS = int(
     EntryFlags.TXN_BEGIN | EntryFlags.TXN_BODY | EntryFlags.TXN_COMMIT | EntryFlags.TXN_ROLLBACK
 )
 BROADCAST_FLAG = int(EntryFlags.BROADCAST)
 SEAL_FLAG = int(EntryFlags.SEAL_MARKER)
+BATCH_CONTINUES_FLAG = int(EntryFlags.BATCH_CONTINUES)
 #: flags & TXN_FLAGS values with at most one bit set
 _SINGLE_TXN_BIT = {0: True, 1: True, 2: True, 4: True, 8: True}
 #: Entries the WAL writes for itself rather than for a producer.

@@ -39,9 +39,10 @@ import asyncio
 import contextlib
 import heapq
 import itertools
+import json
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -49,9 +50,12 @@ from typing import NamedTuple, Protocol
 from rpc.aio import Signal, wait_event, wait_within
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
+from wal_segments import mutations
 from wal_segments.format import (
+    BATCH_CONTINUES_FLAG,
     ENTRY_HEADER,
     ENTRY_HEADER_SIZE,
+    MAX_PROPERTIES_BYTES,
     TXN_FLAGS,
     Entry,
     EntryFlags,
@@ -86,10 +90,35 @@ SENDER_STOP_ATTEMPTS = 50
 COMMIT_NOTICE_DELAY_S = 0.005
 #: how many entries back recovery looks for idempotent producers' sequences
 PRODUCER_SCAN_ENTRIES = 200_000
+#: On an owner's producer-state entry (TIME_TICK, TIME_TICK_MARKER): every producer it
+#: remembers, as JSON, so that a later owner knows them though retention deleted the
+#: entries of their batches (see `_write_producer_state`).
+PRODUCERS_PROPERTY = "rw.producers"
+PRODUCER_STATE_VERSION = 1
+#: An owner writes its producer state again after this many entries (and first thing in
+#: every segment it opens), so recovery's tail scan of PRODUCER_SCAN_ENTRIES always holds
+#: one while there are producers.
+PRODUCER_STATE_EVERY_ENTRIES = PRODUCER_SCAN_ENTRIES // 2
+#: Producers of batches replicated from another cluster (``rw.replicate/<cluster>/<pchannel>``):
+#: their sequence is the target's checkpoint, kept however long the source is idle (one per
+#: source pchannel, so bounded); every other producer expires (`producer_expiry_ms`).
+REPLICATED_PRODUCER_PREFIX = "rw.replicate/"
+#: How often a serving owner drops producers idle past their expiry (besides whenever it
+#: writes its producer state).
+PRODUCER_EXPIRY_CHECK_S = 10.0
 
 
 #: Commit waiters kept before the cancelled ones are swept out (see `_wait_committed`).
 _WAITERS_BEFORE_SWEEP = 1024
+#: The most entries one write batch can hold (the service's batch limit is far lower): the
+#: walk back over a batch's surviving prefix stops there.
+MAX_BATCH_ENTRIES = 1_000_000
+
+NON_ATOMIC_BATCH = mutations.declare(
+    "non-atomic-batch",
+    "a new owner keeps the surviving prefix of a write batch at the end of the log it "
+    "adopts, so a producer's retry of that batch writes those entries a second time",
+)
 
 
 class WalError(Exception):
@@ -171,6 +200,11 @@ class OwnerConfig:
     retry_min_s: float = 0.05
     retry_max_s: float = 1.0
     rpc_timeout_s: float = 2.0
+    #: an idempotent producer that wrote nothing for this long is forgotten (a retry of its
+    #: last batch is then written again); replicated producers never expire
+    producer_expiry_ms: int = 7 * 24 * 3600 * 1000
+    #: producers remembered per pchannel; past it the least recently written is forgotten
+    max_producers: int = 8192
 
 
 _NO_PROPERTIES: dict[str, str] = {}
@@ -196,15 +230,52 @@ class _ProducerBatch:
     first_lsn: int
     last_lsn: int
     done: asyncio.Future[list[tuple[int, int]]] | None = None
+    #: the time tick of the batch's last entry (expiry counts from it)
+    time_tick: int = 0
 
 
-def _producer_batch(entry_lsn: int, properties: Mapping[str, str]) -> _ProducerBatch | None:
+def _producer_batch(
+    entry_lsn: int, time_tick: int, properties: Mapping[str, str]
+) -> _ProducerBatch | None:
     """The producer batch an entry with these properties ends, if it ends one. Raises
     KeyError or ValueError for malformed producer properties."""
     if not properties.get(PRODUCER_ID_PROPERTY):
         return None
     count = int(properties[PRODUCER_COUNT_PROPERTY])
-    return _ProducerBatch(int(properties[PRODUCER_SEQ_PROPERTY]), entry_lsn - count + 1, entry_lsn)
+    return _ProducerBatch(
+        int(properties[PRODUCER_SEQ_PROPERTY]),
+        entry_lsn - count + 1,
+        entry_lsn,
+        time_tick=time_tick,
+    )
+
+
+def encode_producer_state(records: Sequence[tuple[str, int, int, int, int]]) -> str:
+    """The value of PRODUCERS_PROPERTY for (producer id, sequence, first lsn, last lsn,
+    time tick) records, one per producer (its newest batch), in the given order."""
+    return json.dumps(
+        {"v": PRODUCER_STATE_VERSION, "p": [list(record) for record in records]},
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+
+
+def decode_producer_state(value: str) -> dict[str, _ProducerBatch]:
+    """Inverse of `encode_producer_state`; ValueError for anything else."""
+    try:
+        document = json.loads(value)
+        if document["v"] != PRODUCER_STATE_VERSION:
+            raise ValueError(f"producer state version {document['v']!r}")
+        state = {}
+        for producer, sequence, first, last, tick in document["p"]:
+            if not isinstance(producer, str) or not all(
+                isinstance(n, int) for n in (sequence, first, last, tick)
+            ):
+                raise ValueError(f"bad producer record {producer!r}")
+            state[producer] = _ProducerBatch(sequence, first, last, time_tick=tick)
+        return state
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"malformed producer state ({error!r})") from None
 
 
 @dataclass(slots=True)
@@ -274,9 +345,23 @@ class ChannelOwner:
         #: first lsn -> (last lsn, prev term, frames, crc32c of frames, ends a segment)
         self._recent: OrderedDict[int, tuple[int, int, bytes, int, bool]] = OrderedDict()
         self._recent_bytes = 0
+        #: the last LSN of every batch this owner appended that is not committed yet, in
+        #: order: the commit point moves only to the end of a batch (`_update_commit`)
+        self._batch_ends: deque[int] = deque()
+        #: whether this owner flags its batches BATCH_CONTINUES: decided at recovery, on
+        #: when every fence answer said the replica takes such frames
+        self._batch_flags = False
         self._producers: dict[str, list[_ProducerBatch]] = {}
         # Producers looked for in the whole log (`_know_producer`), found or not.
         self._producers_scanned: set[str] = set()
+        #: the producer table holds every producer of the log (recovery found a producer-
+        #: state entry): no producer needs looking for in the whole log
+        self._producers_complete = False
+        #: LSN of the newest producer-state entry this owner wrote or recovered from
+        self._producer_state_lsn = 0
+        self._producer_expiry_at = time.monotonic()
+        #: producers forgotten by this owner, by reason ("timeout", "capacity")
+        self.producers_expired: dict[str, int] = {"timeout": 0, "capacity": 0}
         #: txn id -> (first lsn, last lsn) of committed transactions (bounded: TXN_OUTCOMES)
         self._committed_txns: OrderedDict[int, tuple[int, int]] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
@@ -467,6 +552,7 @@ class ChannelOwner:
                 last_term=position.last_term,
                 last_time_tick=position.last_time_tick,
                 node_id=self.node_id,
+                batch_frames=True,
             )
         }
         to_fence = list(self._replicas) + [
@@ -503,13 +589,23 @@ class ChannelOwner:
         ):
             await self._adopt(best.node_id, best.last_lsn, best.last_term)
         self._check_current()
+        # Replicas of an older version refuse flagged frames (a rolling upgrade): flag only
+        # when every replica heard from says it takes them. A replica that did not answer
+        # yet and turns out older stays behind until it runs this version too.
+        self._batch_flags = all(reply.batch_frames for reply in positions.values())
+        if not mutations.active(NON_ATOMIC_BATCH):
+            await self._drop_partial_batch()
         await self._drop_partial_txn()
         await self._rebuild_producers()
         # Seal the inherited open segment, then start this term's segment.
         async with self._write_lock:
             if self.log.open_segment_first_lsn() is not None:
-                await self._append_control(MsgType.SEAL, int(EntryFlags.SEAL_MARKER))
-            result_lsn = await self._append_control(MsgType.TERM_START, int(EntryFlags.TERM_START))
+                await self._append_entry(MsgType.SEAL, int(EntryFlags.SEAL_MARKER))
+            # The term start opens this term's segment (nothing of this term before it);
+            # the producer state follows it at once, so that the segment holds it even if
+            # nothing else is ever written in it.
+            result_lsn = await self._append_entry(MsgType.TERM_START, int(EntryFlags.TERM_START))
+            await self._write_producer_state()
         self.start_lsn = result_lsn
         self._segment_opened_at = time.monotonic()
         for replica in self._replicas.values():
@@ -614,6 +710,29 @@ class ChannelOwner:
             return min(ours, their_last)
         return max(0, min(conflict_first - 1, their_last))
 
+    async def _drop_partial_batch(self) -> None:
+        """A log that ends in an entry flagged BATCH_CONTINUES holds only a prefix of its
+        write batch (a torn tail, a catch-up chunk, a fetch cut short): the batch was never
+        acknowledged, since the commit point only ever moves to a batch's end
+        (`_update_commit`) and the log adopted holds every committed entry. Drop the
+        prefix, so that the producer's retry of the batch is written once, whole."""
+        last = self.log.last_lsn
+        start = None
+        lsn = last
+        while lsn >= self.log.first_lsn and last - lsn < MAX_BATCH_ENTRIES:
+            if not _header(self.log, lsn)[10] & BATCH_CONTINUES_FLAG:
+                break
+            start = lsn
+            lsn -= 1
+        if start is not None:
+            logger.warning(
+                "%s: dropping lsn %d..%d, the prefix of a batch whose end no replica holds",
+                self.pchannel,
+                start,
+                last,
+            )
+            await self.log.truncate_after(start - 1)
+
     async def _drop_partial_txn(self) -> None:
         """A transaction at the very end of the log without its commit entry was never
         acknowledged (the commit entry is written with the body, in one batch): drop it so
@@ -646,26 +765,87 @@ class ChannelOwner:
     async def _rebuild_producers(self) -> None:
         """Recover idempotent producers' recent sequences from the log's tail: the last
         `PRODUCER_SCAN_ENTRIES` entries, walking frame headers and decoding properties only
-        where there are some (recovery time matters: this runs during a failover)."""
+        where there are some (recovery time matters: this runs during a failover).
+
+        A producer-state entry met on the way (an earlier owner's, see
+        `_write_producer_state`) replaces the table with what it lists, the history kept
+        before it included: it holds every producer of the log before it, those whose
+        batches retention deleted too, and none that expired. With one, the table is
+        complete; without (a log written before such entries existed), producers not in
+        the tail are looked for in the whole log when asked for (`_know_producer`)."""
         last = self.log.last_lsn
         start = max(self.log.first_lsn, last - PRODUCER_SCAN_ENTRIES)
-        async for entry_lsn, txn_id, properties in self._entries_with_properties(start, last):
+        # A scan of a whole log that retention never cut misses nothing either.
+        self._producers_complete = start <= 1
+        marker = int(EntryFlags.TIME_TICK_MARKER)
+        async for entry_lsn, txn_id, flags, tick, properties in self._entries_with_properties(
+            start, last
+        ):
             try:
+                state = properties.get(PRODUCERS_PROPERTY)
+                if state is not None and flags & marker:
+                    self._load_producer_state(decode_producer_state(state))
+                    self._producer_state_lsn = entry_lsn
+                    self._producers_complete = True
+                    continue
                 txn_count = properties.get(TXN_COUNT_PROPERTY)
                 if txn_count is not None and txn_id:
                     self.remember_txn(txn_id, entry_lsn - int(txn_count) + 1, entry_lsn)
-                batch = _producer_batch(entry_lsn, properties)
+                batch = _producer_batch(entry_lsn, tick, properties)
                 if batch is not None:
                     self._remember(properties[PRODUCER_ID_PROPERTY], batch)
-            except (KeyError, ValueError):
-                pass
+            except (KeyError, ValueError) as error:
+                logger.warning(
+                    "%s: unreadable producer bookkeeping at lsn %d: %s",
+                    self.pchannel,
+                    entry_lsn,
+                    error,
+                )
+        self._expire_producers(self.log.last_time_tick)
+
+    def _load_producer_state(self, state: dict[str, _ProducerBatch]) -> None:
+        """Make the table what a producer-state entry lists (see `_rebuild_producers`)."""
+        table: dict[str, list[_ProducerBatch]] = {}
+        # In the order they last wrote, as `_remember` keeps the table.
+        for producer, newest in sorted(state.items(), key=lambda item: item[1].last_lsn):
+            history = [b for b in self._producers.get(producer, ()) if b.last_lsn < newest.last_lsn]
+            history.append(newest)
+            table[producer] = history[-PRODUCER_HISTORY:]
+        self._producers = table
+
+    def _expire_producers(self, now_tick: int) -> None:
+        """Forget the producers whose newest batch is older than `producer_expiry_ms` at
+        time tick `now_tick` (replicated producers excepted)."""
+        horizon = now_tick - (self.config.producer_expiry_ms << TICK_LOGICAL_BITS)
+        expired = [
+            producer
+            for producer, history in self._producers.items()
+            if history[-1].time_tick < horizon
+            and not producer.startswith(REPLICATED_PRODUCER_PREFIX)
+            and history[-1].done is None
+        ]
+        for producer in expired:
+            del self._producers[producer]
+        if expired:
+            self.producers_expired["timeout"] += len(expired)
+            logger.info(
+                "%s: %d idempotent producer(s) idle past %d ms forgotten (e.g. %r)",
+                self.pchannel,
+                len(expired),
+                self.config.producer_expiry_ms,
+                expired[0][:64],
+            )
+
+    def producer_count(self) -> int:
+        """Idempotent producers this owner remembers (a metric)."""
+        return len(self._producers)
 
     async def _entries_with_properties(
         self, first: int, last: int
-    ) -> AsyncIterator[tuple[int, int, dict[str, str]]]:
-        """(lsn, txn id, properties) of the entries first..last that have properties,
-        reading frame headers only elsewhere; entries whose properties do not decode are
-        skipped."""
+    ) -> AsyncIterator[tuple[int, int, int, int, dict[str, str]]]:
+        """(lsn, txn id, flags, time tick, properties) of the entries first..last that have
+        properties, reading frame headers only elsewhere; entries whose properties do not
+        decode are skipped."""
         unpack = ENTRY_HEADER.unpack_from
         lsn = first
         while lsn <= last:
@@ -681,7 +861,7 @@ class ChannelOwner:
                 if properties_len and entry_lsn <= last:
                     try:
                         properties = decode_properties(view[body : body + properties_len])
-                        yield entry_lsn, fields[6], properties
+                        yield entry_lsn, fields[6], fields[10], fields[4], properties
                     except (KeyError, ValueError):
                         pass
                 offset = align_up(body + properties_len)
@@ -691,24 +871,30 @@ class ChannelOwner:
     async def _know_producer(self, producer_id: str) -> None:
         """Make sure the producer table has `producer_id`'s newest batch if the log has
         one: the tail scan at recovery covers the last PRODUCER_SCAN_ENTRIES entries; a
-        producer not seen there is looked for in the whole log, once per owner."""
-        if producer_id in self._producers or producer_id in self._producers_scanned:
+        producer not seen there is looked for in the whole log, once per owner, unless
+        recovery found a producer-state entry (then the table is complete)."""
+        if (
+            self._producers_complete
+            or producer_id in self._producers
+            or producer_id in self._producers_scanned
+        ):
             return
         found: _ProducerBatch | None = None
-        async for entry_lsn, _, properties in self._entries_with_properties(
+        async for entry_lsn, _, _, tick, properties in self._entries_with_properties(
             self.log.first_lsn, self.log.last_lsn
         ):
             if properties.get(PRODUCER_ID_PROPERTY) == producer_id:
                 with contextlib.suppress(KeyError, ValueError):
-                    found = _producer_batch(entry_lsn, properties) or found
+                    found = _producer_batch(entry_lsn, tick, properties) or found
         self._producers_scanned.add(producer_id)
         if found is not None and producer_id not in self._producers:
             self._remember(producer_id, found)
 
     async def producer_checkpoint(self, producer_id: str) -> tuple[int, int]:
         """(newest sequence, LSN of that batch's last entry) of `producer_id` on this
-        pchannel, (0, 0) when it wrote nothing that the log still holds; answered once
-        that batch is committed."""
+        pchannel, (0, 0) when it is unknown here (it never wrote, or it expired); answered
+        once that batch is committed. Retention does not change the answer: the owner's
+        producer-state entries carry it past the deletion of the batch's entries."""
         self._check_serving()
         await self._know_producer(producer_id)
         history = self._producers.get(producer_id)
@@ -741,19 +927,119 @@ class ChannelOwner:
         return [(e.lsn, e.time_tick) for e in entries]
 
     def _remember(self, producer: str, batch: _ProducerBatch) -> None:
-        history = self._producers.setdefault(producer, [])
+        # The table is in the order producers last wrote (least recent first).
+        history = self._producers.pop(producer, None)
+        if history is None:
+            if len(self._producers) >= self.config.max_producers:
+                self._forget_least_recent()
+            history = []
+        self._producers[producer] = history
         history.append(batch)
         if len(history) > PRODUCER_HISTORY:
             del history[0]
 
+    def _forget_least_recent(self) -> bool:
+        """Make room for one more producer: forget the one that wrote least recently, but
+        never a replicated producer (a standby's checkpoint) nor one with a batch in
+        flight. Returns whether one was forgotten."""
+        oldest = next(
+            (
+                producer
+                for producer, history in self._producers.items()
+                if not producer.startswith(REPLICATED_PRODUCER_PREFIX) and history[-1].done is None
+            ),
+            None,
+        )
+        if oldest is None:
+            return False
+        del self._producers[oldest]
+        self.producers_expired["capacity"] += 1
+        logger.warning(
+            "%s: more than %d idempotent producers: forgot %r, the least recently written",
+            self.pchannel,
+            self.config.max_producers,
+            oldest[:64],
+        )
+        return True
+
     async def _append_control(self, msg_type: int, flags: int) -> int:
+        """Append one control entry of this owner's (a seal marker, a time tick), the
+        producer state first when it is due (`_before_append`). Under the write lock."""
+        await self._before_append()
+        return await self._append_entry(msg_type, flags)
+
+    async def _append_entry(
+        self, msg_type: int, flags: int, properties: Mapping[str, str] = _NO_PROPERTIES
+    ) -> int:
         lsn = self.log.last_lsn + 1
         tick = hybrid_tick(self.log.last_time_tick, self._wall_ms())
         batch = encode_batch(
-            [Entry(lsn=lsn, term=self.term, time_tick=tick, msg_type=msg_type, flags=flags)]
+            [
+                Entry(
+                    lsn=lsn,
+                    term=self.term,
+                    time_tick=tick,
+                    msg_type=msg_type,
+                    flags=flags,
+                    properties=properties,
+                )
+            ]
         )
         await self._write_locked(batch.data, batch.meta)
         return lsn
+
+    # -- producer state -------------------------------------------------------------------------
+
+    async def _before_append(self) -> None:
+        """Write the producer state first when the next append would open a segment (every
+        segment then holds the state as of its start, so retention, which deletes whole
+        segments and never the last, never deletes the newest one) or when the newest is
+        PRODUCER_STATE_EVERY_ENTRIES behind (recovery's tail scan then finds one). A seal
+        marker ends its segment: it never needs one. Under the write lock."""
+        if (
+            self.log.open_segment_first_lsn() is None
+            or self.log.last_lsn - self._producer_state_lsn >= PRODUCER_STATE_EVERY_ENTRIES
+        ):
+            await self._write_producer_state()
+
+    async def _write_producer_state(self) -> None:
+        """Append a producer-state entry (a TIME_TICK control entry whose PRODUCERS_PROPERTY
+        lists each remembered producer's newest batch), unless no producer is remembered.
+
+        Why in the log rather than beside it: it then moves with the log, by the same
+        rules. Every replica holds it, a new owner adopts it with the log it adopts, a
+        replica catching up from a retention floor gets it with the first segment, a
+        truncation removes it with the batches it summarizes, and it is committed exactly
+        when the entries before it are. Under the write lock."""
+        tick = hybrid_tick(self.log.last_time_tick, self._wall_ms())
+        self._expire_producers(tick)
+        if not self._producers:
+            return
+        while True:
+            records = sorted(
+                (producer, newest.sequence, newest.first_lsn, newest.last_lsn, newest.time_tick)
+                for producer, history in self._producers.items()
+                for newest in (history[-1],)
+            )
+            value = encode_producer_state(records)
+            # One entry's properties are bounded: the least recently written go first.
+            if len(value.encode()) + 64 <= MAX_PROPERTIES_BYTES or not self._forget_least_recent():
+                break
+        lsn = self.log.last_lsn + 1
+        batch = encode_batch(
+            [
+                Entry(
+                    lsn=lsn,
+                    term=self.term,
+                    time_tick=tick,
+                    msg_type=int(MsgType.TIME_TICK),
+                    flags=int(EntryFlags.TIME_TICK_MARKER),
+                    properties={PRODUCERS_PROPERTY: value},
+                )
+            ]
+        )
+        await self._write_locked(batch.data, batch.meta)
+        self._producer_state_lsn = lsn
 
     # -- time ticks ---------------------------------------------------------------------------
 
@@ -821,6 +1107,7 @@ class ChannelOwner:
                 current_term=self.term,
             ) from None
         self._cache(meta.first_lsn, meta.last_lsn, prev_term, frames, result.sealed)
+        self._batch_ends.append(meta.last_lsn)
         for replica in self._replicas.values():
             replica.wake.set()
         if result.sealed:
@@ -854,7 +1141,17 @@ class ChannelOwner:
         )
         point = matches[self.majority - 1]
         # Only entries of this term commit by counting (Raft): the term start comes first.
-        if point >= self.start_lsn > 0 and point > self.committed_lsn:
+        if point < self.start_lsn or self.start_lsn <= 0 or point <= self.committed_lsn:
+            return
+        # Only to the end of a batch: a majority may hold a prefix of one (a catch-up
+        # chunk ends inside it), and a prefix must never be committed, or a new owner
+        # could neither drop it nor tell a producer's retry of the batch from a new one.
+        ends = self._batch_ends
+        end = 0
+        while ends and ends[0] <= point:
+            end = ends.popleft()
+        if end > self.committed_lsn:
+            point = end
             self.committed_lsn = point
             self.log.committed_lsn = max(self.log.committed_lsn, point)
             self._notify_progress()
@@ -918,6 +1215,13 @@ class ChannelOwner:
         if batch.done is not None:
             return await asyncio.shield(batch.done)
         await self._wait_committed(batch.last_lsn)
+        if batch.first_lsn < self.log.first_lsn and batch.time_tick:
+            # Retention deleted its entries. A batch's ticks rise by one from entry to
+            # entry (`_append_locked`), so its last one gives them all.
+            return [
+                (lsn, batch.time_tick - (batch.last_lsn - lsn))
+                for lsn in range(batch.first_lsn, batch.last_lsn + 1)
+            ]
         entries = self.log.entries(batch.first_lsn, 1 << 30, batch.last_lsn)
         return [(e.lsn, e.time_tick) for e in entries]
 
@@ -962,16 +1266,21 @@ class ChannelOwner:
         ):
             # Seal first: a batch (a transaction in particular) never spans segments.
             await self._append_control(MsgType.SEAL, int(EntryFlags.SEAL_MARKER))
+        await self._before_append()
         first_lsn = self.log.last_lsn + 1
         tick = self.log.last_time_tick
         wall_tick = self._wall_ms() << TICK_LOGICAL_BITS
         term = self.term
         rows = []
         last_index = len(messages) - 1
+        # Every entry but the last says that more of its batch follows (atomic batches).
+        more = BATCH_CONTINUES_FLAG if self._batch_flags else 0
         for index, message in enumerate(messages):
             vchannel_id, msg_type, key, payload, properties, flags, txn_id, broadcast_id = message
             tick = tick + 1 if tick >= wall_tick else wall_tick
-            if producer_id and index == last_index:
+            if index != last_index:
+                flags |= more
+            elif producer_id:
                 properties = {
                     **properties,
                     PRODUCER_ID_PROPERTY: producer_id,
@@ -1003,6 +1312,7 @@ class ChannelOwner:
                 first_lsn,
                 first_lsn + len(rows) - 1,
                 asyncio.get_running_loop().create_future(),
+                time_tick=rows[-1][2],
             )
             self._remember(producer_id, record)
         return positions, record, len(rows), len(batch.data)
@@ -1274,6 +1584,9 @@ class ChannelOwner:
                 ):
                     await self.seal_now()
                 await self._commit_ready_segments()
+                if time.monotonic() - self._producer_expiry_at >= PRODUCER_EXPIRY_CHECK_S:
+                    self._producer_expiry_at = time.monotonic()
+                    self._expire_producers(hybrid_tick(self.log.last_time_tick, self._wall_ms()))
                 # Consecutive failures: a success clears the status warning.
                 attempt = self.commit_failures = 0
                 await asyncio.sleep(0.2)

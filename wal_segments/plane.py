@@ -140,6 +140,7 @@ class DataPlane:
         observer: WriteObserver | None = None,
         accepts: Callable[[str], bool] | None = None,
         exclusive: bool = False,
+        admitted: asyncio.Event | None = None,
     ) -> None:
         self.node_id = node_id
         # Which pchannels this data plane may hold (a data worker holds those placed on it,
@@ -170,6 +171,10 @@ class DataPlane:
         # Reconcile runs from the loop and from NodeManager.Assign: one at a time, or two
         # owners could start for the same assignment.
         self._reconcile_lock = asyncio.Lock()
+        # Set by the node once the cluster accepted this process as the node (None:
+        # always): until then no owner starts here, so that a second process under one
+        # node id, which the cluster refuses, never recovers that node's pchannels.
+        self._admitted = admitted
 
     def accepts(self, pchannel: str) -> bool:
         """Whether this data plane may hold `pchannel` (see ``accepts`` in the constructor)."""
@@ -277,7 +282,7 @@ class DataPlane:
             await self._reconcile_locked()
 
     async def _reconcile_locked(self) -> None:
-        if self._closed:
+        if self._closed or (self._admitted is not None and not self._admitted.is_set()):
             return
         assignments = self.view.assignments()
         for pchannel, owner in list(self.owners.items()):

@@ -1,8 +1,12 @@
 """``raftwal chaos --replicate``: two dev clusters on this machine, source -> target
-(docs/replication.md), a producing workload on the source (plain entries and committed
-transactions) and a nemesis on both sides: owner kills (SIGKILL, then a restart), owner
-pauses (SIGSTOP/SIGCONT), a partition between the clusters (every target node paused)
-and node restarts (SIGTERM, then a start).
+(docs/replication.md), a producing workload on the source (plain entries, sent in bursts
+of 1-8 messages so that most produce batches hold several, and committed transactions)
+and a nemesis on both sides, of the kinds ``--faults`` names: ``kill`` (an owner
+SIGKILLed, then started again), ``pause`` (an owner SIGSTOPped, then continued),
+``partition`` (between the clusters: every target node paused), ``restart`` (a node
+stopped with SIGTERM, then started) and ``power`` (an owner's power cut: SIGKILL, then
+every byte its data dir had not fsynced is dropped; every data dir of both clusters is
+on a PowerFS mount for the run, which needs FUSE).
 
 The check, after healing and a bounded wait for the target to catch up: every pchannel of
 the target holds the source's committed log, entry for entry and in order (vchannel,
@@ -40,6 +44,34 @@ from rpc.streaming_client import StreamingClient
 
 SOURCE, TARGET = "source", "target"
 FAULTS = ("kill-source", "kill-target", "pause-source", "pause-target", "partition", "restart")
+#: `raftwal chaos --faults` names -> the kinds of this mode they stand for.
+FAULT_NAMES = {
+    "kill": ("kill-source", "kill-target"),
+    "pause": ("pause-source", "pause-target"),
+    "partition": ("partition",),
+    "restart": ("restart",),
+    "power": ("power-source", "power-target"),
+}
+#: The plain producer sends bursts of 1..MAX_BURST messages to one vchannel at once: the
+#: SDK puts a burst in one batch (its linger outlasts the burst), so most batches hold
+#: several messages (a batch is all or nothing on both clusters, docs/architecture.md).
+MAX_BURST = 8
+
+
+def fault_kinds(names: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The kinds of this mode for `raftwal chaos --faults` names (None: every kind but
+    power); ValueError naming an unknown one."""
+    if names is None:
+        return FAULTS
+    unknown = sorted(set(names) - set(FAULT_NAMES))
+    if unknown or not names:
+        raise ValueError(
+            f"invalid --faults for --replicate ({','.join(unknown) or 'none'}; expected a "
+            f"subset of {','.join(FAULT_NAMES)})"
+        )
+    return tuple(kind for name in names for kind in FAULT_NAMES[name])
+
+
 START_TIMEOUT_S = 120.0
 CATCH_UP_TIMEOUT_S = 180.0
 
@@ -53,6 +85,14 @@ class ReplicateReport:
     acked: int = 0
     txns_committed: int = 0
     source_entries: dict[str, int] = field(default_factory=dict)
+    #: keys found more than once among the data entries of each side's log
+    duplicates: dict[str, int] = field(default_factory=lambda: {SOURCE: 0, TARGET: 0})
+    #: the plain producer's bursts of more than one message, and its stats (batches and
+    #: messages acknowledged, batches retried, retries answered as duplicates)
+    multi_message_bursts: int = 0
+    producer: dict[str, int] = field(default_factory=dict)
+    #: bytes the power cuts dropped (faults "power-source", "power-target")
+    power_bytes_dropped: int = 0
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -69,6 +109,10 @@ class ReplicateReport:
             "acked_produces": self.acked,
             "committed_txns": self.txns_committed,
             "source_entries": self.source_entries,
+            "duplicates": self.duplicates,
+            "multi_message_bursts": self.multi_message_bursts,
+            "producer": self.producer,
+            "power_bytes_dropped": self.power_bytes_dropped,
             "violations": self.violations,
             "ok": self.ok,
         }
@@ -98,6 +142,10 @@ class _Workload:
         self.acked: set[str] = set()
         self.txns: dict[str, int] = {}
         self.sent = 0
+        #: bursts of more than one message submitted, and the producer's stats when it
+        #: stopped (batches and messages acknowledged, retries, duplicates answered)
+        self.multi_message_bursts = 0
+        self.producer_stats: dict[str, int] = {}
 
     async def produce(self, stop: asyncio.Event, rate_per_s: float) -> None:
         producer = self.streaming.producer(
@@ -109,24 +157,37 @@ class _Workload:
         )
         try:
             while not stop.is_set():
-                key = f"p:{self.sent}"
-                self.sent += 1
+                # A burst to one vchannel: one batch of `burst` messages, mostly.
+                burst = self.rng.randint(1, MAX_BURST)
                 vchannel = self.rng.choice(self.vchannels)
-                try:
-                    future = await asyncio.wait_for(
-                        producer.submit(vchannel, key.encode() + b"|payload"), 30.0
+                self.multi_message_bursts += burst > 1
+                for _ in range(burst):
+                    key = f"p:{self.sent}"
+                    self.sent += 1
+                    try:
+                        future = await asyncio.wait_for(
+                            producer.submit(vchannel, key.encode() + b"|payload"), 30.0
+                        )
+                    except (RaftwalError, TimeoutError, RuntimeError):
+                        continue
+                    future.add_done_callback(
+                        lambda f, key=key: (
+                            self.acked.add(key)
+                            if not f.cancelled() and f.exception() is None
+                            else None
+                        )
                     )
-                except (RaftwalError, TimeoutError, RuntimeError):
-                    continue
-                future.add_done_callback(
-                    lambda f, key=key: (
-                        self.acked.add(key) if not f.cancelled() and f.exception() is None else None
-                    )
-                )
-                await asyncio.sleep(1.0 / rate_per_s)
+                await asyncio.sleep(burst / rate_per_s)
             with contextlib.suppress(TimeoutError, RaftwalError):
                 await asyncio.wait_for(producer.flush(), 30.0)
         finally:
+            stats = producer.stats
+            self.producer_stats = {
+                "batches_acknowledged": stats.batches_acknowledged,
+                "messages_acknowledged": stats.messages_acknowledged,
+                "retries": stats.retries,
+                "duplicates_answered": stats.duplicates,
+            }
             await producer.close(timeout_s=2.0)
 
     async def transact(self, stop: asyncio.Event) -> None:
@@ -201,6 +262,15 @@ def check_logs(
     return problems
 
 
+def duplicate_keys(logs: dict[str, list[LogEntry]]) -> int:
+    """How many keys appear more than once among the data entries of `logs` (per
+    pchannel, summed)."""
+    return sum(
+        sum(1 for n in Counter(e.key for e in entries if not e.control and e.key).values() if n > 1)
+        for entries in logs.values()
+    )
+
+
 def _owner_address(status: Any, pchannel: str) -> str:
     if status is None:
         return ""
@@ -248,11 +318,19 @@ async def _checkpoint(endpoints: list[str], pchannel: str) -> int:
 
 class _Nemesis:
     def __init__(
-        self, clusters: dict[str, dev.LocalCluster], rng: random.Random, report: ReplicateReport
+        self,
+        clusters: dict[str, dev.LocalCluster],
+        rng: random.Random,
+        report: ReplicateReport,
+        kinds: tuple[str, ...] = FAULTS,
+        mounts: dict[tuple[str, str], Any] | None = None,
     ):
         self.clusters = clusters
         self.rng = rng
         self.report = report
+        self.kinds = kinds
+        # (side, node id) -> the PowerMount of its data dir (power faults)
+        self.mounts = mounts or {}
         self.paused: list[tuple[dev.LocalCluster, str]] = []
         self.down: list[tuple[dev.LocalCluster, str]] = []
 
@@ -269,11 +347,11 @@ class _Nemesis:
         )
 
     async def run(self, stop: asyncio.Event, pchannels: list[str], started: float) -> None:
-        kinds = list(FAULTS)
+        kinds = list(self.kinds)
         self.rng.shuffle(kinds)
         while not stop.is_set():
             if not kinds:
-                kinds = list(FAULTS)
+                kinds = list(self.kinds)
                 self.rng.shuffle(kinds)
             kind = kinds.pop()
             hold_s = self.rng.uniform(2.0, 6.0)
@@ -293,6 +371,18 @@ class _Nemesis:
                 await asyncio.to_thread(cluster.kill, node, signal.SIGTERM)
                 self.down.append((cluster, node))
                 detail = f"{side} {node} stopped (SIGTERM), started again"
+            elif kind.startswith("power"):
+                node = await self._owner(side, pchannels)
+                pid = cluster.pid(node)
+                await asyncio.to_thread(cluster.kill, node, signal.SIGKILL)
+                self.down.append((cluster, node))
+                result = await asyncio.to_thread(self.mounts[(side, node)].crash)
+                self.report.power_bytes_dropped += result.bytes_dropped
+                detail = (
+                    f"{side} owner {node} (pid {pid}) power cut: {result.bytes_dropped} "
+                    f"unsynced bytes dropped, {result.files_reverted} files and "
+                    f"{result.entries_reverted} directory entries reverted; started again"
+                )
             else:
                 node = await self._owner(side, pchannels)
                 if kind.startswith("kill"):
@@ -323,15 +413,30 @@ class _Nemesis:
 
 async def _run(
     seed: int, duration_s: float, directory: Path, pchannel_count: int, rate_per_s: float,
-    progress: Callable[[str], None],
+    progress: Callable[[str], None], kinds: tuple[str, ...] = FAULTS,
 ) -> ReplicateReport:  # fmt: skip
     report = ReplicateReport(seed, duration_s, str(directory))
     rng = random.Random(seed)
     clusters: dict[str, dev.LocalCluster] = {}
+    mounts: dict[tuple[str, str], Any] = {}
     try:
         for side in (SOURCE, TARGET):
+            config = dev.make_config(directory / side, 3)
+            if any(kind.startswith("power") for kind in kinds):
+                # FUSE only for power cuts (raftwal.chaos.powerfs): every data dir of
+                # both clusters on a PowerFS mount for the whole run.
+                from raftwal.chaos.powerfs import PowerMount
+
+                for node in config.nodes:
+                    mount = PowerMount(
+                        directory / "power" / side / node.id,
+                        node.data_dir,
+                        directory / f"powerfs-{side}-{node.id}.log",
+                    )
+                    mounts[(side, node.id)] = mount
+                    await asyncio.to_thread(mount.start)
             clusters[side] = await asyncio.to_thread(
-                dev.up, directory / side, 3, START_TIMEOUT_S, _env(), None, cluster_id=side
+                dev.up, directory / side, 3, START_TIMEOUT_S, _env(), config, cluster_id=side
             )
             pids = ", ".join(
                 f"{n.id} {clusters[side].pid(n.id)}" for n in clusters[side].config.nodes
@@ -365,7 +470,7 @@ async def _run(
         coordinator = CoordinatorClient(source.endpoints, timeout_s=15.0, max_attempts=60)
         streaming = StreamingClient(coordinator)
         workload = _Workload(streaming, vchannels, random.Random(rng.getrandbits(64)))
-        nemesis = _Nemesis(clusters, random.Random(rng.getrandbits(64)), report)
+        nemesis = _Nemesis(clusters, random.Random(rng.getrandbits(64)), report, kinds, mounts)
         stop = asyncio.Event()
         started = time.monotonic()
         tasks = [
@@ -383,6 +488,8 @@ async def _run(
             await coordinator.close()
         progress(f"healed after {len(report.faults)} faults; waiting for the target")
         report.acked, report.txns_committed = len(workload.acked), len(workload.txns)
+        report.multi_message_bursts = workload.multi_message_bursts
+        report.producer = dict(workload.producer_stats)
         for side in (SOURCE, TARGET):
             await wait_recovered(clusters[side].endpoints, names, START_TIMEOUT_S)
         source_logs = await _read_all(source.endpoints, names)
@@ -401,6 +508,10 @@ async def _run(
                 f"the target did not catch up within {CATCH_UP_TIMEOUT_S:.0f} s: {behind}"
             )
         target_logs = await _read_all(target.endpoints, names)
+        report.duplicates = {
+            SOURCE: duplicate_keys(source_logs),
+            TARGET: duplicate_keys(target_logs),
+        }
         report.violations += check_logs(source_logs, target_logs, workload.acked, workload.txns)
         return report
     finally:
@@ -408,17 +519,24 @@ async def _run(
             for node in cluster.config.nodes:
                 _signal(cluster, node.id, signal.SIGCONT)
             await asyncio.to_thread(cluster.stop_all)
+        # After the nodes: a mount still in use could not be unmounted cleanly.
+        for mount in mounts.values():
+            await asyncio.to_thread(mount.close)
 
 
 def run_replicate_chaos(
     seed: int, duration_s: float, directory: Path | None = None, pchannels: int = 2,
     rate_per_s: float = 50.0, progress: Callable[[str], None] | None = None,
+    faults: tuple[str, ...] | None = None,
 ) -> ReplicateReport:  # fmt: skip
+    """One run; `faults` are `raftwal chaos --faults` names (None: every kind but power).
+    Raises ValueError for a fault name this mode does not have."""
+    kinds = fault_kinds(faults)
     say = progress or (lambda _: None)
     if directory is None:
         directory = Path(tempfile.mkdtemp(prefix="raftwal-chaos-rp-"))
     directory.mkdir(parents=True, exist_ok=True)
-    return asyncio.run(_run(seed, duration_s, directory, pchannels, rate_per_s, say))
+    return asyncio.run(_run(seed, duration_s, directory, pchannels, rate_per_s, say, kinds))
 
 
 __all__ = ["NOT_DONE_CODES", "ReplicateReport", "check_logs", "run_replicate_chaos"]

@@ -1402,7 +1402,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--replicate",
         action="store_true",
         help="two clusters, source -> target (`replicate set`), faults on both sides and "
-        "between them; checks that the target holds the source's committed log exactly",
+        "between them (of --faults: kill, pause, partition, restart, power); checks that the "
+        "target holds the source's committed log exactly",
     )
     parser.set_defaults(handler=_command)
 
@@ -1445,17 +1446,26 @@ def _command(args: argparse.Namespace) -> int:
 
 
 def _replicate_command(args: argparse.Namespace, seed: int) -> int:
-    from raftwal.chaos.replicate import run_replicate_chaos
+    from raftwal.chaos.replicate import SOURCE, TARGET, fault_kinds, run_replicate_chaos
 
     if args.duration <= 0:
         print(f"error: invalid --duration (got {args.duration}; expected > 0)", file=sys.stderr)
         return 2
+    faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
+    try:
+        fault_kinds(faults)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     if progress is not None:
-        progress(f"raftwal chaos --replicate: seed {seed}, {args.duration:.0f} s")
+        progress(
+            f"raftwal chaos --replicate: seed {seed}, {args.duration:.0f} s, faults "
+            + ",".join(faults)
+        )
     try:
         report = run_replicate_chaos(seed, args.duration, args.dir, rate_per_s=args.rate,
-                                     progress=progress)  # fmt: skip
+                                     progress=progress, faults=faults)  # fmt: skip
     except (RuntimeError, TimeoutError, OSError, RaftwalError) as error:
         print(f"error: setup failed: {error}", file=sys.stderr)
         return 2
@@ -1468,6 +1478,13 @@ def _replicate_command(args: argparse.Namespace, seed: int) -> int:
         print(f"faults: {len(report.faults)}; acknowledged produces: {report.acked}; "
               f"committed transactions: {report.txns_committed}; "
               f"source entries: {report.source_entries}")  # fmt: skip
+        batches = report.producer.get("batches_acknowledged", 0)
+        mean = report.producer.get("messages_acknowledged", 0) / batches if batches else 0.0
+        print(f"duplicates: source {report.duplicates[SOURCE]}, target "
+              f"{report.duplicates[TARGET]}; produce batches: {batches} acknowledged, "
+              f"{mean:.1f} messages each on average, {report.multi_message_bursts} bursts of "
+              f"2-8 messages, {report.producer.get('retries', 0)} retried, "
+              f"{report.producer.get('duplicates_answered', 0)} answered as duplicates")  # fmt: skip
         for violation in report.violations:
             print(f"VIOLATION: {violation}")
         print("ok: the target holds the source's committed log" if report.ok else "FAILED")

@@ -197,7 +197,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         "and seconds",
         description="Run against the source cluster. The target checkpoint is the one the "
         "source's replicators last recorded in Raft (at most about a second old); the lag "
-        "counts the source's data entries after it, and its age is that of the oldest of them.",
+        "counts the source's data entries after it, and its age is that of the oldest of them. "
+        "The state is the replicator's own, on the pchannel's owner: running, source_gap (the "
+        "target needs entries the source's retention deleted: nothing can be sent; exit "
+        "status 1) or not_running (no owner serves the pchannel, or its replicator has not "
+        "started yet).",
     )
     status.set_defaults(handler=_handler(_replicate_status))
     promote = replicate_commands.add_parser(
@@ -400,6 +404,12 @@ async def _replicate_status(
     rows: list[dict[str, object]] = []
     clusters = {c.cluster_id: c for c in answer.configuration.clusters}
     now_ms = int(time.time() * 1000)
+    cluster = await client.cluster_status(linearizable=False)
+    replicators = {
+        (replicator.pchannel, replicator.target_cluster_id): replicator
+        for member in cluster.members
+        for replicator in member.replicators
+    }
     async with StreamingClientBase(client) as streaming:
         for edge in answer.configuration.topology:
             if edge.source_cluster_id != local or local not in clusters:
@@ -415,9 +425,17 @@ async def _replicate_status(
                     # A reversed edge starts after what its target wrote itself.
                     edge.start_after_lsns[index] if edge.start_after_lsns else 0,
                 )
-                lag, first_tick = await _unreplicated(
-                    streaming, pchannel, recorded, latest.committed_lsn
-                )
+                replicator = replicators.get((pchannel, edge.target_cluster_id))
+                state = replicator.state if replicator is not None else "not_running"
+                if state == "source_gap":
+                    assert replicator is not None
+                    # What the target lacks is gone here: nothing left to count.
+                    lag = latest.committed_lsn - replicator.needed_lsn + 1
+                    first_tick = 0
+                else:
+                    lag, first_tick = await _unreplicated(
+                        streaming, pchannel, recorded, latest.committed_lsn
+                    )
                 lag_s = (
                     max(0.0, (now_ms - (first_tick >> TICK_LOGICAL_BITS)) / 1000) if lag else 0.0
                 )
@@ -432,17 +450,24 @@ async def _replicate_status(
                         "lag_entries": lag,
                         "lag_entries_capped": lag >= STATUS_MAX_COUNT,
                         "lag_s": round(lag_s, 3),
+                        "state": state,
+                        "needed_lsn": replicator.needed_lsn if replicator is not None else 0,
+                        "source_first_lsn": (
+                            replicator.source_first_lsn if replicator is not None else 0
+                        ),
                     }
                 )
+    stopped = [row for row in rows if row["state"] == "source_gap"]
     if args.json:
         _print_json({"cluster_id": local, "pchannels": rows})
-        return 0
+        return 1 if stopped else 0
     console = _console()
     if not rows:
         console.print(f"cluster {local or '(no cluster_id)'} replicates nothing")
         return 0
     table = Table(title=f"replication from {local}")
-    for column in ("pchannel", "target", "source committed", "target checkpoint", "lag", "lag s"):
+    columns = ("pchannel", "target", "source committed", "target checkpoint", "lag", "lag s")
+    for column in (*columns, "state"):
         table.add_column(column)
     for row in rows:
         table.add_row(
@@ -452,9 +477,17 @@ async def _replicate_status(
             str(row["target_checkpoint_lsn"]),
             (">= " if row["lag_entries_capped"] else "") + str(row["lag_entries"]),
             str(row["lag_s"]),
+            str(row["state"]),
         )
     console.print(table)
-    return 0
+    for row in stopped:
+        console.print(
+            f"replication of {row['pchannel']} to {row['target_cluster_id']} is stopped: the "
+            f"target needs source LSN {row['needed_lsn']}, and retention deleted everything "
+            f"before LSN {row['source_first_lsn']} here (docs/replication.md: a target that "
+            "needs what the source no longer holds)"
+        )
+    return 1 if stopped else 0
 
 
 # ---------------------------------------------------------------------------------------

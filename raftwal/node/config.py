@@ -271,6 +271,12 @@ class ClusterConfig:
     # The owner seals the open segment past this size or age.
     segment_max_bytes: int = 64 * 1024 * 1024
     segment_max_age_ms: int = 600_000
+    # An idempotent producer (producer_id) that wrote nothing to a pchannel for this long
+    # is forgotten there (default 7 days, as Kafka's transactional.id.expiration.ms): a
+    # retry of its last batch after that is written again. Retention never forgets one
+    # (the owner carries the producers in the log, docs/architecture.md); a replicated
+    # batch's producer (a standby's checkpoint) never expires.
+    wal_producer_expiry_ms: int = 7 * 24 * 3_600_000
     # ClusterStatus flags a replica whose durable LSN is this many entries behind its
     # owner's committed LSN (a healthy replica under load stays within a few batches).
     replica_lag_warn_entries: int = 10_000

@@ -12,6 +12,15 @@
 - A node whose process started less than ``placement_warmup_ms`` ago (its heartbeat's
   incarnation) gets nothing from the balancer while another node can take it: a restarted
   node first catches up as a replica.
+- **A node proves it can serve before it gets anything**: for each process (node id and
+  incarnation) that heartbeats, the leader calls ``NodeManager.CollectStatus`` at the gRPC
+  address the heartbeat announced; only when the process there answers with that node id
+  and that Raft address, having applied the coordination state at least up to the
+  revision the leader had when it first heard that process, is it *proven*. A node never
+  registered before is registered only once proven; an unproven node gets no pchannel and
+  no replica (what it already owns stays, as for a warming node). A joiner whose address
+  turns out to be another node's, or a second process joining under an id a live process
+  is joining under, is refused at its next heartbeat (``joiner_conflict``).
 - WAL retention (``statemachine.retention.plan_retention``, every
   ``wal_retention_check_ms``): ``DeleteSegmentsBefore`` per pchannel whose committed
   segments are past the age or size limit, cut by what readers still hold.
@@ -43,6 +52,7 @@ import grpc
 
 from raftwal.node.backup import BackupError, finish_restore, pending_restore
 from raftwal.node.config import ClusterConfig, NodeConfig
+from raftwal.services.cluster import ID_IN_USE_MARK
 from rpc.errors import RaftwalError, from_rpc_error
 from rpc.placement import address_for
 from rpc.protos import coordination_pb2 as pb
@@ -74,6 +84,10 @@ RESTORE_CHECK_EVERY_S = 1.0
 # A coordinator tick this much later than due means the process was frozen or starved: it
 # takes over afresh instead of judging the silence it sees (see `Coordinator.run`).
 FROZEN_S = 1.0
+# A node's proof (CollectStatus at its announced address): bound of one call, and how
+# soon an unproven node is asked again.
+PROOF_TIMEOUT_S = 2.0
+PROOF_EVERY_S = 0.5
 
 
 T = TypeVar("T")
@@ -155,6 +169,12 @@ def _host_port(address: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
+async def collect_status(node: CoordinatorHost, address: str) -> api.CollectStatusResponse:
+    """What the process at gRPC `address` says of itself (NodeManager.CollectStatus)."""
+    stub = coordinator_pb2_grpc.NodeManagerStub(node.channel(address))
+    return await stub.CollectStatus(api.CollectStatusRequest(), timeout=PROOF_TIMEOUT_S)
+
+
 async def refuses_connections(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
     """True when nothing listens at `address` (the connection is refused): the node's
     process is gone. A process that is alive but slow, starved or stopped still has its
@@ -207,6 +227,16 @@ class Coordinator:
         # repair replaces it after replica_replace_after_ms. A new leader starts counting
         # afresh, which only delays a repair.
         self._down_since: dict[str, float] = {}
+        # Proofs (see the module doc): node id -> the incarnation proven; (node id,
+        # incarnation) -> the revision it must have applied; node id -> when last asked,
+        # and why its last proof failed; the proofs in flight.
+        self._proven: dict[str, int] = {}
+        self._proof_revision: dict[tuple[str, int], int] = {}
+        self._proof_at: dict[str, float] = {}
+        self.proof_problems: dict[str, str] = {}
+        # (node id, incarnation) -> why its announced address is not its own
+        self._not_its_address: dict[tuple[str, int], str] = {}
+        self._proof_tasks: set[asyncio.Task[None]] = set()
 
     def _send_assign(self, address: str, pchannel: str, term: int) -> None:
         # Bounded by call_assign's deadline; the set keeps the task referenced until done.
@@ -239,6 +269,85 @@ class Coordinator:
         self._heartbeats.pop(node_id, None)
         self.draining.discard(node_id)
         self._down_since.pop(node_id, None)
+        self._proven.pop(node_id, None)
+
+    def joiner_conflict(self, request: api.HeartbeatRequest) -> str | None:
+        """Why a heartbeat from a joining node (an id not registered yet) must be refused
+        and its process stop, or None: another live process heartbeats under that id from
+        other addresses (the first one heard keeps it), or this leader's proof found that
+        the announced gRPC address answers as another node."""
+        theirs = self._heartbeats.get(request.node_id)
+        timeout_s = self._node.config.node_timeout_ms / 1000
+        if (
+            theirs is not None
+            and theirs.address
+            and theirs.incarnation != request.incarnation
+            and (theirs.address, theirs.raft_address) != (request.address, request.raft_address)
+            and time.monotonic() - theirs.seen_at <= timeout_s
+        ):
+            return (
+                f"node {request.node_id} is being joined by another process at grpc "
+                f"{theirs.address}, raft {theirs.raft_address}: the process at grpc "
+                f"{request.address}, raft {request.raft_address} {ID_IN_USE_MARK} "
+                f"{request.node_id} (expected one process per node id)"
+            )
+        return self._not_its_address.get((request.node_id, request.incarnation))
+
+    def _proven_now(self, node_id: str) -> bool:
+        """This leader has proven the process that heartbeats as `node_id` now."""
+        if node_id == self._node.me.id:
+            return True
+        beat = self._heartbeats.get(node_id)
+        return beat is not None and self._proven.get(node_id) == beat.incarnation
+
+    def _prove_soon(self, node_id: str, revision: int, now: float) -> None:
+        """Start a proof of the process heartbeating as `node_id` (see the module doc)
+        unless one runs or ran within PROOF_EVERY_S."""
+        beat = self._heartbeats.get(node_id)
+        if beat is None or not beat.address or self._proven_now(node_id):
+            return
+        if now - self._proof_at.get(node_id, -1e9) < PROOF_EVERY_S:
+            return
+        self._proof_at[node_id] = now
+        wanted = self._proof_revision.setdefault((node_id, beat.incarnation), revision)
+        task = asyncio.create_task(self._prove(node_id, beat, wanted))
+        self._proof_tasks.add(task)
+        task.add_done_callback(self._proof_tasks.discard)
+
+    async def _prove(self, node_id: str, beat: _Heartbeat, revision: int) -> None:
+        try:
+            reply = await collect_status(self._node, beat.address)
+        except (grpc.aio.AioRpcError, OSError, ValueError) as error:
+            code = error.code().name if isinstance(error, grpc.aio.AioRpcError) else error
+            self.proof_problems[node_id] = (
+                f"its gRPC address {beat.address} did not answer ({code})"
+            )
+            return
+        member = reply.member
+        if reply.node_id != node_id:
+            why = (
+                f"joining node {node_id} announces grpc {beat.address}, where node "
+                f"{reply.node_id} answers: the process announcing it {ID_IN_USE_MARK} "
+                f"{node_id} (expected an address of its own)"
+            )
+            self._not_its_address[(node_id, beat.incarnation)] = why
+            self.proof_problems[node_id] = why
+            log.warning("%s", why)
+        elif beat.raft_address and member.raft_address != beat.raft_address:
+            self.proof_problems[node_id] = (
+                f"the process at {beat.address} announces raft {member.raft_address}, "
+                f"its heartbeat raft {beat.raft_address}"
+            )
+        elif member.revision < revision:
+            self.proof_problems[node_id] = (
+                f"not caught up: applied revision {member.revision} of {revision}"
+            )
+        else:
+            self._proven[node_id] = beat.incarnation
+            self.proof_problems.pop(node_id, None)
+            log.info(
+                "node %s (process started at %d ms) proved it can serve", node_id, beat.incarnation
+            )
 
     def replaceable(self, state: pb.CoordinationState, now: float) -> list[str]:
         """Nodes DOWN for longer than replica_replace_after_ms (none when it is 0)."""
@@ -261,11 +370,15 @@ class Coordinator:
         settled: list[str],
         stuck: list[str],
         replace: Sequence[str] = (),
+        placeable: Sequence[str] | None = None,
     ) -> list[pb.Command]:
         """The balancer's moves. Moves go to settled nodes only (not warming up) while there
-        are any; a pchannel's first placement may use every live node, so that a cluster
-        whose nodes started a moment apart does not put everything on the first one."""
-        if not settled or len(settled) == len(live):
+        are any; a pchannel's first placement may use every placeable live node (default:
+        all; the coordinator passes the proven ones), so that a cluster whose nodes started
+        a moment apart does not put everything on the first one. A live node that is not
+        settled keeps what it owns."""
+        placeable = list(live) if placeable is None else list(placeable)
+        if len(placeable) == len(live) and (not settled or len(settled) == len(live)):
             return plan(state, live, stuck_pchannels=stuck, replace_nodes=replace)
 
         def first_placement(command: pb.Command) -> bool:
@@ -284,7 +397,7 @@ class Coordinator:
             )
 
         warming = set(live) - set(settled)
-        initial = [c for c in plan(state, live, stuck_pchannels=stuck) if first_placement(c)]
+        initial = [c for c in plan(state, placeable, stuck_pchannels=stuck) if first_placement(c)]
         moves = [
             c
             for c in plan(state, settled, stuck_pchannels=stuck, replace_nodes=replace)
@@ -436,6 +549,10 @@ class Coordinator:
             if not beat.address or now - beat.seen_at > timeout_s:
                 continue
             known = state.nodes.get(node_id)
+            if known is None and not self._proven_now(node_id):
+                # A node never registered: only once it proved it is what it announces.
+                self._prove_soon(node_id, state.revision, now)
+                continue
             # A node's data workers are announced once they are all up; until then (a
             # node starting) the registered ones stay, since they may still serve.
             workers = beat.worker_addresses or (
@@ -502,7 +619,15 @@ class Coordinator:
             for node_id, beat in self._heartbeats.items()
             if beat.address and now - beat.seen_at <= timeout_s and node_id not in self.draining
         ]
-        settled = [n for n in live if not self._warming(n, wall_ms)]
+        # Only proven nodes get anything; an unproven one keeps what it owns (as a warming
+        # one does) while its proof runs.
+        proven = []
+        for node_id in live:
+            if self._proven_now(node_id):
+                proven.append(node_id)
+            else:
+                self._prove_soon(node_id, state.revision, now)
+        settled = [n for n in proven if not self._warming(n, wall_ms)]
         assigning = {
             (name, channel.term)
             for name, channel in state.pchannels.items()
@@ -534,7 +659,7 @@ class Coordinator:
             )
         )
         replace = self.replaceable(state, now)
-        for command in [] if settling else self._plan(state, live, settled, stuck, replace):
+        for command in [] if settling else self._plan(state, live, settled, stuck, replace, proven):
             assign = command.assign_pchannel
             result = await self._propose(assign_pchannel=assign)
             if result.rejection.code == E.OK:

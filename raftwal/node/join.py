@@ -133,6 +133,20 @@ def discover(
     else:
         members = answer
         _write_peers(peers_path, [m for m in members if m.id != node_id])
+    for existing in members:
+        if existing.id == node_id and (existing.grpc_address, existing.raft_address) != (
+            me.grpc_address,
+            me.raft_address,
+        ):
+            # Another process holds this id (or did, at other addresses): two processes
+            # under one id could both recover its pchannels at one term.
+            raise ConfigError(
+                f"cannot join as {node_id}: the cluster has node {node_id} at grpc "
+                f"{existing.grpc_address}, raft {existing.raft_address}, and this node is "
+                f"configured at grpc {me.grpc_address}, raft {me.raft_address} (expected an "
+                "id of its own; a node moves to new addresses with `raftwal member remove` "
+                "and a rejoin)"
+            )
     others = [m for m in members if m.id != node_id]
     for other in others:
         if other.grpc_address == me.grpc_address or other.raft_address == me.raft_address:

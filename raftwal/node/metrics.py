@@ -55,6 +55,7 @@ from raftwal import __version__
 from raftwal.node.config import NodeConfig
 from raftwal.node.health import under_replicated
 from raftwal.node.metrics_http import MetricsServer, Routes
+from raftwal.node.replicator import SOURCE_GAP, ReplicatorStatus
 from raftwal.services.segment_transfer import SegmentTransfers
 from raftwal.services.stream_caps import StreamCaps
 from rpc.errors import RaftwalError
@@ -139,6 +140,10 @@ class _BroadcastFailures(Protocol):
 
 class _StateReader(Protocol):
     def read(self, reader: Callable[[pb.CoordinationState], T]) -> T: ...
+
+
+class _Replicators(Protocol):
+    def statuses(self) -> list[ReplicatorStatus]: ...
 
 
 class MetricsHost(Protocol):
@@ -710,6 +715,19 @@ class _NodeCollector(Collector):
             "committed), as this node's owner sees it.",
             labels=["pchannel", "replica"],
         )
+        producers = GaugeMetricFamily(
+            "raftwal_wal_producers",
+            "Idempotent producers (producer_id) this node's owner remembers for the "
+            "pchannel: a retry of their newest batches is answered as a duplicate.",
+            labels=["pchannel"],
+        )
+        expired = CounterMetricFamily(
+            "raftwal_wal_producers_expired",
+            "Idempotent producers this node's owner forgot: idle past "
+            "wal_producer_expiry_ms (timeout), or the least recently written past the "
+            "per-pchannel bound (capacity). Counted since the owner took the pchannel.",
+            labels=["pchannel", "reason"],
+        )
         for pchannel, owner in owners:
             committed_lsn = owner.committed_lsn
             serving.add_metric([pchannel], float(owner.serving))
@@ -719,7 +737,10 @@ class _NodeCollector(Collector):
             for replica, lsn in sorted(owner.replica_positions().items()):
                 durable.add_metric([pchannel, replica], lsn)
                 lag.add_metric([pchannel, replica], max(0, committed_lsn - lsn))
-        yield from (serving, term, last, committed, durable, lag)
+            producers.add_metric([pchannel], owner.producer_count())
+            for reason, count in sorted(owner.producers_expired.items()):
+                expired.add_metric([pchannel, reason], count)
+        yield from (serving, term, last, committed, durable, lag, producers, expired)
         # Consumer lag where the committed LSN is known: on the owner of the pchannel. The
         # largest lag over the subscription's vchannels on that pchannel (a vchannel without
         # a committed position counts from 0, as DescribeSubscription does).
@@ -754,6 +775,20 @@ class _NodeCollector(Collector):
                     behind = max(0, committed_by_pchannel[pchannel] - lsn)
                     replicate_lag.add_metric([pchannel, target], behind)
         yield replicate_lag
+        source_gap = GaugeMetricFamily(
+            "raftwal_replicate_source_gap",
+            "1 while the replicator of a source pchannel (on its owner) cannot send: the "
+            "target needs entries that retention deleted here; 0 while it runs.",
+            labels=["pchannel", "target"],
+        )
+        # A data worker runs the replicators of the source pchannels it owns.
+        replicators: _Replicators | None = getattr(self._node, "replicators", None)
+        for replicator in replicators.statuses() if replicators is not None else []:
+            source_gap.add_metric(
+                [replicator.pchannel, replicator.target_cluster_id],
+                float(replicator.state == SOURCE_GAP),
+            )
+        yield source_gap
 
 
 class _StateView(NamedTuple):

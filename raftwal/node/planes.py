@@ -217,6 +217,9 @@ class ControlRequests(Protocol):
 
     def request_stop(self) -> None: ...
 
+    def admit(self) -> None:
+        """The node was admitted: its data plane may take pchannels."""
+
 
 class ControlLink:
     """A data worker's link to its control process."""
@@ -294,6 +297,8 @@ class ControlLink:
             self._requests.reconcile_now()
         elif kind == "stop":
             self._requests.request_stop()
+        elif kind == "admitted":
+            self._requests.admit()
         else:
             raise LinkBroken(f"unexpected message from the control process: {kind}")
 
@@ -412,6 +417,8 @@ class DataWorkers:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._all_up = asyncio.Event()
+        # A leader accepted this node's process (see PlaneAdmitted).
+        self._admitted = False
 
     # -- attaching ------------------------------------------------------------------------
 
@@ -473,6 +480,8 @@ class DataWorkers:
             writer.write(
                 encode(planes.PlaneMessage(state=planes.PlaneState(state=self._host.state_bytes())))
             )
+            if self._admitted:
+                writer.write(encode(planes.PlaneMessage(admitted=planes.PlaneAdmitted())))
             link.up = True
             log.info(
                 "data worker %d up (pid %d, gRPC %s, transfer port %d)",
@@ -643,6 +652,15 @@ class DataWorkers:
             )
 
         await asyncio.gather(*(one(link) for link in self.links.values()))
+
+    def admit(self) -> None:
+        """Tell every worker, now and at its hello, that the node was admitted."""
+        if self._admitted:
+            return
+        self._admitted = True
+        for link in self.links.values():
+            if link.up:
+                self._write(link, planes.PlaneMessage(admitted=planes.PlaneAdmitted()))
 
     def reconcile_now(self) -> None:
         for link in self.links.values():

@@ -85,10 +85,11 @@ from raftwal.node.metrics import NodeMetrics
 from raftwal.node.notify import AppliedNotifier
 from raftwal.node.planes import DataWorkers, supervisor_message, worker_state
 from raftwal.node.proposals import ProposalBatcher
+from raftwal.node.replicator import SOURCE_GAP
 from raftwal.node.security import NodeSecurity
 from raftwal.node.status import process_status, tree_bytes
 from raftwal.node.trim import return_large_blocks_to_the_system, trim_memory_loop
-from raftwal.services.cluster import REMOVED_MARK, ClusterServicer
+from raftwal.services.cluster import ID_IN_USE_MARK, REMOVED_MARK, ClusterServicer
 from raftwal.services.coordinator import CompactedHistory, CoordinatorServicer
 from raftwal.services.data_redirect import add_data_redirects
 from raftwal.services.decoding import DecodeInterceptor
@@ -183,6 +184,12 @@ class Node:
         self.restart_requested = False
         # The leader refused this node's heartbeat: `raftwal member remove` forgot it.
         self.removed = False
+        # ... or another process holds this node id (the refusal's words; "" otherwise).
+        self.id_in_use = ""
+        # Set once a Raft leader accepted this process's heartbeat (or it leads): until
+        # then the data plane takes no pchannel, so that a second process under this id
+        # never recovers the node's pchannels (see DataPlane's `admitted`).
+        self.admitted = asyncio.Event()
         self.replica = CoordinationReplica(data_dir)
         self.metrics = NodeMetrics(self)
         # The web console on the metrics port (raftwal.node.console).
@@ -470,7 +477,9 @@ class Node:
         gc.collect()
         gc.freeze()
         await self._stop_requested.wait()
-        if not self.removed:  # a forgotten node holds nothing and has no leader to ask
+        # A forgotten node holds nothing and has no leader to ask; nor does a second
+        # process under a node id (it was never admitted).
+        if not self.removed and not self.id_in_use:
             await self.handover_or_abort()
         await self.stop()
 
@@ -1069,6 +1078,7 @@ class Node:
             member.owners.extend(owners)
             if link.up:
                 member.wal_disk.extend(link.status.wal_disk)
+                member.replicators.extend(link.status.replicators)
             member.processes.append(
                 process_status(
                     "worker",
@@ -1149,7 +1159,15 @@ class Node:
             if owner.state == "serving"
         }
         limit = self.config.replicate_lag_warn_entries
-        warnings = []
+        warnings = [
+            f"replication of pchannel {replicator.pchannel} to cluster "
+            f"{replicator.target_cluster_id} is stopped: the target needs source LSN "
+            f"{replicator.needed_lsn} and the source holds only LSN "
+            f"{replicator.source_first_lsn} and later (see `raftwal replicate status`)"
+            for member in response.members
+            for replicator in member.replicators
+            if replicator.state == SOURCE_GAP
+        ]
         for pchannel, target, recorded in replicated:
             lag = committed.get(pchannel, 0) - recorded
             if lag > limit:
@@ -1317,12 +1335,14 @@ class Node:
             if leader is not None:
                 if leader.id == self.me.id:
                     self.coordinator.record_heartbeat(request)
+                    self._admit()
                     if self.draining:
                         self._note_handover_targets(self.coordinator.handover_targets(self.me.id))
                 else:
                     stub = coordinator_pb2_grpc.ClusterStub(self.channel(leader.grpc_address))
                     try:
                         answer = await stub.Heartbeat(request, timeout=max(interval, 0.5))
+                        self._admit()
                         if self.draining and answer.draining_seen:
                             self._note_handover_targets(answer.handover_targets)
                         await self._follow_membership(
@@ -1333,6 +1353,9 @@ class Node:
                         refusal = from_rpc_error(error)
                         if refusal.code == E.NOT_FOUND and REMOVED_MARK in refusal.message:
                             self._stop_removed(refusal.message)
+                            return
+                        if refusal.code == E.ALREADY_EXISTS and ID_IN_USE_MARK in refusal.message:
+                            self._stop_id_in_use(refusal.message)
                             return
             self._heartbeat_now.clear()
             await wait_event(self._heartbeat_now, interval)
@@ -1352,6 +1375,22 @@ class Node:
             "again with --join"
         )
         return True
+
+    def _admit(self) -> None:
+        """A leader accepted this process as the node: its data workers may take its
+        pchannels now (at once, rather than at their next round)."""
+        if not self.admitted.is_set():
+            self.admitted.set()
+            self.workers.admit()
+
+    def _stop_id_in_use(self, why: str) -> None:
+        """Another process is this node (the leader refused this one): stop at once,
+        without a handover (this process holds nothing of the node's), and say why
+        (``run_node`` raises NodeIdInUse: exit status 2, with `why` as its one line)."""
+        log.info("node %s refused by the leader: another process is this node", self.me.id)
+        self.id_in_use = why
+        self.restart_requested = False
+        self._stop_requested.set()
 
     def _stop_removed(self, why: str) -> None:
         """Forgotten by `raftwal member remove`: stop, and say why (``run_node`` raises
@@ -1665,6 +1704,8 @@ class NodeRemoved(Exception):
 #: another Raft role (the supervisor starts the same command again).
 EXIT_NODE_REMOVED = 3
 EXIT_RESTART = 75
+# Another process is this node (the leader refused this one): restarting cannot help.
+EXIT_ID_IN_USE = 2
 
 
 def run_control(
@@ -1685,4 +1726,7 @@ def run_control(
             file=sys.stderr,
         )
         return EXIT_NODE_REMOVED
+    if node.id_in_use:
+        print(f"error: {node.id_in_use}", file=sys.stderr)
+        return EXIT_ID_IN_USE
     return EXIT_RESTART if node.restart_requested else 0

@@ -21,6 +21,13 @@ is sent) and their removal (once every entry before it is replicated), through t
 target's Coordinator, which needs the target token's role to be admin. Not replicated:
 the source's term starts, seal markers and idle time ticks.
 Every retry is bounded in rate (``RETRY_MAX_S``) and logged.
+
+A target that needs entries the source no longer holds (its checkpoint is below the
+source's first retained LSN: a standby attached after retention deleted the start of the
+log, or one restored from an old backup) cannot be served: the replicator says so
+(``source_gap`` in ``statuses()``, which ``raftwal replicate status``, ClusterStatus's
+warnings and the metric ``raftwal_replicate_source_gap`` show), sends nothing, and looks
+again every ``SOURCE_GAP_RECHECK_S``. It never skips the missing entries by itself.
 """
 
 from __future__ import annotations
@@ -68,6 +75,11 @@ CALL_TIMEOUT_S = 10.0
 RECORD_EVERY_S = 1.0
 #: How often an idle replicator compares the target's vchannels with the source's.
 VCHANNEL_SYNC_S = 2.0
+#: How often a replicator whose target needs entries the source no longer holds reads
+#: the target's checkpoint again (an operator may have restored or reset the target).
+SOURCE_GAP_RECHECK_S = 10.0
+RUNNING = "running"
+SOURCE_GAP = "source_gap"
 _SKIPPED_FLAGS = int(EntryFlags.TERM_START | EntryFlags.SEAL_MARKER)
 # A committed transaction's begin and commit markers are sent (the target writes them as
 # its own, services/replicated.py:with_transactions); the source's control entries not.
@@ -224,10 +236,42 @@ def next_batch(
     return batch
 
 
+@dataclass
+class ReplicatorStatus:
+    """What one replicator last found (see the module doc)."""
+
+    pchannel: str
+    target_cluster_id: str
+    state: str = RUNNING
+    target_checkpoint_lsn: int = 0
+    needed_lsn: int = 0
+    source_first_lsn: int = 0
+
+
+class SourceGap(Exception):
+    """The target needs source entries that retention deleted."""
+
+    def __init__(self, needed_lsn: int, first_lsn: int) -> None:
+        super().__init__(
+            f"the target needs source LSN {needed_lsn}, but the source holds only LSN "
+            f"{first_lsn} and later (retention deleted the rest)"
+        )
+        self.needed_lsn = needed_lsn
+        self.first_lsn = first_lsn
+
+
 class Replicators:
     def __init__(self, host: ReplicatorHost) -> None:
         self._host = host
         self._tasks: dict[tuple[str, int, str, bytes], asyncio.Task[None]] = {}
+        # (pchannel, target cluster id) -> its replicator's status, while one runs here
+        self._statuses: dict[tuple[str, str], ReplicatorStatus] = {}
+
+    def statuses(self) -> list[ReplicatorStatus]:
+        """The replicators running on this node, by pchannel and target (copies)."""
+        return [
+            ReplicatorStatus(**vars(status)) for _, status in sorted(dict(self._statuses).items())
+        ]
 
     async def run(self, stopping: asyncio.Event) -> None:
         try:
@@ -268,6 +312,16 @@ class Replicators:
         return sorted(f"{k[0]}@{k[1]}->{k[2]}" for k in self._tasks)
 
     async def _replicate(self, edge: _Edge) -> None:
+        key = (edge.pchannel, edge.target.cluster_id)
+        status = ReplicatorStatus(edge.pchannel, edge.target.cluster_id)
+        self._statuses[key] = status
+        try:
+            await self._replicate_edge(edge, status)
+        finally:
+            if self._statuses.get(key) is status:
+                del self._statuses[key]
+
+    async def _replicate_edge(self, edge: _Edge, status: ReplicatorStatus) -> None:
         host = self._host
         try:
             security = cluster_security(edge.target)
@@ -318,6 +372,7 @@ class Replicators:
                             timeout=CALL_TIMEOUT_S,
                         )
                         checkpoint = answer.source_lsn
+                        status.target_checkpoint_lsn = checkpoint
                         # After a switchover reversed the edge, the target holds this
                         # pchannel's entries through `start` already (it wrote them).
                         start = start_after(
@@ -367,6 +422,15 @@ class Replicators:
                             synced_at = time.monotonic()
                         await asyncio.sleep(IDLE_POLL_S)
                         continue
+                    if scanned + 1 < owner.log.first_lsn:
+                        raise SourceGap(scanned + 1, owner.log.first_lsn)
+                    if status.state != RUNNING:
+                        log.info(
+                            "replicate %s -> %s: running again",
+                            edge.pchannel,
+                            edge.target.cluster_id,
+                        )
+                        status.state, status.needed_lsn, status.source_first_lsn = RUNNING, 0, 0
                     names = host.view().vchannel_names
                     batch = next_batch(owner, scanned, committed, names)
                     if batch.cut_transaction:
@@ -404,6 +468,22 @@ class Replicators:
                     backoff = RETRY_MIN_S
                 except asyncio.CancelledError:
                     raise
+                except SourceGap as gap:
+                    if status.state != SOURCE_GAP:
+                        log.error(
+                            "replicate %s -> %s/%s stopped: %s; restore the target from a "
+                            "backup that holds it, or see docs/replication.md (checking "
+                            "again every %.0f s)",
+                            edge.pchannel,
+                            edge.target.cluster_id,
+                            edge.target_pchannel,
+                            gap,
+                            SOURCE_GAP_RECHECK_S,
+                        )
+                    status.state = SOURCE_GAP
+                    status.needed_lsn, status.source_first_lsn = gap.needed_lsn, gap.first_lsn
+                    checkpoint = None
+                    await asyncio.sleep(SOURCE_GAP_RECHECK_S)
                 except (RaftwalError, grpc.RpcError) as error:
                     info = error.info if isinstance(error, RaftwalError) else from_rpc_error(error)
                     if info.code == E.INVALID_REQUEST_SEQ:

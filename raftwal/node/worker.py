@@ -53,6 +53,7 @@ from raftwal.services.streaming_node import StreamingNodeServicer
 from rpc.errors import RaftwalError, error_info
 from rpc.placement import worker_index
 from rpc.protos import coordination_pb2 as pb
+from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2, streaming_pb2, streaming_pb2_grpc
 from rpc.protos import planes_pb2 as planes
 from rpc.segment_transfer import client_tls
@@ -157,6 +158,7 @@ class WorkerNode:
         self._stop_requested = asyncio.Event()
         self._reconcile_now = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self.admitted = asyncio.Event()
         self.replicators = Replicators(_ReplicatorHost(self))
         self.plane = DataPlane(
             node_id=node_id,
@@ -165,6 +167,7 @@ class WorkerNode:
             owner_config=OwnerConfig(
                 segment_max_bytes=config.segment_max_bytes,
                 segment_max_age_ms=config.segment_max_age_ms,
+                producer_expiry_ms=config.wal_producer_expiry_ms,
             ),
             transport=GrpcReplicaTransport(
                 self,
@@ -178,6 +181,10 @@ class WorkerNode:
             observer=self.metrics,
             accepts=self.holds,
             exclusive=True,
+            # No owner starts before a Raft leader accepted the node's process (the
+            # control process says so): a second process under this node id never
+            # recovers its pchannels.
+            admitted=self.admitted,
         )
 
     # -- what the data plane and the servicers need -----------------------------------------
@@ -252,6 +259,10 @@ class WorkerNode:
             owners=[owner_status(o) for _, o in sorted(self.plane.owners.items())],
             problems=self.plane.problems(),
             logs=len(self.plane.logs),
+            replicators=[
+                api.ReplicatorStatus(**vars(replicator))
+                for replicator in self.replicators.statuses()
+            ],
         )
         for name, (size, first) in self.plane.disk_usage().items():
             status.wal_disk.add(pchannel=name, bytes=size, first_lsn=first)
@@ -266,6 +277,11 @@ class WorkerNode:
 
     def request_stop(self) -> None:
         self._stop_requested.set()
+
+    def admit(self) -> None:
+        if not self.admitted.is_set():
+            self.admitted.set()
+            self.reconcile_now()
 
     # -- lifecycle ------------------------------------------------------------------------
 

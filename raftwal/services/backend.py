@@ -152,6 +152,11 @@ class ClusterMembers(Protocol):
 class HeartbeatSink(Protocol):
     def record_heartbeat(self, request: api.HeartbeatRequest) -> None: ...
 
+    def joiner_conflict(self, request: api.HeartbeatRequest) -> str | None:
+        """Why a joining node's heartbeat must be refused (its process must stop): another
+        live process joins under that id, or its announced address is another node's."""
+        ...
+
     def handover_targets(self, node_id: str) -> int: ...
 
 

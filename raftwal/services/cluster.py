@@ -8,7 +8,10 @@ body before it reaches the Raft log. Depends on ``ClusterBackend``, never on the
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
+import time
 
 from google.protobuf.message import DecodeError
 
@@ -31,6 +34,12 @@ MAX_READ_INDEX_TIMEOUT_MS = 10_000
 # In the NOT_FOUND answer to a heartbeat of a node `raftwal member remove` forgot: the
 # node stops when it reads it.
 REMOVED_MARK = "was removed from the cluster"
+# In the ALREADY_EXISTS answer to a heartbeat of a second process under a node id (other
+# addresses than the node's): that process stops when it reads it (exit status 2).
+ID_IN_USE_MARK = "cannot run as node"
+# A joining node's announced host names are resolved (to compare them with the members'):
+# each lookup is bounded by this.
+RESOLVE_TIMEOUT_S = 1.0
 
 
 #: The most data worker addresses a heartbeat may announce, and the longest one.
@@ -100,7 +109,11 @@ class ClusterServicer(coordinator_pb2_grpc.ClusterServicer):
             await context.abort_with_status(to_status(error_info(E.INVALID_ARGUMENT, bad_worker)))
         known = {n.id for n in self._node.config.nodes}
         if request.node_id not in known:
-            refusal = _joiner_refusal(request, self._node.config)
+            refusal = await _joiner_refusal(request, self._node.config)
+            if refusal is None:
+                conflict = self._node.coordinator.joiner_conflict(request)
+                if conflict is not None:
+                    refusal = error_info(E.ALREADY_EXISTS, conflict)
             if refusal is not None:
                 await context.abort_with_status(to_status(refusal))
             # A node that joined (raftwal node --join): registered with what it announced.
@@ -116,16 +129,24 @@ class ClusterServicer(coordinator_pb2_grpc.ClusterServicer):
                 if request.draining
                 else 0,
             )
-        configured = self._node.config.node(request.node_id).grpc_address
-        if request.address != configured:
-            # The coordinator registers the address a heartbeat carries: a wrong one would
-            # send every client of that node elsewhere.
+        node = self._node.config.node(request.node_id)
+        if request.address != node.grpc_address or (
+            request.raft_address and request.raft_address != node.raft_address
+        ):
+            # The coordinator registers the addresses a heartbeat carries: wrong ones would
+            # send every client (or every Raft peer) of that node elsewhere. A node's
+            # addresses are its config file's, or those it registered when it joined; they
+            # change only with `raftwal member remove` and a rejoin. So this is another
+            # process under the same id: it must stop (ID_IN_USE_MARK).
             await context.abort_with_status(
                 to_status(
                     error_info(
-                        E.INVALID_ARGUMENT,
-                        f"invalid address for node {request.node_id} "
-                        f"({request.address[:64]!r}; expected {configured!r})",
+                        E.ALREADY_EXISTS,
+                        f"node {request.node_id} is at grpc {node.grpc_address}, raft "
+                        f"{node.raft_address}: the process announcing grpc "
+                        f"{request.address[:64]}, raft {request.raft_address[:64]} "
+                        f"{ID_IN_USE_MARK} {request.node_id} (a node's addresses change only "
+                        "with `raftwal member remove` and a rejoin under them)",
                     )
                 )
             )
@@ -235,11 +256,43 @@ class ClusterServicer(coordinator_pb2_grpc.ClusterServicer):
             )
 
 
-def _joiner_refusal(
+# address -> (when resolved, time.monotonic(); the endpoints): a joiner heartbeats every
+# interval, and its checks resolve every member's addresses.
+_RESOLVED: dict[str, tuple[float, frozenset[tuple[str, int]]]] = {}
+RESOLVED_KEEP_S = 30.0
+RESOLVED_MAX = 1024
+
+
+async def _endpoints(address: str) -> frozenset[tuple[str, int]]:
+    """The (IP, port) pairs `address` resolves to (empty when it does not resolve in
+    time): `localhost:7201` and `127.0.0.1:7201` are one endpoint. Kept for
+    RESOLVED_KEEP_S."""
+    now = time.monotonic()
+    known = _RESOLVED.get(address)
+    if known is not None and now - known[0] < RESOLVED_KEEP_S:
+        return known[1]
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        infos = await asyncio.wait_for(
+            asyncio.get_running_loop().getaddrinfo(host, int(port), type=socket.SOCK_STREAM),
+            RESOLVE_TIMEOUT_S,
+        )
+        found = frozenset((str(info[4][0]), int(info[4][1])) for info in infos)
+    except (OSError, ValueError, TimeoutError):
+        found = frozenset()
+    if len(_RESOLVED) >= RESOLVED_MAX:
+        _RESOLVED.clear()
+    _RESOLVED[address] = (now, found)
+    return found
+
+
+async def _joiner_refusal(
     request: api.HeartbeatRequest, config: ClusterMembers
 ) -> errors_pb2.ErrorInfo | None:
     """Why a heartbeat from a node no config file names is refused, or None: it must say
-    it joined, and its id and addresses must be well-formed and no other node's."""
+    it joined, and its id and addresses must be well-formed and no other node's (compared
+    by what they resolve to, not as strings)."""
     node_id = request.node_id
     if not request.joined:
         return error_info(E.INVALID_ARGUMENT, f"unknown node id {node_id[:64]!r}")
@@ -255,11 +308,20 @@ def _joiner_refusal(
                 f"invalid {name} of joining node {node_id} ({address[:64]!r}; expected "
                 "host:port with a port 1..65535)",
             )
+    grpc_endpoints = await _endpoints(request.address)
+    raft_endpoints = await _endpoints(request.raft_address)
     for node in config.nodes:
-        if request.address == node.grpc_address or request.raft_address == node.raft_address:
+        same = request.address == node.grpc_address or request.raft_address == node.raft_address
+        if not same:
+            same = bool(grpc_endpoints & await _endpoints(node.grpc_address)) or bool(
+                raft_endpoints & await _endpoints(node.raft_address)
+            )
+        if same:
             return error_info(
-                E.INVALID_ARGUMENT,
-                f"joining node {node_id} announces an address of node {node.id} "
-                f"({request.address!r}, {request.raft_address!r}; expected its own)",
+                E.ALREADY_EXISTS,
+                f"joining node {node_id} announces an address of node {node.id} (got grpc "
+                f"{request.address!r}, raft {request.raft_address!r}; node {node.id} is at grpc "
+                f"{node.grpc_address}, raft {node.raft_address}): its process {ID_IN_USE_MARK} "
+                f"{node_id} (expected addresses of its own)",
             )
     return None

@@ -23,7 +23,7 @@ import grpc
 
 from rpc.protos import streaming_pb2 as wire
 from rpc.protos import streaming_pb2_grpc
-from wal_segments.format import ENTRY_HEADER_SIZE, HeaderFields
+from wal_segments.format import BATCH_CONTINUES_FLAG, ENTRY_HEADER_SIZE, HeaderFields
 
 # One byte tags: (field number << 3) | wire type (0 varint, 2 length-delimited).
 _ENTRIES = b"\x0a"  # ConsumeResponse.entries = 1
@@ -42,6 +42,8 @@ _SEGMENT_FRAMES = b"\x0a"  # ReadSegmentResponse.frames = 1
 _TXN_ID = 0x50  # = 10
 _BROADCAST_ID = 0x58  # = 11
 _FLAGS = 0x60  # = 12
+# The entry flags a consumer sees (see `EntryEncoder.entry`).
+_SHOWN_FLAGS = 0xFFFFFFFF & ~BATCH_CONTINUES_FLAG
 _SEGMENT_ID = 0x68  # = 13
 
 _SMALL = [bytes((n,)) for n in range(0x80)]
@@ -119,7 +121,9 @@ class EntryEncoder:
         slices of `data`, the payload not copied here. `properties` are the decoded ones
         to show (the caller filters them)."""
         lsn, term, time_tick = fields[2], fields[3], fields[4]
-        txn_id, broadcast_id, msg_type, flags = fields[6], fields[7], fields[8], fields[10]
+        txn_id, broadcast_id, msg_type = fields[6], fields[7], fields[8]
+        # BATCH_CONTINUES is the WAL's own bookkeeping (atomic batches): not shown.
+        flags = fields[10] & _SHOWN_FLAGS
         key_start = offset + ENTRY_HEADER_SIZE
         key_end = payload_start = key_start + fields[11]
         payload_end = payload_start + fields[12]

@@ -157,6 +157,7 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
             last_term=position.last_term,
             last_time_tick=position.last_time_tick,
             node_id=self._node.me.id,
+            batch_frames=True,
         )
 
     async def AppendBroadcast(self, request, context):

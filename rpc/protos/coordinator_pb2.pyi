@@ -392,7 +392,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self, consistency: _Optional[_Union[Consistency, str]] = ...) -> None: ...
 
 class MemberStatus(_message.Message):
-    __slots__ = ("node_id", "grpc_address", "raft_address", "is_leader", "reachable", "raft_term", "commit_index", "applied_index", "revision", "state_digest", "pid", "durable_index", "owners", "wal_disk", "data_dir_bytes", "role", "processes")
+    __slots__ = ("node_id", "grpc_address", "raft_address", "is_leader", "reachable", "raft_term", "commit_index", "applied_index", "revision", "state_digest", "pid", "durable_index", "owners", "wal_disk", "data_dir_bytes", "role", "processes", "replicators")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -410,6 +410,7 @@ class MemberStatus(_message.Message):
     DATA_DIR_BYTES_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    REPLICATORS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     grpc_address: str
     raft_address: str
@@ -427,7 +428,8 @@ class MemberStatus(_message.Message):
     data_dir_bytes: int
     role: str
     processes: _containers.RepeatedCompositeFieldContainer[ProcessStatus]
-    def __init__(self, node_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., raft_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., reachable: _Optional[bool] = ..., raft_term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ..., pid: _Optional[int] = ..., durable_index: _Optional[int] = ..., owners: _Optional[_Iterable[_Union[OwnerStatus, _Mapping]]] = ..., wal_disk: _Optional[_Iterable[_Union[WalDiskUsage, _Mapping]]] = ..., data_dir_bytes: _Optional[int] = ..., role: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ProcessStatus, _Mapping]]] = ...) -> None: ...
+    replicators: _containers.RepeatedCompositeFieldContainer[ReplicatorStatus]
+    def __init__(self, node_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., raft_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., reachable: _Optional[bool] = ..., raft_term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ..., pid: _Optional[int] = ..., durable_index: _Optional[int] = ..., owners: _Optional[_Iterable[_Union[OwnerStatus, _Mapping]]] = ..., wal_disk: _Optional[_Iterable[_Union[WalDiskUsage, _Mapping]]] = ..., data_dir_bytes: _Optional[int] = ..., role: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ProcessStatus, _Mapping]]] = ..., replicators: _Optional[_Iterable[_Union[ReplicatorStatus, _Mapping]]] = ...) -> None: ...
 
 class ProcessStatus(_message.Message):
     __slots__ = ("kind", "index", "pid", "up", "cpu_seconds", "rss_bytes", "grpc_address", "transfer_port", "restarts", "owned_pchannels", "replica_pchannels")
@@ -454,6 +456,22 @@ class ProcessStatus(_message.Message):
     owned_pchannels: _containers.RepeatedScalarFieldContainer[str]
     replica_pchannels: int
     def __init__(self, kind: _Optional[str] = ..., index: _Optional[int] = ..., pid: _Optional[int] = ..., up: _Optional[bool] = ..., cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., grpc_address: _Optional[str] = ..., transfer_port: _Optional[int] = ..., restarts: _Optional[int] = ..., owned_pchannels: _Optional[_Iterable[str]] = ..., replica_pchannels: _Optional[int] = ...) -> None: ...
+
+class ReplicatorStatus(_message.Message):
+    __slots__ = ("pchannel", "target_cluster_id", "state", "target_checkpoint_lsn", "needed_lsn", "source_first_lsn")
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    TARGET_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_CHECKPOINT_LSN_FIELD_NUMBER: _ClassVar[int]
+    NEEDED_LSN_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIRST_LSN_FIELD_NUMBER: _ClassVar[int]
+    pchannel: str
+    target_cluster_id: str
+    state: str
+    target_checkpoint_lsn: int
+    needed_lsn: int
+    source_first_lsn: int
+    def __init__(self, pchannel: _Optional[str] = ..., target_cluster_id: _Optional[str] = ..., state: _Optional[str] = ..., target_checkpoint_lsn: _Optional[int] = ..., needed_lsn: _Optional[int] = ..., source_first_lsn: _Optional[int] = ...) -> None: ...
 
 class OwnerStatus(_message.Message):
     __slots__ = ("pchannel", "term", "state", "last_lsn", "committed_lsn", "replicas")

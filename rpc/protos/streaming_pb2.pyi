@@ -455,18 +455,20 @@ class FenceRequest(_message.Message):
     def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., owner_node_id: _Optional[str] = ...) -> None: ...
 
 class FenceResponse(_message.Message):
-    __slots__ = ("fenced_term", "last_lsn", "last_term", "last_time_tick", "node_id")
+    __slots__ = ("fenced_term", "last_lsn", "last_term", "last_time_tick", "node_id", "batch_frames")
     FENCED_TERM_FIELD_NUMBER: _ClassVar[int]
     LAST_LSN_FIELD_NUMBER: _ClassVar[int]
     LAST_TERM_FIELD_NUMBER: _ClassVar[int]
     LAST_TIME_TICK_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FRAMES_FIELD_NUMBER: _ClassVar[int]
     fenced_term: int
     last_lsn: int
     last_term: int
     last_time_tick: int
     node_id: str
-    def __init__(self, fenced_term: _Optional[int] = ..., last_lsn: _Optional[int] = ..., last_term: _Optional[int] = ..., last_time_tick: _Optional[int] = ..., node_id: _Optional[str] = ...) -> None: ...
+    batch_frames: bool
+    def __init__(self, fenced_term: _Optional[int] = ..., last_lsn: _Optional[int] = ..., last_term: _Optional[int] = ..., last_time_tick: _Optional[int] = ..., node_id: _Optional[str] = ..., batch_frames: _Optional[bool] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("pchannel", "term", "prev_lsn", "prev_term", "max_bytes")

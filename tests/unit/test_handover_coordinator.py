@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -102,6 +103,28 @@ def _moves(host: FakeHost) -> list[tuple[str, int, str]]:
 
 
 @pytest.fixture(autouse=True)
+def nodes_answer_as_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader's proof of a node (NodeManager.CollectStatus at its announced address):
+    the process at "nX:1" is node nX, caught up."""
+
+    async def fake_collect_status(node: object, address: str) -> api.CollectStatusResponse:
+        node_id = address.split(":")[0]
+        return api.CollectStatusResponse(
+            node_id=node_id, member=api.MemberStatus(node_id=node_id, revision=1 << 40)
+        )
+
+    monkeypatch.setattr(coordinator_module, "collect_status", fake_collect_status)
+
+
+async def _prove(coordinator: Coordinator, host: FakeHost) -> None:
+    """Let the leader prove every node heard from: a tick starts the proofs (and places
+    nothing on the nodes not proven yet); they end before the next tick."""
+    await coordinator.tick()
+    await asyncio.gather(*coordinator._proof_tasks)
+    host.proposed.clear()
+
+
+@pytest.fixture(autouse=True)
 def no_assign_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, int]]:
     sent: list[tuple[str, str, int]] = []
 
@@ -125,6 +148,7 @@ async def test_a_draining_owner_hands_its_pchannel_to_another_replica() -> None:
     coordinator = await _leading(host)
     for node_id in NODES:
         _beat(coordinator, node_id)
+    await _prove(coordinator, host)
     await coordinator.tick()
     assert _moves(host) == []  # nothing to do while n1 serves
     _beat(coordinator, "n1", draining=True)
@@ -155,6 +179,7 @@ async def test_a_just_started_node_is_a_target_only_when_nothing_else_is() -> No
     _beat(coordinator, "n1", draining=True)
     _beat(coordinator, "n2", incarnation=started_now_ms)  # warming up
     _beat(coordinator, "n3")
+    await _prove(coordinator, host)
     await coordinator.tick()
     assert _moves(host) == [("p", 2, "n3")]
     host.state.pchannels["p"].owner_node_id = "n3"
@@ -197,6 +222,7 @@ async def test_first_placements_spread_over_warming_nodes_too() -> None:
     _beat(coordinator, "n1")
     _beat(coordinator, "n2", incarnation=started_now_ms)
     _beat(coordinator, "n3", incarnation=started_now_ms)
+    await _prove(coordinator, host)
     await coordinator.tick()
     assert sorted(owner for _, _, owner in _moves(host)) == ["n1", "n2", "n3"]
 

@@ -8,7 +8,7 @@ import pytest
 
 from raftwal.node.config import ConfigError, parse_config, render_config, with_join
 from raftwal.node.join import PEERS_FILE, _read_peers, _write_peers, discover
-from raftwal.services.cluster import _joiner_refusal
+from raftwal.services.cluster import ID_IN_USE_MARK, _joiner_refusal
 from rpc.credentials import ClientSecurity
 from rpc.protos import coordinator_pb2 as api
 
@@ -27,7 +27,7 @@ def test_a_config_with_join_may_name_only_a_data_node(tmp_path: Path) -> None:
     assert with_join(config, "a:1,b:2").join == ("a:1", "b:2")
 
 
-def test_a_joining_heartbeat_is_refused_unless_it_says_so_and_is_well_formed(
+async def test_a_joining_heartbeat_is_refused_unless_it_says_so_and_is_well_formed(
     tmp_path: Path,
 ) -> None:
     config = parse_config(
@@ -45,15 +45,40 @@ def test_a_joining_heartbeat_is_refused_unless_it_says_so_and_is_well_formed(
         }
         return api.HeartbeatRequest(**{**base, **fields})
 
-    assert _joiner_refusal(beat(), config) is None
+    assert await _joiner_refusal(beat(), config) is None
     for request, message in (
         (beat(joined=False), "unknown node id 'n4'"),
         (beat(node_id="n 4"), "invalid node id"),
         (beat(raft_address="10.0.0.4"), "invalid raft_address of joining node n4"),
         (beat(address="10.0.0.1:7201"), "announces an address of node n1"),
     ):
-        refusal = _joiner_refusal(request, config)
+        refusal = await _joiner_refusal(request, config)
         assert refusal is not None and message in refusal.message, (request, refusal)
+
+
+async def test_a_joiner_announcing_another_name_of_a_members_address_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Issue 53, item 7: `localhost:7201` is n1's `127.0.0.1:7201` under another name; the
+    check compared strings and let it through. Its process must stop (ID_IN_USE_MARK)."""
+    config = parse_config(
+        {"nodes": [{"id": "n1", "host": "127.0.0.1", "grpc_port": 7201, "raft_port": 7301}]},
+        tmp_path,
+        environ={},
+    )
+    for address, raft_address in (
+        ("localhost:7201", "127.0.0.1:7304"),
+        ("127.0.0.1:7204", "localhost:7301"),
+    ):
+        refusal = await _joiner_refusal(
+            api.HeartbeatRequest(
+                node_id="n4", address=address, raft_address=raft_address, joined=True
+            ),
+            config,
+        )
+        assert refusal is not None, (address, raft_address)
+        assert "announces an address of node n1" in refusal.message
+        assert ID_IN_USE_MARK in refusal.message
 
 
 def test_without_an_answer_a_joined_node_finds_its_peers_in_peers_json(tmp_path: Path) -> None:
@@ -71,3 +96,81 @@ def test_without_an_answer_a_joined_node_finds_its_peers_in_peers_json(tmp_path:
     joined = discover(config, "n4", config.join, ClientSecurity(), timeout_s=0)
     assert [(n.id, n.role) for n in joined.nodes] == [("n4", "data"), ("n1", "voter")]
     assert [n.id for n in joined.voters] == ["n1"]
+
+
+class _Aborted(Exception):
+    def __init__(self, status: object) -> None:
+        super().__init__(getattr(status, "details", ""))
+        self.status = status
+
+
+class _Context:
+    async def abort_with_status(self, status: object) -> None:
+        raise _Aborted(status)
+
+
+class _Leader:
+    """The ClusterBackend of a leader whose config names n1..n3 (no join)."""
+
+    def __init__(self, config: object) -> None:
+        self.config = config
+        self.me = config.nodes[0]  # type: ignore[attr-defined]
+        self.recorded: list[api.HeartbeatRequest] = []
+        self.coordinator = self
+
+    def is_leader(self) -> bool:
+        return True
+
+    def removed_node(self, node_id: str) -> None:
+        return None
+
+    def record_heartbeat(self, request: api.HeartbeatRequest) -> None:
+        self.recorded.append(request)
+
+    def joiner_conflict(self, request: api.HeartbeatRequest) -> None:
+        return None
+
+    def membership(self) -> tuple[list[str], bool]:
+        return ["n1", "n2", "n3"], True
+
+    def applied_revision(self) -> int:
+        return 1
+
+    def handover_targets(self, node_id: str) -> int:
+        return 2
+
+
+async def test_a_heartbeat_for_a_known_node_from_a_forged_raft_address_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Issue 53, item 7: n3's real gRPC address with a forged Raft address was accepted,
+    and n3's recorded Raft address then flipped. It is refused now, with the words its
+    sender stops on (another process under that id), and nothing is recorded."""
+    from raftwal.services.cluster import ClusterServicer
+
+    config = parse_config(
+        {
+            "nodes": [
+                {"id": f"n{k}", "host": "127.0.0.1", "grpc_port": 7200 + k, "raft_port": 7300 + k}
+                for k in (1, 2, 3)
+            ]
+        },
+        tmp_path,
+        environ={},
+    )
+    leader = _Leader(config)
+    servicer = ClusterServicer(leader)  # type: ignore[arg-type]
+    genuine = api.HeartbeatRequest(
+        node_id="n3", address="127.0.0.1:7203", raft_address="127.0.0.1:7303", incarnation=1
+    )
+    await servicer.Heartbeat(genuine, _Context())
+    assert leader.recorded == [genuine]
+    forged = api.HeartbeatRequest(
+        node_id="n3", address="127.0.0.1:7203", raft_address="10.6.6.6:7303", incarnation=2
+    )
+    with pytest.raises(_Aborted) as refused:
+        await servicer.Heartbeat(forged, _Context())
+    message = str(refused.value)
+    assert ID_IN_USE_MARK in message and "10.6.6.6:7303" in message, message
+    assert "127.0.0.1:7303" in message
+    assert leader.recorded == [genuine]

@@ -102,6 +102,9 @@ class _Requests:
     def request_stop(self) -> None:
         pass
 
+    def admit(self) -> None:
+        pass
+
 
 async def _worker(control: _Control, token: bytes = TOKEN) -> tuple[ControlLink, StateMirror]:
     control_end, worker_end = socket.socketpair()
