@@ -58,7 +58,13 @@ from dataclasses import dataclass
 from raftwal.node.config import ClusterConfig, check_transport_security
 from raftwal.node.membership import load_role
 from raftwal.node.planes import SupervisorNews
-from raftwal.node.process import EXIT_RESTART, prepare_data_dir, run_control
+from raftwal.node.process import (
+    EXIT_ID_IN_USE,
+    EXIT_NODE_REMOVED,
+    EXIT_RESTART,
+    prepare_data_dir,
+    run_control,
+)
 from raftwal.node.security import NodeSecurity
 from raftwal.node.trim import return_large_blocks_to_the_system
 from raftwal.node.worker import run_worker
@@ -70,6 +76,10 @@ PR_SET_PDEATHSIG = 1
 #: back to the first once it ran RESTART_RESET_S.
 RESTART_BACKOFF_S = (0.1, 5.0)
 RESTART_RESET_S = 60.0
+#: Exit statuses of the control process that end the node as planned, with the control
+#: process's own last line the node's: stopped, restarting in another role, another
+#: process is this node, removed from the cluster.
+QUIET_EXITS = frozenset({0, EXIT_RESTART, EXIT_ID_IN_USE, EXIT_NODE_REMOVED})
 #: How long a stopping node's workers get after the control process ended before they are
 #: killed.
 WORKER_STOP_GRACE_S = 15.0
@@ -289,7 +299,7 @@ class Supervisor:
             if self._control is not None and pid == self._control.pid:
                 self._control = None
                 code = os.waitstatus_to_exitcode(wait_status)
-                if code != 0 and code != EXIT_RESTART:
+                if code not in QUIET_EXITS:
                     log.error("node %s: the control process exited (%s)", self._node_id, how)
                 return code
             for index, child in self._workers.items():

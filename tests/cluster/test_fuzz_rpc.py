@@ -664,13 +664,14 @@ def test_internal_services_refuse_what_the_state_never_said(fuzzed: Fuzzed) -> N
     replica = next(n for n in cluster.config.nodes if n.id != owner)
     with grpc.insecure_channel(status.leader_address) as channel:
         cluster_stub = coordinator_pb2_grpc.ClusterStub(channel)
-        # A heartbeat would have re-registered the node at this address.
+        # A heartbeat would have re-registered the node at this address: another process
+        # claiming the node's id is refused (its addresses change only by a rejoin).
         _expect_error(
             lambda: cluster_stub.Heartbeat(
                 api.HeartbeatRequest(node_id=replica.id, address="10.9.9.9:1", incarnation=7),
                 timeout=scaled(5),
             ),
-            E.INVALID_ARGUMENT,
+            E.ALREADY_EXISTS,
         )
         # Bytes that are no command never reach the Raft log.
         _expect_error(

@@ -124,7 +124,11 @@ def test_open_transactions_are_bounded_by_bytes(env) -> None:
         opened: list[int] = []
         for index in range(TRANSACTIONS):
             txn_id = stub.BeginTxn(
-                wire.BeginTxnRequest(vchannel="budget_v", producer_id=f"app-{index}"),
+                # Kept alive through the whole loop: on a slow machine the default 10 s
+                # let the first ones expire, and their bytes went back to the budget.
+                wire.BeginTxnRequest(
+                    vchannel="budget_v", producer_id=f"app-{index}", keepalive_ms=600_000
+                ),
                 timeout=CALL_TIMEOUT_S,
             ).txn_id
             opened.append(txn_id)
