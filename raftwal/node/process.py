@@ -1145,6 +1145,7 @@ class Node:
                 for name, (size, first) in self.plane.disk_usage().items()
             ],
             data_dir_bytes=_tree_bytes(self.me.data_dir),
+            replicators=self.replicators.status(),
         )
 
     async def cluster_status(self, linearizable: bool) -> api.ClusterStatusResponse:
@@ -1202,8 +1203,9 @@ class Node:
     def _replication_warnings(
         self, response: api.ClusterStatusResponse, replicated: list[tuple[str, str, int]]
     ) -> list[str]:
-        """A target that lags its source pchannel by more than replicate_lag_warn_entries
-        (LSNs, control entries included) by the checkpoint its replicator last recorded."""
+        """A replicator that cannot keep up or is stalled (its one line), and a target that
+        lags its source pchannel by more than replicate_lag_warn_entries (LSNs, control
+        entries included) by the checkpoint its replicator last recorded."""
         committed = {
             owner.pchannel: owner.committed_lsn
             for member in response.members
@@ -1211,7 +1213,13 @@ class Node:
             if owner.state == "serving"
         }
         limit = self.config.replicate_lag_warn_entries
-        warnings = []
+        # A replicator that cannot keep up (or is stalled) says so in one line.
+        warnings = [
+            replicator.summary
+            for member in response.members
+            for replicator in member.replicators
+            if replicator.summary
+        ]
         for pchannel, target, recorded in replicated:
             lag = committed.get(pchannel, 0) - recorded
             if lag > limit:

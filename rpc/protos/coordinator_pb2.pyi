@@ -388,7 +388,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self, consistency: _Optional[_Union[Consistency, str]] = ...) -> None: ...
 
 class MemberStatus(_message.Message):
-    __slots__ = ("node_id", "grpc_address", "raft_address", "is_leader", "reachable", "raft_term", "commit_index", "applied_index", "revision", "state_digest", "pid", "durable_index", "owners", "wal_disk", "data_dir_bytes", "role")
+    __slots__ = ("node_id", "grpc_address", "raft_address", "is_leader", "reachable", "raft_term", "commit_index", "applied_index", "revision", "state_digest", "pid", "durable_index", "owners", "wal_disk", "data_dir_bytes", "role", "replicators")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -405,6 +405,7 @@ class MemberStatus(_message.Message):
     WAL_DISK_FIELD_NUMBER: _ClassVar[int]
     DATA_DIR_BYTES_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
+    REPLICATORS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     grpc_address: str
     raft_address: str
@@ -421,7 +422,54 @@ class MemberStatus(_message.Message):
     wal_disk: _containers.RepeatedCompositeFieldContainer[WalDiskUsage]
     data_dir_bytes: int
     role: str
-    def __init__(self, node_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., raft_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., reachable: _Optional[bool] = ..., raft_term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ..., pid: _Optional[int] = ..., durable_index: _Optional[int] = ..., owners: _Optional[_Iterable[_Union[OwnerStatus, _Mapping]]] = ..., wal_disk: _Optional[_Iterable[_Union[WalDiskUsage, _Mapping]]] = ..., data_dir_bytes: _Optional[int] = ..., role: _Optional[str] = ...) -> None: ...
+    replicators: _containers.RepeatedCompositeFieldContainer[ReplicatorStatus]
+    def __init__(self, node_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., raft_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., reachable: _Optional[bool] = ..., raft_term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ..., pid: _Optional[int] = ..., durable_index: _Optional[int] = ..., owners: _Optional[_Iterable[_Union[OwnerStatus, _Mapping]]] = ..., wal_disk: _Optional[_Iterable[_Union[WalDiskUsage, _Mapping]]] = ..., data_dir_bytes: _Optional[int] = ..., role: _Optional[str] = ..., replicators: _Optional[_Iterable[_Union[ReplicatorStatus, _Mapping]]] = ...) -> None: ...
+
+class ReplicatorStatus(_message.Message):
+    __slots__ = ("pchannel", "term", "target_cluster_id", "target_pchannel", "state", "source_committed_lsn", "target_lsn", "lag_entries", "lag_bytes", "lag_s", "apply_rate_entries_s", "apply_rate_bytes_s", "commit_rate_entries_s", "inflight_batches", "inflight_bytes", "keeping_up", "summary", "last_error", "applied_entries", "applied_bytes", "measured_at_ms")
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    TARGET_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_COMMITTED_LSN_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LSN_FIELD_NUMBER: _ClassVar[int]
+    LAG_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    LAG_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAG_S_FIELD_NUMBER: _ClassVar[int]
+    APPLY_RATE_ENTRIES_S_FIELD_NUMBER: _ClassVar[int]
+    APPLY_RATE_BYTES_S_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_RATE_ENTRIES_S_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KEEPING_UP_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    pchannel: str
+    term: int
+    target_cluster_id: str
+    target_pchannel: str
+    state: str
+    source_committed_lsn: int
+    target_lsn: int
+    lag_entries: int
+    lag_bytes: int
+    lag_s: float
+    apply_rate_entries_s: float
+    apply_rate_bytes_s: float
+    commit_rate_entries_s: float
+    inflight_batches: int
+    inflight_bytes: int
+    keeping_up: bool
+    summary: str
+    last_error: str
+    applied_entries: int
+    applied_bytes: int
+    measured_at_ms: int
+    def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., target_cluster_id: _Optional[str] = ..., target_pchannel: _Optional[str] = ..., state: _Optional[str] = ..., source_committed_lsn: _Optional[int] = ..., target_lsn: _Optional[int] = ..., lag_entries: _Optional[int] = ..., lag_bytes: _Optional[int] = ..., lag_s: _Optional[float] = ..., apply_rate_entries_s: _Optional[float] = ..., apply_rate_bytes_s: _Optional[float] = ..., commit_rate_entries_s: _Optional[float] = ..., inflight_batches: _Optional[int] = ..., inflight_bytes: _Optional[int] = ..., keeping_up: _Optional[bool] = ..., summary: _Optional[str] = ..., last_error: _Optional[str] = ..., applied_entries: _Optional[int] = ..., applied_bytes: _Optional[int] = ..., measured_at_ms: _Optional[int] = ...) -> None: ...
 
 class OwnerStatus(_message.Message):
     __slots__ = ("pchannel", "term", "state", "last_lsn", "committed_lsn", "replicas")
