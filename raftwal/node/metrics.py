@@ -59,6 +59,7 @@ from raftwal.services.segment_transfer import SegmentTransfers
 from raftwal.services.stream_caps import StreamCaps
 from rpc.errors import RaftwalError
 from rpc.protos import coordination_pb2 as pb
+from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2
 from wal_segments.plane import DataPlane
 
@@ -137,6 +138,12 @@ class _BroadcastFailures(Protocol):
     def broadcast_failures(self) -> Sized: ...
 
 
+class _ReplicatorStatuses(Protocol):
+    def status(self) -> list[api.ReplicatorStatus]:
+        """The cross-cluster replicators this node runs (copies, readable from any thread)."""
+        ...
+
+
 class MetricsHost(Protocol):
     """What the metrics read from their node at every scrape (``Node`` implements it)."""
 
@@ -166,6 +173,9 @@ class MetricsHost(Protocol):
 
     @property
     def stream_caps(self) -> StreamCaps: ...
+
+    @property
+    def replicators(self) -> _ReplicatorStatuses: ...
 
     def is_leader(self) -> bool: ...
 
@@ -676,12 +686,70 @@ class _NodeCollector(Collector):
             "yet (as recorded by the replicator), by pchannel and target cluster id.",
             labels=["pchannel", "target"],
         )
+        # Where this node runs the replicator, its own figures (what the target
+        # acknowledged, about a second ago) replace the recorded checkpoint's.
+        running = {(r.pchannel, r.target_cluster_id): r for r in self._node.replicators.status()}
         for pchannel, targets in sorted(view.replicate_checkpoints.items()):
             if pchannel in committed_by_pchannel:
                 for target, lsn in sorted(targets.items()):
+                    if (pchannel, target) in running:
+                        continue
                     behind = max(0, committed_by_pchannel[pchannel] - lsn)
                     replicate_lag.add_metric([pchannel, target], behind)
+        for (pchannel, target), replicator in sorted(running.items()):
+            replicate_lag.add_metric([pchannel, target], replicator.lag_entries)
         yield replicate_lag
+        yield from _replicator_metrics(running)
+
+
+def _replicator_metrics(running: dict[tuple[str, str], api.ReplicatorStatus]) -> Iterator[Metric]:
+    """The cross-cluster replicators this node runs, as each last measured itself."""
+    labels = ["pchannel", "target"]
+    lag_bytes = GaugeMetricFamily(
+        "raftwal_replicate_lag_bytes",
+        "Bytes, in the source's log, of the committed entries a replication target does not "
+        "hold yet, by source pchannel and target cluster id (on the node running the "
+        "replicator).",
+        labels=labels,
+    )
+    lag_seconds = GaugeMetricFamily(
+        "raftwal_replicate_lag_seconds",
+        "Age of the oldest committed source entry a replication target does not hold yet "
+        "(0 when caught up): the data a failover to the target now would lose is this old.",
+        labels=labels,
+    )
+    applied = CounterMetricFamily(
+        "raftwal_replicate_applied_entries",
+        "Data entries a replication target acknowledged since the replicator started (its "
+        "rate is the apply rate).",
+        labels=labels,
+    )
+    applied_bytes = CounterMetricFamily(
+        "raftwal_replicate_applied_bytes",
+        "Key and payload bytes (64 more per entry) of the entries counted by "
+        "raftwal_replicate_applied_entries.",
+        labels=labels,
+    )
+    inflight = GaugeMetricFamily(
+        "raftwal_replicate_inflight_batches",
+        "Target batches the replicator sent and the target has not acknowledged yet.",
+        labels=labels,
+    )
+    keeping_up = GaugeMetricFamily(
+        "raftwal_replicate_keeping_up",
+        "0 while the replicator cannot keep up (its lag grows and is at least 5 s old) or "
+        "is stalled retrying; else 1.",
+        labels=labels,
+    )
+    for (pchannel, target), replicator in sorted(running.items()):
+        key = [pchannel, target]
+        lag_bytes.add_metric(key, replicator.lag_bytes)
+        lag_seconds.add_metric(key, replicator.lag_s)
+        applied.add_metric(key, replicator.applied_entries)
+        applied_bytes.add_metric(key, replicator.applied_bytes)
+        inflight.add_metric(key, replicator.inflight_batches)
+        keeping_up.add_metric(key, float(replicator.keeping_up))
+    yield from (lag_bytes, lag_seconds, applied, applied_bytes, inflight, keeping_up)
 
 
 class _StateView(NamedTuple):

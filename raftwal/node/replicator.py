@@ -319,8 +319,9 @@ class Replicators:
         """Each running replicator as it last measured itself (copies; safe to read from
         any thread: a replicator swaps in a new message, never changes one it published)."""
         out = []
-        for key in sorted(self._replicators):
-            published = self._replicators[key].published
+        # list(): one step under the GIL, so a scrape thread never sees the dict change.
+        for _, replicator in sorted(list(self._replicators.items())):
+            published = replicator.published
             copy = api.ReplicatorStatus()
             copy.CopyFrom(published)
             out.append(copy)
