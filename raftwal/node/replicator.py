@@ -46,7 +46,15 @@ from rpc.protos import streaming_pb2 as wire
 from rpc.streaming.producer import ProducerStats, ProduceStream, StreamBroken
 from rpc.streaming.routing import StreamingClientBase
 from statemachine.replicate import local_cluster, start_after, switching_to
-from wal_segments.format import MSG_TYPE_NAMES, EntryFlags, FormatError, MsgType, frame_headers
+from wal_segments.format import (
+    ENTRY_HEADER_SIZE,
+    MSG_TYPE_NAMES,
+    EntryFlags,
+    FormatError,
+    MsgType,
+    decode_properties,
+    frame_headers,
+)
 from wal_segments.log import LogError
 from wal_segments.owner import TICK_LOGICAL_BITS, ChannelOwner
 
@@ -205,47 +213,56 @@ def next_batch(
     max_bytes: int = MAX_BATCH_BYTES,
 ) -> _Batch:
     """The data entries of `owner`'s log after `after` through `committed`, at most one
-    batch's worth (`max_bytes` read), never ending inside a transaction."""
-    entries = owner.log.entries(after + 1, max_bytes, committed)
+    batch's worth (`max_bytes` read), never ending inside a transaction. Built from the
+    frames' fixed headers (crc-checked, as Consume reads them): no `Entry` per entry."""
+    data = owner.log.read_frames(after + 1, max_bytes, committed)
     batch = _Batch([], [], [], after)
+    if not data:
+        return batch
     size = 0
     txn_start: int | None = None  # index in batch.messages where an open txn's body starts
     txn_size = 0  # `size` before that transaction
-    for entry in entries:
-        if entry.lsn > committed:
+    type_names: dict[int, str] = {}
+    for offset, fields in frame_headers(data):
+        properties_len, lsn, time_tick, vchannel_id = fields[1], fields[2], fields[4], fields[5]
+        msg_type, flags, key_len, payload_len = fields[8], fields[10], fields[11], fields[12]
+        if lsn > committed:
             break
-        if entry.msg_type == MsgType.TXN_BEGIN:
+        if msg_type == MsgType.TXN_BEGIN:
             txn_start, txn_size = len(batch.messages), size
-        if entry.msg_type == MsgType.TXN_COMMIT:
+        if msg_type == MsgType.TXN_COMMIT:
             txn_start = None
-        if entry.vchannel_id and entry.vchannel_id not in names:
+        if vchannel_id and vchannel_id not in names:
             # A vchannel this node's view does not know yet: stop before it (the caller
             # tries again once the view has caught up), never skip it.
             break
-        skipped = (
-            entry.msg_type in _SKIPPED_TYPES
-            or entry.flags & _SKIPPED_FLAGS
-            or not entry.vchannel_id
-        )
+        skipped = msg_type in _SKIPPED_TYPES or flags & _SKIPPED_FLAGS or not vchannel_id
         if not skipped:
-            batch.messages.append(
-                wire.Message(
-                    vchannel=names[entry.vchannel_id],
-                    msg_type=MSG_TYPE_NAMES.get(entry.msg_type, "message"),
-                    key=entry.key,
-                    payload=entry.payload,
-                    properties={
-                        k: v
-                        for k, v in entry.properties.items()
-                        if not k.startswith(RESERVED_PREFIX)
-                    },
-                )
+            key_start = offset + ENTRY_HEADER_SIZE
+            payload_start = key_start + key_len
+            properties_start = payload_start + payload_len
+            type_name = type_names.get(msg_type)
+            if type_name is None:
+                type_name = type_names[msg_type] = MSG_TYPE_NAMES.get(msg_type, "message")
+            message = wire.Message(
+                vchannel=names[vchannel_id],
+                msg_type=type_name,
+                key=data[key_start:payload_start],
+                payload=data[payload_start:properties_start],
             )
-            batch.lsns.append(entry.lsn)
-            batch.ticks.append(entry.time_tick)
-            size += 64 + len(entry.key) + len(entry.payload)
+            if properties_len:
+                properties = decode_properties(
+                    data[properties_start : properties_start + properties_len]
+                )
+                message.properties.update(
+                    {k: v for k, v in properties.items() if not k.startswith(RESERVED_PREFIX)}
+                )
+            batch.messages.append(message)
+            batch.lsns.append(lsn)
+            batch.ticks.append(time_tick)
+            size += 64 + key_len + payload_len
         if txn_start is None:
-            batch.scanned_through = entry.lsn
+            batch.scanned_through = lsn
             if len(batch.messages) >= MAX_BATCH_MESSAGES or size >= MAX_BATCH_BYTES:
                 break
     if txn_start is not None:
