@@ -4,10 +4,18 @@ transactions) and a nemesis on both sides: owner kills (SIGKILL, then a restart)
 pauses (SIGSTOP/SIGCONT), a partition between the clusters (every target node paused)
 and node restarts (SIGTERM, then a start).
 
+Mid-pipeline kills (``MID_PIPELINE_FAULTS``): the target's replicas of a pchannel are
+paused so that its owner cannot commit, a burst is produced on the source until the
+source's replicator reports several batches in flight, then the replicator's node (the
+source owner) or the target owner that holds those batches uncommitted is killed, and
+the replicas resume.
+
 The check, after healing and a bounded wait for the target to catch up: every pchannel of
 the target holds the source's committed log, entry for entry and in order (vchannel,
 message type, key, payload digest), no entry twice, every transaction whole, and every
-acknowledged write is in the source's log.
+acknowledged write is in the source's log. After every fault and at the end, each
+checkpoint the source recorded in Raft must be held by the target already (a checkpoint
+never ahead of the target's data).
 """
 
 from __future__ import annotations
@@ -38,9 +46,20 @@ from rpc.protos import streaming_pb2_grpc
 from rpc.streaming_client import StreamingClient
 
 SOURCE, TARGET = "source", "target"
-FAULTS = ("kill-source", "kill-target", "pause-source", "pause-target", "partition", "restart")
+#: Mid-pipeline kills: the target's replicas of a pchannel are paused so that its owner
+#: cannot commit, a burst is produced on the source until its replicator has several
+#: batches in flight, then the replicator's node (the source owner) or the node those
+#: batches went to (the target owner) is killed and the replicas resume.
+MID_PIPELINE_FAULTS = ("kill-source-mid-pipeline", "kill-target-mid-pipeline")
+FAULTS = (
+    "kill-source", "kill-target", "pause-source", "pause-target", "partition", "restart",
+    *MID_PIPELINE_FAULTS,
+)  # fmt: skip
 START_TIMEOUT_S = 120.0
 CATCH_UP_TIMEOUT_S = 180.0
+#: Messages of a mid-pipeline fault's burst, and how long it waits for batches in flight.
+BURST_MESSAGES = 3000
+PIPELINE_WAIT_S = 15.0
 
 
 @dataclass
@@ -53,6 +72,9 @@ class ReplicateReport:
     txns_committed: int = 0
     source_entries: dict[str, int] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
+    # Comparisons of the checkpoints the source recorded in Raft with what the target
+    # held right after (each one a source LSN the target must hold already).
+    checkpoint_checks: int = 0
 
     @property
     def ok(self) -> bool:
@@ -68,6 +90,7 @@ class ReplicateReport:
             "acked_produces": self.acked,
             "committed_txns": self.txns_committed,
             "source_entries": self.source_entries,
+            "checkpoint_checks": self.checkpoint_checks,
             "violations": self.violations,
             "ok": self.ok,
         }
@@ -97,6 +120,39 @@ class _Workload:
         self.acked: set[str] = set()
         self.txns: dict[str, int] = {}
         self.sent = 0
+        self.bursts = 0
+
+    async def burst(self, vchannels: list[str], count: int) -> None:
+        """`count` messages as fast as the source takes them (a producer of their own),
+        to `vchannels`; the acknowledged ones join `acked`."""
+        self.bursts += 1
+        tag = f"b{self.bursts}"
+        producer = self.streaming.producer(
+            producer_id=f"chaos-rb-{tag}-{self.rng.randrange(1 << 30)}",
+            linger_ms=2,
+            max_in_flight=8,
+            retry_timeout_s=60.0,
+            attempt_timeout_s=5.0,
+        )
+        try:
+            for number in range(count):
+                key = f"{tag}:{number}"
+                try:
+                    future = await asyncio.wait_for(
+                        producer.submit(self.rng.choice(vchannels), key.encode() + b"|burst"),
+                        30.0,
+                    )
+                except (RaftwalError, TimeoutError, RuntimeError):
+                    continue
+                future.add_done_callback(
+                    lambda f, key=key: (
+                        self.acked.add(key) if not f.cancelled() and f.exception() is None else None
+                    )
+                )
+            with contextlib.suppress(TimeoutError, RaftwalError):
+                await asyncio.wait_for(producer.flush(), 60.0)
+        finally:
+            await producer.close(timeout_s=2.0)
 
     async def produce(self, stop: asyncio.Event, rate_per_s: float) -> None:
         producer = self.streaming.producer(
@@ -245,15 +301,104 @@ async def _checkpoint(endpoints: list[str], pchannel: str) -> int:
     return int(answer.source_lsn)
 
 
+async def check_checkpoints(
+    clusters: dict[str, dev.LocalCluster], pchannels: list[str], report: ReplicateReport
+) -> None:
+    """Every checkpoint the source recorded in Raft (its replicators' reports) must be held
+    by the target already: the recorded source LSN is read first, then what the target
+    holds, which can only have grown since. A side that does not answer is skipped."""
+    try:
+        async with CoordinatorClient(
+            clusters[SOURCE].endpoints, timeout_s=5.0, max_attempts=3
+        ) as client:
+            answer = await client.get_replicate_configuration()
+    except (RaftwalError, grpc.RpcError, OSError):
+        return
+    for pchannel in pchannels:
+        recorded = answer.checkpoints[pchannel].source_lsns.get(TARGET, 0)
+        if recorded <= 0:
+            continue
+        held = await _checkpoint(clusters[TARGET].endpoints, pchannel)
+        if held < 0:
+            continue
+        report.checkpoint_checks += 1
+        if held < recorded:
+            report.violations.append(
+                f"the source recorded checkpoint {recorded} of {pchannel} in Raft, but the "
+                f"target holds source LSNs only through {held}"
+            )
+
+
 class _Nemesis:
     def __init__(
-        self, clusters: dict[str, dev.LocalCluster], rng: random.Random, report: ReplicateReport
+        self,
+        clusters: dict[str, dev.LocalCluster],
+        rng: random.Random,
+        report: ReplicateReport,
+        workload: _Workload | None = None,
+        vchannels_of: dict[str, list[str]] | None = None,
+        kinds: tuple[str, ...] = FAULTS,
     ):
         self.clusters = clusters
         self.rng = rng
         self.report = report
+        self.workload = workload
+        self.vchannels_of = vchannels_of or {}
+        self.kinds = kinds
         self.paused: list[tuple[dev.LocalCluster, str]] = []
         self.down: list[tuple[dev.LocalCluster, str]] = []
+        # The mid-pipeline faults' bursts, still being acknowledged.
+        self.bursts: list[asyncio.Task[None]] = []
+
+    async def _mid_pipeline(self, kind: str, pchannels: list[str]) -> tuple[str, int]:
+        """(detail, batches in flight when the kill came) of a mid-pipeline kill (see
+        MID_PIPELINE_FAULTS)."""
+        source, target = self.clusters[SOURCE], self.clusters[TARGET]
+        pchannel = self.rng.choice(pchannels)
+        status = await _status(target.endpoints, linearizable=True)
+        channel = next(
+            (c for c in (status.pchannels if status else ()) if c.name == pchannel), None
+        )
+        if channel is None or not channel.owner_node_id or self.workload is None:
+            return f"skipped: {TARGET} {pchannel} has no owner", 0
+        followers = [n for n in channel.replica_node_ids if n != channel.owner_node_id]
+        for node in followers:
+            _signal(target, node, signal.SIGSTOP)
+        inflight, runner = 0, ""
+        try:
+            self.bursts.append(
+                asyncio.create_task(
+                    self.workload.burst(self.vchannels_of.get(pchannel, []), BURST_MESSAGES)
+                )
+            )
+            deadline = time.monotonic() + PIPELINE_WAIT_S
+            while time.monotonic() < deadline and not runner:
+                seen = await _status(source.endpoints)
+                for member in seen.members if seen else ():
+                    for replicator in member.replicators:
+                        if (
+                            replicator.pchannel == pchannel
+                            and replicator.target_cluster_id == TARGET
+                            and replicator.inflight_batches >= 2
+                        ):
+                            inflight, runner = replicator.inflight_batches, member.node_id
+                if not runner:
+                    await asyncio.sleep(0.2)
+            if kind == "kill-source-mid-pipeline":
+                side, cluster = SOURCE, source
+                node = runner or await self._owner(SOURCE, [pchannel])
+            else:
+                side, cluster, node = TARGET, target, channel.owner_node_id
+            await asyncio.to_thread(cluster.kill, node)
+            self.down.append((cluster, node))
+        finally:
+            for follower in followers:
+                _signal(target, follower, signal.SIGCONT)
+        return (
+            f"{side} {node} SIGKILL with {inflight} batches of {pchannel} in flight "
+            f"({TARGET} replicas {', '.join(followers)} paused meanwhile), started again",
+            inflight,
+        )
 
     async def _owner(self, side: str, pchannels: list[str]) -> str:
         status = await _status(self.clusters[side].endpoints)
@@ -268,18 +413,21 @@ class _Nemesis:
         )
 
     async def run(self, stop: asyncio.Event, pchannels: list[str], started: float) -> None:
-        kinds = list(FAULTS)
+        kinds = list(self.kinds)
         self.rng.shuffle(kinds)
         while not stop.is_set():
             if not kinds:
-                kinds = list(FAULTS)
+                kinds = list(self.kinds)
                 self.rng.shuffle(kinds)
             kind = kinds.pop()
             hold_s = self.rng.uniform(2.0, 6.0)
             side = TARGET if kind.endswith("target") or kind == "partition" else SOURCE
             cluster = self.clusters[side]
             at = time.monotonic() - started
-            if kind == "partition":
+            inflight = None
+            if kind in MID_PIPELINE_FAULTS:
+                detail, inflight = await self._mid_pipeline(kind, pchannels)
+            elif kind == "partition":
                 nodes = [n.id for n in cluster.config.nodes]
                 for node in nodes:
                     _signal(cluster, node, signal.SIGSTOP)
@@ -305,9 +453,13 @@ class _Nemesis:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), hold_s)
             await self.heal()
-            self.report.faults.append(
-                {"kind": kind, "at_s": round(at, 1), "hold_s": round(hold_s, 1), "detail": detail}
-            )
+            fault: dict[str, Any] = {
+                "kind": kind, "at_s": round(at, 1), "hold_s": round(hold_s, 1), "detail": detail,
+            }  # fmt: skip
+            if inflight is not None:
+                fault["inflight_batches"] = inflight
+            self.report.faults.append(fault)
+            await check_checkpoints(self.clusters, pchannels, self.report)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.rng.uniform(3.0, 8.0))
 
@@ -322,7 +474,7 @@ class _Nemesis:
 
 async def _run(
     seed: int, duration_s: float, directory: Path, pchannel_count: int, rate_per_s: float,
-    progress: Callable[[str], None],
+    progress: Callable[[str], None], kinds: tuple[str, ...] = FAULTS,
 ) -> ReplicateReport:  # fmt: skip
     report = ReplicateReport(seed, duration_s, str(directory))
     rng = random.Random(seed)
@@ -364,7 +516,13 @@ async def _run(
         coordinator = CoordinatorClient(source.endpoints, timeout_s=15.0, max_attempts=60)
         streaming = StreamingClient(coordinator)
         workload = _Workload(streaming, vchannels, random.Random(rng.getrandbits(64)))
-        nemesis = _Nemesis(clusters, random.Random(rng.getrandbits(64)), report)
+        vchannels_of = {
+            name: [v for k, v in enumerate(vchannels) if names[k % len(names)] == name]
+            for name in names
+        }
+        nemesis = _Nemesis(
+            clusters, random.Random(rng.getrandbits(64)), report, workload, vchannels_of, kinds
+        )
         stop = asyncio.Event()
         started = time.monotonic()
         tasks = [
@@ -378,6 +536,8 @@ async def _run(
             stop.set()
             await asyncio.wait(tasks, timeout=90.0)
             await nemesis.heal()
+            if nemesis.bursts:
+                await asyncio.wait(nemesis.bursts, timeout=120.0)
             await streaming.close()
             await coordinator.close()
         progress(f"healed after {len(report.faults)} faults; waiting for the target")
@@ -399,6 +559,7 @@ async def _run(
             report.violations.append(
                 f"the target did not catch up within {CATCH_UP_TIMEOUT_S:.0f} s: {behind}"
             )
+        await check_checkpoints(clusters, names, report)
         target_logs = await _read_all(target.endpoints, names)
         report.violations += check_logs(source_logs, target_logs, workload.acked, workload.txns)
         return report
@@ -412,12 +573,17 @@ async def _run(
 def run_replicate_chaos(
     seed: int, duration_s: float, directory: Path | None = None, pchannels: int = 2,
     rate_per_s: float = 50.0, progress: Callable[[str], None] | None = None,
+    kinds: tuple[str, ...] = FAULTS,
 ) -> ReplicateReport:  # fmt: skip
+    """Run it (see the module doc); `kinds`: the faults the nemesis picks from (FAULTS)."""
+    unknown = sorted(set(kinds) - set(FAULTS))
+    if unknown or not kinds:
+        raise ValueError(f"invalid fault kinds {unknown or '(none)'} (expected some of {FAULTS})")
     say = progress or (lambda _: None)
     if directory is None:
         directory = Path(tempfile.mkdtemp(prefix="raftwal-chaos-rp-"))
     directory.mkdir(parents=True, exist_ok=True)
-    return asyncio.run(_run(seed, duration_s, directory, pchannels, rate_per_s, say))
+    return asyncio.run(_run(seed, duration_s, directory, pchannels, rate_per_s, say, kinds))
 
 
 __all__ = ["NOT_DONE_CODES", "ReplicateReport", "check_logs", "run_replicate_chaos"]
