@@ -80,6 +80,9 @@ MAX_INFLIGHT_BYTES = 16 << 20
 #: a batch at once when the pipeline is short.
 EAGER_BATCHES = 2
 FULL_BATCH_LSNS = 256
+#: How often a replicator with EAGER_BATCHES in flight looks whether a full batch's worth
+#: is committed (instead of waking at every commit).
+LINGER_S = 0.005
 #: How often a replicator publishes its status (lag, rates), and the window its rates and
 #: its "is the backlog growing" verdict are measured over.
 STATUS_EVERY_S = 1.0
@@ -609,13 +612,17 @@ class _Replicator:
                 )
             waiters: list[asyncio.Future[Any]] = [head.future]
             change = None
-            if self.room:
+            timeout = min(left, STATUS_EVERY_S)
+            if self.room and self._data_batches_in_flight() < EAGER_BATCHES:
+                # A short pipeline: newly committed entries go at once.
                 change = asyncio.ensure_future(owner.wait_commit_change(min(left, IDLE_POLL_S)))
                 waiters.append(change)
+            elif self.room:
+                # Batches in flight already: the next waits for an answer or a full batch's
+                # worth, looked at every LINGER_S (not at every commit).
+                timeout = min(timeout, LINGER_S)
             try:
-                await asyncio.wait(
-                    waiters, timeout=min(left, STATUS_EVERY_S), return_when=asyncio.FIRST_COMPLETED
-                )
+                await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 if change is not None:
                     change.cancel()
@@ -711,7 +718,10 @@ class _Replicator:
             committed = owner.committed_lsn
             if self.scanned >= committed:
                 break
-            if len(self.inflight) >= EAGER_BATCHES and committed - self.scanned < FULL_BATCH_LSNS:
+            if (
+                committed - self.scanned < FULL_BATCH_LSNS
+                and self._data_batches_in_flight() >= EAGER_BATCHES
+            ):
                 break
             if names is None:
                 names = self.host.view().vchannel_names
@@ -749,6 +759,9 @@ class _Replicator:
             self.inflight_bytes += batch.size
             self.scanned = batch.scanned_through
         return self.scanned > before
+
+    def _data_batches_in_flight(self) -> int:
+        return sum(1 for sent in self.inflight if sent.future is not None)
 
     def _last_sent_sequence(self) -> int:
         """The sequence the next batch continues: the last data batch in flight, else the
@@ -831,7 +844,7 @@ class _Replicator:
             commit_rate_entries_s=round((committed - first_committed) / span, 1)
             if span > 0
             else 0.0,
-            inflight_batches=sum(1 for s in self.inflight if s.future is not None),
+            inflight_batches=self._data_batches_in_flight(),
             inflight_bytes=self.inflight_bytes,
             last_error=self.last_error if self.retrying else "",
             applied_entries=self.applied_entries,
