@@ -357,10 +357,11 @@ def _size(value: float) -> str:
     raise AssertionError("unreachable")
 
 
-def verdict(status: api.ReplicatorStatus, backlog_grew: bool) -> str:
-    """The one line a replicator that cannot keep up says (empty when it keeps up): the
-    lag grew over the measuring window and is at least BEHIND_LAG_S old, or the
-    replicator is retrying with such a lag."""
+def verdict(status: api.ReplicatorStatus, backlog_grew: bool, quiet_s: float) -> str:
+    """The one line a replicator that cannot keep up says (empty when it keeps up), once
+    its lag is at least BEHIND_LAG_S old: it is retrying, or the target acknowledged
+    nothing for `quiet_s` >= BEHIND_LAG_S (stalled), or the lag grew over the measuring
+    window (too slow)."""
     if status.lag_s < BEHIND_LAG_S:
         return ""
     where = (
@@ -372,6 +373,11 @@ def verdict(status: api.ReplicatorStatus, backlog_grew: bool) -> str:
     )
     if status.state == "retrying":
         return f"{where} is stalled: {status.last_error or 'retrying'}; {behind}"
+    if quiet_s >= BEHIND_LAG_S:
+        return (
+            f"{where} is stalled: the target acknowledged nothing for {quiet_s:.0f} s "
+            f"({status.inflight_batches} batches in flight); {behind}"
+        )
     if backlog_grew:
         return (
             f"{where} cannot keep up: the source commits {status.commit_rate_entries_s:.0f} "
@@ -410,6 +416,8 @@ class _Replicator:
         self.samples: deque[tuple[float, int, int, int]] = deque()
         self.measured_at = float("-inf")
         self.warned_at = float("-inf")
+        # When the target last acknowledged a batch (or the replicator started).
+        self.acked_at = time.monotonic()
         self.published = api.ReplicatorStatus(
             pchannel=edge.pchannel,
             term=edge.term,
@@ -785,6 +793,7 @@ class _Replicator:
                 if result.HasField("error") and result.error.code != E.OK:
                     raise RaftwalError(result.error)
                 self.checkpoint = head.batch.lsns[-1]
+                self.acked_at = time.monotonic()
                 self.inflight_bytes -= head.batch.size
                 self.applied_entries += len(head.batch.messages)
                 self.applied_bytes += head.batch.size
@@ -852,7 +861,7 @@ class _Replicator:
             measured_at_ms=int(time.time() * 1000),
         )
         grew = span >= RATE_WINDOW_S / 2 and lag_entries > max(0, first_committed - first_confirmed)
-        status.summary = verdict(status, grew)
+        status.summary = verdict(status, grew, now - self.acked_at)
         status.keeping_up = not status.summary
         self.published = status
         if status.summary and now - self.warned_at >= WARN_EVERY_S:

@@ -196,6 +196,13 @@ async def test_the_status_measures_the_lag_and_says_when_it_cannot_keep_up() -> 
     assert status.summary.startswith("replication of pchannel p to west/p cannot keep up"), (
         status.summary
     )
+    # Nothing acknowledged for longer than the lag allows: stalled.
+    replicator.acked_at = time.monotonic() - 2 * r.BEHIND_LAG_S
+    replicator._measure(owner, force=True)  # type: ignore[arg-type]
+    assert replicator.published.summary.startswith(
+        "replication of pchannel p to west/p is stalled: the target acknowledged nothing for"
+    ), replicator.published.summary
+    assert not replicator.published.keeping_up
     # Caught up: nothing to say.
     replicator.confirmed = replicator.checkpoint = 2000
     replicator._measure(owner, force=True)  # type: ignore[arg-type]
