@@ -4,14 +4,21 @@ target (docs/replication.md, section 2).
 ``Replicators.run`` keeps, on this node, one task per (pchannel, owner term, target
 cluster) for every pchannel this node serves as owner that the replication configuration
 names as a source: a new term, a new configuration or the loss of ownership stops the
-task, and the next round starts the right ones. A task reads the pchannel's **committed**
-log from the local owner and appends its data entries to the target cluster's matching
-pchannel as the idempotent, contiguous producer ``rw.replicate/<cluster>/<pchannel>``:
-sequence = the source LSN of the batch's last entry, previous_sequence = the target's
-checkpoint, read from the target with ``GetReplicateCheckpoint``. A batch that does not
-continue the target's sequence is refused there (INVALID_REQUEST_SEQ), and the task
-re-reads the checkpoint: so two replicators (an old owner not yet stopped, a new one) can
-never both write, and a restart resumes exactly after what the target holds.
+task, and the next round starts the right ones. A task (``_Replicator``) reads the pchannel's
+**committed** log from the local owner and appends its data entries to the target
+cluster's matching pchannel as the idempotent, contiguous producer
+``rw.replicate/<cluster>/<pchannel>``: sequence = the source LSN of the batch's last
+entry, previous_sequence = the sequence of the batch before it (the first one after a
+start: the target's checkpoint, read with ``GetReplicateCheckpoint``). Several batches are
+in flight at once (a pipeline bounded in batches and bytes) over one Produce stream to the
+target owner, on its transfer port where it offers one; answers are taken in order, and
+the checkpoint moves only over the prefix the target acknowledged. A batch that does not
+continue the target's sequence is refused there (INVALID_REQUEST_SEQ); any failure ends
+the pipeline and the task re-reads the checkpoint: so two replicators (an old owner not
+yet stopped, a new one) can never both write, and a restart resumes exactly after what
+the target holds. Each task measures itself about once a second (lag in entries, bytes
+and seconds, apply and commit rates; ``Replicators.status``) and says in one line when it
+cannot keep up or is stalled.
 
 Replicated: data entries with their vchannel, type, key, payload and properties (minus
 the source's own ``rw.`` bookkeeping); a committed transaction as one batch with its begin
