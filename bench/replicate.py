@@ -143,7 +143,8 @@ async def caught_up(acks: dict[str, Any], seen: dict[str, float], since: float) 
         if time.monotonic() > deadline:
             return None
         await asyncio.sleep(0.02)
-    return round(max((seen[k] for k in acks), default=since) - since, 2) if acks else 0.0
+    # 0 when the target delivered everything before the source's last ack came back.
+    return round(max(0.0, max((seen[k] for k in acks), default=since) - since), 2)
 
 
 def figures(
