@@ -1153,11 +1153,7 @@ class PChannelLog:
             offsets = self._offsets(segment)
             stop = min(last, segment.last_lsn)
             end_row = stop - segment.first_lsn
-            end = (
-                offsets[end_row + 1]
-                if end_row + 1 < len(offsets)
-                else self._segment_end(segment)
-            )
+            end = offsets[end_row + 1] if end_row + 1 < len(offsets) else self._segment_end(segment)
             total += end - offsets[first - segment.first_lsn]
             first = stop + 1
         return total
