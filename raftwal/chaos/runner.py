@@ -1467,7 +1467,8 @@ def _replicate_command(args: argparse.Namespace, seed: int) -> int:
                   f"{fault['detail']}")  # fmt: skip
         print(f"faults: {len(report.faults)}; acknowledged produces: {report.acked}; "
               f"committed transactions: {report.txns_committed}; "
-              f"source entries: {report.source_entries}")  # fmt: skip
+              f"source entries: {report.source_entries}; checkpoints recorded in Raft "
+              f"checked against the target: {report.checkpoint_checks}")  # fmt: skip
         for violation in report.violations:
             print(f"VIOLATION: {violation}")
         print("ok: the target holds the source's committed log" if report.ok else "FAILED")
