@@ -18,7 +18,9 @@ bytes), each system runs:
   (end to end), p50 and p99; the source's ack latency; the produce rate (messages the
   source acknowledged within the phase, per second) and the apply rate (messages of the
   phase the target delivered within it, per second) and their ratio; the catch-up after
-  the phase.
+  the phase; for raftwal, also the largest lag its replicator reported meanwhile (the age
+  of the oldest entry the target had not acknowledged, sampled twice a second from
+  ClusterStatus): the standby's own view, apart from the measuring consumer.
 
 raftwal's maximum without a target is measured first at each size (`max_alone`), for
 reference. Round trips > 0 go through user-space delaying proxies (this kernel has no
@@ -182,8 +184,11 @@ async def phases(
     rtt_ms: float,
     loads: list[float],
     rates: dict[float, float] | None,
+    replicator_lags: list[tuple[float, float]] | None = None,
 ) -> dict[str, Any]:
-    """The maximum, then each paced load (at `rates` when given: the other system's)."""
+    """The maximum, then each paced load (at `rates` when given: the other system's).
+    `replicator_lags`: (time, lag_s) the source's replicator reported, sampled meanwhile
+    (raftwal): the largest in each paced phase is reported beside the consumer's lag."""
     tag = f"{rtt_ms:g}-{size}-"
     result: dict[str, Any] = {"rtt_ms": rtt_ms, "size": size}
     await caught_up({"warm": 0}, seen, time.perf_counter())
@@ -203,11 +208,15 @@ async def phases(
         row: dict[str, Any] = {"load": load, "rate_msgs_s": round(target_rate, 1)}
         row["catch_up_s"] = await caught_up(acks, seen, ended)
         row.update(figures(t0, seconds, acks, seen))
+        if replicator_lags is not None:
+            within = [lag for at, lag in replicator_lags if t0 <= at <= ended]
+            row["replicator_lag_s_max"] = round(max(within), 2) if within else None
         result[f"load_{load:g}"] = row
         say(
             f"{name} rtt {rtt_ms:g} ms, {size} B, {load:.0%} ({row['rate_msgs_s']} msg/s): lag "
             f"p50 {row['lag_p50_ms']} ms p99 {row['lag_p99_ms']} ms, apply/produce "
             f"{row['apply_over_produce']}, caught up {row['catch_up_s']} s after"
+            + (f", replicator lag max {row['replicator_lag_s_max']} s" if replicator_lags else "")
         )
     return result
 
@@ -315,6 +324,22 @@ async def _raftwal_group(
                     await asyncio.sleep(0.2)  # the vchannel appears once replicated
 
         reader = asyncio.create_task(consume())
+        replicator_lags: list[tuple[float, float]] = []
+
+        async def sample() -> None:
+            # The replicator's own lag (what the target acknowledged), twice a second.
+            async with CoordinatorClient(source.endpoints, timeout_s=5.0) as client:
+                while True:
+                    try:
+                        status = await client.cluster_status(linearizable=False)
+                        lags = [r.lag_s for m in status.members for r in m.replicators]
+                        if lags:
+                            replicator_lags.append((time.perf_counter(), max(lags)))
+                    except RaftwalError:
+                        pass
+                    await asyncio.sleep(0.5)
+
+        sampler = asyncio.create_task(sample())
         initial = await caught_up(backlog, seen, time.perf_counter())
         say(f"raftwal: the target holds the source's {len(backlog)} earlier messages "
             f"({initial} s after it started reading)")  # fmt: skip
@@ -323,9 +348,12 @@ async def _raftwal_group(
                 link.set_latency(rtt / 2)
             for size in sizes:
                 out["runs"].append(
-                    await phases("raftwal", submit, seen, seconds, size, rtt, loads, None)
+                    await phases(
+                        "raftwal", submit, seen, seconds, size, rtt, loads, None, replicator_lags
+                    )
                 )
         reader.cancel()
+        sampler.cancel()
         await producer.close(timeout_s=2.0)
         await streaming.close()
         await reader_client.close()
