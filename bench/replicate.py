@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -67,6 +69,52 @@ MAX_PENDING_PUBLISHES = 4000
 CATCH_UP_BUDGET_S = 120.0
 #: the target site's loopback address when a round trip separates the sites
 TARGET_SITE = "127.0.0.2"
+
+
+class _LinkProcess:
+    """A `SiteLink` in a process of its own: its proxies must not wait for this process's
+    GIL (the producer and the consumers keep it busy), or they would add delays of their
+    own to the link. `set_latency` and `close` go over a pipe."""
+
+    def __init__(self, address: str, ports: list[int]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._pipe, child = context.Pipe()
+        self._process = context.Process(
+            target=_serve_link, args=(address, ports, child), name="site-link", daemon=True
+        )
+        self._process.start()
+        if not self._pipe.poll(30) or self._pipe.recv() != "ready":
+            raise RuntimeError("the site link's proxies did not start")
+
+    def set_latency(self, delay_ms: float) -> None:
+        self._pipe.send(("latency", delay_ms))
+        if not self._pipe.poll(10) or self._pipe.recv() != "ok":
+            raise RuntimeError("the site link did not take its latency")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, BrokenPipeError):
+            self._pipe.send(("close", 0.0))
+        self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
+
+
+def _serve_link(address: str, ports: list[int], pipe: Any) -> None:
+    link = SiteLink(address, ports)
+    link.start()
+    pipe.send("ready")
+    try:
+        while True:
+            command, value = pipe.recv()
+            if command == "close":
+                return
+            link.set_latency(value)
+            pipe.send("ok")
+    except EOFError:
+        return
+    finally:
+        link.close()
 
 
 def say(message: str) -> None:
@@ -257,16 +305,16 @@ async def _raftwal_group(
     proxy when they are > 0), every size and load at each; results added to `out`."""
     wan = group[0] > 0
     clusters: list[dev.LocalCluster] = []
-    link: SiteLink | None = None
+    link: _LinkProcess | None = None
     try:
         source = await asyncio.to_thread(dev.up, sub / "source", 3, 120.0, cluster_id="source")
         clusters.append(source)
         config = None
         if wan:
             config = dev.make_config(sub / "target", 3)
-            link = SiteLink.of_nodes(config.nodes, TARGET_SITE)
-            link.start()
-            config = replace(config, nodes=link.site_nodes(config.nodes))
+            nodes = SiteLink.of_nodes(config.nodes, TARGET_SITE)
+            link = _LinkProcess(TARGET_SITE, nodes.ports)
+            config = replace(config, nodes=nodes.site_nodes(config.nodes))
         target = await asyncio.to_thread(
             functools.partial(dev.up, sub / "target", 3, 120.0, config=config, cluster_id="target")
         )
@@ -382,9 +430,7 @@ async def run_nats(
     out: dict[str, Any] = {"runs": []}
     ports = dev.free_ports(3)
     # Round trips > 0: B's leaf node connection to A crosses the delayed link.
-    link = SiteLink(TARGET_SITE, [ports[2]]) if any(r > 0 for r in rtts) else None
-    if link is not None:
-        link.start()
+    link = _LinkProcess(TARGET_SITE, [ports[2]]) if any(r > 0 for r in rtts) else None
     leaf = f"{TARGET_SITE if link is not None else '127.0.0.1'}:{ports[2]}"
     configs = {
         "a": f'server_name: a\nlisten: "127.0.0.1:{ports[0]}"\nmax_payload: 8MB\n'

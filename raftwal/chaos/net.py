@@ -425,6 +425,11 @@ class SiteLink(ProxyNet):
         """The link in front of `nodes`' gRPC and transfer ports."""
         return cls(address, [p for n in nodes for p in (n.grpc_port, n.transfer_port)])
 
+    @property
+    def ports(self) -> list[int]:
+        """The ports the link proxies (on its address, to the same port on 127.0.0.1)."""
+        return sorted(self._ports.values())
+
     def _listeners(self) -> list[tuple[Link, str, int, int]]:
         return [(link, self.address, port, port) for link, port in self._ports.items()]
 
