@@ -57,8 +57,10 @@ FAULTS = (
 )  # fmt: skip
 START_TIMEOUT_S = 120.0
 CATCH_UP_TIMEOUT_S = 180.0
-#: Messages of a mid-pipeline fault's burst, and how long it waits for batches in flight.
+#: Messages of a mid-pipeline fault's burst, at most how many bursts it starts, and how
+#: long it waits for the replicator (and then for batches in flight).
 BURST_MESSAGES = 3000
+BURSTS_PER_FAULT = 3
 PIPELINE_WAIT_S = 15.0
 
 
@@ -350,6 +352,21 @@ class _Nemesis:
         # The mid-pipeline faults' bursts, still being acknowledged.
         self.bursts: list[asyncio.Task[None]] = []
 
+    async def _replicator(self, pchannel: str, inflight: int) -> tuple[str, int] | None:
+        """(node, batches in flight) of the source's replicator of `pchannel` once it has
+        delivered something and has at least `inflight` batches in flight; else None."""
+        seen = await _status(self.clusters[SOURCE].endpoints)
+        for member in seen.members if seen else ():
+            for replicator in member.replicators:
+                if (
+                    replicator.pchannel == pchannel
+                    and replicator.target_cluster_id == TARGET
+                    and replicator.target_lsn > 0
+                    and replicator.inflight_batches >= inflight
+                ):
+                    return member.node_id, replicator.inflight_batches
+        return None
+
     async def _mid_pipeline(self, kind: str, pchannels: list[str]) -> tuple[str, int]:
         """(detail, batches in flight when the kill came) of a mid-pipeline kill (see
         MID_PIPELINE_FAULTS)."""
@@ -362,27 +379,33 @@ class _Nemesis:
         if channel is None or not channel.owner_node_id or self.workload is None:
             return f"skipped: {TARGET} {pchannel} has no owner", 0
         followers = [n for n in channel.replica_node_ids if n != channel.owner_node_id]
+        # The replicator must have delivered once (the target's vchannels exist): pausing
+        # the target's replicas also stops its Raft, where a first vchannel is created.
+        deadline = time.monotonic() + PIPELINE_WAIT_S
+        while time.monotonic() < deadline and await self._replicator(pchannel, 0) is None:
+            await asyncio.sleep(0.5)
         for node in followers:
             _signal(target, node, signal.SIGSTOP)
         inflight, runner = 0, ""
         try:
-            self.bursts.append(
-                asyncio.create_task(
-                    self.workload.burst(self.vchannels_of.get(pchannel, []), BURST_MESSAGES)
-                )
-            )
             deadline = time.monotonic() + PIPELINE_WAIT_S
+            bursts = 0
+            next_burst = time.monotonic()
             while time.monotonic() < deadline and not runner:
-                seen = await _status(source.endpoints)
-                for member in seen.members if seen else ():
-                    for replicator in member.replicators:
-                        if (
-                            replicator.pchannel == pchannel
-                            and replicator.target_cluster_id == TARGET
-                            and replicator.inflight_batches >= 2
-                        ):
-                            inflight, runner = replicator.inflight_batches, member.node_id
-                if not runner:
+                if bursts < BURSTS_PER_FAULT and time.monotonic() >= next_burst:
+                    # Another burst while the pipeline is short: each batch in flight
+                    # needs FULL_BATCH_LSNS more committed entries than the last one.
+                    bursts += 1
+                    next_burst = time.monotonic() + PIPELINE_WAIT_S / (BURSTS_PER_FAULT + 1)
+                    self.bursts.append(
+                        asyncio.create_task(
+                            self.workload.burst(self.vchannels_of.get(pchannel, []), BURST_MESSAGES)
+                        )
+                    )
+                found = await self._replicator(pchannel, 2)
+                if found is not None:
+                    runner, inflight = found
+                else:
                     await asyncio.sleep(0.2)
             if kind == "kill-source-mid-pipeline":
                 side, cluster = SOURCE, source
