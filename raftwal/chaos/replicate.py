@@ -4,11 +4,11 @@ transactions) and a nemesis on both sides: owner kills (SIGKILL, then a restart)
 pauses (SIGSTOP/SIGCONT), a partition between the clusters (every target node paused)
 and node restarts (SIGTERM, then a start).
 
-Mid-pipeline kills (``MID_PIPELINE_FAULTS``): the target's replicas of a pchannel are
-paused so that its owner cannot commit, a burst is produced on the source until the
-source's replicator reports several batches in flight, then the replicator's node (the
-source owner) or the target owner that holds those batches uncommitted is killed, and
-the replicas resume.
+Mid-pipeline kills (``MID_PIPELINE_FAULTS``): once the source's replicator of a pchannel
+has delivered, the target's replicas of that pchannel are paused so that its owner cannot
+commit, bursts are produced on the source until the replicator reports several batches in
+flight, then the replicator's node (the source owner) or the target owner that holds
+those batches uncommitted is killed, and the replicas resume.
 
 The check, after healing and a bounded wait for the target to catch up: every pchannel of
 the target holds the source's committed log, entry for entry and in order (vchannel,
@@ -47,7 +47,7 @@ from rpc.streaming_client import StreamingClient
 
 SOURCE, TARGET = "source", "target"
 #: Mid-pipeline kills: the target's replicas of a pchannel are paused so that its owner
-#: cannot commit, a burst is produced on the source until its replicator has several
+#: cannot commit, bursts are produced on the source until its replicator has several
 #: batches in flight, then the replicator's node (the source owner) or the node those
 #: batches went to (the target owner) is killed and the replicas resume.
 MID_PIPELINE_FAULTS = ("kill-source-mid-pipeline", "kill-target-mid-pipeline")
