@@ -1,25 +1,47 @@
-"""Cross-cluster replication benchmark (docs/replication.md), raftwal beside a JetStream
-mirror between two nats-servers, in the same run.
+"""Cross-cluster replication benchmark (docs/replication.md): raftwal beside a JetStream
+mirror between two nats-servers, at the same rates, in the same run.
 
-raftwal: a source dev cluster (3 nodes) alone: the maximum produce throughput (one SDK
-producer, as fast as acks come back). Then a target dev cluster, `replicate set` source
--> target, and the same maximum again (with a target). The target catches up (`drain_s`),
-then a steady rate of half the first maximum: each message's lag runs from its send on
-the source to a consumer on the target receiving it (end to end; the source's ack
-latency is reported beside it); p50 and p99.
+raftwal: a source dev cluster (3 nodes) and a target dev cluster (3 nodes), `replicate
+set` source -> target for one pchannel; one SDK producer on the source, a consumer of the
+target. JetStream: server A (domain a) holds stream S; server B (domain b, a leaf node of
+A) holds a mirror M of S; a publisher on A, a subscriber of M on B.
 
-JetStream: server A (domain a) holds stream S; server B (domain b, a leaf node of A) holds
-a mirror M of S. The same three phases: max publish rate to S without M, with M, then a
-paced half rate with the lag from the publish on A to delivery from M on B.
+For each round trip between the sites (`--rtts`, ms) and each payload size (`--sizes`,
+bytes), each system runs:
 
-    .venv/bin/python bench/replicate.py [--seconds 10] [--rate MSGS_S] [--json]
+- the **maximum**: messages published as fast as acknowledgements come back (`--seconds`),
+  with replication on: that is "the source's maximum"; then the time the target took to
+  hold every one of them after the phase ended (`catch_up_s`);
+- a **paced phase** at each load of `--loads` (default 50% and 90%) of raftwal's maximum
+  at that size and round trip, the same rate for both systems: the replication lag of
+  each message, from its send on the source to a consumer of the target receiving it
+  (end to end), p50 and p99; the source's ack latency; the produce rate (messages the
+  source acknowledged within the phase, per second) and the apply rate (messages of the
+  phase the target delivered within it, per second) and their ratio; the catch-up after
+  the phase; for raftwal, also the largest lag its replicator reported meanwhile (the age
+  of the oldest entry the target had not acknowledged, sampled twice a second from
+  ClusterStatus): the standby's own view, apart from the measuring consumer.
+
+raftwal's maximum without a target is measured first at each size (`max_alone`), for
+reference. Round trips > 0 go through user-space delaying proxies (this kernel has no
+netem; raftwal/chaos/net.py `SiteLink`): the target cluster's nodes advertise 127.0.0.2
+and its gRPC and transfer ports are reached there, through a proxy that delays each way
+by RTT/2; JetStream's leaf node connection from B to A goes through the same kind of
+proxy. The consumers measuring the lag read the target directly (they sit at the target's
+site), as the subscriber of M does on B.
+
+    .venv/bin/python bench/replicate.py [--seconds 10] [--sizes 200,10240]
+        [--rtts 0,10,50] [--loads 0.5,0.9] [--skip-nats] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -27,6 +49,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,52 +58,109 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from nats.errors import Error as NatsError  # noqa: E402
 
 from bench._harness import percentile, stop_process  # noqa: E402
+from raftwal.chaos.net import SiteLink  # noqa: E402
 from raftwal.cli import dev  # noqa: E402
 from rpc.client import CoordinatorClient, RaftwalError  # noqa: E402
 from rpc.protos import coordination_pb2 as pb  # noqa: E402
 from rpc.streaming_client import Consumer, StreamingClient  # noqa: E402
 
-PAYLOAD = b"x" * 200
 MAX_PENDING_PUBLISHES = 4000
-#: how long the target may take to catch up with the maximum-rate phase
-DRAIN_BUDGET_S = 180.0
+#: how long a target may take to catch up with a phase before the bench says so
+CATCH_UP_BUDGET_S = 120.0
+#: the target site's loopback address when a round trip separates the sites
+TARGET_SITE = "127.0.0.2"
+
+
+class _LinkProcess:
+    """A `SiteLink` in a process of its own: its proxies must not wait for this process's
+    GIL (the producer and the consumers keep it busy), or they would add delays of their
+    own to the link. `set_latency` and `close` go over a pipe."""
+
+    def __init__(self, address: str, ports: list[int]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._pipe, child = context.Pipe()
+        self._process = context.Process(
+            target=_serve_link, args=(address, ports, child), name="site-link", daemon=True
+        )
+        self._process.start()
+        if not self._pipe.poll(30) or self._pipe.recv() != "ready":
+            raise RuntimeError("the site link's proxies did not start")
+
+    def set_latency(self, delay_ms: float) -> None:
+        self._pipe.send(("latency", delay_ms))
+        if not self._pipe.poll(10) or self._pipe.recv() != "ok":
+            raise RuntimeError("the site link did not take its latency")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, BrokenPipeError):
+            self._pipe.send(("close", 0.0))
+        self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
+
+
+def _serve_link(address: str, ports: list[int], pipe: Any) -> None:
+    link = SiteLink(address, ports)
+    link.start()
+    pipe.send("ready")
+    try:
+        while True:
+            command, value = pipe.recv()
+            if command == "close":
+                return
+            link.set_latency(value)
+            pipe.send("ok")
+    except EOFError:
+        return
+    finally:
+        link.close()
 
 
 def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+Submit = Callable[[bytes], Awaitable["asyncio.Future[Any]"]]
+
+
+def message(key: str, size: int) -> bytes:
+    body = key.encode() + b"|"
+    return body + b"x" * max(0, size - len(body))
+
+
 async def max_rate(
-    submit: Callable[[bytes], Awaitable[Any]], seconds: float, tag: str = "m"
-) -> tuple[float, dict[str, float]]:
+    submit: Submit, seconds: float, size: int, tag: str
+) -> tuple[float, dict[str, tuple[float, float]]]:
     """(messages per second acknowledged with submissions as fast as acks allow, key ->
-    ack time of each acknowledged message); keys are `tag` + a count."""
-    acks: dict[str, float] = {}
+    (send time, ack time) of each acknowledged message); keys are `tag` + a count."""
+    acks: dict[str, tuple[float, float]] = {}
     outstanding: set[asyncio.Future[Any]] = set()
 
-    def done(future: asyncio.Future[Any], key: str) -> None:
+    def done(future: asyncio.Future[Any], *, key: str, sent: float) -> None:
         outstanding.discard(future)
         if not future.cancelled() and future.exception() is None:
-            acks[key] = time.perf_counter()
+            acks[key] = (sent, time.perf_counter())
 
     started = time.perf_counter()
     n = 0
     while time.perf_counter() - started < seconds:
         key = f"{tag}{n}"
-        future = await submit(key.encode() + b"|" + PAYLOAD)
+        sent = time.perf_counter()
+        future = await submit(message(key, size))
         n += 1
         outstanding.add(future)
-        future.add_done_callback(lambda f, key=key: done(f, key))
+        future.add_done_callback(functools.partial(done, key=key, sent=sent))
     if outstanding:
-        await asyncio.wait(list(outstanding), timeout=30)
+        await asyncio.wait(list(outstanding), timeout=60)
     return len(acks) / (time.perf_counter() - started), acks
 
 
 async def paced(
-    submit: Callable[[bytes], Awaitable[Any]], rate: float, seconds: float, tag: str
-) -> dict[str, float]:
-    """Key -> (send time, ack time) of each message sent at `rate` for `seconds` and
-    acknowledged."""
+    submit: Submit, rate: float, seconds: float, size: int, tag: str
+) -> tuple[float, dict[str, tuple[float, float]]]:
+    """(phase start, key -> (send time, ack time)) of each message sent at `rate` for
+    `seconds` and acknowledged."""
     acks: dict[str, tuple[float, float]] = {}
     waiting: list[asyncio.Future[Any]] = []
     t0 = time.perf_counter()
@@ -90,26 +170,42 @@ async def paced(
             await asyncio.sleep(delay)
         key = f"{tag}{n}"
         sent = time.perf_counter()
-        future = await submit(key.encode() + b"|" + PAYLOAD)
-        future.add_done_callback(
-            lambda f, key=key, sent=sent: (
-                acks.__setitem__(key, (sent, time.perf_counter()))
-                if not f.cancelled() and f.exception() is None
-                else None
-            )
-        )
+        future = await submit(message(key, size))
+        future.add_done_callback(functools.partial(_record_ack, acks, key, sent))
         waiting.append(future)
-    await asyncio.wait(waiting, timeout=30)
-    return acks
+    if waiting:
+        await asyncio.wait(waiting, timeout=60)
+    return t0, acks
 
 
-def lags(acks: dict[str, tuple[float, float]], seen: dict[str, float]) -> dict[str, Any]:
-    """The paced phase's figures: the source's ack latency (send -> ack) and the
-    replication lag, send on the source -> delivered from the target (end to end: a
-    target may deliver before the source's ack reaches the client, so the ack is no
-    starting point)."""
+def _record_ack(
+    acks: dict[str, tuple[float, float]], key: str, sent: float, future: asyncio.Future[Any]
+) -> None:
+    if not future.cancelled() and future.exception() is None:
+        acks[key] = (sent, time.perf_counter())
+
+
+async def caught_up(acks: dict[str, Any], seen: dict[str, float], since: float) -> float | None:
+    """Seconds from `since` until every key of `acks` was seen on the target (None: not
+    within CATCH_UP_BUDGET_S)."""
+    deadline = time.monotonic() + CATCH_UP_BUDGET_S
+    while not all(k in seen for k in acks):
+        if time.monotonic() > deadline:
+            return None
+        await asyncio.sleep(0.02)
+    # 0 when the target delivered everything before the source's last ack came back.
+    return round(max(0.0, max((seen[k] for k in acks), default=since) - since), 2)
+
+
+def figures(
+    t0: float, seconds: float, acks: dict[str, tuple[float, float]], seen: dict[str, float]
+) -> dict[str, Any]:
+    """A paced phase's figures (see the module doc)."""
+    end = t0 + seconds
     ack_ms = [(acked - sent) * 1000 for sent, acked in acks.values()]
     lag_ms = [(seen[k] - sent) * 1000 for k, (sent, _) in acks.items() if k in seen]
+    produced = sum(1 for _, acked in acks.values() if acked <= end)
+    applied = sum(1 for k in acks if seen.get(k, end + 1) <= end)
 
     def pct(values: list[float], q: float) -> float | None:
         return round(percentile(values, q), 1) if values else None
@@ -121,63 +217,133 @@ def lags(acks: dict[str, tuple[float, float]], seen: dict[str, float]) -> dict[s
         "ack_p99_ms": pct(ack_ms, 0.99),
         "lag_p50_ms": pct(lag_ms, 0.5),
         "lag_p99_ms": pct(lag_ms, 0.99),
+        "produce_rate_msgs_s": round(produced / seconds, 1),
+        "apply_rate_msgs_s": round(applied / seconds, 1),
+        "apply_over_produce": round(applied / produced, 3) if produced else None,
     }
 
 
-async def wait_seen(acks: dict[str, Any], seen: dict[str, float], budget_s: float) -> float:
-    """Wait until every key of `acks` was seen on the target (at most `budget_s`); the
-    seconds waited."""
-    started = time.monotonic()
-    deadline = started + budget_s
-    while time.monotonic() < deadline and not all(k in seen for k in acks):
-        await asyncio.sleep(0.1)
-    return time.monotonic() - started
-
-
-async def drained(
-    name: str, acks: dict[str, Any], seen: dict[str, float], result: dict[str, Any]
-) -> None:
-    """Before the lag phase: the target catches up with the maximum-rate phase, so that
-    the lag measured is the steady one, not the backlog's (`drain_s`: how long that took;
-    `drain_missing`: messages still not seen after DRAIN_BUDGET_S)."""
-    result["drain_s"] = round(await wait_seen(acks, seen, DRAIN_BUDGET_S), 1)
-    result["drain_missing"] = sum(1 for key in acks if key not in seen)
-    say(f"{name}: target caught up in {result['drain_s']} s ({result['drain_missing']} missing)")
+async def phases(
+    name: str,
+    submit: Submit,
+    seen: dict[str, float],
+    seconds: float,
+    size: int,
+    rtt_ms: float,
+    loads: list[float],
+    rates: dict[float, float] | None,
+    replicator_lags: list[tuple[float, float]] | None = None,
+) -> dict[str, Any]:
+    """The maximum, then each paced load (at `rates` when given: the other system's).
+    `replicator_lags`: (time, lag_s) the source's replicator reported, sampled meanwhile
+    (raftwal): the largest in each paced phase is reported beside the consumer's lag."""
+    tag = f"{rtt_ms:g}-{size}-"
+    result: dict[str, Any] = {"rtt_ms": rtt_ms, "size": size}
+    await caught_up({"warm": 0}, seen, time.perf_counter())
+    rate, acks = await max_rate(submit, seconds, size, tag + "m")
+    ended = time.perf_counter()
+    result["max_msgs_s"] = round(rate, 1)
+    result["max_mb_s"] = round(rate * size / 1e6, 1)
+    result["max_catch_up_s"] = await caught_up(acks, seen, ended)
+    say(
+        f"{name} rtt {rtt_ms:g} ms, {size} B: max {result['max_msgs_s']} msg/s, target "
+        f"caught up {result['max_catch_up_s']} s after"
+    )
+    for load in loads:
+        target_rate = float((rates or {}).get(load) or load * rate)
+        t0, acks = await paced(submit, target_rate, seconds, size, f"{tag}{load:g}-")
+        ended = time.perf_counter()
+        row: dict[str, Any] = {"load": load, "rate_msgs_s": round(target_rate, 1)}
+        row["catch_up_s"] = await caught_up(acks, seen, ended)
+        row.update(figures(t0, seconds, acks, seen))
+        if replicator_lags is not None:
+            within = [lag for at, lag in replicator_lags if t0 <= at <= ended]
+            row["replicator_lag_s_max"] = round(max(within), 2) if within else None
+        result[f"load_{load:g}"] = row
+        say(
+            f"{name} rtt {rtt_ms:g} ms, {size} B, {load:.0%} ({row['rate_msgs_s']} msg/s): lag "
+            f"p50 {row['lag_p50_ms']} ms p99 {row['lag_p99_ms']} ms, apply/produce "
+            f"{row['apply_over_produce']}, caught up {row['catch_up_s']} s after"
+            + (f", replicator lag max {row['replicator_lag_s_max']} s" if replicator_lags else "")
+        )
+    return result
 
 
 # -- raftwal -------------------------------------------------------------------------------
 
 
-async def run_raftwal(directory: Path, seconds: float, rate_s: float = 0.0) -> dict[str, Any]:
-    result: dict[str, Any] = {}
+class _SiteReader(StreamingClient):
+    """A client at the target's site: it reaches the target's nodes at 127.0.0.1, not
+    through the link (their advertised address)."""
+
+    def _channel(self, address: str) -> Any:
+        return super()._channel(address.replace(TARGET_SITE + ":", "127.0.0.1:"))
+
+
+async def run_raftwal(
+    directory: Path, rtts: list[float], sizes: list[int], loads: list[float], seconds: float
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"alone": {}, "runs": []}
+    groups = [[0.0]] if 0 in rtts else []
+    if any(r > 0 for r in rtts):
+        groups.append([r for r in rtts if r > 0])
+    for group in groups:
+        await _raftwal_group(directory / ("wan" if group[0] > 0 else "lan"), group, sizes,
+                             loads, seconds, out)  # fmt: skip
+    return out
+
+
+async def _raftwal_group(
+    sub: Path,
+    group: list[float],
+    sizes: list[int],
+    loads: list[float],
+    seconds: float,
+    out: dict[str, Any],
+) -> None:
+    """Two clusters for `group`'s round trips (linked directly, or through the delaying
+    proxy when they are > 0), every size and load at each; results added to `out`."""
+    wan = group[0] > 0
     clusters: list[dev.LocalCluster] = []
+    link: _LinkProcess | None = None
     try:
-        source = await asyncio.to_thread(
-            dev.up, directory / "source", 3, 120.0, cluster_id="source"
-        )
+        source = await asyncio.to_thread(dev.up, sub / "source", 3, 120.0, cluster_id="source")
         clusters.append(source)
+        config = None
+        if wan:
+            config = dev.make_config(sub / "target", 3)
+            nodes = SiteLink.of_nodes(config.nodes, TARGET_SITE)
+            link = _LinkProcess(TARGET_SITE, nodes.ports)
+            config = replace(config, nodes=nodes.site_nodes(config.nodes))
+        target = await asyncio.to_thread(
+            functools.partial(dev.up, sub / "target", 3, 120.0, config=config, cluster_id="target")
+        )
+        clusters.append(target)
         async with CoordinatorClient(source.endpoints, timeout_s=30.0) as client:
             await client.create_channels(names=["rb_0"])
             await client.create_vchannel("rb_v", "rb_0")
+        async with CoordinatorClient(target.endpoints, timeout_s=30.0) as client:
+            await client.create_channels(names=["rb_0"])
         streaming = StreamingClient(CoordinatorClient(source.endpoints, timeout_s=30.0))
         producer = streaming.producer(
-            producer_id="bench-rp", linger_ms=2, max_in_flight=8, max_pending_messages=5000
+            producer_id=f"bench-rp-{len(out['runs'])}",
+            linger_ms=2,
+            max_in_flight=8,
+            max_pending_messages=5000,
         )
 
         async def submit(payload: bytes) -> Any:
             return await producer.submit("rb_v", payload)
 
         await (await submit(b"warm|"))
-        rate_without, before = await max_rate(submit, seconds, "a")
-        result["max_without_target_msgs_s"] = round(rate_without, 1)
-        say(f"raftwal max without target: {result['max_without_target_msgs_s']} msg/s")
-
-        target = await asyncio.to_thread(
-            dev.up, directory / "target", 3, 120.0, cluster_id="target"
-        )
-        clusters.append(target)
-        async with CoordinatorClient(target.endpoints, timeout_s=30.0) as client:
-            await client.create_channels(names=["rb_0"])
+        # What the source holds before replication starts: the target gets it first.
+        backlog: dict[str, Any] = {"warm": 0}
+        if not wan:
+            for size in sizes:
+                rate, acks = await max_rate(submit, seconds, size, f"alone-{size}-")
+                backlog.update(acks)
+                out["alone"][str(size)] = round(rate, 1)
+                say(f"raftwal max without a target, {size} B: {rate:.1f} msg/s")
         configuration = pb.ReplicateConfiguration(
             clusters=[
                 pb.ReplicateCluster(cluster_id="source", endpoints=source.endpoints, pchannels=["rb_0"]),
@@ -188,65 +354,93 @@ async def run_raftwal(directory: Path, seconds: float, rate_s: float = 0.0) -> d
         for cluster in (source, target):
             async with CoordinatorClient(cluster.endpoints, timeout_s=30.0) as client:
                 await client.update_replicate_configuration(configuration)
-        target_streaming = StreamingClient(CoordinatorClient(target.endpoints, timeout_s=30.0))
+        direct = [e.replace(TARGET_SITE + ":", "127.0.0.1:") for e in target.endpoints]
+        reader_client = _SiteReader(CoordinatorClient(direct, timeout_s=30.0))
         seen: dict[str, float] = {}
 
         async def consume() -> None:
             while True:
                 try:
-                    consumer = Consumer(target_streaming, "rb_v", retry_timeout_s=60.0)
+                    consumer = Consumer(reader_client, "rb_v", retry_timeout_s=60.0)
                     async for entry in consumer:
-                        seen[entry.payload.split(b"|", 1)[0].decode()] = time.perf_counter()
+                        seen[bytes(entry.payload[:40]).split(b"|", 1)[0].decode()] = (
+                            time.perf_counter()
+                        )
                 except asyncio.CancelledError:
                     raise
-                except (
-                    RaftwalError,
-                    RuntimeError,
-                    OSError,
-                ):  # the vchannel appears once replicated
-                    await asyncio.sleep(0.2)
+                except (RaftwalError, RuntimeError, OSError):
+                    await asyncio.sleep(0.2)  # the vchannel appears once replicated
 
         reader = asyncio.create_task(consume())
-        await wait_seen({"warm": 0.0, **before}, seen, DRAIN_BUDGET_S)
-        rate_with, during = await max_rate(submit, seconds, "b")
-        result["max_with_target_msgs_s"] = round(rate_with, 1)
-        say(f"raftwal max with target: {result['max_with_target_msgs_s']} msg/s")
-        await drained("raftwal", during, seen, result)
-        rate = rate_s or result["max_without_target_msgs_s"] / 2
-        result["paced_rate_msgs_s"] = round(rate, 1)
-        acks = await paced(submit, rate, seconds, "k")
-        await wait_seen(acks, seen, 60.0)
-        result.update(lags(acks, seen))
+        replicator_lags: list[tuple[float, float]] = []
+
+        async def sample() -> None:
+            # The replicator's own lag (what the target acknowledged), twice a second.
+            async with CoordinatorClient(source.endpoints, timeout_s=5.0) as client:
+                while True:
+                    try:
+                        status = await client.cluster_status(linearizable=False)
+                        lags = [r.lag_s for m in status.members for r in m.replicators]
+                        if lags:
+                            replicator_lags.append((time.perf_counter(), max(lags)))
+                    except RaftwalError:
+                        pass
+                    await asyncio.sleep(0.5)
+
+        sampler = asyncio.create_task(sample())
+        initial = await caught_up(backlog, seen, time.perf_counter())
+        say(f"raftwal: the target holds the source's {len(backlog)} earlier messages "
+            f"({initial} s after it started reading)")  # fmt: skip
+        for rtt in group:
+            if link is not None:
+                link.set_latency(rtt / 2)
+            for size in sizes:
+                out["runs"].append(
+                    await phases(
+                        "raftwal", submit, seen, seconds, size, rtt, loads, None, replicator_lags
+                    )
+                )
         reader.cancel()
+        sampler.cancel()
         await producer.close(timeout_s=2.0)
         await streaming.close()
-        await target_streaming.close()
-        return result
+        await reader_client.close()
     finally:
         for cluster in clusters:
             await asyncio.to_thread(cluster.stop_all)
+        if link is not None:
+            link.close()
 
 
 # -- JetStream -----------------------------------------------------------------------------
 
 
 async def run_nats(
-    directory: Path, binary: str, seconds: float, rate_s: float = 0.0
+    directory: Path,
+    binary: str,
+    rtts: list[float],
+    sizes: list[int],
+    loads: list[float],
+    seconds: float,
+    rates: dict[tuple[float, int], dict[float, float]],
 ) -> dict[str, Any]:
     import nats
     from nats.js.api import ExternalStream, StreamConfig, StreamSource
 
+    out: dict[str, Any] = {"runs": []}
     ports = dev.free_ports(3)
+    # Round trips > 0: B's leaf node connection to A crosses the delayed link.
+    link = _LinkProcess(TARGET_SITE, [ports[2]]) if any(r > 0 for r in rtts) else None
+    leaf = f"{TARGET_SITE if link is not None else '127.0.0.1'}:{ports[2]}"
     configs = {
-        "a": f'server_name: a\nlisten: "127.0.0.1:{ports[0]}"\n'
+        "a": f'server_name: a\nlisten: "127.0.0.1:{ports[0]}"\nmax_payload: 8MB\n'
         f'jetstream {{ store_dir: "{directory}/a", domain: a }}\n'
         f'leafnodes {{ listen: "127.0.0.1:{ports[2]}" }}\n',
-        "b": f'server_name: b\nlisten: "127.0.0.1:{ports[1]}"\n'
+        "b": f'server_name: b\nlisten: "127.0.0.1:{ports[1]}"\nmax_payload: 8MB\n'
         f'jetstream {{ store_dir: "{directory}/b", domain: b }}\n'
-        f'leafnodes {{ remotes: [{{ url: "nats-leaf://127.0.0.1:{ports[2]}" }}] }}\n',
+        f'leafnodes {{ remotes: [{{ url: "nats-leaf://{leaf}" }}] }}\n',
     }
     processes: list[subprocess.Popen[bytes]] = []
-    result: dict[str, Any] = {}
     try:
         for name, text in configs.items():
             (directory / f"{name}.conf").write_text(text)
@@ -276,23 +470,17 @@ async def run_nats(
         b = await connect(ports[1])
         ja, jb = a.jetstream(), b.jetstream()
         await ja.add_stream(StreamConfig(name="S", subjects=["rb.>"]))
-
         # At most MAX_PENDING_PUBLISHES unacknowledged (the Go client's async publish
         # default): without a bound a stalled server piles up futures without end.
         pending = asyncio.Semaphore(MAX_PENDING_PUBLISHES)
 
         async def submit(payload: bytes) -> Any:
             await pending.acquire()
-            future = asyncio.ensure_future(ja.publish("rb.x", payload, timeout=5.0))
+            future = asyncio.ensure_future(ja.publish("rb.x", payload, timeout=10.0))
             future.add_done_callback(lambda _: pending.release())
             return future
 
         await (await submit(b"warm|"))
-        rate_without, before = await max_rate(submit, seconds, "a")
-        result["max_without_target_msgs_s"] = round(rate_without, 1)
-        say(f"JetStream max without mirror: {result['max_without_target_msgs_s']} msg/s")
-        if not before:
-            raise NatsUnavailable("no publish acknowledged: " + _log_tails(directory))
         await jb.add_stream(
             StreamConfig(
                 name="M", mirror=StreamSource(name="S", external=ExternalStream(api="$JS.a.API"))
@@ -300,26 +488,27 @@ async def run_nats(
         )
         seen: dict[str, float] = {}
 
-        async def on_message(message: Any) -> None:
-            seen[message.data.split(b"|", 1)[0].decode()] = time.perf_counter()
+        async def on_message(received: Any) -> None:
+            seen[bytes(received.data[:40]).split(b"|", 1)[0].decode()] = time.perf_counter()
 
         await jb.subscribe("rb.x", stream="M", cb=on_message, ordered_consumer=True)
-        await wait_seen({"warm": 0.0, **before}, seen, DRAIN_BUDGET_S)
-        rate_with, during = await max_rate(submit, seconds, "b")
-        result["max_with_target_msgs_s"] = round(rate_with, 1)
-        say(f"JetStream max with mirror: {result['max_with_target_msgs_s']} msg/s")
-        await drained("JetStream", during, seen, result)
-        rate = rate_s or result["max_without_target_msgs_s"] / 2
-        result["paced_rate_msgs_s"] = round(rate, 1)
-        acks = await paced(submit, rate, seconds, "k")
-        await wait_seen(acks, seen, 60.0)
-        result.update(lags(acks, seen))
+        for rtt in rtts:
+            if link is not None:
+                link.set_latency(rtt / 2)
+            for size in sizes:
+                out["runs"].append(
+                    await phases(
+                        "JetStream", submit, seen, seconds, size, rtt, loads, rates.get((rtt, size))
+                    )
+                )
         await a.close()
         await b.close()
-        return result
+        return out
     finally:
         for process in processes:
             stop_process(process)
+        if link is not None:
+            link.close()
 
 
 class NatsUnavailable(RuntimeError):
@@ -340,55 +529,100 @@ def _log_tails(directory: Path) -> str:
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     directory = Path(tempfile.mkdtemp(prefix="bench-replicate-"))
-    report: dict[str, Any] = {"seconds": args.seconds, "loadavg_start": os.getloadavg()[0]}
+    report: dict[str, Any] = {
+        "seconds": args.seconds,
+        "rtts_ms": args.rtts,
+        "sizes": args.sizes,
+        "loads": args.loads,
+        "loadavg_start": os.getloadavg()[0],
+    }
     try:
-        report["raftwal"] = await run_raftwal(directory / "raftwal", args.seconds, args.rate)
+        report["raftwal"] = await run_raftwal(
+            directory / "raftwal", args.rtts, args.sizes, args.loads, args.seconds
+        )
+        # JetStream at raftwal's rates: the same load on both.
+        rates = {
+            (run["rtt_ms"], run["size"]): {
+                load: run[f"load_{load:g}"]["rate_msgs_s"] for load in args.loads
+            }
+            for run in report["raftwal"]["runs"]
+        }
         binary = args.nats_server or shutil.which("nats-server")
-        if binary is None:
+        if args.skip_nats:
+            report["jetstream"] = {"skipped": "--skip-nats"}
+        elif binary is None:
             report["jetstream"] = {"unavailable": "nats-server not found (scripts/install-nats.sh)"}
         else:
-            (directory / "nats").mkdir()
-            try:
-                report["jetstream"] = await run_nats(
-                    directory / "nats", binary, args.seconds, args.rate
-                )
-            except (OSError, TimeoutError, NatsError, NatsUnavailable) as error:  # reported
-                report["jetstream"] = {"unavailable": f"{type(error).__name__}: {error}"}
+            # Like raftwal: the sites without a round trip between them linked directly,
+            # the others through the delaying proxy.
+            report["jetstream"] = {"runs": []}
+            groups = [[r for r in args.rtts if r == 0], [r for r in args.rtts if r > 0]]
+            for index, group in enumerate(g for g in groups if g):
+                (directory / f"nats{index}").mkdir()
+                try:
+                    part = await run_nats(
+                        directory / f"nats{index}", binary, group, args.sizes, args.loads,
+                        args.seconds, rates,
+                    )  # fmt: skip
+                    report["jetstream"]["runs"] += part["runs"]
+                except (OSError, TimeoutError, NatsError, NatsUnavailable) as error:  # reported
+                    report["jetstream"]["unavailable"] = f"{type(error).__name__}: {error}"
     finally:
         report["loadavg_end"] = os.getloadavg()[0]
         shutil.rmtree(directory, ignore_errors=True)
-    for name in ("raftwal", "jetstream"):
-        row = report.get(name, {})
-        if row.get("max_without_target_msgs_s"):
-            row["with_over_without"] = round(
-                row["max_with_target_msgs_s"] / row["max_without_target_msgs_s"], 2
-            )
     return report
+
+
+def _floats(text: str, what: str, low: float, high: float) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(low <= v <= high for v in values):
+        raise argparse.ArgumentTypeError(
+            f"invalid {what} ({text!r}; expected numbers {low:g}..{high:g}, comma separated)"
+        )
+    return values
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
     parser.add_argument(
-        "--rate",
-        type=float,
-        default=0.0,
-        help="lag phase rate in msgs/s for both systems (default: half each one's maximum)",
+        "--sizes",
+        type=lambda t: [int(v) for v in _floats(t, "--sizes", 16, 1 << 20)],
+        default=[200, 10240],
+        help="payload bytes, comma separated (default 200,10240)",
+    )
+    parser.add_argument(
+        "--rtts",
+        type=lambda t: _floats(t, "--rtts", 0, 1000),
+        default=[0.0, 10.0, 50.0],
+        help="round trips between the sites in ms (default 0,10,50)",
+    )
+    parser.add_argument(
+        "--loads",
+        type=lambda t: _floats(t, "--loads", 0.01, 1.0),
+        default=[0.5, 0.9],
+        help="paced phases as fractions of raftwal's maximum (default 0.5,0.9)",
     )
     parser.add_argument("--nats-server", default=None, help="nats-server binary")
+    parser.add_argument("--skip-nats", action="store_true", help="raftwal only")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.seconds <= 0:
         parser.error(f"invalid --seconds (got {args.seconds}; expected > 0)")
-    if not 0 <= args.rate <= 1_000_000:
-        parser.error(f"invalid --rate (got {args.rate}; expected 0..1000000, 0: half the maximum)")
     report = asyncio.run(main_async(args))
     if args.json:
         print(json.dumps(report))
-    else:
-        print(f"load average: {report['loadavg_start']:.2f} -> {report['loadavg_end']:.2f}")
-        for name in ("raftwal", "jetstream"):
-            print(f"{name}: {json.dumps(report.get(name))}")
+        return 0
+    print(f"load average: {report['loadavg_start']:.2f} -> {report['loadavg_end']:.2f}")
+    print(f"raftwal max without a target: {report['raftwal']['alone']}")
+    for name in ("raftwal", "jetstream"):
+        for run in report.get(name, {}).get("runs", []):
+            print(f"{name}: {json.dumps(run)}")
+    if "runs" not in report.get("jetstream", {}):
+        print(f"jetstream: {json.dumps(report.get('jetstream'))}")
     return 0
 
 

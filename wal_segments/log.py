@@ -1143,6 +1143,21 @@ class PChannelLog:
         end = end_of(stop)
         return os.pread(self._fd(segment), end - start, start), segment.first_lsn + stop
 
+    def bytes_between(self, from_lsn: int, to_lsn: int) -> int:
+        """Bytes of the frames of entries `from_lsn`..`to_lsn` (clamped to the log), from
+        the segments' offset indexes: nothing is read but an index not loaded yet."""
+        first, last = max(from_lsn, self.first_lsn), min(to_lsn, self.last_lsn)
+        total = 0
+        while first <= last:
+            segment = self._segment_of(first)
+            offsets = self._offsets(segment)
+            stop = min(last, segment.last_lsn)
+            end_row = stop - segment.first_lsn
+            end = offsets[end_row + 1] if end_row + 1 < len(offsets) else self._segment_end(segment)
+            total += end - offsets[first - segment.first_lsn]
+            first = stop + 1
+        return total
+
     def _segment_end(self, segment: _Segment) -> int:
         if segment is self._segments[-1] and self._writer is not None:
             return self._writer.end_offset

@@ -19,9 +19,14 @@ does after a transient outage.
 below zero), keeping each connection's bytes in order: a round trip between two nodes
 then takes about twice the delay (``bench/latency.py`` sets it to RTT / 2).
 
+``SiteLink`` puts the same proxies between two sites on one machine: in front of one
+cluster's gRPC and transfer ports, on a loopback address of that site's own (127.0.0.2),
+so that what another cluster sends it crosses a delayed link (bench/replicate.py).
+
 The proxies run on their own thread and event loop, so a busy workload cannot delay the
 traffic they carry. This module must never listen on or forward to anything but
-127.0.0.1, nor touch a connection it did not accept itself.
+loopback addresses (127.0.0.1, and a site's 127.x.y.z), nor touch a connection it did not
+accept itself.
 """
 
 from __future__ import annotations
@@ -112,8 +117,11 @@ class _Connection:
 class _LinkProxy:
     """One listening port forwarding to one node's real port; lives on the proxy loop."""
 
-    def __init__(self, link: Link, listen_port: int, upstream_port: int) -> None:
+    def __init__(
+        self, link: Link, listen_port: int, upstream_port: int, listen_host: str = HOST
+    ) -> None:
         self.link = link
+        self.listen_host = listen_host
         self.listen_port = listen_port
         self.upstream_port = upstream_port
         self.mode = "open"
@@ -129,7 +137,7 @@ class _LinkProxy:
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, HOST, self.listen_port)
+        self._server = await asyncio.start_server(self._accept, self.listen_host, self.listen_port)
 
     async def close(self) -> None:
         if self._server is not None:
@@ -331,17 +339,22 @@ class ProxyNet:
         if not self._started.wait(CONTROL_TIMEOUT_S):
             raise TimeoutError(f"proxies not listening after {CONTROL_TIMEOUT_S} s")
 
+    def _listeners(self) -> list[tuple[Link, str, int, int]]:
+        """(link, listen host, listen port, upstream port on 127.0.0.1) of every proxy."""
+        by_id = {node.id: node for node in self._nodes}
+        out = []
+        for link, port in self._ports.items():
+            out.append((link, HOST, port, _upstream_port(by_id[link.target], link.kind)))
+        return out
+
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
         self._loop = loop
         asyncio.set_event_loop(loop)
-        by_id = {node.id: node for node in self._nodes}
 
         async def start_all() -> None:
-            for link, port in self._ports.items():
-                target = by_id[link.target]
-                upstream = _upstream_port(target, link.kind)
-                proxy = _LinkProxy(link, port, upstream)
+            for link, host, port, upstream in self._listeners():
+                proxy = _LinkProxy(link, port, upstream, host)
                 await proxy.start()
                 self._proxies[link] = proxy
 
@@ -425,3 +438,85 @@ class ProxyNet:
         if loop is not None and thread is not None and thread.is_alive():
             loop.call_soon_threadsafe(loop.stop)
             thread.join(CONTROL_TIMEOUT_S)
+
+
+class SiteLink(ProxyNet):
+    """The link between two sites on one machine: a proxy per port of one site,
+    listening on that site's own loopback address (e.g. 127.0.0.2) and forwarding to the
+    same port on 127.0.0.1, where the site's servers listen; ``set_latency`` delays what
+    crosses it, each way. ``site_nodes`` gives a site's raftwal nodes their configuration:
+    they advertise the site's address (their ``host``), listen on 127.0.0.1
+    (``listen_host``) and dial each other there (``peer_*_addresses``), so that only
+    traffic from outside the site (the other cluster's replicator, clients) crosses the
+    link (bench/replicate.py's round trips between sites)."""
+
+    def __init__(self, address: str, ports: Iterable[int]) -> None:
+        if not address.startswith("127.") or address == HOST:
+            raise ValueError(f"invalid site address {address!r} (expected 127.x.y.z, not {HOST})")
+        self.address = address
+        self._nodes = []
+        self._ports = {
+            Link("site", address, f"port-{port}"): port for port in sorted(set(ports)) if port > 0
+        }
+        self._proxies = {}
+        self._loop = None
+        self._thread = None
+        self._started = threading.Event()
+
+    @classmethod
+    def of_nodes(cls, nodes: Sequence[NodeConfig], address: str) -> SiteLink:
+        """The link in front of `nodes`' gRPC and transfer ports, their data workers'
+        included."""
+        return cls(
+            address,
+            [
+                p
+                for n in nodes
+                for p in (
+                    n.grpc_port,
+                    n.transfer_port,
+                    *n.worker_grpc_ports,
+                    *n.worker_transfer_ports,
+                )
+            ],
+        )
+
+    @property
+    def ports(self) -> list[int]:
+        """The ports the link proxies (on its address, to the same port on 127.0.0.1)."""
+        return sorted(self._ports.values())
+
+    def _listeners(self) -> list[tuple[Link, str, int, int]]:
+        return [(link, self.address, port, port) for link, port in self._ports.items()]
+
+    def site_nodes(self, nodes: Sequence[NodeConfig]) -> tuple[NodeConfig, ...]:
+        """`nodes` as they run behind the link (see the class doc)."""
+        return tuple(
+            replace(
+                node,
+                host=self.address,
+                listen_host=HOST,
+                peer_raft_addresses=tuple(
+                    (peer.id, f"{HOST}:{peer.raft_port}") for peer in nodes if peer != node
+                ),
+                peer_grpc_addresses=tuple(
+                    (peer.id, f"{HOST}:{peer.grpc_port}") for peer in nodes if peer != node
+                ),
+                peer_transfer_addresses=tuple(
+                    (peer.id, f"{HOST}:{peer.transfer_port}")
+                    for peer in nodes
+                    if peer != node and peer.transfer_port > 0
+                ),
+                peer_worker_grpc_addresses=tuple(
+                    (peer.id, tuple(f"{HOST}:{p}" for p in peer.worker_grpc_ports))
+                    for peer in nodes
+                    if peer != node and peer.worker_grpc_ports
+                ),
+                peer_worker_transfer_addresses=tuple(
+                    (peer.id, tuple(f"{HOST}:{p}" for p in peer.worker_transfer_ports))
+                    for peer in nodes
+                    if peer != node and peer.worker_transfer_ports
+                ),
+            )
+            for node in nodes
+        )

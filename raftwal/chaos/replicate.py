@@ -8,10 +8,18 @@ stopped with SIGTERM, then started) and ``power`` (an owner's power cut: SIGKILL
 every byte its data dir had not fsynced is dropped; every data dir of both clusters is
 on a PowerFS mount for the run, which needs FUSE).
 
+Mid-pipeline kills (``MID_PIPELINE_FAULTS``): once the source's replicator of a pchannel
+has delivered, the target's replicas of that pchannel are paused so that its owner cannot
+commit, bursts are produced on the source until the replicator reports several batches in
+flight, then the replicator's node (the source owner) or the target owner that holds
+those batches uncommitted is killed, and the replicas resume.
+
 The check, after healing and a bounded wait for the target to catch up: every pchannel of
 the target holds the source's committed log, entry for entry and in order (vchannel,
 message type, key, payload digest), no entry twice, every transaction whole, and every
-acknowledged write is in the source's log.
+acknowledged write is in the source's log. After every fault and at the end, each
+checkpoint the source recorded in Raft must be held by the target already (a checkpoint
+never ahead of the target's data).
 """
 
 from __future__ import annotations
@@ -43,7 +51,15 @@ from rpc.protos import streaming_pb2_grpc
 from rpc.streaming_client import StreamingClient
 
 SOURCE, TARGET = "source", "target"
-FAULTS = ("kill-source", "kill-target", "pause-source", "pause-target", "partition", "restart")
+#: Mid-pipeline kills: the target's replicas of a pchannel are paused so that its owner
+#: cannot commit, bursts are produced on the source until its replicator has several
+#: batches in flight, then the replicator's node (the source owner) or the node those
+#: batches went to (the target owner) is killed and the replicas resume.
+MID_PIPELINE_FAULTS = ("kill-source-mid-pipeline", "kill-target-mid-pipeline")
+FAULTS = (
+    "kill-source", "kill-target", "pause-source", "pause-target", "partition", "restart",
+    *MID_PIPELINE_FAULTS,
+)  # fmt: skip
 #: `raftwal chaos --faults` names -> the kinds of this mode they stand for.
 FAULT_NAMES = {
     "kill": ("kill-source", "kill-target"),
@@ -51,6 +67,7 @@ FAULT_NAMES = {
     "partition": ("partition",),
     "restart": ("restart",),
     "power": ("power-source", "power-target"),
+    "kill-mid-pipeline": MID_PIPELINE_FAULTS,
 }
 #: The plain producer sends bursts of 1..MAX_BURST messages to one vchannel at once: the
 #: SDK puts a burst in one batch (its linger outlasts the burst), so most batches hold
@@ -74,6 +91,11 @@ def fault_kinds(names: tuple[str, ...] | None) -> tuple[str, ...]:
 
 START_TIMEOUT_S = 120.0
 CATCH_UP_TIMEOUT_S = 180.0
+#: Messages of a mid-pipeline fault's burst, at most how many bursts it starts, and how
+#: long it waits for the replicator (and then for batches in flight).
+BURST_MESSAGES = 3000
+BURSTS_PER_FAULT = 3
+PIPELINE_WAIT_S = 15.0
 
 
 @dataclass
@@ -94,6 +116,9 @@ class ReplicateReport:
     #: bytes the power cuts dropped (faults "power-source", "power-target")
     power_bytes_dropped: int = 0
     violations: list[str] = field(default_factory=list)
+    # Comparisons of the checkpoints the source recorded in Raft with what the target
+    # held right after (each one a source LSN the target must hold already).
+    checkpoint_checks: int = 0
 
     @property
     def ok(self) -> bool:
@@ -113,6 +138,7 @@ class ReplicateReport:
             "multi_message_bursts": self.multi_message_bursts,
             "producer": self.producer,
             "power_bytes_dropped": self.power_bytes_dropped,
+            "checkpoint_checks": self.checkpoint_checks,
             "violations": self.violations,
             "ok": self.ok,
         }
@@ -146,6 +172,39 @@ class _Workload:
         #: stopped (batches and messages acknowledged, retries, duplicates answered)
         self.multi_message_bursts = 0
         self.producer_stats: dict[str, int] = {}
+        self.bursts = 0
+
+    async def burst(self, vchannels: list[str], count: int) -> None:
+        """`count` messages as fast as the source takes them (a producer of their own),
+        to `vchannels`; the acknowledged ones join `acked`."""
+        self.bursts += 1
+        tag = f"b{self.bursts}"
+        producer = self.streaming.producer(
+            producer_id=f"chaos-rb-{tag}-{self.rng.randrange(1 << 30)}",
+            linger_ms=2,
+            max_in_flight=8,
+            retry_timeout_s=60.0,
+            attempt_timeout_s=5.0,
+        )
+        try:
+            for number in range(count):
+                key = f"{tag}:{number}"
+                try:
+                    future = await asyncio.wait_for(
+                        producer.submit(self.rng.choice(vchannels), key.encode() + b"|burst"),
+                        30.0,
+                    )
+                except (RaftwalError, TimeoutError, RuntimeError):
+                    continue
+                future.add_done_callback(
+                    lambda f, key=key: (
+                        self.acked.add(key) if not f.cancelled() and f.exception() is None else None
+                    )
+                )
+            with contextlib.suppress(TimeoutError, RaftwalError):
+                await asyncio.wait_for(producer.flush(), 60.0)
+        finally:
+            await producer.close(timeout_s=2.0)
 
     async def produce(self, stop: asyncio.Event, rate_per_s: float) -> None:
         producer = self.streaming.producer(
@@ -316,23 +375,128 @@ async def _checkpoint(endpoints: list[str], pchannel: str) -> int:
     return int(answer.source_lsn)
 
 
+async def check_checkpoints(
+    clusters: dict[str, dev.LocalCluster], pchannels: list[str], report: ReplicateReport
+) -> None:
+    """Every checkpoint the source recorded in Raft (its replicators' reports) must be held
+    by the target already: the recorded source LSN is read first, then what the target
+    holds, which can only have grown since. A side that does not answer is skipped."""
+    try:
+        async with CoordinatorClient(
+            clusters[SOURCE].endpoints, timeout_s=5.0, max_attempts=3
+        ) as client:
+            answer = await client.get_replicate_configuration()
+    except (RaftwalError, grpc.RpcError, OSError):
+        return
+    for pchannel in pchannels:
+        recorded = answer.checkpoints[pchannel].source_lsns.get(TARGET, 0)
+        if recorded <= 0:
+            continue
+        held = await _checkpoint(clusters[TARGET].endpoints, pchannel)
+        if held < 0:
+            continue
+        report.checkpoint_checks += 1
+        if held < recorded:
+            report.violations.append(
+                f"the source recorded checkpoint {recorded} of {pchannel} in Raft, but the "
+                f"target holds source LSNs only through {held}"
+            )
+
+
 class _Nemesis:
     def __init__(
         self,
         clusters: dict[str, dev.LocalCluster],
         rng: random.Random,
         report: ReplicateReport,
+        workload: _Workload | None = None,
+        vchannels_of: dict[str, list[str]] | None = None,
         kinds: tuple[str, ...] = FAULTS,
         mounts: dict[tuple[str, str], Any] | None = None,
     ):
         self.clusters = clusters
         self.rng = rng
         self.report = report
+        self.workload = workload
+        self.vchannels_of = vchannels_of or {}
         self.kinds = kinds
         # (side, node id) -> the PowerMount of its data dir (power faults)
         self.mounts = mounts or {}
         self.paused: list[tuple[dev.LocalCluster, str]] = []
         self.down: list[tuple[dev.LocalCluster, str]] = []
+        # The mid-pipeline faults' bursts, still being acknowledged.
+        self.bursts: list[asyncio.Task[None]] = []
+
+    async def _replicator(self, pchannel: str, inflight: int) -> tuple[str, int] | None:
+        """(node, batches in flight) of the source's replicator of `pchannel` once it has
+        delivered something and has at least `inflight` batches in flight; else None."""
+        seen = await _status(self.clusters[SOURCE].endpoints)
+        for member in seen.members if seen else ():
+            for replicator in member.replicators:
+                if (
+                    replicator.pchannel == pchannel
+                    and replicator.target_cluster_id == TARGET
+                    and replicator.target_lsn > 0
+                    and replicator.inflight_batches >= inflight
+                ):
+                    return member.node_id, replicator.inflight_batches
+        return None
+
+    async def _mid_pipeline(self, kind: str, pchannels: list[str]) -> tuple[str, int]:
+        """(detail, batches in flight when the kill came) of a mid-pipeline kill (see
+        MID_PIPELINE_FAULTS)."""
+        source, target = self.clusters[SOURCE], self.clusters[TARGET]
+        pchannel = self.rng.choice(pchannels)
+        status = await _status(target.endpoints, linearizable=True)
+        channel = next(
+            (c for c in (status.pchannels if status else ()) if c.name == pchannel), None
+        )
+        if channel is None or not channel.owner_node_id or self.workload is None:
+            return f"skipped: {TARGET} {pchannel} has no owner", 0
+        followers = [n for n in channel.replica_node_ids if n != channel.owner_node_id]
+        # The replicator must have delivered once (the target's vchannels exist): pausing
+        # the target's replicas also stops its Raft, where a first vchannel is created.
+        deadline = time.monotonic() + PIPELINE_WAIT_S
+        while time.monotonic() < deadline and await self._replicator(pchannel, 0) is None:
+            await asyncio.sleep(0.5)
+        for node in followers:
+            _signal(target, node, signal.SIGSTOP)
+        inflight, runner = 0, ""
+        try:
+            deadline = time.monotonic() + PIPELINE_WAIT_S
+            bursts = 0
+            next_burst = time.monotonic()
+            while time.monotonic() < deadline and not runner:
+                if bursts < BURSTS_PER_FAULT and time.monotonic() >= next_burst:
+                    # Another burst while the pipeline is short: each batch in flight
+                    # needs FULL_BATCH_LSNS more committed entries than the last one.
+                    bursts += 1
+                    next_burst = time.monotonic() + PIPELINE_WAIT_S / (BURSTS_PER_FAULT + 1)
+                    self.bursts.append(
+                        asyncio.create_task(
+                            self.workload.burst(self.vchannels_of.get(pchannel, []), BURST_MESSAGES)
+                        )
+                    )
+                found = await self._replicator(pchannel, 2)
+                if found is not None:
+                    runner, inflight = found
+                else:
+                    await asyncio.sleep(0.2)
+            if kind == "kill-source-mid-pipeline":
+                side, cluster = SOURCE, source
+                node = runner or await self._owner(SOURCE, [pchannel])
+            else:
+                side, cluster, node = TARGET, target, channel.owner_node_id
+            await asyncio.to_thread(cluster.kill, node)
+            self.down.append((cluster, node))
+        finally:
+            for follower in followers:
+                _signal(target, follower, signal.SIGCONT)
+        return (
+            f"{side} {node} SIGKILL with {inflight} batches of {pchannel} in flight "
+            f"({TARGET} replicas {', '.join(followers)} paused meanwhile), started again",
+            inflight,
+        )
 
     async def _owner(self, side: str, pchannels: list[str]) -> str:
         status = await _status(self.clusters[side].endpoints)
@@ -358,7 +522,10 @@ class _Nemesis:
             side = TARGET if kind.endswith("target") or kind == "partition" else SOURCE
             cluster = self.clusters[side]
             at = time.monotonic() - started
-            if kind == "partition":
+            inflight = None
+            if kind in MID_PIPELINE_FAULTS:
+                detail, inflight = await self._mid_pipeline(kind, pchannels)
+            elif kind == "partition":
                 nodes = [n.id for n in cluster.config.nodes]
                 for node in nodes:
                     _signal(cluster, node, signal.SIGSTOP)
@@ -396,9 +563,13 @@ class _Nemesis:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), hold_s)
             await self.heal()
-            self.report.faults.append(
-                {"kind": kind, "at_s": round(at, 1), "hold_s": round(hold_s, 1), "detail": detail}
-            )
+            fault: dict[str, Any] = {
+                "kind": kind, "at_s": round(at, 1), "hold_s": round(hold_s, 1), "detail": detail,
+            }  # fmt: skip
+            if inflight is not None:
+                fault["inflight_batches"] = inflight
+            self.report.faults.append(fault)
+            await check_checkpoints(self.clusters, pchannels, self.report)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.rng.uniform(3.0, 8.0))
 
@@ -470,7 +641,19 @@ async def _run(
         coordinator = CoordinatorClient(source.endpoints, timeout_s=15.0, max_attempts=60)
         streaming = StreamingClient(coordinator)
         workload = _Workload(streaming, vchannels, random.Random(rng.getrandbits(64)))
-        nemesis = _Nemesis(clusters, random.Random(rng.getrandbits(64)), report, kinds, mounts)
+        vchannels_of = {
+            name: [v for k, v in enumerate(vchannels) if names[k % len(names)] == name]
+            for name in names
+        }
+        nemesis = _Nemesis(
+            clusters,
+            random.Random(rng.getrandbits(64)),
+            report,
+            workload,
+            vchannels_of,
+            kinds,
+            mounts,
+        )
         stop = asyncio.Event()
         started = time.monotonic()
         tasks = [
@@ -484,6 +667,8 @@ async def _run(
             stop.set()
             await asyncio.wait(tasks, timeout=90.0)
             await nemesis.heal()
+            if nemesis.bursts:
+                await asyncio.wait(nemesis.bursts, timeout=120.0)
             await streaming.close()
             await coordinator.close()
         progress(f"healed after {len(report.faults)} faults; waiting for the target")
@@ -507,6 +692,7 @@ async def _run(
             report.violations.append(
                 f"the target did not catch up within {CATCH_UP_TIMEOUT_S:.0f} s: {behind}"
             )
+        await check_checkpoints(clusters, names, report)
         target_logs = await _read_all(target.endpoints, names)
         report.duplicates = {
             SOURCE: duplicate_keys(source_logs),
@@ -528,10 +714,16 @@ def run_replicate_chaos(
     seed: int, duration_s: float, directory: Path | None = None, pchannels: int = 2,
     rate_per_s: float = 50.0, progress: Callable[[str], None] | None = None,
     faults: tuple[str, ...] | None = None,
+    kinds: tuple[str, ...] | None = None,
 ) -> ReplicateReport:  # fmt: skip
-    """One run; `faults` are `raftwal chaos --faults` names (None: every kind but power).
-    Raises ValueError for a fault name this mode does not have."""
-    kinds = fault_kinds(faults)
+    """One run; `faults` are `raftwal chaos --faults` names (None: every kind but power),
+    or `kinds` the fault kinds themselves (FAULTS, the power ones). Raises ValueError for
+    a fault this mode does not have."""
+    if kinds is None:
+        kinds = fault_kinds(faults)
+    unknown = sorted(set(kinds) - set(FAULTS) - {"power-source", "power-target"})
+    if unknown or not kinds:
+        raise ValueError(f"invalid fault kinds {unknown or '(none)'} (expected some of {FAULTS})")
     say = progress or (lambda _: None)
     if directory is None:
         directory = Path(tempfile.mkdtemp(prefix="raftwal-chaos-rp-"))

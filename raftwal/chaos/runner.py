@@ -1477,7 +1477,8 @@ def _replicate_command(args: argparse.Namespace, seed: int) -> int:
                   f"{fault['detail']}")  # fmt: skip
         print(f"faults: {len(report.faults)}; acknowledged produces: {report.acked}; "
               f"committed transactions: {report.txns_committed}; "
-              f"source entries: {report.source_entries}")  # fmt: skip
+              f"source entries: {report.source_entries}; checkpoints recorded in Raft "
+              f"checked against the target: {report.checkpoint_checks}")  # fmt: skip
         batches = report.producer.get("batches_acknowledged", 0)
         mean = report.producer.get("messages_acknowledged", 0) / batches if batches else 0.0
         print(f"duplicates: source {report.duplicates[SOURCE]}, target "

@@ -26,6 +26,7 @@ import sys
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import grpc
 from rich.table import Table
@@ -47,6 +48,7 @@ from raftwal.node.replicator import cluster_security
 from rpc.client import CoordinatorClient, RaftwalError
 from rpc.credentials import ClientSecurity, CredentialsError
 from rpc.protos import coordination_pb2 as pb
+from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
 from rpc.streaming.routing import StreamingClientBase
@@ -193,15 +195,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     status = replicate_commands.add_parser(
         "status",
         parents=[common],
-        help="per source pchannel: committed LSN, where the target stands, lag in entries "
-        "and seconds",
-        description="Run against the source cluster. The target checkpoint is the one the "
-        "source's replicators last recorded in Raft (at most about a second old); the lag "
-        "counts the source's data entries after it, and its age is that of the oldest of them. "
-        "The state is the replicator's own, on the pchannel's owner: running, source_gap (the "
-        "target needs entries the source's retention deleted: nothing can be sent; exit "
-        "status 1) or not_running (no owner serves the pchannel, or its replicator has not "
-        "started yet).",
+        help="per source pchannel: committed LSN, where the target stands, the lag in "
+        "entries, bytes and seconds, the apply rate, and one line for a target that cannot "
+        "keep up",
+        description="Run against the source cluster. Where a replicator runs (on the source "
+        "pchannel's owner), its own figures of about a second ago: what the target "
+        "acknowledged, the committed LSNs after it, their bytes and the age of the oldest, "
+        "and the rates at which the target applies and the source commits over the last "
+        "30 s. Where none runs, the checkpoint last recorded in Raft and the source's data "
+        "entries after it. The state is the replicator's: starting, replicating, caught up, "
+        "retrying, source_gap (the target needs entries the source's retention deleted: "
+        "nothing can be sent; exit status 1), or not_running (no owner serves the pchannel, "
+        "or its replicator has not started yet).",
     )
     status.set_defaults(handler=_handler(_replicate_status))
     promote = replicate_commands.add_parser(
@@ -404,12 +409,16 @@ async def _replicate_status(
     rows: list[dict[str, object]] = []
     clusters = {c.cluster_id: c for c in answer.configuration.clusters}
     now_ms = int(time.time() * 1000)
-    cluster = await client.cluster_status(linearizable=False)
-    replicators = {
-        (replicator.pchannel, replicator.target_cluster_id): replicator
-        for member in cluster.members
-        for replicator in member.replicators
-    }
+    # The replicators' own measurements (lag in entries, bytes and seconds, apply rate),
+    # from the members that run them: the serving owners of the source pchannels.
+    live: dict[tuple[str, str], api.ReplicatorStatus] = {}
+    with contextlib.suppress(RaftwalError):
+        cluster = await client.cluster_status(linearizable=False)
+        for member in cluster.members:
+            for replicator in member.replicators:
+                key = (replicator.pchannel, replicator.target_cluster_id)
+                if key not in live or replicator.term > live[key].term:
+                    live[key] = replicator
     async with StreamingClientBase(client) as streaming:
         for edge in answer.configuration.topology:
             if edge.source_cluster_id != local or local not in clusters:
@@ -425,7 +434,7 @@ async def _replicate_status(
                     # A reversed edge starts after what its target wrote itself.
                     edge.start_after_lsns[index] if edge.start_after_lsns else 0,
                 )
-                replicator = replicators.get((pchannel, edge.target_cluster_id))
+                replicator = live.get((pchannel, edge.target_cluster_id))
                 state = replicator.state if replicator is not None else "not_running"
                 if state == "source_gap":
                     assert replicator is not None
@@ -439,24 +448,47 @@ async def _replicate_status(
                 lag_s = (
                     max(0.0, (now_ms - (first_tick >> TICK_LOGICAL_BITS)) / 1000) if lag else 0.0
                 )
-                rows.append(
-                    {
-                        "source_cluster_id": local,
-                        "pchannel": pchannel,
-                        "target_cluster_id": edge.target_cluster_id,
-                        "target_pchannel": target_cluster.pchannels[index],
-                        "source_committed_lsn": latest.committed_lsn,
-                        "target_checkpoint_lsn": recorded,
-                        "lag_entries": lag,
-                        "lag_entries_capped": lag >= STATUS_MAX_COUNT,
-                        "lag_s": round(lag_s, 3),
-                        "state": state,
-                        "needed_lsn": replicator.needed_lsn if replicator is not None else 0,
-                        "source_first_lsn": (
-                            replicator.source_first_lsn if replicator is not None else 0
-                        ),
+                row: dict[str, object] = {
+                    "source_cluster_id": local,
+                    "pchannel": pchannel,
+                    "target_cluster_id": edge.target_cluster_id,
+                    "target_pchannel": target_cluster.pchannels[index],
+                    "source_committed_lsn": latest.committed_lsn,
+                    "target_checkpoint_lsn": recorded,
+                    "lag_entries": lag,
+                    "lag_entries_capped": lag >= STATUS_MAX_COUNT,
+                    "lag_s": round(lag_s, 3),
+                    # What the running replicator measured (None: none runs, e.g. the
+                    # owner is down or the configuration was just set).
+                    "replicator": None,
+                    "state": "not_running",
+                    "needed_lsn": 0,
+                    "source_first_lsn": 0,
+                }
+                running = live.get((pchannel, edge.target_cluster_id))
+                if running is not None:
+                    row["state"] = running.state
+                    row["needed_lsn"] = running.needed_lsn
+                    row["source_first_lsn"] = running.source_first_lsn
+                if running is not None:
+                    row["replicator"] = {
+                        "state": running.state,
+                        "term": running.term,
+                        "target_lsn": running.target_lsn,
+                        "lag_entries": running.lag_entries,
+                        "lag_bytes": running.lag_bytes,
+                        "lag_s": round(running.lag_s, 3),
+                        "apply_rate_entries_s": running.apply_rate_entries_s,
+                        "apply_rate_bytes_s": running.apply_rate_bytes_s,
+                        "commit_rate_entries_s": running.commit_rate_entries_s,
+                        "inflight_batches": running.inflight_batches,
+                        "inflight_bytes": running.inflight_bytes,
+                        "keeping_up": running.keeping_up,
+                        "summary": running.summary,
+                        "last_error": running.last_error,
+                        "measured_at_ms": running.measured_at_ms,
                     }
-                )
+                rows.append(row)
     stopped = [row for row in rows if row["state"] == "source_gap"]
     if args.json:
         _print_json({"cluster_id": local, "pchannels": rows})
@@ -466,28 +498,59 @@ async def _replicate_status(
         console.print(f"cluster {local or '(no cluster_id)'} replicates nothing")
         return 0
     table = Table(title=f"replication from {local}")
-    columns = ("pchannel", "target", "source committed", "target checkpoint", "lag", "lag s")
-    for column in (*columns, "state"):
+    columns = ("pchannel", "target", "state", "source committed", "target holds", "lag",
+               "lag bytes", "lag s", "applies/s", "commits/s", "in flight")  # fmt: skip
+    for column in columns:
         table.add_column(column)
+    lines = []
     for row in rows:
-        table.add_row(
-            str(row["pchannel"]),
-            f"{row['target_cluster_id']}/{row['target_pchannel']}",
-            str(row["source_committed_lsn"]),
-            str(row["target_checkpoint_lsn"]),
-            (">= " if row["lag_entries_capped"] else "") + str(row["lag_entries"]),
-            str(row["lag_s"]),
-            str(row["state"]),
-        )
+        measured = row["replicator"]
+        if isinstance(measured, dict):
+            running_row: dict[str, Any] = measured
+            table.add_row(
+                str(row["pchannel"]),
+                f"{row['target_cluster_id']}/{row['target_pchannel']}",
+                str(running_row["state"]),
+                str(row["source_committed_lsn"]),
+                str(running_row["target_lsn"]),
+                str(running_row["lag_entries"]),
+                _human_bytes(int(running_row["lag_bytes"])),
+                f"{running_row['lag_s']:.1f}",
+                f"{running_row['apply_rate_entries_s']:,.0f}",
+                f"{running_row['commit_rate_entries_s']:,.0f}",
+                f"{running_row['inflight_batches']} ({_human_bytes(int(running_row['inflight_bytes']))})",
+            )
+            if running_row["summary"]:
+                lines.append(str(running_row["summary"]))
+        else:
+            table.add_row(
+                str(row["pchannel"]),
+                f"{row['target_cluster_id']}/{row['target_pchannel']}",
+                "no replicator",
+                str(row["source_committed_lsn"]),
+                str(row["target_checkpoint_lsn"]),
+                (">= " if row["lag_entries_capped"] else "") + str(row["lag_entries"]),
+                "-",
+                str(row["lag_s"]),
+                "-",
+                "-",
+                "-",
+            )
     console.print(table)
-    for row in stopped:
-        console.print(
-            f"replication of {row['pchannel']} to {row['target_cluster_id']} is stopped: the "
-            f"target needs source LSN {row['needed_lsn']}, and retention deleted everything "
-            f"before LSN {row['source_first_lsn']} here (docs/replication.md: a target that "
-            "needs what the source no longer holds)"
-        )
+    for line in lines:
+        console.print(f"[bold red]{line}[/]")
+    # A target that needs what the source no longer holds cannot be served: say so in the
+    # exit status too (docs/replication.md).
     return 1 if stopped else 0
+
+
+def _human_bytes(value: int) -> str:
+    size = float(value)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
 
 
 # ---------------------------------------------------------------------------------------

@@ -356,6 +356,17 @@ async def build_snapshot(node: Node) -> dict[str, Any]:
                 "wanted_replicas": under.wanted if under is not None else 0,
             }
         )
+    # Cross-cluster replicators, from the members running them (the serving owners of
+    # source pchannels): their lag and apply rate as they last measured them.
+    replication = [
+        {
+            "node_id": member.node_id,
+            # Every field, numbers as numbers (MessageToDict spells int64 as strings).
+            **{f.name: getattr(replicator, f.name) for f in replicator.DESCRIPTOR.fields},
+        }
+        for member in status.members
+        for replicator in member.replicators
+    ]
     committed = {name: view.committed_lsn for name, view in owner_view.items()}
     shards = []
     for subscription in extras.subscriptions:
@@ -400,6 +411,7 @@ async def build_snapshot(node: Node) -> dict[str, Any]:
         "segments": _capped(extras.segments, truncated, "segments"),
         "subscriptions": _capped(extras.subscriptions, truncated, "subscriptions"),
         "shards": _capped(shards, truncated, "shards"),
+        "replication": _capped(replication, truncated, "replication"),
         "events": [_event_row(e) for e in reversed(events[-MAX_EVENTS:])],
         "truncated": truncated,
     }

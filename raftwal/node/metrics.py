@@ -55,11 +55,12 @@ from raftwal import __version__
 from raftwal.node.config import NodeConfig
 from raftwal.node.health import under_replicated
 from raftwal.node.metrics_http import MetricsServer, Routes
-from raftwal.node.replicator import SOURCE_GAP, ReplicatorStatus
+from raftwal.node.replicator import SOURCE_GAP
 from raftwal.services.segment_transfer import SegmentTransfers
 from raftwal.services.stream_caps import StreamCaps
 from rpc.errors import RaftwalError
 from rpc.protos import coordination_pb2 as pb
+from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2
 
 if TYPE_CHECKING:
@@ -142,8 +143,10 @@ class _StateReader(Protocol):
     def read(self, reader: Callable[[pb.CoordinationState], T]) -> T: ...
 
 
-class _Replicators(Protocol):
-    def statuses(self) -> list[ReplicatorStatus]: ...
+class _ReplicatorStatuses(Protocol):
+    def status(self) -> list[api.ReplicatorStatus]:
+        """The cross-cluster replicators this node runs (copies, readable from any thread)."""
+        ...
 
 
 class MetricsHost(Protocol):
@@ -769,11 +772,23 @@ class _NodeCollector(Collector):
             "yet (as recorded by the replicator), by pchannel and target cluster id.",
             labels=["pchannel", "target"],
         )
+        # Where this node runs the replicator, its own figures (what the target
+        # acknowledged, about a second ago) replace the recorded checkpoint's.
+        # A data worker runs the replicators of the source pchannels it owns.
+        replicators: _ReplicatorStatuses | None = getattr(self._node, "replicators", None)
+        running = {
+            (r.pchannel, r.target_cluster_id): r
+            for r in (replicators.status() if replicators is not None else [])
+        }
         for pchannel, targets in sorted(view.replicate_checkpoints.items()):
             if pchannel in committed_by_pchannel:
                 for target, lsn in sorted(targets.items()):
+                    if (pchannel, target) in running:
+                        continue
                     behind = max(0, committed_by_pchannel[pchannel] - lsn)
                     replicate_lag.add_metric([pchannel, target], behind)
+        for (pchannel, target), replicator in sorted(running.items()):
+            replicate_lag.add_metric([pchannel, target], replicator.lag_entries)
         yield replicate_lag
         source_gap = GaugeMetricFamily(
             "raftwal_replicate_source_gap",
@@ -781,14 +796,60 @@ class _NodeCollector(Collector):
             "target needs entries that retention deleted here; 0 while it runs.",
             labels=["pchannel", "target"],
         )
-        # A data worker runs the replicators of the source pchannels it owns.
-        replicators: _Replicators | None = getattr(self._node, "replicators", None)
-        for replicator in replicators.statuses() if replicators is not None else []:
-            source_gap.add_metric(
-                [replicator.pchannel, replicator.target_cluster_id],
-                float(replicator.state == SOURCE_GAP),
-            )
+        for (pchannel, target), replicator in sorted(running.items()):
+            source_gap.add_metric([pchannel, target], float(replicator.state == SOURCE_GAP))
         yield source_gap
+        yield from _replicator_metrics(running)
+
+
+def _replicator_metrics(running: dict[tuple[str, str], api.ReplicatorStatus]) -> Iterator[Metric]:
+    """The cross-cluster replicators this node runs, as each last measured itself."""
+    labels = ["pchannel", "target"]
+    lag_bytes = GaugeMetricFamily(
+        "raftwal_replicate_lag_bytes",
+        "Bytes, in the source's log, of the committed entries a replication target does not "
+        "hold yet, by source pchannel and target cluster id (on the node running the "
+        "replicator).",
+        labels=labels,
+    )
+    lag_seconds = GaugeMetricFamily(
+        "raftwal_replicate_lag_seconds",
+        "Age of the oldest committed source entry a replication target does not hold yet "
+        "(0 when caught up): the data a failover to the target now would lose is this old.",
+        labels=labels,
+    )
+    applied = CounterMetricFamily(
+        "raftwal_replicate_applied_entries",
+        "Data entries a replication target acknowledged since the replicator started (its "
+        "rate is the apply rate).",
+        labels=labels,
+    )
+    applied_bytes = CounterMetricFamily(
+        "raftwal_replicate_applied_bytes",
+        "Key and payload bytes (64 more per entry) of the entries counted by "
+        "raftwal_replicate_applied_entries.",
+        labels=labels,
+    )
+    inflight = GaugeMetricFamily(
+        "raftwal_replicate_inflight_batches",
+        "Target batches the replicator sent and the target has not acknowledged yet.",
+        labels=labels,
+    )
+    keeping_up = GaugeMetricFamily(
+        "raftwal_replicate_keeping_up",
+        "0 while the replicator cannot keep up (its lag grows and is at least 5 s old) or "
+        "is stalled retrying; else 1.",
+        labels=labels,
+    )
+    for (pchannel, target), replicator in sorted(running.items()):
+        key = [pchannel, target]
+        lag_bytes.add_metric(key, replicator.lag_bytes)
+        lag_seconds.add_metric(key, replicator.lag_s)
+        applied.add_metric(key, replicator.applied_entries)
+        applied_bytes.add_metric(key, replicator.applied_bytes)
+        inflight.add_metric(key, replicator.inflight_batches)
+        keeping_up.add_metric(key, float(replicator.keeping_up))
+    yield from (lag_bytes, lag_seconds, applied, applied_bytes, inflight, keeping_up)
 
 
 class _StateView(NamedTuple):

@@ -85,7 +85,6 @@ from raftwal.node.metrics import NodeMetrics
 from raftwal.node.notify import AppliedNotifier
 from raftwal.node.planes import DataWorkers, supervisor_message, worker_state
 from raftwal.node.proposals import ProposalBatcher
-from raftwal.node.replicator import SOURCE_GAP
 from raftwal.node.security import NodeSecurity
 from raftwal.node.status import process_status, tree_bytes
 from raftwal.node.trim import return_large_blocks_to_the_system, trim_memory_loop
@@ -1150,8 +1149,9 @@ class Node:
     def _replication_warnings(
         self, response: api.ClusterStatusResponse, replicated: list[tuple[str, str, int]]
     ) -> list[str]:
-        """A target that lags its source pchannel by more than replicate_lag_warn_entries
-        (LSNs, control entries included) by the checkpoint its replicator last recorded."""
+        """A replicator that cannot keep up or is stalled (its one line), and a target that
+        lags its source pchannel by more than replicate_lag_warn_entries (LSNs, control
+        entries included) by the checkpoint its replicator last recorded."""
         committed = {
             owner.pchannel: owner.committed_lsn
             for member in response.members
@@ -1159,14 +1159,12 @@ class Node:
             if owner.state == "serving"
         }
         limit = self.config.replicate_lag_warn_entries
+        # A replicator that cannot keep up (or is stalled) says so in one line.
         warnings = [
-            f"replication of pchannel {replicator.pchannel} to cluster "
-            f"{replicator.target_cluster_id} is stopped: the target needs source LSN "
-            f"{replicator.needed_lsn} and the source holds only LSN "
-            f"{replicator.source_first_lsn} and later (see `raftwal replicate status`)"
+            replicator.summary
             for member in response.members
             for replicator in member.replicators
-            if replicator.state == SOURCE_GAP
+            if replicator.summary
         ]
         for pchannel, target, recorded in replicated:
             lag = committed.get(pchannel, 0) - recorded

@@ -53,7 +53,6 @@ from raftwal.services.streaming_node import StreamingNodeServicer
 from rpc.errors import RaftwalError, error_info
 from rpc.placement import worker_index
 from rpc.protos import coordination_pb2 as pb
-from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2, streaming_pb2, streaming_pb2_grpc
 from rpc.protos import planes_pb2 as planes
 from rpc.segment_transfer import client_tls
@@ -259,10 +258,7 @@ class WorkerNode:
             owners=[owner_status(o) for _, o in sorted(self.plane.owners.items())],
             problems=self.plane.problems(),
             logs=len(self.plane.logs),
-            replicators=[
-                api.ReplicatorStatus(**vars(replicator))
-                for replicator in self.replicators.statuses()
-            ],
+            replicators=self.replicators.status(),
         )
         for name, (size, first) in self.plane.disk_usage().items():
             status.wal_disk.add(pchannel=name, bytes=size, first_lsn=first)

@@ -458,20 +458,54 @@ class ProcessStatus(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., index: _Optional[int] = ..., pid: _Optional[int] = ..., up: _Optional[bool] = ..., cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., grpc_address: _Optional[str] = ..., transfer_port: _Optional[int] = ..., restarts: _Optional[int] = ..., owned_pchannels: _Optional[_Iterable[str]] = ..., replica_pchannels: _Optional[int] = ...) -> None: ...
 
 class ReplicatorStatus(_message.Message):
-    __slots__ = ("pchannel", "target_cluster_id", "state", "target_checkpoint_lsn", "needed_lsn", "source_first_lsn")
+    __slots__ = ("pchannel", "term", "target_cluster_id", "target_pchannel", "state", "source_committed_lsn", "target_lsn", "lag_entries", "lag_bytes", "lag_s", "apply_rate_entries_s", "apply_rate_bytes_s", "commit_rate_entries_s", "inflight_batches", "inflight_bytes", "keeping_up", "summary", "last_error", "applied_entries", "applied_bytes", "measured_at_ms", "needed_lsn", "source_first_lsn")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     TARGET_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
-    TARGET_CHECKPOINT_LSN_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_COMMITTED_LSN_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LSN_FIELD_NUMBER: _ClassVar[int]
+    LAG_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    LAG_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAG_S_FIELD_NUMBER: _ClassVar[int]
+    APPLY_RATE_ENTRIES_S_FIELD_NUMBER: _ClassVar[int]
+    APPLY_RATE_BYTES_S_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_RATE_ENTRIES_S_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KEEPING_UP_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     NEEDED_LSN_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIRST_LSN_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
+    term: int
     target_cluster_id: str
+    target_pchannel: str
     state: str
-    target_checkpoint_lsn: int
+    source_committed_lsn: int
+    target_lsn: int
+    lag_entries: int
+    lag_bytes: int
+    lag_s: float
+    apply_rate_entries_s: float
+    apply_rate_bytes_s: float
+    commit_rate_entries_s: float
+    inflight_batches: int
+    inflight_bytes: int
+    keeping_up: bool
+    summary: str
+    last_error: str
+    applied_entries: int
+    applied_bytes: int
+    measured_at_ms: int
     needed_lsn: int
     source_first_lsn: int
-    def __init__(self, pchannel: _Optional[str] = ..., target_cluster_id: _Optional[str] = ..., state: _Optional[str] = ..., target_checkpoint_lsn: _Optional[int] = ..., needed_lsn: _Optional[int] = ..., source_first_lsn: _Optional[int] = ...) -> None: ...
+    def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., target_cluster_id: _Optional[str] = ..., target_pchannel: _Optional[str] = ..., state: _Optional[str] = ..., source_committed_lsn: _Optional[int] = ..., target_lsn: _Optional[int] = ..., lag_entries: _Optional[int] = ..., lag_bytes: _Optional[int] = ..., lag_s: _Optional[float] = ..., apply_rate_entries_s: _Optional[float] = ..., apply_rate_bytes_s: _Optional[float] = ..., commit_rate_entries_s: _Optional[float] = ..., inflight_batches: _Optional[int] = ..., inflight_bytes: _Optional[int] = ..., keeping_up: _Optional[bool] = ..., summary: _Optional[str] = ..., last_error: _Optional[str] = ..., applied_entries: _Optional[int] = ..., applied_bytes: _Optional[int] = ..., measured_at_ms: _Optional[int] = ..., needed_lsn: _Optional[int] = ..., source_first_lsn: _Optional[int] = ...) -> None: ...
 
 class OwnerStatus(_message.Message):
     __slots__ = ("pchannel", "term", "state", "last_lsn", "committed_lsn", "replicas")

@@ -341,6 +341,14 @@ class _ProduceStream:
                 await task
 
 
+#: One Produce stream to one node for a caller that builds its own requests (the
+#: cross-cluster replicator, raftwal/node/replicator.py): ``submit(request)`` answers a
+#: future of its ProduceResult; a broken stream fails every unanswered request with
+#: ``StreamBroken`` (outcome unknown) and sets ``failure``; ``close()`` ends it.
+ProduceStream = _ProduceStream
+StreamBroken = _StreamBroken
+
+
 @dataclass(eq=False)
 class _Pending:
     message: wire.Message

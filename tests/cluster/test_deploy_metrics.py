@@ -44,9 +44,13 @@ EVENT_ONLY = {
     "raftwal_proposal_rejections_total",
     "raftwal_proposal_failures_total",
     "raftwal_stream_refusals_total",
-    # Only while a replication target is configured (raftwal replicate).
+    # Only while a replication target is configured (raftwal replicate), and those below
+    # only on the node running a replicator.
     "raftwal_replicate_lag_entries",
     "raftwal_replicate_source_gap",
+    "raftwal_replicate_lag_seconds",
+    "raftwal_replicate_keeping_up",
+    "raftwal_replicate_applied_entries_total",
 }
 METRIC_NAME = re.compile(r"\b(raftwal_[a-z0-9_]+|up)\b(?!\s*\()")
 

@@ -11,7 +11,9 @@ that log entry for entry."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -38,6 +40,7 @@ from tests.cluster.wal_helpers import (
     wait_assigned,
     wait_nodes_up,
 )
+from tests.timing import scaled
 
 pytestmark = pytest.mark.cluster
 
@@ -271,6 +274,78 @@ def test_the_target_holds_the_sources_committed_entries_exactly_once(
             time.sleep(0.5)
         assert states.get("refunds") != pb.VCHANNEL_STATE_NORMAL
         assert states["orders"] == pb.VCHANNEL_STATE_NORMAL
+    finally:
+        east_api.close()
+        west_api.close()
+
+
+def _replicate_status(east: dev.LocalCluster) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-m", "raftwal.cli", "replicate", "status", "--json",
+         "--endpoints", ",".join(east.endpoints)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)["pchannels"]
+    return row  # type: ignore[no-any-return]
+
+
+def test_a_stalled_standby_says_so_in_one_line(
+    clusters: tuple[dev.LocalCluster, dev.LocalCluster],
+) -> None:
+    """West stops answering (every node paused) while east takes writes: east's
+    replicator says in one line that it is stalled and how far behind (ClusterStatus
+    warnings, `replicate status`); once west answers again it catches up, the line goes
+    away and the figures say caught up."""
+    east, west = clusters
+    east_api, west_api = Api(east.endpoints), Api(west.endpoints)
+    paused: list[int] = []
+    try:
+        answer = east_api.call("GetReplicateConfiguration", api.GetReplicateConfigurationRequest())
+        (pchannel,) = answer.configuration.clusters[0].pchannels
+        for node in west.config.nodes:
+            pid = west.pid(node.id)
+            if pid is not None:
+                os.kill(pid, signal.SIGSTOP)
+                paused.append(pid)
+        history = History()
+        producer = Producer(east_api, pchannel, f"stall-{SEED}")
+        for number in range(5):
+            payloads = [f"stall.{number}.{k}".encode() for k in range(PER_BATCH)]
+            assert producer.send("orders", payloads, history, budget_s=60), history.failed[-3:]
+        producer.close()
+        deadline = time.monotonic() + scaled(60)
+        lines: list[str] = []
+        while time.monotonic() < deadline and not lines:
+            status = east_api.call("ClusterStatus", api.ClusterStatusRequest())
+            lines = [w for w in status.warnings if f"replication of pchannel {pchannel}" in w]
+            time.sleep(0.5)
+        assert lines, list(status.warnings)
+        (line,) = lines
+        assert f"replication of pchannel {pchannel} to west/{pchannel} is stalled:" in line, line
+        assert "entries (" in line and "behind" in line, line
+        row = _replicate_status(east)
+        measured = row["replicator"]
+        assert isinstance(measured, dict), row
+        assert measured["keeping_up"] is False and measured["lag_entries"] > 0, measured
+        assert measured["lag_s"] >= 5 and measured["lag_bytes"] > 0, measured
+    finally:
+        for pid in paused:
+            os.kill(pid, signal.SIGCONT)
+    try:
+        deadline = time.monotonic() + scaled(90)
+        measured = {}
+        while time.monotonic() < deadline:
+            measured = _replicate_status(east)["replicator"]  # type: ignore[assignment]
+            if measured and measured["lag_entries"] == 0 and measured["keeping_up"]:
+                break
+            time.sleep(1.0)
+        assert measured and measured["lag_entries"] == 0, measured
+        assert (measured["summary"], measured["lag_bytes"], measured["lag_s"]) == ("", 0, 0)
+        status = east_api.call("ClusterStatus", api.ClusterStatusRequest())
+        assert not [w for w in status.warnings if "is stalled" in w], list(status.warnings)
+        checkpoint = _checkpoint(west_api, pchannel)
+        assert checkpoint is not None and checkpoint.source_lsn == measured["target_lsn"]
     finally:
         east_api.close()
         west_api.close()

@@ -48,6 +48,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         # The replicator is a client of another cluster: it finds the target pchannel's
         # owner as any SDK client does (raftwal/node/replicator.py).
         "rpc.streaming.routing",
+        # ... and sends its batches over a Produce stream as producers do.
+        "rpc.streaming.producer",
         *_LOWER,
     ),
     "raftwal.chaos": (

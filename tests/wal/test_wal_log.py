@@ -813,3 +813,27 @@ async def test_a_file_left_where_a_new_segment_goes_is_moved_aside(node: Node):
     assert (node.directory / (segment_file_name(5) + ORPHAN_SUFFIX)).exists()
     reopened = await node.reopen()
     assert log_view(reopened) == disk_view(node.directory) == before
+
+
+@pytest.mark.parametrize(
+    "from_lsn, to_lsn, expected_lsns",
+    [
+        pytest.param(1, 20, range(1, 21), id="whole-log-across-the-seal"),
+        pytest.param(3, 5, [3, 4, 5], id="sealed-segment"),
+        pytest.param(9, 13, range(9, 14), id="across-the-seal"),
+        pytest.param(12, 20, range(12, 21), id="open-segment-to-its-end"),
+        pytest.param(20, 20, [20], id="last-entry"),
+        pytest.param(15, 40, range(15, 21), id="clamped-to-the-end"),
+        pytest.param(6, 5, [], id="empty-range"),
+    ],
+)
+async def test_bytes_between(node: Node, from_lsn, to_lsn, expected_lsns):
+    """The bytes of a range's frames (the replicator's lag in bytes), from the offset
+    indexes: the same as the frames read back, before and after a restart."""
+    log = node.log
+    assert log is not None
+    await fill(log, READ_LOG)
+    expected = sum(len(frames_of([READ_ENTRIES[lsn]])) for lsn in expected_lsns)
+    assert log.bytes_between(from_lsn, to_lsn) == expected
+    log = await node.reopen()
+    assert log.bytes_between(from_lsn, to_lsn) == expected

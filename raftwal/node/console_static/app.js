@@ -144,6 +144,17 @@ function renderRest(s) {
     { node: badge(h.state, h.state === "ASSIGNED" ? "ok" : "warn") },
     h.member_id, h.generation || "", h.position_lsn, h.lag_entries === null ? "?" : h.lag_entries,
   ]));
+  fill("replication", s.replication, (r) => {
+    const tr = row([
+      r.pchannel, r.target_cluster_id + "/" + r.target_pchannel, r.state, r.node_id,
+      r.source_committed_lsn, r.target_lsn, r.lag_entries, bytes(r.lag_bytes),
+      r.lag_s ? r.lag_s.toFixed(1) + " s" : "0", Math.round(r.apply_rate_entries_s),
+      Math.round(r.commit_rate_entries_s), r.inflight_batches + " (" + bytes(r.inflight_bytes) + ")",
+      { node: r.keeping_up ? badge("yes", "ok") : badge("no", "bad") },
+    ], { "data-pchannel": r.pchannel, "data-target": r.target_cluster_id });
+    if (!r.keeping_up) tr.className = "bad";
+    return tr;
+  });
   fill("events", s.events, (e) => row([
     e.revision, new Date(e.time_ms).toLocaleTimeString(), e.kind,
     { text: e.summary, className: "detail" },
