@@ -85,6 +85,7 @@ class NodeDataView:
     def __init__(self, node: DataPlaneHost, worker: tuple[int, int] | None = None) -> None:
         self._node = node
         self.view = DataViewSnapshot()
+        self._refreshed_at = -2
         self._reassign_attempts = 0
         self._worker = worker
         # The view's assignments, as this worker sees them (its pchannels only).
@@ -135,8 +136,13 @@ class NodeDataView:
             view.replicate_cluster_id = state.replicate_cluster_id
             return view
 
-        if self._node.applied_revision() != self.view.revision:
+        # A data worker's "applied revision" moves only with what its view reads (leases
+        # and locks never reach it: raftwal.node.planes), so a coordination write that
+        # takes a lease costs no view rebuild there.
+        applied = self._node.applied_revision()
+        if applied != self._refreshed_at:
             self.view = self._node.replica.read(reader)
+            self._refreshed_at = applied
 
     # CoordinationView
 

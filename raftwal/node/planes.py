@@ -167,6 +167,10 @@ class StateMirror:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._state = new_state()
+        # The revision of the last change the copy holds (a whole state or an event it
+        # folded in): it does not move with the skipped kinds, so what is derived from the
+        # copy (the data view) is rebuilt only when something it reads changed.
+        self.data_revision = -1
         # The worker has its first whole state.
         self.ready = False
         self.notifier = AppliedNotifier()
@@ -184,6 +188,7 @@ class StateMirror:
         state = pb.CoordinationState.FromString(message.state)
         with self._lock:
             self._state = state
+            self.data_revision = state.revision
             self.ready = True
         self.notifier.advance(state.revision, state.last_raft_index)
 
@@ -199,6 +204,7 @@ class StateMirror:
                     continue
                 state.revision = event.revision - 1
                 evolve(state, event)
+                self.data_revision = event.revision
             state.revision = max(state.revision, message.revision)
             state.last_raft_index = max(state.last_raft_index, message.raft_index)
             state.last_time_ms = max(state.last_time_ms, message.last_time_ms)

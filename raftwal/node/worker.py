@@ -208,7 +208,9 @@ class WorkerNode:
         return self.data_view.view
 
     def applied_revision(self) -> int:
-        return self.mirror.applied()[0]
+        """The revision of the last change this worker's copy holds (see
+        ``StateMirror.data_revision``)."""
+        return self.mirror.data_revision
 
     def is_leader(self) -> bool:
         return False
