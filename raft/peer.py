@@ -1530,8 +1530,11 @@ class RaftPeer:
                 poll_timeout_s = self._poll_timeout_s()
             # Follower group commit: everything appended during the last poll becomes
             # durable with one sync, then the held-back acknowledgements leave.
+            started = time.monotonic()
             self._gate.flush()
             self._journal.sync()
+            # A slow disk's sync does not count toward this node's election timeout.
+            self._syncobj.raftwal_excuse(time.monotonic() - started)
             self._expire_proposals()
             self._syncobj.doTick(poll_timeout_s)
             self._tick_failures = 0
