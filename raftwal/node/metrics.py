@@ -52,7 +52,7 @@ from prometheus_client.registry import Collector
 from raft.peer import RaftPeer
 from raft.replica import CoordinationReplica
 from raftwal import __version__
-from raftwal.node.config import NodeConfig
+from raftwal.node.config import ClusterConfig, NodeConfig
 from raftwal.node.health import under_replicated
 from raftwal.node.metrics_http import MetricsServer, Routes
 from raftwal.services.segment_transfer import SegmentTransfers
@@ -142,6 +142,9 @@ class MetricsHost(Protocol):
 
     @property
     def me(self) -> NodeConfig: ...
+
+    @property
+    def config(self) -> ClusterConfig: ...
 
     @property
     def peer(self) -> RaftPeer | None: ...
@@ -609,7 +612,8 @@ class _NodeCollector(Collector):
 
     def _wal(self, view: _StateView) -> Iterator[Metric]:
         # A copy: owners are added and removed on the event loop thread.
-        owners = sorted(dict(self._node.plane.owners).items())
+        node = self._node
+        owners = sorted(dict(node.plane.owners).items())
         serving = GaugeMetricFamily(
             "raftwal_wal_owner_serving",
             "1 for a pchannel this node owns and serves writes for, 0 while its owner "
@@ -638,16 +642,33 @@ class _NodeCollector(Collector):
             "committed), as this node's owner sees it.",
             labels=["pchannel", "replica"],
         )
+        lag_seconds = GaugeMetricFamily(
+            "raftwal_wal_replica_lag_seconds",
+            "Age of the oldest committed entry the replica has not reported durable (0 when "
+            "it holds everything committed), as this node's owner sees it.",
+            labels=["pchannel", "replica"],
+        )
+        lagging = GaugeMetricFamily(
+            "raftwal_wal_replica_lagging",
+            "1 for a replica whose lag is past replica_lag_warn_ms: too slow for its owner "
+            "(a slow disk or link); the majority acknowledges without it.",
+            labels=["pchannel", "replica"],
+        )
+        warn_s = node.config.replica_lag_warn_ms / 1000
         for pchannel, owner in owners:
             committed_lsn = owner.committed_lsn
             serving.add_metric([pchannel], float(owner.serving))
             term.add_metric([pchannel], owner.term)
             last.add_metric([pchannel], owner.log.last_lsn)
             committed.add_metric([pchannel], committed_lsn)
+            lags = owner.replica_lags_s()
             for replica, lsn in sorted(owner.replica_positions().items()):
                 durable.add_metric([pchannel, replica], lsn)
                 lag.add_metric([pchannel, replica], max(0, committed_lsn - lsn))
-        yield from (serving, term, last, committed, durable, lag)
+                behind_s = lags.get(replica, 0.0)
+                lag_seconds.add_metric([pchannel, replica], behind_s)
+                lagging.add_metric([pchannel, replica], float(behind_s > warn_s))
+        yield from (serving, term, last, committed, durable, lag, lag_seconds, lagging)
         # Consumer lag where the committed LSN is known: on the owner of the pchannel. The
         # largest lag over the subscription's vchannels on that pchannel (a vchannel without
         # a committed position counts from 0, as DescribeSubscription does).

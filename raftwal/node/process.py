@@ -56,6 +56,7 @@ from raft.errors import (
 from raft.events import Compacted
 from raft.peer import RaftPeer, RaftTuning, loop_mailbox
 from raft.replica import CoordinationReplica
+from raft.reserve import RESERVE_FILE_NAME, DiskReserve
 from raftwal.node import faults
 from raftwal.node.config import (
     ClusterConfig,
@@ -66,6 +67,7 @@ from raftwal.node.config import (
 from raftwal.node.console import ConsoleFeed, ConsoleRoutes
 from raftwal.node.coordinator import Coordinator
 from raftwal.node.data_plane import GrpcReplicaTransport, NodeDataView, reconcile_loop
+from raftwal.node.disks import DiskCollector, DiskWatch, Watermarks, disk_warnings
 from raftwal.node.health import under_replicated
 from raftwal.node.membership import (
     MAX_PROMOTION_LAG_ENTRIES,
@@ -259,8 +261,23 @@ class Node:
         self.restart_requested = False
         # The leader refused this node's heartbeat: `raftwal member remove` forgot it.
         self.removed = False
-        self.replica = CoordinationReplica(data_dir)
+        # Disks (raftwal/node/disks.py): Raft's own reserve, for the control plane, and
+        # the watermarks, whose hard mark the streaming servicer refuses client writes at.
+        self.raft_reserve = DiskReserve(
+            data_dir / "raft" / RESERVE_FILE_NAME, config.raft_reserve_bytes
+        )
+        self._heartbeat_now = asyncio.Event()
+        self.disks = DiskWatch(
+            self.me.id,
+            [data_dir, data_dir / "wal", data_dir / "raft"],
+            Watermarks.of(config),
+            check_s=config.disk_check_ms / 1000,
+            reserve=self.raft_reserve,
+            on_pressure=self._heartbeat_now.set,
+        )
+        self.replica = CoordinationReplica(data_dir, reserve=self.raft_reserve)
         self.metrics = NodeMetrics(self)
+        self.metrics.registry.register(DiskCollector(self.disks))
         # The web console on the metrics port (raftwal.node.console).
         self.console = ConsoleFeed()
         self.notifier = AppliedNotifier()
@@ -294,7 +311,6 @@ class Node:
         # The stall watch's last tick, and when it last found this process frozen.
         self._alive_at = time.monotonic()
         self._stalled_at = -1e9
-        self._heartbeat_now = asyncio.Event()
         # Last time (monotonic) this node knew a Raft leader; start counts as one.
         self._leader_seen_at = time.monotonic()
         self.plane = DataPlane(
@@ -414,6 +430,7 @@ class Node:
             partner_dial_addresses={a: d for a, d in dial.items() if a != d},
             on_fatal=self._on_fatal,
             voter=self.role == "voter",
+            reserve=self.raft_reserve,
         )
         revision, index = self.replica.applied()
         self.notifier.advance(revision, index)
@@ -462,10 +479,15 @@ class Node:
             self.data_view,
             self.segment_transfers,
             self.config.grpc_max_message_bytes,
+            disk=self.disks,
         )
         add_streaming_node_servicer(streaming, server)
         replication = ReplicationServicer(
-            self, self.plane, self.segment_transfers, self.config.grpc_max_message_bytes
+            self,
+            self.plane,
+            self.segment_transfers,
+            self.config.grpc_max_message_bytes,
+            disk=self.disks,
         )
         if self.segment_transfers is not None:
             # Owners replicate to this node over the transfer port (rpc.append_stream).
@@ -513,6 +535,7 @@ class Node:
                 reconcile_loop(self, self.plane, self.data_view, self._stopping), name="reconcile"
             ),
             asyncio.create_task(self.replicators.run(self._stopping), name="replicators"),
+            asyncio.create_task(self.disks.run(self._stopping), name="disk-watch"),
         ]
         if self.me.metrics_port:
             self._tasks.append(
@@ -1139,12 +1162,19 @@ class Node:
             state_digest=digest,
             pid=os.getpid(),
             durable_index=int(status.get("durable_index", 0) or 0),
-            owners=[_owner_status(o) for _, o in sorted(self.plane.owners.items())],
+            owners=[
+                _owner_status(o, self.config.replica_lag_warn_ms)
+                for _, o in sorted(self.plane.owners.items())
+            ],
             wal_disk=[
                 api.WalDiskUsage(pchannel=name, bytes=size, first_lsn=first)
                 for name, (size, first) in self.plane.disk_usage().items()
             ],
             data_dir_bytes=_tree_bytes(self.me.data_dir),
+            disks=self.disks.statuses(),
+            raft_reserve_bytes=self.raft_reserve.held_bytes,
+            raft_reserve_wanted_bytes=self.raft_reserve.size_bytes,
+            disk_writes_refused=self.disks.refused,
         )
 
     async def cluster_status(self, linearizable: bool) -> api.ClusterStatusResponse:
@@ -1284,6 +1314,17 @@ class Node:
                             f"{lag} entries behind committed lsn {owner.committed_lsn} (owner "
                             f"{member.node_id} at term {owner.term}; warning above {lag_limit})"
                         )
+                    elif replica.lagging:
+                        warnings.append(
+                            f"replica {replica.node_id} of pchannel {owner.pchannel} is lagging: "
+                            f"its oldest missing committed entry is {replica.lag_ms} ms old "
+                            f"(durable lsn {replica.durable_lsn} < committed lsn "
+                            f"{owner.committed_lsn}; owner {member.node_id} at term "
+                            f"{owner.term}; warning above {self.config.replica_lag_warn_ms} ms: "
+                            "a slow disk or link; writes are acknowledged without it)"
+                        )
+        for member in response.members:
+            warnings.extend(disk_warnings(member))
         # The digest covers apply metadata too (raft index, clock, dedup window), so only
         # replicas at the same applied raft index must agree.
         by_index: dict[int, set[str]] = {}
@@ -1366,6 +1407,7 @@ class Node:
             del request.suspect_node_ids[:]
             request.suspect_node_ids.extend(sorted(self._suspects))
             request.draining = self.draining
+            request.disk_pressure = self.disks.pressure
             if leader is not None:
                 if leader.id == self.me.id:
                     self.coordinator.record_heartbeat(request)
@@ -1685,17 +1727,23 @@ def _tree_bytes(root: Path) -> int:
     return total
 
 
-def _owner_status(owner: ChannelOwner) -> api.OwnerStatus:
+def _owner_status(owner: ChannelOwner, lag_warn_ms: int) -> api.OwnerStatus:
+    lags = owner.replica_lags_s()
+    replicas = []
+    for node_id, lsn in sorted(owner.replica_positions().items()):
+        lag_ms = int(lags.get(node_id, 0.0) * 1000)
+        replicas.append(
+            api.ReplicaPosition(
+                node_id=node_id, durable_lsn=lsn, lag_ms=lag_ms, lagging=lag_ms > lag_warn_ms
+            )
+        )
     return api.OwnerStatus(
         pchannel=owner.pchannel,
         term=owner.term,
         state=owner.state,
         last_lsn=owner.log.last_lsn,
         committed_lsn=owner.committed_lsn,
-        replicas=[
-            api.ReplicaPosition(node_id=node_id, durable_lsn=lsn)
-            for node_id, lsn in sorted(owner.replica_positions().items())
-        ],
+        replicas=replicas,
     )
 
 
