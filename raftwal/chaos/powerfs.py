@@ -38,7 +38,8 @@ and the disk tests:
   reports the budget as the size and what is left as free. Deleting files frees space.
 - ``fsync_delay_ms``: every fsync, fdatasync and directory fsync takes that much longer (a
   slow disk); other operations are not delayed;
-- ``fsync_errors``: the next so many file fsyncs (of paths containing ``match``) fail with
+- ``fsync_errors``: the next so many file fsyncs (of files whose path, as they were
+  opened, contains ``match``) fail with
   EIO, and the file's writes since its last successful fsync are lost at once: its
   content goes back to its durable image, as a disk that failed to write the dirty pages
   and a kernel that dropped them. A later fsync that succeeds does not bring them back.
@@ -281,6 +282,8 @@ class PowerFS(_operations_base()):  # type: ignore[misc]
         self.fsyncs = 0
         self.dir_fsyncs = 0
         self.faults = DiskFaults()
+        #: open file handle -> the path it was opened or created under
+        self._opened_as: dict[int, str] = {}
         #: bytes of regular files under the mount (the stash excluded): what a budget counts
         self.used_bytes = self._usage()
         #: writes refused for lack of space, fsyncs failed and fsyncs delayed, so far
@@ -499,7 +502,9 @@ class PowerFS(_operations_base()):  # type: ignore[misc]
             if flags & os.O_TRUNC:
                 self._truncate_path(real, 0)
                 flags &= ~os.O_TRUNC
-            return self._open_backing(real, flags, 0)
+            fd = self._open_backing(real, flags, 0)
+            self._opened_as[fd] = path
+            return fd
 
     def create(self, path: str, mode: int, flags: int = os.O_WRONLY) -> int:
         with self._lock:
@@ -508,6 +513,7 @@ class PowerFS(_operations_base()):  # type: ignore[misc]
             if existed and flags & os.O_TRUNC:
                 self._truncate_path(real, 0)
             fd = self._open_backing(real, (flags | os.O_CREAT) & ~os.O_TRUNC, mode)
+            self._opened_as[fd] = path
             if not existed:
                 self._files[os.fstat(fd).st_ino] = _FileUndo(durable_size=0)
                 self._record(_EntryUndo("create", frozenset({_parent(path)}), path))
@@ -587,7 +593,10 @@ class PowerFS(_operations_base()):  # type: ignore[misc]
         with self._lock:
             st = os.fstat(fh)
             faults = self.faults
-            if faults.fsync_errors and faults.match in (path or ""):
+            # The name the file was opened under: a file whose name was unlinked since (a
+            # WAL segment written through its temporary name) comes without a path.
+            name = path or self._opened_as.get(fh, "")
+            if faults.fsync_errors and faults.match in name:
                 faults.fsync_errors -= 1
                 self.failed_fsyncs += 1
                 self._drop_unsynced(fh, st.st_ino)
@@ -600,6 +609,8 @@ class PowerFS(_operations_base()):  # type: ignore[misc]
         return 0
 
     def release(self, path: str, fh: int) -> int:
+        with self._lock:
+            self._opened_as.pop(fh, None)
         os.close(fh)
         return 0
 
