@@ -21,6 +21,7 @@ cannot be mounted.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -40,11 +41,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from raft.journal import DurableJournal
 from raftwal.chaos.powerfs import PowerMount, fuse_unavailable
 from raftwal.cli import dev
-from rpc.errors import from_rpc_error
+from rpc.errors import RaftwalError, ResourceExhaustedError, from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
+from rpc.streaming_client import StreamingClient
 from tests.cluster.conftest import Api, converged, leader_id
 from tests.cluster.wal_helpers import (
     Acked,
@@ -269,6 +271,19 @@ def _check_history(history: History, entries: list[wire.WalEntry]) -> None:
     assert not moved, f"acknowledged at one lsn, consumed at another: {moved[:5]}"
 
 
+async def _sdk_send(endpoints: list[str], vchannel: str) -> BaseException | None:
+    """One message through the SDK's producer: the error it raised, or None."""
+    async with StreamingClient(endpoints) as client:
+        producer = client.producer(retry_timeout_s=scaled(10))
+        try:
+            await producer.send(vchannel, b"sdk-" + uuid.uuid4().hex.encode())
+        except RaftwalError as error:
+            return error
+        finally:
+            await producer.close(timeout_s=2.0)
+    return None
+
+
 def _check_files(data_dirs: list[Path]) -> dict[str, int]:
     """Every file the nodes left is readable: each segment opens without a torn tail (a
     sealed one verifies block by block), catalog.db and events.db pass SQLite's integrity
@@ -342,6 +357,11 @@ def test_hard_watermark_refuses_produce_keeps_reads_and_coordination(tmp_path: P
             for _ in range(3):
                 again = _produce_raw(address, pchannel, "hm_v", b"refused-" + b"r" * 100)
                 assert again.error.code == E.RESOURCE_EXHAUSTED, again
+            # The SDK's producer raises the typed error, with the detail, for the caller
+            # to retry later (it does not retry a full disk on its own).
+            sdk_error = asyncio.run(_sdk_send(cluster.endpoints, "hm_v"))
+            assert isinstance(sdk_error, ResourceExhaustedError), sdk_error
+            assert sdk_error.info.disk.node_id == owner and sdk_error.info.disk.mark == "hard"
             # A transaction is refused the same way (a gRPC status with the ErrorInfo).
             with grpc.insecure_channel(address) as channel:
                 stub = streaming_pb2_grpc.StreamingNodeStub(channel)
