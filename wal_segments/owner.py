@@ -328,9 +328,10 @@ class ChannelOwner:
         return positions
 
     def replica_lags_s(self) -> dict[str, float]:
-        """node id -> seconds since the oldest committed entry it has not reported durable
-        committed (0 when it holds everything committed): a replica too slow for this
-        owner shows here, while the majority acknowledges without it."""
+        """node id -> how long ago the oldest committed entry it has not reported durable
+        was committed (0 when it holds everything committed; a lower bound past the
+        COMMIT_TIMES_KEPT newest commit points): a replica too slow for this owner shows
+        here, while the majority acknowledges without it."""
         now = time.monotonic()
         lags = {}
         for node_id, durable in self.replica_positions().items():
