@@ -1023,9 +1023,43 @@ class RaftwalSyncObj(SyncObj):
     # and rejoins without an election. A leadership transfer (TimeoutNow) skips the round,
     # as etcd's `campaignTransfer` does: the leader has given up its lease.
 
+    #
+    # A slow disk (issue: disks that fill up, slow down and fail): pysyncobj's one-second
+    # timer, the journal's metadata store with its fsyncs, runs inside its tick between the
+    # pre-vote gate above and its election check. When those fsyncs took longer than the
+    # election timeout, the deadline the gate had just moved was past by the check, and a
+    # follower with a slow disk started a real election without any pre-vote, deposing a
+    # live leader every few seconds. The timer runs here, before the gate; and the time a
+    # node spends in its own fsyncs, unable to read what its leader sent, does not count
+    # toward its election timeout (`raftwal_excuse`), as etcd's ticks do not advance while
+    # its raft loop waits on the disk.
+
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802 (pysyncobj's name)
+        self._raftwal_one_second_timer()
         self._raftwal_pre_election()
         super()._onTick(timeToWait)
+
+    def _raftwal_one_second_timer(self) -> None:
+        """pysyncobj's one-second timer (line 629), run ahead of its tick, which then finds
+        nothing due."""
+        work = monotonicTime() - self._SyncObj__startTime
+        if work <= self._SyncObj__numOneSecondDumps:
+            return
+        self._SyncObj__numOneSecondDumps = int(work) + 1
+        started = syncobj_clock()
+        self._SyncObj__raftLog.onOneSecondTimer()
+        self.raftwal_excuse(syncobj_clock() - started)
+
+    def raftwal_excuse(self, busy_s: float) -> None:
+        """This node spent `busy_s` in its own disk work (a journal sync or metadata store)
+        without reading its sockets: a follower or candidate moves its election deadline
+        that much later, so that what its leader sent meanwhile is read before it judges
+        the leader gone. Only a slow disk makes this noticeable; it delays the slow node's
+        own detection of a dead leader, never anyone else's."""
+        if busy_s <= 0.05 or self._SyncObj__selfNode is None:
+            return
+        if self._SyncObj__raftState in (_RAFT_FOLLOWER_STATE, _RAFT_CANDIDATE_STATE):
+            self._SyncObj__raftElectionDeadline += busy_s
 
     def raftwal_follower_idle_s(self) -> float | None:
         """For a follower that no timer of its own is due on before its election deadline

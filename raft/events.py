@@ -11,6 +11,8 @@ The Raft log is compacted by snapshots; the event store keeps the history beyond
   Raft layer calls before it writes a snapshot, so that history older than the snapshot
   is never only in the (then truncated) Raft journal.
 - ``read(from_revision)`` raises ``Compacted`` when retention removed that revision.
+- A write that meets a full disk (SQLITE_FULL) releases Raft's disk reserve
+  (`raft/reserve.py`) and is tried once more before the store fails.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from raft.reserve import DiskReserve
 from rpc.protos import coordination_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -52,9 +55,10 @@ WRITE_BATCH_EVENTS = 2_000
 class EventStore:
     """Append-only history of events keyed by revision. Thread-safe."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, reserve: DiskReserve | None = None) -> None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._path = path
+        self._reserve = reserve
         self._lock = threading.Lock()
         connection = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         connection.execute("PRAGMA journal_mode=WAL")
@@ -147,14 +151,30 @@ class EventStore:
                     self._pending_changed.notify_all()
 
     def _write_rows(self, rows: list[tuple[int, int, int, str | None, bytes]]) -> None:
+        try:
+            self._write_rows_once(rows)
+        except sqlite3.Error as error:
+            if self._reserve is None or not self._reserve.release_for(error):
+                raise
+            log.warning("event store: retrying a write after releasing the disk reserve")
+            self._write_rows_once(rows)
+
+    def _write_rows_once(self, rows: list[tuple[int, int, int, str | None, bytes]]) -> None:
         with self._lock:
             self._conn.execute("BEGIN")
-            self._conn.executemany(
-                "INSERT OR REPLACE INTO events (revision, raft_index, time_ms, kind, body) "
-                "VALUES (?, ?, ?, ?, ?)",
-                rows,
-            )
-            self._conn.execute("COMMIT")
+            try:
+                self._conn.executemany(
+                    "INSERT OR REPLACE INTO events (revision, raft_index, time_ms, kind, body) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    rows,
+                )
+                self._conn.execute("COMMIT")
+            except sqlite3.Error:
+                # A full disk fails the statement or the commit: leave no transaction open
+                # (SQLite may have rolled it back already).
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
 
     def flush(self) -> None:
         """Wait until every queued event is stored (bounded by the writer's progress)."""

@@ -29,6 +29,13 @@ without fsync. Here:
 - the group-commit write and fdatasync pass the fault points ``raft.journal.write`` and
   ``raft.journal.fsync`` (`_faults.py`; no-ops unless a test enabled fault injection), so
   a test can make them fail like a full or broken disk;
+- a write that meets a full disk (ENOSPC) releases Raft's disk reserve (`raft/reserve.py`)
+  and is tried once more: nothing was synced over, so nothing is retried over lost pages.
+  The metadata and the compacted journal do the same;
+- after a failed sync the file is cut back to its last synced size before the peer stops:
+  the kernel may have dropped the unsynced pages while still serving them from its cache,
+  and a restarted peer must not read, and acknowledge, records that never reached the disk
+  (the WAL's segments are cut back the same way, `wal_segments/log.py`);
 - the journal's own directory entry is made durable on open (an fsync of the parent
   directory): the directory is often created just before (`mkdir` without a parent
   fsync), and a power cut that drops it would take a durable log and vote with it;
@@ -59,6 +66,7 @@ from pysyncobj.journal import Journal
 
 from raft._faults import crash_point, io_fault
 from raft.errors import FatalPeerError, JournalCorrupted
+from raft.reserve import DiskReserve
 
 logger = logging.getLogger(__name__)
 
@@ -141,8 +149,10 @@ class DurableJournal(Journal):
         on_synced: Callable[[int], None] | None = None,
         before_truncate: Callable[[int], None] | None = None,
         on_commit_index: Callable[[int], None] | None = None,
+        reserve: DiskReserve | None = None,
     ) -> None:
         self._directory = directory
+        self._reserve = reserve
         self._path = directory / JOURNAL_FILE_NAME
         self._meta_path = directory / META_FILE_NAME
         self._durable = durable
@@ -162,6 +172,8 @@ class DurableJournal(Journal):
         # How many physical entries (a prefix) are known durable.
         self._durable_count = 0
         self._file_size = 0
+        # The file's size at its last successful sync: what a failed sync cuts back to.
+        self._synced_size = 0
         self._rewrite_needed = False
         self._unsynced_truncate = False
         self._broken: BaseException | None = None
@@ -233,6 +245,7 @@ class DurableJournal(Journal):
             if self._durable:
                 os.fsync(fd)
         self._file_size = offset
+        self._synced_size = offset
         self._durable_count = len(self._entries)
         return fd
 
@@ -278,15 +291,21 @@ class DurableJournal(Journal):
             return
         try:
             if self._rewrite_needed:
-                self._rewrite()
+                self._with_reserve(self._rewrite)
             else:
                 if self._pending:
-                    offset = self._file_size
+                    data = b"".join(self._pending)
+                    start = self._file_size
+
+                    def write() -> None:
+                        io_fault("raft.journal.write", str(self._path))
+                        _write_all(self._fd, data, start)
+
+                    self._with_reserve(write)
+                    offset = start
                     for record in self._pending:
                         self._offsets.append(offset)
                         offset += len(record)
-                    io_fault("raft.journal.write", str(self._path))
-                    _write_all(self._fd, b"".join(self._pending), self._file_size)
                     self._file_size = offset
                     self._pending.clear()
                 if self._durable:
@@ -297,12 +316,42 @@ class DurableJournal(Journal):
             # Never retry a failed fsync: the kernel may have dropped the dirty pages and a
             # second fsync would report success for data that is gone.
             self._broken = exc
+            self._cut_back()
             logger.critical("journal sync failed; this peer must stop: %s", exc)
             raise FatalPeerError(f"journal sync failed: {exc}") from exc
+        self._synced_size = self._file_size
         self._durable_count = len(self._entries) + len(self._tail)
         self.sync_count += 1
         if self._durable and self._on_synced is not None:
             self._on_synced(self.synced_index)
+
+    def _with_reserve(self, write: Callable[[], None]) -> None:
+        """Run `write`; when the disk is full, release Raft's reserve and run it once more
+        (a write that failed with ENOSPC synced nothing, so this retries no fsync)."""
+        try:
+            write()
+        except OSError as error:
+            if self._reserve is None or not self._reserve.release_for(error):
+                raise
+            logger.warning("%s: retrying a write after releasing the disk reserve", self._path)
+            write()
+
+    def _cut_back(self) -> None:
+        """After a failed sync: drop whatever the file holds past its last synced size, so
+        that nothing whose sync failed can be read back (by a restarted peer) as if it were
+        durable. Best effort: the peer stops either way."""
+        try:
+            size = os.fstat(self._fd).st_size
+            if size > self._synced_size:
+                logger.warning(
+                    "%s: cutting back %d unsynced bytes after the failed sync (to %d)",
+                    self._path,
+                    size - self._synced_size,
+                    self._synced_size,
+                )
+                os.ftruncate(self._fd, self._synced_size)
+        except OSError as error:
+            logger.error("%s: cannot cut back after the failed sync: %s", self._path, error)
 
     def _rewrite(self) -> None:
         """Write pysyncobj's log as a new file and swap it in atomically."""
@@ -332,6 +381,7 @@ class DurableJournal(Journal):
         self._tail = []
         self._offsets = offsets
         self._file_size = offset
+        self._synced_size = offset
         self._pending.clear()
         self._rewrite_needed = False
         self._unsynced_truncate = False
@@ -390,6 +440,8 @@ class DurableJournal(Journal):
             new_size = self._offsets[position]
             os.ftruncate(self._fd, new_size)
             self._file_size = new_size
+            # Anything written after this point is new: a failed sync cuts back to here.
+            self._synced_size = min(self._synced_size, new_size)
             del self._offsets[position:]
             self._pending.clear()
             # The truncation is durable only after the next fdatasync; an acknowledgement
@@ -476,7 +528,9 @@ class DurableJournal(Journal):
         canonical = json.dumps(body, sort_keys=True).encode()
         document = json.dumps({"body": body, "crc32": zlib.crc32(canonical)}).encode()
         try:
-            write_file_atomically(self._meta_path, document, durable=self._durable)
+            self._with_reserve(
+                lambda: write_file_atomically(self._meta_path, document, durable=self._durable)
+            )
         except OSError as exc:
             self._broken = exc
             logger.critical("journal metadata write failed; this peer must stop: %s", exc)

@@ -82,6 +82,7 @@ from raft.errors import (
     UnknownOutcome,
 )
 from raft.journal import DurableJournal
+from raft.reserve import DiskReserve
 from raft.snapshot import (
     SNAPSHOT_FILE_NAME,
     align_journal_with_snapshot,
@@ -554,6 +555,7 @@ class RaftPeer:
         on_fatal: Callable[[FatalPeerError], None] | None = None,
         durability_observer: Callable[[DurabilityEvent], None] | None = None,
         voter: bool = True,
+        reserve: DiskReserve | None = None,
     ) -> None:
         """Open (or create) `data_dir`, recover, bind and start ticking.
 
@@ -567,9 +569,10 @@ class RaftPeer:
         commit index covers. `durable=False` skips every fsync: unsafe, for benchmarks only.
         `partner_dial_addresses` maps a partner's address (its identity) to where this
         peer connects to it instead (a proxy in front of it); absent partners are dialled
-        at their own address. Raises ValueError for bad arguments (including a missing or
-        short password), JournalCorrupted / SnapshotCorrupted for unreadable
-        state, OSError when the port cannot be bound.
+        at their own address. `reserve` is the disk space the journal, its metadata and
+        snapshots fall back on when the disk is full (`raft.reserve`). Raises ValueError
+        for bad arguments (including a missing or short password), JournalCorrupted /
+        SnapshotCorrupted for unreadable state, OSError when the port cannot be bound.
         """
         check_pysyncobj_version()
         install_log_filter()
@@ -606,6 +609,7 @@ class RaftPeer:
         self._restore_snapshot = restore_snapshot
         self._tuning = tuning
         self._durable = durable
+        self._reserve = reserve
         self._on_fatal = on_fatal
         self._observer = durability_observer
 
@@ -679,6 +683,7 @@ class RaftPeer:
             on_synced=self._on_synced,
             before_truncate=self._before_truncate,
             on_commit_index=self._on_commit_index,
+            reserve=reserve,
         )
         self._started_syncobj: RaftwalSyncObj | None = None
         self._started_wakeup: Wakeup | None = None
@@ -1525,8 +1530,11 @@ class RaftPeer:
                 poll_timeout_s = self._poll_timeout_s()
             # Follower group commit: everything appended during the last poll becomes
             # durable with one sync, then the held-back acknowledgements leave.
+            started = time.monotonic()
             self._gate.flush()
             self._journal.sync()
+            # A slow disk's sync does not count toward this node's election timeout.
+            self._syncobj.raftwal_excuse(time.monotonic() - started)
             self._expire_proposals()
             self._syncobj.doTick(poll_timeout_s)
             self._tick_failures = 0
@@ -1639,7 +1647,13 @@ class RaftPeer:
         prev = (bytes(prev_entry[0]), int(prev_entry[1]), int(prev_entry[2]))
         blob = encode_snapshot(last, prev, cluster_addresses, app_state)
         try:
-            write_snapshot_tmp(Path(tmp_file_name), blob, durable=self._durable)
+            try:
+                write_snapshot_tmp(Path(tmp_file_name), blob, durable=self._durable)
+            except OSError as error:
+                # A full disk: Raft's reserve gives the snapshot its room (raft/reserve.py).
+                if self._reserve is None or not self._reserve.release_for(error):
+                    raise
+                write_snapshot_tmp(Path(tmp_file_name), blob, durable=self._durable)
         except OSError:
             # pysyncobj swallows serializer errors silently (serializer.py line 98); log
             # here, and it retries at the next compaction trigger.

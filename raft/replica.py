@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from raft.events import Compacted, EventStore
+from raft.reserve import DiskReserve
 from rpc.protos import coordination_pb2 as pb
 from statemachine import apply_log_entry, new_state, restore_state, snapshot_state, state_digest
 
@@ -38,10 +39,10 @@ RECENT_EVENTS = 20_000
 
 
 class CoordinationReplica:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, reserve: DiskReserve | None = None) -> None:
         self._lock = threading.RLock()
         self._state = new_state()
-        self._store = EventStore(data_dir / "events.db")
+        self._store = EventStore(data_dir / "events.db", reserve=reserve)
         self._recent: collections.deque[pb.Event] = collections.deque(maxlen=RECENT_EVENTS)
         self._listeners: list[Listener] = []
         self._event_listeners: list[EventListener] = []

@@ -51,6 +51,10 @@ PORT_SPAN = 1000
 PORT_SLOTS = 12
 PORT_SLOT_ENV = "RAFTWAL_TEST_PORT_SLOT"
 
+#: Raft's disk reserve in the tests' nodes (see pytest_configure).
+RESERVE_ENV = "RAFTWAL_RAFT_RESERVE_BYTES"
+RESERVE_TEST_BYTES = 1 << 20
+
 #: "0": start every node in a fresh interpreter instead of forking it from the fork server.
 FORK_SERVER_ENV = "RAFTWAL_TEST_FORK_SERVER"
 
@@ -95,6 +99,10 @@ def pytest_configure(config: pytest.Config) -> None:
     low = PORT_BASE + slot * PORT_SPAN
     # Node processes and CLI subprocesses inherit it, so their picks stay in the range too.
     os.environ[PORT_RANGE_ENV] = f"{low}-{low + PORT_SPAN - 1}"
+    # Raft's disk reserve (raft/reserve.py) is preallocated in every node's data dir: 64 MiB
+    # by default, which over the suite's ~300 nodes (kept by pytest's tmp_path retention)
+    # would hold tens of GB of disk. The tests of the reserve set their own size.
+    os.environ.setdefault(RESERVE_ENV, str(RESERVE_TEST_BYTES))
     # xdist's controller runs no test: only the workers (or a run without xdist) need one.
     global _runs_tests
     runs_tests = hasattr(config, "workerinput") or not config.getoption("numprocesses", None)

@@ -24,9 +24,10 @@ this node at term T, it
 
 An owner that meets a higher term (a replica answers FENCED, or its own log was fenced)
 stops: every pending and later write fails with CHANNEL_FENCED; it never acknowledges
-again. A local write that fails cleanly (ENOSPC: nothing reached the log) fails only its
-batch, with INNER; after a failed fdatasync or seal the owner stops (ON_SHUTDOWN, with the
-reason) and the data plane recovers the pchannel at a new term.
+again. A local write that fails cleanly (nothing reached the log) fails only its batch:
+with RESOURCE_EXHAUSTED when the disk is full (ENOSPC, EDQUOT: the producer may retry once
+space returns), else with INNER; after a failed fdatasync or seal the owner stops
+(ON_SHUTDOWN, with the reason) and the data plane recovers the pchannel at a new term.
 
 What must never happen here: an import of `raft` or `raftwal` (the coordination plane is
 reached through the `Proposer` protocol); acknowledging a write before a majority holds it
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import heapq
 import itertools
 import json
@@ -119,6 +121,12 @@ NON_ATOMIC_BATCH = mutations.declare(
     "a new owner keeps the surviving prefix of a write batch at the end of the log it "
     "adopts, so a producer's retry of that batch writes those entries a second time",
 )
+
+#: Commit points remembered for replica lag (`replica_lags_s`); older ones are forgotten.
+COMMIT_TIMES_KEPT = 4096
+#: In the message of a RESOURCE_EXHAUSTED for a write the disk refused (ENOSPC, EDQUOT).
+DISK_FULL_MARK = "disk full"
+_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class WalError(Exception):
@@ -373,6 +381,9 @@ class ChannelOwner:
         #: why the owner stopped after a local I/O failure ("" otherwise)
         self.failure = ""
         self.ready = asyncio.Event()
+        #: (committed lsn, monotonic time it committed), oldest first: how long a replica
+        #: has been behind (`replica_lags_s`)
+        self._commit_times: deque[tuple[int, float]] = deque(maxlen=COMMIT_TIMES_KEPT)
 
     # -- status ------------------------------------------------------------------------------
 
@@ -401,6 +412,24 @@ class ChannelOwner:
         positions = {self.node_id: self._self_durable}
         positions.update({r.node_id: r.match_lsn for r in self._replicas.values()})
         return positions
+
+    def replica_lags_s(self) -> dict[str, float]:
+        """node id -> how long ago the oldest committed entry it has not reported durable
+        was committed (0 when it holds everything committed; a lower bound past the
+        COMMIT_TIMES_KEPT newest commit points): a replica too slow for this owner shows
+        here, while the majority acknowledges without it."""
+        now = time.monotonic()
+        lags = {}
+        for node_id, durable in self.replica_positions().items():
+            lag = 0.0
+            if durable < self.committed_lsn:
+                lag = now - self._commit_times[0][1] if self._commit_times else 0.0
+                for lsn, at in self._commit_times:
+                    if lsn > durable:
+                        lag = now - at
+                        break
+            lags[node_id] = lag
+        return lags
 
     def _check_serving(self) -> None:
         if self.state == "fenced":
@@ -1094,6 +1123,13 @@ class ChannelOwner:
             if self.log.failure is None and not self.log.closed:
                 # The write failed and was cut back (ENOSPC, EIO): the log is unchanged and
                 # this batch simply failed; the next one may succeed.
+                if getattr(error, "errno", None) in _DISK_FULL_ERRNOS:
+                    raise WalError(
+                        E.RESOURCE_EXHAUSTED,
+                        f"pchannel {self.pchannel}: {DISK_FULL_MARK} on node {self.node_id} "
+                        f"({error}); nothing was written, retry once space returns",
+                        current_term=self.term,
+                    ) from None
                 raise WalError(
                     E.INNER,
                     f"pchannel {self.pchannel}: local write failed on node {self.node_id} "
@@ -1153,6 +1189,7 @@ class ChannelOwner:
         if end > self.committed_lsn:
             point = end
             self.committed_lsn = point
+            self._commit_times.append((point, time.monotonic()))
             self.log.committed_lsn = max(self.log.committed_lsn, point)
             self._notify_progress()
             # An idle sender passes the new commit point on (see COMMIT_NOTICE_DELAY_S).

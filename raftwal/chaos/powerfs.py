@@ -25,9 +25,24 @@ serve``), which the test or the chaos runner controls over its stdin/stdout: ``c
 writes within one write call or one page; reordering between writes before a sync (a cut
 drops every unsynced write of every file, never a subset); the kernel's own metadata
 journaling (only a directory fsync makes its entries durable, as POSIX says, though ext4
-would usually commit them with any fsync); file modes and times (not reverted); a failing
-fsync. An fsync does not reach the host's disk: the host does not crash, only the
-simulated machine does.
+would usually commit them with any fsync); file modes and times (not reverted). An fsync
+does not reach the host's disk: the host does not crash, only the simulated machine does.
+
+Disk faults (`DiskFaults`, switched at runtime: ``faults {json}`` on the daemon's stdin,
+`PowerMount.set_faults`), for ``raftwal chaos --faults disk-full,slow-disk,fsync-error``
+and the disk tests:
+
+- ``budget_bytes``: the filesystem holds that many bytes of file data (the sizes of the
+  regular files under the mount) and no more. A write or an extension past it writes what
+  fits and fails with ENOSPC, as a full disk does; ``statfs`` (``df``, ``os.statvfs``)
+  reports the budget as the size and what is left as free. Deleting files frees space.
+- ``fsync_delay_ms``: every fsync, fdatasync and directory fsync takes that much longer (a
+  slow disk); other operations are not delayed;
+- ``fsync_errors``: the next so many file fsyncs (of files whose path, as they were
+  opened, contains ``match``) fail with
+  EIO, and the file's writes since its last successful fsync are lost at once: its
+  content goes back to its durable image, as a disk that failed to write the dirty pages
+  and a kernel that dropped them. A later fsync that succeeds does not bring them back.
 
 Must never: let an operation through without its undo record (one lock covers the
 bookkeeping and the operation), follow a path outside the backing directory, show the
@@ -166,6 +181,49 @@ class CrashResult:
         }
 
 
+#: The keys of a `faults` command and their bounds.
+DISK_FAULT_LIMITS = {
+    "budget_bytes": (0, 1 << 50),
+    "fsync_delay_ms": (0, 60_000),
+    "fsync_errors": (0, 1_000_000),
+}
+#: statfs block size of a mount with a budget.
+BUDGET_BLOCK_BYTES = 4096
+
+
+@dataclass
+class DiskFaults:
+    """What a mount injects besides power cuts (see the module doc); zeros: nothing."""
+
+    budget_bytes: int = 0
+    fsync_delay_ms: int = 0
+    fsync_errors: int = 0
+    #: fsync_errors hit only files whose path (under the mount) contains this
+    match: str = ""
+
+    @classmethod
+    def parse(cls, raw: object) -> DiskFaults:
+        """From a `faults` command's JSON object; ValueError saying what was expected."""
+        if not isinstance(raw, dict):
+            raise ValueError(f"invalid disk faults ({raw!r}; expected an object)")
+        unknown = set(raw) - {*DISK_FAULT_LIMITS, "match"}
+        if unknown:
+            raise ValueError(
+                f"invalid disk fault keys {sorted(unknown)} (expected "
+                f"{sorted({*DISK_FAULT_LIMITS, 'match'})})"
+            )
+        values: dict[str, Any] = {}
+        for key, (low, high) in DISK_FAULT_LIMITS.items():
+            value = raw.get(key, 0)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ValueError(f"invalid {key} ({value!r}; expected {low}..{high})")
+            values[key] = value
+        match = raw.get("match", "")
+        if not isinstance(match, str):
+            raise ValueError(f"invalid match ({match!r}; expected a string)")
+        return cls(match=match, **values)
+
+
 def _parent(path: str) -> str:
     parent = os.path.dirname(path.rstrip("/")) or "/"
     return parent
@@ -223,6 +281,15 @@ class PowerFS(_operations_base()):  # type: ignore[misc]
         self.writes = 0
         self.fsyncs = 0
         self.dir_fsyncs = 0
+        self.faults = DiskFaults()
+        #: open file handle -> the path it was opened or created under
+        self._opened_as: dict[int, str] = {}
+        #: bytes of regular files under the mount (the stash excluded): what a budget counts
+        self.used_bytes = self._usage()
+        #: writes refused for lack of space, fsyncs failed and fsyncs delayed, so far
+        self.enospc = 0
+        self.failed_fsyncs = 0
+        self.delayed_fsyncs = 0
 
     # ------------------------------------------------------------------ paths
 
@@ -262,6 +329,76 @@ class PowerFS(_operations_base()):  # type: ignore[misc]
 
     def _record(self, change: _EntryUndo) -> None:
         self._entries.append(change)
+
+    # ----------------------------------------------------------- disk faults
+
+    def _usage(self) -> int:
+        """Bytes of the regular files under the backing directory, the stash excluded."""
+        total = 0
+        for directory, dirs, files in os.walk(self.backing):
+            if directory == self.backing and STASH_NAME in dirs:
+                dirs.remove(STASH_NAME)
+            for name in files:
+                with contextlib.suppress(OSError):
+                    st = os.lstat(os.path.join(directory, name))
+                    if stat.S_ISREG(st.st_mode):
+                        total += st.st_size
+        return total
+
+    def set_faults(self, faults: DiskFaults) -> dict[str, Any]:
+        """Switch the disk faults (the counts and usage so far are kept)."""
+        with self._lock:
+            self.faults = faults
+            self.used_bytes = self._usage()
+            return self.fault_report()
+
+    def fault_report(self) -> dict[str, Any]:
+        return {
+            "budget_bytes": self.faults.budget_bytes,
+            "fsync_delay_ms": self.faults.fsync_delay_ms,
+            "fsync_errors_left": self.faults.fsync_errors,
+            "match": self.faults.match,
+            "used_bytes": self.used_bytes,
+            "enospc": self.enospc,
+            "failed_fsyncs": self.failed_fsyncs,
+            "delayed_fsyncs": self.delayed_fsyncs,
+        }
+
+    def _fit(self, size: int, offset: int, length: int) -> int:
+        """How many of `length` bytes written at `offset` of a file of `size` bytes fit
+        the budget (all of them without one); raises ENOSPC when none does."""
+        budget = self.faults.budget_bytes
+        growth = max(0, offset + length - size)
+        if not budget or growth <= budget - self.used_bytes:
+            return length
+        room = max(0, budget - self.used_bytes)
+        fits = length - (growth - room)
+        if fits <= 0:
+            self.enospc += 1
+            raise OSError(errno.ENOSPC, "no space left on the budget of this mount")
+        return fits
+
+    def _grown(self, before: int, after: int) -> None:
+        self.used_bytes = max(0, self.used_bytes + after - before)
+
+    def _drop_unsynced(self, fd: int, ino: int) -> None:
+        """A failed fsync: the file's writes since its last successful one are lost (its
+        content goes back to its durable image now)."""
+        state = self._files.get(ino)
+        if state is None:
+            return
+        size = os.fstat(fd).st_size
+        for offset, old in state.saved:
+            _pwrite_all(fd, old, offset)
+        os.ftruncate(fd, state.durable_size)
+        self._grown(size, state.durable_size)
+        self._files[ino] = _FileUndo(durable_size=state.durable_size)
+
+    def _slow_sync(self) -> None:
+        delay_ms = self.faults.fsync_delay_ms
+        if delay_ms:
+            self.delayed_fsyncs += 1
+            time.sleep(delay_ms / 1000)
 
     # ----------------------------------------------------------- attributes
 
@@ -309,6 +446,22 @@ class PowerFS(_operations_base()):  # type: ignore[misc]
 
     def statfs(self, path: str) -> dict[str, int]:
         st = os.statvfs(self.backing)
+        budget = self.faults.budget_bytes
+        if budget:
+            blocks = budget // BUDGET_BLOCK_BYTES
+            free = max(0, budget - self.used_bytes) // BUDGET_BLOCK_BYTES
+            return {
+                "f_bsize": BUDGET_BLOCK_BYTES,
+                "f_frsize": BUDGET_BLOCK_BYTES,
+                "f_blocks": blocks,
+                "f_bfree": free,
+                "f_bavail": free,
+                "f_files": st.f_files,
+                "f_ffree": st.f_ffree,
+                "f_favail": st.f_favail,
+                "f_flag": st.f_flag,
+                "f_namemax": st.f_namemax,
+            }
         return {
             key: getattr(st, key)
             for key in (
@@ -349,7 +502,9 @@ class PowerFS(_operations_base()):  # type: ignore[misc]
             if flags & os.O_TRUNC:
                 self._truncate_path(real, 0)
                 flags &= ~os.O_TRUNC
-            return self._open_backing(real, flags, 0)
+            fd = self._open_backing(real, flags, 0)
+            self._opened_as[fd] = path
+            return fd
 
     def create(self, path: str, mode: int, flags: int = os.O_WRONLY) -> int:
         with self._lock:
@@ -358,6 +513,7 @@ class PowerFS(_operations_base()):  # type: ignore[misc]
             if existed and flags & os.O_TRUNC:
                 self._truncate_path(real, 0)
             fd = self._open_backing(real, (flags | os.O_CREAT) & ~os.O_TRUNC, mode)
+            self._opened_as[fd] = path
             if not existed:
                 self._files[os.fstat(fd).st_ino] = _FileUndo(durable_size=0)
                 self._record(_EntryUndo("create", frozenset({_parent(path)}), path))
@@ -379,19 +535,40 @@ class PowerFS(_operations_base()):  # type: ignore[misc]
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
         with self._lock:
             st = os.fstat(fh)
+            fits = self._fit(st.st_size, offset, len(data))
+            if fits < len(data):
+                data = data[:fits]  # a short write; the next one gets ENOSPC
             state = self._state(st.st_ino, st.st_size)
             self._save(fh, state, offset, offset + len(data))
             self.writes += 1
-            return _pwrite_all(fh, data, offset)
+            written = _pwrite_all(fh, data, offset)
+            self._grown(st.st_size, max(st.st_size, offset + written))
+            return written
+
+    def fallocate(self, path: str, mode: int, offset: int, size: int, fh: int) -> int:
+        if mode != 0:
+            raise OSError(errno.EOPNOTSUPP, "only plain fallocate (mode 0) is supported")
+        with self._lock:
+            st = os.fstat(fh)
+            if self._fit(st.st_size, offset, size) < size:
+                self.enospc += 1
+                raise OSError(errno.ENOSPC, "no space left on the budget of this mount")
+            self._state(st.st_ino, st.st_size)
+            os.posix_fallocate(fh, offset, size)
+            self._grown(st.st_size, max(st.st_size, offset + size))
+        return 0
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> int:
         with self._lock:
             if fh is not None:
                 st = os.fstat(fh)
+                if length > st.st_size:
+                    self._fit(st.st_size, st.st_size, length - st.st_size)
                 state = self._state(st.st_ino, st.st_size)
                 if length < st.st_size:
                     self._save(fh, state, length, st.st_size)
                 os.ftruncate(fh, length)
+                self._grown(st.st_size, length)
             else:
                 self._truncate_path(self._real(path), length)
         return 0
@@ -400,16 +577,30 @@ class PowerFS(_operations_base()):  # type: ignore[misc]
         fd = os.open(real, os.O_RDWR)
         try:
             st = os.fstat(fd)
+            if length > st.st_size:
+                self._fit(st.st_size, st.st_size, length - st.st_size)
             state = self._state(st.st_ino, st.st_size)
             if length < st.st_size:
                 self._save(fd, state, length, st.st_size)
             os.ftruncate(fd, length)
+            self._grown(st.st_size, length)
         finally:
             os.close(fd)
 
     def fsync(self, path: str, datasync: int, fh: int) -> int:
+        # A slow disk: outside the lock, so that the other operations go on meanwhile.
+        self._slow_sync()
         with self._lock:
             st = os.fstat(fh)
+            faults = self.faults
+            # The name the file was opened under: a file whose name was unlinked since (a
+            # WAL segment written through its temporary name) comes without a path.
+            name = path or self._opened_as.get(fh, "")
+            if faults.fsync_errors and faults.match in name:
+                faults.fsync_errors -= 1
+                self.failed_fsyncs += 1
+                self._drop_unsynced(fh, st.st_ino)
+                raise OSError(errno.EIO, "injected fsync failure (the unsynced writes are lost)")
             self._files[st.st_ino] = _FileUndo(durable_size=st.st_size)
             self.fsyncs += 1
         return 0
@@ -418,6 +609,8 @@ class PowerFS(_operations_base()):  # type: ignore[misc]
         return 0
 
     def release(self, path: str, fh: int) -> int:
+        with self._lock:
+            self._opened_as.pop(fh, None)
         os.close(fh)
         return 0
 
@@ -454,10 +647,13 @@ class PowerFS(_operations_base()):  # type: ignore[misc]
     def unlink(self, path: str) -> int:
         with self._lock:
             real = self._real(path)
-            if stat.S_ISDIR(os.lstat(real).st_mode):
+            st = os.lstat(real)
+            if stat.S_ISDIR(st.st_mode):
                 raise OSError(errno.EISDIR, path)
             stash = self._stash_path()
             os.rename(real, stash)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink <= 1:
+                self._grown(st.st_size, 0)
             self._record(_EntryUndo("remove", frozenset({_parent(path)}), path, stash=stash))
         return 0
 
@@ -495,6 +691,8 @@ class PowerFS(_operations_base()):  # type: ignore[misc]
                     raise OSError(errno.ENOTDIR, new)
                 stash = self._stash_path()
                 os.rename(real_new, stash)
+                if stat.S_ISREG(new_st.st_mode) and new_st.st_nlink <= 1:
+                    self._grown(new_st.st_size, 0)
             try:
                 os.rename(real_old, real_new)
             except OSError:
@@ -514,6 +712,7 @@ class PowerFS(_operations_base()):  # type: ignore[misc]
 
     def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
         directory = "/" + "/".join(p for p in (path or "/").split("/") if p)
+        self._slow_sync()
         with self._lock:
             kept = []
             for change in self._entries:
@@ -596,6 +795,7 @@ class PowerFS(_operations_base()):  # type: ignore[misc]
             self._files = {}
             shutil.rmtree(self.stash, ignore_errors=True)
             os.makedirs(self.stash, mode=0o700, exist_ok=True)
+            self.used_bytes = self._usage()
         return result
 
     def _inode_paths(self) -> dict[int, str]:
@@ -688,11 +888,29 @@ def _unmount(mountpoint: str) -> None:
     subprocess.run([binary, "-u", "-z", mountpoint], capture_output=True, check=False)
 
 
+def _fuse_class() -> type:
+    import mfusepy
+
+    class FUSE(mfusepy.FUSE):  # type: ignore[misc]
+        """mfusepy's FUSE, with `ftruncate` passing the open file's handle: mfusepy drops
+        it, so an ftruncate of a file whose name was unlinked since it was opened (a WAL
+        segment is created under a temporary name, linked under its final one, and the
+        temporary name removed) arrived with no path and no handle, and failed with EBADF.
+        (An fstat of such a file still fails, with ESTALE: libfuse's high-level API asks
+        for a path there; nothing here relies on it.)"""
+
+        def truncate_fuse_3(self, path: bytes | None, length: int, fip: Any) -> int:
+            fh = fip.contents.fh if fip else None
+            name = None if path is None else path.decode(self.encoding, self.errors)
+            return int(self.operations.truncate(name, length, fh))
+
+    return FUSE
+
+
 def serve(backing: Path, mountpoint: Path, out: IO[str]) -> int:
     """Mount PowerFS at `mountpoint` and serve it until stdin says `crash` or `stop` (or
     closes: then stop). Prints one JSON line when mounted and one when done."""
-    import mfusepy
-
+    _FUSE = _fuse_class()
     os.umask(0)
     operations = PowerFS(backing)
     mode = {"command": "stop"}
@@ -709,16 +927,37 @@ def serve(backing: Path, mountpoint: Path, out: IO[str]) -> int:
             if command in ("crash", "stop"):
                 mode["command"] = command
                 break
+            if command == "faults" or command.startswith("faults "):
+                # Disk faults: switched while mounted, answered with one JSON line.
+                try:
+                    faults = DiskFaults.parse(json.loads(command[len("faults") :] or "{}"))
+                    answer = {"event": "faults", **operations.set_faults(faults)}
+                except ValueError as error:
+                    answer = {"event": "error", "error": str(error)}
+                print(json.dumps(answer), file=out, flush=True)
+            elif command == "usage":
+                with operations._lock:
+                    report = operations.fault_report()
+                print(json.dumps({"event": "usage", **report}), file=out, flush=True)
         _unmount(mount)
 
     threading.Thread(target=control, name="powerfs-control", daemon=True).start()
-    mfusepy.FUSE(
+    _FUSE(
         operations,
         mount,
         foreground=True,
         nothreads=False,
         use_ino=True,
         hard_remove=True,
+        # Coherence: libfuse's high-level API gives a hard link (a WAL segment is written
+        # through its temporary name, then linked under its final one) an inode of its own
+        # in the kernel, so the final name's cached size and pages could lag behind the
+        # writes made through the other: no attribute or entry caching, and page cache
+        # invalidated whenever the attributes show a change.
+        attr_timeout=0,
+        entry_timeout=0,
+        negative_timeout=0,
+        auto_cache=True,
         fsname=f"powerfs:{backing}",
         subtype="powerfs",
     )
@@ -745,6 +984,8 @@ class PowerMount:
         self.crashes = 0
         self.bytes_dropped = 0
         self.crashes_dropping = 0
+        # One question to the daemon at a time (its answers come on one pipe).
+        self._asking = threading.Lock()
 
     @property
     def pid(self) -> int | None:
@@ -819,6 +1060,32 @@ class PowerMount:
             raise RuntimeError(f"PowerFS at {self.mountpoint} did not answer {command!r}")
         answer: dict[str, Any] = json.loads(line)
         return answer
+
+    def _ask(self, command: str, timeout_s: float) -> dict[str, Any]:
+        """One command the daemon answers with one JSON line and keeps serving."""
+        with self._asking:
+            assert self.process is not None and self.process.stdin is not None
+            self.process.stdin.write(command + "\n")
+            self.process.stdin.flush()
+            line = self._read_line(timeout_s)
+        if not line:
+            raise RuntimeError(f"PowerFS at {self.mountpoint} did not answer {command!r}")
+        answer: dict[str, Any] = json.loads(line)
+        if answer.get("event") == "error":
+            raise ValueError(answer.get("error", "refused"))
+        return answer
+
+    def set_faults(self, timeout_s: float = MOUNT_TIMEOUT_S, **faults: Any) -> dict[str, Any]:
+        """Switch the mount's disk faults (`DiskFaults`: budget_bytes, fsync_delay_ms,
+        fsync_errors, match; what is not given is off). Returns the daemon's report: the
+        faults now in force, the bytes used, and the ENOSPC, failed and delayed fsync
+        counts so far. Raises ValueError for bad faults."""
+        DiskFaults.parse(faults)
+        return self._ask("faults " + json.dumps(faults), timeout_s)
+
+    def usage(self, timeout_s: float = MOUNT_TIMEOUT_S) -> dict[str, Any]:
+        """The daemon's report (as `set_faults` returns it) without changing anything."""
+        return self._ask("usage", timeout_s)
 
     def crash(self, timeout_s: float = UNMOUNT_TIMEOUT_S) -> CrashResult:
         """Power cut: unmount, drop what was not durable, mount again. The processes

@@ -18,6 +18,11 @@ through its own TCP proxy (``raftwal.chaos.net``), and for ``duration_s`` runs a
   Raft leader, a pchannel's owner, a replica that is not the owner, or two nodes at once,
   started again after the hold). With ``power`` among the faults every node's data dir
   is a PowerFS mount for the whole run.
+- asked for by name too, the disk faults of ``raftwal.chaos.diskfaults`` on those mounts:
+  ``disk-full`` (a node's disk fills up, to past its hard watermark or to the last
+  byte), ``slow-disk`` (every fsync 100 ms, 500 ms or 2 s) and ``fsync-error`` (the next
+  fsyncs fail with EIO and lose what they covered). The report gives, for every fault,
+  the seconds it cost the producers in failed or refused writes (``cost_s``).
 
 Then it heals everything, lets the workload finish what it started, waits until the
 cluster has recovered, reads the final state (each pchannel's whole committed log, the
@@ -61,6 +66,15 @@ from raftwal.chaos.checker import (
     Violation,
     check,
 )
+from raftwal.chaos.diskfaults import (
+    DISK_FAULT_KINDS,
+    DISK_HOLD_S,
+    DiskFaultFigures,
+    DiskNemesis,
+    costs_by_kind,
+    fault_costs,
+    plan_variant,
+)
 from raftwal.chaos.net import LINK_MODES, ProxyNet
 from raftwal.chaos.observe import _status, read_log, wait_recovered
 from raftwal.chaos.powerfs import PowerMount
@@ -93,7 +107,9 @@ FAULT_KINDS = ("kill", "pause", "partition", "restart")
 # when the fault is healed, so it can come back later). "member" needs a data node.
 # "power", a power cut (raftwal.chaos.powerfs: every node's data dir on a FUSE mount that
 # drops what was not fsynced), needs FUSE.
-EXTRA_FAULT_KINDS = ("outage", "member", "power")
+EXTRA_FAULT_KINDS = ("outage", "member", "power", *DISK_FAULT_KINDS)
+# The kinds that need every node's data dir on a PowerFS mount for the whole run.
+MOUNTED_FAULT_KINDS = frozenset({"power", *DISK_FAULT_KINDS})
 PARTITION_VARIANTS = ("isolate-leader", "isolate-owner", "split", "bridge")
 NODE_TARGETS = ("leader", "owner", "random")
 # Whose power is cut: the Raft leader, a pchannel's owner, a replica of a pchannel that
@@ -108,6 +124,7 @@ HOLD_S = {
     "outage": (10.0, 16.0),
     "member": (1.0, 4.0),
     "power": (2.0, 7.0),
+    **DISK_HOLD_S,
 }
 # The bound of one membership swap (promotion, then drain and removal).
 MEMBER_WAIT_S = 90.0
@@ -230,8 +247,8 @@ class PlannedFault:
 
     @property
     def label(self) -> str:
-        if self.kind == "partition":
-            return f"partition:{self.variant}/{self.mode}"
+        if self.kind == "partition" or self.kind in DISK_FAULT_KINDS:
+            return f"{self.kind}:{self.variant}/{self.mode}"
         return f"{self.kind}:{self.variant}"
 
 
@@ -243,6 +260,8 @@ class FaultRecord:
     detail: str
     start_s: float
     end_s: float = 0.0
+    #: seconds of failed or refused writes it cost (diskfaults.fault_costs)
+    cost_s: float = 0.0
 
 
 @dataclass
@@ -269,6 +288,10 @@ class ChaosReport:
     power_cuts: int = 0
     power_cuts_dropping: int = 0
     power_bytes_dropped: int = 0
+    #: disk faults (disk-full, slow-disk, fsync-error): what the mounts counted
+    disk_faults: DiskFaultFigures = field(default_factory=DiskFaultFigures)
+    #: by fault kind: seconds of failed or refused writes the faults cost
+    fault_cost_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -310,6 +333,8 @@ def plan_faults(seed: int, kinds: Sequence[str], duration_s: float) -> list[Plan
                 power_left = list(POWER_TARGETS)
                 rng.shuffle(power_left)
             variant, mode = power_left.pop(), ""
+        elif kind in DISK_FAULT_KINDS:
+            variant, mode = plan_variant(kind, rng)
         else:
             if not targets_left:
                 targets_left = list(NODE_TARGETS)
@@ -348,8 +373,9 @@ class Nemesis:
         mounts: dict[str, PowerMount] | None = None,
     ) -> None:
         self.cluster = cluster
-        #: node id -> the PowerFS mount of its data dir ("power" faults)
+        #: node id -> the PowerFS mount of its data dir ("power" and disk faults)
         self.mounts = mounts or {}
+        self.disks = DiskNemesis(cluster, self.mounts)
         self.power_cuts = 0
         self.power_cuts_dropping = 0
         self.power_bytes_dropped = 0
@@ -425,6 +451,13 @@ class Nemesis:
             return await self._swap_voter(fault, start)
         if fault.kind == "power":
             return await self._power_cut(fault, start)
+        if fault.kind in DISK_FAULT_KINDS:
+            nodes, detail = await self.disks.inject(
+                fault.kind, fault.variant, fault.mode, fault.pick, self._target
+            )
+            return FaultRecord(
+                fault.label, fault.kind, nodes, f"{detail} for {fault.hold_s:.1f} s", start
+            )
         node, why = await self._target(fault.variant, fault.pick)
         pid = self.cluster.pid(node)
         if fault.kind in ("kill", "outage"):
@@ -450,6 +483,9 @@ class Nemesis:
         for node in sorted(self.killed):
             await asyncio.to_thread(self.cluster.start_node, node)
         self.killed.clear()
+        if self.disks.injected:
+            for restarted in await self.disks.heal():
+                self.progress(f"{self.history.now():7.1f}s  started {restarted} again")
         if self.frozen and self.client is not None:
             try:
                 policy = (await self.client.cluster_status()).balance_policy
@@ -809,9 +845,10 @@ async def _run(
     problems: list[str] = []
     setup_error = ""
     mounts: dict[str, PowerMount] = {}
+    vchannel_pchannel: dict[str, str] = {}
     try:
         config = replace(config, nodes=proxies.configure(config.nodes))
-        if "power" in options.faults:
+        if MOUNTED_FAULT_KINDS & set(options.faults):
             # Every data dir lives on a PowerFS mount for the whole run (the backing
             # directories, which hold the data afterwards, are under power/).
             for node in config.nodes:
@@ -1031,6 +1068,11 @@ async def _run(
         report.power_cuts = nemesis.power_cuts
         report.power_cuts_dropping = nemesis.power_cuts_dropping
         report.power_bytes_dropped = nemesis.power_bytes_dropped
+        report.disk_faults = nemesis.disks.figures
+        costs = fault_costs(nemesis.records, history, vchannel_pchannel, history.now())
+        for index, cost in costs.items():
+            nemesis.records[index].cost_s = cost
+        report.fault_cost_s = costs_by_kind(nemesis.records)
     report.operations = history.counts()
     for record in report.fault_log:
         report.faults[record.kind] = report.faults.get(record.kind, 0) + 1
@@ -1291,6 +1333,11 @@ def _ineffective(report: ChaosReport) -> list[str]:
         reasons.append(report.spark_unavailable)
     if report.faults.get("power") and not report.power_cuts_dropping:
         reasons.append("no power cut dropped unsynced bytes")
+    figures = report.disk_faults
+    if report.faults.get("slow-disk") and not figures.delayed_fsyncs:
+        reasons.append("no slow-disk fault delayed an fsync")
+    if report.faults.get("fsync-error") and not figures.failed_fsyncs:
+        reasons.append("no fsync-error fault failed an fsync")
     # The issue-15 consumer side, when it ran: packs delivered, member commits
     # acknowledged, the shard's final store read.
     for kind in ("pack", "sub_commit", "shard_final"):
@@ -1361,7 +1408,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         f"(default: {','.join(FAULT_KINDS)}; outage: a node killed for 10-16 s, long enough "
         "for replica repair with --replace-after-ms; member: a data node promoted and a "
         "voter drained and removed, needs --data-nodes; power: a power cut that drops "
-        "every unsynced byte of the node's data dir, needs FUSE: scripts/install-fuse.sh)",
+        "every unsynced byte of the node's data dir, needs FUSE: scripts/install-fuse.sh; "
+        "disk-full, slow-disk, fsync-error: a node's disk fills up, syncs slowly, or fails "
+        "its fsyncs, on the same FUSE mounts)",
     )
     parser.add_argument("--nodes", type=int, default=NODES, help="nodes (3..5, default 3)")
     parser.add_argument(
@@ -1520,6 +1569,19 @@ def print_report(report: ChaosReport) -> None:
         console.print(
             f"power cuts: {report.power_cuts} nodes, {report.power_cuts_dropping} of them "
             f"dropped unsynced bytes, {report.power_bytes_dropped} bytes dropped in all",
+            highlight=False,
+        )
+    disks = report.disk_faults
+    if report.fault_cost_s or disks.enospc or disks.failed_fsyncs or disks.delayed_fsyncs:
+        console.print(
+            f"disk faults: {disks.enospc} writes refused for space (ENOSPC), "
+            f"{disks.failed_fsyncs} fsyncs failed, {disks.delayed_fsyncs} fsyncs delayed, "
+            f"{disks.restarts} nodes started again",
+            highlight=False,
+        )
+        console.print(
+            "seconds of failed or refused writes, by fault: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in sorted(report.fault_cost_s.items())),
             highlight=False,
         )
     console.print("checked: " + ", ".join(f"{k} {v}" for k, v in report.checked.items()))

@@ -280,6 +280,28 @@ class ClusterConfig:
     # ClusterStatus flags a replica whose durable LSN is this many entries behind its
     # owner's committed LSN (a healthy replica under load stays within a few batches).
     replica_lag_warn_entries: int = 10_000
+    # ... or whose oldest committed entry not yet durable on it is older than this: a
+    # replica too slow for its owner (a slow disk or link). It is reported as lagging
+    # (metric, console, status); the majority acknowledges without it.
+    replica_lag_warn_ms: int = 1000
+    # Disk watermarks of every data directory (data_dir, and its wal/ and raft/ where they
+    # sit on filesystems of their own; docs/operations.md, "Disks"). A directory is past a
+    # mark when its used share (df's used / (used + available)) reaches *_used_percent or
+    # its free bytes fall below *_min_free_bytes (0: no byte floor). Past the soft mark the
+    # node warns (log, metric, alert, console) and WAL retention runs at once; past the
+    # hard mark it refuses Produce and transaction writes with RESOURCE_EXHAUSTED, while
+    # reads, replication and coordination go on, until space returns. Checked every
+    # disk_check_ms. The defaults are Milvus Woodpecker's (80% / 90%, 1 GiB free).
+    disk_soft_used_percent: int = 80
+    disk_hard_used_percent: int = 90
+    disk_soft_min_free_bytes: int = 2 << 30
+    disk_hard_min_free_bytes: int = 1 << 30
+    disk_check_ms: int = 1000
+    # Space Raft keeps for itself in raft/reserve (preallocated): when the Raft journal, its
+    # metadata, a snapshot or events.db meets a full disk, the reserve is released and the
+    # write retried, so that coordination (leases, locks) keeps working when something
+    # else filled the disk. Taken again once the disk is back under its soft mark. 0: none.
+    raft_reserve_bytes: int = 64 << 20
     # ClusterStatus flags a replication target (docs/replication.md) whose recorded
     # checkpoint is this many LSNs behind its source pchannel's committed LSN.
     replicate_lag_warn_entries: int = 10_000
@@ -345,7 +367,7 @@ CLUSTER_ID_MAX_CHARS = 128
 _TIMINGS = {
     f.name
     for f in fields(ClusterConfig)
-    if f.name.endswith(("_ms", "_revisions", "_entries", "_bytes", "_streams"))
+    if f.name.endswith(("_ms", "_revisions", "_entries", "_bytes", "_streams", "_percent"))
 }
 
 #: raft.peer.RaftTuning's heartbeat period: an election timeout must leave room for three.
@@ -364,7 +386,15 @@ def raft_connection_timeout_ms(config: ClusterConfig) -> int:
 
 # Settings where 0 switches the limit off.
 _ZERO_MEANS_OFF = frozenset(
-    {"event_retention_ms", "wal_retention_ms", "wal_retention_bytes", "replica_replace_after_ms"}
+    {
+        "event_retention_ms",
+        "wal_retention_ms",
+        "wal_retention_bytes",
+        "replica_replace_after_ms",
+        "disk_soft_min_free_bytes",
+        "disk_hard_min_free_bytes",
+        "raft_reserve_bytes",
+    }
 )
 
 
@@ -740,6 +770,20 @@ def parse_config(
         raise ConfigError(
             f"invalid raft_leader_fallback_ms ({config.raft_leader_fallback_ms}; expected > "
             f"{RAFT_HEARTBEAT_MS}, the Raft heartbeat period)"
+        )
+    for name in ("disk_soft_used_percent", "disk_hard_used_percent"):
+        if not 1 <= getattr(config, name) <= 100:
+            raise ConfigError(
+                f"invalid {name} ({getattr(config, name)}; expected 1..100, 100: no share limit)"
+            )
+    if config.disk_soft_used_percent > config.disk_hard_used_percent or (
+        config.disk_soft_min_free_bytes < config.disk_hard_min_free_bytes
+    ):
+        raise ConfigError(
+            f"invalid disk watermarks (soft {config.disk_soft_used_percent}% / "
+            f"{config.disk_soft_min_free_bytes} bytes free, hard "
+            f"{config.disk_hard_used_percent}% / {config.disk_hard_min_free_bytes} bytes "
+            "free; expected the soft mark at or before the hard one)"
         )
     if config.max_identity_streams > config.max_node_streams:
         raise ConfigError(

@@ -296,6 +296,20 @@ async def build_snapshot(node: Node) -> dict[str, Any]:
                 "revision": member.revision,
                 "data_dir_bytes": member.data_dir_bytes,
                 "pid": member.pid,
+                # Each data directory against its watermarks (ok, soft, hard), and Raft's
+                # disk reserve (released: the disk filled up to the last byte).
+                "disks": [
+                    {
+                        "dir": disk.dir,
+                        "level": disk.level,
+                        "free_bytes": disk.free_bytes,
+                        "total_bytes": disk.total_bytes,
+                        "hard_mark_free_bytes": disk.hard_mark_free_bytes,
+                    }
+                    for disk in member.disks
+                ],
+                "raft_reserve_released": member.raft_reserve_bytes
+                < member.raft_reserve_wanted_bytes,
             }
         )
     # Every process of every member: supervisor, control process, data workers.
@@ -332,6 +346,9 @@ async def build_snapshot(node: Node) -> dict[str, Any]:
     for channel in status.pchannels:
         owner = owner_view.get(channel.name)
         durable = {r.node_id: r.durable_lsn for r in owner.replicas} if owner is not None else {}
+        lagging = (
+            {r.node_id: r.lag_ms for r in owner.replicas if r.lagging} if owner is not None else {}
+        )
         kept = retention.get(channel.name)
         under = short.get(channel.name)
         pchannels.append(
@@ -344,7 +361,13 @@ async def build_snapshot(node: Node) -> dict[str, Any]:
                 "last_lsn": owner.last_lsn if owner is not None else 0,
                 "committed_lsn": owner.committed_lsn if owner is not None else 0,
                 "replicas": [
-                    {"node_id": n, "durable_lsn": durable.get(n), "down": n in down}
+                    {
+                        "node_id": n,
+                        "durable_lsn": durable.get(n),
+                        "down": n in down,
+                        # too slow for its owner: how long it has been behind (ms)
+                        "lagging_ms": lagging.get(n),
+                    }
                     for n in channel.replica_node_ids
                 ],
                 "retention_floor_lsn": kept.deleted_before_lsn if kept is not None else 0,

@@ -22,7 +22,8 @@
   turns out to be another node's, or a second process joining under an id a live process
   is joining under, is refused at its next heartbeat (``joiner_conflict``).
 - WAL retention (``statemachine.retention.plan_retention``, every
-  ``wal_retention_check_ms``): ``DeleteSegmentsBefore`` per pchannel whose committed
+  ``wal_retention_check_ms``, and at once when a node's heartbeat says a disk of it went
+  past its soft watermark): ``DeleteSegmentsBefore`` per pchannel whose committed
   segments are past the age or size limit, cut by what readers still hold.
 - A restore handed to this node (``<data_dir>/restore.snapshot``, see
   ``raftwal.node.backup``) is proposed as ``RestoreState`` once this node leads; the
@@ -223,6 +224,8 @@ class Coordinator:
         self._broadcast_tasks: set[asyncio.Task[None]] = set()
         # Nodes handing over before a planned stop (HeartbeatRequest.draining).
         self.draining: set[str] = set()
+        # Nodes past their soft disk watermark (HeartbeatRequest.disk_pressure).
+        self.disk_pressure: set[str] = set()
         # node id -> since when (time.monotonic()) this leader has seen it DOWN: replica
         # repair replaces it after replica_replace_after_ms. A new leader starts counting
         # afresh, which only delays a repair.
@@ -262,6 +265,17 @@ class Coordinator:
             self.draining.add(request.node_id)
         else:
             self.draining.discard(request.node_id)
+        if request.disk_pressure and request.node_id not in self.disk_pressure:
+            # A disk past its soft mark: WAL retention runs at the next tick, not at its
+            # next wal_retention_check_ms (then at its own pace while the pressure lasts).
+            log.warning(
+                "node %s is past its soft disk watermark: running retention now", request.node_id
+            )
+            self._last_retention = float("-inf")
+        if request.disk_pressure:
+            self.disk_pressure.add(request.node_id)
+        else:
+            self.disk_pressure.discard(request.node_id)
 
     def forget(self, node_id: str) -> None:
         """`node_id` was removed (RemoveNode): drop what this leader heard from it, so

@@ -93,6 +93,7 @@ class LivenessMixin:
             del request.suspect_node_ids[:]
             request.suspect_node_ids.extend(sorted(self._suspects))
             request.draining = self.draining
+            request.disk_pressure = self.disks.pressure
             if leader is not None:
                 if leader.id == self.me.id:
                     self.coordinator.record_heartbeat(request)

@@ -52,7 +52,7 @@ from prometheus_client.registry import Collector
 
 from raft.peer import RaftPeer
 from raftwal import __version__
-from raftwal.node.config import NodeConfig
+from raftwal.node.config import ClusterConfig, NodeConfig
 from raftwal.node.health import under_replicated
 from raftwal.node.metrics_http import MetricsServer, Routes
 from raftwal.node.replicator import SOURCE_GAP
@@ -156,6 +156,9 @@ class MetricsHost(Protocol):
 
     @property
     def me(self) -> NodeConfig: ...
+
+    @property
+    def config(self) -> ClusterConfig: ...
 
     @property
     def peer(self) -> RaftPeer | None: ...
@@ -688,7 +691,8 @@ class _NodeCollector(Collector):
 
     def _wal(self, view: _StateView) -> Iterator[Metric]:
         # A copy: owners are added and removed on the event loop thread.
-        plane = getattr(self._node, "plane", None)
+        node = self._node
+        plane = getattr(node, "plane", None)
         owners = sorted(dict(plane.owners).items()) if plane is not None else []
         serving = GaugeMetricFamily(
             "raftwal_wal_owner_serving",
@@ -731,19 +735,39 @@ class _NodeCollector(Collector):
             "per-pchannel bound (capacity). Counted since the owner took the pchannel.",
             labels=["pchannel", "reason"],
         )
+        lag_seconds = GaugeMetricFamily(
+            "raftwal_wal_replica_lag_seconds",
+            "Age of the oldest committed entry the replica has not reported durable (0 when "
+            "it holds everything committed), as this node's owner sees it.",
+            labels=["pchannel", "replica"],
+        )
+        lagging = GaugeMetricFamily(
+            "raftwal_wal_replica_lagging",
+            "1 for a replica whose lag is past replica_lag_warn_ms: too slow for its owner "
+            "(a slow disk or link); the majority acknowledges without it.",
+            labels=["pchannel", "replica"],
+        )
+        warn_s = node.config.replica_lag_warn_ms / 1000
         for pchannel, owner in owners:
             committed_lsn = owner.committed_lsn
             serving.add_metric([pchannel], float(owner.serving))
             term.add_metric([pchannel], owner.term)
             last.add_metric([pchannel], owner.log.last_lsn)
             committed.add_metric([pchannel], committed_lsn)
+            lags = owner.replica_lags_s()
             for replica, lsn in sorted(owner.replica_positions().items()):
                 durable.add_metric([pchannel, replica], lsn)
                 lag.add_metric([pchannel, replica], max(0, committed_lsn - lsn))
+                behind_s = lags.get(replica, 0.0)
+                lag_seconds.add_metric([pchannel, replica], behind_s)
+                lagging.add_metric([pchannel, replica], float(behind_s > warn_s))
             producers.add_metric([pchannel], owner.producer_count())
             for reason, count in sorted(owner.producers_expired.items()):
                 expired.add_metric([pchannel, reason], count)
-        yield from (serving, term, last, committed, durable, lag, producers, expired)
+        yield from (
+            serving, term, last, committed, durable, lag, lag_seconds, lagging, producers,
+            expired,
+        )  # fmt: skip
         # Consumer lag where the committed LSN is known: on the owner of the pchannel. The
         # largest lag over the subscription's vchannels on that pchannel (a vchannel without
         # a committed position counts from 0, as DescribeSubscription does).

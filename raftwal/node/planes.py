@@ -226,6 +226,9 @@ class ControlRequests(Protocol):
     def admit(self) -> None:
         """The node was admitted: its data plane may take pchannels."""
 
+    def raft_reserve(self, released: bool) -> None:
+        """Whether Raft lives on its disk reserve (PlaneDisk)."""
+
 
 class ControlLink:
     """A data worker's link to its control process."""
@@ -305,6 +308,8 @@ class ControlLink:
             self._requests.request_stop()
         elif kind == "admitted":
             self._requests.admit()
+        elif kind == "disk":
+            self._requests.raft_reserve(message.disk.raft_reserve_released)
         else:
             raise LinkBroken(f"unexpected message from the control process: {kind}")
 
@@ -425,6 +430,8 @@ class DataWorkers:
         self._all_up = asyncio.Event()
         # A leader accepted this node's process (see PlaneAdmitted).
         self._admitted = False
+        # Raft lives on its disk reserve (see PlaneDisk).
+        self._reserve_released = False
 
     # -- attaching ------------------------------------------------------------------------
 
@@ -488,6 +495,10 @@ class DataWorkers:
             )
             if self._admitted:
                 writer.write(encode(planes.PlaneMessage(admitted=planes.PlaneAdmitted())))
+            if self._reserve_released:
+                writer.write(
+                    encode(planes.PlaneMessage(disk=planes.PlaneDisk(raft_reserve_released=True)))
+                )
             link.up = True
             log.info(
                 "data worker %d up (pid %d, gRPC %s, transfer port %d)",
@@ -667,6 +678,17 @@ class DataWorkers:
         for link in self.links.values():
             if link.up:
                 self._write(link, planes.PlaneMessage(admitted=planes.PlaneAdmitted()))
+
+    def raft_reserve(self, released: bool) -> None:
+        """Tell every worker, now and at its hello, whether Raft lives on its reserve."""
+        self._reserve_released = released
+        message = planes.PlaneMessage(disk=planes.PlaneDisk(raft_reserve_released=released))
+        for link in self.links.values():
+            if link.up:
+                self._write(link, message)
+
+    def disk_writes_refused(self) -> int:
+        return sum(link.status.disk_writes_refused for link in self.links.values())
 
     def reconcile_now(self) -> None:
         for link in self.links.values():

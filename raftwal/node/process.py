@@ -53,6 +53,7 @@ from grpc_reflection.v1alpha import reflection
 
 from raft.peer import RaftPeer, RaftTuning, loop_mailbox
 from raft.replica import CoordinationReplica
+from raft.reserve import RESERVE_FILE_NAME, DiskReserve
 from raftwal.node import faults
 from raftwal.node.cluster_view import ClusterView, removed_node
 from raftwal.node.config import (
@@ -64,6 +65,7 @@ from raftwal.node.config import (
 from raftwal.node.console import ConsoleFeed, ConsoleRoutes
 from raftwal.node.coordinator import Coordinator
 from raftwal.node.data_plane import NodeDataView, dial_address
+from raftwal.node.disks import DiskCollector, DiskWatch, Watermarks
 from raftwal.node.handover import HandoverMixin
 from raftwal.node.liveness import LivenessMixin
 from raftwal.node.membership import (
@@ -114,6 +116,8 @@ STOP_HANDLERS_WAIT_S = 2.0
 WORKERS_STOP_WAIT_S = 10.0
 # How long a metrics scrape waits for the data workers' pages.
 METRICS_WAIT_S = 2.0
+# How often the data workers hear whether Raft's disk reserve is released.
+RESERVE_CHECK_S = 0.1
 
 
 class Node(ProposingMixin, ReportingMixin, LivenessMixin, HandoverMixin, VotersMixin):
@@ -152,8 +156,26 @@ class Node(ProposingMixin, ReportingMixin, LivenessMixin, HandoverMixin, VotersM
         # then the data plane takes no pchannel, so that a second process under this id
         # never recovers the node's pchannels (see DataPlane's `admitted`).
         self.admitted = asyncio.Event()
-        self.replica = CoordinationReplica(data_dir)
+        # Disks (raftwal/node/disks.py): Raft's own reserve, for the control plane, and
+        # the watermarks of the node's data directories (the data workers refuse client
+        # writes past the hard mark; this process reports them and asks for retention).
+        self.raft_reserve = DiskReserve(
+            data_dir / "raft" / RESERVE_FILE_NAME, config.raft_reserve_bytes
+        )
+        self._heartbeat_now = asyncio.Event()
+        self.disks = DiskWatch(
+            self.me.id,
+            [data_dir, data_dir / "wal", data_dir / "raft"],
+            Watermarks.of(config),
+            check_s=config.disk_check_ms / 1000,
+            reserve=self.raft_reserve,
+            on_pressure=self._heartbeat_now.set,
+        )
+        self.replica = CoordinationReplica(data_dir, reserve=self.raft_reserve)
         self.metrics = NodeMetrics(self)
+        self.metrics.registry.register(
+            DiskCollector(self.disks, refused=lambda: self.workers.disk_writes_refused())
+        )
         # The web console on the metrics port (raftwal.node.console).
         self.console = ConsoleFeed()
         self.notifier = AppliedNotifier()
@@ -190,7 +212,6 @@ class Node(ProposingMixin, ReportingMixin, LivenessMixin, HandoverMixin, VotersM
         # The stall watch's last tick, and when it last found this process frozen.
         self._alive_at = time.monotonic()
         self._stalled_at = -1e9
-        self._heartbeat_now = asyncio.Event()
         # Last time (monotonic) this node knew a Raft leader; start counts as one.
         self._leader_seen_at = time.monotonic()
         # The node's data workers (raftwal.node.planes), whose links the supervisor hands
@@ -226,6 +247,18 @@ class Node(ProposingMixin, ReportingMixin, LivenessMixin, HandoverMixin, VotersM
     def reconcile_now(self) -> None:
         """NodeManager.Assign: the data workers look at their assignments now."""
         self.workers.reconcile_now()
+
+    async def _tell_reserve(self) -> None:
+        """Tell the data workers whenever Raft releases its disk reserve (the disk filled
+        up) or takes it back: while released, they refuse client writes and owners'
+        appends, so that the space it gave back stays Raft's (raftwal/node/disks.py)."""
+        told: bool | None = None
+        while not self._stopping.is_set():
+            released = self.raft_reserve.released
+            if released != told:
+                self.workers.raft_reserve(released)
+                told = released
+            await asyncio.sleep(RESERVE_CHECK_S)
 
     def _worker_pages(self) -> dict[int, bytes]:
         """The data workers' metrics pages (for the metrics endpoint's thread)."""
@@ -337,6 +370,7 @@ class Node(ProposingMixin, ReportingMixin, LivenessMixin, HandoverMixin, VotersM
             partner_dial_addresses={a: d for a, d in dial.items() if a != d},
             on_fatal=self._on_fatal,
             voter=self.role == "voter",
+            reserve=self.raft_reserve,
         )
         revision, index = self.replica.applied()
         self.notifier.advance(revision, index)
@@ -403,6 +437,8 @@ class Node(ProposingMixin, ReportingMixin, LivenessMixin, HandoverMixin, VotersM
             asyncio.create_task(self.coordinator.run(), name="coordinator"),
             asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
             asyncio.create_task(trim_memory_loop(self._stopping), name="trim-memory"),
+            asyncio.create_task(self.disks.run(self._stopping), name="disk-watch"),
+            asyncio.create_task(self._tell_reserve(), name="raft-reserve"),
         ]
         if self.me.metrics_port:
             self._tasks.append(

@@ -18,6 +18,7 @@ import grpc
 from raftwal.node.config import (
     NodeConfig,
 )
+from raftwal.node.disks import disk_warnings
 from raftwal.node.health import under_replicated
 from raftwal.node.status import process_status, tree_bytes
 from rpc.protos import coordination_pb2 as pb
@@ -60,6 +61,10 @@ class ReportingMixin:
             pid=os.getppid(),
             durable_index=int(status.get("durable_index", 0) or 0),
             data_dir_bytes=await asyncio.to_thread(tree_bytes, self.me.data_dir),
+            disks=self.disks.statuses(),
+            raft_reserve_bytes=self.raft_reserve.held_bytes,
+            raft_reserve_wanted_bytes=self.raft_reserve.size_bytes,
+            disk_writes_refused=self.workers.disk_writes_refused(),
         )
         member.processes.append(process_status("supervisor", os.getppid(), up=True))
         member.processes.append(process_status("control", os.getpid(), up=True))
@@ -235,6 +240,17 @@ class ReportingMixin:
                             f"{lag} entries behind committed lsn {owner.committed_lsn} (owner "
                             f"{member.node_id} at term {owner.term}; warning above {lag_limit})"
                         )
+                    elif replica.lagging:
+                        warnings.append(
+                            f"replica {replica.node_id} of pchannel {owner.pchannel} is lagging: "
+                            f"its oldest missing committed entry is {replica.lag_ms} ms old "
+                            f"(durable lsn {replica.durable_lsn} < committed lsn "
+                            f"{owner.committed_lsn}; owner {member.node_id} at term "
+                            f"{owner.term}; warning above {self.config.replica_lag_warn_ms} ms: "
+                            "a slow disk or link; writes are acknowledged without it)"
+                        )
+        for member in response.members:
+            warnings.extend(disk_warnings(member))
         # The digest covers apply metadata too (raft index, clock, dedup window), so only
         # replicas at the same applied raft index must agree.
         by_index: dict[int, set[str]] = {}

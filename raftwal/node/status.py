@@ -19,17 +19,25 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def owner_status(owner: ChannelOwner) -> api.OwnerStatus:
+def owner_status(owner: ChannelOwner, lag_warn_ms: int) -> api.OwnerStatus:
+    """`owner`'s view of its replica set; a replica whose oldest missing committed entry is
+    older than `lag_warn_ms` is `lagging` (too slow for its owner)."""
+    lags = owner.replica_lags_s()
+    replicas = []
+    for node_id, lsn in sorted(owner.replica_positions().items()):
+        lag_ms = int(lags.get(node_id, 0.0) * 1000)
+        replicas.append(
+            api.ReplicaPosition(
+                node_id=node_id, durable_lsn=lsn, lag_ms=lag_ms, lagging=lag_ms > lag_warn_ms
+            )
+        )
     return api.OwnerStatus(
         pchannel=owner.pchannel,
         term=owner.term,
         state=owner.state,
         last_lsn=owner.log.last_lsn,
         committed_lsn=owner.committed_lsn,
-        replicas=[
-            api.ReplicaPosition(node_id=node_id, durable_lsn=lsn)
-            for node_id, lsn in sorted(owner.replica_positions().items())
-        ],
+        replicas=replicas,
     )
 
 

@@ -38,6 +38,7 @@ from raftwal.node import faults
 from raftwal.node.cluster_view import ClusterView
 from raftwal.node.config import ClusterConfig, NodeConfig
 from raftwal.node.data_plane import GrpcReplicaTransport, NodeDataView, dial_address, reconcile_loop
+from raftwal.node.disks import DiskWatch, Watermarks
 from raftwal.node.metrics import NodeMetrics
 from raftwal.node.planes import ControlGone, ControlLink, StateMirror, open_link
 from raftwal.node.replicator import Replicators
@@ -121,6 +122,22 @@ class _ReplicatorHost:
             raise RaftwalError(result.rejection)
 
 
+class _RaftReserveFlag:
+    """Raft's disk reserve as a data worker sees it: held by its control process, which
+    says when it is released (``raftwal.node.disks.DiskWatch`` reads ``released``; a
+    worker never takes the reserve itself: ``held`` stays true)."""
+
+    held = True
+    held_bytes = 0
+    releases = 0
+
+    def __init__(self) -> None:
+        self.released = False
+
+    def ensure(self) -> bool:
+        return True
+
+
 class _NoCoordinator:
     """A worker runs no coordinator: nothing of the leader's to report."""
 
@@ -158,6 +175,18 @@ class WorkerNode:
         self._reconcile_now = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.admitted = asyncio.Event()
+        # The watermarks of the node's data directories, checked here too: this worker
+        # refuses client writes past the hard mark, and while Raft lives on its reserve
+        # (which its control process holds and tells it about).
+        self.raft_reserve_flag = _RaftReserveFlag()
+        data_dir = self.node_config.data_dir
+        self.disks = DiskWatch(
+            node_id,
+            [data_dir, data_dir / "wal", data_dir / "raft"],
+            Watermarks.of(config),
+            check_s=config.disk_check_ms / 1000,
+            reserve=self.raft_reserve_flag,  # type: ignore[arg-type]
+        )
         self.replicators = Replicators(_ReplicatorHost(self))
         self.plane = DataPlane(
             node_id=node_id,
@@ -257,10 +286,14 @@ class WorkerNode:
         from raftwal.node.status import owner_status
 
         status = planes.PlaneStatus(
-            owners=[owner_status(o) for _, o in sorted(self.plane.owners.items())],
+            owners=[
+                owner_status(o, self.config.replica_lag_warn_ms)
+                for _, o in sorted(self.plane.owners.items())
+            ],
             problems=self.plane.problems(),
             logs=len(self.plane.logs),
             replicators=self.replicators.status(),
+            disk_writes_refused=self.disks.refused,
         )
         for name, (size, first) in self.plane.disk_usage().items():
             status.wal_disk.add(pchannel=name, bytes=size, first_lsn=first)
@@ -275,6 +308,9 @@ class WorkerNode:
 
     def request_stop(self) -> None:
         self._stop_requested.set()
+
+    def raft_reserve(self, released: bool) -> None:
+        self.raft_reserve_flag.released = released
 
     def admit(self) -> None:
         if not self.admitted.is_set():
@@ -318,11 +354,16 @@ class WorkerNode:
         )
         server = grpc.aio.server(options=options, interceptors=interceptors)
         streaming = StreamingNodeServicer(
-            self, self.plane, self.data_view, self.segment_transfers, config.grpc_max_message_bytes
+            self,
+            self.plane,
+            self.data_view,
+            self.segment_transfers,
+            config.grpc_max_message_bytes,
+            disk=self.disks,
         )
         add_streaming_node_servicer(streaming, server)
         replication = ReplicationServicer(
-            self, self.plane, self.segment_transfers, config.grpc_max_message_bytes
+            self, self.plane, self.segment_transfers, config.grpc_max_message_bytes, disk=self.disks
         )
         if self.segment_transfers is not None:
             self.segment_transfers.serve_appends(replication.serve_append_connection)
@@ -371,6 +412,7 @@ class WorkerNode:
             asyncio.create_task(self.replicators.run(self._stopping), name="replicators"),
             asyncio.create_task(self._tell_serving(), name="serving"),
             asyncio.create_task(trim_memory_loop(self._stopping), name="trim-memory"),
+            asyncio.create_task(self.disks.run(self._stopping), name="disk-watch"),
         ]
         log.info(
             "node %s data worker %d of %d serving gRPC on %s, transfer port %s (pid %d)",

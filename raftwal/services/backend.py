@@ -16,6 +16,7 @@ from typing import Protocol, TypeVar
 from rpc.placement import address_for
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
+from rpc.protos import errors_pb2
 from wal_segments.plane import Assignment
 
 T = TypeVar("T")
@@ -110,6 +111,27 @@ class TxnBudgets(Protocol):
 
     @property
     def txn_buffer_producer_budget_bytes(self) -> int: ...
+
+
+class DiskGuard(Protocol):
+    """The node's disk watermarks as the data plane's servicers see them
+    (``raftwal.node.disks.DiskWatch``)."""
+
+    def write_refusal(self, what: str = ...) -> errors_pb2.ErrorInfo | None:
+        """RESOURCE_EXHAUSTED (with its ``disk`` detail) for a client write while a data
+        directory is past its hard watermark; None while writes are taken."""
+        ...
+
+    def replica_refusal(self) -> errors_pb2.ErrorInfo | None:
+        """RESOURCE_EXHAUSTED for an owner's Append while the disk is past its hard mark
+        and Raft had to use its disk reserve (the disk filled up): what is left is Raft's.
+        None otherwise (replicas keep taking appends past the hard mark)."""
+        ...
+
+    def full_detail(self) -> errors_pb2.DiskSpace:
+        """The ``disk`` detail for a write the filesystem refused with ENOSPC (between
+        two samples); the guard samples again at once."""
+        ...
 
 
 class StreamingBackend(Protocol):

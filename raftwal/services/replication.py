@@ -7,7 +7,9 @@ The owner's Append stream comes either as the gRPC ``Append`` call or, after
 
 Only nodes call it (role ``node``). It validates every request against the replica's log
 and the coordination state (log matching, fenced terms, pending broadcasts) and never
-writes what fails a check. Depends on ``ReplicationBackend``, never on the node itself.
+writes what fails a check. A node whose disk filled up (past its hard watermark, Raft's
+disk reserve in use) refuses appends with entries (``DiskGuard``). Depends on
+``ReplicationBackend`` and ``DiskGuard``, never on the node itself.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from raftwal.services.backend import ReplicationBackend
+from raftwal.services.backend import DiskGuard, ReplicationBackend
 from raftwal.services.common import fail
 from raftwal.services.segment_transfer import SegmentTransfers
 from rpc import append_stream
@@ -92,9 +94,12 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
         plane: DataPlane,
         transfers: SegmentTransfers | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        disk: DiskGuard | None = None,
     ) -> None:
         self._node = node
         self._plane = plane
+        # The disk watermarks: a disk that filled up takes no replica appends (None: none).
+        self._disk = disk
         # The transfer port, for Append connections (None: the gRPC Append call only).
         self._transfers = transfers
         # The largest AppendRequest read from a connection: the gRPC port's message limit,
@@ -333,6 +338,10 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                 if bad is not None:
                     raise BadBatch(bad.message)
                 self._check_assigned(request.pchannel, request.term, request.owner_node_id)
+                if request.frames and self._disk is not None:
+                    refusal = self._disk.replica_refusal()
+                    if refusal is not None:
+                        raise RaftwalError(refusal)
                 wal = await self._plane.log(request.pchannel)
                 if request.frames:
                     result = await wal.append(

@@ -7,8 +7,11 @@ here (bounded by count, size and the node's and each producer's byte budgets) an
 as one replicated batch at commit; each answers only the caller that began it (its token or
 client certificate and its producer_id, ``callers.check_owner``) and has a random id. A Consume that asks for time-tick watermarks gets the
 committed time tick it has read past, also while its pchannel is idle (the owner appends
-time-tick entries). Depends on ``StreamingBackend`` and ``DataView``, never
-on the node itself.
+time-tick entries). Produce and transaction writes are refused with RESOURCE_EXHAUSTED
+while a data directory is past its hard disk watermark (``DiskGuard``), and a write the
+filesystem refused (ENOSPC) is answered the same way; reads are never refused for
+space. Depends on ``StreamingBackend``, ``DataView`` and ``DiskGuard``, never on the node
+itself.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import errno
 import logging
 import os
 import secrets
@@ -28,7 +32,7 @@ from typing import Any
 import grpc
 
 from raftwal.services import consume_wire
-from raftwal.services.backend import DataView, StreamingBackend, VChannelInfo
+from raftwal.services.backend import DataView, DiskGuard, StreamingBackend, VChannelInfo
 from raftwal.services.callers import TxnOwner, caller_identity, check_owner
 from raftwal.services.common import fail
 from raftwal.services.replicated import (
@@ -64,7 +68,7 @@ from wal_segments.format import (
     msg_type_name,
 )
 from wal_segments.log import LogError
-from wal_segments.owner import TXN_COUNT_PROPERTY, Message, WalError
+from wal_segments.owner import DISK_FULL_MARK, TXN_COUNT_PROPERTY, Message, WalError
 from wal_segments.plane import DataPlane
 from wal_segments.segment import SegmentCorrupted, SegmentReader
 
@@ -296,10 +300,13 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         view: DataView,
         transfers: SegmentTransfers | None = None,
         max_frame_bytes: int = 32 << 20,
+        disk: DiskGuard | None = None,
     ) -> None:
         self._node = node
         self._plane = plane
         self._view = view
+        # The disk watermarks (None: no refusal for space, e.g. a servicer under test).
+        self._disk = disk
         # The segment transfer port, for ReadSegment's bulk requests and Produce streams
         # (None: gRPC only).
         self._transfers = transfers
@@ -336,6 +343,37 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         )
         if refusal:
             raise fail(E.IGNORED_OPERATION, refusal)
+
+    def _check_disk(self, what: str) -> None:
+        """Refuse a client write while a data directory is past its hard watermark."""
+        if self._disk is not None:
+            refusal = self._disk.write_refusal(what)
+            if refusal is not None:
+                raise RaftwalError(refusal)
+
+    def _with_disk(self, info: errors_pb2.ErrorInfo) -> errors_pb2.ErrorInfo:
+        """`info` with the disk detail when it is a write the filesystem refused (ENOSPC,
+        answered RESOURCE_EXHAUSTED by the owner) and has none yet."""
+        if (
+            info.code == E.RESOURCE_EXHAUSTED
+            and DISK_FULL_MARK in info.message
+            and not info.HasField("disk")
+            and self._disk is not None
+        ):
+            detailed = errors_pb2.ErrorInfo()
+            detailed.CopyFrom(info)
+            detailed.disk.CopyFrom(self._disk.full_detail())
+            return detailed
+        return info
+
+    def _os_error(self, error: BaseException) -> RaftwalError:
+        """A local I/O error as an answer: RESOURCE_EXHAUSTED for a full disk (retry once
+        space returns), INNER otherwise."""
+        if getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+            message = f"{DISK_FULL_MARK} on node {self._node.me.id} ({error})"
+            info = error_info(E.RESOURCE_EXHAUSTED, message[:300] + "; retry once space returns")
+            return RaftwalError(self._with_disk(info))
+        return fail(E.INNER, str(error)[:300])
 
     def _check_replicated_from(self, pchannel: str, cluster_id: str) -> None:
         """Refuse a replicated batch unless `pchannel` is a target of `cluster_id`."""
@@ -529,7 +567,15 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                         "with a producer_id and a sequence > 0)",
                     )
                 previous_sequence = request.previous_sequence
-            owner = self._owner(request.pchannel)
+            try:
+                owner = self._owner(request.pchannel)
+            except RaftwalError as error:
+                if error.info.code == E.NOT_OWNER and not error.info.owner_hint:
+                    # The pchannel recovers here (or is unassigned): when this node's disk
+                    # is full, that is the answer worth giving (recovery needs the space).
+                    self._check_disk("a Produce")
+                raise
+            self._check_disk("a Produce")
             if compact:
                 messages = self._compact_messages(request)
             elif request.HasField("replicate_source"):
@@ -574,10 +620,12 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 )
             return result
         except (RaftwalError, WalError) as error:
-            return wire.ProduceResult(request_id=request.request_id, error=error.info)
+            return wire.ProduceResult(
+                request_id=request.request_id, error=self._with_disk(error.info)
+            )
         except (LogError, OSError, ValueError) as error:
             return wire.ProduceResult(
-                request_id=request.request_id, error=error_info(E.INNER, str(error)[:300])
+                request_id=request.request_id, error=self._os_error(error).info
             )
         except Exception as error:  # noqa: BLE001 - logged and answered, never left pending
             # Anything else is a bug, but the producer must still get an answer: a request
@@ -995,9 +1043,10 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         try:
             return await work
         except (RaftwalError, WalError) as error:
-            await self._abort(context, error)
+            info = self._with_disk(error.info)
+            await self._abort(context, error if info is error.info else RaftwalError(info))
         except (LogError, OSError) as error:
-            await self._abort(context, fail(E.INNER, str(error)[:300]))
+            await self._abort(context, self._os_error(error))
 
     async def BeginTxn(self, request, context):
         async def work() -> wire.BeginTxnResponse:
@@ -1010,6 +1059,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                     f"invalid keepalive_ms ({keepalive}; expected 1..{MAX_TXN_KEEPALIVE_MS})",
                 )
             owner = self._owner(vchannel.pchannel)
+            self._check_disk("a BeginTxn")
             self._expire_txns()
             if len(self._txns) >= MAX_OPEN_TXNS:
                 raise fail(
@@ -1047,6 +1097,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             )
             if not 1 <= len(request.messages) <= MAX_MESSAGES_PER_BATCH:
                 raise fail(E.INVALID_ARGUMENT, f"invalid message count ({len(request.messages)})")
+            self._check_disk("an AppendTxn")
             # Refuse before copying anything: a full budget must cost no more memory.
             self._check_budget(txn, sum(_txn_bytes(m) for m in request.messages))
             messages = []
@@ -1103,6 +1154,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             txn = self._txn(
                 request.vchannel, request.txn_id, _caller(request, context), "CommitTxn"
             )
+            # Before the transaction is dropped: refused for space, it stays open (within its
+            # keepalive) and the commit can be retried once space returns.
+            self._check_disk("a CommitTxn")
             async with txn.lock:
                 self._drop_txn(txn.txn_id)
             owner = self._owner(txn.pchannel)

@@ -392,7 +392,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self, consistency: _Optional[_Union[Consistency, str]] = ...) -> None: ...
 
 class MemberStatus(_message.Message):
-    __slots__ = ("node_id", "grpc_address", "raft_address", "is_leader", "reachable", "raft_term", "commit_index", "applied_index", "revision", "state_digest", "pid", "durable_index", "owners", "wal_disk", "data_dir_bytes", "role", "processes", "replicators")
+    __slots__ = ("node_id", "grpc_address", "raft_address", "is_leader", "reachable", "raft_term", "commit_index", "applied_index", "revision", "state_digest", "pid", "durable_index", "owners", "wal_disk", "data_dir_bytes", "role", "processes", "replicators", "disks", "raft_reserve_bytes", "raft_reserve_wanted_bytes", "disk_writes_refused")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -411,6 +411,10 @@ class MemberStatus(_message.Message):
     ROLE_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
     REPLICATORS_FIELD_NUMBER: _ClassVar[int]
+    DISKS_FIELD_NUMBER: _ClassVar[int]
+    RAFT_RESERVE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RAFT_RESERVE_WANTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_WRITES_REFUSED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     grpc_address: str
     raft_address: str
@@ -429,7 +433,11 @@ class MemberStatus(_message.Message):
     role: str
     processes: _containers.RepeatedCompositeFieldContainer[ProcessStatus]
     replicators: _containers.RepeatedCompositeFieldContainer[ReplicatorStatus]
-    def __init__(self, node_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., raft_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., reachable: _Optional[bool] = ..., raft_term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ..., pid: _Optional[int] = ..., durable_index: _Optional[int] = ..., owners: _Optional[_Iterable[_Union[OwnerStatus, _Mapping]]] = ..., wal_disk: _Optional[_Iterable[_Union[WalDiskUsage, _Mapping]]] = ..., data_dir_bytes: _Optional[int] = ..., role: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ProcessStatus, _Mapping]]] = ..., replicators: _Optional[_Iterable[_Union[ReplicatorStatus, _Mapping]]] = ...) -> None: ...
+    disks: _containers.RepeatedCompositeFieldContainer[DiskStatus]
+    raft_reserve_bytes: int
+    raft_reserve_wanted_bytes: int
+    disk_writes_refused: int
+    def __init__(self, node_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., raft_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., reachable: _Optional[bool] = ..., raft_term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., revision: _Optional[int] = ..., state_digest: _Optional[str] = ..., pid: _Optional[int] = ..., durable_index: _Optional[int] = ..., owners: _Optional[_Iterable[_Union[OwnerStatus, _Mapping]]] = ..., wal_disk: _Optional[_Iterable[_Union[WalDiskUsage, _Mapping]]] = ..., data_dir_bytes: _Optional[int] = ..., role: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ProcessStatus, _Mapping]]] = ..., replicators: _Optional[_Iterable[_Union[ReplicatorStatus, _Mapping]]] = ..., disks: _Optional[_Iterable[_Union[DiskStatus, _Mapping]]] = ..., raft_reserve_bytes: _Optional[int] = ..., raft_reserve_wanted_bytes: _Optional[int] = ..., disk_writes_refused: _Optional[int] = ...) -> None: ...
 
 class ProcessStatus(_message.Message):
     __slots__ = ("kind", "index", "pid", "up", "cpu_seconds", "rss_bytes", "grpc_address", "transfer_port", "restarts", "owned_pchannels", "replica_pchannels")
@@ -507,6 +515,22 @@ class ReplicatorStatus(_message.Message):
     source_first_lsn: int
     def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., target_cluster_id: _Optional[str] = ..., target_pchannel: _Optional[str] = ..., state: _Optional[str] = ..., source_committed_lsn: _Optional[int] = ..., target_lsn: _Optional[int] = ..., lag_entries: _Optional[int] = ..., lag_bytes: _Optional[int] = ..., lag_s: _Optional[float] = ..., apply_rate_entries_s: _Optional[float] = ..., apply_rate_bytes_s: _Optional[float] = ..., commit_rate_entries_s: _Optional[float] = ..., inflight_batches: _Optional[int] = ..., inflight_bytes: _Optional[int] = ..., keeping_up: _Optional[bool] = ..., summary: _Optional[str] = ..., last_error: _Optional[str] = ..., applied_entries: _Optional[int] = ..., applied_bytes: _Optional[int] = ..., measured_at_ms: _Optional[int] = ..., needed_lsn: _Optional[int] = ..., source_first_lsn: _Optional[int] = ...) -> None: ...
 
+class DiskStatus(_message.Message):
+    __slots__ = ("dir", "total_bytes", "free_bytes", "level", "soft_mark_free_bytes", "hard_mark_free_bytes")
+    DIR_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    SOFT_MARK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HARD_MARK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    dir: str
+    total_bytes: int
+    free_bytes: int
+    level: str
+    soft_mark_free_bytes: int
+    hard_mark_free_bytes: int
+    def __init__(self, dir: _Optional[str] = ..., total_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ..., level: _Optional[str] = ..., soft_mark_free_bytes: _Optional[int] = ..., hard_mark_free_bytes: _Optional[int] = ...) -> None: ...
+
 class OwnerStatus(_message.Message):
     __slots__ = ("pchannel", "term", "state", "last_lsn", "committed_lsn", "replicas")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
@@ -524,12 +548,16 @@ class OwnerStatus(_message.Message):
     def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., state: _Optional[str] = ..., last_lsn: _Optional[int] = ..., committed_lsn: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaPosition, _Mapping]]] = ...) -> None: ...
 
 class ReplicaPosition(_message.Message):
-    __slots__ = ("node_id", "durable_lsn")
+    __slots__ = ("node_id", "durable_lsn", "lag_ms", "lagging")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     DURABLE_LSN_FIELD_NUMBER: _ClassVar[int]
+    LAG_MS_FIELD_NUMBER: _ClassVar[int]
+    LAGGING_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     durable_lsn: int
-    def __init__(self, node_id: _Optional[str] = ..., durable_lsn: _Optional[int] = ...) -> None: ...
+    lag_ms: int
+    lagging: bool
+    def __init__(self, node_id: _Optional[str] = ..., durable_lsn: _Optional[int] = ..., lag_ms: _Optional[int] = ..., lagging: _Optional[bool] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
     __slots__ = ("leader_node_id", "leader_address", "members", "nodes", "pchannels", "revision", "balance_policy", "warnings", "leases", "locks", "pending_broadcasts", "retention", "under_replicated")
@@ -872,7 +900,7 @@ class CollectStatusResponse(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., member: _Optional[_Union[MemberStatus, _Mapping]] = ..., serving_terms: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "address", "incarnation", "serving_terms", "suspect_node_ids", "draining", "raft_address", "joined", "worker_addresses")
+    __slots__ = ("node_id", "address", "incarnation", "serving_terms", "suspect_node_ids", "draining", "raft_address", "joined", "worker_addresses", "disk_pressure")
     class ServingTermsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -889,6 +917,7 @@ class HeartbeatRequest(_message.Message):
     RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     JOINED_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    DISK_PRESSURE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     incarnation: int
@@ -898,7 +927,8 @@ class HeartbeatRequest(_message.Message):
     raft_address: str
     joined: bool
     worker_addresses: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., serving_terms: _Optional[_Mapping[str, int]] = ..., suspect_node_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., raft_address: _Optional[str] = ..., joined: _Optional[bool] = ..., worker_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+    disk_pressure: bool
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., serving_terms: _Optional[_Mapping[str, int]] = ..., suspect_node_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., raft_address: _Optional[str] = ..., joined: _Optional[bool] = ..., worker_addresses: _Optional[_Iterable[str]] = ..., disk_pressure: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("leader_node_id", "revision", "draining_seen", "handover_targets", "voter_node_ids", "membership_settled")

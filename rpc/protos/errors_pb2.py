@@ -24,15 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rpc/protos/errors.proto\x12\nraftwal.v1\"\x99\x01\n\tErrorInfo\x12#\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x15.raftwal.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x13\n\x0bleader_hint\x18\x03 \x01(\t\x12\x14\n\x0c\x63urrent_term\x18\x04 \x01(\x03\x12\x12\n\nowner_hint\x18\x05 \x01(\t\x12\x17\n\x0f\x66irst_available\x18\x06 \x01(\x03*\xd1\x03\n\tErrorCode\x12\x06\n\x02OK\x10\x00\x12\x15\n\x11\x43HANNEL_NOT_EXIST\x10\x01\x12\x12\n\x0e\x43HANNEL_FENCED\x10\x02\x12\x0f\n\x0bON_SHUTDOWN\x10\x03\x12\x17\n\x13INVALID_REQUEST_SEQ\x10\x04\x12\x1a\n\x16UNMATCHED_CHANNEL_TERM\x10\x05\x12\x15\n\x11IGNORED_OPERATION\x10\x06\x12\t\n\x05INNER\x10\x07\x12\x14\n\x10INVALID_ARGUMENT\x10\x08\x12\x17\n\x13TRANSACTION_EXPIRED\x10\t\x12\x1d\n\x19INVALID_TRANSACTION_STATE\x10\n\x12\x11\n\rUNRECOVERABLE\x10\x0b\x12\x15\n\x11RESOURCE_ACQUIRED\x10\x0c\x12\x0e\n\nNOT_LEADER\x10\r\x12\r\n\tNOT_OWNER\x10\x0e\x12\r\n\tCOMPACTED\x10\x0f\x12\x12\n\x0e\x41LREADY_EXISTS\x10\x10\x12\r\n\tNOT_FOUND\x10\x11\x12\x0b\n\x07UNKNOWN\x10\x12\x12\x13\n\x0fUNAUTHENTICATED\x10\x13\x12\x15\n\x11PERMISSION_DENIED\x10\x14\x12\x16\n\x12RESOURCE_EXHAUSTED\x10\x15\x12\x0f\n\x0bUNAVAILABLE\x10\x16\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rpc/protos/errors.proto\x12\nraftwal.v1\"\xbe\x01\n\tErrorInfo\x12#\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x15.raftwal.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x13\n\x0bleader_hint\x18\x03 \x01(\t\x12\x14\n\x0c\x63urrent_term\x18\x04 \x01(\x03\x12\x12\n\nowner_hint\x18\x05 \x01(\t\x12\x17\n\x0f\x66irst_available\x18\x06 \x01(\x03\x12#\n\x04\x64isk\x18\x07 \x01(\x0b\x32\x15.raftwal.v1.DiskSpace\"y\n\tDiskSpace\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0b\n\x03\x64ir\x18\x02 \x01(\t\x12\x12\n\nfree_bytes\x18\x03 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x03\x12\x0c\n\x04mark\x18\x05 \x01(\t\x12\x17\n\x0fmark_free_bytes\x18\x06 \x01(\x03*\xd1\x03\n\tErrorCode\x12\x06\n\x02OK\x10\x00\x12\x15\n\x11\x43HANNEL_NOT_EXIST\x10\x01\x12\x12\n\x0e\x43HANNEL_FENCED\x10\x02\x12\x0f\n\x0bON_SHUTDOWN\x10\x03\x12\x17\n\x13INVALID_REQUEST_SEQ\x10\x04\x12\x1a\n\x16UNMATCHED_CHANNEL_TERM\x10\x05\x12\x15\n\x11IGNORED_OPERATION\x10\x06\x12\t\n\x05INNER\x10\x07\x12\x14\n\x10INVALID_ARGUMENT\x10\x08\x12\x17\n\x13TRANSACTION_EXPIRED\x10\t\x12\x1d\n\x19INVALID_TRANSACTION_STATE\x10\n\x12\x11\n\rUNRECOVERABLE\x10\x0b\x12\x15\n\x11RESOURCE_ACQUIRED\x10\x0c\x12\x0e\n\nNOT_LEADER\x10\r\x12\r\n\tNOT_OWNER\x10\x0e\x12\r\n\tCOMPACTED\x10\x0f\x12\x12\n\x0e\x41LREADY_EXISTS\x10\x10\x12\r\n\tNOT_FOUND\x10\x11\x12\x0b\n\x07UNKNOWN\x10\x12\x12\x13\n\x0fUNAUTHENTICATED\x10\x13\x12\x15\n\x11PERMISSION_DENIED\x10\x14\x12\x16\n\x12RESOURCE_EXHAUSTED\x10\x15\x12\x0f\n\x0bUNAVAILABLE\x10\x16\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rpc.protos.errors_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ERRORCODE']._serialized_start=196
-  _globals['_ERRORCODE']._serialized_end=661
+  _globals['_ERRORCODE']._serialized_start=356
+  _globals['_ERRORCODE']._serialized_end=821
   _globals['_ERRORINFO']._serialized_start=40
-  _globals['_ERRORINFO']._serialized_end=193
+  _globals['_ERRORINFO']._serialized_end=230
+  _globals['_DISKSPACE']._serialized_start=232
+  _globals['_DISKSPACE']._serialized_end=353
 # @@protoc_insertion_point(module_scope)

@@ -26,7 +26,7 @@ from rpc.protos import coordinator_pb2 as rpc_dot_protos_dot_coordinator__pb2
 from rpc.protos import errors_pb2 as rpc_dot_protos_dot_errors__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rpc/protos/planes.proto\x12\nraftwal.v1\x1a\x1crpc/protos/coordinator.proto\x1a\x17rpc/protos/errors.proto\"k\n\nPlaneHello\x12\r\n\x05token\x18\x01 \x01(\x0c\x12\x14\n\x0cworker_index\x18\x02 \x01(\x05\x12\x0b\n\x03pid\x18\x03 \x01(\x03\x12\x14\n\x0cgrpc_address\x18\x04 \x01(\t\x12\x15\n\rtransfer_port\x18\x05 \x01(\x05\"\x1b\n\nPlaneState\x12\r\n\x05state\x18\x01 \x01(\x0c\"Y\n\x0bPlaneEvents\x12\x0e\n\x06\x65vents\x18\x01 \x03(\x0c\x12\x12\n\nraft_index\x18\x02 \x01(\x03\x12\x14\n\x0clast_time_ms\x18\x03 \x01(\x03\x12\x10\n\x08revision\x18\x04 \x01(\x03\"+\n\x0cPlanePropose\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x07\x63ommand\x18\x02 \x01(\x0c\"V\n\x12PlaneProposeResult\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0e\n\x06result\x18\x02 \x01(\x0c\x12$\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x15.raftwal.v1.ErrorInfo\"\x86\x01\n\x0cPlaneServing\x12\x41\n\rserving_terms\x18\x01 \x03(\x0b\x32*.raftwal.v1.PlaneServing.ServingTermsEntry\x1a\x33\n\x11ServingTermsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x99\x02\n\x0bPlaneStatus\x12\n\n\x02id\x18\x01 \x01(\x04\x12\'\n\x06owners\x18\x02 \x03(\x0b\x32\x17.raftwal.v1.OwnerStatus\x12*\n\x08wal_disk\x18\x03 \x03(\x0b\x32\x18.raftwal.v1.WalDiskUsage\x12\x37\n\x08problems\x18\x04 \x03(\x0b\x32%.raftwal.v1.PlaneStatus.ProblemsEntry\x12\x0c\n\x04logs\x18\x05 \x01(\x05\x12\x31\n\x0breplicators\x18\x06 \x03(\x0b\x32\x1c.raftwal.v1.ReplicatorStatus\x1a/\n\rProblemsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\" \n\x12PlaneStatusRequest\x12\n\n\x02id\x18\x01 \x01(\x04\"\x1f\n\x0cPlaneSuspect\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"\x10\n\x0ePlaneReconcile\"!\n\x13PlaneMetricsRequest\x12\n\n\x02id\x18\x01 \x01(\x04\"(\n\x0cPlaneMetrics\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0c\n\x04text\x18\x02 \x01(\x0c\"\x0b\n\tPlaneStop\"\x0f\n\rPlaneAdmitted\"\xa9\x05\n\x0cPlaneMessage\x12\'\n\x05hello\x18\x01 \x01(\x0b\x32\x16.raftwal.v1.PlaneHelloH\x00\x12\'\n\x05state\x18\x02 \x01(\x0b\x32\x16.raftwal.v1.PlaneStateH\x00\x12)\n\x06\x65vents\x18\x03 \x01(\x0b\x32\x17.raftwal.v1.PlaneEventsH\x00\x12+\n\x07propose\x18\x04 \x01(\x0b\x32\x18.raftwal.v1.PlaneProposeH\x00\x12\x38\n\x0epropose_result\x18\x05 \x01(\x0b\x32\x1e.raftwal.v1.PlaneProposeResultH\x00\x12+\n\x07serving\x18\x06 \x01(\x0b\x32\x18.raftwal.v1.PlaneServingH\x00\x12)\n\x06status\x18\x07 \x01(\x0b\x32\x17.raftwal.v1.PlaneStatusH\x00\x12\x38\n\x0estatus_request\x18\x08 \x01(\x0b\x32\x1e.raftwal.v1.PlaneStatusRequestH\x00\x12+\n\x07suspect\x18\t \x01(\x0b\x32\x18.raftwal.v1.PlaneSuspectH\x00\x12/\n\treconcile\x18\n \x01(\x0b\x32\x1a.raftwal.v1.PlaneReconcileH\x00\x12:\n\x0fmetrics_request\x18\x0b \x01(\x0b\x32\x1f.raftwal.v1.PlaneMetricsRequestH\x00\x12+\n\x07metrics\x18\x0c \x01(\x0b\x32\x18.raftwal.v1.PlaneMetricsH\x00\x12%\n\x04stop\x18\r \x01(\x0b\x32\x15.raftwal.v1.PlaneStopH\x00\x12-\n\x08\x61\x64mitted\x18\x0e \x01(\x0b\x32\x19.raftwal.v1.PlaneAdmittedH\x00\x42\x06\n\x04\x62odyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rpc/protos/planes.proto\x12\nraftwal.v1\x1a\x1crpc/protos/coordinator.proto\x1a\x17rpc/protos/errors.proto\"k\n\nPlaneHello\x12\r\n\x05token\x18\x01 \x01(\x0c\x12\x14\n\x0cworker_index\x18\x02 \x01(\x05\x12\x0b\n\x03pid\x18\x03 \x01(\x03\x12\x14\n\x0cgrpc_address\x18\x04 \x01(\t\x12\x15\n\rtransfer_port\x18\x05 \x01(\x05\"\x1b\n\nPlaneState\x12\r\n\x05state\x18\x01 \x01(\x0c\"Y\n\x0bPlaneEvents\x12\x0e\n\x06\x65vents\x18\x01 \x03(\x0c\x12\x12\n\nraft_index\x18\x02 \x01(\x03\x12\x14\n\x0clast_time_ms\x18\x03 \x01(\x03\x12\x10\n\x08revision\x18\x04 \x01(\x03\"+\n\x0cPlanePropose\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x07\x63ommand\x18\x02 \x01(\x0c\"V\n\x12PlaneProposeResult\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0e\n\x06result\x18\x02 \x01(\x0c\x12$\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x15.raftwal.v1.ErrorInfo\"\x86\x01\n\x0cPlaneServing\x12\x41\n\rserving_terms\x18\x01 \x03(\x0b\x32*.raftwal.v1.PlaneServing.ServingTermsEntry\x1a\x33\n\x11ServingTermsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xb6\x02\n\x0bPlaneStatus\x12\n\n\x02id\x18\x01 \x01(\x04\x12\'\n\x06owners\x18\x02 \x03(\x0b\x32\x17.raftwal.v1.OwnerStatus\x12*\n\x08wal_disk\x18\x03 \x03(\x0b\x32\x18.raftwal.v1.WalDiskUsage\x12\x37\n\x08problems\x18\x04 \x03(\x0b\x32%.raftwal.v1.PlaneStatus.ProblemsEntry\x12\x0c\n\x04logs\x18\x05 \x01(\x05\x12\x31\n\x0breplicators\x18\x06 \x03(\x0b\x32\x1c.raftwal.v1.ReplicatorStatus\x12\x1b\n\x13\x64isk_writes_refused\x18\x07 \x01(\x03\x1a/\n\rProblemsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"*\n\tPlaneDisk\x12\x1d\n\x15raft_reserve_released\x18\x01 \x01(\x08\" \n\x12PlaneStatusRequest\x12\n\n\x02id\x18\x01 \x01(\x04\"\x1f\n\x0cPlaneSuspect\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"\x10\n\x0ePlaneReconcile\"!\n\x13PlaneMetricsRequest\x12\n\n\x02id\x18\x01 \x01(\x04\"(\n\x0cPlaneMetrics\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0c\n\x04text\x18\x02 \x01(\x0c\"\x0b\n\tPlaneStop\"\x0f\n\rPlaneAdmitted\"\xd0\x05\n\x0cPlaneMessage\x12\'\n\x05hello\x18\x01 \x01(\x0b\x32\x16.raftwal.v1.PlaneHelloH\x00\x12\'\n\x05state\x18\x02 \x01(\x0b\x32\x16.raftwal.v1.PlaneStateH\x00\x12)\n\x06\x65vents\x18\x03 \x01(\x0b\x32\x17.raftwal.v1.PlaneEventsH\x00\x12+\n\x07propose\x18\x04 \x01(\x0b\x32\x18.raftwal.v1.PlaneProposeH\x00\x12\x38\n\x0epropose_result\x18\x05 \x01(\x0b\x32\x1e.raftwal.v1.PlaneProposeResultH\x00\x12+\n\x07serving\x18\x06 \x01(\x0b\x32\x18.raftwal.v1.PlaneServingH\x00\x12)\n\x06status\x18\x07 \x01(\x0b\x32\x17.raftwal.v1.PlaneStatusH\x00\x12\x38\n\x0estatus_request\x18\x08 \x01(\x0b\x32\x1e.raftwal.v1.PlaneStatusRequestH\x00\x12+\n\x07suspect\x18\t \x01(\x0b\x32\x18.raftwal.v1.PlaneSuspectH\x00\x12/\n\treconcile\x18\n \x01(\x0b\x32\x1a.raftwal.v1.PlaneReconcileH\x00\x12:\n\x0fmetrics_request\x18\x0b \x01(\x0b\x32\x1f.raftwal.v1.PlaneMetricsRequestH\x00\x12+\n\x07metrics\x18\x0c \x01(\x0b\x32\x18.raftwal.v1.PlaneMetricsH\x00\x12%\n\x04stop\x18\r \x01(\x0b\x32\x15.raftwal.v1.PlaneStopH\x00\x12-\n\x08\x61\x64mitted\x18\x0e \x01(\x0b\x32\x19.raftwal.v1.PlaneAdmittedH\x00\x12%\n\x04\x64isk\x18\x0f \x01(\x0b\x32\x15.raftwal.v1.PlaneDiskH\x00\x42\x06\n\x04\x62odyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -52,23 +52,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PLANESERVING_SERVINGTERMSENTRY']._serialized_start=540
   _globals['_PLANESERVING_SERVINGTERMSENTRY']._serialized_end=591
   _globals['_PLANESTATUS']._serialized_start=594
-  _globals['_PLANESTATUS']._serialized_end=875
-  _globals['_PLANESTATUS_PROBLEMSENTRY']._serialized_start=828
-  _globals['_PLANESTATUS_PROBLEMSENTRY']._serialized_end=875
-  _globals['_PLANESTATUSREQUEST']._serialized_start=877
-  _globals['_PLANESTATUSREQUEST']._serialized_end=909
-  _globals['_PLANESUSPECT']._serialized_start=911
-  _globals['_PLANESUSPECT']._serialized_end=942
-  _globals['_PLANERECONCILE']._serialized_start=944
-  _globals['_PLANERECONCILE']._serialized_end=960
-  _globals['_PLANEMETRICSREQUEST']._serialized_start=962
-  _globals['_PLANEMETRICSREQUEST']._serialized_end=995
-  _globals['_PLANEMETRICS']._serialized_start=997
-  _globals['_PLANEMETRICS']._serialized_end=1037
-  _globals['_PLANESTOP']._serialized_start=1039
-  _globals['_PLANESTOP']._serialized_end=1050
-  _globals['_PLANEADMITTED']._serialized_start=1052
-  _globals['_PLANEADMITTED']._serialized_end=1067
-  _globals['_PLANEMESSAGE']._serialized_start=1070
-  _globals['_PLANEMESSAGE']._serialized_end=1751
+  _globals['_PLANESTATUS']._serialized_end=904
+  _globals['_PLANESTATUS_PROBLEMSENTRY']._serialized_start=857
+  _globals['_PLANESTATUS_PROBLEMSENTRY']._serialized_end=904
+  _globals['_PLANEDISK']._serialized_start=906
+  _globals['_PLANEDISK']._serialized_end=948
+  _globals['_PLANESTATUSREQUEST']._serialized_start=950
+  _globals['_PLANESTATUSREQUEST']._serialized_end=982
+  _globals['_PLANESUSPECT']._serialized_start=984
+  _globals['_PLANESUSPECT']._serialized_end=1015
+  _globals['_PLANERECONCILE']._serialized_start=1017
+  _globals['_PLANERECONCILE']._serialized_end=1033
+  _globals['_PLANEMETRICSREQUEST']._serialized_start=1035
+  _globals['_PLANEMETRICSREQUEST']._serialized_end=1068
+  _globals['_PLANEMETRICS']._serialized_start=1070
+  _globals['_PLANEMETRICS']._serialized_end=1110
+  _globals['_PLANESTOP']._serialized_start=1112
+  _globals['_PLANESTOP']._serialized_end=1123
+  _globals['_PLANEADMITTED']._serialized_start=1125
+  _globals['_PLANEADMITTED']._serialized_end=1140
+  _globals['_PLANEMESSAGE']._serialized_start=1143
+  _globals['_PLANEMESSAGE']._serialized_end=1863
 # @@protoc_insertion_point(module_scope)

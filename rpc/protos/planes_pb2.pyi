@@ -72,7 +72,7 @@ class PlaneServing(_message.Message):
     def __init__(self, serving_terms: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class PlaneStatus(_message.Message):
-    __slots__ = ("id", "owners", "wal_disk", "problems", "logs", "replicators")
+    __slots__ = ("id", "owners", "wal_disk", "problems", "logs", "replicators", "disk_writes_refused")
     class ProblemsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -86,13 +86,21 @@ class PlaneStatus(_message.Message):
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     LOGS_FIELD_NUMBER: _ClassVar[int]
     REPLICATORS_FIELD_NUMBER: _ClassVar[int]
+    DISK_WRITES_REFUSED_FIELD_NUMBER: _ClassVar[int]
     id: int
     owners: _containers.RepeatedCompositeFieldContainer[_coordinator_pb2.OwnerStatus]
     wal_disk: _containers.RepeatedCompositeFieldContainer[_coordinator_pb2.WalDiskUsage]
     problems: _containers.ScalarMap[str, str]
     logs: int
     replicators: _containers.RepeatedCompositeFieldContainer[_coordinator_pb2.ReplicatorStatus]
-    def __init__(self, id: _Optional[int] = ..., owners: _Optional[_Iterable[_Union[_coordinator_pb2.OwnerStatus, _Mapping]]] = ..., wal_disk: _Optional[_Iterable[_Union[_coordinator_pb2.WalDiskUsage, _Mapping]]] = ..., problems: _Optional[_Mapping[str, str]] = ..., logs: _Optional[int] = ..., replicators: _Optional[_Iterable[_Union[_coordinator_pb2.ReplicatorStatus, _Mapping]]] = ...) -> None: ...
+    disk_writes_refused: int
+    def __init__(self, id: _Optional[int] = ..., owners: _Optional[_Iterable[_Union[_coordinator_pb2.OwnerStatus, _Mapping]]] = ..., wal_disk: _Optional[_Iterable[_Union[_coordinator_pb2.WalDiskUsage, _Mapping]]] = ..., problems: _Optional[_Mapping[str, str]] = ..., logs: _Optional[int] = ..., replicators: _Optional[_Iterable[_Union[_coordinator_pb2.ReplicatorStatus, _Mapping]]] = ..., disk_writes_refused: _Optional[int] = ...) -> None: ...
+
+class PlaneDisk(_message.Message):
+    __slots__ = ("raft_reserve_released",)
+    RAFT_RESERVE_RELEASED_FIELD_NUMBER: _ClassVar[int]
+    raft_reserve_released: bool
+    def __init__(self, raft_reserve_released: _Optional[bool] = ...) -> None: ...
 
 class PlaneStatusRequest(_message.Message):
     __slots__ = ("id",)
@@ -133,7 +141,7 @@ class PlaneAdmitted(_message.Message):
     def __init__(self) -> None: ...
 
 class PlaneMessage(_message.Message):
-    __slots__ = ("hello", "state", "events", "propose", "propose_result", "serving", "status", "status_request", "suspect", "reconcile", "metrics_request", "metrics", "stop", "admitted")
+    __slots__ = ("hello", "state", "events", "propose", "propose_result", "serving", "status", "status_request", "suspect", "reconcile", "metrics_request", "metrics", "stop", "admitted", "disk")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +156,7 @@ class PlaneMessage(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    DISK_FIELD_NUMBER: _ClassVar[int]
     hello: PlaneHello
     state: PlaneState
     events: PlaneEvents
@@ -162,4 +171,5 @@ class PlaneMessage(_message.Message):
     metrics: PlaneMetrics
     stop: PlaneStop
     admitted: PlaneAdmitted
-    def __init__(self, hello: _Optional[_Union[PlaneHello, _Mapping]] = ..., state: _Optional[_Union[PlaneState, _Mapping]] = ..., events: _Optional[_Union[PlaneEvents, _Mapping]] = ..., propose: _Optional[_Union[PlanePropose, _Mapping]] = ..., propose_result: _Optional[_Union[PlaneProposeResult, _Mapping]] = ..., serving: _Optional[_Union[PlaneServing, _Mapping]] = ..., status: _Optional[_Union[PlaneStatus, _Mapping]] = ..., status_request: _Optional[_Union[PlaneStatusRequest, _Mapping]] = ..., suspect: _Optional[_Union[PlaneSuspect, _Mapping]] = ..., reconcile: _Optional[_Union[PlaneReconcile, _Mapping]] = ..., metrics_request: _Optional[_Union[PlaneMetricsRequest, _Mapping]] = ..., metrics: _Optional[_Union[PlaneMetrics, _Mapping]] = ..., stop: _Optional[_Union[PlaneStop, _Mapping]] = ..., admitted: _Optional[_Union[PlaneAdmitted, _Mapping]] = ...) -> None: ...
+    disk: PlaneDisk
+    def __init__(self, hello: _Optional[_Union[PlaneHello, _Mapping]] = ..., state: _Optional[_Union[PlaneState, _Mapping]] = ..., events: _Optional[_Union[PlaneEvents, _Mapping]] = ..., propose: _Optional[_Union[PlanePropose, _Mapping]] = ..., propose_result: _Optional[_Union[PlaneProposeResult, _Mapping]] = ..., serving: _Optional[_Union[PlaneServing, _Mapping]] = ..., status: _Optional[_Union[PlaneStatus, _Mapping]] = ..., status_request: _Optional[_Union[PlaneStatusRequest, _Mapping]] = ..., suspect: _Optional[_Union[PlaneSuspect, _Mapping]] = ..., reconcile: _Optional[_Union[PlaneReconcile, _Mapping]] = ..., metrics_request: _Optional[_Union[PlaneMetricsRequest, _Mapping]] = ..., metrics: _Optional[_Union[PlaneMetrics, _Mapping]] = ..., stop: _Optional[_Union[PlaneStop, _Mapping]] = ..., admitted: _Optional[_Union[PlaneAdmitted, _Mapping]] = ..., disk: _Optional[_Union[PlaneDisk, _Mapping]] = ...) -> None: ...

@@ -10,12 +10,14 @@ FUSE cannot be mounted (no /dev/fuse, no fusermount3, no libfuse), saying which.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -316,3 +318,90 @@ def test_close_unmounts_after_the_daemon_died(tmp_path: Path) -> None:
     finally:
         power.close()
     assert not is_mounted(tmp_path / "mnt")
+
+
+# -- disk faults (PowerMount.set_faults): a full disk, a slow one, failing fsyncs ---------
+
+
+def test_a_budget_makes_a_small_disk_that_fills_up(mount: tuple[PowerMount, Path]) -> None:
+    power, root = mount
+    report = power.set_faults(budget_bytes=1 << 20)
+    assert report["budget_bytes"] == 1 << 20 and report["used_bytes"] == 0
+    st = os.statvfs(root)
+    assert (st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize) == (1 << 20, 1 << 20)
+    fd = os.open(root / "f", os.O_WRONLY | os.O_CREAT, 0o600)
+    written = 0
+    try:
+        with pytest.raises(OSError) as raised:
+            while True:
+                written += os.write(fd, b"x" * 300_000)
+    finally:
+        os.close(fd)
+    assert raised.value.errno == errno.ENOSPC
+    # A short write took what fitted, then the next write failed: exactly the budget.
+    assert written == 1 << 20 == (root / "f").stat().st_size
+    assert os.statvfs(root).f_bavail == 0
+    with pytest.raises(OSError) as raised:
+        os.truncate(root / "f", (1 << 20) + 1)
+    assert raised.value.errno == errno.ENOSPC
+    (root / "f").unlink()
+    assert os.statvfs(root).f_bavail * os.statvfs(root).f_frsize == 1 << 20
+    assert power.usage()["enospc"] == 2
+
+
+def test_a_failed_fsync_loses_the_unsynced_writes(mount: tuple[PowerMount, Path]) -> None:
+    power, root = mount
+    fd = os.open(root / "f", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, b"durable")
+        os.fsync(fd)
+        _sync_dir(root)
+        power.set_faults(fsync_errors=1, match="/f")
+        os.write(fd, b"-lost")
+        with pytest.raises(OSError) as raised:
+            os.fsync(fd)
+        assert raised.value.errno == errno.EIO
+        # Lost at once; a later fsync that succeeds does not bring them back.
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    assert (root / "f").read_bytes() == b"durable"
+    assert power.usage()["failed_fsyncs"] == 1
+    power.crash()
+    assert (root / "f").read_bytes() == b"durable"
+
+
+def test_a_slow_disk_delays_every_fsync(mount: tuple[PowerMount, Path]) -> None:
+    power, root = mount
+    power.set_faults(fsync_delay_ms=300)
+    fd = os.open(root / "f", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, b"slow")
+        started = time.monotonic()
+        os.fsync(fd)
+        assert time.monotonic() - started >= 0.3
+    finally:
+        os.close(fd)
+    with pytest.raises(ValueError, match="fsync_delay_ms"):
+        power.set_faults(fsync_delay_ms=-1)
+    assert power.usage()["delayed_fsyncs"] == 1
+
+
+def test_ftruncate_of_a_file_whose_name_was_unlinked(mount: tuple[PowerMount, Path]) -> None:
+    """A WAL segment is written through its temporary name, linked under its final name,
+    and the temporary name removed: cutting a failed append back then truncates a file
+    open under a name that is gone (libfuse passes no path; this failed with EBADF), and
+    the final name must show what was written through the other (it showed a stale size)."""
+    _power, root = mount
+    fd = os.open(root / "t.tmp", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.pwrite(fd, b"header", 0)
+        os.fdatasync(fd)
+        os.link(root / "t.tmp", root / "t.seg")
+        os.unlink(root / "t.tmp")
+        os.pwrite(fd, b"+more", 6)
+        assert (root / "t.seg").read_bytes() == b"header+more"
+        os.ftruncate(fd, 6)
+        assert (root / "t.seg").read_bytes() == b"header"
+    finally:
+        os.close(fd)

@@ -5,9 +5,10 @@ and a faults file the test rewrites to switch faults on and off while the nodes 
 checks what was acknowledged against what a consumer reads back and what the segment files
 on every node hold:
 
-- ENOSPC on the WAL appends of one pchannel at its owner: producers get a clear INNER
-  error and no acknowledgement, the node stays up and serves its other work, no segment
-  is corrupted, and writes resume when space returns;
+- ENOSPC on the WAL appends of one pchannel at its owner: producers get a typed,
+  retryable RESOURCE_EXHAUSTED (with the disk detail) and no acknowledgement, the node
+  stays up and serves its other work, no segment is corrupted, and writes resume when
+  space returns;
 - an fdatasync failure of the owner's WAL: the owner stops (never acknowledges from a copy
   it cannot trust) and the pchannel recovers at a new term, on another node while the
   fault lasts;
@@ -185,9 +186,10 @@ def test_enospc_on_wal_append_fails_clearly_and_writes_resume(fault_cluster) -> 
             result = _produce_raw(address, full, "full_v", payload)
             print(f"while the disk is full: {result.error}")
             assert result.HasField("error"), f"acknowledged while the disk is full: {result}"
-            assert result.error.code == E.INNER, result.error
+            assert result.error.code == E.RESOURCE_EXHAUSTED, result.error
             assert "No space left on device" in result.error.message, result.error.message
             assert f"node {owner}" in result.error.message
+            assert result.error.disk.node_id == owner and result.error.disk.mark == "full"
         # The node is up: health, its view of the cluster, reads of what was acknowledged,
         # and the other pchannel (it holds a replica of it, or owns it) takes writes.
         # (The owner's data worker and its control process: the node is up.)

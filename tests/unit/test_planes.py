@@ -105,6 +105,9 @@ class _Requests:
     def admit(self) -> None:
         pass
 
+    def raft_reserve(self, released: bool) -> None:
+        pass
+
 
 async def _worker(control: _Control, token: bytes = TOKEN) -> tuple[ControlLink, StateMirror]:
     control_end, worker_end = socket.socketpair()

@@ -71,6 +71,18 @@ function row(cells, attributes) {
   return tr;
 }
 
+function diskCell(m) {
+  // The worst of the member's data directories against its watermarks.
+  const disks = m.disks || [];
+  if (!m.reachable || disks.length === 0) return "";
+  const order = { ok: 0, soft: 1, hard: 2 };
+  const worst = disks.reduce((a, b) => (order[b.level] > order[a.level] ? b : a));
+  const kind = worst.level === "ok" ? "ok" : worst.level === "soft" ? "warn" : "bad";
+  const text = (worst.level === "ok" ? "" : worst.level + " mark, ") + bytes(worst.free_bytes)
+    + " free" + (m.raft_reserve_released ? ", Raft reserve in use" : "");
+  return { node: badge(text, m.raft_reserve_released ? "bad" : kind), className: "disk" };
+}
+
 function renderMembers(s) {
   fill("members", s.members, (m) => {
     const down = m.state === "DOWN" || !m.reachable;
@@ -83,7 +95,7 @@ function renderMembers(s) {
       m.reachable ? m.raft_term : "", m.reachable ? m.commit_index : "",
       m.reachable ? m.applied_index : "", m.reachable ? m.durable_index : "",
       m.reachable ? m.revision : "", m.reachable ? bytes(m.data_dir_bytes) : "",
-      m.grpc_address,
+      diskCell(m), m.grpc_address,
     ], { "data-node": m.node_id, "data-state": m.state, "data-reachable": String(m.reachable) });
     if (down) tr.className = "bad";
     return tr;
@@ -107,7 +119,9 @@ function renderProcesses(s) {
 function renderPChannels(s) {
   fill("pchannels", s.pchannels, (p) => {
     const replicas = p.replicas.map((r) =>
-      r.node_id + (r.down ? " DOWN" : "") + " (" + (r.durable_lsn === null ? "?" : r.durable_lsn) + ")"
+      r.node_id + (r.down ? " DOWN" : "")
+        + (r.lagging_ms !== null && r.lagging_ms !== undefined ? " LAGGING " + ago(r.lagging_ms) : "")
+        + " (" + (r.durable_lsn === null ? "?" : r.durable_lsn) + ")"
     ).join(", ");
     const replication = p.under_replicated
       ? badge("under-replicated " + p.live_replicas + "/" + p.wanted_replicas, "bad")
