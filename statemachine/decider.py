@@ -1554,6 +1554,8 @@ def _record_replicate_checkpoint(state, cmd: pb.RecordReplicateCheckpoint, ctx, 
         return bad
     if cmd.source_lsn < 0:
         return invalid(f"invalid source_lsn ({cmd.source_lsn}; expected >= 0)")
+    if cmd.target_claims_lsn < 0:
+        return invalid(f"invalid target_claims_lsn ({cmd.target_claims_lsn}; expected >= 0)")
     pairs = replicated_pairs(state.replicate_configuration, state.replicate_cluster_id)
     if (cmd.pchannel, cmd.target_cluster_id) not in pairs:
         return Rejection(
@@ -1583,9 +1585,13 @@ def _record_replicate_checkpoint(state, cmd: pb.RecordReplicateCheckpoint, ctx, 
     current_drained = (
         checkpoints.drained_through_lsns.get(cmd.target_cluster_id, 0) if checkpoints else 0
     )
+    current_claim = checkpoints.mismatched_lsns.get(cmd.target_cluster_id, 0) if checkpoints else 0
     moves = cmd.source_lsn > current
     drains = drained > current_drained
-    if not moves and not drains:
+    # A mismatch (a target claiming more than the source committed) is reported or
+    # cleared; it never moves the checkpoint, which is the retention hold.
+    claims = cmd.target_claims_lsn != current_claim
+    if not moves and not drains and not claims:
         return []
     emitter = _Emitter(state, ctx)
     emitter.emit(
@@ -1594,6 +1600,7 @@ def _record_replicate_checkpoint(state, cmd: pb.RecordReplicateCheckpoint, ctx, 
             target_cluster_id=cmd.target_cluster_id,
             source_lsn=max(cmd.source_lsn, current),
             drained_through_lsn=drained if drains else 0,
+            target_claims_lsn=cmd.target_claims_lsn,
         )
     )
     return emitter.events

@@ -305,6 +305,9 @@ def _replicate_configuration_updated(
         for target in sorted(checkpoints.source_lsns):
             if (pchannel, target) not in kept:
                 del checkpoints.source_lsns[target]
+        for target in sorted(checkpoints.mismatched_lsns):
+            if (pchannel, target) not in kept:
+                del checkpoints.mismatched_lsns[target]
         # A drain is proven anew under each configuration (each write pause).
         checkpoints.drained_through_lsns.clear()
         if not checkpoints.source_lsns:
@@ -321,6 +324,10 @@ def _replicate_checkpoint_recorded(
     checkpoints.source_lsns[e.target_cluster_id] = e.source_lsn
     if e.drained_through_lsn:
         checkpoints.drained_through_lsns[e.target_cluster_id] = e.drained_through_lsn
+    if e.target_claims_lsn:
+        checkpoints.mismatched_lsns[e.target_cluster_id] = e.target_claims_lsn
+    elif e.target_cluster_id in checkpoints.mismatched_lsns:
+        del checkpoints.mismatched_lsns[e.target_cluster_id]
 
 
 def _state_restored(state, e: pb.StateRestored, revision, limits: Limits) -> None:

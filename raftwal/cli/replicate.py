@@ -50,6 +50,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
 from rpc.streaming.routing import StreamingClientBase
+from statemachine.replicate import mismatch_warning
 from wal_segments.owner import TICK_LOGICAL_BITS
 
 log = logging.getLogger(__name__)
@@ -415,6 +416,11 @@ async def _replicate_status(
                     # A reversed edge starts after what its target wrote itself.
                     edge.start_after_lsns[index] if edge.start_after_lsns else 0,
                 )
+                # A target checkpoint above what the source committed, which its
+                # replicator refused (docs/replication.md): the standby does not match.
+                claimed = answer.checkpoints[pchannel].mismatched_lsns.get(
+                    edge.target_cluster_id, 0
+                )
                 lag, first_tick = await _unreplicated(
                     streaming, pchannel, recorded, latest.committed_lsn
                 )
@@ -432,6 +438,8 @@ async def _replicate_status(
                         "lag_entries": lag,
                         "lag_entries_capped": lag >= STATUS_MAX_COUNT,
                         "lag_s": round(lag_s, 3),
+                        "target_claims_lsn": claimed,
+                        "checkpoint_mismatch": bool(claimed),
                     }
                 )
     if args.json:
@@ -449,11 +457,22 @@ async def _replicate_status(
             str(row["pchannel"]),
             f"{row['target_cluster_id']}/{row['target_pchannel']}",
             str(row["source_committed_lsn"]),
-            str(row["target_checkpoint_lsn"]),
+            str(row["target_checkpoint_lsn"])
+            + (
+                f" (MISMATCH: target claims {row['target_claims_lsn']})"
+                if row["checkpoint_mismatch"]
+                else ""
+            ),
             (">= " if row["lag_entries_capped"] else "") + str(row["lag_entries"]),
             str(row["lag_s"]),
         )
     console.print(table)
+    for row in rows:
+        if row["checkpoint_mismatch"]:
+            warning = mismatch_warning(
+                str(row["pchannel"]), str(row["target_cluster_id"]), row["target_claims_lsn"]
+            )
+            console.print(f"[bold red]{warning}[/]")
     return 0
 
 

@@ -60,6 +60,7 @@ from raftwal.services.stream_caps import StreamCaps
 from rpc.errors import RaftwalError
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
+from statemachine.replicate import replicated_pairs
 from wal_segments.plane import DataPlane
 
 if TYPE_CHECKING:
@@ -682,6 +683,19 @@ class _NodeCollector(Collector):
                     behind = max(0, committed_by_pchannel[pchannel] - lsn)
                     replicate_lag.add_metric([pchannel, target], behind)
         yield replicate_lag
+        # A target whose checkpoint does not match its source pchannel: from the
+        # replicated state, the same on every node.
+        mismatch = GaugeMetricFamily(
+            "raftwal_replicate_checkpoint_mismatch",
+            "1 while a replication target claims to hold more of this cluster's pchannel than "
+            "it committed (the replicator refused that checkpoint and stopped), else 0, by "
+            "pchannel and target cluster id.",
+            labels=["pchannel", "target"],
+        )
+        for pchannel, targets in sorted(view.replicate_mismatches.items()):
+            for target, claimed in sorted(targets.items()):
+                mismatch.add_metric([pchannel, target], 1 if claimed else 0)
+        yield mismatch
 
 
 class _StateView(NamedTuple):
@@ -703,6 +717,8 @@ class _StateView(NamedTuple):
     subscriptions: dict[str, list[tuple[str, str, int]]]
     # source pchannel -> {target cluster id: last source LSN the target holds, as recorded}
     replicate_checkpoints: dict[str, dict[str, int]]
+    # source pchannel -> {target cluster id: the mismatched checkpoint it claims, or 0}
+    replicate_mismatches: dict[str, dict[str, int]]
 
     @classmethod
     def of(cls, state: pb.CoordinationState) -> _StateView:
@@ -737,7 +753,21 @@ class _StateView(NamedTuple):
                 pchannel: dict(checkpoints.source_lsns)
                 for pchannel, checkpoints in state.replicate_checkpoints.items()
             },
+            replicate_mismatches=_replicate_mismatches(state),
         )
+
+
+def _replicate_mismatches(state: pb.CoordinationState) -> dict[str, dict[str, int]]:
+    """Every pair this cluster replicates -> the mismatched checkpoint its target claims
+    (0: none), so that the gauge has a sample per pair to alert on."""
+    out: dict[str, dict[str, int]] = {}
+    for pchannel, target in replicated_pairs(
+        state.replicate_configuration, state.replicate_cluster_id
+    ):
+        checkpoints = state.replicate_checkpoints.get(pchannel)
+        claimed = checkpoints.mismatched_lsns.get(target, 0) if checkpoints else 0
+        out.setdefault(pchannel, {})[target] = claimed
+    return out
 
 
 def _under_replicated_flags(state: pb.CoordinationState) -> dict[str, int]:

@@ -93,7 +93,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2, streaming_pb2, streaming_pb2_grpc
 from rpc.segment_transfer import client_tls
-from statemachine.replicate import replicated_pairs
+from statemachine.replicate import mismatch_warning, replicated_pairs
 from wal_segments.fsync_policy import parse_fsync_policy
 from wal_segments.owner import ChannelOwner, OwnerConfig
 from wal_segments.plane import DataPlane
@@ -197,7 +197,12 @@ class _ReplicatorHost:
         return self._node.data_view.view
 
     async def record_checkpoint(
-        self, pchannel: str, target_cluster_id: str, lsn: int, drained_through_lsn: int = 0
+        self,
+        pchannel: str,
+        target_cluster_id: str,
+        lsn: int,
+        drained_through_lsn: int = 0,
+        target_claims_lsn: int = 0,
     ) -> None:
         command = pb.Command(
             record_replicate_checkpoint=pb.RecordReplicateCheckpoint(
@@ -205,6 +210,7 @@ class _ReplicatorHost:
                 target_cluster_id=target_cluster_id,
                 source_lsn=lsn,
                 drained_through_lsn=drained_through_lsn,
+                target_claims_lsn=target_claims_lsn,
             )
         )
         result = await self._node.propose(command)
@@ -1148,8 +1154,9 @@ class Node:
         )
 
     async def cluster_status(self, linearizable: bool) -> api.ClusterStatusResponse:
-        # (source pchannel, target cluster, last source LSN the target holds as recorded)
-        replicated: list[tuple[str, str, int]] = []
+        # (source pchannel, target cluster, last source LSN the target holds as recorded,
+        # the mismatched checkpoint the target claims or 0)
+        replicated: list[tuple[str, str, int, int]] = []
 
         def reader(state: pb.CoordinationState) -> api.ClusterStatusResponse:
             for pchannel, target in replicated_pairs(
@@ -1157,7 +1164,8 @@ class Node:
             ):
                 checkpoints = state.replicate_checkpoints.get(pchannel)
                 recorded = checkpoints.source_lsns.get(target, 0) if checkpoints else 0
-                replicated.append((pchannel, target, recorded))
+                claimed = checkpoints.mismatched_lsns.get(target, 0) if checkpoints else 0
+                replicated.append((pchannel, target, recorded, claimed))
             response = api.ClusterStatusResponse(
                 nodes=[state.nodes[k] for k in sorted(state.nodes)],
                 pchannels=[
@@ -1200,10 +1208,11 @@ class Node:
         return response
 
     def _replication_warnings(
-        self, response: api.ClusterStatusResponse, replicated: list[tuple[str, str, int]]
+        self, response: api.ClusterStatusResponse, replicated: list[tuple[str, str, int, int]]
     ) -> list[str]:
-        """A target that lags its source pchannel by more than replicate_lag_warn_entries
-        (LSNs, control entries included) by the checkpoint its replicator last recorded."""
+        """A target whose checkpoint does not match its source pchannel (above what it
+        committed), or that lags it by more than replicate_lag_warn_entries (LSNs, control
+        entries included) by the checkpoint its replicator last recorded."""
         committed = {
             owner.pchannel: owner.committed_lsn
             for member in response.members
@@ -1212,7 +1221,10 @@ class Node:
         }
         limit = self.config.replicate_lag_warn_entries
         warnings = []
-        for pchannel, target, recorded in replicated:
+        for pchannel, target, recorded, claimed in replicated:
+            if claimed:
+                warnings.append(mismatch_warning(pchannel, target, claimed))
+                continue
             lag = committed.get(pchannel, 0) - recorded
             if lag > limit:
                 warnings.append(

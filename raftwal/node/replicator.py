@@ -21,6 +21,16 @@ is sent) and their removal (once every entry before it is replicated), through t
 target's Coordinator, which needs the target token's role to be admin. Not replicated:
 the source's term starts, seal markers and idle time ticks.
 Every retry is bounded in rate (``RETRY_MAX_S``) and logged.
+
+A target checkpoint above this pchannel's committed LSN does not match the source (the
+target holds entries this pchannel never committed: a forged batch, or a source restored
+from an older copy). The replicator refuses it: it neither records it in Raft (it would
+become the retention hold, and entries the target never received could be deleted) nor
+continues from it (the entries after it would never be sent). It reports the claim with
+``RecordReplicateCheckpoint.target_claims_lsn`` instead (``raftwal replicate status``,
+``raftwal status`` and ``raftwal_replicate_checkpoint_mismatch`` show it), logs an error
+and reads the checkpoint again every ``MISMATCH_RECHECK_S``; once it matches, the next
+record clears the report.
 """
 
 from __future__ import annotations
@@ -68,6 +78,9 @@ CALL_TIMEOUT_S = 10.0
 RECORD_EVERY_S = 1.0
 #: How often an idle replicator compares the target's vchannels with the source's.
 VCHANNEL_SYNC_S = 2.0
+#: How often a replicator that found the target's checkpoint above the source's
+#: committed LSN reads it again.
+MISMATCH_RECHECK_S = 2.0
 _SKIPPED_FLAGS = int(EntryFlags.TERM_START | EntryFlags.SEAL_MARKER)
 # A committed transaction's begin and commit markers are sent (the target writes them as
 # its own, services/replicated.py:with_transactions); the source's control entries not.
@@ -96,10 +109,16 @@ class ReplicatorHost(Protocol):
         ...
 
     async def record_checkpoint(
-        self, pchannel: str, target_cluster_id: str, lsn: int, drained_through_lsn: int = 0
+        self,
+        pchannel: str,
+        target_cluster_id: str,
+        lsn: int,
+        drained_through_lsn: int = 0,
+        target_claims_lsn: int = 0,
     ) -> None:
-        """Propose RecordReplicateCheckpoint (the retention hold, and during a switchover
-        the drain); raises RaftwalError."""
+        """Propose RecordReplicateCheckpoint (the retention hold, during a switchover the
+        drain, and a target checkpoint that does not match the source); raises
+        RaftwalError."""
         ...
 
 
@@ -279,7 +298,11 @@ class Replicators:
         producer = producer_id(host.cluster_id, edge.pchannel)
         checkpoint: int | None = None
         scanned = 0
-        recorded, recorded_at = 0, 0.0
+        # -1: nothing recorded by this task yet, so its first record (which carries no
+        # mismatch) also clears a mismatch an earlier replicator of the pair reported.
+        recorded, recorded_at = -1, 0.0
+        # The mismatched checkpoint this task last reported (0: none).
+        claimed = 0
         # During a switchover to this target: the LSN no client write of the pchannel can
         # follow (None: no pause, or not known yet), and whether the drain was recorded.
         drain_lsn: int | None = None
@@ -317,6 +340,39 @@ class Replicators:
                             ),
                             timeout=CALL_TIMEOUT_S,
                         )
+                        if answer.source_lsn > owner.committed_lsn:
+                            # More than this pchannel ever committed: refused (the module
+                            # docstring), reported, and read again later.
+                            if claimed != answer.source_lsn:
+                                log.error(
+                                    "replicate %s -> %s/%s: the target claims to hold source "
+                                    "LSN %d, above this pchannel's committed LSN %d: its "
+                                    "checkpoint does not match this cluster; not recorded, "
+                                    "nothing sent until it matches (docs/replication.md)",
+                                    edge.pchannel,
+                                    edge.target.cluster_id,
+                                    edge.target_pchannel,
+                                    answer.source_lsn,
+                                    owner.committed_lsn,
+                                )
+                                await host.record_checkpoint(
+                                    edge.pchannel,
+                                    edge.target.cluster_id,
+                                    0,
+                                    target_claims_lsn=answer.source_lsn,
+                                )
+                                claimed = answer.source_lsn
+                            await asyncio.sleep(MISMATCH_RECHECK_S)
+                            continue
+                        if claimed:
+                            log.warning(
+                                "replicate %s -> %s: the target's checkpoint matches again "
+                                "(source LSN %d)",
+                                edge.pchannel,
+                                edge.target.cluster_id,
+                                answer.source_lsn,
+                            )
+                            claimed, recorded = 0, -1
                         checkpoint = answer.source_lsn
                         # After a switchover reversed the edge, the target holds this
                         # pchannel's entries through `start` already (it wrote them).
@@ -365,6 +421,9 @@ class Replicators:
                             # Caught up: a vchannel dropped here can be dropped there.
                             target_vchannels = await self._sync_vchannels(client, edge, True)
                             synced_at = time.monotonic()
+                            # And read the target's checkpoint again: an idle source
+                            # must notice a target that moved without it.
+                            checkpoint = None
                         await asyncio.sleep(IDLE_POLL_S)
                         continue
                     names = host.view().vchannel_names

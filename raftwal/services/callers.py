@@ -66,6 +66,14 @@ def caller_identity(context: Any) -> str:
     return "|".join(parts)
 
 
+def token_digest(identity: str) -> str:
+    """The bearer token's digest within a ``caller_identity`` ("" when it has none)."""
+    for part in identity.split("|"):
+        if part.startswith("token:"):
+            return part[len("token:") :]
+    return ""
+
+
 @dataclass(frozen=True)
 class TxnOwner:
     """Whoever began a transaction: its identity (``caller_identity``) and its producer_id

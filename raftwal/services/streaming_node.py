@@ -34,6 +34,7 @@ from raftwal.services.common import fail
 from raftwal.services.replicated import (
     TXN_MARKER_TYPES,
     check_replicated_batch,
+    check_replicator,
     check_source_names,
     with_source_positions,
     with_transactions,
@@ -337,15 +338,14 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         if refusal:
             raise fail(E.IGNORED_OPERATION, refusal)
 
-    def _check_replicated_from(self, pchannel: str, cluster_id: str) -> None:
-        """Refuse a replicated batch unless `pchannel` is a target of `cluster_id`."""
-        source, _ = self._view.view.replicated_from.get(pchannel, ("", ""))
-        if source != cluster_id:
-            raise fail(
-                E.IGNORED_OPERATION,
-                f"a replicated batch from cluster {cluster_id} for pchannel {pchannel} (got "
-                f"one; expected batches from {source or 'no cluster: it is not a replication target'})",
-            )
+    def _check_replicated_from(self, pchannel: str, cluster_id: str, identity: str) -> None:
+        """Refuse a replicated batch unless `pchannel` is a target of `cluster_id` and the
+        caller (`identity`) holds that source's replication credential
+        (`replicated.check_replicator`)."""
+        view = self._view.view
+        check_replicator(
+            view.replicate_configuration, view.replicate_cluster_id, pchannel, cluster_id, identity
+        )
 
     def _owner(self, pchannel: str):  # type: ignore[no-untyped-def]
         owner = self._plane.owner(pchannel)
@@ -481,7 +481,8 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
 
     # Produce
 
-    async def _produce_one(self, request: wire.ProduceRequest) -> wire.ProduceResult:
+    async def _produce_one(self, request: wire.ProduceRequest, identity: str) -> wire.ProduceResult:
+        """Write one Produce request for a caller whose ``caller_identity`` is `identity`."""
         try:
             bad = check_name("pchannel", request.pchannel, LIMITS)
             if bad is not None:
@@ -514,7 +515,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             if not request.HasField("replicate_source"):
                 self._check_writable(request.pchannel, "a Produce")
             else:
-                self._check_replicated_from(request.pchannel, request.replicate_source.cluster_id)
+                self._check_replicated_from(
+                    request.pchannel, request.replicate_source.cluster_id, identity
+                )
             previous_sequence = None
             if request.HasField("previous_sequence"):
                 if (
@@ -589,14 +592,19 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             )
 
     async def Produce(self, request_iterator, context):
-        async with contextlib.aclosing(self._produce_results(request_iterator)) as results:
+        produced = self._produce_results(request_iterator, caller_identity(context))
+        async with contextlib.aclosing(produced) as results:
             async for result in results:
                 yield result
 
     async def OpenProduce(self, request, context):
         """A ticket for one Produce connection to this node's transfer port, or none (the
         producer then calls Produce)."""
-        ticket = self._transfers.offer_produce() if self._transfers is not None else None
+        ticket = (
+            self._transfers.offer_produce(caller_identity(context))
+            if self._transfers is not None
+            else None
+        )
         if ticket is None:
             return wire.OpenProduceResponse()
         assert self._transfers is not None
@@ -605,10 +613,11 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         )
 
     async def serve_produce_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _asked_by: str
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, asked_by: str
     ) -> None:
         """A producer's Produce stream over the transfer port (`rpc.produce_stream`), after
-        its ticket matched: the same requests and results as `Produce`, framed. Returns
+        its ticket matched: the same requests and results as `Produce`, framed, for the
+        caller who asked for the ticket (`asked_by`, its ``caller_identity``). Returns
         when the producer closed, reset or stalled the connection, sent nothing for
         `produce_stream.IDLE_TIMEOUT_S`, or sent a frame over the cap or one that is no
         ProduceRequest (the port then closes the connection)."""
@@ -618,7 +627,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             self._max_frame_bytes,
             produce_stream.IDLE_TIMEOUT_S,
             wire.ProduceRequest,
-            self._produce_results,
+            lambda requests: self._produce_results(requests, asked_by),
             # A bad frame gets a clear answer before the connection closes (request id 0:
             # no request of the stream matches it).
             lambda reason, code: wire.ProduceResult(
@@ -629,7 +638,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         log.debug("produce connection from %s ended: %s", writer.get_extra_info("peername"), ended)
 
     async def _produce_results(
-        self, request_iterator: AsyncIterator[wire.ProduceRequest]
+        self, request_iterator: AsyncIterator[wire.ProduceRequest], identity: str
     ) -> AsyncIterator[wire.ProduceResult]:
         """The results of a Produce stream (gRPC or framed): each request is written in
         the order it came, its result comes back when it is acknowledged or failed (not
@@ -640,7 +649,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
 
         async def run(request: wire.ProduceRequest) -> None:
             try:
-                results.put_nowait(await self._produce_one(request))
+                results.put_nowait(await self._produce_one(request, identity))
             finally:
                 slots.release()
 

@@ -591,7 +591,7 @@ class RemovedNode(_message.Message):
     def __init__(self, removed_revision: _Optional[int] = ..., removed_at_ms: _Optional[int] = ...) -> None: ...
 
 class ReplicateCheckpoints(_message.Message):
-    __slots__ = ("source_lsns", "drained_through_lsns")
+    __slots__ = ("source_lsns", "drained_through_lsns", "mismatched_lsns")
     class SourceLsnsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -606,11 +606,20 @@ class ReplicateCheckpoints(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class MismatchedLsnsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     SOURCE_LSNS_FIELD_NUMBER: _ClassVar[int]
     DRAINED_THROUGH_LSNS_FIELD_NUMBER: _ClassVar[int]
+    MISMATCHED_LSNS_FIELD_NUMBER: _ClassVar[int]
     source_lsns: _containers.ScalarMap[str, int]
     drained_through_lsns: _containers.ScalarMap[str, int]
-    def __init__(self, source_lsns: _Optional[_Mapping[str, int]] = ..., drained_through_lsns: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    mismatched_lsns: _containers.ScalarMap[str, int]
+    def __init__(self, source_lsns: _Optional[_Mapping[str, int]] = ..., drained_through_lsns: _Optional[_Mapping[str, int]] = ..., mismatched_lsns: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class RegisterNode(_message.Message):
     __slots__ = ("node_id", "address", "raft_address", "joined_incarnation_ms")
@@ -969,16 +978,18 @@ class UpdateReplicateConfiguration(_message.Message):
     def __init__(self, configuration: _Optional[_Union[ReplicateConfiguration, _Mapping]] = ..., local_cluster_id: _Optional[str] = ...) -> None: ...
 
 class RecordReplicateCheckpoint(_message.Message):
-    __slots__ = ("pchannel", "target_cluster_id", "source_lsn", "drained_through_lsn")
+    __slots__ = ("pchannel", "target_cluster_id", "source_lsn", "drained_through_lsn", "target_claims_lsn")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     TARGET_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_LSN_FIELD_NUMBER: _ClassVar[int]
     DRAINED_THROUGH_LSN_FIELD_NUMBER: _ClassVar[int]
+    TARGET_CLAIMS_LSN_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
     target_cluster_id: str
     source_lsn: int
     drained_through_lsn: int
-    def __init__(self, pchannel: _Optional[str] = ..., target_cluster_id: _Optional[str] = ..., source_lsn: _Optional[int] = ..., drained_through_lsn: _Optional[int] = ...) -> None: ...
+    target_claims_lsn: int
+    def __init__(self, pchannel: _Optional[str] = ..., target_cluster_id: _Optional[str] = ..., source_lsn: _Optional[int] = ..., drained_through_lsn: _Optional[int] = ..., target_claims_lsn: _Optional[int] = ...) -> None: ...
 
 class Barrier(_message.Message):
     __slots__ = ()
@@ -1373,16 +1384,18 @@ class BalancePolicySet(_message.Message):
     def __init__(self, allow_rebalance: _Optional[bool] = ..., max_moves_per_round: _Optional[int] = ...) -> None: ...
 
 class ReplicateCheckpointRecorded(_message.Message):
-    __slots__ = ("pchannel", "target_cluster_id", "source_lsn", "drained_through_lsn")
+    __slots__ = ("pchannel", "target_cluster_id", "source_lsn", "drained_through_lsn", "target_claims_lsn")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     TARGET_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_LSN_FIELD_NUMBER: _ClassVar[int]
     DRAINED_THROUGH_LSN_FIELD_NUMBER: _ClassVar[int]
+    TARGET_CLAIMS_LSN_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
     target_cluster_id: str
     source_lsn: int
     drained_through_lsn: int
-    def __init__(self, pchannel: _Optional[str] = ..., target_cluster_id: _Optional[str] = ..., source_lsn: _Optional[int] = ..., drained_through_lsn: _Optional[int] = ...) -> None: ...
+    target_claims_lsn: int
+    def __init__(self, pchannel: _Optional[str] = ..., target_cluster_id: _Optional[str] = ..., source_lsn: _Optional[int] = ..., drained_through_lsn: _Optional[int] = ..., target_claims_lsn: _Optional[int] = ...) -> None: ...
 
 class ReplicateConfigurationUpdated(_message.Message):
     __slots__ = ("configuration", "local_cluster_id")

@@ -46,6 +46,7 @@ EVENT_ONLY = {
     "raftwal_stream_refusals_total",
     # Only while a replication target is configured (raftwal replicate).
     "raftwal_replicate_lag_entries",
+    "raftwal_replicate_checkpoint_mismatch",
 }
 METRIC_NAME = re.compile(r"\b(raftwal_[a-z0-9_]+|up)\b(?!\s*\()")
 

@@ -264,10 +264,13 @@ def replicate(*edges: tuple[str, str], local: str = "east", west=("q1", "q2")) -
     )
 
 
-def record(pchannel: str, target: str, source_lsn: int) -> pb.Command:
+def record(pchannel: str, target: str, source_lsn: int, claims: int = 0) -> pb.Command:
     return cmd(
         record_replicate_checkpoint=pb.RecordReplicateCheckpoint(
-            pchannel=pchannel, target_cluster_id=target, source_lsn=source_lsn
+            pchannel=pchannel,
+            target_cluster_id=target,
+            source_lsn=source_lsn,
+            target_claims_lsn=claims,
         )
     )
 
@@ -887,6 +890,17 @@ ROWS = [
         E.NOT_FOUND, "expected an edge from this cluster"),
     row("record_replicate_checkpoint/negative", [*PCHANNEL, replicate(("east", "west"))],
         record("p1", "west", -1), INVALID, "invalid source_lsn (-1; expected >= 0)"),
+    row("record_replicate_checkpoint/mismatch",
+        [*PCHANNEL, replicate(("east", "west")), record("p2", "west", 5)],
+        record("p2", "west", 0, claims=1_000_201), ["replicate_checkpoint_recorded"]),
+    row("record_replicate_checkpoint/mismatch-repeat",
+        [*PCHANNEL, replicate(("east", "west")), record("p2", "west", 0, claims=9)],
+        record("p2", "west", 0, claims=9), []),
+    row("record_replicate_checkpoint/mismatch-cleared",
+        [*PCHANNEL, replicate(("east", "west")), record("p2", "west", 0, claims=9)],
+        record("p2", "west", 0), ["replicate_checkpoint_recorded"]),
+    row("record_replicate_checkpoint/negative-claim", [*PCHANNEL, replicate(("east", "west"))],
+        record("p1", "west", 0, claims=-1), INVALID, "invalid target_claims_lsn (-1;"),
     # ---- barrier
     row("barrier/accept", VCHANNELS, barrier(), []),
 ]
