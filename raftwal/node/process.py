@@ -77,6 +77,7 @@ from raftwal.node.metrics import NodeMetrics
 from raftwal.node.proposals import ProposalBatcher
 from raftwal.node.replicator import Replicators
 from raftwal.node.security import NodeSecurity
+from raftwal.services.callers import identity_name
 from raftwal.services.cluster import REMOVED_MARK, ClusterServicer
 from raftwal.services.consume_wire import add_streaming_node_servicer
 from raftwal.services.coordinator import CompactedHistory, CoordinatorServicer
@@ -831,6 +832,10 @@ class Node:
 
     def is_leader(self) -> bool:
         return self.peer is not None and self.peer.is_leader()
+
+    def caller_name(self, identity: str) -> str:
+        # Keyed by the cluster secret, which every node has (it refuses to start without).
+        return identity_name(identity, self.config.secret or "")
 
     def _require_peer(self) -> RaftPeer:
         if self.peer is None or self._stopping.is_set():

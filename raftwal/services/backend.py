@@ -100,6 +100,9 @@ class TxnBudgets(Protocol):
     @property
     def txn_buffer_producer_budget_bytes(self) -> int: ...
 
+    @property
+    def txn_buffer_identity_budget_bytes(self) -> int: ...
+
 
 class StreamingBackend(Protocol):
     """What ``StreamingNodeServicer`` needs from its node."""

@@ -20,6 +20,7 @@ from typing import Protocol, TypeVar
 
 import grpc
 
+from raftwal.services.callers import caller_identity
 from raftwal.services.common import fail
 from rpc.errors import RaftwalError, error_info, to_status
 from rpc.protos import coordination_pb2 as pb
@@ -76,6 +77,12 @@ class CoordinationBackend(Protocol):
     # This cluster's id ([cluster] cluster_id; "" when unset): stamped on replication
     # configuration updates, which must list it.
     cluster_id: str
+
+    def caller_name(self, identity: str) -> str:
+        """The name a caller's identity (``callers.caller_identity``) has in the
+        coordination state (``callers.identity_name``): stamped on GrantLease, whose
+        per-identity budgets the state machine decides."""
+        ...
 
     async def propose(self, command: pb.Command) -> pb.CommandResult:
         """Replicate `command` (request id and time are stamped here if missing) and return
@@ -681,7 +688,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             request_id = _new_request_id(request.request_id)
             result = await self._propose(
                 request_id,
-                grant_lease=pb.GrantLease(ttl_ms=request.ttl_ms, holder=request.holder),
+                grant_lease=pb.GrantLease(
+                    ttl_ms=request.ttl_ms, holder=request.holder, owner=self._owner(context)
+                ),
             )
             return api.GrantLeaseResponse(
                 lease_id=result.lease_id,
@@ -751,9 +760,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             results = [api.BatchWriteResult() for _ in request.ops]
             commands: list[pb.Command] = []
             positions: list[int] = []
+            owner = self._owner(context)
             for position, op in enumerate(request.ops):
                 try:
-                    commands.append(self._batch_command(op))
+                    commands.append(self._batch_command(op, owner))
                 except RaftwalError as error:
                     # A bad op is answered on its own and never proposed; the rest go on.
                     results[position].error.CopyFrom(error.info)
@@ -767,8 +777,12 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
         return await self._call(context, work())
 
+    def _owner(self, context: grpc.aio.ServicerContext) -> str:
+        """Who calls, as the coordination state names it (never from the request)."""
+        return self._backend.caller_name(caller_identity(context))
+
     @staticmethod
-    def _batch_command(op: api.BatchWriteOp) -> pb.Command:
+    def _batch_command(op: api.BatchWriteOp, owner: str) -> pb.Command:
         kind = op.WhichOneof("op")
         if kind is None:
             raise fail(
@@ -780,7 +794,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         if kind == "grant_lease":
             return pb.Command(
                 request_id=request_id,
-                grant_lease=pb.GrantLease(ttl_ms=inner.ttl_ms, holder=inner.holder),
+                grant_lease=pb.GrantLease(ttl_ms=inner.ttl_ms, holder=inner.holder, owner=owner),
             )
         if kind == "revoke_lease":
             return pb.Command(

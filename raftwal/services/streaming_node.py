@@ -154,6 +154,15 @@ def _peer_host(peer: str) -> str:
     return host if host and port.isdigit() else peer
 
 
+def _count(table: dict[str, int], key: str, change: int) -> None:
+    """Add `change` to `table[key]`, forgetting a key that falls to zero."""
+    left = table.get(key, 0) + change
+    if left > 0:
+        table[key] = left
+    else:
+        table.pop(key, None)
+
+
 def _retrieve_quietly(task: asyncio.Future[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.debug("produce stream reader ended: %r", task.exception())
@@ -310,9 +319,11 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         self._segments = _RecentSegments()
         self._txns: dict[int, _Txn] = {}
         self._ended: OrderedDict[int, _Ended] = OrderedDict()
-        # Bytes buffered by open transactions, in all and per producer (the budgets).
+        # Bytes buffered by open transactions, in all, per producer and per caller identity
+        # (the budgets; a caller without an identity has no identity budget).
         self._txn_bytes = 0
         self._producer_txn_bytes: dict[str, int] = {}
+        self._identity_txn_bytes: dict[str, int] = {}
 
     # plumbing
 
@@ -899,11 +910,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         txn = self._txns.pop(txn_id, None)
         if txn is not None and txn.bytes:
             self._txn_bytes -= txn.bytes
-            left = self._producer_txn_bytes.get(txn.producer, 0) - txn.bytes
-            if left > 0:
-                self._producer_txn_bytes[txn.producer] = left
-            else:
-                self._producer_txn_bytes.pop(txn.producer, None)
+            _count(self._producer_txn_bytes, txn.producer, -txn.bytes)
+            if txn.owner.identity:
+                _count(self._identity_txn_bytes, txn.owner.identity, -txn.bytes)
         return txn
 
     def _expire_txns(self) -> None:
@@ -960,6 +969,18 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 sum(1 for t in self._txns.values() if t.producer == txn.producer),
             ),
         )
+        if txn.owner.identity:
+            # Whatever producer ids one caller picks, its open transactions share this.
+            identity = txn.owner.identity
+            budgets += (
+                (
+                    "this caller's transaction buffer, over all its producer ids "
+                    "(txn_buffer_identity_budget_bytes)",
+                    self._identity_txn_bytes.get(identity, 0),
+                    config.txn_buffer_identity_budget_bytes,
+                    sum(1 for t in self._txns.values() if t.owner.identity == identity),
+                ),
+            )
         for name, used, budget, count in budgets:
             if used + size > budget:
                 raise fail(
@@ -1082,9 +1103,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 txn.messages.extend(messages)
                 txn.bytes += size
                 self._txn_bytes += size
-                self._producer_txn_bytes[txn.producer] = (
-                    self._producer_txn_bytes.get(txn.producer, 0) + size
-                )
+                _count(self._producer_txn_bytes, txn.producer, size)
+                if txn.owner.identity:
+                    _count(self._identity_txn_bytes, txn.owner.identity, size)
             return wire.AppendTxnResponse(
                 buffered_messages=len(txn.messages), buffered_bytes=txn.bytes
             )
