@@ -94,6 +94,8 @@ MAX_BATCH_BYTES = 16 << 20
 # itself refuses payloads over 8 MiB and keys over 1 MiB).
 MAX_MESSAGE_BYTES = 10 << 20
 MAX_LINGER_MS = 60_000
+# A caller submitting in a loop gives the event loop a turn at least this often.
+SUBMIT_YIELD_S = 0.005
 MAX_PRODUCER_ID_CHARS = 128
 # A Produce stream ended with these was refused before the node read any request: nothing
 # of it was written, and another attempt with the same credentials is refused the same way.
@@ -495,6 +497,7 @@ class Producer:
         self._flushing = 0
         self._closing = False
         self._closed = False
+        self._yielded_at = 0.0
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -596,12 +599,13 @@ class Producer:
         self._unacked_messages += 1
         self._unacked_bytes += size
         lane.wake.set()
-        if len(lane.pending) % self.max_batch_messages == 0:
-            # A batch is ready: let the lane send it (and the answers in, and the routing
-            # watch run). Without this, a loop of submit() calls that find room never
-            # gives the event loop up until the queue is full: on a host with little CPU
-            # to spare that was tens of seconds of nothing sent, and the first messages
-            # ran out of retry_timeout_s before their batch ever left.
+        if now - self._yielded_at >= SUBMIT_YIELD_S:
+            # Let the lanes send, the answers in and the routing watch run. Without this,
+            # a loop of submit() calls that find room never gives the event loop up until
+            # the queue is full: on a host with little CPU to spare that was tens of
+            # seconds of nothing sent, and the first messages ran out of retry_timeout_s
+            # before their batch ever left.
+            self._yielded_at = now
             await asyncio.sleep(0)
         return future
 
