@@ -1030,24 +1030,34 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             request_id = _new_request_id(request.request_id)
             _check_count("freeze_node_ids", len(request.freeze_node_ids), 0)
             _check_count("unfreeze_node_ids", len(request.unfreeze_node_ids), 0)
-            result = await self._propose(
-                request_id,
-                set_balance_policy=pb.SetBalancePolicy(
-                    allow_rebalance=request.allow_rebalance,
-                    max_moves_per_round=request.max_moves_per_round,
+            # One Raft entry for the policy and every freeze and unfreeze: one round of
+            # replication instead of one per command, applied in this order.
+            commands = [
+                pb.Command(
+                    request_id=request_id,
+                    set_balance_policy=pb.SetBalancePolicy(
+                        allow_rebalance=request.allow_rebalance,
+                        max_moves_per_round=request.max_moves_per_round,
+                    ),
                 ),
-            )
-            revision = result.revision
-            for index, node_id in enumerate(request.freeze_node_ids):
-                result = await self._propose(
-                    f"{request_id}.f{index}", freeze_node=pb.FreezeNode(node_id=node_id)
-                )
-                revision = result.revision
-            for index, node_id in enumerate(request.unfreeze_node_ids):
-                result = await self._propose(
-                    f"{request_id}.u{index}", unfreeze_node=pb.UnfreezeNode(node_id=node_id)
-                )
-                revision = result.revision
+                *(
+                    pb.Command(
+                        request_id=f"{request_id}.f{index}",
+                        freeze_node=pb.FreezeNode(node_id=node_id),
+                    )
+                    for index, node_id in enumerate(request.freeze_node_ids)
+                ),
+                *(
+                    pb.Command(
+                        request_id=f"{request_id}.u{index}",
+                        unfreeze_node=pb.UnfreezeNode(node_id=node_id),
+                    )
+                    for index, node_id in enumerate(request.unfreeze_node_ids)
+                ),
+            ]
+            revision = 0
+            for result in await self._backend.propose_batch(commands):
+                revision = _raise_rejection(result).revision
 
             def reader(state: pb.CoordinationState) -> pb.BalancePolicy:
                 copy = pb.BalancePolicy()
