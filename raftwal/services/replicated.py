@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Callable, Sequence
-from functools import lru_cache
 
 from raftwal.services.callers import token_digest
 from raftwal.services.common import fail
@@ -107,8 +106,8 @@ def check_replicated_batch(request: wire.ProduceRequest, count: int) -> None:
         )
 
 
-@lru_cache(maxsize=16)
 def _sha256_hex(token: str) -> str:
+    # Not cached: no second copy of a token is kept anywhere.
     return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest() if token else ""
 
 
