@@ -73,7 +73,7 @@ async def rejoin(cluster: dev.LocalCluster, writes: int) -> dict[str, float]:
         pid = cluster.pid(victim)
         assert pid is not None
         # A cluster loaded from its directory knows its nodes by recorded pid only.
-        os.kill(pid, signal.SIGKILL)
+        dev.signal_node(pid, signal.SIGKILL)  # the supervisor and its workers
         while Path(f"/proc/{pid}").exists() and "Z" not in _state(pid):
             await asyncio.sleep(POLL_S)
         # Wait for the leader to have seen it go (else "UP" below is the old verdict).

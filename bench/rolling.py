@@ -16,6 +16,13 @@ back with a Consumer exactly once, at its acknowledged LSN.
     python bench/rolling.py [--rolls 3] [--pchannels 6] [--rate 50] [--skip-kill] [--json]
 
 Goal (issue #16 item 5): with the handover, 0 failed sends and a longest latency <= 1 s.
+
+``--full-speed N`` is issue 53's scenario instead: what `raftwal produce --count N --size
+100` does (one Producer, N messages submitted as fast as the queue takes them, a retry
+budget of ``--retry-timeout-s``, 10 s as the CLI's) on one pchannel while one SIGTERM roll
+runs, ``--load K`` busy loops beside it. It reports the sends that failed, the producer
+process's CPU and its longest event-loop lag (a task that sleeps 0.1 s in a loop), and each
+move of the pchannel (AssignPChannel -> PChannelReady, from the event history).
 Every process started here is stopped by pid.
 """
 
@@ -24,7 +31,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -161,6 +170,106 @@ async def check_history(endpoints: list[str], roll: Roll, timeout_s: float = 60.
                     )
 
 
+async def full_speed_during_roll(
+    cluster: dev.LocalCluster, vchannel: str, count: int, retry_timeout_s: float
+) -> dict[str, object]:
+    """One roll beside a full-speed producer (the module docstring)."""
+    lags: list[float] = []
+    stop = asyncio.Event()
+
+    async def sampler() -> None:
+        while not stop.is_set():
+            began = time.monotonic()
+            await asyncio.sleep(0.1)
+            lags.append(time.monotonic() - began - 0.1)
+
+    async def roll() -> float:
+        await asyncio.sleep(2.0)
+        began = time.monotonic()
+        await asyncio.to_thread(dev.rolling_restart, cluster, ready_timeout_s=120)
+        return time.monotonic() - began
+
+    cpu_before = resource.getrusage(resource.RUSAGE_SELF)
+    sampling = asyncio.create_task(sampler())
+    rolling = asyncio.create_task(roll())
+    futures: list[asyncio.Future[object]] = []
+    began = time.monotonic()
+    async with (
+        StreamingClient(cluster.endpoints) as client,
+        Producer(client, retry_timeout_s=retry_timeout_s) as producer,
+    ):
+        for index in range(count):
+            futures.append(await producer.submit(vchannel, b"%0100d" % index))
+        await producer.flush()
+    produce_s = time.monotonic() - began
+    roll_s = await rolling
+    stop.set()
+    await sampling
+    cpu_after = resource.getrusage(resource.RUSAGE_SELF)
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    return {
+        "messages": count,
+        "failed": len(failed),
+        "first_failure": str(failed[0])[:200] if failed else "",
+        "produce_s": round(produce_s, 1),
+        "roll_s": round(roll_s, 1),
+        "producer_cpu_s": round(
+            cpu_after.ru_utime + cpu_after.ru_stime - cpu_before.ru_utime - cpu_before.ru_stime, 1
+        ),
+        "max_loop_lag_s": round(max(lags, default=0.0), 2),
+        "moves": await pchannel_moves(cluster.endpoints),
+    }
+
+
+async def pchannel_moves(endpoints: list[str]) -> list[dict[str, object]]:
+    """Each AssignPChannel after the first and its PChannelReady, from the event history."""
+    moves: list[dict[str, object]] = []
+    assigned: dict[int, int] = {}
+    async with StreamingClient(endpoints) as client:
+        events = client.coordinator.watch_events(
+            from_revision=1, kinds=["pchannel_assigned", "pchannel_became_ready"]
+        )
+        while True:
+            try:
+                # The history, then live: a quiet second ends it.
+                event = await asyncio.wait_for(anext(events), 2.0)
+            except (TimeoutError, StopAsyncIteration):
+                break
+            kind = event.WhichOneof("body")
+            if kind == "pchannel_assigned":
+                assigned[event.pchannel_assigned.term] = event.time_ms
+            elif kind == "pchannel_became_ready":
+                term = event.pchannel_became_ready.term
+                if term > 1 and term in assigned:
+                    moves.append(
+                        {
+                            "term": term,
+                            "node": event.pchannel_became_ready.node_id,
+                            "assign_to_ready_ms": event.time_ms - assigned[term],
+                        }
+                    )
+    return moves
+
+
+def full_speed(args: argparse.Namespace) -> int:
+    directory = Path(tempfile.mkdtemp(prefix="raftwal-rolling-"))
+    cluster = dev.up(directory / "cluster", 3, timeout_s=60)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
+    try:
+        (vchannel,) = asyncio.run(setup(cluster.endpoints, 1, "full"))
+        for index in range(args.rolls):
+            result = asyncio.run(
+                full_speed_during_roll(cluster, vchannel, args.full_speed, args.retry_timeout_s)
+            )
+            print(f"roll {index + 1}: {json.dumps(result)}", flush=True)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+        cluster.stop_all()
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rolls", type=int, default=3, help="rolls per mode (default: 3)")
@@ -171,7 +280,20 @@ def main() -> int:
     parser.add_argument("--skip-kill", action="store_true", help="only the SIGTERM rolls")
     parser.add_argument("--json", action="store_true", help="print raw results as JSON")
     parser.add_argument("--keep-dir", action="store_true", help="keep the cluster directory")
+    parser.add_argument(
+        "--full-speed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="issue 53's scenario: N messages as fast as possible during each SIGTERM roll",
+    )
+    parser.add_argument(
+        "--retry-timeout-s", type=float, default=10.0, help="with --full-speed (default: 10)"
+    )
+    parser.add_argument("--load", type=int, default=0, help="busy-loop processes beside it")
     args = parser.parse_args()
+    if args.full_speed:
+        return full_speed(args)
     modes = ["sigterm"] if args.skip_kill else ["sigterm", "kill9"]
     directory = Path(tempfile.mkdtemp(prefix="raftwal-rolling-"))
     cluster = dev.up(directory / "cluster", 3, timeout_s=60)

@@ -296,6 +296,7 @@ class GuardedTcpConnection(TcpConnection):
                 self.disconnect()
             return False
         if not incoming or sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            self._raftwal_check_unparsed()
             self.disconnect()
             return False
         self._raftwal_buffer += incoming
@@ -312,6 +313,23 @@ class GuardedTcpConnection(TcpConnection):
             if len(self._raftwal_buffer) > cap + _FRAME_HEADER.size:
                 return False
         return True
+
+    def _raftwal_check_unparsed(self) -> None:
+        """The peer closed (or reset) the connection with a whole frame read but not parsed
+        yet: pysyncobj reads until the socket is drained before it parses, so a frame
+        and the close that follows it, read in one go (a busy node reads late), were
+        dropped unchecked, and a bad frame sent just before a close went uncounted. An
+        unauthenticated connection's first frame is checked now, refused and counted as
+        it would have been; whatever it holds is never delivered (the connection is
+        closing, as pysyncobj drops an authenticated peer's last frames)."""
+        if self._raftwal_authenticated or len(self._raftwal_buffer) < _FRAME_HEADER.size:
+            return
+        (length,) = _FRAME_HEADER.unpack_from(self._raftwal_buffer)
+        if 0 < length <= self._raftwal_frame_cap() and len(self._raftwal_buffer) < (
+            _FRAME_HEADER.size + length
+        ):
+            return  # cut short by the close: no frame to judge
+        self._TcpConnection__processParseMessage()
 
     def _TcpConnection__processParseMessage(self) -> Any:  # noqa: N802 (mangled name)
         buffer = self._raftwal_buffer

@@ -966,12 +966,27 @@ def _grant_lease(state, cmd: pb.GrantLease, ctx, limits) -> Outcome:
     bad = first_error(
         check_range("ttl_ms", cmd.ttl_ms, limits.lease_ttl_min_ms, limits.lease_ttl_max_ms),
         check_text("holder", cmd.holder, limits),
+        check_text("owner", cmd.owner, limits),
     )
     if bad:
         return bad
+    # The caller's own budget first: a caller over it is told so even when the cluster is
+    # full too.
+    if cmd.owner:
+        usage = state.owner_usage.get(cmd.owner)
+        held = usage.leases if usage is not None else 0
+        if held >= limits.max_leases_per_owner:
+            return Rejection(
+                E.RESOURCE_EXHAUSTED,
+                f"too many live leases for this caller's identity ({held}; expected fewer "
+                f"than {limits.max_leases_per_owner}, the per-identity lease budget "
+                "max_leases_per_owner: revoke leases it no longer needs)",
+            )
     if len(state.leases) >= limits.max_leases:
-        return invalid(
-            f"too many live leases ({len(state.leases)}; expected fewer than {limits.max_leases})"
+        return Rejection(
+            E.RESOURCE_EXHAUSTED,
+            f"too many live leases in the cluster ({len(state.leases)}; expected fewer than "
+            f"{limits.max_leases}, the cluster's lease budget max_leases)",
         )
     emitter = _Emitter(state, ctx)
     lease_id = emitter.next_revision
@@ -983,6 +998,7 @@ def _grant_lease(state, cmd: pb.GrantLease, ctx, limits) -> Outcome:
                 holder=cmd.holder,
                 granted_revision=lease_id,
                 deadline_ms=ctx.time_ms + cmd.ttl_ms,
+                owner=cmd.owner,
             )
         )
     )
@@ -1060,6 +1076,16 @@ def _lock(state, cmd: pb.Lock, ctx, limits) -> Outcome:
             f"lease {lease.id} holds too many keys ({len(lease.locked_keys)}; expected at most "
             f"{limits.max_keys_per_lease})"
         )
+    if lease.owner:
+        usage = state.owner_usage.get(lease.owner)
+        held = usage.locks if usage is not None else 0
+        if held >= limits.max_lease_locks_per_owner:
+            return Rejection(
+                E.RESOURCE_EXHAUSTED,
+                f"too many keys held by the leases of lease {lease.id}'s identity ({held}; "
+                f"expected fewer than {limits.max_lease_locks_per_owner}, the per-identity "
+                "lock budget max_lease_locks_per_owner: unlock keys it no longer needs)",
+            )
     bad = _conflict(state, cmd.key, cmd.mode, pb.HOLDER_KIND_LEASE, lease.id)
     if bad:
         return bad
@@ -1567,6 +1593,8 @@ def _record_replicate_checkpoint(state, cmd: pb.RecordReplicateCheckpoint, ctx, 
         return bad
     if cmd.source_lsn < 0:
         return invalid(f"invalid source_lsn ({cmd.source_lsn}; expected >= 0)")
+    if cmd.target_claims_lsn < 0:
+        return invalid(f"invalid target_claims_lsn ({cmd.target_claims_lsn}; expected >= 0)")
     pairs = replicated_pairs(state.replicate_configuration, state.replicate_cluster_id)
     if (cmd.pchannel, cmd.target_cluster_id) not in pairs:
         return Rejection(
@@ -1596,9 +1624,13 @@ def _record_replicate_checkpoint(state, cmd: pb.RecordReplicateCheckpoint, ctx, 
     current_drained = (
         checkpoints.drained_through_lsns.get(cmd.target_cluster_id, 0) if checkpoints else 0
     )
+    current_claim = checkpoints.mismatched_lsns.get(cmd.target_cluster_id, 0) if checkpoints else 0
     moves = cmd.source_lsn > current
     drains = drained > current_drained
-    if not moves and not drains:
+    # A mismatch (a target claiming more than the source committed) is reported or
+    # cleared; it never moves the checkpoint, which is the retention hold.
+    claims = cmd.target_claims_lsn != current_claim
+    if not moves and not drains and not claims:
         return []
     emitter = _Emitter(state, ctx)
     emitter.emit(
@@ -1607,6 +1639,7 @@ def _record_replicate_checkpoint(state, cmd: pb.RecordReplicateCheckpoint, ctx, 
             target_cluster_id=cmd.target_cluster_id,
             source_lsn=max(cmd.source_lsn, current),
             drained_through_lsn=drained if drains else 0,
+            target_claims_lsn=cmd.target_claims_lsn,
         )
     )
     return emitter.events

@@ -195,9 +195,10 @@ def _lock_acquired(state, e: pb.LockAcquired, revision, limits: Limits) -> None:
     assert lock.mode == e.mode, f"lock {e.key}: {lock.mode} held, {e.mode} acquired"
     lock.holders.add(kind=e.holder_kind, id=e.holder_id, fencing_token=e.fencing_token)
     if e.holder_kind == pb.HOLDER_KIND_LEASE:
-        keys = state.leases[e.holder_id].locked_keys
-        keys.append(e.key)
-        keys.sort()
+        lease = state.leases[e.holder_id]
+        lease.locked_keys.append(e.key)
+        lease.locked_keys.sort()
+        _count_owner(state, lease.owner, locks=1)
 
 
 def _lock_released(state, e: pb.LockReleased, revision, limits: Limits) -> None:
@@ -211,13 +212,27 @@ def _lock_released(state, e: pb.LockReleased, revision, limits: Limits) -> None:
     if not lock.holders:
         del state.locks[e.key]
     if e.holder_kind == pb.HOLDER_KIND_LEASE:
-        keys = state.leases[e.holder_id].locked_keys
-        keys.remove(e.key)
+        lease = state.leases[e.holder_id]
+        lease.locked_keys.remove(e.key)
+        _count_owner(state, lease.owner, locks=-1)
+
+
+def _count_owner(state, owner: str, leases: int = 0, locks: int = 0) -> None:
+    """Keep `owner_usage` (the per-identity budgets' counts) in step with `leases`."""
+    if not owner:
+        return
+    usage = state.owner_usage[owner]
+    usage.leases += leases
+    usage.locks += locks
+    assert usage.leases >= 0 and usage.locks >= 0, f"owner usage went negative: {usage}"
+    if not usage.leases and not usage.locks:
+        del state.owner_usage[owner]
 
 
 def _lease_granted(state, e: pb.LeaseGranted, revision, limits: Limits) -> None:
     assert e.lease.id == revision
     state.leases[e.lease.id].CopyFrom(e.lease)
+    _count_owner(state, e.lease.owner, leases=1)
 
 
 def _lease_renewed(state, e: pb.LeaseRenewed, revision, limits: Limits) -> None:
@@ -226,6 +241,7 @@ def _lease_renewed(state, e: pb.LeaseRenewed, revision, limits: Limits) -> None:
 
 def _lease_ended(state, e: pb.LeaseRevoked | pb.LeaseExpired, revision, limits: Limits) -> None:
     assert not state.leases[e.lease_id].locked_keys, "a lease ended while holding keys"
+    _count_owner(state, state.leases[e.lease_id].owner, leases=-1)
     del state.leases[e.lease_id]
 
 
@@ -307,6 +323,9 @@ def _replicate_configuration_updated(
         for target in sorted(checkpoints.source_lsns):
             if (pchannel, target) not in kept:
                 del checkpoints.source_lsns[target]
+        for target in sorted(checkpoints.mismatched_lsns):
+            if (pchannel, target) not in kept:
+                del checkpoints.mismatched_lsns[target]
         # A drain is proven anew under each configuration (each write pause).
         checkpoints.drained_through_lsns.clear()
         if not checkpoints.source_lsns:
@@ -323,6 +342,10 @@ def _replicate_checkpoint_recorded(
     checkpoints.source_lsns[e.target_cluster_id] = e.source_lsn
     if e.drained_through_lsn:
         checkpoints.drained_through_lsns[e.target_cluster_id] = e.drained_through_lsn
+    if e.target_claims_lsn:
+        checkpoints.mismatched_lsns[e.target_cluster_id] = e.target_claims_lsn
+    elif e.target_cluster_id in checkpoints.mismatched_lsns:
+        del checkpoints.mismatched_lsns[e.target_cluster_id]
 
 
 def _state_restored(state, e: pb.StateRestored, revision, limits: Limits) -> None:

@@ -188,6 +188,20 @@ def _removed_node_violations(state: pb.CoordinationState) -> list[str]:
     return problems
 
 
+def _owner_usage_violations(state: pb.CoordinationState) -> list[str]:
+    """`owner_usage` counts exactly the live leases, and the keys they hold, per owner."""
+    counted: dict[str, tuple[int, int]] = {}
+    for lease_id in sorted(state.leases):
+        lease = state.leases[lease_id]
+        if lease.owner:
+            leases, locks = counted.get(lease.owner, (0, 0))
+            counted[lease.owner] = (leases + 1, locks + len(lease.locked_keys))
+    kept = {owner: (u.leases, u.locks) for owner, u in state.owner_usage.items()}
+    if kept != counted:
+        return [f"owner_usage {sorted(kept.items())} != counted {sorted(counted.items())}"]
+    return []
+
+
 def violations(
     state: pb.CoordinationState,
     previous: pb.CoordinationState | None = None,
@@ -200,6 +214,7 @@ def violations(
         + _channel_violations(state)
         + _member_violations(state)
         + _removed_node_violations(state)
+        + _owner_usage_violations(state)
     )
     if previous is not None:
         for name in sorted(previous.pchannels):

@@ -411,6 +411,18 @@ def write_refusal(
     return ""
 
 
+def mismatch_warning(pchannel: str, target_cluster_id: str, claimed_lsn: object) -> str:
+    """What status says of a target whose checkpoint does not match the source
+    (ReplicateCheckpoints.mismatched_lsns)."""
+    return (
+        f"replication of pchannel {pchannel} to cluster {target_cluster_id} is stopped: the "
+        f"target claims to hold source LSN {claimed_lsn}, above what this pchannel committed "
+        "(its checkpoint does not match this cluster: a batch this cluster never sent, or "
+        "this cluster restored from an older copy); see docs/replication.md, "
+        '"A checkpoint that does not match"'
+    )
+
+
 def replication_sources(
     configuration: pb.ReplicateConfiguration, cluster_id: str
 ) -> dict[str, tuple[str, str]]:

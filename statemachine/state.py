@@ -59,7 +59,17 @@ def upgrade_state(state: pb.CoordinationState) -> None:
     majority of the new set need not overlap the old set's majority, which holds the
     acknowledged entries. While such a pchannel is ASSIGNED, its replica set is the last
     ready set. (One caught mid-change by the upgrade, ASSIGNING with an empty set, keeps
-    it empty: its last ready set is not recorded anywhere; the next ready term sets it.)"""
+    it empty: its last ready set is not recorded anywhere; the next ready term sets it.)
+
+    ``owner_usage`` (the per-identity lease and lock counts) is derived from ``leases``:
+    it is counted again here, which a current state already agrees with."""
+    state.owner_usage.clear()
+    for lease_id in sorted(state.leases):
+        lease = state.leases[lease_id]
+        if lease.owner:
+            usage = state.owner_usage[lease.owner]
+            usage.leases += 1
+            usage.locks += len(lease.locked_keys)
     for name in sorted(state.pchannels):
         channel = state.pchannels[name]
         if (

@@ -72,6 +72,12 @@ class Limits:
     lease_ttl_min_ms: int = 1
     lease_ttl_max_ms: int = 3_600_000
     max_leases: int = 65_536
+    # Budgets per identity (Lease.owner, stamped by the proposer from who called; a caller
+    # without an identity, on a cluster without tokens, has none): one token can hold at
+    # most an eighth of the cluster's leases, and a bounded number of keys through them,
+    # so it cannot make another application's GrantLease or Lock fail.
+    max_leases_per_owner: int = 8_192
+    max_lease_locks_per_owner: int = 65_536
     max_keys_per_lease: int = 1024
     max_events_per_sweep: int = 1024
     broadcast_retention_max_ms: int = 30 * 24 * 3_600_000

@@ -55,7 +55,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -77,7 +77,6 @@ from raftwal.chaos.diskfaults import (
 )
 from raftwal.chaos.net import LINK_MODES, ProxyNet
 from raftwal.chaos.observe import _status, read_log, wait_recovered
-from raftwal.chaos.powerfs import PowerMount
 from raftwal.chaos.subscribers import MemberClient, PackClient, PositionSampler, ShardClient
 from raftwal.chaos.workload import (
     OK,
@@ -98,6 +97,11 @@ from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc
 from rpc.streaming_client import StreamingClient
 from wal_segments.segment import SegmentReader, segment_file_name
+
+if TYPE_CHECKING:
+    # Imported where a "power" fault needs it: PowerFS loads libfuse3 when imported, and
+    # every other fault (and `--help`) must work on a machine without it.
+    from raftwal.chaos.powerfs import PowerMount
 
 FAULT_KINDS = ("kill", "pause", "partition", "restart")
 # Asked for by name only: "outage", a node killed for longer than replica_replace_after_ms,
@@ -849,6 +853,8 @@ async def _run(
     try:
         config = replace(config, nodes=proxies.configure(config.nodes))
         if MOUNTED_FAULT_KINDS & set(options.faults):
+            from raftwal.chaos.powerfs import PowerMount
+
             # Every data dir lives on a PowerFS mount for the whole run (the backing
             # directories, which hold the data afterwards, are under power/).
             for node in config.nodes:
@@ -1392,7 +1398,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         description="Start three nodes on 127.0.0.1 behind per-link proxies, run a workload "
         "while injecting faults from a seeded schedule, heal, and check the history and the "
         "final state. Exit code 0: no violation; 1: violations; 3: the run proved nothing "
-        "(no fault or no acknowledged operation); 2: bad arguments.",
+        "(no fault or no acknowledged operation); 2: bad arguments, or --faults power on a "
+        "machine without FUSE (only that fault needs libfuse3: scripts/install-fuse.sh).",
     )
     parser.add_argument("--seed", type=int, default=None, help="schedule seed (default: random)")
     parser.add_argument(
@@ -1457,6 +1464,17 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_command)
 
 
+def power_unavailable() -> str:
+    """Why the "power" fault cannot run here ("" when it can): PowerFS needs /dev/fuse,
+    fusermount3 and libfuse3 (which mfusepy loads when `raftwal.chaos.powerfs` is
+    imported, so that import is tried here and nowhere else before a power fault)."""
+    try:
+        from raftwal.chaos.powerfs import fuse_unavailable
+    except (ImportError, OSError) as error:
+        return f"mfusepy cannot load libfuse: {str(error)[:200]}"
+    return fuse_unavailable()
+
+
 def _command(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     if args.replicate:
@@ -1481,6 +1499,16 @@ def _command(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if "power" in faults:
+        missing = power_unavailable()
+        if missing:
+            print(
+                f"error: the power fault needs FUSE, which this machine lacks ({missing}); "
+                "run scripts/install-fuse.sh (or apt-get install fuse3 libfuse3-3), or "
+                "leave power out of --faults",
+                file=sys.stderr,
+            )
+            return 2
     progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     if progress is not None:
         progress(f"raftwal chaos: seed {seed}, {args.duration:.0f} s, faults {','.join(faults)}")

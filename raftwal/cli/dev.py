@@ -477,8 +477,11 @@ def make_config(
     return ClusterConfig(nodes=tuple(members))
 
 
-def secure_config(config: ClusterConfig, security: devcerts.DevSecurity) -> ClusterConfig:
-    """`config` with TLS, mutual TLS and token auth from `security`."""
+def secure_config(
+    config: ClusterConfig, security: devcerts.DevSecurity, mutual_tls: bool = True
+) -> ClusterConfig:
+    """`config` with TLS, mutual TLS (unless not `mutual_tls`) and token auth from
+    `security`."""
     nodes = tuple(
         replace(
             node,
@@ -491,7 +494,7 @@ def secure_config(config: ClusterConfig, security: devcerts.DevSecurity) -> Clus
         config,
         nodes=nodes,
         tls_ca_file=security.ca_file,
-        tls_client_auth="require",
+        tls_client_auth="require" if mutual_tls else "none",
         auth_tokens_file=security.auth_tokens_file,
     )
 
@@ -543,11 +546,14 @@ def up(
     on_progress: Callable[[str], None] | None = None,
     in_netns: bool = False,
     cluster_id: str | None = None,
+    mutual_tls: bool = True,
 ) -> LocalCluster:
     """Start a local cluster in `directory` and return once it is ready (`wait_ready`);
     `on_progress` hears each step (`raftwal dev up` shows them on a terminal). With
     `in_netns`, each node runs in a network namespace of its own, on its own address
-    (raftwal.cli.netns; root only); `down` removes them."""
+    (raftwal.cli.netns; root only); `down` removes them. With `secure` and not
+    `mutual_tls`, clients need the CA and a token but no certificate of their own (what a
+    replication target needs: a source's replicator presents no client certificate)."""
     say = on_progress or (lambda _step: None)
     directory = directory.resolve()
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -581,6 +587,7 @@ def up(
             on_progress,
             hosts,
             cluster_id,
+            mutual_tls,
         )
     except BaseException:
         if hosts is not None:
@@ -602,6 +609,7 @@ def _start(
     on_progress: Callable[[str], None] | None,
     hosts: netns.NetnsHosts | None,
     cluster_id: str | None,
+    mutual_tls: bool = True,
 ) -> LocalCluster:
     config = config or make_config(directory, nodes, data_nodes=data_nodes)
     if cluster_id is not None or not config.cluster_id:
@@ -626,7 +634,7 @@ def _start(
         else None
     )
     if security is not None:
-        config = secure_config(config, security)
+        config = secure_config(config, security, mutual_tls)
     (directory / CONFIG_FILE).write_text(render_config(config, secret_file=SECRET_FILE))
     process_env = dict(os.environ if env is None else env)
     cluster = LocalCluster(directory, config, {}, process_env, security, netns=hosts)

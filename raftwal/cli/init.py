@@ -8,12 +8,14 @@
   - ``node.env``: ``RAFTWAL_NODE_ID=<id>``, read by ``deploy/systemd/raftwal.service``;
   - ``secret``: the Raft transport secret, the same on every host;
   - with ``--secure``: ``ca.pem``, this host's ``node.pem`` and ``node.key`` (naming its
-    host as well as localhost) and ``auth_tokens`` (a token per role, the nodes' own one
-    included);
+    host as well as localhost) and ``auth_tokens``: the node token in clear (nodes present
+    it to each other) and every other role's token as its SHA-256 only (``sha256:``: a
+    node checks those, so no host holds a client's token);
 - with ``--secure``, ``DIR/client/``: ``ca.pem``, ``client.pem``, ``client.key`` and
-  ``tokens/<role>`` for the SDK and the CLI, and ``DIR/ca/``: the CA with its key, which
-  belongs offline (``raftwal dev renew-certs --ca-cert --ca-key`` issues new certificates
-  under it).
+  ``tokens/<role>`` for the SDK and the CLI (give each application the one file of its
+  role, and ``tokens/admin`` to operators only), and ``DIR/ca/``: the CA with its key,
+  which belongs offline (``raftwal dev renew-certs --ca-cert --ca-key`` issues new
+  certificates under it).
 
 Every file is written 0600 in 0700 directories. docs/deploy.md walks through the rest.
 """
@@ -41,6 +43,7 @@ from raftwal.node.config import (
     with_join,
     write_secret_file,
 )
+from raftwal.node.security import NODE, token_digest_line
 from statemachine.validation import NAME_RULE, is_plain_name
 
 CONFIG_FILE = "raftwal.toml"
@@ -215,12 +218,13 @@ def init_deployment(
         tokens_dir = _private_dir(client_dir / "tokens")
         for role, path in security.token_files.items():
             _copy(path, tokens_dir / role)
+        tokens_text = _host_tokens(security)
         for node_id, directory in host_dirs.items():
             cert, key = security.node_certs[node_id]
             _copy(security.ca_file, directory / CA_FILE)
             _copy(cert, directory / NODE_CERT_FILE)
             _copy(key, directory / NODE_KEY_FILE)
-            _copy(security.auth_tokens_file, directory / TOKENS_FILE)
+            _write(directory / TOKENS_FILE, tokens_text)
         # The CA directory keeps the CA (ca.pem, ca.key) and nothing a host needs.
         for name in ("client.pem", "client.key", *(f"{n}.pem" for n in hosts)):
             (ca_dir / devcerts.TLS_DIR / name).unlink(missing_ok=True)
@@ -230,6 +234,26 @@ def init_deployment(
         shutil.rmtree(ca_dir / devcerts.TOKENS_DIR, ignore_errors=True)
         (ca_dir / devcerts.TOKENS_FILE).unlink(missing_ok=True)
     return Layout(host_dirs=host_dirs, client_dir=client_dir, ca_dir=ca_dir)
+
+
+def _host_tokens(security: devcerts.DevSecurity) -> str:
+    """A host's auth_tokens: the node token in clear, every user role's as its digest."""
+    node_lines = [
+        line
+        for line in security.auth_tokens_file.read_text().splitlines()
+        if line.split(" ", 1)[0] == NODE
+    ]
+    return (
+        "# Tokens this node accepts, `<role> <token>` per line (SECURITY.md). The node token\n"
+        "# is in clear: nodes present it to each other. The others are their SHA-256 only\n"
+        "# (`sha256:`): a node checks them, so this host holds no client's token. To add a\n"
+        "# token: `<role> sha256:<printf %s TOKEN | sha256sum>` (or the token itself).\n"
+        + "".join(f"{line}\n" for line in node_lines)
+        + "".join(
+            token_digest_line(role, path.read_text().strip()) + "\n"
+            for role, path in security.token_files.items()
+        )
+    )
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -333,7 +357,10 @@ def _run(args: argparse.Namespace) -> int:
     for node_id, directory in layout.host_dirs.items():
         print(f"{node_id}: copy {directory}/ to /etc/raftwal/ on its host")
     if layout.client_dir is not None and layout.ca_dir is not None:
-        print(f"clients: {layout.client_dir}/ (CA, client certificate, a token per role)")
+        print(
+            f"clients: {layout.client_dir}/ (CA, client certificate, a token per role: give "
+            "each application only tokens/<its role>, and tokens/admin to operators only)"
+        )
         print(f"CA: {layout.ca_dir}/ (keep its key offline)")
     print("then on each host: raftwal node --config /etc/raftwal/raftwal.toml --id ID")
     print("(or deploy/systemd/raftwal.service); docs/deploy.md has the rest")

@@ -52,6 +52,7 @@ from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
 from rpc.streaming.routing import StreamingClientBase
+from statemachine.replicate import mismatch_warning
 from wal_segments.owner import TICK_LOGICAL_BITS
 
 log = logging.getLogger(__name__)
@@ -434,6 +435,11 @@ async def _replicate_status(
                     # A reversed edge starts after what its target wrote itself.
                     edge.start_after_lsns[index] if edge.start_after_lsns else 0,
                 )
+                # A target checkpoint above what the source committed, which its
+                # replicator refused (docs/replication.md): the standby does not match.
+                claimed = answer.checkpoints[pchannel].mismatched_lsns.get(
+                    edge.target_cluster_id, 0
+                )
                 replicator = live.get((pchannel, edge.target_cluster_id))
                 state = replicator.state if replicator is not None else "not_running"
                 if state == "source_gap":
@@ -458,6 +464,8 @@ async def _replicate_status(
                     "lag_entries": lag,
                     "lag_entries_capped": lag >= STATUS_MAX_COUNT,
                     "lag_s": round(lag_s, 3),
+                    "target_claims_lsn": claimed,
+                    "checkpoint_mismatch": bool(claimed),
                     # What the running replicator measured (None: none runs, e.g. the
                     # owner is down or the configuration was just set).
                     "replicator": None,
@@ -512,7 +520,7 @@ async def _replicate_status(
                 f"{row['target_cluster_id']}/{row['target_pchannel']}",
                 str(running_row["state"]),
                 str(row["source_committed_lsn"]),
-                str(running_row["target_lsn"]),
+                str(running_row["target_lsn"]) + _claim(row),
                 str(running_row["lag_entries"]),
                 _human_bytes(int(running_row["lag_bytes"])),
                 f"{running_row['lag_s']:.1f}",
@@ -520,7 +528,7 @@ async def _replicate_status(
                 f"{running_row['commit_rate_entries_s']:,.0f}",
                 f"{running_row['inflight_batches']} ({_human_bytes(int(running_row['inflight_bytes']))})",
             )
-            if running_row["summary"]:
+            if running_row["summary"] and not row["checkpoint_mismatch"]:
                 lines.append(str(running_row["summary"]))
         else:
             table.add_row(
@@ -528,7 +536,7 @@ async def _replicate_status(
                 f"{row['target_cluster_id']}/{row['target_pchannel']}",
                 "no replicator",
                 str(row["source_committed_lsn"]),
-                str(row["target_checkpoint_lsn"]),
+                str(row["target_checkpoint_lsn"]) + _claim(row),
                 (">= " if row["lag_entries_capped"] else "") + str(row["lag_entries"]),
                 "-",
                 str(row["lag_s"]),
@@ -539,9 +547,22 @@ async def _replicate_status(
     console.print(table)
     for line in lines:
         console.print(f"[bold red]{line}[/]")
+    for row in rows:
+        if row["checkpoint_mismatch"]:
+            warning = mismatch_warning(
+                str(row["pchannel"]), str(row["target_cluster_id"]), row["target_claims_lsn"]
+            )
+            console.print(f"[bold red]{warning}[/]")
     # A target that needs what the source no longer holds cannot be served: say so in the
     # exit status too (docs/replication.md).
     return 1 if stopped else 0
+
+
+def _claim(row: dict[str, Any]) -> str:
+    """The "target holds" cell's note for a target whose checkpoint does not match."""
+    if row["checkpoint_mismatch"]:
+        return f" (MISMATCH: target claims {row['target_claims_lsn']})"
+    return ""
 
 
 def _human_bytes(value: int) -> str:

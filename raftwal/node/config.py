@@ -310,11 +310,14 @@ class ClusterConfig:
     # never queues behind the WAL (docs/architecture.md, "Processes of a node").
     data_worker_nice: int = 10
     # Uncommitted transaction data a node holds in memory: what all open transactions on
-    # the node, and those of one producer (BeginTxnRequest.producer_id, else the client's
-    # address), may buffer before an append is refused with RESOURCE_EXHAUSTED. A node's
-    # memory grows by about 1.6x the bytes it buffers.
+    # the node, those of one producer (BeginTxnRequest.producer_id, else the client's
+    # address), and those of one caller identity (its token or client certificate,
+    # whatever producer ids it uses; callers without either have no such budget) may
+    # buffer before an append is refused with RESOURCE_EXHAUSTED. A node's memory grows by
+    # about 1.6x the bytes it buffers.
     txn_buffer_budget_bytes: int = 64 * 1024 * 1024
     txn_buffer_producer_budget_bytes: int = 32 * 1024 * 1024
+    txn_buffer_identity_budget_bytes: int = 32 * 1024 * 1024
     # Bytes of partly received frames a node holds across all its transfer-port streams
     # (Produce and Append): each frame reserves its declared length when its header
     # arrives; past this a frame is refused with RESOURCE_EXHAUSTED (the sender falls back

@@ -62,6 +62,7 @@ from rpc.errors import RaftwalError
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import errors_pb2
+from statemachine.replicate import replicated_pairs
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -823,6 +824,19 @@ class _NodeCollector(Collector):
         for (pchannel, target), replicator in sorted(running.items()):
             source_gap.add_metric([pchannel, target], float(replicator.state == SOURCE_GAP))
         yield source_gap
+        # A target whose checkpoint does not match its source pchannel: from the
+        # replicated state, the same on every node.
+        mismatch = GaugeMetricFamily(
+            "raftwal_replicate_checkpoint_mismatch",
+            "1 while a replication target claims to hold more of this cluster's pchannel than "
+            "it committed (the replicator refused that checkpoint and stopped), else 0, by "
+            "pchannel and target cluster id.",
+            labels=["pchannel", "target"],
+        )
+        for pchannel, targets in sorted(view.replicate_mismatches.items()):
+            for target, claimed in sorted(targets.items()):
+                mismatch.add_metric([pchannel, target], 1 if claimed else 0)
+        yield mismatch
         yield from _replicator_metrics(running)
 
 
@@ -895,6 +909,8 @@ class _StateView(NamedTuple):
     subscriptions: dict[str, list[tuple[str, str, int]]]
     # source pchannel -> {target cluster id: last source LSN the target holds, as recorded}
     replicate_checkpoints: dict[str, dict[str, int]]
+    # source pchannel -> {target cluster id: the mismatched checkpoint it claims, or 0}
+    replicate_mismatches: dict[str, dict[str, int]]
 
     @classmethod
     def of(cls, state: pb.CoordinationState) -> _StateView:
@@ -929,7 +945,21 @@ class _StateView(NamedTuple):
                 pchannel: dict(checkpoints.source_lsns)
                 for pchannel, checkpoints in state.replicate_checkpoints.items()
             },
+            replicate_mismatches=_replicate_mismatches(state),
         )
+
+
+def _replicate_mismatches(state: pb.CoordinationState) -> dict[str, dict[str, int]]:
+    """Every pair this cluster replicates -> the mismatched checkpoint its target claims
+    (0: none), so that the gauge has a sample per pair to alert on."""
+    out: dict[str, dict[str, int]] = {}
+    for pchannel, target in replicated_pairs(
+        state.replicate_configuration, state.replicate_cluster_id
+    ):
+        checkpoints = state.replicate_checkpoints.get(pchannel)
+        claimed = checkpoints.mismatched_lsns.get(target, 0) if checkpoints else 0
+        out.setdefault(pchannel, {})[target] = claimed
+    return out
 
 
 def _under_replicated_flags(state: pb.CoordinationState) -> dict[str, int]:

@@ -80,6 +80,7 @@ from raftwal.node.reporting import ReportingMixin
 from raftwal.node.security import NodeSecurity
 from raftwal.node.trim import return_large_blocks_to_the_system, trim_memory_loop
 from raftwal.node.voters import VotersMixin
+from raftwal.services.callers import identity_name
 from raftwal.services.cluster import ClusterServicer
 from raftwal.services.coordinator import CoordinatorServicer
 from raftwal.services.data_redirect import add_data_redirects
@@ -596,6 +597,11 @@ class Node(ProposingMixin, ReportingMixin, LivenessMixin, HandoverMixin, VotersM
 
     def is_leader(self) -> bool:
         return self.peer is not None and self.peer.is_leader()
+
+    def caller_name(self, identity: str) -> str:
+        """The name a caller's leases are counted under (never its secret): keyed by the
+        cluster secret, which every node has (it refuses to start without)."""
+        return identity_name(identity, self.config.secret or "")
 
     def _require_peer(self) -> RaftPeer:
         if self.peer is None or self._stopping.is_set():

@@ -36,6 +36,16 @@ log, or one restored from an old backup) cannot be served: the replicator says s
 warnings and the metric ``raftwal_replicate_source_gap`` show), sends nothing, and looks
 again every ``SOURCE_GAP_RECHECK_S``. It never skips the missing entries by itself, and
 never retries a read of deleted entries in a loop.
+
+A target checkpoint above this pchannel's committed LSN does not match the source (the
+target holds entries this pchannel never committed: a forged batch, or a source restored
+from an older copy). The replicator refuses it: it neither records it in Raft (it would
+become the retention hold, and entries the target never received could be deleted) nor
+continues from it (the entries after it would never be sent). It reports the claim with
+``RecordReplicateCheckpoint.target_claims_lsn`` instead (``raftwal replicate status``,
+``raftwal status`` and ``raftwal_replicate_checkpoint_mismatch`` show it), logs an error
+and reads the checkpoint again every ``MISMATCH_RECHECK_S``; once it matches, the next
+record clears the report.
 """
 
 from __future__ import annotations
@@ -125,6 +135,10 @@ VCHANNEL_SYNC_S = 2.0
 #: the target's checkpoint again (an operator may have restored or reset the target).
 SOURCE_GAP_RECHECK_S = 10.0
 SOURCE_GAP = "source_gap"
+CHECKPOINT_MISMATCH = "checkpoint_mismatch"
+#: How often a replicator that found the target's checkpoint above the source's
+#: committed LSN reads it again.
+MISMATCH_RECHECK_S = 2.0
 _SKIPPED_FLAGS = int(EntryFlags.TERM_START | EntryFlags.SEAL_MARKER)
 # A committed transaction's begin and commit markers are sent (the target writes them as
 # its own, services/replicated.py:with_transactions); the source's control entries not.
@@ -153,10 +167,16 @@ class ReplicatorHost(Protocol):
         ...
 
     async def record_checkpoint(
-        self, pchannel: str, target_cluster_id: str, lsn: int, drained_through_lsn: int = 0
+        self,
+        pchannel: str,
+        target_cluster_id: str,
+        lsn: int,
+        drained_through_lsn: int = 0,
+        target_claims_lsn: int = 0,
     ) -> None:
-        """Propose RecordReplicateCheckpoint (the retention hold, and during a switchover
-        the drain); raises RaftwalError."""
+        """Propose RecordReplicateCheckpoint (the retention hold, during a switchover the
+        drain, and a target checkpoint that does not match the source); raises
+        RaftwalError."""
         ...
 
 
@@ -381,6 +401,12 @@ def verdict(status: api.ReplicatorStatus, backlog_grew: bool, quiet_s: float) ->
     its lag is at least BEHIND_LAG_S old: it is retrying, or the target acknowledged
     nothing for `quiet_s` >= BEHIND_LAG_S (stalled), or the lag grew over the measuring
     window (too slow)."""
+    if status.state == CHECKPOINT_MISMATCH:
+        return (
+            f"replication of pchannel {status.pchannel} to cluster {status.target_cluster_id} "
+            "is stopped: the target claims more of this pchannel than it committed (its "
+            "checkpoint does not match; see `raftwal replicate status`)"
+        )
     if status.state == SOURCE_GAP:
         return (
             f"replication of pchannel {status.pchannel} to cluster {status.target_cluster_id} "
@@ -411,6 +437,18 @@ def verdict(status: api.ReplicatorStatus, backlog_grew: bool, quiet_s: float) ->
             "and growing"
         )
     return ""
+
+
+class CheckpointMismatch(Exception):
+    """The target claims to hold more of this pchannel than it committed."""
+
+    def __init__(self, claimed_lsn: int, committed_lsn: int) -> None:
+        super().__init__(
+            f"the target claims to hold source LSN {claimed_lsn}, above this pchannel's "
+            f"committed LSN {committed_lsn}"
+        )
+        self.claimed_lsn = claimed_lsn
+        self.committed_lsn = committed_lsn
 
 
 class SourceGap(Exception):
@@ -452,6 +490,9 @@ class _Replicator:
         # (needed LSN, the source's first LSN) while the target needs entries the source
         # no longer holds (SOURCE_GAP), else None.
         self.gap: tuple[int, int] | None = None
+        # The mismatched checkpoint (above the source's committed LSN) the target claims,
+        # as this replicator last reported it to Raft (0: none).
+        self.claimed = 0
         # (monotonic time, committed LSN, confirmed LSN, applied bytes), one a second, over
         # the last RATE_WINDOW_S: the rates and whether the backlog grows.
         self.samples: deque[tuple[float, int, int, int]] = deque()
@@ -471,7 +512,9 @@ class _Replicator:
         self.port_unreachable: dict[str, float] = {}
         # The checkpoint report to Raft in progress (never two at once), and what it says.
         self.recording: asyncio.Task[None] | None = None
-        self.recorded = 0
+        # -1: nothing recorded by this replicator yet, so its first record (which carries
+        # no mismatch) also clears a mismatch an earlier replicator of the pair reported.
+        self.recorded = -1
         self.recorded_at = 0.0
         # During a switchover to this target: the LSN no client write of the pchannel can
         # follow (None: no pause, or not known yet), and whether the drain was recorded.
@@ -546,6 +589,29 @@ class _Replicator:
                         backoff = RETRY_MIN_S
                     except asyncio.CancelledError:
                         raise
+                    except CheckpointMismatch as mismatch:
+                        # Refused (the module doc), reported once per claim, read again
+                        # later: neither recorded as the retention hold nor continued from.
+                        if self.claimed != mismatch.claimed_lsn:
+                            log.error(
+                                "replicate %s -> %s/%s: %s: its checkpoint does not match "
+                                "this cluster; not recorded, nothing sent until it matches "
+                                "(docs/replication.md)",
+                                edge.pchannel,
+                                edge.target.cluster_id,
+                                edge.target_pchannel,
+                                mismatch,
+                            )
+                            await self.host.record_checkpoint(
+                                edge.pchannel,
+                                edge.target.cluster_id,
+                                0,
+                                target_claims_lsn=mismatch.claimed_lsn,
+                            )
+                            self.claimed = mismatch.claimed_lsn
+                        self._reset()
+                        self._measure(owner, force=True)
+                        await asyncio.sleep(MISMATCH_RECHECK_S)
                     except SourceGap as gap:
                         if self.gap is None:
                             log.error(
@@ -644,6 +710,17 @@ class _Replicator:
             ),
             timeout=CALL_TIMEOUT_S,
         )
+        if answer.source_lsn > owner.committed_lsn:
+            raise CheckpointMismatch(answer.source_lsn, owner.committed_lsn)
+        if self.claimed:
+            log.warning(
+                "replicate %s -> %s: the target's checkpoint matches again (source LSN %d)",
+                edge.pchannel,
+                edge.target.cluster_id,
+                answer.source_lsn,
+            )
+            # The next record, though it adds nothing, clears the reported mismatch.
+            self.claimed, self.recorded = 0, -1
         self._reset()
         self.checkpoint = answer.source_lsn
         # After a switchover reversed the edge, the target holds this pchannel's entries
@@ -704,6 +781,10 @@ class _Replicator:
                 # Caught up: a vchannel dropped here can be dropped there.
                 self.target_vchannels = await self._sync_vchannels(client, True)
                 self.synced_at = time.monotonic()
+                # And read the target's checkpoint again: an idle source must notice a
+                # target that moved without it (a checkpoint that no longer matches).
+                self.checkpoint = None
+                return
             await owner.wait_commit_change(IDLE_POLL_S)
         elif not self.inflight and not progressed:
             # Held back (a vchannel this node's view does not know yet, a transaction not
@@ -895,7 +976,9 @@ class _Replicator:
             target_cluster_id=self.edge.target.cluster_id,
             target_pchannel=self.edge.target_pchannel,
             state=(
-                SOURCE_GAP
+                CHECKPOINT_MISMATCH
+                if self.claimed
+                else SOURCE_GAP
                 if self.gap is not None
                 else "retrying"
                 if self.retrying

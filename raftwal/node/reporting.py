@@ -24,7 +24,7 @@ from raftwal.node.status import process_status, tree_bytes
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from rpc.protos import coordinator_pb2_grpc, errors_pb2
-from statemachine.replicate import replicated_pairs
+from statemachine.replicate import mismatch_warning, replicated_pairs
 
 log = logging.getLogger(__name__)
 E = errors_pb2
@@ -91,8 +91,9 @@ class ReportingMixin:
         return member
 
     async def cluster_status(self, linearizable: bool) -> api.ClusterStatusResponse:
-        # (source pchannel, target cluster, last source LSN the target holds as recorded)
-        replicated: list[tuple[str, str, int]] = []
+        # (source pchannel, target cluster, last source LSN the target holds as recorded,
+        # the mismatched checkpoint the target claims or 0)
+        replicated: list[tuple[str, str, int, int]] = []
 
         def reader(state: pb.CoordinationState) -> api.ClusterStatusResponse:
             for pchannel, target in replicated_pairs(
@@ -100,7 +101,8 @@ class ReportingMixin:
             ):
                 checkpoints = state.replicate_checkpoints.get(pchannel)
                 recorded = checkpoints.source_lsns.get(target, 0) if checkpoints else 0
-                replicated.append((pchannel, target, recorded))
+                claimed = checkpoints.mismatched_lsns.get(target, 0) if checkpoints else 0
+                replicated.append((pchannel, target, recorded, claimed))
             response = api.ClusterStatusResponse(
                 nodes=[state.nodes[k] for k in sorted(state.nodes)],
                 pchannels=[
@@ -143,7 +145,7 @@ class ReportingMixin:
         return response
 
     def _replication_warnings(
-        self, response: api.ClusterStatusResponse, replicated: list[tuple[str, str, int]]
+        self, response: api.ClusterStatusResponse, replicated: list[tuple[str, str, int, int]]
     ) -> list[str]:
         """A replicator that cannot keep up or is stalled (its one line), and a target that
         lags its source pchannel by more than replicate_lag_warn_entries (LSNs, control
@@ -155,14 +157,19 @@ class ReportingMixin:
             if owner.state == "serving"
         }
         limit = self.config.replicate_lag_warn_entries
-        # A replicator that cannot keep up (or is stalled) says so in one line.
+        # A replicator that cannot keep up (or is stalled) says so in one line; one stopped
+        # by a checkpoint that does not match is said below, with the target's claim.
         warnings = [
             replicator.summary
             for member in response.members
             for replicator in member.replicators
-            if replicator.summary
+            if replicator.summary and replicator.state != "checkpoint_mismatch"
         ]
-        for pchannel, target, recorded in replicated:
+        for pchannel, target, recorded, claimed in replicated:
+            if claimed:
+                # Above what the source committed: the replicator refused it.
+                warnings.append(mismatch_warning(pchannel, target, claimed))
+                continue
             lag = committed.get(pchannel, 0) - recorded
             if lag > limit:
                 warnings.append(

@@ -2,9 +2,11 @@
 with roles. The Raft transport has its own secret (``raftwal.node.config.check_transport_security``).
 
 - ``TokenTable``: the ``auth_tokens_file``, one ``<role> <token>`` per line (``#`` starts a
-  comment). Tokens are kept as SHA-256 digests only, so a lookup compares digests and a
-  token never sits in memory longer than the file read. Nodes call each other with the
-  first token of role ``node``.
+  comment); a line may give ``sha256:<64 hex digits>``, the token's SHA-256, instead of
+  the token, so that a host need not hold the tokens it only checks. Tokens are kept as
+  SHA-256 digests only, so a lookup compares digests and a token never sits in memory
+  longer than the file read. Nodes call each other with the first ``node`` token given in
+  clear.
 - ``METHOD_ROLES``: which roles may call each method. A method that is not listed is
   refused (a unit test checks that every method of every raftwal service is listed);
   health checking is open to anyone, server reflection to any valid token.
@@ -46,6 +48,8 @@ ADMIN, PRODUCER, CONSUMER, READER, NODE = "admin", "producer", "consumer", "read
 ROLES = (ADMIN, PRODUCER, CONSUMER, READER, NODE)
 # Short enough to read in a log line, long enough not to be guessed.
 MIN_TOKEN_CHARS = 16
+# A tokens file line may name a token by its SHA-256 (hex) instead of holding it.
+DIGEST_PREFIX = "sha256:"
 MAX_TOKENS = 10_000
 MAX_TOKENS_FILE_BYTES = 4 << 20
 # How long a refused streaming call waits for its first request (see _refusal).
@@ -153,6 +157,20 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("ascii")).digest()
 
 
+def token_digest_line(role: str, token: str) -> str:
+    """The tokens file line that names `token` of `role` by its digest only."""
+    return f"{role} {DIGEST_PREFIX}{_digest(token).hex()}"
+
+
+def _parse_digest(text: str, where: str) -> bytes:
+    if len(text) != 64 or any(c not in "0123456789abcdef" for c in text.lower()):
+        raise ConfigError(
+            f"invalid digest in {where} ({len(text)} characters after {DIGEST_PREFIX!r}; "
+            "expected the token's SHA-256 as 64 hex digits, e.g. printf %s TOKEN | sha256sum)"
+        )
+    return bytes.fromhex(text)
+
+
 @dataclass(frozen=True)
 class TokenTable:
     """Token digests -> role, and the token this node presents to its peers."""
@@ -181,24 +199,29 @@ class TokenTable:
                     f"invalid role in {where} (an unknown role of {len(role)} characters; "
                     f"expected one of {', '.join(ROLES)} first, then the token)"
                 )
-            try:
-                check_token(token, where)
-            except CredentialsError as error:
-                raise ConfigError(str(error)) from None
-            if len(token) < MIN_TOKEN_CHARS:
-                raise ConfigError(
-                    f"token too short in {where} ({len(token)} characters; expected at least "
-                    f"{MIN_TOKEN_CHARS}, e.g. python -c 'import secrets; "
-                    "print(secrets.token_urlsafe(32))')"
-                )
-            digest = _digest(token)
+            given_digest = token.startswith(DIGEST_PREFIX)
+            if given_digest:
+                digest = _parse_digest(token[len(DIGEST_PREFIX) :], where)
+            else:
+                try:
+                    check_token(token, where)
+                except CredentialsError as error:
+                    raise ConfigError(str(error)) from None
+                if len(token) < MIN_TOKEN_CHARS:
+                    raise ConfigError(
+                        f"token too short in {where} ({len(token)} characters; expected at "
+                        f"least {MIN_TOKEN_CHARS}, e.g. python -c 'import secrets; "
+                        "print(secrets.token_urlsafe(32))')"
+                    )
+                digest = _digest(token)
             if roles.get(digest, role) != role:
                 raise ConfigError(
                     f"token of {where} is listed again with another role ({role} and "
                     f"{roles[digest]}; expected one role per token)"
                 )
             roles[digest] = role
-            if role == NODE and node_token is None:
+            # A node presents a token it holds: a digest line is checked, never presented.
+            if role == NODE and node_token is None and not given_digest:
                 node_token = token
             if len(roles) > MAX_TOKENS:
                 raise ConfigError(f"too many tokens in {source} (expected at most {MAX_TOKENS})")
@@ -395,8 +418,9 @@ class NodeSecurity:
         table = TokenTable.load(config.auth_tokens_file) if config.auth_tokens_file else None
         if table is not None and table.node_token is None and len(config.nodes) > 1:
             raise ConfigError(
-                f"no token of role node in {config.auth_tokens_file} (expected one: the nodes "
-                "authenticate to each other with it)"
+                f"no token of role node in {config.auth_tokens_file} (expected one, given "
+                "in clear rather than as its sha256: digest: the nodes authenticate to each "
+                "other with it)"
             )
         # A node that listens off loopback (listen_host "0.0.0.0", say) is reachable from
         # the network whatever address it advertises.

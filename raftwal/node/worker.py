@@ -107,7 +107,12 @@ class _ReplicatorHost:
         return self._worker.data_view.view
 
     async def record_checkpoint(
-        self, pchannel: str, target_cluster_id: str, lsn: int, drained_through_lsn: int = 0
+        self,
+        pchannel: str,
+        target_cluster_id: str,
+        lsn: int,
+        drained_through_lsn: int = 0,
+        target_claims_lsn: int = 0,
     ) -> None:
         command = pb.Command(
             record_replicate_checkpoint=pb.RecordReplicateCheckpoint(
@@ -115,6 +120,7 @@ class _ReplicatorHost:
                 target_cluster_id=target_cluster_id,
                 source_lsn=lsn,
                 drained_through_lsn=drained_through_lsn,
+                target_claims_lsn=target_claims_lsn,
             )
         )
         result = await self._worker.propose(command)

@@ -112,6 +112,9 @@ class TxnBudgets(Protocol):
     @property
     def txn_buffer_producer_budget_bytes(self) -> int: ...
 
+    @property
+    def txn_buffer_identity_budget_bytes(self) -> int: ...
+
 
 class DiskGuard(Protocol):
     """The node's disk watermarks as the data plane's servicers see them

@@ -17,6 +17,7 @@ Must never import ``raftwal.node``.
 from __future__ import annotations
 
 import hashlib
+import hmac
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,28 @@ def caller_identity(context: Any) -> str:
     if subject:
         parts.append(f"cert:{subject}")
     return "|".join(parts)
+
+
+def identity_name(identity: str, secret: str) -> str:
+    """The name `identity` (``caller_identity``) is known by in the replicated coordination
+    state (``Lease.owner``: the per-identity budgets): "id:" and 128 bits of an HMAC-SHA256
+    keyed by the cluster secret, "" for the empty identity. Every node of a cluster shares
+    the secret, so every node names a caller alike; the name is visible to every read role
+    (WatchEvents), and without the secret it tells nothing about the token, however weak
+    that is. A new cluster secret renames every caller (leases granted before keep the old
+    name until they end)."""
+    if not identity:
+        return ""
+    key = hashlib.sha256(b"raftwal caller identity name\0" + secret.encode()).digest()
+    return "id:" + hmac.new(key, identity.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def token_digest(identity: str) -> str:
+    """The bearer token's digest within a ``caller_identity`` ("" when it has none)."""
+    for part in identity.split("|"):
+        if part.startswith("token:"):
+            return part[len("token:") :]
+    return ""
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Protocol, TypeVar
 
 import grpc
 
+from raftwal.services.callers import caller_identity
 from raftwal.services.common import fail
 from rpc.errors import RaftwalError, error_info, to_status
 from rpc.placement import address_for
@@ -77,6 +78,12 @@ class CoordinationBackend(Protocol):
     # This cluster's id ([cluster] cluster_id; "" when unset): stamped on replication
     # configuration updates, which must list it.
     cluster_id: str
+
+    def caller_name(self, identity: str) -> str:
+        """The name a caller's identity (``callers.caller_identity``) has in the
+        coordination state (``callers.identity_name``): stamped on GrantLease, whose
+        per-identity budgets the state machine decides."""
+        ...
 
     async def propose(self, command: pb.Command) -> pb.CommandResult:
         """Replicate `command` (request id and time are stamped here if missing) and return
@@ -695,7 +702,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             request_id = _new_request_id(request.request_id)
             result = await self._propose(
                 request_id,
-                grant_lease=pb.GrantLease(ttl_ms=request.ttl_ms, holder=request.holder),
+                grant_lease=pb.GrantLease(
+                    ttl_ms=request.ttl_ms, holder=request.holder, owner=self._owner(context)
+                ),
             )
             return api.GrantLeaseResponse(
                 lease_id=result.lease_id,
@@ -765,9 +774,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             results = [api.BatchWriteResult() for _ in request.ops]
             commands: list[pb.Command] = []
             positions: list[int] = []
+            owner = self._owner(context)
             for position, op in enumerate(request.ops):
                 try:
-                    commands.append(self._batch_command(op))
+                    commands.append(self._batch_command(op, owner))
                 except RaftwalError as error:
                     # A bad op is answered on its own and never proposed; the rest go on.
                     results[position].error.CopyFrom(error.info)
@@ -781,8 +791,12 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
         return await self._call(context, work())
 
+    def _owner(self, context: grpc.aio.ServicerContext) -> str:
+        """Who calls, as the coordination state names it (never from the request)."""
+        return self._backend.caller_name(caller_identity(context))
+
     @staticmethod
-    def _batch_command(op: api.BatchWriteOp) -> pb.Command:
+    def _batch_command(op: api.BatchWriteOp, owner: str) -> pb.Command:
         kind = op.WhichOneof("op")
         if kind is None:
             raise fail(
@@ -794,7 +808,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         if kind == "grant_lease":
             return pb.Command(
                 request_id=request_id,
-                grant_lease=pb.GrantLease(ttl_ms=inner.ttl_ms, holder=inner.holder),
+                grant_lease=pb.GrantLease(ttl_ms=inner.ttl_ms, holder=inner.holder, owner=owner),
             )
         if kind == "revoke_lease":
             return pb.Command(
@@ -1030,24 +1044,34 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             request_id = _new_request_id(request.request_id)
             _check_count("freeze_node_ids", len(request.freeze_node_ids), 0)
             _check_count("unfreeze_node_ids", len(request.unfreeze_node_ids), 0)
-            result = await self._propose(
-                request_id,
-                set_balance_policy=pb.SetBalancePolicy(
-                    allow_rebalance=request.allow_rebalance,
-                    max_moves_per_round=request.max_moves_per_round,
+            # One Raft entry for the policy and every freeze and unfreeze: one round of
+            # replication instead of one per command, applied in this order.
+            commands = [
+                pb.Command(
+                    request_id=request_id,
+                    set_balance_policy=pb.SetBalancePolicy(
+                        allow_rebalance=request.allow_rebalance,
+                        max_moves_per_round=request.max_moves_per_round,
+                    ),
                 ),
-            )
-            revision = result.revision
-            for index, node_id in enumerate(request.freeze_node_ids):
-                result = await self._propose(
-                    f"{request_id}.f{index}", freeze_node=pb.FreezeNode(node_id=node_id)
-                )
-                revision = result.revision
-            for index, node_id in enumerate(request.unfreeze_node_ids):
-                result = await self._propose(
-                    f"{request_id}.u{index}", unfreeze_node=pb.UnfreezeNode(node_id=node_id)
-                )
-                revision = result.revision
+                *(
+                    pb.Command(
+                        request_id=f"{request_id}.f{index}",
+                        freeze_node=pb.FreezeNode(node_id=node_id),
+                    )
+                    for index, node_id in enumerate(request.freeze_node_ids)
+                ),
+                *(
+                    pb.Command(
+                        request_id=f"{request_id}.u{index}",
+                        unfreeze_node=pb.UnfreezeNode(node_id=node_id),
+                    )
+                    for index, node_id in enumerate(request.unfreeze_node_ids)
+                ),
+            ]
+            revision = 0
+            for result in await self._backend.propose_batch(commands):
+                revision = _raise_rejection(result).revision
 
             def reader(state: pb.CoordinationState) -> pb.BalancePolicy:
                 copy = pb.BalancePolicy()

@@ -11,11 +11,16 @@ atomically with the append. Nothing here does I/O.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Callable, Sequence
 
+from raftwal.services.callers import token_digest
 from raftwal.services.common import fail
+from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
+from statemachine.replicate import local_cluster, replication_sources
 from statemachine.types import DEFAULT_LIMITS as LIMITS
 from statemachine.validation import check_name
 from wal_segments.format import EntryFlags, MsgType
@@ -98,6 +103,69 @@ def check_replicated_batch(request: wire.ProduceRequest, count: int) -> None:
             E.INVALID_ARGUMENT,
             f"invalid sequence of a replicated batch ({request.sequence}; expected "
             f"{lsns[-1]}, the source LSN of its last message)",
+        )
+
+
+def _sha256_hex(token: str) -> str:
+    # Not cached: no second copy of a token is kept anywhere.
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest() if token else ""
+
+
+def replicator_digest(configuration: pb.ReplicateConfiguration, cluster_id: str) -> str:
+    """The SHA-256 (hex) of the token the replication configuration stores for this
+    cluster, `cluster_id`: what its one source cluster's replicator presents here ("" when
+    the configuration stores none)."""
+    local = local_cluster(configuration, cluster_id) if cluster_id else None
+    return _sha256_hex(local.credentials.token) if local is not None else ""
+
+
+def check_replicator(
+    configuration: pb.ReplicateConfiguration,
+    cluster_id: str,
+    pchannel: str,
+    claimed_cluster_id: str,
+    identity: str,
+) -> None:
+    """Raise unless a replicated batch for `pchannel` of this cluster (`cluster_id`), that
+    claims to come from `claimed_cluster_id`, comes from the replicator of the pchannel's
+    configured source, by who the caller is (`identity`, ``callers.caller_identity``):
+
+    - IGNORED_OPERATION when `pchannel` is no replication target;
+    - PERMISSION_DENIED unless the caller presents the token the configuration stores for
+      this cluster, the credential only the source's replicator is given (a producer
+      token, the role that may call Produce, must not be able to write here, let alone
+      move the checkpoint);
+    - IGNORED_OPERATION when the claimed cluster is not that source.
+
+    The source cluster is thus the one the caller's credential is bound to; what the
+    request claims only has to agree with it."""
+    source, _ = replication_sources(configuration, cluster_id).get(pchannel, ("", ""))
+    if not source:
+        raise fail(
+            E.IGNORED_OPERATION,
+            f"a replicated batch from cluster {claimed_cluster_id} for pchannel {pchannel} "
+            "(got one; expected batches from no cluster: it is not a replication target)",
+        )
+    expected = replicator_digest(configuration, cluster_id)
+    presented = token_digest(identity)
+    if not hmac.compare_digest(presented, expected):
+        got = "another token" if presented else "no token"
+        wanted = (
+            "the token the replication configuration stores for cluster "
+            f"{cluster_id}, which only cluster {source}'s replicator presents"
+            if expected
+            else f"no token: the replication configuration stores none for cluster {cluster_id}"
+        )
+        raise fail(
+            E.PERMISSION_DENIED,
+            f"a replicated batch for pchannel {pchannel} from a caller that is not the "
+            f"replicator of cluster {source} (got {got}; expected {wanted})",
+        )
+    if claimed_cluster_id != source:
+        raise fail(
+            E.IGNORED_OPERATION,
+            f"a replicated batch from cluster {claimed_cluster_id} for pchannel {pchannel} "
+            f"(got one; expected batches from {source})",
         )
 
 

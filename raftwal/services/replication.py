@@ -390,7 +390,19 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                     )
                 )
                 return future
-            except (BadBatch, LogError, SegmentCorrupted, OSError, ValueError) as error:
+            except (BadBatch, ValueError) as error:
+                # What the request got wrong (a bad name, frames that do not verify or
+                # break the log's rules): never written, and the caller's error.
+                future.set_result(
+                    wire.AppendResponse(
+                        request_id=request.request_id,
+                        status=wire.APPEND_STATUS_ERROR,
+                        error=error_info(E.INVALID_ARGUMENT, str(error)[:500]),
+                    )
+                )
+                return future
+            except (LogError, SegmentCorrupted, OSError) as error:
+                # This node's own trouble (its disk, its log).
                 future.set_result(
                     wire.AppendResponse(
                         request_id=request.request_id,

@@ -194,10 +194,11 @@ class SegmentTransfers:
         port takes none (not started, no handler, or at `MAX_APPEND_CONNECTIONS`)."""
         return self._offer_stream(self._appends, owner_node_id)
 
-    def offer_produce(self) -> bytes | None:
-        """A ticket for one Produce connection, or None when this port takes none (not
-        started, no handler, or at `MAX_PRODUCE_CONNECTIONS`)."""
-        return self._offer_stream(self._produces, "")
+    def offer_produce(self, asked_by: str = "") -> bytes | None:
+        """A ticket for one Produce connection of the caller `asked_by` (its
+        ``callers.caller_identity``: the connection acts as that caller), or None when this
+        port takes none (not started, no handler, or at `MAX_PRODUCE_CONNECTIONS`)."""
+        return self._offer_stream(self._produces, asked_by)
 
     def _offer_stream(self, kind: _StreamKind, asked_by: str) -> bytes | None:
         if (

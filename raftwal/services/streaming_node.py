@@ -38,6 +38,7 @@ from raftwal.services.common import fail
 from raftwal.services.replicated import (
     TXN_MARKER_TYPES,
     check_replicated_batch,
+    check_replicator,
     check_source_names,
     with_source_positions,
     with_transactions,
@@ -155,6 +156,15 @@ def _peer_host(peer: str) -> str:
     """The host part of grpc's peer string ("ipv4:127.0.0.1:5000" -> "ipv4:127.0.0.1")."""
     host, _, port = peer.rpartition(":")
     return host if host and port.isdigit() else peer
+
+
+def _count(table: dict[str, int], key: str, change: int) -> None:
+    """Add `change` to `table[key]`, forgetting a key that falls to zero."""
+    left = table.get(key, 0) + change
+    if left > 0:
+        table[key] = left
+    else:
+        table.pop(key, None)
 
 
 def _retrieve_quietly(task: asyncio.Future[Any]) -> None:
@@ -316,9 +326,11 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         self._segments = _RecentSegments()
         self._txns: dict[int, _Txn] = {}
         self._ended: OrderedDict[int, _Ended] = OrderedDict()
-        # Bytes buffered by open transactions, in all and per producer (the budgets).
+        # Bytes buffered by open transactions, in all, per producer and per caller identity
+        # (the budgets; a caller without an identity has no identity budget).
         self._txn_bytes = 0
         self._producer_txn_bytes: dict[str, int] = {}
+        self._identity_txn_bytes: dict[str, int] = {}
 
     # plumbing
 
@@ -375,15 +387,14 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             return RaftwalError(self._with_disk(info))
         return fail(E.INNER, str(error)[:300])
 
-    def _check_replicated_from(self, pchannel: str, cluster_id: str) -> None:
-        """Refuse a replicated batch unless `pchannel` is a target of `cluster_id`."""
-        source, _ = self._view.view.replicated_from.get(pchannel, ("", ""))
-        if source != cluster_id:
-            raise fail(
-                E.IGNORED_OPERATION,
-                f"a replicated batch from cluster {cluster_id} for pchannel {pchannel} (got "
-                f"one; expected batches from {source or 'no cluster: it is not a replication target'})",
-            )
+    def _check_replicated_from(self, pchannel: str, cluster_id: str, identity: str) -> None:
+        """Refuse a replicated batch unless `pchannel` is a target of `cluster_id` and the
+        caller (`identity`) holds that source's replication credential
+        (`replicated.check_replicator`)."""
+        view = self._view.view
+        check_replicator(
+            view.replicate_configuration, view.replicate_cluster_id, pchannel, cluster_id, identity
+        )
 
     def _owner(self, pchannel: str):  # type: ignore[no-untyped-def]
         owner = self._plane.owner(pchannel)
@@ -519,7 +530,8 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
 
     # Produce
 
-    async def _produce_one(self, request: wire.ProduceRequest) -> wire.ProduceResult:
+    async def _produce_one(self, request: wire.ProduceRequest, identity: str) -> wire.ProduceResult:
+        """Write one Produce request for a caller whose ``caller_identity`` is `identity`."""
         try:
             bad = check_name("pchannel", request.pchannel, LIMITS)
             if bad is not None:
@@ -552,7 +564,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             if not request.HasField("replicate_source"):
                 self._check_writable(request.pchannel, "a Produce")
             else:
-                self._check_replicated_from(request.pchannel, request.replicate_source.cluster_id)
+                self._check_replicated_from(
+                    request.pchannel, request.replicate_source.cluster_id, identity
+                )
             previous_sequence = None
             if request.HasField("previous_sequence"):
                 if (
@@ -637,14 +651,19 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             )
 
     async def Produce(self, request_iterator, context):
-        async with contextlib.aclosing(self._produce_results(request_iterator)) as results:
+        produced = self._produce_results(request_iterator, caller_identity(context))
+        async with contextlib.aclosing(produced) as results:
             async for result in results:
                 yield result
 
     async def OpenProduce(self, request, context):
         """A ticket for one Produce connection to this node's transfer port, or none (the
         producer then calls Produce)."""
-        ticket = self._transfers.offer_produce() if self._transfers is not None else None
+        ticket = (
+            self._transfers.offer_produce(caller_identity(context))
+            if self._transfers is not None
+            else None
+        )
         if ticket is None:
             return wire.OpenProduceResponse()
         assert self._transfers is not None
@@ -653,10 +672,11 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         )
 
     async def serve_produce_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _asked_by: str
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, asked_by: str
     ) -> None:
         """A producer's Produce stream over the transfer port (`rpc.produce_stream`), after
-        its ticket matched: the same requests and results as `Produce`, framed. Returns
+        its ticket matched: the same requests and results as `Produce`, framed, for the
+        caller who asked for the ticket (`asked_by`, its ``caller_identity``). Returns
         when the producer closed, reset or stalled the connection, sent nothing for
         `produce_stream.IDLE_TIMEOUT_S`, or sent a frame over the cap or one that is no
         ProduceRequest (the port then closes the connection)."""
@@ -666,7 +686,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
             self._max_frame_bytes,
             produce_stream.IDLE_TIMEOUT_S,
             wire.ProduceRequest,
-            self._produce_results,
+            lambda requests: self._produce_results(requests, asked_by),
             # A bad frame gets a clear answer before the connection closes (request id 0:
             # no request of the stream matches it).
             lambda reason, code: wire.ProduceResult(
@@ -677,7 +697,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         log.debug("produce connection from %s ended: %s", writer.get_extra_info("peername"), ended)
 
     async def _produce_results(
-        self, request_iterator: AsyncIterator[wire.ProduceRequest]
+        self, request_iterator: AsyncIterator[wire.ProduceRequest], identity: str
     ) -> AsyncIterator[wire.ProduceResult]:
         """The results of a Produce stream (gRPC or framed): each request is written in
         the order it came, its result comes back when it is acknowledged or failed (not
@@ -688,7 +708,7 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
 
         async def run(request: wire.ProduceRequest) -> None:
             try:
-                results.put_nowait(await self._produce_one(request))
+                results.put_nowait(await self._produce_one(request, identity))
             finally:
                 slots.release()
 
@@ -938,11 +958,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
         txn = self._txns.pop(txn_id, None)
         if txn is not None and txn.bytes:
             self._txn_bytes -= txn.bytes
-            left = self._producer_txn_bytes.get(txn.producer, 0) - txn.bytes
-            if left > 0:
-                self._producer_txn_bytes[txn.producer] = left
-            else:
-                self._producer_txn_bytes.pop(txn.producer, None)
+            _count(self._producer_txn_bytes, txn.producer, -txn.bytes)
+            if txn.owner.identity:
+                _count(self._identity_txn_bytes, txn.owner.identity, -txn.bytes)
         return txn
 
     def _expire_txns(self) -> None:
@@ -999,6 +1017,18 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 sum(1 for t in self._txns.values() if t.producer == txn.producer),
             ),
         )
+        if txn.owner.identity:
+            # Whatever producer ids one caller picks, its open transactions share this.
+            identity = txn.owner.identity
+            budgets += (
+                (
+                    "this caller's transaction buffer, over all its producer ids "
+                    "(txn_buffer_identity_budget_bytes)",
+                    self._identity_txn_bytes.get(identity, 0),
+                    config.txn_buffer_identity_budget_bytes,
+                    sum(1 for t in self._txns.values() if t.owner.identity == identity),
+                ),
+            )
         for name, used, budget, count in budgets:
             if used + size > budget:
                 raise fail(
@@ -1124,9 +1154,9 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 txn.messages.extend(messages)
                 txn.bytes += size
                 self._txn_bytes += size
-                self._producer_txn_bytes[txn.producer] = (
-                    self._producer_txn_bytes.get(txn.producer, 0) + size
-                )
+                _count(self._producer_txn_bytes, txn.producer, size)
+                if txn.owner.identity:
+                    _count(self._identity_txn_bytes, txn.owner.identity, size)
             return wire.AppendTxnResponse(
                 buffered_messages=len(txn.messages), buffered_bytes=txn.bytes
             )

@@ -283,20 +283,22 @@ class ResourceLock(_message.Message):
     def __init__(self, key: _Optional[str] = ..., mode: _Optional[_Union[LockMode, str]] = ..., holders: _Optional[_Iterable[_Union[LockHolder, _Mapping]]] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("id", "ttl_ms", "holder", "granted_revision", "deadline_ms", "locked_keys")
+    __slots__ = ("id", "ttl_ms", "holder", "granted_revision", "deadline_ms", "locked_keys", "owner")
     ID_FIELD_NUMBER: _ClassVar[int]
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     GRANTED_REVISION_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     LOCKED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     id: int
     ttl_ms: int
     holder: str
     granted_revision: int
     deadline_ms: int
     locked_keys: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., holder: _Optional[str] = ..., granted_revision: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., locked_keys: _Optional[_Iterable[str]] = ...) -> None: ...
+    owner: str
+    def __init__(self, id: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., holder: _Optional[str] = ..., granted_revision: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., locked_keys: _Optional[_Iterable[str]] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class ConsumerPosition(_message.Message):
     __slots__ = ("group", "vchannel", "lsn", "fence")
@@ -444,7 +446,7 @@ class ReplicateConfiguration(_message.Message):
     def __init__(self, clusters: _Optional[_Iterable[_Union[ReplicateCluster, _Mapping]]] = ..., topology: _Optional[_Iterable[_Union[ReplicateTopologyEdge, _Mapping]]] = ..., switchover: _Optional[_Union[ReplicateSwitchover, _Mapping]] = ...) -> None: ...
 
 class CoordinationState(_message.Message):
-    __slots__ = ("format_version", "revision", "last_raft_index", "nodes", "pchannels", "vchannels", "next_vchannel_id", "manifests", "broadcasts", "broadcast_idempotency", "locks", "leases", "consumer_groups", "balance_policy", "recent_results", "recent_request_ids", "recent_cursor", "last_time_ms", "subscriptions", "replicate_configuration", "replicate_cluster_id", "replicate_checkpoints", "removed_nodes")
+    __slots__ = ("format_version", "revision", "last_raft_index", "nodes", "pchannels", "vchannels", "next_vchannel_id", "manifests", "broadcasts", "broadcast_idempotency", "locks", "leases", "consumer_groups", "balance_policy", "recent_results", "recent_request_ids", "recent_cursor", "last_time_ms", "subscriptions", "replicate_configuration", "replicate_cluster_id", "replicate_checkpoints", "removed_nodes", "owner_usage")
     class NodesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -536,6 +538,13 @@ class CoordinationState(_message.Message):
         key: str
         value: RemovedNode
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[RemovedNode, _Mapping]] = ...) -> None: ...
+    class OwnerUsageEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: OwnerUsage
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[OwnerUsage, _Mapping]] = ...) -> None: ...
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     LAST_RAFT_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -559,6 +568,7 @@ class CoordinationState(_message.Message):
     REPLICATE_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICATE_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     REMOVED_NODES_FIELD_NUMBER: _ClassVar[int]
+    OWNER_USAGE_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     revision: int
     last_raft_index: int
@@ -582,7 +592,16 @@ class CoordinationState(_message.Message):
     replicate_cluster_id: str
     replicate_checkpoints: _containers.MessageMap[str, ReplicateCheckpoints]
     removed_nodes: _containers.MessageMap[str, RemovedNode]
-    def __init__(self, format_version: _Optional[int] = ..., revision: _Optional[int] = ..., last_raft_index: _Optional[int] = ..., nodes: _Optional[_Mapping[str, Node]] = ..., pchannels: _Optional[_Mapping[str, PChannel]] = ..., vchannels: _Optional[_Mapping[str, VChannel]] = ..., next_vchannel_id: _Optional[int] = ..., manifests: _Optional[_Mapping[str, SegmentManifest]] = ..., broadcasts: _Optional[_Mapping[int, BroadcastTask]] = ..., broadcast_idempotency: _Optional[_Mapping[str, int]] = ..., locks: _Optional[_Mapping[str, ResourceLock]] = ..., leases: _Optional[_Mapping[int, Lease]] = ..., consumer_groups: _Optional[_Mapping[str, ConsumerGroup]] = ..., balance_policy: _Optional[_Union[BalancePolicy, _Mapping]] = ..., recent_results: _Optional[_Mapping[str, bytes]] = ..., recent_request_ids: _Optional[_Iterable[str]] = ..., recent_cursor: _Optional[int] = ..., last_time_ms: _Optional[int] = ..., subscriptions: _Optional[_Mapping[str, Subscription]] = ..., replicate_configuration: _Optional[_Union[ReplicateConfiguration, _Mapping]] = ..., replicate_cluster_id: _Optional[str] = ..., replicate_checkpoints: _Optional[_Mapping[str, ReplicateCheckpoints]] = ..., removed_nodes: _Optional[_Mapping[str, RemovedNode]] = ...) -> None: ...
+    owner_usage: _containers.MessageMap[str, OwnerUsage]
+    def __init__(self, format_version: _Optional[int] = ..., revision: _Optional[int] = ..., last_raft_index: _Optional[int] = ..., nodes: _Optional[_Mapping[str, Node]] = ..., pchannels: _Optional[_Mapping[str, PChannel]] = ..., vchannels: _Optional[_Mapping[str, VChannel]] = ..., next_vchannel_id: _Optional[int] = ..., manifests: _Optional[_Mapping[str, SegmentManifest]] = ..., broadcasts: _Optional[_Mapping[int, BroadcastTask]] = ..., broadcast_idempotency: _Optional[_Mapping[str, int]] = ..., locks: _Optional[_Mapping[str, ResourceLock]] = ..., leases: _Optional[_Mapping[int, Lease]] = ..., consumer_groups: _Optional[_Mapping[str, ConsumerGroup]] = ..., balance_policy: _Optional[_Union[BalancePolicy, _Mapping]] = ..., recent_results: _Optional[_Mapping[str, bytes]] = ..., recent_request_ids: _Optional[_Iterable[str]] = ..., recent_cursor: _Optional[int] = ..., last_time_ms: _Optional[int] = ..., subscriptions: _Optional[_Mapping[str, Subscription]] = ..., replicate_configuration: _Optional[_Union[ReplicateConfiguration, _Mapping]] = ..., replicate_cluster_id: _Optional[str] = ..., replicate_checkpoints: _Optional[_Mapping[str, ReplicateCheckpoints]] = ..., removed_nodes: _Optional[_Mapping[str, RemovedNode]] = ..., owner_usage: _Optional[_Mapping[str, OwnerUsage]] = ...) -> None: ...
+
+class OwnerUsage(_message.Message):
+    __slots__ = ("leases", "locks")
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    LOCKS_FIELD_NUMBER: _ClassVar[int]
+    leases: int
+    locks: int
+    def __init__(self, leases: _Optional[int] = ..., locks: _Optional[int] = ...) -> None: ...
 
 class RemovedNode(_message.Message):
     __slots__ = ("removed_revision", "removed_at_ms")
@@ -593,7 +612,7 @@ class RemovedNode(_message.Message):
     def __init__(self, removed_revision: _Optional[int] = ..., removed_at_ms: _Optional[int] = ...) -> None: ...
 
 class ReplicateCheckpoints(_message.Message):
-    __slots__ = ("source_lsns", "drained_through_lsns")
+    __slots__ = ("source_lsns", "drained_through_lsns", "mismatched_lsns")
     class SourceLsnsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -608,11 +627,20 @@ class ReplicateCheckpoints(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class MismatchedLsnsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     SOURCE_LSNS_FIELD_NUMBER: _ClassVar[int]
     DRAINED_THROUGH_LSNS_FIELD_NUMBER: _ClassVar[int]
+    MISMATCHED_LSNS_FIELD_NUMBER: _ClassVar[int]
     source_lsns: _containers.ScalarMap[str, int]
     drained_through_lsns: _containers.ScalarMap[str, int]
-    def __init__(self, source_lsns: _Optional[_Mapping[str, int]] = ..., drained_through_lsns: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    mismatched_lsns: _containers.ScalarMap[str, int]
+    def __init__(self, source_lsns: _Optional[_Mapping[str, int]] = ..., drained_through_lsns: _Optional[_Mapping[str, int]] = ..., mismatched_lsns: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class RegisterNode(_message.Message):
     __slots__ = ("node_id", "address", "raft_address", "joined_incarnation_ms", "worker_addresses")
@@ -807,12 +835,14 @@ class ClearBroadcasts(_message.Message):
     def __init__(self, retention_ms: _Optional[int] = ...) -> None: ...
 
 class GrantLease(_message.Message):
-    __slots__ = ("ttl_ms", "holder")
+    __slots__ = ("ttl_ms", "holder", "owner")
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     ttl_ms: int
     holder: str
-    def __init__(self, ttl_ms: _Optional[int] = ..., holder: _Optional[str] = ...) -> None: ...
+    owner: str
+    def __init__(self, ttl_ms: _Optional[int] = ..., holder: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class KeepAliveLease(_message.Message):
     __slots__ = ("lease_id",)
@@ -973,16 +1003,18 @@ class UpdateReplicateConfiguration(_message.Message):
     def __init__(self, configuration: _Optional[_Union[ReplicateConfiguration, _Mapping]] = ..., local_cluster_id: _Optional[str] = ...) -> None: ...
 
 class RecordReplicateCheckpoint(_message.Message):
-    __slots__ = ("pchannel", "target_cluster_id", "source_lsn", "drained_through_lsn")
+    __slots__ = ("pchannel", "target_cluster_id", "source_lsn", "drained_through_lsn", "target_claims_lsn")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     TARGET_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_LSN_FIELD_NUMBER: _ClassVar[int]
     DRAINED_THROUGH_LSN_FIELD_NUMBER: _ClassVar[int]
+    TARGET_CLAIMS_LSN_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
     target_cluster_id: str
     source_lsn: int
     drained_through_lsn: int
-    def __init__(self, pchannel: _Optional[str] = ..., target_cluster_id: _Optional[str] = ..., source_lsn: _Optional[int] = ..., drained_through_lsn: _Optional[int] = ...) -> None: ...
+    target_claims_lsn: int
+    def __init__(self, pchannel: _Optional[str] = ..., target_cluster_id: _Optional[str] = ..., source_lsn: _Optional[int] = ..., drained_through_lsn: _Optional[int] = ..., target_claims_lsn: _Optional[int] = ...) -> None: ...
 
 class Barrier(_message.Message):
     __slots__ = ()
@@ -1379,16 +1411,18 @@ class BalancePolicySet(_message.Message):
     def __init__(self, allow_rebalance: _Optional[bool] = ..., max_moves_per_round: _Optional[int] = ...) -> None: ...
 
 class ReplicateCheckpointRecorded(_message.Message):
-    __slots__ = ("pchannel", "target_cluster_id", "source_lsn", "drained_through_lsn")
+    __slots__ = ("pchannel", "target_cluster_id", "source_lsn", "drained_through_lsn", "target_claims_lsn")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     TARGET_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_LSN_FIELD_NUMBER: _ClassVar[int]
     DRAINED_THROUGH_LSN_FIELD_NUMBER: _ClassVar[int]
+    TARGET_CLAIMS_LSN_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
     target_cluster_id: str
     source_lsn: int
     drained_through_lsn: int
-    def __init__(self, pchannel: _Optional[str] = ..., target_cluster_id: _Optional[str] = ..., source_lsn: _Optional[int] = ..., drained_through_lsn: _Optional[int] = ...) -> None: ...
+    target_claims_lsn: int
+    def __init__(self, pchannel: _Optional[str] = ..., target_cluster_id: _Optional[str] = ..., source_lsn: _Optional[int] = ..., drained_through_lsn: _Optional[int] = ..., target_claims_lsn: _Optional[int] = ...) -> None: ...
 
 class ReplicateConfigurationUpdated(_message.Message):
     __slots__ = ("configuration", "local_cluster_id")

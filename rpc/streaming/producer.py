@@ -11,6 +11,13 @@ of the pchannel, in sequence order and with the same sequences, to the (new) own
 server answers a batch it already holds with its original positions (``duplicate``), so
 nothing is written twice.
 
+``retry_timeout_s`` bounds retrying, not queueing: a batch has that long from its first
+attempt, and a message still in the queue fails only once its pchannel acknowledged no
+batch for that long (no owner, or a stuck pipeline). A message waiting behind others in a
+full queue on a slow host is backpressure (``submit`` waits for room), not a failure: a
+deep queue that a loaded host drains slower than ``retry_timeout_s`` used to fail healthy
+sends, most visibly during a rolling restart.
+
 ``ProducerStats`` counts what it did. Every retry loop here is bounded in attempts and in
 time, and only errors that another attempt can fix are retried. This module must never
 resend a batch under a new sequence, nor send a pchannel's batches out of sequence order
@@ -87,6 +94,8 @@ MAX_BATCH_BYTES = 16 << 20
 # itself refuses payloads over 8 MiB and keys over 1 MiB).
 MAX_MESSAGE_BYTES = 10 << 20
 MAX_LINGER_MS = 60_000
+# A caller submitting in a loop gives the event loop a turn at least this often.
+SUBMIT_YIELD_S = 0.005
 MAX_PRODUCER_ID_CHARS = 128
 # A Produce stream ended with these was refused before the node read any request: nothing
 # of it was written, and another attempt with the same credentials is refused the same way.
@@ -397,6 +406,16 @@ class _Lane:
     failure: errors_pb2.ErrorInfo | None = None
     failed_at: tuple[str, int] = ("", 0)
     task: asyncio.Task[None] | None = None
+    # When a batch of the lane was last acknowledged (or the lane began): queued messages
+    # wait for a route and a free slot until retry_timeout_s after it.
+    progress_at: float = field(default_factory=time.monotonic)
+
+    def queue_deadline(self, retry_timeout_s: float) -> float:
+        """Until when the oldest queued message may wait (inf when none waits): its own
+        deadline (retry_timeout_s after it was submitted), pushed on by progress."""
+        if not self.pending:
+            return float("inf")
+        return max(self.pending[0].deadline, self.progress_at + retry_timeout_s)
 
 
 class Producer:
@@ -413,8 +432,10 @@ class Producer:
     (an unknown ``msg_type``, ...) fails the whole batch the message travelled in: use
     ``max_batch_messages=1`` where one message must never affect another. A send fails with
     UnavailableError when its batch could not be acknowledged within ``retry_timeout_s`` of
-    the send or ``max_attempts`` attempts: its outcome is then unknown, and the later
-    unacknowledged batches of that pchannel fail too, so that nothing is written out of
+    its first attempt or in ``max_attempts`` attempts, or when it waited in the queue while
+    its pchannel acknowledged nothing for ``retry_timeout_s`` (time in a queue that is
+    draining is not counted: see the module docstring): a sent batch's outcome is then
+    unknown, and the later unacknowledged batches of that pchannel fail too, so that nothing is written out of
     order behind it. The server keeps gaps in a producer's sequences legal, so ordering
     after a failure relies on it failing a pchannel's batches from the first failed one on
     (as NOT_OWNER, CHANNEL_FENCED and shutdowns do); a retried batch the server no longer
@@ -484,6 +505,7 @@ class Producer:
         self._flushing = 0
         self._closing = False
         self._closed = False
+        self._yielded_at = 0.0
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -585,6 +607,14 @@ class Producer:
         self._unacked_messages += 1
         self._unacked_bytes += size
         lane.wake.set()
+        if now - self._yielded_at >= SUBMIT_YIELD_S:
+            # Let the lanes send, the answers in and the routing watch run. Without this,
+            # a loop of submit() calls that find room never gives the event loop up until
+            # the queue is full: on a host with little CPU to spare that was tens of
+            # seconds of nothing sent, and the first messages ran out of retry_timeout_s
+            # before their batch ever left.
+            self._yielded_at = now
+            await asyncio.sleep(0)
         return future
 
     async def send(
@@ -693,7 +723,7 @@ class Producer:
             timers.append(ROUTE_CHECK_S)
         if lane.pending:
             oldest = lane.pending[0]
-            timers.append(oldest.deadline - now)
+            timers.append(lane.queue_deadline(self.retry_timeout_s) - now)
             if len(lane.inflight) < self.max_in_flight:
                 timers.append(oldest.enqueued + self.linger_s - now)
         return max(0.0, min(timers)) if timers else None
@@ -769,6 +799,7 @@ class Producer:
                 continue
             lane.inflight.remove(batch)
             lane.backoff.reset()
+            lane.progress_at = now
             self.stats.batches_acknowledged += 1
             self.stats.messages_acknowledged += len(batch.items)
             if result.duplicate:
@@ -807,22 +838,28 @@ class Producer:
 
     def _expire_pending(self, lane: _Lane, now: float, error: BaseException | None) -> None:
         """Fail queued messages whose deadline passed (with `error` when given: no owner
-        could be found before then)."""
+        could be found before then): retry_timeout_s after they were submitted, and after
+        the lane last made progress."""
         expired: list[_Pending] = []
-        while lane.pending and lane.pending[0].deadline <= now:
+        while lane.pending and lane.queue_deadline(self.retry_timeout_s) <= now:
             item = lane.pending.popleft()
             lane.pending_bytes -= item.size
             expired.append(item)
         if expired:
-            self._fail_items(
-                expired,
-                error
-                or _unavailable(
-                    f"{len(expired)} message(s) for {lane.pchannel} could not be sent within "
-                    f"retry_timeout_s {self.retry_timeout_s:g}",
-                    lane.failure,
-                ),
+            message = (
+                f"{len(expired)} message(s) for {lane.pchannel} could not be sent within "
+                f"retry_timeout_s {self.retry_timeout_s:g}"
             )
+            if error is None and lane.failure is None:
+                # No error was seen: the pchannel acknowledged nothing for that long (an
+                # owner that answers nothing). Not a shutdown, which the code used to say.
+                error = UnavailableError(
+                    error_info(
+                        E.UNAVAILABLE,
+                        f"{message}, while no batch of it was acknowledged (no error was seen)",
+                    )
+                )
+            self._fail_items(expired, error or _unavailable(message, lane.failure))
 
     def _expire_inflight(self, lane: _Lane, info: errors_pb2.ErrorInfo | None) -> None:
         """Give up on the first batch out of time or attempts and on every later one (they
@@ -917,13 +954,14 @@ class Producer:
                 producer_id=self.producer_id,
                 sequence=sequence,
             )
-        deadline = min(item.deadline for item in items)
-        return _Batch(sequence, items, request, size, deadline)
+        # Retried for retry_timeout_s from now, its first attempt (however long its
+        # messages queued while the pipeline moved).
+        return _Batch(sequence, items, request, size, time.monotonic() + self.retry_timeout_s)
 
     async def _send_ready(self, lane: _Lane) -> None:
         while self._ready_to_cut(lane):
             if lane.stream is None or lane.stream.failure is not None:
-                deadline = lane.pending[0].deadline
+                deadline = lane.queue_deadline(self.retry_timeout_s)
                 try:
                     await self._connect(lane, deadline)
                 except ClientClosedError as error:
@@ -936,7 +974,9 @@ class Producer:
                     now = time.monotonic()
                     self._expire_pending(lane, now, error)
                     if lane.pending:
-                        delay = lane.backoff.next_delay(lane.pending[0].deadline - now)
+                        delay = lane.backoff.next_delay(
+                            lane.queue_deadline(self.retry_timeout_s) - now
+                        )
                         await asyncio.sleep(delay)
                     return
                 except RaftwalError as error:

@@ -23,6 +23,7 @@ import pytest
 
 from raftwal.cli import dev
 from rpc.protos import coordination_pb2 as pb
+from rpc.protos import coordinator_pb2 as api
 from rpc.streaming_client import Producer, StreamingClient
 from tests.cluster.conftest import Api, leader_id, running_cluster
 from tests.cluster.wal_helpers import setup_channels
@@ -146,9 +147,31 @@ def test_a_restarted_node_gets_its_share_back_and_no_produce_fails(env) -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    # The command's own budget follows the time scale too: a busy machine makes the
+    # command slower, it must not make it give up.
     return subprocess.run(
-        [RAFTWAL, *args], capture_output=True, text=True, timeout=scaled(60), check=False
+        [RAFTWAL, *args, "--timeout-s", f"{scaled(10.0):g}"],
+        capture_output=True,
+        text=True,
+        timeout=scaled(60),
+        check=False,
     )
+
+
+def _events_from(client: Api, revision: int) -> list[pb.Event]:
+    """The events from `revision` to the applied revision of the node answering."""
+    stream = client.stub(client.endpoints[0]).WatchEvents(
+        api.WatchEventsRequest(from_revision=revision), timeout=scaled(10)
+    )
+    events: list[pb.Event] = []
+    try:
+        for batch in stream:
+            events += list(batch.events)
+            if batch.next_revision > batch.applied_revision:
+                break
+    finally:
+        stream.cancel()
+    return events
 
 
 def test_the_balance_command_shows_and_changes_the_policy(env) -> None:
@@ -163,7 +186,8 @@ def test_the_balance_command_shows_and_changes_the_policy(env) -> None:
     assert not client.status().balance_policy.allow_rebalance
     node = cluster.config.nodes[0].id
     frozen = _cli("balance", "freeze", node, "--json", "--endpoints", endpoints)
-    assert frozen.returncode == 0 and json.loads(frozen.stdout)["frozen_node_ids"] == [node]
+    assert frozen.returncode == 0, frozen.stderr
+    assert json.loads(frozen.stdout)["frozen_node_ids"] == [node]
     on = _cli("balance", "on", "--max-moves-per-round", "2", "--json", "--endpoints", endpoints)
     data = json.loads(on.stdout)
     assert data["allow_rebalance"] is True and data["max_moves_per_round"] == 2
@@ -172,3 +196,22 @@ def test_the_balance_command_shows_and_changes_the_policy(env) -> None:
     assert json.loads(thawed.stdout)["frozen_node_ids"] == []
     unknown = _cli("balance", "freeze", "nosuch", "--endpoints", endpoints)
     assert unknown.returncode == 2 and "unknown node id(s) 'nosuch'" in unknown.stderr
+    # The policy, its freezes and its unfreezes are one Raft entry (one round of
+    # replication, all or nothing), not one proposal after another.
+    others = [n.id for n in cluster.config.nodes[1:]]
+    answer = client.call(
+        "SetBalancePolicy",
+        api.SetBalancePolicyRequest(
+            allow_rebalance=True, max_moves_per_round=3, freeze_node_ids=others
+        ),
+    )
+    events = _events_from(client, answer.revision - 2)
+    kinds = [e.WhichOneof("body") for e in events]
+    assert kinds == ["balance_policy_set", "node_frozen", "node_frozen"], kinds
+    assert len({e.raft_index for e in events}) == 1, [e.raft_index for e in events]
+    client.call(
+        "SetBalancePolicy",
+        api.SetBalancePolicyRequest(
+            allow_rebalance=True, max_moves_per_round=3, unfreeze_node_ids=others
+        ),
+    )

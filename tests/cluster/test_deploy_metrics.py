@@ -51,6 +51,7 @@ EVENT_ONLY = {
     "raftwal_replicate_lag_seconds",
     "raftwal_replicate_keeping_up",
     "raftwal_replicate_applied_entries_total",
+    "raftwal_replicate_checkpoint_mismatch",
 }
 METRIC_NAME = re.compile(r"\b(raftwal_[a-z0-9_]+|up)\b(?!\s*\()")
 

@@ -482,6 +482,23 @@ def test_methods_are_enumerated_from_the_descriptors() -> None:
     assert len(names) >= 34
 
 
+def _expect_append_error(
+    replication: streaming_pb2_grpc.ReplicationStub,
+    request: wire.AppendRequest,
+    contains: str,
+    may_mismatch: bool = False,
+) -> bool:
+    """`request` alone on an Append stream is answered INVALID_ARGUMENT naming `contains`
+    (True), or, with `may_mismatch`, MISMATCH (False: the log moved meanwhile)."""
+    (answer,) = list(replication.Append(iter([request]), timeout=scaled(5)))
+    if may_mismatch and answer.status == wire.APPEND_STATUS_MISMATCH:
+        return False
+    assert answer.status == wire.APPEND_STATUS_ERROR, answer
+    assert answer.error.code == E.INVALID_ARGUMENT, answer
+    assert contains in answer.error.message, answer
+    return True
+
+
 # -- tests: the node is intact after the run -----------------------------------------------------
 
 
@@ -709,6 +726,44 @@ def test_internal_services_refuse_what_the_state_never_said(fuzzed: Fuzzed) -> N
         )
         assert answer.status == wire.APPEND_STATUS_ERROR, answer
         assert answer.error.code == E.UNMATCHED_CHANNEL_TERM, answer
+        # What a request gets wrong is INVALID_ARGUMENT with what was got and expected,
+        # never INNER (the node's own trouble): a bad name, and frames that do not parse
+        # sent right after the replica's last entry (so that nothing else refuses them).
+        _expect_append_error(
+            replication,
+            wire.AppendRequest(pchannel="../up", term=term, owner_node_id=owner, request_id=2),
+            "invalid pchannel",
+        )
+        for attempt in range(3):
+            (heartbeat,) = list(
+                replication.Append(
+                    iter(
+                        [
+                            wire.AppendRequest(
+                                pchannel=pchannel,
+                                term=term,
+                                owner_node_id=owner,
+                                prev_lsn=10**9,
+                                prev_term=term,
+                                request_id=3,
+                            )
+                        ]
+                    ),
+                    timeout=scaled(5),
+                )
+            )
+            assert heartbeat.status == wire.APPEND_STATUS_MISMATCH, heartbeat
+            garbage = wire.AppendRequest(
+                pchannel=pchannel,
+                term=term,
+                owner_node_id=owner,
+                prev_lsn=heartbeat.last_lsn,
+                prev_term=heartbeat.last_term,
+                frames=b"\x00garbage, no frame",
+                request_id=4,
+            )
+            if _expect_append_error(replication, garbage, "invalid frames", attempt < 2):
+                break
         # An unknown pchannel never gets a directory.
         _expect_error(
             lambda: replication.Fetch(

@@ -7,6 +7,7 @@ checked against the node's advertised address, client certificates and tokens.""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import signal
@@ -95,6 +96,19 @@ def test_a_cluster_starts_from_raftwal_init_output_on_three_addresses(tmp_path: 
     for path in out.rglob("*"):
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode == (0o700 if path.is_dir() else 0o600), f"{path}: {mode:04o}"
+    # A host holds no client's token: its auth_tokens names them by digest only, and
+    # holds in clear only the node token, which nodes present to each other.
+    client_tokens = {
+        path.name: path.read_text().strip() for path in (out / "client" / "tokens").iterdir()
+    }
+    assert set(client_tokens) == {"admin", "producer", "consumer", "reader"}
+    for node_id in HOSTS:
+        held = (out / node_id / "auth_tokens").read_text()
+        for role, token in client_tokens.items():
+            assert token not in held, f"{node_id}'s auth_tokens holds the {role} token"
+            digest = hashlib.sha256(token.encode()).hexdigest()
+            assert f"{role} sha256:{digest}" in held.splitlines()
+        assert sum(1 for line in held.splitlines() if line.startswith("node ")) == 1
     # Each host's directory is copied somewhere else, as it would be to /etc/raftwal.
     processes: dict[str, subprocess.Popen[bytes]] = {}
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTWAL_")}

@@ -11,7 +11,6 @@ that log entry for entry."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -306,7 +305,7 @@ def test_a_stalled_standby_says_so_in_one_line(
         for node in west.config.nodes:
             pid = west.pid(node.id)
             if pid is not None:
-                os.kill(pid, signal.SIGSTOP)
+                dev.signal_node(pid, signal.SIGSTOP)  # every process of the node
                 paused.append(pid)
         history = History()
         producer = Producer(east_api, pchannel, f"stall-{SEED}")
@@ -331,7 +330,7 @@ def test_a_stalled_standby_says_so_in_one_line(
         assert measured["lag_s"] >= 5 and measured["lag_bytes"] > 0, measured
     finally:
         for pid in paused:
-            os.kill(pid, signal.SIGCONT)
+            dev.signal_node(pid, signal.SIGCONT)
     try:
         deadline = time.monotonic() + scaled(90)
         measured = {}

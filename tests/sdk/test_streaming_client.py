@@ -131,6 +131,65 @@ async def test_one_at_a_time_sends_are_batched_and_consumed_in_order(
     assert {e.vchannel for e in entries} == {vchannel}
 
 
+async def test_a_draining_queue_does_not_spend_the_retry_budget(
+    wal_cluster: dev.LocalCluster,
+) -> None:
+    """retry_timeout_s bounds retrying, not queueing (issue 53, item 3). One message per
+    batch and one batch in flight make the queue drain for several times the retry
+    budget (twice it at least, asserted) while every batch is acknowledged at once: nothing may fail. Before, every
+    message that had queued longer than retry_timeout_s failed ("could not be sent within
+    retry_timeout_s"), as 155,500 of 200,000 did for `raftwal produce` on a loaded host."""
+    async with StreamingClient(wal_cluster.endpoints) as client:
+        pchannel, vchannel = await _new_vchannel(client, "drain")
+        async with Producer(client) as warm_up:
+            await warm_up.send(vchannel, b"warm-up")
+        payloads = [b"d%04d" % i for i in range(1000)]
+        started = time.monotonic()
+        async with Producer(
+            client, retry_timeout_s=0.5, max_in_flight=1, max_batch_messages=1, linger_ms=0
+        ) as producer:
+            futures = [await producer.submit(vchannel, p) for p in payloads]
+            await asyncio.wait_for(producer.flush(), TEST_TIMEOUT_S)
+            stats = producer.stats
+        took = time.monotonic() - started
+        print(f"drained 1000 one-message batches in {took:.1f} s with a 0.5 s retry budget")
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        assert not failed, f"{len(failed)} sends failed; first: {failed[0]}"
+        assert took > 1.0, "the queue drained in under twice the retry budget: nothing shown"
+        assert stats.messages_acknowledged == 1000 and stats.retries == 0, stats
+        positions = [f.result() for f in futures]
+        entries = await asyncio.wait_for(_consume(client, vchannel, 1001), TEST_TIMEOUT_S)
+    assert [e.payload for e in entries[1:]] == payloads
+    assert [e.lsn for e in entries[1:]] == [p.lsn for p in positions]
+    assert {p.pchannel for p in positions} == {pchannel}
+
+
+async def test_a_loop_of_submits_lets_batches_leave_meanwhile(
+    wal_cluster: dev.LocalCluster,
+) -> None:
+    """A loop of submit() calls that always finds room used to keep the event loop until
+    it ended: nothing was sent (and no answer read) before the last message was queued,
+    which on a host with little CPU to spare took longer than the retry budget (issue 53,
+    item 3: `raftwal produce --count 200000` under a rolling restart on a loaded host).
+    Now every full batch gives the lane a turn: batches are acknowledged during the loop."""
+    async with StreamingClient(wal_cluster.endpoints) as client:
+        _, vchannel = await _new_vchannel(client, "yield")
+        async with Producer(client) as warm_up:
+            await warm_up.send(vchannel, b"warm-up")
+        async with Producer(client, linger_ms=0) as producer:
+            futures = []
+            for index in range(10_000):
+                futures.append(await producer.submit(vchannel, b"y%05d" % index))
+                if index % 500 == 499:
+                    # Give the answers a moment of wall time (a slow loop, as on a busy
+                    # host), never a turn of the event loop.
+                    time.sleep(0.02)
+            during = producer.stats.batches_acknowledged
+            await asyncio.wait_for(producer.flush(), TEST_TIMEOUT_S)
+        assert all(f.exception() is None for f in futures)
+    assert during > 0, "no batch was acknowledged while the submit loop ran"
+
+
 async def test_consumer_start_positions(wal_cluster: dev.LocalCluster) -> None:
     async with StreamingClient(wal_cluster.endpoints) as client:
         _, vchannel = await _new_vchannel(client, "start")

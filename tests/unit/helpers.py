@@ -127,8 +127,10 @@ def broadcast(
     )
 
 
-def grant(ttl_ms: int = 10_000, holder: str = "client-1", at: int = NOW) -> pb.Command:
-    return cmd(grant_lease=pb.GrantLease(ttl_ms=ttl_ms, holder=holder), at=at)
+def grant(
+    ttl_ms: int = 10_000, holder: str = "client-1", at: int = NOW, owner: str = ""
+) -> pb.Command:
+    return cmd(grant_lease=pb.GrantLease(ttl_ms=ttl_ms, holder=holder, owner=owner), at=at)
 
 
 # --------------------------------------------------------------------------------------

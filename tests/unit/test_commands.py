@@ -264,10 +264,13 @@ def replicate(*edges: tuple[str, str], local: str = "east", west=("q1", "q2")) -
     )
 
 
-def record(pchannel: str, target: str, source_lsn: int) -> pb.Command:
+def record(pchannel: str, target: str, source_lsn: int, claims: int = 0) -> pb.Command:
     return cmd(
         record_replicate_checkpoint=pb.RecordReplicateCheckpoint(
-            pchannel=pchannel, target_cluster_id=target, source_lsn=source_lsn
+            pchannel=pchannel,
+            target_cluster_id=target,
+            source_lsn=source_lsn,
+            target_claims_lsn=claims,
         )
     )
 
@@ -887,6 +890,17 @@ ROWS = [
         E.NOT_FOUND, "expected an edge from this cluster"),
     row("record_replicate_checkpoint/negative", [*PCHANNEL, replicate(("east", "west"))],
         record("p1", "west", -1), INVALID, "invalid source_lsn (-1; expected >= 0)"),
+    row("record_replicate_checkpoint/mismatch",
+        [*PCHANNEL, replicate(("east", "west")), record("p2", "west", 5)],
+        record("p2", "west", 0, claims=1_000_201), ["replicate_checkpoint_recorded"]),
+    row("record_replicate_checkpoint/mismatch-repeat",
+        [*PCHANNEL, replicate(("east", "west")), record("p2", "west", 0, claims=9)],
+        record("p2", "west", 0, claims=9), []),
+    row("record_replicate_checkpoint/mismatch-cleared",
+        [*PCHANNEL, replicate(("east", "west")), record("p2", "west", 0, claims=9)],
+        record("p2", "west", 0), ["replicate_checkpoint_recorded"]),
+    row("record_replicate_checkpoint/negative-claim", [*PCHANNEL, replicate(("east", "west"))],
+        record("p1", "west", 0, claims=-1), INVALID, "invalid target_claims_lsn (-1;"),
     # ---- barrier
     row("barrier/accept", VCHANNELS, barrier(), []),
 ]
@@ -1379,8 +1393,55 @@ def test_lock_limits_keys_per_lease() -> None:
 def test_grant_lease_limits_live_leases() -> None:
     h = Harness(Limits(max_leases=2))
     h.ok(grant(), grant())
-    h.reject(grant(), E.INVALID_ARGUMENT)
+    full = h.reject(grant(), E.RESOURCE_EXHAUSTED)
+    assert "too many live leases in the cluster (2; expected fewer than 2, the cluster's" in (
+        full.rejection.message
+    )
+    assert "max_leases" in full.rejection.message
     h.ok(revoke(index=0), grant())
+
+
+def test_one_identity_cannot_take_every_lease() -> None:
+    """Issue 53, item 5: per-identity lease and lock budgets. One owner filling its budget
+    leaves the rest of the cluster's leases and keys to the others; a lease that ends
+    gives its share back; callers without an identity (no tokens) have no such budget."""
+    h = Harness(Limits(max_leases=6, max_leases_per_owner=3, max_lease_locks_per_owner=2))
+    h.ok(*[grant(owner="id:greedy") for _ in range(3)])
+    refused = h.reject(grant(owner="id:greedy"), E.RESOURCE_EXHAUSTED)
+    assert (
+        "too many live leases for this caller's identity (3; expected fewer than 3, the "
+        "per-identity lease budget max_leases_per_owner" in refused.rejection.message
+    )
+    assert "greedy" not in refused.rejection.message
+    # Another application still gets leases, up to the cluster's cap.
+    h.ok(grant(owner="id:other"), grant(owner="id:other"))
+    assert (h.state.owner_usage["id:greedy"].leases, h.state.owner_usage["id:other"].leases) == (
+        3,
+        2,
+    )
+    # Keys: at most 2 through all of an owner's leases.
+    h.ok(lock("a", index=0), lock("b", index=1))
+    locked = h.reject(lock("c", index=2), E.RESOURCE_EXHAUSTED)
+    assert "the per-identity lock budget max_lease_locks_per_owner" in locked.rejection.message
+    h.ok(lock("c", index=3))  # an "id:other" lease
+    assert h.state.owner_usage["id:greedy"].locks == 2
+    # Released keys and ended leases give their share back.
+    h.ok(unlock("b", index=1), lock("c2", index=2))
+    h.ok(revoke(index=0))
+    assert (h.state.owner_usage["id:greedy"].leases, h.state.owner_usage["id:greedy"].locks) == (
+        2,
+        1,
+    )
+    h.ok(grant(owner="id:greedy"), grant(owner="id:third"))
+    # The cluster's own cap still holds for everyone, and is named.
+    full = h.reject(grant(owner="id:third"), E.RESOURCE_EXHAUSTED)
+    assert "the cluster's lease budget max_leases" in full.rejection.message
+    # Expiry frees the owner's budget too, and an owner with nothing left is forgotten.
+    h.ok(expire(NOW + 20_000))
+    assert dict(h.state.owner_usage) == {}
+    # No identity (a cluster without tokens): only the cluster's cap.
+    h.ok(*[grant() for _ in range(6)])
+    assert dict(h.state.owner_usage) == {}
 
 
 def test_unlock_keeps_other_shared_holders() -> None:

@@ -20,7 +20,7 @@ def _full_state() -> pb.CoordinationState:
         broadcast("v1", idempotency_key="drop-1"),
     )
     for number in range(40):
-        harness.ok(grant(holder=f"client-{number}"))
+        harness.ok(grant(holder=f"client-{number}", owner="id:app" if number % 2 else ""))
     for number in range(10):
         command = grant(holder=f"retried-{number}")
         command.request_id = f"request-{number}"

@@ -766,9 +766,9 @@ class CoordinationMachine(RuleBasedStateMachine):
 
     # ---- leases and locks
 
-    @rule(target=leases, meta=META, ttl_ms=TTLS)
-    def grant_lease(self, meta, ttl_ms):
-        result = self.step(meta, grant_lease=pb.GrantLease(ttl_ms=ttl_ms, holder="t"))
+    @rule(target=leases, meta=META, ttl_ms=TTLS, owner=st.sampled_from(["", "id:a", "id:b"]))
+    def grant_lease(self, meta, ttl_ms, owner):
+        result = self.step(meta, grant_lease=pb.GrantLease(ttl_ms=ttl_ms, holder="t", owner=owner))
         # A deduplicated answer to another command carries no lease id.
         return result.lease_id if result.lease_id else multiple()
 
@@ -931,7 +931,7 @@ def test_the_machine_reaches_interesting_states() -> None:
     machine.setup(True)
     machine.commit_segment(meta, "p1", 0, "next", 3, False, ["n1"])
     broadcast_id = machine.create_broadcast(meta, ["v1"], [("k1", EXCLUSIVE)], "i1", b"a")
-    lease_id = machine.grant_lease(meta, 10_000)
+    lease_id = machine.grant_lease(meta, 10_000, "id:a")
     machine.lock(meta, lease_id, "k2", SHARED)
     machine.lock(meta, lease_id, "k1", SHARED)  # held by the broadcast: RESOURCE_ACQUIRED
     machine.record_broadcast_appended(meta, broadcast_id, False, None, 1, None)

@@ -239,12 +239,20 @@ def test_status_warns_about_a_lagging_target() -> None:
     )
     node = SimpleNamespace(config=SimpleNamespace(replicate_lag_warn_entries=100))
     warnings = Node._replication_warnings(
-        node, response, [("p1", "west", 350), ("p2", "west", 450)]
+        node, response, [("p1", "west", 350, 0), ("p2", "west", 450, 0)]
     )  # type: ignore[arg-type]
     assert warnings == [
         "replication of pchannel p1 to cluster west is lagging: 150 entries behind committed "
         "lsn 500 (target checkpoint 350; warning above 100; see `raftwal replicate status`)"
     ]
+    # A target whose checkpoint is above what the source committed (its replicator
+    # refused it) is named, whatever its lag.
+    warnings = Node._replication_warnings(node, response, [("p2", "west", 450, 1_000_201)])  # type: ignore[arg-type]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(
+        "replication of pchannel p2 to cluster west is stopped: the target claims to hold "
+        "source LSN 1000201, above what this pchannel committed"
+    )
 
 
 def test_a_get_answer_sent_back_keeps_the_stored_tokens() -> None:

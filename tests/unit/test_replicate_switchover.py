@@ -213,3 +213,84 @@ def test_a_replicated_transaction_is_written_with_its_markers() -> None:
             with_transactions(plain, bad, lambda: 9)
         assert raised.value.info.code == E.INVALID_ARGUMENT
         assert expected in raised.value.info.message and "expected" in raised.value.info.message
+
+
+def test_a_mismatched_target_checkpoint_is_reported_and_never_becomes_the_hold() -> None:
+    """The replicator reports a target checkpoint above what the source committed
+    (`target_claims_lsn`): state shows it, the retention hold stays where the target
+    really was, and the next record without a claim clears it."""
+    harness = Harness()
+    harness.ok(*VCHANNELS, update(configuration("east>west")), record("p1", 201))
+    claim = cmd(
+        record_replicate_checkpoint=pb.RecordReplicateCheckpoint(
+            pchannel="p1", target_cluster_id="west", target_claims_lsn=1_000_201
+        )
+    )
+    assert kinds(harness.ok(claim).events) == ["replicate_checkpoint_recorded"]
+    checkpoints = harness.state.replicate_checkpoints["p1"]
+    assert dict(checkpoints.mismatched_lsns) == {"west": 1_000_201}
+    assert checkpoints.source_lsns["west"] == 201
+    assert replication_hold(harness.state, "p1") == 202
+    # Reported again: nothing new.
+    assert kinds(harness.ok(claim).events) == []
+    # Matching again: the next record clears it (and may move the checkpoint).
+    assert kinds(harness.ok(record("p1", 201)).events) == ["replicate_checkpoint_recorded"]
+    assert dict(harness.state.replicate_checkpoints["p1"].mismatched_lsns) == {}
+    assert harness.state.replicate_checkpoints["p1"].source_lsns["west"] == 201
+    # A configuration without the pair drops a mismatch with the checkpoint.
+    harness.ok(claim, update(configuration("east>north")))
+    assert "p1" not in harness.state.replicate_checkpoints
+
+
+def _target_configuration(token: str = "") -> pb.ReplicateConfiguration:
+    """east -> west, west (this cluster) storing `token`: what east's replicator presents."""
+    value = configuration("east>west")
+    value.clusters[1].credentials.token = token
+    return value
+
+
+def test_a_replicated_batch_needs_the_sources_replication_credential() -> None:
+    """On the target (west), a replicated batch is taken only from a caller presenting
+    the token west's configuration stores for itself (the one east's replicator is given);
+    the source cluster is the one that credential is bound to."""
+    import hashlib
+
+    from raftwal.services.replicated import check_replicator
+    from rpc.errors import RaftwalError
+
+    def digest(token: str) -> str:
+        return "token:" + hashlib.sha256(token.encode()).hexdigest()
+
+    configured = _target_configuration("east-replicator-secret")
+
+    def refusal(claimed: str, identity: str, value: pb.ReplicateConfiguration = configured):
+        try:
+            check_replicator(value, "west", "q1", claimed, identity)
+        except RaftwalError as error:
+            return error.info
+        return None
+
+    assert refusal("east", digest("east-replicator-secret")) is None
+    # Also with a client certificate beside the token.
+    assert refusal("east", digest("east-replicator-secret") + "|cert:CN=x") is None
+    # A producer token of west, claiming to be east's replicator (the audit's forgery).
+    forged = refusal("east", digest("west-producer-token"))
+    assert forged is not None and forged.code == E.PERMISSION_DENIED
+    assert "not the replicator of cluster east (got another token; expected the token" in (
+        forged.message
+    )
+    assert "west-producer-token" not in forged.message
+    no_token = refusal("east", "")
+    assert no_token is not None and no_token.code == E.PERMISSION_DENIED
+    assert "(got no token;" in no_token.message
+    # The credential is bound to east: claiming another source is refused.
+    other = refusal("north", digest("east-replicator-secret"))
+    assert other is not None and other.code == E.IGNORED_OPERATION
+    assert "expected batches from east" in other.message
+    # Not a target at all.
+    assert refusal("east", digest("east-replicator-secret"), configuration()) is not None
+    # No token stored (a cluster without tokens): a caller presenting none is taken, one
+    # presenting a token is not east's replicator.
+    open_target = _target_configuration("")
+    assert refusal("east", "", open_target) is None
+    assert refusal("east", digest("x"), open_target) is not None

@@ -6,6 +6,7 @@ gRPC server over (mutual) TLS for every call shape raftwal uses."""
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import pickle
 import stat
@@ -164,6 +165,24 @@ def test_tokens_file_comments_and_node_token(tmp_path: Path) -> None:
     assert table.role_of("unknown") is None
     # The first node token is the one this node presents (rotation: add, roll, remove).
     assert table.node_token == "nnnnnnnnnnnnnnnnnnnn1"
+
+
+def test_a_tokens_file_may_name_tokens_by_their_digest(tmp_path: Path) -> None:
+    """What `raftwal init --secure` writes on each host: the node token in clear (it is
+    presented), every other role's token as its SHA-256 (only checked)."""
+    admin = "a-client-token-no-host-holds"
+    digest = hashlib.sha256(admin.encode()).hexdigest()
+    table = TokenTable.parse(
+        f"node sha256:{'0' * 64}\nnode nnnnnnnnnnnnnnnnnnnn1\nadmin sha256:{digest.upper()}\n", "t"
+    )
+    assert table.role_of(admin) == "admin"
+    assert table.role_of(f"sha256:{digest}") is None
+    # A digest line is never what a node presents: the first node token given in clear.
+    assert table.node_token == "nnnnnnnnnnnnnnnnnnnn1"
+    assert TokenTable.parse(f"node sha256:{digest}\n", "t").node_token is None
+    for bad in ("sha256:abc", f"sha256:{'g' * 64}"):
+        with pytest.raises(ConfigError, match="expected the token's SHA-256 as 64 hex digits"):
+            TokenTable.parse(f"admin {bad}\n", "t")
 
 
 # -- TLS and auth settings --------------------------------------------------------------
