@@ -10,7 +10,9 @@ through its own TCP proxy (``raftwal.chaos.net``), and for ``duration_s`` runs a
 - the nemesis: a schedule drawn from ``random.Random(seed)`` of the requested fault kinds,
   one at a time, each held for a bounded random time and then healed:
   ``kill`` (SIGKILL a node, start it again later), ``pause`` (SIGSTOP, later SIGCONT),
-  ``restart`` (SIGTERM, start again at once) and ``partition`` (isolate the Raft leader,
+  ``restart`` (SIGTERM, start again at once), ``worker`` (SIGKILL one data worker process
+  of a node, the one serving a pchannel's owner where it can: its supervisor starts it
+  again while the node's control process runs on) and ``partition`` (isolate the Raft leader,
   isolate a pchannel's owner, a minority/majority split, or a bridge where two nodes lose
   each other but both still see the third; links reset or silently dropped), and, asked
   for by name, ``power`` (a power cut: SIGKILL, then every byte and directory entry the
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -103,7 +106,10 @@ if TYPE_CHECKING:
     # every other fault (and `--help`) must work on a machine without it.
     from raftwal.chaos.powerfs import PowerMount
 
-FAULT_KINDS = ("kill", "pause", "partition", "restart")
+FAULT_KINDS = ("kill", "pause", "partition", "restart", "worker")
+# "worker": kill -9 one data worker process of a node (the one serving a pchannel's owner,
+# for the "owner" target); its supervisor starts it again and its pchannels recover at
+# term + 1, while the node's control process (Raft) runs on.
 # Asked for by name only: "outage", a node killed for longer than replica_replace_after_ms,
 # so that replica repair replaces it while the workload runs (with a node outside the
 # sets); "member", a voter replaced by a data node (`raftwal member add` of a data node,
@@ -114,6 +120,9 @@ FAULT_KINDS = ("kill", "pause", "partition", "restart")
 EXTRA_FAULT_KINDS = ("outage", "member", "power", *DISK_FAULT_KINDS)
 # The kinds that need every node's data dir on a PowerFS mount for the whole run.
 MOUNTED_FAULT_KINDS = frozenset({"power", *DISK_FAULT_KINDS})
+# `--replicate`'s faults when --faults is not given (its nemesis has kinds of its own,
+# raftwal.chaos.replicate.FAULT_NAMES).
+REPLICATE_DEFAULT_FAULTS = "kill,pause,partition,restart"
 PARTITION_VARIANTS = ("isolate-leader", "isolate-owner", "split", "bridge")
 NODE_TARGETS = ("leader", "owner", "random")
 # Whose power is cut: the Raft leader, a pchannel's owner, a replica of a pchannel that
@@ -125,6 +134,7 @@ HOLD_S = {
     "pause": (2.0, 7.0),
     "partition": (3.0, 9.0),
     "restart": (0.0, 0.0),
+    "worker": (0.0, 0.0),
     "outage": (10.0, 16.0),
     "member": (1.0, 4.0),
     "power": (2.0, 7.0),
@@ -181,6 +191,9 @@ class ChaosOptions:
     #: default, 3); replica repair after a node is DOWN this long (0: the default, 5 min)
     nodes: int = NODES
     data_nodes: int = 0
+    #: data worker processes per node (0: a dev cluster's, one unless
+    #: RAFTWAL_DEV_DATA_WORKERS says otherwise)
+    data_workers: int = 0
     replica_count: int = 0
     replace_after_ms: int = 0
     #: WAL retention by size per pchannel while the faults run (0: off, the cluster's
@@ -204,6 +217,8 @@ class ChaosOptions:
                 f"invalid nodes/data_nodes ({self.nodes}/{self.data_nodes}; expected 3..5 "
                 "nodes with at least 3 voters)"
             )
+        if not 0 <= self.data_workers <= 8:
+            raise ValueError(f"invalid data_workers ({self.data_workers}; expected 0..8)")
         if not 0 <= self.replica_count <= self.nodes:
             raise ValueError(
                 f"invalid replica_count ({self.replica_count}; expected 0..{self.nodes})"
@@ -240,7 +255,7 @@ class ChaosOptions:
 @dataclass(frozen=True)
 class PlannedFault:
     kind: str
-    #: kill/pause/restart: leader | owner | random; partition: one of PARTITION_VARIANTS
+    #: kill/pause/restart/worker: leader | owner | random; partition: one of PARTITION_VARIANTS
     variant: str
     #: partition: reset | drop
     mode: str
@@ -455,6 +470,8 @@ class Nemesis:
             return await self._swap_voter(fault, start)
         if fault.kind == "power":
             return await self._power_cut(fault, start)
+        if fault.kind == "worker":
+            return await self._kill_worker(fault, start)
         if fault.kind in DISK_FAULT_KINDS:
             nodes, detail = await self.disks.inject(
                 fault.kind, fault.variant, fault.mode, fault.pick, self._target
@@ -500,6 +517,35 @@ class Nemesis:
             except RaftwalError as error:
                 # Kept: the next heal (at the latest the final one) tries again.
                 self.progress(f"unfreezing {', '.join(sorted(self.frozen))} failed: {error}")
+
+    async def _kill_worker(self, fault: PlannedFault, start: float) -> FaultRecord:
+        """SIGKILL one data worker of a node, by the pid its node reports (and only if it
+        is a process of that node's supervisor); the supervisor restarts it."""
+        node, why = await self._target(fault.variant, fault.pick)
+        supervisor = self.cluster.pid(node)
+        ours = set(dev.node_processes(supervisor)[1:]) if supervisor is not None else set()
+        workers = []
+        with contextlib.suppress(RaftwalError, grpc.RpcError, OSError):
+            status = await self.client.cluster_status() if self.client is not None else None
+            member = (
+                next((m for m in status.members if m.node_id == node), None) if status else None
+            )
+            if member is not None:
+                workers = [p for p in member.processes if p.kind == "worker" and p.pid in ours]
+        owner_of = why.removeprefix("owner of ") if why.startswith("owner of ") else ""
+        serving = [p for p in workers if owner_of and owner_of in p.owned_pchannels]
+        candidates = serving or workers
+        if not candidates:
+            detail = f"no data worker of {node} ({why}) to kill: none reported"
+            return FaultRecord(fault.label, fault.kind, [node], detail, start)
+        victim = candidates[fault.pick % len(candidates)]
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim.pid, signal.SIGKILL)
+        detail = (
+            f"kill -9 data worker {victim.index} of {node} ({why}, pid {victim.pid}); its "
+            "supervisor starts it again"
+        )
+        return FaultRecord(fault.label, fault.kind, [node], detail, start)
 
     async def _power_targets(self, variant: str, pick: int) -> list[tuple[str, str]]:
         """[(node id, why)] whose power a "power" fault cuts (two for "two")."""
@@ -840,7 +886,9 @@ async def _run(
     report.directory = str(directory)
     rng = random.Random(options.seed)
     tag = uuid.UUID(int=rng.getrandbits(128)).hex[:6]
-    config = dev.make_config(directory, options.nodes, data_nodes=options.data_nodes)
+    config = dev.make_config(
+        directory, options.nodes, data_nodes=options.data_nodes, data_workers=options.data_workers
+    )
     proxies = ProxyNet(config.nodes)
     proxies.start()
     cluster: dev.LocalCluster | None = None
@@ -1410,9 +1458,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--faults",
-        default=",".join(FAULT_KINDS),
+        default=None,
         help=f"comma-separated subset of {','.join(FAULT_KINDS + EXTRA_FAULT_KINDS)} "
-        f"(default: {','.join(FAULT_KINDS)}; outage: a node killed for 10-16 s, long enough "
+        f"(default: {','.join(FAULT_KINDS)}; with --replicate: {REPLICATE_DEFAULT_FAULTS}; "
+        "worker: one data worker process of a node killed and restarted by its supervisor; "
+        "outage: a node killed for 10-16 s, long enough "
         "for replica repair with --replace-after-ms; member: a data node promoted and a "
         "voter drained and removed, needs --data-nodes; power: a power cut that drops "
         "every unsynced byte of the node's data dir, needs FUSE: scripts/install-fuse.sh; "
@@ -1420,6 +1470,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "its fsyncs, on the same FUSE mounts)",
     )
     parser.add_argument("--nodes", type=int, default=NODES, help="nodes (3..5, default 3)")
+    parser.add_argument(
+        "--data-workers",
+        type=int,
+        default=0,
+        help="data worker processes per node (1..8; default: one, or RAFTWAL_DEV_DATA_WORKERS)",
+    )
     parser.add_argument(
         "--data-nodes", type=int, default=0, help="how many of them do not vote (default 0)"
     )
@@ -1479,7 +1535,8 @@ def _command(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     if args.replicate:
         return _replicate_command(args, seed)
-    faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
+    names = args.faults if args.faults is not None else ",".join(FAULT_KINDS)
+    faults = tuple(f.strip() for f in names.split(",") if f.strip())
     options = ChaosOptions(
         seed=seed,
         duration_s=args.duration,
@@ -1490,6 +1547,7 @@ def _command(args: argparse.Namespace) -> int:
         rate_per_s=args.rate,
         nodes=args.nodes,
         data_nodes=args.data_nodes,
+        data_workers=args.data_workers,
         replica_count=args.replica_count,
         replace_after_ms=args.replace_after_ms,
         retention_bytes=args.retention_bytes,
@@ -1528,7 +1586,8 @@ def _replicate_command(args: argparse.Namespace, seed: int) -> int:
     if args.duration <= 0:
         print(f"error: invalid --duration (got {args.duration}; expected > 0)", file=sys.stderr)
         return 2
-    faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
+    names = args.faults if args.faults is not None else REPLICATE_DEFAULT_FAULTS
+    faults = tuple(f.strip() for f in names.split(",") if f.strip())
     try:
         fault_kinds(faults)
     except ValueError as error:

@@ -443,15 +443,20 @@ def make_netns_config(
 
 
 def make_config(
-    directory: Path, nodes: int, host: str = "127.0.0.1", data_nodes: int = 0
+    directory: Path,
+    nodes: int,
+    host: str = "127.0.0.1",
+    data_nodes: int = 0,
+    data_workers: int = 0,
 ) -> ClusterConfig:
     """`nodes` nodes n1..nN on free ports; the last `data_nodes` of them do not vote.
 
     Every port is picked here, the segment transfer port too: a node binding port 0 gets a
     port from the kernel's ephemeral range, the same range these picks come from, and could
     take a port picked for a node that has not bound it yet (CI saw a node's transfer port
-    take another node's metrics port, which then failed to start)."""
-    workers = dev_data_workers()
+    take another node's metrics port, which then failed to start). `data_workers` per node
+    (0: `dev_data_workers()`)."""
+    workers = data_workers or dev_data_workers()
     # Per node: gRPC, Raft, metrics, transfer (worker 0's), each worker's gRPC port and
     # every other worker's transfer port.
     per_node = 4 + workers + (workers - 1)

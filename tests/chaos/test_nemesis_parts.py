@@ -19,6 +19,7 @@ from raftwal.chaos.net import ProxyNet
 from raftwal.chaos.runner import (
     FAULT_KINDS,
     HOLD_S,
+    NODE_TARGETS,
     PARTITION_VARIANTS,
     POWER_TARGETS,
     ChaosOptions,
@@ -56,6 +57,17 @@ def test_schedule_rotates_power_targets_and_leaves_other_kinds_alone() -> None:
     mixed = plan_faults(7, ("kill", "power", "partition"), 60.0)
     assert {f.kind for f in mixed[:3]} == {"kill", "power", "partition"}
     assert all(f.variant in POWER_TARGETS for f in mixed if f.kind == "power")
+
+
+def test_worker_faults_target_nodes_are_instant_and_in_the_default_set() -> None:
+    """A data worker killed is healed by its supervisor, not by the nemesis: no hold."""
+    assert "worker" in FAULT_KINDS
+    plan = plan_faults(5, ("worker",), 60.0)
+    assert sorted({f.variant for f in plan}) == sorted(NODE_TARGETS)
+    assert all(f.kind == "worker" and f.hold_s == 0.0 for f in plan)
+    ChaosOptions(seed=1, faults=("worker",), data_workers=2).validate()
+    with pytest.raises(ValueError, match="data_workers"):
+        ChaosOptions(seed=1, faults=("worker",), data_workers=9).validate()
 
 
 def test_schedule_honours_the_requested_kinds() -> None:

@@ -22,6 +22,7 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -167,6 +168,28 @@ def _ports_free(node: dev.NodeConfig) -> bool:
     return True
 
 
+def _start_times(pids: list[int]) -> dict[int, int]:
+    """pid -> its start time (clock ticks since boot): a pid and its start time name one
+    process, even on a busy host that reuses pids within seconds."""
+    found = {}
+    for pid in pids:
+        try:
+            raw = Path(f"/proc/{pid}/stat").read_bytes()
+        except OSError:
+            continue
+        found[pid] = int(raw[raw.rfind(b")") + 2 :].split()[19])
+    return found
+
+
+def _still_running(started: dict[int, int]) -> list[int]:
+    """The processes of `started` that are still there (zombies count as gone)."""
+    return [
+        pid
+        for pid, ticks in _start_times(list(started)).items()
+        if ticks == started[pid] and dev._alive(pid)  # noqa: SLF001
+    ]
+
+
 def test_a_killed_supervisor_leaves_no_process_behind(env) -> None:
     cluster, client = env
     node = cluster.config.nodes[-1]
@@ -180,8 +203,9 @@ def test_a_killed_supervisor_leaves_no_process_behind(env) -> None:
     assert process is not None and process.wait(timeout=scaled(10)) == -signal.SIGKILL
     cluster.processes[node.id] = None
     deadline = time.monotonic() + scaled(10)
-    while any(dev._alive(pid) for pid in children):  # noqa: SLF001
-        assert time.monotonic() < deadline, [p for p in children if dev._alive(p)]  # noqa: SLF001
+    started = _start_times(children)
+    while _still_running(started):
+        assert time.monotonic() < deadline, _still_running(started)
         time.sleep(0.02)
     while not _ports_free(node):
         assert time.monotonic() < deadline, "a port of the killed node is still held"
@@ -196,13 +220,13 @@ def test_sigterm_stops_every_process_of_the_node(env) -> None:
     node = cluster.config.nodes[0]
     supervisor = cluster.pid(node.id)
     assert supervisor is not None
-    pids = dev.node_processes(supervisor)
+    started = _start_times(dev.node_processes(supervisor))
     process = cluster.processes[node.id]
     assert process is not None
     os.kill(supervisor, signal.SIGTERM)
     assert process.wait(timeout=scaled(30)) == 0
     cluster.processes[node.id] = None
-    assert not any(dev._alive(pid) for pid in pids)  # noqa: SLF001
+    assert not _still_running(started)
     log = (cluster.directory / f"{node.id}.log").read_text()
     assert f"node {node.id} handover" in log
     assert all(f"node {node.id} data worker {k} stopping" in log for k in range(WORKERS))

@@ -341,7 +341,11 @@ def test_executor_reads_local_files_and_checks_them_against_the_manifest(env) ->
     names = {}
     for vchannel in env.client.call("ListChannels", api.ListChannelsRequest()).vchannels:
         names[vchannel.id] = vchannel.name
-    addresses = tuple((n.id, n.grpc_address) for n in nodes if n.id in segment.replica_node_ids)
+    # Each replica's data worker for the pchannel (its control port serves no segments).
+    served = dict(
+        zip((n.id for n in nodes), env.local.data_endpoints(segment.pchannel), strict=True)
+    )
+    addresses = tuple((n.id, served[n.id]) for n in nodes if n.id in segment.replica_node_ids)
     remote = parse_options({"endpoints": env.endpoints})
     expected = pa.Table.from_batches(
         list(read_slice(_slice_of(env, segment, addresses), remote, names, RowFilter()))
