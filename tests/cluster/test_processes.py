@@ -127,6 +127,7 @@ def test_a_killed_worker_restarts_and_loses_no_acknowledged_message(env) -> None
         p for p in member.processes if p.kind == "worker" and pchannel in p.owned_pchannels
     )
     assert address == serving_address(status.nodes, owner, pchannel) == victim.grpc_address
+    raft_before = (status.leader_node_id, max(m.raft_term for m in status.members))
 
     def kill_the_worker() -> None:
         os.kill(victim.pid, signal.SIGKILL)
@@ -154,6 +155,10 @@ def test_a_killed_worker_restarts_and_loses_no_acknowledged_message(env) -> None
         f"data worker {victim.index} died (killed by SIGKILL)"
         in (cluster.directory / f"{owner}.log").read_text()
     )
+    # The control process ran on: the same Raft leader and term, the node still UP.
+    assert (after.leader_node_id, max(m.raft_term for m in after.members)) == raft_before
+    node_states = {n.node_id: n.state for n in after.nodes}
+    assert node_states[owner] == pb.NODE_STATE_UP, node_states
 
 
 def _ports_free(node: dev.NodeConfig) -> bool:
