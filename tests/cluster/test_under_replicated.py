@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from raftwal.cli import dev
-from raftwal.node.process import under_replicated
+from raftwal.node.health import under_replicated
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
 from tests.cluster.conftest import Api, rid, running_cluster
