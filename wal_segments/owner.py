@@ -68,7 +68,8 @@ from wal_segments.format import (
     encode_batch,
     encode_rows,
 )
-from wal_segments.log import BadBatch, Fenced, LogError, Mismatch, PChannelLog
+from wal_segments.log import BadBatch, Fenced, LogError, LogPosition, Mismatch, PChannelLog
+from wal_segments.walimpls.api import WAL, Corrupt, FencedByTerm, Record, Tail, WalImplError
 
 logger = logging.getLogger(__name__)
 E = errors_pb2
@@ -317,10 +318,22 @@ class ChannelOwner:
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         observer: WriteObserver | None = None,
         stable_replica_node_ids: Sequence[str] = (),
+        wal: WAL | None = None,
     ) -> None:
         self.pchannel = pchannel
         self.term = term
         self.node_id = node_id
+        # The WAL implementation (wal_segments.walimpls): None or a replicated one is
+        # ``segments``, this owner's replicas; otherwise the owner replicates to no one and
+        # either its own fdatasync (``local``) or the implementation (``jetstream``,
+        # `external`) makes a batch durable.
+        self.wal = wal
+        self.wal_name = wal.name if wal is not None else "segments"
+        self._external = wal is not None and wal.external
+        if wal is not None and not wal.replicated:
+            replica_node_ids = ()
+        #: the last LSN the external implementation reported durable
+        self._external_durable = 0
         self.replica_ids = list(dict.fromkeys([node_id, *replica_node_ids]))
         self.majority = len(self.replica_ids) // 2 + 1
         # The replica set at the last ready term, when this term changes it: every
@@ -384,6 +397,9 @@ class ChannelOwner:
         #: (committed lsn, monotonic time it committed), oldest first: how long a replica
         #: has been behind (`replica_lags_s`)
         self._commit_times: deque[tuple[int, float]] = deque(maxlen=COMMIT_TIMES_KEPT)
+        if self._external:
+            assert wal is not None
+            wal.on_durable(self._external_reported)
 
     # -- status ------------------------------------------------------------------------------
 
@@ -483,6 +499,9 @@ class ChannelOwner:
         ]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self._external and self.wal is not None:
+            with contextlib.suppress(Exception):
+                await self.wal.close()
 
     def _local_failure(self, error: BaseException) -> None:
         """The local copy can no longer be trusted (a failed fdatasync or seal): stop
@@ -574,6 +593,16 @@ class ChannelOwner:
                 current_term=self.log.fenced_term,
             )
         position = await self.log.fence(self.term)
+        if self._external:
+            await self._adopt_external()
+            self._batch_flags = True
+        else:
+            await self._fence_and_adopt(position)
+        await self._recover_rest()
+
+    async def _fence_and_adopt(self, position: LogPosition) -> None:
+        """Fence the replica set (and the last ready set's read quorum) at this term and
+        adopt the most up-to-date log among the answers (``segments`` and ``local``)."""
         positions: dict[str, wire.FenceResponse] = {
             self.node_id: wire.FenceResponse(
                 fenced_term=self.term,
@@ -622,6 +651,8 @@ class ChannelOwner:
         # when every replica heard from says it takes them. A replica that did not answer
         # yet and turns out older stays behind until it runs this version too.
         self._batch_flags = all(reply.batch_frames for reply in positions.values())
+
+    async def _recover_rest(self) -> None:
         if not mutations.active(NON_ATOMIC_BATCH):
             await self._drop_partial_batch()
         await self._drop_partial_txn()
@@ -662,6 +693,120 @@ class ChannelOwner:
             self.start_lsn,
             self.committed_lsn,
         )
+
+    # -- an external implementation (jetstream) ---------------------------------------------
+
+    async def _adopt_external(self) -> None:
+        """Recovery on an external implementation: make this log equal to what the
+        implementation stores, then fence it at this term. Every acknowledged batch is
+        stored there (it was acknowledged only once stored), so adopting the stored log keeps
+        it; a local suffix the implementation does not hold was never acknowledged and is
+        cut. Fencing expects the implementation's last position as read: if an older owner
+        stored more meanwhile, the fence is refused and this adopts the new end first
+        (docs/architecture.md, "The jetstream fencing argument"). Retried while the
+        assignment holds; the backend being unreachable only delays it."""
+        assert self.wal is not None
+        attempt = 0
+        while True:
+            self._check_current()
+            try:
+                tail = await self.wal.tail()
+                while True:
+                    if tail.fenced_term > self.term:
+                        raise FencedByTerm(
+                            f"stored log fenced at {tail.fenced_term}", tail.fenced_term
+                        )
+                    await self._match_external(tail)
+                    fenced = await self.wal.fence(self.term, tail)
+                    if fenced is tail:
+                        return
+                    tail = fenced
+                    self._check_current()
+            except FencedByTerm as error:
+                self._fence(max(error.term, self.term + 1))
+                raise fenced_error(self.pchannel, self.term, self.fenced_by) from None
+            except WalImplError as error:
+                logger.info(
+                    "%s: %s recovery at term %d: %s; retrying",
+                    self.pchannel,
+                    self.wal_name,
+                    self.term,
+                    error,
+                )
+            await self._backoff(attempt)
+            attempt += 1
+
+    def _holds(self, record: Record) -> bool:
+        """Whether this log holds the last entry of `record` (a fence: the entry it was
+        taken at). Below this log's retained start nothing can be compared, and what is
+        there was committed before this log's start: it counts as held."""
+        lsn = record.last_lsn
+        term = record.prev_term if record.fence else record.term
+        if lsn == 0 or lsn < self.log.first_lsn:
+            return True
+        return lsn <= self.log.last_lsn and self.log.term_at(lsn) == term
+
+    async def _match_external(self, tail: Tail) -> None:
+        """Make this log end where the stored log ends, `tail`: walk back from the stored
+        end to the last record this log holds (Log Matching: then it holds everything
+        before it too), cut this log after it, and append every stored record after it."""
+        assert self.wal is not None
+        position, matched = tail.records, 0
+        matched_lsn: int | None = None
+        while position > 0:
+            found = await self.wal.record_at(position)
+            if found is None:
+                position -= 1
+                continue
+            record, first = found
+            if self._holds(record):
+                matched, matched_lsn = position, record.last_lsn
+                break
+            position = first - 1
+        if matched_lsn is not None and self.log.last_lsn > matched_lsn:
+            logger.warning(
+                "%s: dropping lsn %d..%d: the %s log ends at lsn %d",
+                self.pchannel,
+                matched_lsn + 1,
+                self.log.last_lsn,
+                self.wal_name,
+                matched_lsn,
+            )
+            await self.log.truncate_after(matched_lsn)
+        async for record, _ in self.wal.scan(matched + 1, tail.records):
+            self._check_current()
+            if record.fence or not record.frames:
+                continue
+            prev = record.first_lsn - 1
+            if self.log.last_lsn > prev:
+                await self.log.truncate_after(max(prev, self.log.first_lsn - 1))
+            restart = self.log.last_lsn != prev or (
+                prev >= self.log.first_lsn and self.log.term_at(prev) != record.prev_term
+            )
+            result = await self.log.append(
+                self.term, prev, record.prev_term, record.frames, from_log_start=restart
+            )
+            await self.log.wait_durable(result)
+        if tail.last_lsn and (self.log.last_lsn, self.log.last_term) != (
+            tail.last_lsn,
+            tail.last_term,
+        ):
+            raise Corrupt(
+                f"{self.pchannel}: the adopted log ends at ({self.log.last_lsn}, "
+                f"{self.log.last_term}), the stored one at ({tail.last_lsn}, {tail.last_term})"
+            )
+
+    def _external_reported(self, value: int | BaseException) -> None:
+        """The implementation's durable callback: a new durable LSN, or why it stopped."""
+        if isinstance(value, BaseException):
+            if isinstance(value, FencedByTerm):
+                self._fence(max(value.term, self.term + 1))
+            else:
+                self._local_failure(value)
+            return
+        if value > self._external_durable:
+            self._external_durable = value
+            self._update_commit()
 
     async def _adopt(self, source: str, source_last_lsn: int, source_last_term: int) -> None:
         """Make this log equal to `source`'s (fenced at this term, so it no longer grows):
@@ -1144,6 +1289,10 @@ class ChannelOwner:
             ) from None
         self._cache(meta.first_lsn, meta.last_lsn, prev_term, frames, result.sealed)
         self._batch_ends.append(meta.last_lsn)
+        if self._external:
+            self.wal.append(  # type: ignore[union-attr]
+                Record(meta.first_lsn, meta.last_lsn, self.term, prev_term, frames)
+            )
         for replica in self._replicas.values():
             replica.wake.set()
         if result.sealed:
@@ -1172,10 +1321,15 @@ class ChannelOwner:
             self._recent_bytes -= len(old)
 
     def _update_commit(self) -> None:
-        matches = sorted(
-            [self._self_durable, *(r.match_lsn for r in self._replicas.values())], reverse=True
-        )
-        point = matches[self.majority - 1]
+        if self._external:
+            # Durable where the implementation stores it: its acknowledgement is the vote.
+            point = self._external_durable
+        else:
+            matches = sorted(
+                [self._self_durable, *(r.match_lsn for r in self._replicas.values())],
+                reverse=True,
+            )
+            point = matches[self.majority - 1]
         # Only entries of this term commit by counting (Raft): the term start comes first.
         if point < self.start_lsn or self.start_lsn <= 0 or point <= self.committed_lsn:
             return
