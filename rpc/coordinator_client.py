@@ -60,7 +60,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -439,8 +439,12 @@ class CoordinatorClient:
         owner: pb.OwnerDescription | None = None,
         *,
         request_id: str = "",
+        wal: str = "",
+        wal_config: Mapping[str, str] | None = None,
     ) -> api.CreateChannelsResponse:
-        """Create pchannels by explicit `names`, or `count` new ones named ``<prefix>_<k>``."""
+        """Create pchannels by explicit `names`, or `count` new ones named ``<prefix>_<k>``,
+        on the WAL implementation `wal` ("" = segments; "local", "jetstream" with its
+        `wal_config`)."""
         request = api.CreateChannelsRequest(
             request_id=self._request_id(request_id),
             names=list(names),
@@ -448,6 +452,8 @@ class CoordinatorClient:
             count=count,
             owner=owner,
             replica_count=replica_count,
+            wal=wal,
+            wal_config=dict(wal_config or {}),
         )
         return await self._unary("CreateChannels", request)
 

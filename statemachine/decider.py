@@ -262,6 +262,34 @@ def _node_flag(
 # --------------------------------------------------------------------------------------
 
 
+#: The WAL implementations a pchannel may name (wal_segments.walimpls.registry; the node
+#: validates an implementation's configuration before proposing, this bounds its size).
+WAL_NAMES = ("segments", "local", "jetstream")
+DEFAULT_WAL = "segments"
+MAX_WAL_CONFIG_KEYS = 16
+MAX_WAL_CONFIG_CHARS = 1024
+
+
+def _wal_error(wal: str, config) -> Rejection | None:  # type: ignore[no-untyped-def]
+    if wal and wal not in WAL_NAMES:
+        return invalid(f"invalid wal ({show(wal)}; expected one of {', '.join(WAL_NAMES)})")
+    if config and wal in ("", "segments", "local"):
+        return invalid(
+            f"invalid wal_config ({len(config)} key(s); expected none for {wal or DEFAULT_WAL})"
+        )
+    if len(config) > MAX_WAL_CONFIG_KEYS:
+        return invalid(
+            f"invalid wal_config ({len(config)} keys; expected at most {MAX_WAL_CONFIG_KEYS})"
+        )
+    for key in sorted(config):
+        if not key or len(key) + len(config[key]) > MAX_WAL_CONFIG_CHARS:
+            return invalid(
+                f"invalid wal_config entry {show(key)} ({len(key) + len(config[key])} chars; "
+                f"expected a key and at most {MAX_WAL_CONFIG_CHARS} chars in all)"
+            )
+    return None
+
+
 def _create_pchannels(state, cmd: pb.CreatePChannels, ctx, limits) -> Outcome:
     bad = _owner_error(cmd.owner, limits)
     if bad:
@@ -277,6 +305,9 @@ def _create_pchannels(state, cmd: pb.CreatePChannels, ctx, limits) -> Outcome:
             f"invalid replica_count ({cmd.replica_count}; the cluster has {len(state.nodes)} "
             f"node(s): expected 1..{min(len(state.nodes), limits.max_replicas)})"
         )
+    bad = _wal_error(cmd.wal, cmd.wal_config)
+    if bad:
+        return bad
     names = list(cmd.names)
     if names:
         if cmd.count or cmd.prefix:
@@ -322,7 +353,11 @@ def _create_pchannels(state, cmd: pb.CreatePChannels, ctx, limits) -> Outcome:
     for name in names:
         emitter.emit(
             pchannel_created=pb.PChannelCreated(
-                name=name, owner=cmd.owner, replica_count=replica_count
+                name=name,
+                owner=cmd.owner,
+                replica_count=replica_count,
+                wal="" if cmd.wal == DEFAULT_WAL else cmd.wal,
+                wal_config=cmd.wal_config,
             )
         )
     return emitter.events

@@ -64,6 +64,8 @@ def _pchannel_created(state, e: pb.PChannelCreated, revision, limits: Limits) ->
     channel.owner.CopyFrom(e.owner)
     channel.replica_count = e.replica_count
     channel.created_revision = revision
+    channel.wal = e.wal
+    channel.wal_config.update(e.wal_config)
     state.manifests[e.name].SetInParent()
 
 

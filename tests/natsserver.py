@@ -67,7 +67,9 @@ class NatsServer:
                     return
             except OSError:
                 if self.process.poll() is not None:
-                    raise RuntimeError(f"nats-server exited: see {self.directory / 'nats.log'}")
+                    raise RuntimeError(
+                        f"nats-server exited: see {self.directory / 'nats.log'}"
+                    ) from None
                 time.sleep(0.05)
         raise RuntimeError("nats-server did not listen in time")
 

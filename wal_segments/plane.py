@@ -44,6 +44,9 @@ from wal_segments.owner import (
     WriteObserver,
 )
 from wal_segments.segment import make_durable_directory
+from wal_segments.walimpls import registry as wal_registry
+from wal_segments.walimpls.api import WAL, Opener, WalImplError
+from wal_segments.walimpls.files import check_fsync_policy
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +117,14 @@ class Assignment:
     replica_node_ids: tuple[str, ...]
     # The replica set at the last ready term (empty: none yet, or the same set).
     stable_replica_node_ids: tuple[str, ...] = ()
+    # The WAL implementation (wal_segments.walimpls; "" = segments), its configuration as
+    # sorted (key, value) pairs, and the epoch of its storage.
+    wal: str = ""
+    wal_config: tuple[tuple[str, str], ...] = ()
+    wal_epoch: int = 0
+    # The owner at the last ready term before this one ("" if none, or this owner): where
+    # a `local` pchannel's one copy is.
+    previous_owner_node_id: str = ""
 
 
 class CoordinationView(Protocol):
@@ -175,6 +186,11 @@ class DataPlane:
         # always): until then no owner starts here, so that a second process under one
         # node id, which the cluster refuses, never recovers that node's pchannels.
         self._admitted = admitted
+        # (implementation, configuration) -> its opener: one per data plane, shared by the
+        # pchannels on it (a NATS connection).
+        self._openers: dict[tuple[str, tuple[tuple[str, str], ...]], Opener] = {}
+        #: pchannel -> why its implementation cannot be opened now ("" once it can)
+        self.wal_problems: dict[str, str] = {}
 
     def accepts(self, pchannel: str) -> bool:
         """Whether this data plane may hold `pchannel` (see ``accepts`` in the constructor)."""
@@ -261,6 +277,7 @@ class DataPlane:
     def problems(self) -> dict[str, str]:
         """Problems worth a warning in ClusterStatus: unreadable logs, failing commits."""
         problems = {p: f"log cannot be opened: {e}" for p, e in self.broken.items()}
+        problems.update(self.wal_problems)
         for pchannel, owner in self.owners.items():
             if owner.failure:
                 problems[pchannel] = f"owner at term {owner.term} stopped: {owner.failure}"
@@ -331,12 +348,22 @@ class DataPlane:
             )
             await self._reassign(assignment.pchannel, assignment.term)
             return
+        wal = await self._open_wal(assignment)
+        if wal is None:
+            return  # reported; the next reconcile tries again
+        stable = assignment.stable_replica_node_ids
+        if not wal.replicated:
+            # One copy (local) is on the last ready owner; an external log (jetstream) is
+            # adopted from where it is stored.
+            previous = assignment.previous_owner_node_id
+            stable = (previous,) if previous and not wal.external else ()
         owner = ChannelOwner(
             pchannel=assignment.pchannel,
             term=assignment.term,
             node_id=self.node_id,
             replica_node_ids=assignment.replica_node_ids,
-            stable_replica_node_ids=assignment.stable_replica_node_ids,
+            stable_replica_node_ids=stable,
+            wal=wal,
             log=log,
             transport=self.transport,
             proposer=self.proposer,
@@ -346,6 +373,27 @@ class DataPlane:
         self.owners[assignment.pchannel] = owner
         logger.info("%s: recovering as owner at term %d", assignment.pchannel, assignment.term)
         owner.start()
+
+    async def _open_wal(self, assignment: Assignment) -> WAL | None:
+        """The assignment's WAL implementation opened for its pchannel; None (logged once
+        and kept in `wal_problems`, shown in ClusterStatus) when it cannot be now."""
+        name = assignment.wal or "segments"
+        key = (name, assignment.wal_config)
+        try:
+            opener = self._openers.get(key)
+            if opener is None:
+                check_fsync_policy(name, self.policy.kind)
+                opener = wal_registry.builder(name).build(dict(assignment.wal_config))
+                self._openers[key] = opener
+            wal = await opener.open(assignment.pchannel, assignment.wal_epoch)
+        except WalImplError as error:
+            problem = f"{name} WAL cannot be opened: {error}"
+            if self.wal_problems.get(assignment.pchannel) != problem:
+                logger.error("%s: %s", assignment.pchannel, problem)
+            self.wal_problems[assignment.pchannel] = problem
+            return None
+        self.wal_problems.pop(assignment.pchannel, None)
+        return wal
 
     @staticmethod
     def _recovered_here_before(log: PChannelLog, assignment: Assignment) -> bool:
@@ -378,6 +426,10 @@ class DataPlane:
         for log in list(self.logs.values()):
             with contextlib.suppress(Exception):
                 await log.close()
+        for opener in self._openers.values():
+            with contextlib.suppress(Exception):
+                await opener.close()
+        self._openers.clear()
         self.catalog.close()
         for fd in self._locks.values():
             with contextlib.suppress(OSError):

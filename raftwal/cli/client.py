@@ -197,10 +197,29 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--prefix", default="pchannel", help="names are <prefix>_<k> (default: pchannel)"
     )
     create.add_argument("--replicas", type=int, default=0, help="replica set size (0: default)")
+    create.add_argument(
+        "--wal",
+        default="",
+        help="WAL implementation: segments (default), local, jetstream",
+    )
+    create.add_argument(
+        "--wal-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the implementation's configuration (jetstream: url=nats://HOST:PORT, "
+        "credentials=FILE, replicas=N, stream_prefix=NAME); repeatable",
+    )
     create.set_defaults(
         handler=_handler(
             _channel_create,
-            {"replica_count": "--replicas", "count": "--count", "prefix": "--prefix"},
+            {
+                "replica_count": "--replicas",
+                "count": "--count",
+                "prefix": "--prefix",
+                "wal": "--wal",
+                "wal_config": "--wal-config",
+            },
         )
     )
     listing = channel_commands.add_parser("list", parents=[common], help="list pchannels")
@@ -836,7 +855,7 @@ def _retention_table(status: api.ClusterStatusResponse) -> Table:
 
 def _pchannel_table(pchannels: Sequence[pb.PChannel]) -> Table:
     table = Table(title="pchannels")
-    for column in ("name", "term", "owner", "state", "access", "replicas"):
+    for column in ("name", "term", "owner", "state", "access", "wal", "replicas"):
         table.add_column(column)
     for channel in pchannels:
         state = _pchannel_state(channel.state)
@@ -846,7 +865,11 @@ def _pchannel_table(pchannels: Sequence[pb.PChannel]) -> Table:
             channel.owner_node_id or "-",
             state if state == "ASSIGNED" else f"[yellow]{state}[/]",
             _enum_name(pb.AccessMode, channel.access_mode, "ACCESS_MODE_"),
-            ",".join(channel.replica_node_ids),
+            channel.wal or "segments",
+            # local and jetstream replicate to no node: the owner holds the files
+            ",".join(channel.replica_node_ids)
+            if channel.wal in ("", "segments")
+            else channel.owner_node_id or "-",
         )
     return table
 
@@ -949,11 +972,26 @@ async def _balance_freeze(
     return 0
 
 
+def _key_values(flag: str, items: Sequence[str]) -> dict[str, str]:
+    """KEY=VALUE flags as a dict; a usage error (exit 2) for anything else."""
+    found: dict[str, str] = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        if not equals or not key:
+            raise CliError(f"invalid {flag} {item[:64]!r} (expected KEY=VALUE)")
+        found[key] = value
+    return found
+
+
 async def _channel_create(
     args: argparse.Namespace, client: CoordinatorClient, target: Target
 ) -> int:
     response = await client.create_channels(
-        count=args.count, prefix=args.prefix, replica_count=args.replicas
+        count=args.count,
+        prefix=args.prefix,
+        replica_count=args.replicas,
+        wal=args.wal,
+        wal_config=_key_values("--wal-config", args.wal_config),
     )
     if args.json:
         _print_json(response)

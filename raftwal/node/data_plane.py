@@ -115,6 +115,10 @@ class NodeDataView:
                         state=_STATE_NAMES[channel.state],
                         replica_node_ids=tuple(channel.replica_node_ids),
                         stable_replica_node_ids=tuple(channel.stable_replica_node_ids),
+                        wal=channel.wal,
+                        wal_config=tuple(sorted(channel.wal_config.items())),
+                        wal_epoch=channel.wal_epoch,
+                        previous_owner_node_id=_previous_owner(channel),
                     )
             for name, vchannel in state.vchannels.items():
                 view.vchannels[name] = VChannelInfo(
@@ -533,3 +537,12 @@ async def reconcile_loop(
         except Exception:  # noqa: BLE001 - logged; the next round retries
             log.exception("data plane reconcile failed")
         await node.notifier.wait_change(1.0)
+
+
+def _previous_owner(channel: pb.PChannel) -> str:
+    """The owner at the last term before the current one that became ready (its history
+    entry has a start LSN), "" when none or when it is the current owner."""
+    for entry in reversed(channel.history):
+        if entry.term < channel.term and entry.start_lsn:
+            return entry.node_id if entry.node_id != channel.owner_node_id else ""
+    return ""

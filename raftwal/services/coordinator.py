@@ -33,6 +33,8 @@ from statemachine.state import restore_state, snapshot_state
 from statemachine.types import DEFAULT_LIMITS as LIMITS
 from statemachine.validation import check_name
 from wal_segments.owner import TICK_LOGICAL_BITS
+from wal_segments.walimpls import registry as wal_registry
+from wal_segments.walimpls.api import ConfigError
 
 log = logging.getLogger(__name__)
 E = errors_pb2
@@ -320,6 +322,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         async def work() -> api.CreateChannelsResponse:
             request_id = _new_request_id(request.request_id)
             _check_count("names", len(request.names), 0)
+            try:
+                wal_config = wal_registry.validate(request.wal, request.wal_config)
+            except ConfigError as error:
+                raise fail(E.INVALID_ARGUMENT, str(error)) from None
             result = await self._propose(
                 request_id,
                 create_pchannels=pb.CreatePChannels(
@@ -328,6 +334,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                     count=request.count,
                     owner=request.owner,
                     replica_count=request.replica_count,
+                    wal=request.wal,
+                    wal_config=wal_config,
                 ),
             )
             return api.CreateChannelsResponse(

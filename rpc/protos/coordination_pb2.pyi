@@ -133,7 +133,14 @@ class AssignmentHistoryEntry(_message.Message):
     def __init__(self, term: _Optional[int] = ..., node_id: _Optional[str] = ..., start_lsn: _Optional[int] = ..., end_lsn: _Optional[int] = ...) -> None: ...
 
 class PChannel(_message.Message):
-    __slots__ = ("name", "term", "owner_node_id", "replica_node_ids", "state", "access_mode", "history", "owner", "replica_count", "created_revision", "stable_replica_node_ids")
+    __slots__ = ("name", "term", "owner_node_id", "replica_node_ids", "state", "access_mode", "history", "owner", "replica_count", "created_revision", "stable_replica_node_ids", "wal", "wal_config", "wal_epoch")
+    class WalConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     OWNER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +152,9 @@ class PChannel(_message.Message):
     REPLICA_COUNT_FIELD_NUMBER: _ClassVar[int]
     CREATED_REVISION_FIELD_NUMBER: _ClassVar[int]
     STABLE_REPLICA_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    WAL_FIELD_NUMBER: _ClassVar[int]
+    WAL_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    WAL_EPOCH_FIELD_NUMBER: _ClassVar[int]
     name: str
     term: int
     owner_node_id: str
@@ -156,7 +166,10 @@ class PChannel(_message.Message):
     replica_count: int
     created_revision: int
     stable_replica_node_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., term: _Optional[int] = ..., owner_node_id: _Optional[str] = ..., replica_node_ids: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[PChannelState, str]] = ..., access_mode: _Optional[_Union[AccessMode, str]] = ..., history: _Optional[_Iterable[_Union[AssignmentHistoryEntry, _Mapping]]] = ..., owner: _Optional[_Union[OwnerDescription, _Mapping]] = ..., replica_count: _Optional[int] = ..., created_revision: _Optional[int] = ..., stable_replica_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    wal: str
+    wal_config: _containers.ScalarMap[str, str]
+    wal_epoch: int
+    def __init__(self, name: _Optional[str] = ..., term: _Optional[int] = ..., owner_node_id: _Optional[str] = ..., replica_node_ids: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[PChannelState, str]] = ..., access_mode: _Optional[_Union[AccessMode, str]] = ..., history: _Optional[_Iterable[_Union[AssignmentHistoryEntry, _Mapping]]] = ..., owner: _Optional[_Union[OwnerDescription, _Mapping]] = ..., replica_count: _Optional[int] = ..., created_revision: _Optional[int] = ..., stable_replica_node_ids: _Optional[_Iterable[str]] = ..., wal: _Optional[str] = ..., wal_config: _Optional[_Mapping[str, str]] = ..., wal_epoch: _Optional[int] = ...) -> None: ...
 
 class VChannel(_message.Message):
     __slots__ = ("name", "id", "pchannel", "state", "owner", "created_revision")
@@ -687,18 +700,29 @@ class UnfreezeNode(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class CreatePChannels(_message.Message):
-    __slots__ = ("names", "prefix", "count", "owner", "replica_count")
+    __slots__ = ("names", "prefix", "count", "owner", "replica_count", "wal", "wal_config")
+    class WalConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAMES_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     REPLICA_COUNT_FIELD_NUMBER: _ClassVar[int]
+    WAL_FIELD_NUMBER: _ClassVar[int]
+    WAL_CONFIG_FIELD_NUMBER: _ClassVar[int]
     names: _containers.RepeatedScalarFieldContainer[str]
     prefix: str
     count: int
     owner: OwnerDescription
     replica_count: int
-    def __init__(self, names: _Optional[_Iterable[str]] = ..., prefix: _Optional[str] = ..., count: _Optional[int] = ..., owner: _Optional[_Union[OwnerDescription, _Mapping]] = ..., replica_count: _Optional[int] = ...) -> None: ...
+    wal: str
+    wal_config: _containers.ScalarMap[str, str]
+    def __init__(self, names: _Optional[_Iterable[str]] = ..., prefix: _Optional[str] = ..., count: _Optional[int] = ..., owner: _Optional[_Union[OwnerDescription, _Mapping]] = ..., replica_count: _Optional[int] = ..., wal: _Optional[str] = ..., wal_config: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class AssignPChannel(_message.Message):
     __slots__ = ("pchannel", "term", "node_id", "replica_node_ids", "access_mode")
@@ -1153,14 +1177,25 @@ class NodeUnfrozen(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class PChannelCreated(_message.Message):
-    __slots__ = ("name", "owner", "replica_count")
+    __slots__ = ("name", "owner", "replica_count", "wal", "wal_config")
+    class WalConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     REPLICA_COUNT_FIELD_NUMBER: _ClassVar[int]
+    WAL_FIELD_NUMBER: _ClassVar[int]
+    WAL_CONFIG_FIELD_NUMBER: _ClassVar[int]
     name: str
     owner: OwnerDescription
     replica_count: int
-    def __init__(self, name: _Optional[str] = ..., owner: _Optional[_Union[OwnerDescription, _Mapping]] = ..., replica_count: _Optional[int] = ...) -> None: ...
+    wal: str
+    wal_config: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., owner: _Optional[_Union[OwnerDescription, _Mapping]] = ..., replica_count: _Optional[int] = ..., wal: _Optional[str] = ..., wal_config: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class PChannelAssigned(_message.Message):
     __slots__ = ("pchannel", "term", "node_id", "replica_node_ids", "access_mode")

@@ -48,20 +48,31 @@ MEMBERSHIP_ACTION_REMOVE: MembershipAction
 MEMBERSHIP_ACTION_FORGET: MembershipAction
 
 class CreateChannelsRequest(_message.Message):
-    __slots__ = ("request_id", "names", "prefix", "count", "owner", "replica_count")
+    __slots__ = ("request_id", "names", "prefix", "count", "owner", "replica_count", "wal", "wal_config")
+    class WalConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NAMES_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     REPLICA_COUNT_FIELD_NUMBER: _ClassVar[int]
+    WAL_FIELD_NUMBER: _ClassVar[int]
+    WAL_CONFIG_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     names: _containers.RepeatedScalarFieldContainer[str]
     prefix: str
     count: int
     owner: _coordination_pb2.OwnerDescription
     replica_count: int
-    def __init__(self, request_id: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., prefix: _Optional[str] = ..., count: _Optional[int] = ..., owner: _Optional[_Union[_coordination_pb2.OwnerDescription, _Mapping]] = ..., replica_count: _Optional[int] = ...) -> None: ...
+    wal: str
+    wal_config: _containers.ScalarMap[str, str]
+    def __init__(self, request_id: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., prefix: _Optional[str] = ..., count: _Optional[int] = ..., owner: _Optional[_Union[_coordination_pb2.OwnerDescription, _Mapping]] = ..., replica_count: _Optional[int] = ..., wal: _Optional[str] = ..., wal_config: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class CreateChannelsResponse(_message.Message):
     __slots__ = ("pchannels", "revision")

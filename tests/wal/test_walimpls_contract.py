@@ -72,7 +72,10 @@ class Cluster:
             root = self.tmp_path / node
             root.mkdir(mode=0o700, exist_ok=True)
             self.logs[node] = await PChannelLog.open(
-                root / "wal", self.pchannel, Catalog(root / "catalog.db"), parse_fsync_policy("always")
+                root / "wal",
+                self.pchannel,
+                Catalog(root / "catalog.db"),
+                parse_fsync_policy("always"),
             )
 
     async def owner(self, node: str, term: int, previous: str = "") -> ChannelOwner:
