@@ -523,6 +523,24 @@ class ChannelOwner:
             if replica.task is not None:
                 replica.task.cancel()
 
+    def _backend_failure(self, error: BaseException) -> None:
+        """The external implementation can make nothing more durable (its server is gone or
+        paused past its timeout): stop as after a local failure, so the pchannel recovers at
+        a new term from what the implementation stored."""
+        if self.state in ("fenced", "closed"):
+            return
+        logger.error(
+            "%s: the %s WAL stopped at term %d (%s); the owner stops and the pchannel "
+            "recovers at a new term",
+            self.pchannel,
+            self.wal_name,
+            self.term,
+            error,
+        )
+        self.failure = f"{self.wal_name} WAL unavailable: {error}"
+        self.state = "closed"
+        self._notify_progress()
+
     def _fence(self, by_term: int) -> None:
         if self.state in ("fenced", "closed"):
             return
@@ -802,7 +820,7 @@ class ChannelOwner:
             if isinstance(value, FencedByTerm):
                 self._fence(max(value.term, self.term + 1))
             else:
-                self._local_failure(value)
+                self._backend_failure(value)
             return
         if value > self._external_durable:
             self._external_durable = value

@@ -51,7 +51,9 @@ class Cluster:
     """Three nodes' logs of one pchannel and the implementation's openers (one per node,
     as each node's data worker has its own)."""
 
-    def __init__(self, impl: str, tmp_path: Path, nats_url: str) -> None:
+    def __init__(
+        self, impl: str, tmp_path: Path, nats_url: str, extra: dict[str, str] | None = None
+    ) -> None:
         self.impl = impl
         self.tmp_path = tmp_path
         self.pchannel = f"p_{impl}"
@@ -62,6 +64,7 @@ class Cluster:
             config["stream_prefix"] = "".join(
                 c if c.isalnum() else "_" for c in config["stream_prefix"]
             )[:32]
+            config.update(extra or {})
         self.config = config
         self.openers = {n: registry.builder(impl).build(config) for n in NODES}
         self.transport = Loopback(self.logs)
@@ -225,3 +228,58 @@ def test_registry_knows_the_three_and_refuses_bad_config():
         registry.validate("jetstream", {"url": "nats://127.0.0.1:4222", "replicas": "9"})
     with pytest.raises(ConfigError, match="is not a readable file"):
         registry.validate("jetstream", {"url": "nats://h:1", "credentials": "/nonexistent.creds"})
+
+
+async def _all_there(log: PChannelLog, acked: list[tuple[int, int]], tag: str, batches: int):
+    kept = dict(payloads(log))
+    assert [kept.get(lsn) for lsn, _ in acked] == [
+        f"{tag}{k}-{j}".encode() for k in range(batches) for j in range(3)
+    ]
+
+
+async def test_a_killed_or_paused_nats_server_stops_the_owner_and_a_new_term_recovers(
+    tmp_path,
+):
+    """The NATS server killed (SIGKILL) under an owner, then paused (SIGSTOP): the owner
+    stops with a typed error (ON_SHUTDOWN naming the jetstream WAL) instead of hanging or
+    acknowledging, and a new owner at the next term, once the server is back, recovers every
+    acknowledged batch from the stream."""
+    if nats_binary() is None:
+        pytest.skip("nats-server is not installed (scripts/install-nats.sh)")
+    server = NatsServer(tmp_path / "nats")
+    server.start()
+    cluster = Cluster("jetstream", tmp_path, server.url, {"timeout_ms": "1000"})
+    await cluster.open()
+    try:
+        first = await cluster.owner("n1", 1)
+        acked = []
+        for k in range(10):
+            acked.extend((await first.write(batch(f"a{k}")))[0])
+        server.kill()
+        with pytest.raises(WalError) as raised:
+            for k in range(100):
+                await asyncio.wait_for(first.write(batch(f"lost{k}")), scaled(15))
+        assert raised.value.info.code == E.ON_SHUTDOWN, raised.value.info
+        assert "jetstream WAL unavailable" in raised.value.info.message
+        server.start()
+        second = await cluster.owner("n2", 2)
+        await _all_there(cluster.logs["n2"], acked, "a", 10)
+        more = []
+        for k in range(5):
+            more.extend((await second.write(batch(f"b{k}")))[0])
+        server.pause()
+        try:
+            with pytest.raises(WalError) as raised:
+                await asyncio.wait_for(second.write(batch("paused")), scaled(15))
+            assert raised.value.info.code == E.ON_SHUTDOWN
+            assert "no ack within 1 s" in raised.value.info.message, raised.value.info.message
+        finally:
+            server.resume()
+        third = await cluster.owner("n3", 3)
+        await _all_there(cluster.logs["n3"], acked, "a", 10)
+        await _all_there(cluster.logs["n3"], more, "b", 5)
+        positions, _ = await third.write(batch("c"))
+        assert positions[0][0] > more[-1][0]
+    finally:
+        await cluster.close()
+        server.stop()

@@ -272,6 +272,7 @@ class JetStreamWAL:
     # -- the stream ---------------------------------------------------------------------------
 
     async def ensure_stream(self) -> None:
+        await self._connected()
         config = StreamConfig(
             name=self.stream,
             subjects=[self.subject],
@@ -293,6 +294,15 @@ class JetStreamWAL:
         except (TimeoutError, nats.errors.Error) as error:
             raise Unavailable(f"jetstream stream {self.stream}: {type(error).__name__}") from None
 
+    async def _connected(self) -> None:
+        """Rebind to the opener's connection when ours is gone (a NATS server that was
+        killed and came back): recovery's reads and the fence retry on a live one. The
+        publisher never does: what it had in flight on a lost connection has an unknown
+        outcome, so it fails and the owner stops."""
+        if self._nc.is_closed or not self._nc.is_connected:
+            self._nc = await self._opener.connection()
+            self._js = self._nc.jetstream(timeout=self._opener.timeout_s)
+
     async def _call(self, coro: Any) -> Any:
         try:
             return await asyncio.wait_for(coro, self._opener.timeout_s)
@@ -304,6 +314,7 @@ class JetStreamWAL:
             ) from None
 
     async def last_sequence(self) -> int:
+        await self._connected()
         info = await self._call(self._js.stream_info(self.stream))
         if info is None:
             raise Unavailable(f"jetstream stream {self.stream} does not exist")
@@ -381,6 +392,7 @@ class JetStreamWAL:
             raise FencedByTerm(
                 f"{self.stream} is fenced at term {after.fenced_term}", after.fenced_term
             )
+        await self._connected()
         headers = {
             EXPECTED_LAST_SEQ: str(after.records),
             H_FENCE: str(term),
