@@ -104,6 +104,8 @@ class Target:
     # Credential files of a `dev up --secure` cluster, from the dev cluster file: keys
     # token_file, tls_ca_file, tls_cert_file, tls_key_file.
     dev_security: dict[str, str] = field(default_factory=dict)
+    # The URL of the nats-server of a `dev up --with-nats` cluster ("" otherwise).
+    dev_nats_url: str = ""
 
 
 def add_security_arguments(parser: argparse.ArgumentParser) -> None:
@@ -513,6 +515,9 @@ def resolve_target(endpoints: str | None, dev_dir: Path) -> Target:
             for key in ("token_file", "tls_ca_file", "tls_cert_file", "tls_key_file")
             if security.get(key)
         }
+        nats = data.get("nats") or {}
+        if nats.get("pid") and nats.get("url"):
+            target.dev_nats_url = str(nats["url"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise CliError(f"cannot read endpoints from {path} ({error})") from None
     if not target.endpoints:
@@ -983,6 +988,15 @@ def _key_values(flag: str, items: Sequence[str]) -> dict[str, str]:
     return found
 
 
+def _wal_config(args: argparse.Namespace, target: Target) -> dict[str, str]:
+    """--wal-config as a dict; for jetstream without a url, the dev cluster's nats-server
+    (`dev up --with-nats`) when there is one."""
+    config = _key_values("--wal-config", args.wal_config)
+    if args.wal == "jetstream" and "url" not in config and target.dev_nats_url:
+        config["url"] = target.dev_nats_url
+    return config
+
+
 async def _channel_create(
     args: argparse.Namespace, client: CoordinatorClient, target: Target
 ) -> int:
@@ -991,7 +1005,7 @@ async def _channel_create(
         prefix=args.prefix,
         replica_count=args.replicas,
         wal=args.wal,
-        wal_config=_key_values("--wal-config", args.wal_config),
+        wal_config=_wal_config(args, target),
     )
     if args.json:
         _print_json(response)

@@ -130,3 +130,36 @@ def test_a_bad_implementation_or_config_is_refused(env) -> None:
         info = from_rpc_error(raised.value)
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert info.code == E.INVALID_ARGUMENT and text in info.message, info.message
+
+
+def test_dev_up_with_nats_names_its_server_and_down_stops_it(tmp_path) -> None:
+    """`dev up --with-nats` starts a nats-server beside the nodes and names its URL in
+    cluster.json, where the CLI finds it for `channel create --wal jetstream`; `dev down`
+    stops it by its pid."""
+    if nats_binary() is None:
+        pytest.skip("nats-server is not installed (scripts/install-nats.sh)")
+    from raftwal.cli.client import resolve_target
+
+    cluster = dev.up(tmp_path / "dev", 1, timeout_s=60, with_nats=True)
+    try:
+        assert cluster.nats is not None
+        pid = cluster.nats["pid"]
+        assert isinstance(pid, int) and dev._alive(pid)
+        target = resolve_target(None, tmp_path / "dev")
+        assert target.dev_nats_url == cluster.nats["url"]
+        client = Api(cluster.endpoints)
+        try:
+            wait_nodes_up(client, count=1)
+            client.call(
+                "CreateChannels",
+                api.CreateChannelsRequest(
+                    names=["devjs"], wal="jetstream", wal_config={"url": target.dev_nats_url}
+                ),
+            )
+            wait_assigned(client, "devjs")
+        finally:
+            client.close()
+    finally:
+        stopped = dev.down(tmp_path / "dev")
+    assert pid in stopped and not dev._alive(pid)
+    assert resolve_target(None, tmp_path / "dev").dev_nats_url == ""
