@@ -853,6 +853,17 @@ class CoordinatorClient:
                 call.cancel()
             target = await retry.failed(target, info)
 
+    async def alter_wal(
+        self, target: str, config: Mapping[str, str] | None = None, *, request_id: str = ""
+    ) -> api.AlterWalResponse:
+        """Move every pchannel to the WAL implementation `target` online (AlterWAL); returns
+        once the alter is recorded (epoch 0: nothing to move). Its progress is in
+        `cluster_status().wal_alter` and each pchannel's `wal`."""
+        request = api.AlterWalRequest(
+            request_id=self._request_id(request_id), target=target, config=dict(config or {})
+        )
+        return await self._unary("AlterWal", request)
+
     async def cluster_status(self, linearizable: bool = True) -> api.ClusterStatusResponse:
         response: api.ClusterStatusResponse = await self._unary(
             "ClusterStatus", api.ClusterStatusRequest(consistency=_consistency(linearizable))

@@ -31,6 +31,7 @@ import signal
 import socket
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -189,6 +190,31 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="read the answering node's state without going through the Raft log",
     )
     status.set_defaults(handler=_handler(_status))
+
+    wal = commands.add_parser("wal", help="the pchannels' WAL implementations")
+    wal_commands = wal.add_subparsers(dest="wal_command", metavar="ACTION")
+    wal_commands.required = True
+    alter = wal_commands.add_parser(
+        "alter",
+        parents=[common],
+        help="move every pchannel to another WAL implementation online (FLUSHING, "
+        "ADVANCE_CHECKPOINT, resume)",
+    )
+    alter.add_argument("--to", required=True, help="the implementation: segments, local, jetstream")
+    alter.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="its configuration (jetstream: url=nats://HOST:PORT, credentials=FILE, "
+        "replicas=N, stream_prefix=NAME; on a `dev up --with-nats` cluster the url is "
+        "its server's); repeatable",
+    )
+    alter.add_argument("--no-wait", action="store_true", help="return once the alter is recorded")
+    alter.add_argument(
+        "--wait-s", type=float, default=300.0, help="how long to wait for it (default: 300)"
+    )
+    alter.set_defaults(handler=_handler(_wal_alter, {"target": "--to", "config": "--config"}))
 
     channel = commands.add_parser("channel", help="physical channels (pchannels)")
     channel_commands = channel.add_subparsers(dest="channel_command", metavar="ACTION")
@@ -742,6 +768,8 @@ async def _status(args: argparse.Namespace, client: CoordinatorClient, target: T
         )
     console.print(nodes)
     console.print(_pchannel_table(status.pchannels))
+    if status.HasField("wal_alter"):
+        console.print(_wal_alter_table(status.wal_alter))
     replication = _replication_table(status.members)
     if replication.row_count:
         console.print(replication)
@@ -879,6 +907,24 @@ def _pchannel_table(pchannels: Sequence[pb.PChannel]) -> Table:
     return table
 
 
+def _wal_alter_table(alter: pb.WalAlter) -> Table:
+    table = Table(
+        title=f"WAL switch in progress: to {alter.target or 'segments'} (epoch {alter.epoch})"
+    )
+    for column in ("pchannel", "from", "stage", "checkpoint lsn", "term"):
+        table.add_column(column)
+    for name, entry in sorted(alter.pchannels.items()):
+        stage = _enum_name(pb.WalAlterStage, entry.stage, "WAL_ALTER_STAGE_")
+        table.add_row(
+            name,
+            entry.from_wal or "segments",
+            stage if stage == "DONE" else f"[yellow]{stage}[/]",
+            str(entry.checkpoint_lsn or "-"),
+            str(entry.term or "-"),
+        )
+    return table
+
+
 def _vchannel_table(vchannels: Sequence[pb.VChannel]) -> Table:
     table = Table(title="vchannels")
     for column in ("name", "id", "pchannel", "state"):
@@ -995,6 +1041,56 @@ def _wal_config(args: argparse.Namespace, target: Target) -> dict[str, str]:
     if args.wal == "jetstream" and "url" not in config and target.dev_nats_url:
         config["url"] = target.dev_nats_url
     return config
+
+
+async def _wal_alter(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
+    config = _key_values("--config", args.config)
+    if args.to == "jetstream" and "url" not in config and target.dev_nats_url:
+        config["url"] = target.dev_nats_url
+    response = await client.alter_wal(args.to, config)
+    if not response.epoch:
+        if args.json:
+            _print_json(response)
+        else:
+            moved = (
+                f" ({len(response.pchannels)} never-assigned moved)" if response.pchannels else ""
+            )
+            _console().print(f"every pchannel is on {args.to} already{moved}")
+        return 0
+    if not args.json:
+        _console().print(
+            f"AlterWAL to {args.to}: epoch {response.epoch}, {len(response.pchannels)} pchannel(s)"
+        )
+    if args.no_wait:
+        if args.json:
+            _print_json(response)
+        return 0
+    deadline = time.monotonic() + args.wait_s
+    last = ""
+    while True:
+        status = await client.cluster_status(linearizable=False)
+        alter = status.wal_alter
+        if not status.HasField("wal_alter") or alter.epoch != response.epoch:
+            break
+        stages = Counter(
+            _enum_name(pb.WalAlterStage, e.stage, "WAL_ALTER_STAGE_")
+            for e in alter.pchannels.values()
+        )
+        line = ", ".join(f"{n} {stage}" for stage, n in sorted(stages.items()))
+        if line != last and not args.json:
+            _console().print(f"  {line}")
+            last = line
+        if time.monotonic() > deadline:
+            raise CliError(
+                f"AlterWAL epoch {response.epoch} not finished after {args.wait_s:g} s ({line}); "
+                "it goes on: see `raftwal status`"
+            )
+        await asyncio.sleep(0.5)
+    if args.json:
+        _print_json(response)
+    else:
+        _console().print(f"AlterWAL epoch {response.epoch} done: every pchannel is on {args.to}")
+    return 0
 
 
 async def _channel_create(

@@ -1133,6 +1133,37 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
         return await self._call(context, work())
 
+    async def AlterWal(self, request, context):
+        async def work() -> api.AlterWalResponse:
+            request_id = _new_request_id(request.request_id)
+            if not request.target:
+                raise fail(
+                    E.INVALID_ARGUMENT,
+                    f"invalid target (got ''; expected one of {', '.join(wal_registry.names())})",
+                )
+            try:
+                config = wal_registry.validate(request.target, request.config)
+            except ConfigError as error:
+                raise fail(E.INVALID_ARGUMENT, str(error)) from None
+            result = await self._propose(
+                request_id, alter_wal=pb.AlterWal(target=request.target, target_config=config)
+            )
+            started = [e for e in result.events if e.WhichOneof("body") == "wal_alter_started"]
+            moved = [
+                e.wal_checkpoint_advanced.pchannel
+                for e in result.events
+                if e.WhichOneof("body") == "wal_checkpoint_advanced"
+            ]
+            return api.AlterWalResponse(
+                epoch=started[0].wal_alter_started.epoch if started else 0,
+                pchannels=sorted(
+                    [*(started[0].wal_alter_started.pchannels if started else ()), *moved]
+                ),
+                revision=result.revision,
+            )
+
+        return await self._call(context, work())
+
     async def ListSegments(self, request, context):
         async def work() -> api.ListSegmentsResponse:
             _check_count("pchannels", len(request.pchannels), 0)
