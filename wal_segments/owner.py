@@ -187,6 +187,13 @@ class Proposer(Protocol):
 
     def still_assigned(self, pchannel: str, term: int) -> bool: ...
 
+    async def wal_flushed(
+        self, pchannel: str, epoch: int, term: int, checkpoint: tuple[int, int, int]
+    ) -> int:
+        """Propose WalFlushed: FLUSHING of AlterWAL `epoch` is done at `term`, nothing is
+        appended after checkpoint (lsn, term, time tick) and the manifest covers it."""
+        ...
+
 
 class WriteObserver(Protocol):
     """Told of every write batch the owner acknowledges (the node's metrics). Runs on the
@@ -319,6 +326,8 @@ class ChannelOwner:
         observer: WriteObserver | None = None,
         stable_replica_node_ids: Sequence[str] = (),
         wal: WAL | None = None,
+        checkpoint: tuple[int, int] = (0, 0),
+        previous_owner_node_id: str = "",
     ) -> None:
         self.pchannel = pchannel
         self.term = term
@@ -334,6 +343,13 @@ class ChannelOwner:
             replica_node_ids = ()
         #: the last LSN the external implementation reported durable
         self._external_durable = 0
+        # Where this implementation took over the log (an AlterWAL's checkpoint: the last
+        # entry before it, (lsn, term); (0, 0) when the pchannel was created on it), and
+        # the last ready owner, who holds the log up to there when this node does not.
+        self.checkpoint = checkpoint
+        self.previous_owner_node_id = previous_owner_node_id
+        #: why writes are refused for now (an AlterWAL's FLUSHING), "" when they are not
+        self.paused = ""
         self.replica_ids = list(dict.fromkeys([node_id, *replica_node_ids]))
         self.majority = len(self.replica_ids) // 2 + 1
         # The replica set at the last ready term, when this term changes it: every
@@ -612,11 +628,44 @@ class ChannelOwner:
             )
         position = await self.log.fence(self.term)
         if self._external:
+            await self._adopt_checkpoint()
             await self._adopt_external()
             self._batch_flags = True
         else:
             await self._fence_and_adopt(position)
+            await self._adopt_checkpoint()
         await self._recover_rest()
+
+    async def _adopt_checkpoint(self) -> None:
+        """After an AlterWAL, the log up to the checkpoint was written under the previous
+        implementation: every entry up to it is committed and held by the owner that
+        flushed it (the last ready owner). A log here that does not hold the checkpoint
+        entry (this node was not that owner, nor kept up with it) copies it from there
+        first, so the log stays one across the switch."""
+        lsn, term = self.checkpoint
+        if lsn <= 0 or self._holds_entry(lsn, term):
+            return
+        source = self.previous_owner_node_id
+        if not source or source == self.node_id:
+            raise WalError(
+                E.INNER,
+                f"pchannel {self.pchannel}: the log here lacks the WAL switch's checkpoint "
+                f"(lsn {lsn}, term {term}) and no other node flushed it",
+                current_term=self.term,
+            )
+        logger.info(
+            "%s: copying the log up to the WAL switch's checkpoint (lsn %d, term %d) from %s",
+            self.pchannel,
+            lsn,
+            term,
+            source,
+        )
+        await self._adopt(source, lsn, term, stop_at=lsn)
+
+    def _holds_entry(self, lsn: int, term: int) -> bool:
+        if lsn < self.log.first_lsn:
+            return self.log.last_lsn >= lsn  # below the retained start: committed there
+        return lsn <= self.log.last_lsn and self.log.term_at(lsn) == term
 
     async def _fence_and_adopt(self, position: LogPosition) -> None:
         """Fence the replica set (and the last ready set's read quorum) at this term and
@@ -769,6 +818,14 @@ class ChannelOwner:
         end to the last record this log holds (Log Matching: then it holds everything
         before it too), cut this log after it, and append every stored record after it."""
         assert self.wal is not None
+        if tail.records == 0:
+            # An empty stream: this owner's fence starts it at this log's end; after an
+            # AlterWAL that end is the checkpoint (anything after it here was never stored
+            # there, so never acknowledged).
+            lsn = self.checkpoint[0]
+            if lsn > 0 and self.log.last_lsn > lsn:
+                await self.log.truncate_after(lsn)
+            return
         position, matched = tail.records, 0
         matched_lsn: int | None = None
         while position > 0:
@@ -826,7 +883,9 @@ class ChannelOwner:
             self._external_durable = value
             self._update_commit()
 
-    async def _adopt(self, source: str, source_last_lsn: int, source_last_term: int) -> None:
+    async def _adopt(
+        self, source: str, source_last_lsn: int, source_last_term: int, stop_at: int = 0
+    ) -> None:
         """Make this log equal to `source`'s (fenced at this term, so it no longer grows):
         cut what it lacks, backing up on a mismatch, and copy its suffix.
 
@@ -890,6 +949,9 @@ class ChannelOwner:
                     self.term, request.prev_lsn, request.prev_term, reply.frames
                 )
             await self.log.wait_durable(result)
+            if stop_at and self.log.last_lsn > stop_at:
+                # Copying a prefix only (`_adopt_checkpoint`): the source went on after it.
+                await self.log.truncate_after(stop_at)
 
     def _backup_point(self, conflict_term: int, conflict_first: int, their_last: int) -> int:
         """The LSN after which two logs may still match, from a MISMATCH hint (Raft's fast
@@ -1249,6 +1311,7 @@ class ChannelOwner:
         Concurrent callers share one append (one entry per pchannel per `idle_s` at most)."""
         if (
             self.state != "serving"
+            or self.paused
             or self._tick_task is not None
             or self._write_lock.locked()
             or self.log.last_lsn != self.committed_lsn
@@ -1550,6 +1613,7 @@ class ChannelOwner:
         both continue the same sequence."""
         started = time.perf_counter()
         self._check_serving()
+        self._check_not_paused()
         repeat: _ProducerBatch | None = None
         if producer_id and sequence > 0:
             repeat = self._repeat_of(producer_id, sequence, len(messages))
@@ -1570,6 +1634,8 @@ class ChannelOwner:
             self._check_serving()
             if producer_id and sequence > 0:
                 repeat = self._repeat_of(producer_id, sequence, len(messages))
+            if repeat is None:
+                self._check_not_paused()
             if repeat is None:
                 positions, record, rows, wal_bytes = await self._append_locked(
                     messages,
@@ -1775,6 +1841,37 @@ class ChannelOwner:
         write admitted later gets a higher LSN."""
         async with self._write_lock:
             return self.log.last_lsn
+
+    def _check_not_paused(self) -> None:
+        if self.paused:
+            raise WalError(
+                E.ON_SHUTDOWN,
+                f"{self.paused}: writes resume at the next term on the new implementation; retry",
+                current_term=self.term,
+            )
+
+    async def flush_for_alter(self, epoch: int, target: str) -> tuple[int, int, int]:
+        """FLUSHING of AlterWAL `epoch`: refuse every later write (ON_SHUTDOWN, which
+        producers retry at the next owner), seal the open segment, and wait until every
+        entry is committed and the manifest covers it. Returns the checkpoint (lsn, term,
+        time tick): the last entry, after which this owner appends nothing."""
+        async with self._write_lock:
+            self._check_serving()
+            if not self.paused:
+                self.paused = (
+                    f"pchannel {self.pchannel} is switching its WAL to {target or 'segments'} "
+                    f"(AlterWAL epoch {epoch})"
+                )
+                logger.info("%s: FLUSHING for AlterWAL epoch %d", self.pchannel, epoch)
+            if self.log.open_segment_first_lsn() is not None:
+                await self._append_entry(MsgType.SEAL, int(EntryFlags.SEAL_MARKER))
+            last = self.log.last_lsn
+        await self._wait_committed(last)
+        while self.proposer.committed_through(self.pchannel) < last:
+            self._check_serving()
+            await wait_event(self._progress, 0.1)
+        header = _header(self.log, last)
+        return last, self.log.term_at(last), header[4]
 
     async def seal_now(self) -> None:
         async with self._write_lock:

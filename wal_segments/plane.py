@@ -125,6 +125,12 @@ class Assignment:
     # The owner at the last ready term before this one ("" if none, or this owner): where
     # a `local` pchannel's one copy is.
     previous_owner_node_id: str = ""
+    # Where `wal` took over the log (an AlterWAL's checkpoint: (lsn, term); (0, 0) when the
+    # pchannel was created on it).
+    wal_checkpoint: tuple[int, int] = (0, 0)
+    # An AlterWAL in FLUSHING for this pchannel: its epoch and target (0 and "" otherwise).
+    flushing_epoch: int = 0
+    flushing_target: str = ""
 
 
 class CoordinationView(Protocol):
@@ -191,6 +197,8 @@ class DataPlane:
         self._openers: dict[tuple[str, tuple[tuple[str, str], ...]], Opener] = {}
         #: pchannel -> why its implementation cannot be opened now ("" once it can)
         self.wal_problems: dict[str, str] = {}
+        #: (pchannel, epoch, term) -> the task flushing it for an AlterWAL
+        self._flushing: dict[tuple[str, int, int], asyncio.Task[None]] = {}
 
     def accepts(self, pchannel: str) -> bool:
         """Whether this data plane may hold `pchannel` (see ``accepts`` in the constructor)."""
@@ -319,6 +327,8 @@ class DataPlane:
                 continue
             existing = self.owners.get(pchannel)
             if existing is not None and existing.term == assignment.term:
+                if assignment.flushing_epoch and existing.serving:
+                    self._start_flush(existing, assignment)
                 if existing.state in ("fenced", "closed") and assignment.state == ASSIGNED:
                     # Ready at this term but this owner stopped: take a new term. (One that
                     # stopped while still recovering stays stopped at its term, never
@@ -364,6 +374,8 @@ class DataPlane:
             replica_node_ids=assignment.replica_node_ids,
             stable_replica_node_ids=stable,
             wal=wal,
+            checkpoint=assignment.wal_checkpoint,
+            previous_owner_node_id=assignment.previous_owner_node_id,
             log=log,
             transport=self.transport,
             proposer=self.proposer,
@@ -373,6 +385,51 @@ class DataPlane:
         self.owners[assignment.pchannel] = owner
         logger.info("%s: recovering as owner at term %d", assignment.pchannel, assignment.term)
         owner.start()
+
+    def _start_flush(self, owner: ChannelOwner, assignment: Assignment) -> None:
+        """FLUSHING of an AlterWAL on a serving owner, once per (pchannel, epoch, term)."""
+        key = (assignment.pchannel, assignment.flushing_epoch, owner.term)
+        if key in self._flushing:
+            return
+        for old in [k for k in self._flushing if k[0] == assignment.pchannel]:
+            self._flushing.pop(old).cancel()
+        self._flushing[key] = asyncio.create_task(
+            self._flush(owner, assignment.flushing_epoch, assignment.flushing_target),
+            name=f"flush:{assignment.pchannel}",
+        )
+
+    async def _flush(self, owner: ChannelOwner, epoch: int, target: str) -> None:
+        """Flush `owner` for AlterWAL `epoch` and propose WalFlushed, retrying while the
+        owner serves (the proposal is idempotent: a repeat of an accepted one is a no-op)."""
+        attempt = 0
+        while owner.serving and not self._closed:
+            try:
+                checkpoint = await owner.flush_for_alter(epoch, target)
+                code = await self.proposer.wal_flushed(
+                    owner.pchannel, epoch, owner.term, checkpoint
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # noqa: BLE001 - retried while the owner serves
+                logger.info("%s: flush for AlterWAL epoch %d: %r", owner.pchannel, epoch, error)
+                code = -1
+            if code == 0:
+                logger.info(
+                    "%s: flushed for AlterWAL epoch %d at lsn %d",
+                    owner.pchannel,
+                    epoch,
+                    checkpoint[0],
+                )
+                return
+            if code > 0:
+                logger.warning(
+                    "%s: WalFlushed for AlterWAL epoch %d refused (code %d)",
+                    owner.pchannel,
+                    epoch,
+                    code,
+                )
+            attempt += 1
+            await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
 
     async def _open_wal(self, assignment: Assignment) -> WAL | None:
         """The assignment's WAL implementation opened for its pchannel; None (logged once
@@ -420,6 +477,9 @@ class DataPlane:
 
     async def close(self) -> None:
         self._closed = True
+        for task in self._flushing.values():
+            task.cancel()
+        self._flushing.clear()
         for owner in list(self.owners.values()):
             await owner.close("closed")
         self.owners.clear()
