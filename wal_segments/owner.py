@@ -784,6 +784,11 @@ class ChannelOwner:
                             f"stored log fenced at {tail.fenced_term}", tail.fenced_term
                         )
                     await self._match_external(tail)
+                    if tail.records == 0:
+                        # An empty store starts at this log's end: the fence record says
+                        # so (a later owner's walk back stops at it and keeps what is
+                        # before it, e.g. the log before an AlterWAL's checkpoint).
+                        tail = Tail(self.log.last_lsn, self.log.last_term, 0, records=0)
                     fenced = await self.wal.fence(self.term, tail)
                     if fenced is tail:
                         return

@@ -12,9 +12,13 @@ with the owner killed while it is FLUSHING, and
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import pyarrow as pa
@@ -39,20 +43,39 @@ from tests.cluster.wal_helpers import (
 from tests.natsserver import NatsServer, nats_binary
 from tests.timing import scaled
 
-PCHANNEL = "alt_0"
-VCHANNEL = "alt_v"
+
+@dataclass
+class Env:
+    local: dev.LocalCluster
+    client: Api
+    nats: NatsServer
+    faults_file: Path
+
+    def set_faults(self, rules: list[dict[str, object]]) -> None:
+        """Switch fault rules on every node (atomically; nodes look every 100 ms)."""
+        temporary = self.faults_file.with_name("faults.json.tmp")
+        temporary.write_text(json.dumps({"faults": rules}))
+        os.replace(temporary, self.faults_file)
+        time.sleep(0.3)
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory) -> Iterator[tuple[dev.LocalCluster, Api, NatsServer]]:
+def env(tmp_path_factory) -> Iterator[Env]:
     if nats_binary() is None:
         pytest.skip("nats-server is not installed (scripts/install-nats.sh)")
     server = NatsServer(tmp_path_factory.mktemp("nats"))
     server.start()
+    directory = tmp_path_factory.mktemp("alter")
+    faults_file = directory / "faults.json"
+    settings = {
+        **os.environ,
+        "RAFTWAL_ENABLE_FAULTS": "1",
+        "RAFTWAL_FAULTS_FILE": str(faults_file),
+    }
     try:
-        with running_cluster(tmp_path_factory.mktemp("alter")) as (local, client):
+        with running_cluster(directory / "cluster", env=settings) as (local, client):
             wait_nodes_up(client)
-            yield local, client, server
+            yield Env(local, client, server, faults_file)
     finally:
         server.stop()
 
@@ -61,9 +84,10 @@ class Load:
     """Batches of 50 messages at about `rate` msgs/s from one idempotent producer, in a
     thread, until stopped; what was acknowledged is in `history`."""
 
-    def __init__(self, client: Api, rate: int = 5000) -> None:
+    def __init__(self, client: Api, pchannel: str, vchannel: str, rate: int = 5000) -> None:
         self.history = History()
-        self.producer = Producer(client, PCHANNEL, "alter-load")
+        self.vchannel = vchannel
+        self.producer = Producer(client, pchannel, f"alter-load-{pchannel}")
         self._stop = threading.Event()
         self._interval_s = 50 / rate
         self.sent = 0
@@ -78,7 +102,7 @@ class Load:
         next_at = time.monotonic()
         while not self._stop.is_set() and batch < 100_000:
             payloads = [f"m{batch}-{j}".encode() for j in range(50)]
-            if not self.producer.send(VCHANNEL, payloads, self.history, budget_s=60):
+            if not self.producer.send(self.vchannel, payloads, self.history, budget_s=60):
                 self.unacked_batches += 1
             batch += 1
             self.sent = batch
@@ -104,10 +128,10 @@ def _status(client: Api) -> api.ClusterStatusResponse:
     raise AssertionError("no node answered ClusterStatus")
 
 
-def _stage(status: api.ClusterStatusResponse) -> str:
+def _stage(status: api.ClusterStatusResponse, pchannel: str) -> str:
     if not status.HasField("wal_alter"):
         return ""
-    entry = status.wal_alter.pchannels.get(PCHANNEL)
+    entry = status.wal_alter.pchannels.get(pchannel)
     return pb.WalAlterStage.Name(entry.stage) if entry is not None else ""
 
 
@@ -125,17 +149,37 @@ def _wait_finished(client: Api, epoch: int, timeout_s: float = 90) -> None:
     raise AssertionError(f"AlterWAL epoch {epoch} did not finish: {_status(client).wal_alter}")
 
 
-def _alter(client: Api, target: str, config: dict[str, str] | None = None) -> int:
+def _alter(client: Api, target: str, pchannel: str, config: dict[str, str] | None = None) -> int:
     response = client.call(
         "AlterWal", api.AlterWalRequest(target=target, config=config or {}), timeout_s=15
     )
-    assert response.epoch > 0 and PCHANNEL in response.pchannels
+    assert response.epoch > 0 and pchannel in response.pchannels
     return response.epoch
 
 
-def _connector_rows(local: dev.LocalCluster) -> list[tuple[int, bytes]]:
+def _kill_in(env: Env, pchannel: str, stage: str, owner: str) -> None:
+    """Kill `owner`'s node as soon as `pchannel` is in `stage` of the alter."""
+    deadline = time.monotonic() + scaled(30)
+    seen = ""
+    while time.monotonic() < deadline:
+        seen = _stage(_status(env.client), pchannel)
+        if seen == f"WAL_ALTER_STAGE_{stage}":
+            env.local.kill(owner)
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"{pchannel} never reached {stage} (last {seen!r})")
+
+
+def _owner(env: Env, pchannel: str) -> str:
+    [channel] = [c for c in _status(env.client).pchannels if c.name == pchannel]
+    return channel.owner_node_id
+
+
+def _connector_rows(
+    local: dev.LocalCluster, pchannel: str, vchannel: str
+) -> list[tuple[int, bytes]]:
     options = parse_options(
-        {"endpoints": ",".join(local.endpoints), "pchannels": PCHANNEL, "vchannels": VCHANNEL}
+        {"endpoints": ",".join(local.endpoints), "pchannels": pchannel, "vchannels": vchannel}
     )
     taken = snapshot(options)
     names = {vchannel_id: name for name, vchannel_id in taken.vchannel_ids.items()}
@@ -143,61 +187,84 @@ def _connector_rows(local: dev.LocalCluster) -> list[tuple[int, bytes]]:
     for part in plan(options, taken):
         batches.extend(fetch.read_slice(part, options, names, fetch.RowFilter()))
     table = pa.Table.from_batches(batches)
-    table = table.filter(pa.compute.equal(table.column("vchannel"), VCHANNEL))
+    table = table.filter(pa.compute.equal(table.column("vchannel"), vchannel))
     return sorted(
         zip(table.column("lsn").to_pylist(), table.column("payload").to_pylist(), strict=True)
     )
 
 
-def test_alter_to_jetstream_and_back_under_load_with_the_owner_killed_in_flushing(env) -> None:
-    local, client, nats = env
-    client.call("CreateChannels", api.CreateChannelsRequest(names=[PCHANNEL]))
-    client.call("CreateVChannel", api.CreateVChannelRequest(name=VCHANNEL, pchannel=PCHANNEL))
-    owner, term, _ = wait_assigned(client, PCHANNEL)
-    load = Load(client)
+def _switch_twice(env: Env, name: str, kill_stage: str) -> None:
+    """segments -> jetstream -> segments under load. kill_stage FLUSHING: the owner is killed
+    in FLUSHING both ways (each held there: every replica's fsync of the pchannel slowed
+    on the way there, the NATS server paused on the way back); ADVANCE_CHECKPOINT: killed
+    after the switch to jetstream was recorded, while its recovery waits for a paused NATS
+    server."""
+    client, local, nats = env.client, env.local, env.nats
+    pchannel, vchannel = f"{name}_p", f"{name}_v"
+    client.call("CreateChannels", api.CreateChannelsRequest(names=[pchannel]))
+    client.call("CreateVChannel", api.CreateVChannelRequest(name=vchannel, pchannel=pchannel))
+    wait_assigned(client, pchannel)
+    load = Load(client, pchannel, vchannel)
     load.start()
-    killed_in = ""
     try:
         time.sleep(scaled(1.5))
-        epoch = _alter(client, "jetstream", {"url": nats.url, "stream_prefix": "ALT"})
+        owner = _owner(env, pchannel)
+        if kill_stage == "FLUSHING":
+            env.set_faults(
+                [
+                    {
+                        "point": "wal.fsync",
+                        "action": "delay",
+                        "delay_ms": 1500,
+                        "match": f"/{pchannel}/",
+                    }
+                ]
+            )
+        else:
+            nats.pause()
+        epoch = _alter(
+            client, "jetstream", pchannel, {"url": nats.url, "stream_prefix": name.upper()}
+        )
         # A second alter while one runs is refused.
         with pytest.raises(grpc.RpcError) as raised:
             client.call("AlterWal", api.AlterWalRequest(target="local"), timeout_s=15)
         assert from_rpc_error(raised.value).code == E.RESOURCE_ACQUIRED
-        # Kill the owner as soon as it is FLUSHING.
-        deadline = time.monotonic() + scaled(20)
-        while time.monotonic() < deadline and not killed_in:
-            stage = _stage(_status(client))
-            if stage in ("WAL_ALTER_STAGE_FLUSHING", "WAL_ALTER_STAGE_ADVANCE_CHECKPOINT"):
-                local.kill(owner)
-                killed_in = stage
-            time.sleep(0.005)
-        assert killed_in, "the alter never reached FLUSHING"
-        _wait_finished(client, epoch)
+        try:
+            _kill_in(env, pchannel, kill_stage, owner)
+        finally:
+            env.set_faults([])
+            nats.resume()
+        time.sleep(scaled(1))
         local.start_node(owner)
-        status = _status(client)
-        [channel] = [c for c in status.pchannels if c.name == PCHANNEL]
+        _wait_finished(client, epoch)
+        [channel] = [c for c in _status(client).pchannels if c.name == pchannel]
         assert channel.wal == "jetstream" and channel.wal_epoch == epoch
         assert channel.wal_checkpoint_lsn > 0
         time.sleep(scaled(1.5))
-        back = _alter(client, "segments")
+        owner = _owner(env, pchannel)
+        if kill_stage == "FLUSHING":
+            nats.pause()
+        back = _alter(client, "segments", pchannel)
+        if kill_stage == "FLUSHING":
+            try:
+                _kill_in(env, pchannel, "FLUSHING", owner)
+            finally:
+                nats.resume()
+            time.sleep(scaled(1))
+            local.start_node(owner)
         _wait_finished(client, back)
         time.sleep(scaled(1.5))
     finally:
         load.stop()
-    status = _status(client)
-    [channel] = [c for c in status.pchannels if c.name == PCHANNEL]
+    [channel] = [c for c in _status(client).pchannels if c.name == pchannel]
     assert channel.wal == "" and channel.wal_epoch == back
-    print("DEBUG", killed_in, len(load.history.acked), load.unacked_batches, len(load.history.failed), load.history.failed[:3], channel)
-    assert killed_in in ("WAL_ALTER_STAGE_FLUSHING", "WAL_ALTER_STAGE_ADVANCE_CHECKPOINT")
     acked = sorted(load.history.acked, key=lambda a: a.lsn)
     assert len(acked) >= 50 * 100, f"only {len(acked)} acknowledged"
     lsns = [a.lsn for a in acked]
     assert len(set(lsns)) == len(lsns)
     ticks = [a.time_tick for a in acked]
     assert ticks == sorted(ticks) and len(set(ticks)) == len(ticks), "ticks rise with LSNs"
-    _, _, _ = wait_assigned(client, PCHANNEL)
-    entries = consume_all(client, VCHANNEL, PCHANNEL, expect=len(acked), timeout_s=120)
+    entries = consume_all(client, vchannel, pchannel, expect=len(acked), timeout_s=120)
     consumed = [(e.lsn, e.payload) for e in entries]
     payloads = [p for _, p in consumed]
     assert len(set(payloads)) == len(payloads), "a message read back twice"
@@ -209,4 +276,13 @@ def test_alter_to_jetstream_and_back_under_load_with_the_owner_killed_in_flushin
     extra = len(consumed) - len(acked)
     assert 0 <= extra <= 50 * load.unacked_batches
     # The connector's read across both switches: exactly the rows Consume returns.
-    assert _connector_rows(local) == sorted(consumed)
+    assert _connector_rows(local, pchannel, vchannel) == sorted(consumed)
+
+
+def test_alter_to_jetstream_and_back_under_load_with_the_owner_killed_in_flushing(env) -> None:
+    _switch_twice(env, "flush", "FLUSHING")
+
+
+@pytest.mark.slow
+def test_alter_with_the_owner_killed_in_advance_checkpoint(env) -> None:
+    _switch_twice(env, "advance", "ADVANCE_CHECKPOINT")

@@ -73,7 +73,7 @@ class Cluster:
     async def open(self) -> None:
         for node in NODES:
             root = self.tmp_path / node
-            root.mkdir(mode=0o700, exist_ok=True)
+            root.mkdir(mode=0o700, parents=True, exist_ok=True)
             self.logs[node] = await PChannelLog.open(
                 root / "wal",
                 self.pchannel,
@@ -102,11 +102,14 @@ class Cluster:
         await asyncio.wait_for(owner.ready.wait(), scaled(30))
         return owner
 
-    async def close(self) -> None:
+    async def close_openers(self) -> None:
         for owner in self.owners:
             await owner.close()
         for opener in self.openers.values():
             await opener.close()
+
+    async def close(self) -> None:
+        await self.close_openers()
         for log in self.logs.values():
             await log.close()
             log.catalog.close()
@@ -283,3 +286,66 @@ async def test_a_killed_or_paused_nats_server_stops_the_owner_and_a_new_term_rec
     finally:
         await cluster.close()
         server.stop()
+
+
+async def test_a_stream_that_starts_after_a_switch_keeps_the_log_before_it(tmp_path, nats_server):
+    """A pchannel switched from segments to jetstream (an AlterWAL's checkpoint): the
+    stream starts at the checkpoint, and every later jetstream owner keeps the log before
+    it, on the same node (a restart) and on another one (which copies it from the owner
+    that flushed)."""
+    segments = Cluster("segments", tmp_path / "s", "")
+    segments.pchannel = "p_switch"
+    await segments.open()
+    try:
+        owner = await segments.owner("n1", 1)
+        acked = []
+        for k in range(5):
+            acked.extend((await owner.write(batch(f"s{k}")))[0])
+        await owner.seal_now()
+        await owner.close()
+        checkpoint = (segments.logs["n1"].last_lsn, segments.logs["n1"].last_term)
+        jetstream = Cluster("jetstream", tmp_path / "j", nats_server.url)
+        jetstream.pchannel, jetstream.logs, jetstream.transport = (
+            "p_switch",
+            segments.logs,
+            segments.transport,
+        )
+
+        async def owner_at(node: str, term: int) -> ChannelOwner:
+            wal = await jetstream.openers[node].open("p_switch", 7)
+            made = ChannelOwner(
+                pchannel="p_switch",
+                term=term,
+                node_id=node,
+                replica_node_ids=[],
+                log=segments.logs[node],
+                transport=segments.transport,
+                proposer=segments.transport,
+                config=OwnerConfig(retry_min_s=0.01, retry_max_s=0.05),
+                wal=wal,
+                checkpoint=checkpoint,
+                previous_owner_node_id="n1" if node != "n1" else "",
+            )
+            jetstream.owners.append(made)
+            made.start()
+            await asyncio.wait_for(made.ready.wait(), scaled(30))
+            return made
+
+        first = await owner_at("n1", 2)
+        for k in range(5):
+            acked.extend((await first.write(batch(f"j{k}")))[0])
+        await first.close()
+        again = await owner_at("n1", 3)  # the same node, a restart
+        await _all_there_mixed(segments.logs["n1"], acked)
+        await again.close()
+        await owner_at("n3", 4)  # another node: it copies the prefix from n1
+        await _all_there_mixed(segments.logs["n3"], acked)
+        await jetstream.close_openers()
+    finally:
+        await segments.close()
+
+
+async def _all_there_mixed(log: PChannelLog, acked: list[tuple[int, int]]) -> None:
+    kept = dict(payloads(log))
+    expected = [f"{t}{k}-{j}".encode() for t in "sj" for k in range(5) for j in range(3)]
+    assert [kept.get(lsn) for lsn, _ in acked] == expected
