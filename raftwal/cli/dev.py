@@ -756,7 +756,9 @@ def nats_binary() -> str | None:
 NATS_DIR = "nats"
 
 
-def start_nats(directory: Path, timeout_s: float = 10.0) -> dict[str, object]:
+def start_nats(
+    directory: Path, timeout_s: float = 10.0, port: int | None = None
+) -> dict[str, object]:
     """Start a nats-server with JetStream for the dev cluster in `directory`/nats (its store
     and log there), on a free loopback port, in a session of its own (it outlives this
     process; `down` stops it by pid). Returns {"url", "pid", "dir"}."""
@@ -765,7 +767,8 @@ def start_nats(directory: Path, timeout_s: float = 10.0) -> dict[str, object]:
         raise RuntimeError("nats-server is not installed (run scripts/install-nats.sh)")
     home = directory / NATS_DIR
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    port = free_ports(1)[0]
+    # `port`: the one it had (started again after a kill, on the same store).
+    port = port or free_ports(1)[0]
     with open(home / "nats.log", "ab") as log:
         process = subprocess.Popen(
             [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(home / "store")],
