@@ -43,7 +43,13 @@ def builder(name: str) -> OpenerBuilder:
     unknown one."""
     name = name or DEFAULT_WAL
     if name not in _BUILDERS and name in _LAZY:
-        importlib.import_module(_LAZY[name])
+        try:
+            importlib.import_module(_LAZY[name])
+        except ImportError as error:
+            raise ConfigError(
+                f"the {name} WAL implementation cannot load ({error.name or error}; expected "
+                "its client library installed)"
+            ) from None
     found = _BUILDERS.get(name)
     if found is None:
         raise ConfigError(
