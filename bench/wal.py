@@ -726,16 +726,36 @@ def _owner_of(status: api.ClusterStatusResponse, pchannel: str) -> tuple[pb.PCha
     return channel, address
 
 
+#: What an acknowledgement means for each WAL implementation but segments (--impl).
+IMPL_DURABILITY = {
+    "local": "fsync policy always: acked when the owner's one copy fdatasynced (no replicas)",
+    "jetstream": "acked on JetStream's PubAck: stored on the R3 stream (sync_interval always "
+    "where the server has it)",
+}
+
+
 class RaftwalWal:
     name = "raftwal"
     label = "raftwal R3"
     durability = "fsync policy always: acked when a majority of 3 replicas fdatasynced"
 
     def __init__(
-        self, directory: Path, payloads: dict[str, bytes], produce_over_port: bool = True
+        self,
+        directory: Path,
+        payloads: dict[str, bytes],
+        produce_over_port: bool = True,
+        impl: str = "segments",
+        wal_config: dict[str, str] | None = None,
     ) -> None:
         self._directory = directory
         self._payloads = payloads
+        #: the WAL implementation of the benchmark's pchannels (--impl)
+        self.impl = impl
+        self.wal_config = dict(wal_config or {})
+        if impl != "segments":
+            self.name = f"raftwal_{impl}"
+            self.label = f"raftwal {impl}"
+            self.durability = IMPL_DURABILITY[impl]
         #: producers stream over the owner's transfer port (the SDK's default) or gRPC
         self.produce_over_port = produce_over_port
         self._cluster: dev.LocalCluster | None = None
@@ -777,7 +797,12 @@ class RaftwalWal:
             self._status[node.id] = _status_client(node.grpc_address)
         async with CoordinatorClient(self.cluster.endpoints, timeout_s=30.0) as sdk:
             with contextlib.suppress(AlreadyExistsError):
-                await sdk.create_channels(names=list(self._pchannels.values()), replica_count=3)
+                await sdk.create_channels(
+                    names=list(self._pchannels.values()),
+                    replica_count=3,
+                    wal="" if self.impl == "segments" else self.impl,
+                    wal_config=self.wal_config,
+                )
             for kind, pchannel in self._pchannels.items():
                 with contextlib.suppress(AlreadyExistsError):
                     await sdk.create_vchannel(self._vchannels[kind], pchannel)
@@ -1950,6 +1975,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="raftwal producers stream over the owner's transfer port (the SDK's default) "
         "or the gRPC Produce call (default port; failover probes always use the call)",
     )
+    parser.add_argument(
+        "--impl",
+        action="append",
+        choices=("segments", "local", "jetstream"),
+        help="raftwal's WAL implementation(s) to measure, repeatable (default: segments); "
+        "jetstream runs on a three-node JetStream of its own (R3, sync always where the "
+        "server has it) and is shown beside JetStream used directly",
+    )
     parser.add_argument("--skip-raftwal", action="store_true", help="do not measure raftwal")
     parser.add_argument("--skip-nats", action="store_true", help="do not measure NATS JetStream")
     parser.add_argument("--skip-failover", action="store_true", help="no failover trials")
@@ -2015,12 +2048,45 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     say("raw append+fdatasync ceiling")
     runs.append(await asyncio.to_thread(measure_raw, root, settings))
 
-    if not args.skip_raftwal:
-        system = RaftwalWal(root / "raftwal", payloads, args.produce_over == "port")
+    for impl in [] if args.skip_raftwal else (args.impl or ["segments"]):
+        backend: NatsWal | None = None
+        wal_config: dict[str, str] = {}
+        if impl == "jetstream":
+            found = find_nats_server(args.nats_server)
+            if found is None:
+                not_available["raftwal jetstream"] = "nats-server is not installed"
+                continue
+            binary, version = found
+            backend = NatsWal(
+                root / "nats-backend",
+                binary,
+                version,
+                version >= NATS_SYNC_ALWAYS_MIN_VERSION,
+                payloads,
+            )
+            try:
+                await backend.start()
+            except (SystemUnavailable, NotReady, *ERRORS) as error:
+                not_available["raftwal jetstream"] = f"its JetStream did not start: {error}"
+                await backend.stop()
+                continue
+            wal_config = {
+                "url": ",".join(n.url for n in backend._nodes.values()),
+                "replicas": "3",
+            }
+        directory = root / ("raftwal" if impl == "segments" else f"raftwal-{impl}")
+        system = RaftwalWal(
+            directory, payloads, args.produce_over == "port", impl=impl, wal_config=wal_config
+        )
         run_ = SystemRun(system.name, system.label)
         runs.append(run_)
-        await measure_system(system, settings, run_)
+        try:
+            await measure_system(system, settings, run_)
+        finally:
+            if backend is not None:
+                await backend.stop()
         run_.extra["fsync_policy"] = system.fsync_policy
+        run_.extra["wal"] = impl
         if system._directory.exists() and not args.keep_dir:
             shutil.rmtree(system._directory, ignore_errors=True)
 
@@ -2068,7 +2134,27 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "not_available": not_available,
     }
     report["targets"] = targets(report)
+    report["impl_ratios"] = impl_ratios(report)
     return report
+
+
+def impl_ratios(report: dict[str, Any]) -> dict[str, float]:
+    """raftwal on jetstream against JetStream used directly (sync always, else default) in
+    the same run, per produce and consume load: the adaptor's cost as a ratio (>= 0.8 is
+    the target for produce)."""
+    systems = report["systems"]
+    ours = systems.get("raftwal_jetstream", {}).get("summary") or {}
+    direct = (
+        systems.get("jetstream_sync_always", {}).get("summary")
+        or systems.get("jetstream_default", {}).get("summary")
+        or {}
+    )
+    ratios = {}
+    for key in ("small_p1", "small_pn", "large_p1", "large_pn", "consume_small", "consume_large"):
+        a, b = ours.get(f"{key}_msgs_per_s"), direct.get(f"{key}_msgs_per_s")
+        if a and b:
+            ratios[f"jetstream_{key}"] = round(a / b, 3)
+    return ratios
 
 
 def _finite(value: Any) -> Any:

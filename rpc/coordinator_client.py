@@ -60,7 +60,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -439,8 +439,12 @@ class CoordinatorClient:
         owner: pb.OwnerDescription | None = None,
         *,
         request_id: str = "",
+        wal: str = "",
+        wal_config: Mapping[str, str] | None = None,
     ) -> api.CreateChannelsResponse:
-        """Create pchannels by explicit `names`, or `count` new ones named ``<prefix>_<k>``."""
+        """Create pchannels by explicit `names`, or `count` new ones named ``<prefix>_<k>``,
+        on the WAL implementation `wal` ("" = segments; "local", "jetstream" with its
+        `wal_config`)."""
         request = api.CreateChannelsRequest(
             request_id=self._request_id(request_id),
             names=list(names),
@@ -448,6 +452,8 @@ class CoordinatorClient:
             count=count,
             owner=owner,
             replica_count=replica_count,
+            wal=wal,
+            wal_config=dict(wal_config or {}),
         )
         return await self._unary("CreateChannels", request)
 
@@ -846,6 +852,17 @@ class CoordinatorClient:
             finally:
                 call.cancel()
             target = await retry.failed(target, info)
+
+    async def alter_wal(
+        self, target: str, config: Mapping[str, str] | None = None, *, request_id: str = ""
+    ) -> api.AlterWalResponse:
+        """Move every pchannel to the WAL implementation `target` online (AlterWAL); returns
+        once the alter is recorded (epoch 0: nothing to move). Its progress is in
+        `cluster_status().wal_alter` and each pchannel's `wal`."""
+        request = api.AlterWalRequest(
+            request_id=self._request_id(request_id), target=target, config=dict(config or {})
+        )
+        return await self._unary("AlterWal", request)
 
     async def cluster_status(self, linearizable: bool = True) -> api.ClusterStatusResponse:
         response: api.ClusterStatusResponse = await self._unary(

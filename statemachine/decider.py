@@ -262,6 +262,34 @@ def _node_flag(
 # --------------------------------------------------------------------------------------
 
 
+#: The WAL implementations a pchannel may name (wal_segments.walimpls.registry; the node
+#: validates an implementation's configuration before proposing, this bounds its size).
+WAL_NAMES = ("segments", "local", "jetstream")
+DEFAULT_WAL = "segments"
+MAX_WAL_CONFIG_KEYS = 16
+MAX_WAL_CONFIG_CHARS = 1024
+
+
+def _wal_error(wal: str, config) -> Rejection | None:  # type: ignore[no-untyped-def]
+    if wal and wal not in WAL_NAMES:
+        return invalid(f"invalid wal ({show(wal)}; expected one of {', '.join(WAL_NAMES)})")
+    if config and wal in ("", "segments", "local"):
+        return invalid(
+            f"invalid wal_config ({len(config)} key(s); expected none for {wal or DEFAULT_WAL})"
+        )
+    if len(config) > MAX_WAL_CONFIG_KEYS:
+        return invalid(
+            f"invalid wal_config ({len(config)} keys; expected at most {MAX_WAL_CONFIG_KEYS})"
+        )
+    for key in sorted(config):
+        if not key or len(key) + len(config[key]) > MAX_WAL_CONFIG_CHARS:
+            return invalid(
+                f"invalid wal_config entry {show(key)} ({len(key) + len(config[key])} chars; "
+                f"expected a key and at most {MAX_WAL_CONFIG_CHARS} chars in all)"
+            )
+    return None
+
+
 def _create_pchannels(state, cmd: pb.CreatePChannels, ctx, limits) -> Outcome:
     bad = _owner_error(cmd.owner, limits)
     if bad:
@@ -277,6 +305,9 @@ def _create_pchannels(state, cmd: pb.CreatePChannels, ctx, limits) -> Outcome:
             f"invalid replica_count ({cmd.replica_count}; the cluster has {len(state.nodes)} "
             f"node(s): expected 1..{min(len(state.nodes), limits.max_replicas)})"
         )
+    bad = _wal_error(cmd.wal, cmd.wal_config)
+    if bad:
+        return bad
     names = list(cmd.names)
     if names:
         if cmd.count or cmd.prefix:
@@ -322,7 +353,11 @@ def _create_pchannels(state, cmd: pb.CreatePChannels, ctx, limits) -> Outcome:
     for name in names:
         emitter.emit(
             pchannel_created=pb.PChannelCreated(
-                name=name, owner=cmd.owner, replica_count=replica_count
+                name=name,
+                owner=cmd.owner,
+                replica_count=replica_count,
+                wal="" if cmd.wal == DEFAULT_WAL else cmd.wal,
+                wal_config=cmd.wal_config,
             )
         )
     return emitter.events
@@ -443,6 +478,15 @@ def _pchannel_ready(state, cmd: pb.PChannelReady, ctx, limits) -> Outcome:
             pchannel=cmd.pchannel, term=cmd.term, node_id=cmd.node_id, start_lsn=cmd.start_lsn
         )
     )
+    if state.HasField("wal_alter"):
+        entry = state.wal_alter.pchannels.get(cmd.pchannel)
+        if (
+            entry is not None
+            and entry.stage == pb.WAL_ALTER_STAGE_ADVANCE_CHECKPOINT
+            and cmd.term >= entry.term
+        ):
+            # Writes resumed on the new implementation: this pchannel is done.
+            _alter_channel_done(state, emitter, cmd.pchannel)
     return emitter.events
 
 
@@ -490,6 +534,10 @@ def _drop_pchannel(state, cmd: pb.DropPChannel, ctx, limits) -> Outcome:
         )
     emitter = _Emitter(state, ctx)
     emitter.emit(pchannel_dropped=pb.PChannelDropped(pchannel=cmd.pchannel))
+    if state.HasField("wal_alter"):
+        entry = state.wal_alter.pchannels.get(cmd.pchannel)
+        if entry is not None and entry.stage != pb.WAL_ALTER_STAGE_DONE:
+            _alter_channel_done(state, emitter, cmd.pchannel)
     return emitter.events
 
 
@@ -1695,6 +1743,156 @@ def _barrier(state, cmd: pb.Barrier, ctx, limits) -> Outcome:
     return []
 
 
+# --------------------------------------------------------------------------------------
+# AlterWAL: moving every pchannel to another WAL implementation online
+# --------------------------------------------------------------------------------------
+
+
+def _alter_channel_done(state, emitter: _Emitter, pchannel: str) -> None:
+    """Emit that `pchannel` finished its alter, and that the alter finished when it was
+    the last one not done."""
+    alter = state.wal_alter
+    emitter.emit(
+        wal_alter_channel_done=pb.WalAlterChannelDone(pchannel=pchannel, epoch=alter.epoch)
+    )
+    others = [
+        name
+        for name, entry in sorted(alter.pchannels.items())
+        if name != pchannel and entry.stage != pb.WAL_ALTER_STAGE_DONE
+    ]
+    if not others:
+        emitter.emit(wal_alter_finished=pb.WalAlterFinished(epoch=alter.epoch, target=alter.target))
+
+
+def _alter_wal(state, cmd: pb.AlterWal, ctx, limits) -> Outcome:
+    """Start moving every live pchannel that is not on `target` (with its config) there.
+    One alter at a time: it is the cluster's exclusive WAL key. Pchannels never assigned
+    move at once (they hold no log); the others go through FLUSHING on their owners."""
+    if not cmd.target:
+        return invalid(f"invalid target (got ''; expected one of {', '.join(WAL_NAMES)})")
+    bad = _wal_error(cmd.target, cmd.target_config)
+    if bad:
+        return bad
+    if state.HasField("wal_alter"):
+        alter = state.wal_alter
+        return Rejection(
+            E.RESOURCE_ACQUIRED,
+            f"an AlterWAL to {alter.target or DEFAULT_WAL} is in progress (epoch "
+            f"{alter.epoch}, {sum(1 for e in alter.pchannels.values() if e.stage != pb.WAL_ALTER_STAGE_DONE)} "
+            "pchannel(s) to go); expected none: wait until it finishes",
+        )
+    target = "" if cmd.target == DEFAULT_WAL else cmd.target
+    config = dict(cmd.target_config)
+    moving = [
+        name
+        for name, channel in sorted(state.pchannels.items())
+        if channel.state != pb.PCHANNEL_STATE_DROPPED
+        and (channel.wal != target or dict(channel.wal_config) != config)
+    ]
+    emitter = _Emitter(state, ctx)
+    epoch = emitter.next_revision
+    tracked = [name for name in moving if state.pchannels[name].term > 0]
+    if tracked:
+        emitter.emit(
+            wal_alter_started=pb.WalAlterStarted(
+                epoch=epoch,
+                target=target,
+                target_config=config,
+                pchannels=tracked,
+                from_wals=[state.pchannels[name].wal for name in tracked],
+            )
+        )
+    for name in moving:
+        if state.pchannels[name].term == 0:
+            emitter.emit(
+                wal_checkpoint_advanced=pb.WalCheckpointAdvanced(
+                    pchannel=name, epoch=epoch, wal=target, wal_config=config
+                )
+            )
+    return emitter.events
+
+
+def _wal_flushed(state, cmd: pb.WalFlushed, ctx, limits) -> Outcome:
+    """A pchannel's owner finished FLUSHING: advance its checkpoint to the new
+    implementation and assign it at the next term to the same node, in one command (the
+    switch is never half done: before it the pchannel is on the old implementation, after
+    it on the new one from the checkpoint on)."""
+    bad = first_error(
+        check_name("pchannel", cmd.pchannel, limits),
+        check_name("node_id", cmd.node_id, limits),
+    )
+    if bad:
+        return bad
+    if cmd.checkpoint_lsn < 1 or cmd.checkpoint_term < 1:
+        return invalid(
+            f"invalid checkpoint ({cmd.checkpoint_lsn}, term {cmd.checkpoint_term}; expected "
+            "an entry's lsn and term, >= 1)"
+        )
+    if not state.HasField("wal_alter") or state.wal_alter.epoch != cmd.epoch:
+        return Rejection(
+            E.UNMATCHED_CHANNEL_TERM,
+            f"no AlterWAL of epoch {cmd.epoch} is in progress"
+            + (f" (epoch {state.wal_alter.epoch} is)" if state.HasField("wal_alter") else ""),
+        )
+    alter = state.wal_alter
+    entry = alter.pchannels.get(cmd.pchannel)
+    if entry is None:
+        return invalid(f"pchannel {show(cmd.pchannel)} is not in AlterWAL epoch {cmd.epoch}")
+    if entry.stage != pb.WAL_ALTER_STAGE_FLUSHING:
+        if entry.term == cmd.term + 1 and entry.checkpoint_lsn == cmd.checkpoint_lsn:
+            return []  # a retry of the flush that advanced it
+        return Rejection(
+            E.UNMATCHED_CHANNEL_TERM,
+            f"pchannel {cmd.pchannel} is past FLUSHING in AlterWAL epoch {cmd.epoch} "
+            f"(at term {entry.term})",
+        )
+    channel = _live_pchannel(state, cmd.pchannel)
+    if isinstance(channel, Rejection):
+        return channel
+    if (
+        cmd.term != channel.term
+        or cmd.node_id != channel.owner_node_id
+        or channel.state != pb.PCHANNEL_STATE_ASSIGNED
+    ):
+        return Rejection(
+            E.UNMATCHED_CHANNEL_TERM,
+            f"flushed {cmd.pchannel} at term {cmd.term} by {show(cmd.node_id)}; the pchannel is "
+            f"{pb.PChannelState.Name(channel.state)} at term {channel.term} owned by "
+            f"{show(channel.owner_node_id)}",
+            current_term=channel.term,
+        )
+    manifest = state.manifests.get(cmd.pchannel)
+    through = manifest.committed_through_lsn if manifest is not None else 0
+    if cmd.checkpoint_lsn != through:
+        return invalid(
+            f"invalid checkpoint_lsn for {cmd.pchannel} ({cmd.checkpoint_lsn}; expected the "
+            f"manifest's end, {through}: the flush commits every entry first)"
+        )
+    emitter = _Emitter(state, ctx)
+    emitter.emit(
+        wal_checkpoint_advanced=pb.WalCheckpointAdvanced(
+            pchannel=cmd.pchannel,
+            epoch=cmd.epoch,
+            wal=alter.target,
+            wal_config=alter.target_config,
+            checkpoint_lsn=cmd.checkpoint_lsn,
+            checkpoint_term=cmd.checkpoint_term,
+            checkpoint_time_tick=cmd.checkpoint_time_tick,
+            term=channel.term + 1,
+        )
+    )
+    emitter.emit(
+        pchannel_assigned=pb.PChannelAssigned(
+            pchannel=cmd.pchannel,
+            term=channel.term + 1,
+            node_id=channel.owner_node_id,
+            replica_node_ids=list(channel.replica_node_ids),
+            access_mode=channel.access_mode or pb.ACCESS_MODE_READWRITE,
+        )
+    )
+    return emitter.events
+
+
 _DECIDERS: dict[str, Callable[..., Outcome]] = {
     "register_node": _register_node,
     "mark_node_down": _node_flag(
@@ -1745,6 +1943,8 @@ _DECIDERS: dict[str, Callable[..., Outcome]] = {
     "update_replicate_configuration": _update_replicate_configuration,
     "record_replicate_checkpoint": _record_replicate_checkpoint,
     "barrier": _barrier,
+    "alter_wal": _alter_wal,
+    "wal_flushed": _wal_flushed,
 }
 
 COMMAND_KINDS: tuple[str, ...] = tuple(_DECIDERS)

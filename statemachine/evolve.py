@@ -64,7 +64,48 @@ def _pchannel_created(state, e: pb.PChannelCreated, revision, limits: Limits) ->
     channel.owner.CopyFrom(e.owner)
     channel.replica_count = e.replica_count
     channel.created_revision = revision
+    channel.wal = e.wal
+    channel.wal_config.update(e.wal_config)
     state.manifests[e.name].SetInParent()
+
+
+def _wal_alter_started(state, e: pb.WalAlterStarted, revision, limits: Limits) -> None:
+    assert not state.HasField("wal_alter"), "two AlterWALs at once"
+    alter = state.wal_alter
+    alter.epoch = e.epoch
+    alter.target = e.target
+    alter.target_config.update(e.target_config)
+    for name, from_wal in zip(e.pchannels, e.from_wals, strict=True):
+        entry = alter.pchannels[name]
+        entry.stage = pb.WAL_ALTER_STAGE_FLUSHING
+        entry.from_wal = from_wal
+
+
+def _wal_checkpoint_advanced(state, e: pb.WalCheckpointAdvanced, revision, limits: Limits) -> None:
+    channel = state.pchannels[e.pchannel]
+    channel.wal = e.wal
+    channel.wal_config.clear()
+    channel.wal_config.update(e.wal_config)
+    channel.wal_epoch = e.epoch
+    channel.wal_checkpoint_lsn = e.checkpoint_lsn
+    channel.wal_checkpoint_term = e.checkpoint_term
+    channel.wal_checkpoint_time_tick = e.checkpoint_time_tick
+    if state.HasField("wal_alter") and e.pchannel in state.wal_alter.pchannels:
+        entry = state.wal_alter.pchannels[e.pchannel]
+        entry.stage = pb.WAL_ALTER_STAGE_ADVANCE_CHECKPOINT
+        entry.checkpoint_lsn = e.checkpoint_lsn
+        entry.checkpoint_time_tick = e.checkpoint_time_tick
+        entry.term = e.term
+
+
+def _wal_alter_channel_done(state, e: pb.WalAlterChannelDone, revision, limits: Limits) -> None:
+    assert state.wal_alter.epoch == e.epoch
+    state.wal_alter.pchannels[e.pchannel].stage = pb.WAL_ALTER_STAGE_DONE
+
+
+def _wal_alter_finished(state, e: pb.WalAlterFinished, revision, limits: Limits) -> None:
+    assert state.wal_alter.epoch == e.epoch
+    state.ClearField("wal_alter")
 
 
 def _pchannel_assigned(state, e: pb.PChannelAssigned, revision, limits: Limits) -> None:
@@ -406,6 +447,10 @@ _EVOLVERS: dict[str, Callable[..., None]] = {
     "balance_policy_set": _balance_policy_set,
     "replicate_configuration_updated": _replicate_configuration_updated,
     "replicate_checkpoint_recorded": _replicate_checkpoint_recorded,
+    "wal_alter_started": _wal_alter_started,
+    "wal_checkpoint_advanced": _wal_checkpoint_advanced,
+    "wal_alter_channel_done": _wal_alter_channel_done,
+    "wal_alter_finished": _wal_alter_finished,
 }
 
 EVENT_KINDS: tuple[str, ...] = tuple(_EVOLVERS)

@@ -202,6 +202,38 @@ def _owner_usage_violations(state: pb.CoordinationState) -> list[str]:
     return []
 
 
+def _wal_alter_violations(state: pb.CoordinationState) -> list[str]:
+    """An AlterWAL never half-switches a pchannel: one in FLUSHING is still on the
+    implementation it came from, one past it is on the target with its checkpoint at or
+    below the manifest's end; a finished alter leaves no record."""
+    if not state.HasField("wal_alter"):
+        return []
+    alter = state.wal_alter
+    problems = []
+    if not alter.pchannels:
+        problems.append(f"AlterWAL epoch {alter.epoch} lists no pchannel")
+    if all(e.stage == pb.WAL_ALTER_STAGE_DONE for e in alter.pchannels.values()):
+        problems.append(f"AlterWAL epoch {alter.epoch} is done but still recorded")
+    for name in sorted(alter.pchannels):
+        entry = alter.pchannels[name]
+        channel = state.pchannels.get(name)
+        if channel is None:
+            problems.append(f"AlterWAL lists unknown pchannel {name}")
+            continue
+        if channel.state == pb.PCHANNEL_STATE_DROPPED:
+            continue
+        if entry.stage == pb.WAL_ALTER_STAGE_FLUSHING and channel.wal_epoch == alter.epoch:
+            problems.append(f"pchannel {name} is FLUSHING but already on epoch {alter.epoch}")
+        if entry.stage in (pb.WAL_ALTER_STAGE_ADVANCE_CHECKPOINT, pb.WAL_ALTER_STAGE_DONE):
+            if channel.wal != alter.target or channel.wal_epoch != alter.epoch:
+                problems.append(f"pchannel {name} advanced but is not on the alter's target")
+            manifest = state.manifests.get(name)
+            through = manifest.committed_through_lsn if manifest is not None else 0
+            if channel.wal_checkpoint_lsn > through:
+                problems.append(f"pchannel {name} checkpoint is past its manifest's end")
+    return problems
+
+
 def violations(
     state: pb.CoordinationState,
     previous: pb.CoordinationState | None = None,
@@ -215,6 +247,7 @@ def violations(
         + _member_violations(state)
         + _removed_node_violations(state)
         + _owner_usage_violations(state)
+        + _wal_alter_violations(state)
     )
     if previous is not None:
         for name in sorted(previous.pchannels):

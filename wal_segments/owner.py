@@ -68,7 +68,8 @@ from wal_segments.format import (
     encode_batch,
     encode_rows,
 )
-from wal_segments.log import BadBatch, Fenced, LogError, Mismatch, PChannelLog
+from wal_segments.log import BadBatch, Fenced, LogError, LogPosition, Mismatch, PChannelLog
+from wal_segments.walimpls.api import WAL, Corrupt, FencedByTerm, Record, Tail, WalImplError
 
 logger = logging.getLogger(__name__)
 E = errors_pb2
@@ -185,6 +186,13 @@ class Proposer(Protocol):
     def committed_through(self, pchannel: str) -> int: ...
 
     def still_assigned(self, pchannel: str, term: int) -> bool: ...
+
+    async def wal_flushed(
+        self, pchannel: str, epoch: int, term: int, checkpoint: tuple[int, int, int]
+    ) -> int:
+        """Propose WalFlushed: FLUSHING of AlterWAL `epoch` is done at `term`, nothing is
+        appended after checkpoint (lsn, term, time tick) and the manifest covers it."""
+        ...
 
 
 class WriteObserver(Protocol):
@@ -317,10 +325,31 @@ class ChannelOwner:
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         observer: WriteObserver | None = None,
         stable_replica_node_ids: Sequence[str] = (),
+        wal: WAL | None = None,
+        checkpoint: tuple[int, int] = (0, 0),
+        previous_owner_node_id: str = "",
     ) -> None:
         self.pchannel = pchannel
         self.term = term
         self.node_id = node_id
+        # The WAL implementation (wal_segments.walimpls): None or a replicated one is
+        # ``segments``, this owner's replicas; otherwise the owner replicates to no one and
+        # either its own fdatasync (``local``) or the implementation (``jetstream``,
+        # `external`) makes a batch durable.
+        self.wal = wal
+        self.wal_name = wal.name if wal is not None else "segments"
+        self._external = wal is not None and wal.external
+        if wal is not None and not wal.replicated:
+            replica_node_ids = ()
+        #: the last LSN the external implementation reported durable
+        self._external_durable = 0
+        # Where this implementation took over the log (an AlterWAL's checkpoint: the last
+        # entry before it, (lsn, term); (0, 0) when the pchannel was created on it), and
+        # the last ready owner, who holds the log up to there when this node does not.
+        self.checkpoint = checkpoint
+        self.previous_owner_node_id = previous_owner_node_id
+        #: why writes are refused for now (an AlterWAL's FLUSHING), "" when they are not
+        self.paused = ""
         self.replica_ids = list(dict.fromkeys([node_id, *replica_node_ids]))
         self.majority = len(self.replica_ids) // 2 + 1
         # The replica set at the last ready term, when this term changes it: every
@@ -384,6 +413,9 @@ class ChannelOwner:
         #: (committed lsn, monotonic time it committed), oldest first: how long a replica
         #: has been behind (`replica_lags_s`)
         self._commit_times: deque[tuple[int, float]] = deque(maxlen=COMMIT_TIMES_KEPT)
+        if self._external:
+            assert wal is not None
+            wal.on_durable(self._external_reported)
 
     # -- status ------------------------------------------------------------------------------
 
@@ -483,6 +515,9 @@ class ChannelOwner:
         ]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self._external and self.wal is not None:
+            with contextlib.suppress(Exception):
+                await self.wal.close()
 
     def _local_failure(self, error: BaseException) -> None:
         """The local copy can no longer be trusted (a failed fdatasync or seal): stop
@@ -503,6 +538,24 @@ class ChannelOwner:
         for replica in self._replicas.values():
             if replica.task is not None:
                 replica.task.cancel()
+
+    def _backend_failure(self, error: BaseException) -> None:
+        """The external implementation can make nothing more durable (its server is gone or
+        paused past its timeout): stop as after a local failure, so the pchannel recovers at
+        a new term from what the implementation stored."""
+        if self.state in ("fenced", "closed"):
+            return
+        logger.error(
+            "%s: the %s WAL stopped at term %d (%s); the owner stops and the pchannel "
+            "recovers at a new term",
+            self.pchannel,
+            self.wal_name,
+            self.term,
+            error,
+        )
+        self.failure = f"{self.wal_name} WAL unavailable: {error}"
+        self.state = "closed"
+        self._notify_progress()
 
     def _fence(self, by_term: int) -> None:
         if self.state in ("fenced", "closed"):
@@ -574,6 +627,49 @@ class ChannelOwner:
                 current_term=self.log.fenced_term,
             )
         position = await self.log.fence(self.term)
+        if self._external:
+            await self._adopt_checkpoint()
+            await self._adopt_external()
+            self._batch_flags = True
+        else:
+            await self._fence_and_adopt(position)
+            await self._adopt_checkpoint()
+        await self._recover_rest()
+
+    async def _adopt_checkpoint(self) -> None:
+        """After an AlterWAL, the log up to the checkpoint was written under the previous
+        implementation: every entry up to it is committed and held by the owner that
+        flushed it (the last ready owner). A log here that does not hold the checkpoint
+        entry (this node was not that owner, nor kept up with it) copies it from there
+        first, so the log stays one across the switch."""
+        lsn, term = self.checkpoint
+        if lsn <= 0 or self._holds_entry(lsn, term):
+            return
+        source = self.previous_owner_node_id
+        if not source or source == self.node_id:
+            raise WalError(
+                E.INNER,
+                f"pchannel {self.pchannel}: the log here lacks the WAL switch's checkpoint "
+                f"(lsn {lsn}, term {term}) and no other node flushed it",
+                current_term=self.term,
+            )
+        logger.info(
+            "%s: copying the log up to the WAL switch's checkpoint (lsn %d, term %d) from %s",
+            self.pchannel,
+            lsn,
+            term,
+            source,
+        )
+        await self._adopt(source, lsn, term, stop_at=lsn)
+
+    def _holds_entry(self, lsn: int, term: int) -> bool:
+        if lsn < self.log.first_lsn:
+            return self.log.last_lsn >= lsn  # below the retained start: committed there
+        return lsn <= self.log.last_lsn and self.log.term_at(lsn) == term
+
+    async def _fence_and_adopt(self, position: LogPosition) -> None:
+        """Fence the replica set (and the last ready set's read quorum) at this term and
+        adopt the most up-to-date log among the answers (``segments`` and ``local``)."""
         positions: dict[str, wire.FenceResponse] = {
             self.node_id: wire.FenceResponse(
                 fenced_term=self.term,
@@ -622,6 +718,8 @@ class ChannelOwner:
         # when every replica heard from says it takes them. A replica that did not answer
         # yet and turns out older stays behind until it runs this version too.
         self._batch_flags = all(reply.batch_frames for reply in positions.values())
+
+    async def _recover_rest(self) -> None:
         if not mutations.active(NON_ATOMIC_BATCH):
             await self._drop_partial_batch()
         await self._drop_partial_txn()
@@ -663,7 +761,136 @@ class ChannelOwner:
             self.committed_lsn,
         )
 
-    async def _adopt(self, source: str, source_last_lsn: int, source_last_term: int) -> None:
+    # -- an external implementation (jetstream) ---------------------------------------------
+
+    async def _adopt_external(self) -> None:
+        """Recovery on an external implementation: make this log equal to what the
+        implementation stores, then fence it at this term. Every acknowledged batch is
+        stored there (it was acknowledged only once stored), so adopting the stored log keeps
+        it; a local suffix the implementation does not hold was never acknowledged and is
+        cut. Fencing expects the implementation's last position as read: if an older owner
+        stored more meanwhile, the fence is refused and this adopts the new end first
+        (docs/architecture.md, "The jetstream fencing argument"). Retried while the
+        assignment holds; the backend being unreachable only delays it."""
+        assert self.wal is not None
+        attempt = 0
+        while True:
+            self._check_current()
+            try:
+                tail = await self.wal.tail()
+                while True:
+                    if tail.fenced_term > self.term:
+                        raise FencedByTerm(
+                            f"stored log fenced at {tail.fenced_term}", tail.fenced_term
+                        )
+                    await self._match_external(tail)
+                    if tail.records == 0:
+                        # An empty store starts at this log's end: the fence record says
+                        # so (a later owner's walk back stops at it and keeps what is
+                        # before it, e.g. the log before an AlterWAL's checkpoint).
+                        tail = Tail(self.log.last_lsn, self.log.last_term, 0, records=0)
+                    fenced = await self.wal.fence(self.term, tail)
+                    if fenced is tail:
+                        return
+                    tail = fenced
+                    self._check_current()
+            except FencedByTerm as error:
+                self._fence(max(error.term, self.term + 1))
+                raise fenced_error(self.pchannel, self.term, self.fenced_by) from None
+            except WalImplError as error:
+                logger.info(
+                    "%s: %s recovery at term %d: %s; retrying",
+                    self.pchannel,
+                    self.wal_name,
+                    self.term,
+                    error,
+                )
+            await self._backoff(attempt)
+            attempt += 1
+
+    def _holds(self, record: Record) -> bool:
+        """Whether this log holds the last entry of `record` (a fence: the entry it was
+        taken at). Below this log's retained start nothing can be compared, and what is
+        there was committed before this log's start: it counts as held."""
+        lsn = record.last_lsn
+        term = record.prev_term if record.fence else record.term
+        if lsn == 0 or lsn < self.log.first_lsn:
+            return True
+        return lsn <= self.log.last_lsn and self.log.term_at(lsn) == term
+
+    async def _match_external(self, tail: Tail) -> None:
+        """Make this log end where the stored log ends, `tail`: walk back from the stored
+        end to the last record this log holds (Log Matching: then it holds everything
+        before it too), cut this log after it, and append every stored record after it."""
+        assert self.wal is not None
+        if tail.records == 0:
+            # An empty stream: this owner's fence starts it at this log's end; after an
+            # AlterWAL that end is the checkpoint (anything after it here was never stored
+            # there, so never acknowledged).
+            lsn = self.checkpoint[0]
+            if lsn > 0 and self.log.last_lsn > lsn:
+                await self.log.truncate_after(lsn)
+            return
+        position, matched = tail.records, 0
+        matched_lsn: int | None = None
+        while position > 0:
+            found = await self.wal.record_at(position)
+            if found is None:
+                position -= 1
+                continue
+            record, first = found
+            if self._holds(record):
+                matched, matched_lsn = position, record.last_lsn
+                break
+            position = first - 1
+        if matched_lsn is not None and self.log.last_lsn > matched_lsn:
+            logger.warning(
+                "%s: dropping lsn %d..%d: the %s log ends at lsn %d",
+                self.pchannel,
+                matched_lsn + 1,
+                self.log.last_lsn,
+                self.wal_name,
+                matched_lsn,
+            )
+            await self.log.truncate_after(matched_lsn)
+        async for record, _ in self.wal.scan(matched + 1, tail.records):
+            self._check_current()
+            if record.fence or not record.frames:
+                continue
+            prev = record.first_lsn - 1
+            if self.log.last_lsn > prev:
+                await self.log.truncate_after(max(prev, self.log.first_lsn - 1))
+            restart = self.log.last_lsn != prev or (
+                prev >= self.log.first_lsn and self.log.term_at(prev) != record.prev_term
+            )
+            result = await self.log.append(
+                self.term, prev, record.prev_term, record.frames, from_log_start=restart
+            )
+            await self.log.wait_durable(result)
+        if tail.last_lsn and (self.log.last_lsn, self.log.last_term) != (
+            tail.last_lsn,
+            tail.last_term,
+        ):
+            raise Corrupt(
+                f"{self.pchannel}: the adopted log ends at ({self.log.last_lsn}, "
+                f"{self.log.last_term}), the stored one at ({tail.last_lsn}, {tail.last_term})"
+            )
+
+    def _external_reported(self, value: int | BaseException) -> None:
+        """The implementation's durable callback: a new durable LSN, or why it stopped."""
+        if isinstance(value, BaseException):
+            if isinstance(value, FencedByTerm):
+                self._fence(max(value.term, self.term + 1))
+            else:
+                self._backend_failure(value)
+            return
+        if value > self._external_durable:
+            self._external_durable = value
+            self._update_commit()
+
+    async def _adopt(
+        self, source: str, source_last_lsn: int, source_last_term: int, stop_at: int = 0
+    ) -> None:
         """Make this log equal to `source`'s (fenced at this term, so it no longer grows):
         cut what it lacks, backing up on a mismatch, and copy its suffix.
 
@@ -727,6 +954,9 @@ class ChannelOwner:
                     self.term, request.prev_lsn, request.prev_term, reply.frames
                 )
             await self.log.wait_durable(result)
+            if stop_at and self.log.last_lsn > stop_at:
+                # Copying a prefix only (`_adopt_checkpoint`): the source went on after it.
+                await self.log.truncate_after(stop_at)
 
     def _backup_point(self, conflict_term: int, conflict_first: int, their_last: int) -> int:
         """The LSN after which two logs may still match, from a MISMATCH hint (Raft's fast
@@ -1086,6 +1316,7 @@ class ChannelOwner:
         Concurrent callers share one append (one entry per pchannel per `idle_s` at most)."""
         if (
             self.state != "serving"
+            or self.paused
             or self._tick_task is not None
             or self._write_lock.locked()
             or self.log.last_lsn != self.committed_lsn
@@ -1144,6 +1375,10 @@ class ChannelOwner:
             ) from None
         self._cache(meta.first_lsn, meta.last_lsn, prev_term, frames, result.sealed)
         self._batch_ends.append(meta.last_lsn)
+        if self._external:
+            self.wal.append(  # type: ignore[union-attr]
+                Record(meta.first_lsn, meta.last_lsn, self.term, prev_term, frames)
+            )
         for replica in self._replicas.values():
             replica.wake.set()
         if result.sealed:
@@ -1172,10 +1407,15 @@ class ChannelOwner:
             self._recent_bytes -= len(old)
 
     def _update_commit(self) -> None:
-        matches = sorted(
-            [self._self_durable, *(r.match_lsn for r in self._replicas.values())], reverse=True
-        )
-        point = matches[self.majority - 1]
+        if self._external:
+            # Durable where the implementation stores it: its acknowledgement is the vote.
+            point = self._external_durable
+        else:
+            matches = sorted(
+                [self._self_durable, *(r.match_lsn for r in self._replicas.values())],
+                reverse=True,
+            )
+            point = matches[self.majority - 1]
         # Only entries of this term commit by counting (Raft): the term start comes first.
         if point < self.start_lsn or self.start_lsn <= 0 or point <= self.committed_lsn:
             return
@@ -1378,6 +1618,7 @@ class ChannelOwner:
         both continue the same sequence."""
         started = time.perf_counter()
         self._check_serving()
+        self._check_not_paused()
         repeat: _ProducerBatch | None = None
         if producer_id and sequence > 0:
             repeat = self._repeat_of(producer_id, sequence, len(messages))
@@ -1398,6 +1639,8 @@ class ChannelOwner:
             self._check_serving()
             if producer_id and sequence > 0:
                 repeat = self._repeat_of(producer_id, sequence, len(messages))
+            if repeat is None:
+                self._check_not_paused()
             if repeat is None:
                 positions, record, rows, wal_bytes = await self._append_locked(
                     messages,
@@ -1603,6 +1846,37 @@ class ChannelOwner:
         write admitted later gets a higher LSN."""
         async with self._write_lock:
             return self.log.last_lsn
+
+    def _check_not_paused(self) -> None:
+        if self.paused:
+            raise WalError(
+                E.ON_SHUTDOWN,
+                f"{self.paused}: writes resume at the next term on the new implementation; retry",
+                current_term=self.term,
+            )
+
+    async def flush_for_alter(self, epoch: int, target: str) -> tuple[int, int, int]:
+        """FLUSHING of AlterWAL `epoch`: refuse every later write (ON_SHUTDOWN, which
+        producers retry at the next owner), seal the open segment, and wait until every
+        entry is committed and the manifest covers it. Returns the checkpoint (lsn, term,
+        time tick): the last entry, after which this owner appends nothing."""
+        async with self._write_lock:
+            self._check_serving()
+            if not self.paused:
+                self.paused = (
+                    f"pchannel {self.pchannel} is switching its WAL to {target or 'segments'} "
+                    f"(AlterWAL epoch {epoch})"
+                )
+                logger.info("%s: FLUSHING for AlterWAL epoch %d", self.pchannel, epoch)
+            if self.log.open_segment_first_lsn() is not None:
+                await self._append_entry(MsgType.SEAL, int(EntryFlags.SEAL_MARKER))
+            last = self.log.last_lsn
+        await self._wait_committed(last)
+        while self.proposer.committed_through(self.pchannel) < last:
+            self._check_serving()
+            await wait_event(self._progress, 0.1)
+        header = _header(self.log, last)
+        return last, self.log.term_at(last), header[4]
 
     async def seal_now(self) -> None:
         async with self._write_lock:

@@ -44,6 +44,9 @@ from wal_segments.owner import (
     WriteObserver,
 )
 from wal_segments.segment import make_durable_directory
+from wal_segments.walimpls import registry as wal_registry
+from wal_segments.walimpls.api import WAL, Opener, WalImplError
+from wal_segments.walimpls.files import check_fsync_policy
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +117,20 @@ class Assignment:
     replica_node_ids: tuple[str, ...]
     # The replica set at the last ready term (empty: none yet, or the same set).
     stable_replica_node_ids: tuple[str, ...] = ()
+    # The WAL implementation (wal_segments.walimpls; "" = segments), its configuration as
+    # sorted (key, value) pairs, and the epoch of its storage.
+    wal: str = ""
+    wal_config: tuple[tuple[str, str], ...] = ()
+    wal_epoch: int = 0
+    # The owner at the last ready term before this one ("" if none, or this owner): where
+    # a `local` pchannel's one copy is.
+    previous_owner_node_id: str = ""
+    # Where `wal` took over the log (an AlterWAL's checkpoint: (lsn, term); (0, 0) when the
+    # pchannel was created on it).
+    wal_checkpoint: tuple[int, int] = (0, 0)
+    # An AlterWAL in FLUSHING for this pchannel: its epoch and target (0 and "" otherwise).
+    flushing_epoch: int = 0
+    flushing_target: str = ""
 
 
 class CoordinationView(Protocol):
@@ -175,6 +192,13 @@ class DataPlane:
         # always): until then no owner starts here, so that a second process under one
         # node id, which the cluster refuses, never recovers that node's pchannels.
         self._admitted = admitted
+        # (implementation, configuration) -> its opener: one per data plane, shared by the
+        # pchannels on it (a NATS connection).
+        self._openers: dict[tuple[str, tuple[tuple[str, str], ...]], Opener] = {}
+        #: pchannel -> why its implementation cannot be opened now ("" once it can)
+        self.wal_problems: dict[str, str] = {}
+        #: (pchannel, epoch, term) -> the task flushing it for an AlterWAL
+        self._flushing: dict[tuple[str, int, int], asyncio.Task[None]] = {}
 
     def accepts(self, pchannel: str) -> bool:
         """Whether this data plane may hold `pchannel` (see ``accepts`` in the constructor)."""
@@ -261,6 +285,7 @@ class DataPlane:
     def problems(self) -> dict[str, str]:
         """Problems worth a warning in ClusterStatus: unreadable logs, failing commits."""
         problems = {p: f"log cannot be opened: {e}" for p, e in self.broken.items()}
+        problems.update(self.wal_problems)
         for pchannel, owner in self.owners.items():
             if owner.failure:
                 problems[pchannel] = f"owner at term {owner.term} stopped: {owner.failure}"
@@ -302,6 +327,8 @@ class DataPlane:
                 continue
             existing = self.owners.get(pchannel)
             if existing is not None and existing.term == assignment.term:
+                if assignment.flushing_epoch and existing.serving:
+                    self._start_flush(existing, assignment)
                 if existing.state in ("fenced", "closed") and assignment.state == ASSIGNED:
                     # Ready at this term but this owner stopped: take a new term. (One that
                     # stopped while still recovering stays stopped at its term, never
@@ -331,12 +358,24 @@ class DataPlane:
             )
             await self._reassign(assignment.pchannel, assignment.term)
             return
+        wal = await self._open_wal(assignment)
+        if wal is None:
+            return  # reported; the next reconcile tries again
+        stable = assignment.stable_replica_node_ids
+        if not wal.replicated:
+            # One copy (local) is on the last ready owner; an external log (jetstream) is
+            # adopted from where it is stored.
+            previous = assignment.previous_owner_node_id
+            stable = (previous,) if previous and not wal.external else ()
         owner = ChannelOwner(
             pchannel=assignment.pchannel,
             term=assignment.term,
             node_id=self.node_id,
             replica_node_ids=assignment.replica_node_ids,
-            stable_replica_node_ids=assignment.stable_replica_node_ids,
+            stable_replica_node_ids=stable,
+            wal=wal,
+            checkpoint=assignment.wal_checkpoint,
+            previous_owner_node_id=assignment.previous_owner_node_id,
             log=log,
             transport=self.transport,
             proposer=self.proposer,
@@ -346,6 +385,72 @@ class DataPlane:
         self.owners[assignment.pchannel] = owner
         logger.info("%s: recovering as owner at term %d", assignment.pchannel, assignment.term)
         owner.start()
+
+    def _start_flush(self, owner: ChannelOwner, assignment: Assignment) -> None:
+        """FLUSHING of an AlterWAL on a serving owner, once per (pchannel, epoch, term)."""
+        key = (assignment.pchannel, assignment.flushing_epoch, owner.term)
+        if key in self._flushing:
+            return
+        for old in [k for k in self._flushing if k[0] == assignment.pchannel]:
+            self._flushing.pop(old).cancel()
+        self._flushing[key] = asyncio.create_task(
+            self._flush(owner, assignment.flushing_epoch, assignment.flushing_target),
+            name=f"flush:{assignment.pchannel}",
+        )
+
+    async def _flush(self, owner: ChannelOwner, epoch: int, target: str) -> None:
+        """Flush `owner` for AlterWAL `epoch` and propose WalFlushed, retrying while the
+        owner serves (the proposal is idempotent: a repeat of an accepted one is a no-op)."""
+        attempt = 0
+        while owner.serving and not self._closed:
+            try:
+                checkpoint = await owner.flush_for_alter(epoch, target)
+                code = await self.proposer.wal_flushed(
+                    owner.pchannel, epoch, owner.term, checkpoint
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # noqa: BLE001 - retried while the owner serves
+                logger.info("%s: flush for AlterWAL epoch %d: %r", owner.pchannel, epoch, error)
+                code = -1
+            if code == 0:
+                logger.info(
+                    "%s: flushed for AlterWAL epoch %d at lsn %d",
+                    owner.pchannel,
+                    epoch,
+                    checkpoint[0],
+                )
+                return
+            if code > 0:
+                logger.warning(
+                    "%s: WalFlushed for AlterWAL epoch %d refused (code %d)",
+                    owner.pchannel,
+                    epoch,
+                    code,
+                )
+            attempt += 1
+            await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+
+    async def _open_wal(self, assignment: Assignment) -> WAL | None:
+        """The assignment's WAL implementation opened for its pchannel; None (logged once
+        and kept in `wal_problems`, shown in ClusterStatus) when it cannot be now."""
+        name = assignment.wal or "segments"
+        key = (name, assignment.wal_config)
+        try:
+            opener = self._openers.get(key)
+            if opener is None:
+                check_fsync_policy(name, self.policy.kind)
+                opener = wal_registry.builder(name).build(dict(assignment.wal_config))
+                self._openers[key] = opener
+            wal = await opener.open(assignment.pchannel, assignment.wal_epoch)
+        except WalImplError as error:
+            problem = f"{name} WAL cannot be opened: {error}"
+            if self.wal_problems.get(assignment.pchannel) != problem:
+                logger.error("%s: %s", assignment.pchannel, problem)
+            self.wal_problems[assignment.pchannel] = problem
+            return None
+        self.wal_problems.pop(assignment.pchannel, None)
+        return wal
 
     @staticmethod
     def _recovered_here_before(log: PChannelLog, assignment: Assignment) -> bool:
@@ -372,12 +477,19 @@ class DataPlane:
 
     async def close(self) -> None:
         self._closed = True
+        for task in self._flushing.values():
+            task.cancel()
+        self._flushing.clear()
         for owner in list(self.owners.values()):
             await owner.close("closed")
         self.owners.clear()
         for log in list(self.logs.values()):
             with contextlib.suppress(Exception):
                 await log.close()
+        for opener in self._openers.values():
+            with contextlib.suppress(Exception):
+                await opener.close()
+        self._openers.clear()
         self.catalog.close()
         for fd in self._locks.values():
             with contextlib.suppress(OSError):

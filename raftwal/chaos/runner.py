@@ -117,7 +117,12 @@ FAULT_KINDS = ("kill", "pause", "partition", "restart", "worker")
 # when the fault is healed, so it can come back later). "member" needs a data node.
 # "power", a power cut (raftwal.chaos.powerfs: every node's data dir on a FUSE mount that
 # drops what was not fsynced), needs FUSE.
-EXTRA_FAULT_KINDS = ("outage", "member", "power", *DISK_FAULT_KINDS)
+# "nats-kill" and "nats-pause" (with --wal jetstream): the run's nats-server killed with
+# SIGKILL (started again on the same port and store) or paused with SIGSTOP.
+NATS_FAULT_KINDS = ("nats-kill", "nats-pause")
+EXTRA_FAULT_KINDS = ("outage", "member", "power", *DISK_FAULT_KINDS, *NATS_FAULT_KINDS)
+#: The WAL implementations a run's pchannels can be on (`--wal`).
+WAL_NAMES = ("segments", "local", "jetstream")
 # The kinds that need every node's data dir on a PowerFS mount for the whole run.
 MOUNTED_FAULT_KINDS = frozenset({"power", *DISK_FAULT_KINDS})
 # `--replicate`'s faults when --faults is not given (its nemesis has kinds of its own,
@@ -138,6 +143,8 @@ HOLD_S = {
     "outage": (10.0, 16.0),
     "member": (1.0, 4.0),
     "power": (2.0, 7.0),
+    "nats-kill": (2.0, 7.0),
+    "nats-pause": (2.0, 7.0),
     **DISK_HOLD_S,
 }
 # The bound of one membership swap (promotion, then drain and removal).
@@ -199,6 +206,8 @@ class ChaosOptions:
     #: WAL retention by size per pchannel while the faults run (0: off, the cluster's
     #: default of 7 days by age only); checked every second
     retention_bytes: int = 0
+    #: the pchannels' WAL implementation; "jetstream" runs a nats-server of its own
+    wal: str = "segments"
 
     def validate(self) -> None:
         unknown = sorted(set(self.faults) - set(FAULT_KINDS + EXTRA_FAULT_KINDS))
@@ -206,6 +215,13 @@ class ChaosOptions:
             raise ValueError(
                 f"invalid faults ({','.join(self.faults) or 'none'}; expected one or more of "
                 f"{','.join(FAULT_KINDS + EXTRA_FAULT_KINDS)})"
+            )
+        if self.wal not in WAL_NAMES:
+            raise ValueError(f"invalid wal ({self.wal!r}; expected one of {', '.join(WAL_NAMES)})")
+        if set(NATS_FAULT_KINDS) & set(self.faults) and self.wal != "jetstream":
+            raise ValueError(
+                f"invalid faults (nats-kill and nats-pause with wal {self.wal}; expected "
+                "--wal jetstream)"
             )
         if "member" in self.faults and self.data_nodes < 1:
             raise ValueError(
@@ -354,6 +370,8 @@ def plan_faults(seed: int, kinds: Sequence[str], duration_s: float) -> list[Plan
             variant, mode = power_left.pop(), ""
         elif kind in DISK_FAULT_KINDS:
             variant, mode = plan_variant(kind, rng)
+        elif kind in NATS_FAULT_KINDS:
+            variant, mode = "nats-server", ""
         else:
             if not targets_left:
                 targets_left = list(NODE_TARGETS)
@@ -390,8 +408,13 @@ class Nemesis:
         progress: Callable[[str], None],
         client: CoordinatorClient | None = None,
         mounts: dict[str, PowerMount] | None = None,
+        nats: dict[str, object] | None = None,
     ) -> None:
         self.cluster = cluster
+        #: the run's nats-server ({"url", "pid", "dir"}: `dev.start_nats`), for NATS faults
+        self.nats = nats
+        self.nats_killed = False
+        self.nats_paused = False
         #: node id -> the PowerFS mount of its data dir ("power" and disk faults)
         self.mounts = mounts or {}
         self.disks = DiskNemesis(cluster, self.mounts)
@@ -466,6 +489,19 @@ class Nemesis:
                 await asyncio.to_thread(self.proxies.cut, node, other, fault.mode)
             detail = f"{node} ({why}) | {', '.join(others)} ({fault.mode})"
             return FaultRecord(fault.label, fault.kind, [node], detail, start)
+        if fault.kind in NATS_FAULT_KINDS:
+            assert self.nats is not None, "NATS faults need the run's nats-server"
+            pid = int(self.nats["pid"])  # type: ignore[call-overload]
+            if fault.kind == "nats-kill":
+                os.kill(pid, signal.SIGKILL)
+                await asyncio.to_thread(_reap, pid)
+                self.nats_killed = True
+                detail = f"kill -9 nats-server (pid {pid}) for {fault.hold_s:.1f} s"
+            else:
+                os.kill(pid, signal.SIGSTOP)
+                self.nats_paused = True
+                detail = f"SIGSTOP nats-server (pid {pid}) for {fault.hold_s:.1f} s"
+            return FaultRecord(fault.label, fault.kind, ["nats"], detail, start)
         if fault.kind == "member":
             return await self._swap_voter(fault, start)
         if fault.kind == "power":
@@ -496,8 +532,19 @@ class Nemesis:
         return FaultRecord(fault.label, fault.kind, [node], detail, start)
 
     async def heal(self) -> None:
-        """Undo whatever is in effect: links, paused and killed nodes, frozen nodes."""
+        """Undo whatever is in effect: links, paused and killed nodes, frozen nodes, the
+        nats-server."""
         await asyncio.to_thread(self.proxies.heal_all)
+        if self.nats is not None and self.nats_paused:
+            os.kill(int(self.nats["pid"]), signal.SIGCONT)  # type: ignore[call-overload]
+            self.nats_paused = False
+        if self.nats is not None and self.nats_killed:
+            port = int(str(self.nats["url"]).rsplit(":", 1)[1])
+            restarted = await asyncio.to_thread(
+                dev.start_nats, Path(str(self.nats["dir"])).parent, 10.0, port
+            )
+            self.nats.update(restarted)
+            self.nats_killed = False
         for node in sorted(self.paused):
             self.cluster.kill(node, signal.SIGCONT)
         self.paused.clear()
@@ -860,11 +907,21 @@ def _cluster_env(options: ChaosOptions) -> dict[str, str]:
 
 
 async def _setup_channels(
-    client: CoordinatorClient, endpoints: Sequence[str], options: ChaosOptions, tag: str
+    client: CoordinatorClient,
+    endpoints: Sequence[str],
+    options: ChaosOptions,
+    tag: str,
+    nats_url: str = "",
 ) -> dict[str, str]:
     """Create the pchannels and vchannels; vchannel -> pchannel once all are ASSIGNED."""
     response = await client.create_channels(
-        count=options.pchannels, prefix=f"chaos{tag}", replica_count=options.replica_count
+        count=options.pchannels,
+        prefix=f"chaos{tag}",
+        replica_count=options.replica_count,
+        wal="" if options.wal == "segments" else options.wal,
+        # A publish unacknowledged for 2 s stops the owner (a paused server), so that
+        # NATS faults of a few seconds show.
+        wal_config={"url": nats_url, "timeout_ms": "2000"} if options.wal == "jetstream" else {},
     )
     pchannels = list(response.pchannels)
     mapping = {}
@@ -898,8 +955,15 @@ async def _run(
     setup_error = ""
     mounts: dict[str, PowerMount] = {}
     vchannel_pchannel: dict[str, str] = {}
+    nats: dict[str, object] | None = None
     try:
         config = replace(config, nodes=proxies.configure(config.nodes))
+        if options.wal == "jetstream":
+            try:
+                nats = await asyncio.to_thread(dev.start_nats, directory / "jetstream")
+            except RuntimeError as error:
+                raise SetupFailed(f"nats-server did not start: {error}") from None
+            progress(f"nats-server {nats['url']} (pid {nats['pid']})")
         if MOUNTED_FAULT_KINDS & set(options.faults):
             from raftwal.chaos.powerfs import PowerMount
 
@@ -937,7 +1001,9 @@ async def _run(
         impatient = CoordinatorClient(endpoints, timeout_s=CLIENT_TIMEOUT_S, max_attempts=30)
         sampler = StatusSampler(endpoints, history)
         try:
-            vchannel_pchannel = await _setup_channels(coordinator, endpoints, options, tag)
+            vchannel_pchannel = await _setup_channels(
+                coordinator, endpoints, options, tag, str(nats["url"]) if nats else ""
+            )
             vchannels = sorted(vchannel_pchannel)
             pchannels = sorted(set(vchannel_pchannel.values()))
             first = await _status(endpoints)
@@ -986,7 +1052,7 @@ async def _run(
                 streaming, vchannels, tag, directory, history, rng, options
             )
             nemesis = Nemesis(
-                cluster, proxies, sampler, history, progress, coordinator, mounts=mounts
+                cluster, proxies, sampler, history, progress, coordinator, mounts=mounts, nats=nats
             )
             plan = plan_faults(options.seed, options.faults, options.duration_s)
             sampler_task = asyncio.create_task(sampler.run(stop), name="sampler")
@@ -1118,6 +1184,12 @@ async def _run(
         # After the nodes: a mount still in use could not be unmounted cleanly.
         for mount in mounts.values():
             await asyncio.to_thread(mount.close)
+        if nats is not None and isinstance(nats.get("pid"), int):
+            pid = int(nats["pid"])  # type: ignore[call-overload]
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGTERM)
+            await asyncio.to_thread(_reap, pid)
     if nemesis is not None:
         report.power_cuts = nemesis.power_cuts
         report.power_cuts_dropping = nemesis.power_cuts_dropping
@@ -1249,6 +1321,10 @@ async def _read_replicas(
     `final.logs`), for the check that a majority of the set holds every entry."""
     for channel in status.pchannels:
         if channel.name not in pchannels:
+            continue
+        if channel.wal in ("local", "jetstream"):
+            # One copy on the nodes (the owner's); jetstream's others are the stream's.
+            final.replica_sets[channel.name] = (channel.owner_node_id, (channel.owner_node_id,))
             continue
         final.replica_sets[channel.name] = (channel.owner_node_id, tuple(channel.replica_node_ids))
         for node_id in channel.replica_node_ids:
@@ -1497,6 +1573,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "floor to be gone, and no other",
     )
     parser.add_argument(
+        "--wal",
+        default="segments",
+        help="the pchannels' WAL implementation: segments (default), local, jetstream (a "
+        "nats-server of the run's own; with the nats-kill and nats-pause faults)",
+    )
+    parser.add_argument(
         "--spark",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -1518,6 +1600,22 @@ def register(commands: argparse._SubParsersAction) -> None:
         "target holds the source's committed log exactly",
     )
     parser.set_defaults(handler=_command)
+
+
+def _reap(pid: int) -> None:
+    """Wait (bounded) until a process this run killed is gone, reaping it when it is ours."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return
+        except ChildProcessError:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+        time.sleep(0.05)
 
 
 def power_unavailable() -> str:
@@ -1551,6 +1649,7 @@ def _command(args: argparse.Namespace) -> int:
         replica_count=args.replica_count,
         replace_after_ms=args.replace_after_ms,
         retention_bytes=args.retention_bytes,
+        wal=args.wal,
     )
     try:
         options.validate()

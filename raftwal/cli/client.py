@@ -31,6 +31,7 @@ import signal
 import socket
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -104,6 +105,8 @@ class Target:
     # Credential files of a `dev up --secure` cluster, from the dev cluster file: keys
     # token_file, tls_ca_file, tls_cert_file, tls_key_file.
     dev_security: dict[str, str] = field(default_factory=dict)
+    # The URL of the nats-server of a `dev up --with-nats` cluster ("" otherwise).
+    dev_nats_url: str = ""
 
 
 def add_security_arguments(parser: argparse.ArgumentParser) -> None:
@@ -188,6 +191,31 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     status.set_defaults(handler=_handler(_status))
 
+    wal = commands.add_parser("wal", help="the pchannels' WAL implementations")
+    wal_commands = wal.add_subparsers(dest="wal_command", metavar="ACTION")
+    wal_commands.required = True
+    alter = wal_commands.add_parser(
+        "alter",
+        parents=[common],
+        help="move every pchannel to another WAL implementation online (FLUSHING, "
+        "ADVANCE_CHECKPOINT, resume)",
+    )
+    alter.add_argument("--to", required=True, help="the implementation: segments, local, jetstream")
+    alter.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="its configuration (jetstream: url=nats://HOST:PORT, credentials=FILE, "
+        "replicas=N, stream_prefix=NAME; on a `dev up --with-nats` cluster the url is "
+        "its server's); repeatable",
+    )
+    alter.add_argument("--no-wait", action="store_true", help="return once the alter is recorded")
+    alter.add_argument(
+        "--wait-s", type=float, default=300.0, help="how long to wait for it (default: 300)"
+    )
+    alter.set_defaults(handler=_handler(_wal_alter, {"target": "--to", "config": "--config"}))
+
     channel = commands.add_parser("channel", help="physical channels (pchannels)")
     channel_commands = channel.add_subparsers(dest="channel_command", metavar="ACTION")
     channel_commands.required = True
@@ -197,10 +225,29 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--prefix", default="pchannel", help="names are <prefix>_<k> (default: pchannel)"
     )
     create.add_argument("--replicas", type=int, default=0, help="replica set size (0: default)")
+    create.add_argument(
+        "--wal",
+        default="",
+        help="WAL implementation: segments (default), local, jetstream",
+    )
+    create.add_argument(
+        "--wal-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the implementation's configuration (jetstream: url=nats://HOST:PORT, "
+        "credentials=FILE, replicas=N, stream_prefix=NAME); repeatable",
+    )
     create.set_defaults(
         handler=_handler(
             _channel_create,
-            {"replica_count": "--replicas", "count": "--count", "prefix": "--prefix"},
+            {
+                "replica_count": "--replicas",
+                "count": "--count",
+                "prefix": "--prefix",
+                "wal": "--wal",
+                "wal_config": "--wal-config",
+            },
         )
     )
     listing = channel_commands.add_parser("list", parents=[common], help="list pchannels")
@@ -494,6 +541,9 @@ def resolve_target(endpoints: str | None, dev_dir: Path) -> Target:
             for key in ("token_file", "tls_ca_file", "tls_cert_file", "tls_key_file")
             if security.get(key)
         }
+        nats = data.get("nats") or {}
+        if nats.get("pid") and nats.get("url"):
+            target.dev_nats_url = str(nats["url"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise CliError(f"cannot read endpoints from {path} ({error})") from None
     if not target.endpoints:
@@ -718,6 +768,8 @@ async def _status(args: argparse.Namespace, client: CoordinatorClient, target: T
         )
     console.print(nodes)
     console.print(_pchannel_table(status.pchannels))
+    if status.HasField("wal_alter"):
+        console.print(_wal_alter_table(status.wal_alter))
     replication = _replication_table(status.members)
     if replication.row_count:
         console.print(replication)
@@ -836,7 +888,7 @@ def _retention_table(status: api.ClusterStatusResponse) -> Table:
 
 def _pchannel_table(pchannels: Sequence[pb.PChannel]) -> Table:
     table = Table(title="pchannels")
-    for column in ("name", "term", "owner", "state", "access", "replicas"):
+    for column in ("name", "term", "owner", "state", "access", "wal", "replicas"):
         table.add_column(column)
     for channel in pchannels:
         state = _pchannel_state(channel.state)
@@ -846,7 +898,29 @@ def _pchannel_table(pchannels: Sequence[pb.PChannel]) -> Table:
             channel.owner_node_id or "-",
             state if state == "ASSIGNED" else f"[yellow]{state}[/]",
             _enum_name(pb.AccessMode, channel.access_mode, "ACCESS_MODE_"),
-            ",".join(channel.replica_node_ids),
+            channel.wal or "segments",
+            # local and jetstream replicate to no node: the owner holds the files
+            ",".join(channel.replica_node_ids)
+            if channel.wal in ("", "segments")
+            else channel.owner_node_id or "-",
+        )
+    return table
+
+
+def _wal_alter_table(alter: pb.WalAlter) -> Table:
+    table = Table(
+        title=f"WAL switch in progress: to {alter.target or 'segments'} (epoch {alter.epoch})"
+    )
+    for column in ("pchannel", "from", "stage", "checkpoint lsn", "term"):
+        table.add_column(column)
+    for name, entry in sorted(alter.pchannels.items()):
+        stage = _enum_name(pb.WalAlterStage, entry.stage, "WAL_ALTER_STAGE_")
+        table.add_row(
+            name,
+            entry.from_wal or "segments",
+            stage if stage == "DONE" else f"[yellow]{stage}[/]",
+            str(entry.checkpoint_lsn or "-"),
+            str(entry.term or "-"),
         )
     return table
 
@@ -949,11 +1023,85 @@ async def _balance_freeze(
     return 0
 
 
+def _key_values(flag: str, items: Sequence[str]) -> dict[str, str]:
+    """KEY=VALUE flags as a dict; a usage error (exit 2) for anything else."""
+    found: dict[str, str] = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        if not equals or not key:
+            raise CliError(f"invalid {flag} {item[:64]!r} (expected KEY=VALUE)")
+        found[key] = value
+    return found
+
+
+def _wal_config(args: argparse.Namespace, target: Target) -> dict[str, str]:
+    """--wal-config as a dict; for jetstream without a url, the dev cluster's nats-server
+    (`dev up --with-nats`) when there is one."""
+    config = _key_values("--wal-config", args.wal_config)
+    if args.wal == "jetstream" and "url" not in config and target.dev_nats_url:
+        config["url"] = target.dev_nats_url
+    return config
+
+
+async def _wal_alter(args: argparse.Namespace, client: CoordinatorClient, target: Target) -> int:
+    config = _key_values("--config", args.config)
+    if args.to == "jetstream" and "url" not in config and target.dev_nats_url:
+        config["url"] = target.dev_nats_url
+    response = await client.alter_wal(args.to, config)
+    if not response.epoch:
+        if args.json:
+            _print_json(response)
+        else:
+            moved = (
+                f" ({len(response.pchannels)} never-assigned moved)" if response.pchannels else ""
+            )
+            _console().print(f"every pchannel is on {args.to} already{moved}")
+        return 0
+    if not args.json:
+        _console().print(
+            f"AlterWAL to {args.to}: epoch {response.epoch}, {len(response.pchannels)} pchannel(s)"
+        )
+    if args.no_wait:
+        if args.json:
+            _print_json(response)
+        return 0
+    deadline = time.monotonic() + args.wait_s
+    last = ""
+    while True:
+        status = await client.cluster_status(linearizable=False)
+        alter = status.wal_alter
+        if not status.HasField("wal_alter") or alter.epoch != response.epoch:
+            break
+        stages = Counter(
+            _enum_name(pb.WalAlterStage, e.stage, "WAL_ALTER_STAGE_")
+            for e in alter.pchannels.values()
+        )
+        line = ", ".join(f"{n} {stage}" for stage, n in sorted(stages.items()))
+        if line != last and not args.json:
+            _console().print(f"  {line}")
+            last = line
+        if time.monotonic() > deadline:
+            raise CliError(
+                f"AlterWAL epoch {response.epoch} not finished after {args.wait_s:g} s ({line}); "
+                "it goes on: see `raftwal status`"
+            )
+        await asyncio.sleep(0.5)
+    if args.json:
+        _print_json(response)
+    else:
+        _console().print(f"AlterWAL epoch {response.epoch} done: every pchannel is on {args.to}")
+    return 0
+
+
 async def _channel_create(
     args: argparse.Namespace, client: CoordinatorClient, target: Target
 ) -> int:
     response = await client.create_channels(
-        count=args.count, prefix=args.prefix, replica_count=args.replicas
+        count=args.count,
+        prefix=args.prefix,
+        replica_count=args.replicas,
+        wal=args.wal,
+        wal_config=_wal_config(args, target),
     )
     if args.json:
         _print_json(response)

@@ -44,6 +44,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -229,6 +230,8 @@ class LocalCluster:
     # Nodes added by `add_node`: each runs from a config file of its own (itself and the
     # cluster to join), so that the cluster's raftwal.toml is never rewritten.
     joined_configs: dict[str, Path] = field(default_factory=dict)
+    # The nats-server of `up(with_nats=True)`: {"url", "pid", "dir"} (in cluster.json).
+    nats: dict[str, object] | None = None
 
     def remove_hosts(self) -> None:
         """Remove the nodes' network namespaces and their bridge (after `stop_all`)."""
@@ -385,6 +388,10 @@ class LocalCluster:
             data["netns"] = self.netns.to_json()
         if previous.get("security"):
             data["security"] = previous["security"]
+        if self.nats is not None:
+            data["nats"] = self.nats
+        elif previous.get("nats"):
+            data["nats"] = previous["nats"]
         if self.security is not None:
             data["security"] = {
                 "tls_ca_file": str(self.security.ca_file),
@@ -552,6 +559,7 @@ def up(
     in_netns: bool = False,
     cluster_id: str | None = None,
     mutual_tls: bool = True,
+    with_nats: bool = False,
 ) -> LocalCluster:
     """Start a local cluster in `directory` and return once it is ready (`wait_ready`);
     `on_progress` hears each step (`raftwal dev up` shows them on a terminal). With
@@ -593,6 +601,7 @@ def up(
             hosts,
             cluster_id,
             mutual_tls,
+            with_nats,
         )
     except BaseException:
         if hosts is not None:
@@ -615,6 +624,7 @@ def _start(
     hosts: netns.NetnsHosts | None,
     cluster_id: str | None,
     mutual_tls: bool = True,
+    with_nats: bool = False,
 ) -> LocalCluster:
     config = config or make_config(directory, nodes, data_nodes=data_nodes)
     if cluster_id is not None or not config.cluster_id:
@@ -658,7 +668,22 @@ def _start(
     except TimeoutError:
         cluster.stop_all()
         raise
+    if with_nats:
+        say("starting nats-server")
+        try:
+            cluster.nats = start_nats(directory)
+        except RuntimeError:
+            cluster.stop_all()
+            raise
+        cluster.write_cluster_file()
     return cluster
+
+
+def stop_nats(cluster: LocalCluster) -> None:
+    """Stop the dev cluster's nats-server (`up(with_nats=True)`), by its pid."""
+    if cluster.nats is not None and isinstance(cluster.nats.get("pid"), int):
+        _stop_pid(int(cluster.nats["pid"]), 5.0)  # type: ignore[arg-type]
+        cluster.nats["pid"] = None
 
 
 def node_processes(pid: int) -> list[int]:
@@ -722,6 +747,69 @@ def _alive(pid: object) -> bool:
 KILL_WAIT_S = 10.0
 
 
+def nats_binary() -> str | None:
+    """The nats-server to run: the venv's (scripts/install-nats.sh installs >= 2.10 there),
+    else the one on PATH."""
+    venv = Path(sys.executable).parent / "nats-server"
+    if venv.exists():
+        return str(venv)
+    return shutil.which("nats-server") or (
+        "/usr/sbin/nats-server" if Path("/usr/sbin/nats-server").exists() else None
+    )
+
+
+NATS_DIR = "nats"
+
+
+def start_nats(
+    directory: Path, timeout_s: float = 10.0, port: int | None = None
+) -> dict[str, object]:
+    """Start a nats-server with JetStream for the dev cluster in `directory`/nats (its store
+    and log there), on a free loopback port, in a session of its own (it outlives this
+    process; `down` stops it by pid). Returns {"url", "pid", "dir"}."""
+    binary = nats_binary()
+    if binary is None:
+        raise RuntimeError("nats-server is not installed (run scripts/install-nats.sh)")
+    home = directory / NATS_DIR
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # `port`: the one it had (started again after a kill, on the same store).
+    port = port or free_ports(1)[0]
+    with open(home / "nats.log", "ab") as log:
+        process = subprocess.Popen(
+            [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(home / "store")],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + scaled(timeout_s)
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return {"url": f"nats://127.0.0.1:{port}", "pid": process.pid, "dir": str(home)}
+        if process.poll() is not None:
+            raise RuntimeError(f"nats-server exited at start (see {home / 'nats.log'})")
+        time.sleep(0.05)
+    process.kill()
+    process.wait(timeout=10)
+    raise RuntimeError(f"nats-server did not listen within {timeout_s} s")
+
+
+def _stop_pid(pid: int, grace_s: float) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + scaled(grace_s)
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + scaled(KILL_WAIT_S)
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
 def down(directory: Path, grace_s: float = 10.0) -> list[int]:
     """Stop the processes recorded in `directory`/cluster.json (SIGTERM: a clean stop; after
     `grace_s`, SIGKILL) and return once every one has exited; returns the pids stopped."""
@@ -753,6 +841,11 @@ def down(directory: Path, grace_s: float = 10.0) -> list[int]:
     if data.get("netns"):
         # The nodes ran in namespaces of their own (`up(in_netns=True)`): remove them.
         netns.NetnsHosts.from_json(data.pop("netns")).destroy()
+    nats = data.get("nats") or {}
+    if isinstance(nats.get("pid"), int) and _alive(nats["pid"]):
+        _stop_pid(nats["pid"], grace_s)
+        pids.append(nats["pid"])
+        nats["pid"] = None
     path.write_text(json.dumps(data, indent=2))
     return pids
 

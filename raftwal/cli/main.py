@@ -215,6 +215,13 @@ def build_parser(
         default=None,
         help="this cluster's id in a replication configuration (default: dev)",
     )
+    dev_up.add_argument(
+        "--with-nats",
+        action="store_true",
+        help="also start a nats-server with JetStream for the cluster (its store in "
+        "<dir>/nats; its URL in cluster.json, where `channel create --wal jetstream` finds "
+        "it); `dev down` stops it",
+    )
     dev_up.set_defaults(handler=_dev_up)
     dev_renew = dev_commands.add_parser(
         "renew-certs",
@@ -405,6 +412,7 @@ def _dev_up(args: argparse.Namespace) -> int:
                 on_progress=progress.update,
                 in_netns=args.netns,
                 cluster_id=args.cluster_id,
+                with_nats=args.with_nats,
             )
     except (RuntimeError, TimeoutError, devcerts.CertificateError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -438,6 +446,7 @@ def _dev_up(args: argparse.Namespace) -> int:
                     "cluster_id": cluster.config.cluster_id,
                     "nodes": members,
                     "security": security,
+                    "nats": cluster.nats,
                     "ready_s": round(ready_s, 2),
                 }
             )
@@ -456,6 +465,11 @@ def _dev_up(args: argparse.Namespace) -> int:
         consoles = [m["console"] for m in members if m["console"]]
         if consoles:
             print(f"console (read-only, any node): {consoles[0]}")
+        if cluster.nats is not None:
+            print(
+                f"nats-server (JetStream) {cluster.nats['url']}  pid {cluster.nats['pid']}: "
+                "`raftwal channel create --wal jetstream` uses it"
+            )
         if security is not None:
             print(
                 "secure: TLS with client certificates, bearer tokens per role; CLI commands "

@@ -355,6 +355,9 @@ async def build_snapshot(node: Node) -> dict[str, Any]:
             {
                 "name": channel.name,
                 "state": PCHANNEL_STATES.get(channel.state, "?"),
+                # its WAL implementation, and its stage in a WAL switch ("" when none)
+                "wal": channel.wal or "segments",
+                "wal_alter_stage": _alter_stage(status, channel.name),
                 "term": channel.term,
                 "owner_node_id": channel.owner_node_id,
                 "owner_state": owner.state if owner is not None else "",
@@ -441,3 +444,14 @@ async def build_snapshot(node: Node) -> dict[str, Any]:
 
 
 __all__ = ["ConsoleFeed", "ConsoleRoutes", "build_snapshot"]
+
+
+def _alter_stage(status: api.ClusterStatusResponse, pchannel: str) -> str:
+    """The pchannel's stage in the WAL switch in progress ("" when none), with its target."""
+    if not status.HasField("wal_alter"):
+        return ""
+    entry = status.wal_alter.pchannels.get(pchannel)
+    if entry is None:
+        return ""
+    stage = pb.WalAlterStage.Name(entry.stage).removeprefix("WAL_ALTER_STAGE_")
+    return f"{stage} to {status.wal_alter.target or 'segments'}"

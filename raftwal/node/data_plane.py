@@ -115,6 +115,12 @@ class NodeDataView:
                         state=_STATE_NAMES[channel.state],
                         replica_node_ids=tuple(channel.replica_node_ids),
                         stable_replica_node_ids=tuple(channel.stable_replica_node_ids),
+                        wal=channel.wal,
+                        wal_config=tuple(sorted(channel.wal_config.items())),
+                        wal_epoch=channel.wal_epoch,
+                        previous_owner_node_id=_previous_owner(channel),
+                        wal_checkpoint=(channel.wal_checkpoint_lsn, channel.wal_checkpoint_term),
+                        **_flushing(state, name),
                     )
             for name, vchannel in state.vchannels.items():
                 view.vchannels[name] = VChannelInfo(
@@ -208,6 +214,26 @@ class NodeDataView:
 
     def committed_through(self, pchannel: str) -> int:
         return self.view.committed_through.get(pchannel, 0)
+
+    async def wal_flushed(
+        self, pchannel: str, epoch: int, term: int, checkpoint: tuple[int, int, int]
+    ) -> int:
+        lsn, lsn_term, time_tick = checkpoint
+        result = await self._node.propose(
+            pb.Command(
+                request_id=f"flushed:{pchannel}:{epoch}:{term}:{lsn}",
+                wal_flushed=pb.WalFlushed(
+                    pchannel=pchannel,
+                    epoch=epoch,
+                    term=term,
+                    node_id=self._node.me.id,
+                    checkpoint_lsn=lsn,
+                    checkpoint_term=lsn_term,
+                    checkpoint_time_tick=time_tick,
+                ),
+            )
+        )
+        return result.rejection.code
 
     def retention_floor(self, pchannel: str) -> int:
         return self.view.deleted_before.get(pchannel, 0)
@@ -533,3 +559,22 @@ async def reconcile_loop(
         except Exception:  # noqa: BLE001 - logged; the next round retries
             log.exception("data plane reconcile failed")
         await node.notifier.wait_change(1.0)
+
+
+def _flushing(state: pb.CoordinationState, pchannel: str) -> dict[str, object]:
+    """The AlterWAL in FLUSHING for `pchannel`, as Assignment fields (none: {})."""
+    if not state.HasField("wal_alter"):
+        return {}
+    entry = state.wal_alter.pchannels.get(pchannel)
+    if entry is None or entry.stage != pb.WAL_ALTER_STAGE_FLUSHING:
+        return {}
+    return {"flushing_epoch": state.wal_alter.epoch, "flushing_target": state.wal_alter.target}
+
+
+def _previous_owner(channel: pb.PChannel) -> str:
+    """The owner at the last term before the current one that became ready (its history
+    entry has a start LSN), "" when none or when it is the current owner."""
+    for entry in reversed(channel.history):
+        if entry.term < channel.term and entry.start_lsn:
+            return entry.node_id if entry.node_id != channel.owner_node_id else ""
+    return ""

@@ -129,6 +129,8 @@ class ReportingMixin:
                     and state.pchannels[name].state != pb.PCHANNEL_STATE_DROPPED
                 ],
             )
+            if state.HasField("wal_alter"):
+                response.wal_alter.CopyFrom(state.wal_alter)
             return response
 
         response, revision = await self.read(reader, linearizable)

@@ -86,6 +86,7 @@ METHOD_ROLES: Mapping[str, frozenset[str]] = {
         "ChangeMembership",
         "UpdateReplicateConfiguration",
         "GetReplicateConfiguration",
+        "AlterWal",
     ),
     **_methods(
         "Coordinator",

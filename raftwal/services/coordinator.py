@@ -33,6 +33,8 @@ from statemachine.state import restore_state, snapshot_state
 from statemachine.types import DEFAULT_LIMITS as LIMITS
 from statemachine.validation import check_name
 from wal_segments.owner import TICK_LOGICAL_BITS
+from wal_segments.walimpls import registry as wal_registry
+from wal_segments.walimpls.api import ConfigError
 
 log = logging.getLogger(__name__)
 E = errors_pb2
@@ -320,6 +322,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         async def work() -> api.CreateChannelsResponse:
             request_id = _new_request_id(request.request_id)
             _check_count("names", len(request.names), 0)
+            try:
+                wal_config = wal_registry.validate(request.wal, request.wal_config)
+            except ConfigError as error:
+                raise fail(E.INVALID_ARGUMENT, str(error)) from None
             result = await self._propose(
                 request_id,
                 create_pchannels=pb.CreatePChannels(
@@ -328,6 +334,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                     count=request.count,
                     owner=request.owner,
                     replica_count=request.replica_count,
+                    wal=request.wal,
+                    wal_config=wal_config,
                 ),
             )
             return api.CreateChannelsResponse(
@@ -1122,6 +1130,37 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             answer.cluster_id = self._backend.cluster_id
             answer.revision = revision
             return answer
+
+        return await self._call(context, work())
+
+    async def AlterWal(self, request, context):
+        async def work() -> api.AlterWalResponse:
+            request_id = _new_request_id(request.request_id)
+            if not request.target:
+                raise fail(
+                    E.INVALID_ARGUMENT,
+                    f"invalid target (got ''; expected one of {', '.join(wal_registry.names())})",
+                )
+            try:
+                config = wal_registry.validate(request.target, request.config)
+            except ConfigError as error:
+                raise fail(E.INVALID_ARGUMENT, str(error)) from None
+            result = await self._propose(
+                request_id, alter_wal=pb.AlterWal(target=request.target, target_config=config)
+            )
+            started = [e for e in result.events if e.WhichOneof("body") == "wal_alter_started"]
+            moved = [
+                e.wal_checkpoint_advanced.pchannel
+                for e in result.events
+                if e.WhichOneof("body") == "wal_checkpoint_advanced"
+            ]
+            return api.AlterWalResponse(
+                epoch=started[0].wal_alter_started.epoch if started else 0,
+                pchannels=sorted(
+                    [*(started[0].wal_alter_started.pchannels if started else ()), *moved]
+                ),
+                revision=result.revision,
+            )
 
         return await self._call(context, work())
 

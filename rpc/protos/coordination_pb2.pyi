@@ -48,6 +48,13 @@ class BroadcastState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BROADCAST_STATE_TOMBSTONE: _ClassVar[BroadcastState]
     BROADCAST_STATE_DONE: _ClassVar[BroadcastState]
 
+class WalAlterStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WAL_ALTER_STAGE_UNSPECIFIED: _ClassVar[WalAlterStage]
+    WAL_ALTER_STAGE_FLUSHING: _ClassVar[WalAlterStage]
+    WAL_ALTER_STAGE_ADVANCE_CHECKPOINT: _ClassVar[WalAlterStage]
+    WAL_ALTER_STAGE_DONE: _ClassVar[WalAlterStage]
+
 class HolderKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     HOLDER_KIND_UNSPECIFIED: _ClassVar[HolderKind]
@@ -83,6 +90,10 @@ BROADCAST_STATE_UNSPECIFIED: BroadcastState
 BROADCAST_STATE_PENDING: BroadcastState
 BROADCAST_STATE_TOMBSTONE: BroadcastState
 BROADCAST_STATE_DONE: BroadcastState
+WAL_ALTER_STAGE_UNSPECIFIED: WalAlterStage
+WAL_ALTER_STAGE_FLUSHING: WalAlterStage
+WAL_ALTER_STAGE_ADVANCE_CHECKPOINT: WalAlterStage
+WAL_ALTER_STAGE_DONE: WalAlterStage
 HOLDER_KIND_UNSPECIFIED: HolderKind
 HOLDER_KIND_LEASE: HolderKind
 HOLDER_KIND_BROADCAST: HolderKind
@@ -133,7 +144,14 @@ class AssignmentHistoryEntry(_message.Message):
     def __init__(self, term: _Optional[int] = ..., node_id: _Optional[str] = ..., start_lsn: _Optional[int] = ..., end_lsn: _Optional[int] = ...) -> None: ...
 
 class PChannel(_message.Message):
-    __slots__ = ("name", "term", "owner_node_id", "replica_node_ids", "state", "access_mode", "history", "owner", "replica_count", "created_revision", "stable_replica_node_ids")
+    __slots__ = ("name", "term", "owner_node_id", "replica_node_ids", "state", "access_mode", "history", "owner", "replica_count", "created_revision", "stable_replica_node_ids", "wal", "wal_config", "wal_epoch", "wal_checkpoint_lsn", "wal_checkpoint_term", "wal_checkpoint_time_tick")
+    class WalConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     OWNER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +163,12 @@ class PChannel(_message.Message):
     REPLICA_COUNT_FIELD_NUMBER: _ClassVar[int]
     CREATED_REVISION_FIELD_NUMBER: _ClassVar[int]
     STABLE_REPLICA_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    WAL_FIELD_NUMBER: _ClassVar[int]
+    WAL_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    WAL_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    WAL_CHECKPOINT_LSN_FIELD_NUMBER: _ClassVar[int]
+    WAL_CHECKPOINT_TERM_FIELD_NUMBER: _ClassVar[int]
+    WAL_CHECKPOINT_TIME_TICK_FIELD_NUMBER: _ClassVar[int]
     name: str
     term: int
     owner_node_id: str
@@ -156,7 +180,55 @@ class PChannel(_message.Message):
     replica_count: int
     created_revision: int
     stable_replica_node_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., term: _Optional[int] = ..., owner_node_id: _Optional[str] = ..., replica_node_ids: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[PChannelState, str]] = ..., access_mode: _Optional[_Union[AccessMode, str]] = ..., history: _Optional[_Iterable[_Union[AssignmentHistoryEntry, _Mapping]]] = ..., owner: _Optional[_Union[OwnerDescription, _Mapping]] = ..., replica_count: _Optional[int] = ..., created_revision: _Optional[int] = ..., stable_replica_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    wal: str
+    wal_config: _containers.ScalarMap[str, str]
+    wal_epoch: int
+    wal_checkpoint_lsn: int
+    wal_checkpoint_term: int
+    wal_checkpoint_time_tick: int
+    def __init__(self, name: _Optional[str] = ..., term: _Optional[int] = ..., owner_node_id: _Optional[str] = ..., replica_node_ids: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[PChannelState, str]] = ..., access_mode: _Optional[_Union[AccessMode, str]] = ..., history: _Optional[_Iterable[_Union[AssignmentHistoryEntry, _Mapping]]] = ..., owner: _Optional[_Union[OwnerDescription, _Mapping]] = ..., replica_count: _Optional[int] = ..., created_revision: _Optional[int] = ..., stable_replica_node_ids: _Optional[_Iterable[str]] = ..., wal: _Optional[str] = ..., wal_config: _Optional[_Mapping[str, str]] = ..., wal_epoch: _Optional[int] = ..., wal_checkpoint_lsn: _Optional[int] = ..., wal_checkpoint_term: _Optional[int] = ..., wal_checkpoint_time_tick: _Optional[int] = ...) -> None: ...
+
+class WalAlterChannel(_message.Message):
+    __slots__ = ("stage", "from_wal", "checkpoint_lsn", "checkpoint_time_tick", "term")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    FROM_WAL_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_LSN_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_TIME_TICK_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    stage: WalAlterStage
+    from_wal: str
+    checkpoint_lsn: int
+    checkpoint_time_tick: int
+    term: int
+    def __init__(self, stage: _Optional[_Union[WalAlterStage, str]] = ..., from_wal: _Optional[str] = ..., checkpoint_lsn: _Optional[int] = ..., checkpoint_time_tick: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
+
+class WalAlter(_message.Message):
+    __slots__ = ("epoch", "target", "target_config", "pchannels", "started_at_ms")
+    class TargetConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class PchannelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: WalAlterChannel
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[WalAlterChannel, _Mapping]] = ...) -> None: ...
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    TARGET_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    PCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    target: str
+    target_config: _containers.ScalarMap[str, str]
+    pchannels: _containers.MessageMap[str, WalAlterChannel]
+    started_at_ms: int
+    def __init__(self, epoch: _Optional[int] = ..., target: _Optional[str] = ..., target_config: _Optional[_Mapping[str, str]] = ..., pchannels: _Optional[_Mapping[str, WalAlterChannel]] = ..., started_at_ms: _Optional[int] = ...) -> None: ...
 
 class VChannel(_message.Message):
     __slots__ = ("name", "id", "pchannel", "state", "owner", "created_revision")
@@ -446,7 +518,7 @@ class ReplicateConfiguration(_message.Message):
     def __init__(self, clusters: _Optional[_Iterable[_Union[ReplicateCluster, _Mapping]]] = ..., topology: _Optional[_Iterable[_Union[ReplicateTopologyEdge, _Mapping]]] = ..., switchover: _Optional[_Union[ReplicateSwitchover, _Mapping]] = ...) -> None: ...
 
 class CoordinationState(_message.Message):
-    __slots__ = ("format_version", "revision", "last_raft_index", "nodes", "pchannels", "vchannels", "next_vchannel_id", "manifests", "broadcasts", "broadcast_idempotency", "locks", "leases", "consumer_groups", "balance_policy", "recent_results", "recent_request_ids", "recent_cursor", "last_time_ms", "subscriptions", "replicate_configuration", "replicate_cluster_id", "replicate_checkpoints", "removed_nodes", "owner_usage")
+    __slots__ = ("format_version", "revision", "last_raft_index", "nodes", "pchannels", "vchannels", "next_vchannel_id", "manifests", "broadcasts", "broadcast_idempotency", "locks", "leases", "consumer_groups", "balance_policy", "recent_results", "recent_request_ids", "recent_cursor", "last_time_ms", "subscriptions", "replicate_configuration", "replicate_cluster_id", "replicate_checkpoints", "removed_nodes", "owner_usage", "wal_alter")
     class NodesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -569,6 +641,7 @@ class CoordinationState(_message.Message):
     REPLICATE_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     REMOVED_NODES_FIELD_NUMBER: _ClassVar[int]
     OWNER_USAGE_FIELD_NUMBER: _ClassVar[int]
+    WAL_ALTER_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     revision: int
     last_raft_index: int
@@ -593,7 +666,8 @@ class CoordinationState(_message.Message):
     replicate_checkpoints: _containers.MessageMap[str, ReplicateCheckpoints]
     removed_nodes: _containers.MessageMap[str, RemovedNode]
     owner_usage: _containers.MessageMap[str, OwnerUsage]
-    def __init__(self, format_version: _Optional[int] = ..., revision: _Optional[int] = ..., last_raft_index: _Optional[int] = ..., nodes: _Optional[_Mapping[str, Node]] = ..., pchannels: _Optional[_Mapping[str, PChannel]] = ..., vchannels: _Optional[_Mapping[str, VChannel]] = ..., next_vchannel_id: _Optional[int] = ..., manifests: _Optional[_Mapping[str, SegmentManifest]] = ..., broadcasts: _Optional[_Mapping[int, BroadcastTask]] = ..., broadcast_idempotency: _Optional[_Mapping[str, int]] = ..., locks: _Optional[_Mapping[str, ResourceLock]] = ..., leases: _Optional[_Mapping[int, Lease]] = ..., consumer_groups: _Optional[_Mapping[str, ConsumerGroup]] = ..., balance_policy: _Optional[_Union[BalancePolicy, _Mapping]] = ..., recent_results: _Optional[_Mapping[str, bytes]] = ..., recent_request_ids: _Optional[_Iterable[str]] = ..., recent_cursor: _Optional[int] = ..., last_time_ms: _Optional[int] = ..., subscriptions: _Optional[_Mapping[str, Subscription]] = ..., replicate_configuration: _Optional[_Union[ReplicateConfiguration, _Mapping]] = ..., replicate_cluster_id: _Optional[str] = ..., replicate_checkpoints: _Optional[_Mapping[str, ReplicateCheckpoints]] = ..., removed_nodes: _Optional[_Mapping[str, RemovedNode]] = ..., owner_usage: _Optional[_Mapping[str, OwnerUsage]] = ...) -> None: ...
+    wal_alter: WalAlter
+    def __init__(self, format_version: _Optional[int] = ..., revision: _Optional[int] = ..., last_raft_index: _Optional[int] = ..., nodes: _Optional[_Mapping[str, Node]] = ..., pchannels: _Optional[_Mapping[str, PChannel]] = ..., vchannels: _Optional[_Mapping[str, VChannel]] = ..., next_vchannel_id: _Optional[int] = ..., manifests: _Optional[_Mapping[str, SegmentManifest]] = ..., broadcasts: _Optional[_Mapping[int, BroadcastTask]] = ..., broadcast_idempotency: _Optional[_Mapping[str, int]] = ..., locks: _Optional[_Mapping[str, ResourceLock]] = ..., leases: _Optional[_Mapping[int, Lease]] = ..., consumer_groups: _Optional[_Mapping[str, ConsumerGroup]] = ..., balance_policy: _Optional[_Union[BalancePolicy, _Mapping]] = ..., recent_results: _Optional[_Mapping[str, bytes]] = ..., recent_request_ids: _Optional[_Iterable[str]] = ..., recent_cursor: _Optional[int] = ..., last_time_ms: _Optional[int] = ..., subscriptions: _Optional[_Mapping[str, Subscription]] = ..., replicate_configuration: _Optional[_Union[ReplicateConfiguration, _Mapping]] = ..., replicate_cluster_id: _Optional[str] = ..., replicate_checkpoints: _Optional[_Mapping[str, ReplicateCheckpoints]] = ..., removed_nodes: _Optional[_Mapping[str, RemovedNode]] = ..., owner_usage: _Optional[_Mapping[str, OwnerUsage]] = ..., wal_alter: _Optional[_Union[WalAlter, _Mapping]] = ...) -> None: ...
 
 class OwnerUsage(_message.Message):
     __slots__ = ("leases", "locks")
@@ -687,18 +761,29 @@ class UnfreezeNode(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class CreatePChannels(_message.Message):
-    __slots__ = ("names", "prefix", "count", "owner", "replica_count")
+    __slots__ = ("names", "prefix", "count", "owner", "replica_count", "wal", "wal_config")
+    class WalConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAMES_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     REPLICA_COUNT_FIELD_NUMBER: _ClassVar[int]
+    WAL_FIELD_NUMBER: _ClassVar[int]
+    WAL_CONFIG_FIELD_NUMBER: _ClassVar[int]
     names: _containers.RepeatedScalarFieldContainer[str]
     prefix: str
     count: int
     owner: OwnerDescription
     replica_count: int
-    def __init__(self, names: _Optional[_Iterable[str]] = ..., prefix: _Optional[str] = ..., count: _Optional[int] = ..., owner: _Optional[_Union[OwnerDescription, _Mapping]] = ..., replica_count: _Optional[int] = ...) -> None: ...
+    wal: str
+    wal_config: _containers.ScalarMap[str, str]
+    def __init__(self, names: _Optional[_Iterable[str]] = ..., prefix: _Optional[str] = ..., count: _Optional[int] = ..., owner: _Optional[_Union[OwnerDescription, _Mapping]] = ..., replica_count: _Optional[int] = ..., wal: _Optional[str] = ..., wal_config: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class AssignPChannel(_message.Message):
     __slots__ = ("pchannel", "term", "node_id", "replica_node_ids", "access_mode")
@@ -1020,8 +1105,41 @@ class Barrier(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class AlterWal(_message.Message):
+    __slots__ = ("target", "target_config")
+    class TargetConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    TARGET_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    target_config: _containers.ScalarMap[str, str]
+    def __init__(self, target: _Optional[str] = ..., target_config: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class WalFlushed(_message.Message):
+    __slots__ = ("pchannel", "epoch", "term", "node_id", "checkpoint_lsn", "checkpoint_term", "checkpoint_time_tick")
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_LSN_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_TERM_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_TIME_TICK_FIELD_NUMBER: _ClassVar[int]
+    pchannel: str
+    epoch: int
+    term: int
+    node_id: str
+    checkpoint_lsn: int
+    checkpoint_term: int
+    checkpoint_time_tick: int
+    def __init__(self, pchannel: _Optional[str] = ..., epoch: _Optional[int] = ..., term: _Optional[int] = ..., node_id: _Optional[str] = ..., checkpoint_lsn: _Optional[int] = ..., checkpoint_term: _Optional[int] = ..., checkpoint_time_tick: _Optional[int] = ...) -> None: ...
+
 class Command(_message.Message):
-    __slots__ = ("request_id", "proposed_at_ms", "register_node", "mark_node_down", "mark_node_up", "freeze_node", "unfreeze_node", "remove_node", "create_pchannels", "assign_pchannel", "pchannel_ready", "mark_pchannel_unavailable", "drop_pchannel", "create_vchannel", "drop_vchannel", "commit_segment", "delete_segments_before", "create_broadcast", "record_broadcast_appended", "ack_broadcast", "clear_broadcasts", "grant_lease", "keep_alive_lease", "revoke_lease", "expire_leases", "extend_leases", "lock", "unlock", "commit_consumer_position", "bump_consumer_fence", "create_subscription", "drop_subscription", "commit_subscription_position", "seek_subscription", "join_subscription", "leave_subscription", "assign_subscription", "restore_state", "set_balance_policy", "update_replicate_configuration", "record_replicate_checkpoint", "barrier")
+    __slots__ = ("request_id", "proposed_at_ms", "register_node", "mark_node_down", "mark_node_up", "freeze_node", "unfreeze_node", "remove_node", "create_pchannels", "assign_pchannel", "pchannel_ready", "mark_pchannel_unavailable", "drop_pchannel", "create_vchannel", "drop_vchannel", "commit_segment", "delete_segments_before", "create_broadcast", "record_broadcast_appended", "ack_broadcast", "clear_broadcasts", "grant_lease", "keep_alive_lease", "revoke_lease", "expire_leases", "extend_leases", "lock", "unlock", "commit_consumer_position", "bump_consumer_fence", "create_subscription", "drop_subscription", "commit_subscription_position", "seek_subscription", "join_subscription", "leave_subscription", "assign_subscription", "restore_state", "set_balance_policy", "update_replicate_configuration", "record_replicate_checkpoint", "barrier", "alter_wal", "wal_flushed")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     REGISTER_NODE_FIELD_NUMBER: _ClassVar[int]
@@ -1064,6 +1182,8 @@ class Command(_message.Message):
     UPDATE_REPLICATE_CONFIGURATION_FIELD_NUMBER: _ClassVar[int]
     RECORD_REPLICATE_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     BARRIER_FIELD_NUMBER: _ClassVar[int]
+    ALTER_WAL_FIELD_NUMBER: _ClassVar[int]
+    WAL_FLUSHED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     proposed_at_ms: int
     register_node: RegisterNode
@@ -1106,7 +1226,9 @@ class Command(_message.Message):
     update_replicate_configuration: UpdateReplicateConfiguration
     record_replicate_checkpoint: RecordReplicateCheckpoint
     barrier: Barrier
-    def __init__(self, request_id: _Optional[str] = ..., proposed_at_ms: _Optional[int] = ..., register_node: _Optional[_Union[RegisterNode, _Mapping]] = ..., mark_node_down: _Optional[_Union[MarkNodeDown, _Mapping]] = ..., mark_node_up: _Optional[_Union[MarkNodeUp, _Mapping]] = ..., freeze_node: _Optional[_Union[FreezeNode, _Mapping]] = ..., unfreeze_node: _Optional[_Union[UnfreezeNode, _Mapping]] = ..., remove_node: _Optional[_Union[RemoveNode, _Mapping]] = ..., create_pchannels: _Optional[_Union[CreatePChannels, _Mapping]] = ..., assign_pchannel: _Optional[_Union[AssignPChannel, _Mapping]] = ..., pchannel_ready: _Optional[_Union[PChannelReady, _Mapping]] = ..., mark_pchannel_unavailable: _Optional[_Union[MarkPChannelUnavailable, _Mapping]] = ..., drop_pchannel: _Optional[_Union[DropPChannel, _Mapping]] = ..., create_vchannel: _Optional[_Union[CreateVChannel, _Mapping]] = ..., drop_vchannel: _Optional[_Union[DropVChannel, _Mapping]] = ..., commit_segment: _Optional[_Union[CommitSegment, _Mapping]] = ..., delete_segments_before: _Optional[_Union[DeleteSegmentsBefore, _Mapping]] = ..., create_broadcast: _Optional[_Union[CreateBroadcast, _Mapping]] = ..., record_broadcast_appended: _Optional[_Union[RecordBroadcastAppended, _Mapping]] = ..., ack_broadcast: _Optional[_Union[AckBroadcast, _Mapping]] = ..., clear_broadcasts: _Optional[_Union[ClearBroadcasts, _Mapping]] = ..., grant_lease: _Optional[_Union[GrantLease, _Mapping]] = ..., keep_alive_lease: _Optional[_Union[KeepAliveLease, _Mapping]] = ..., revoke_lease: _Optional[_Union[RevokeLease, _Mapping]] = ..., expire_leases: _Optional[_Union[ExpireLeases, _Mapping]] = ..., extend_leases: _Optional[_Union[ExtendLeases, _Mapping]] = ..., lock: _Optional[_Union[Lock, _Mapping]] = ..., unlock: _Optional[_Union[Unlock, _Mapping]] = ..., commit_consumer_position: _Optional[_Union[CommitConsumerPosition, _Mapping]] = ..., bump_consumer_fence: _Optional[_Union[BumpConsumerFence, _Mapping]] = ..., create_subscription: _Optional[_Union[CreateSubscription, _Mapping]] = ..., drop_subscription: _Optional[_Union[DropSubscription, _Mapping]] = ..., commit_subscription_position: _Optional[_Union[CommitSubscriptionPosition, _Mapping]] = ..., seek_subscription: _Optional[_Union[SeekSubscription, _Mapping]] = ..., join_subscription: _Optional[_Union[JoinSubscription, _Mapping]] = ..., leave_subscription: _Optional[_Union[LeaveSubscription, _Mapping]] = ..., assign_subscription: _Optional[_Union[AssignSubscription, _Mapping]] = ..., restore_state: _Optional[_Union[RestoreState, _Mapping]] = ..., set_balance_policy: _Optional[_Union[SetBalancePolicy, _Mapping]] = ..., update_replicate_configuration: _Optional[_Union[UpdateReplicateConfiguration, _Mapping]] = ..., record_replicate_checkpoint: _Optional[_Union[RecordReplicateCheckpoint, _Mapping]] = ..., barrier: _Optional[_Union[Barrier, _Mapping]] = ...) -> None: ...
+    alter_wal: AlterWal
+    wal_flushed: WalFlushed
+    def __init__(self, request_id: _Optional[str] = ..., proposed_at_ms: _Optional[int] = ..., register_node: _Optional[_Union[RegisterNode, _Mapping]] = ..., mark_node_down: _Optional[_Union[MarkNodeDown, _Mapping]] = ..., mark_node_up: _Optional[_Union[MarkNodeUp, _Mapping]] = ..., freeze_node: _Optional[_Union[FreezeNode, _Mapping]] = ..., unfreeze_node: _Optional[_Union[UnfreezeNode, _Mapping]] = ..., remove_node: _Optional[_Union[RemoveNode, _Mapping]] = ..., create_pchannels: _Optional[_Union[CreatePChannels, _Mapping]] = ..., assign_pchannel: _Optional[_Union[AssignPChannel, _Mapping]] = ..., pchannel_ready: _Optional[_Union[PChannelReady, _Mapping]] = ..., mark_pchannel_unavailable: _Optional[_Union[MarkPChannelUnavailable, _Mapping]] = ..., drop_pchannel: _Optional[_Union[DropPChannel, _Mapping]] = ..., create_vchannel: _Optional[_Union[CreateVChannel, _Mapping]] = ..., drop_vchannel: _Optional[_Union[DropVChannel, _Mapping]] = ..., commit_segment: _Optional[_Union[CommitSegment, _Mapping]] = ..., delete_segments_before: _Optional[_Union[DeleteSegmentsBefore, _Mapping]] = ..., create_broadcast: _Optional[_Union[CreateBroadcast, _Mapping]] = ..., record_broadcast_appended: _Optional[_Union[RecordBroadcastAppended, _Mapping]] = ..., ack_broadcast: _Optional[_Union[AckBroadcast, _Mapping]] = ..., clear_broadcasts: _Optional[_Union[ClearBroadcasts, _Mapping]] = ..., grant_lease: _Optional[_Union[GrantLease, _Mapping]] = ..., keep_alive_lease: _Optional[_Union[KeepAliveLease, _Mapping]] = ..., revoke_lease: _Optional[_Union[RevokeLease, _Mapping]] = ..., expire_leases: _Optional[_Union[ExpireLeases, _Mapping]] = ..., extend_leases: _Optional[_Union[ExtendLeases, _Mapping]] = ..., lock: _Optional[_Union[Lock, _Mapping]] = ..., unlock: _Optional[_Union[Unlock, _Mapping]] = ..., commit_consumer_position: _Optional[_Union[CommitConsumerPosition, _Mapping]] = ..., bump_consumer_fence: _Optional[_Union[BumpConsumerFence, _Mapping]] = ..., create_subscription: _Optional[_Union[CreateSubscription, _Mapping]] = ..., drop_subscription: _Optional[_Union[DropSubscription, _Mapping]] = ..., commit_subscription_position: _Optional[_Union[CommitSubscriptionPosition, _Mapping]] = ..., seek_subscription: _Optional[_Union[SeekSubscription, _Mapping]] = ..., join_subscription: _Optional[_Union[JoinSubscription, _Mapping]] = ..., leave_subscription: _Optional[_Union[LeaveSubscription, _Mapping]] = ..., assign_subscription: _Optional[_Union[AssignSubscription, _Mapping]] = ..., restore_state: _Optional[_Union[RestoreState, _Mapping]] = ..., set_balance_policy: _Optional[_Union[SetBalancePolicy, _Mapping]] = ..., update_replicate_configuration: _Optional[_Union[UpdateReplicateConfiguration, _Mapping]] = ..., record_replicate_checkpoint: _Optional[_Union[RecordReplicateCheckpoint, _Mapping]] = ..., barrier: _Optional[_Union[Barrier, _Mapping]] = ..., alter_wal: _Optional[_Union[AlterWal, _Mapping]] = ..., wal_flushed: _Optional[_Union[WalFlushed, _Mapping]] = ...) -> None: ...
 
 class NodeRegistered(_message.Message):
     __slots__ = ("node_id", "address", "raft_address", "worker_addresses")
@@ -1152,15 +1274,90 @@ class NodeUnfrozen(_message.Message):
     node_id: str
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
+class WalAlterStarted(_message.Message):
+    __slots__ = ("epoch", "target", "target_config", "pchannels", "from_wals")
+    class TargetConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    TARGET_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    PCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    FROM_WALS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    target: str
+    target_config: _containers.ScalarMap[str, str]
+    pchannels: _containers.RepeatedScalarFieldContainer[str]
+    from_wals: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, epoch: _Optional[int] = ..., target: _Optional[str] = ..., target_config: _Optional[_Mapping[str, str]] = ..., pchannels: _Optional[_Iterable[str]] = ..., from_wals: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WalCheckpointAdvanced(_message.Message):
+    __slots__ = ("pchannel", "epoch", "wal", "wal_config", "checkpoint_lsn", "checkpoint_term", "checkpoint_time_tick", "term")
+    class WalConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    WAL_FIELD_NUMBER: _ClassVar[int]
+    WAL_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_LSN_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_TERM_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_TIME_TICK_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    pchannel: str
+    epoch: int
+    wal: str
+    wal_config: _containers.ScalarMap[str, str]
+    checkpoint_lsn: int
+    checkpoint_term: int
+    checkpoint_time_tick: int
+    term: int
+    def __init__(self, pchannel: _Optional[str] = ..., epoch: _Optional[int] = ..., wal: _Optional[str] = ..., wal_config: _Optional[_Mapping[str, str]] = ..., checkpoint_lsn: _Optional[int] = ..., checkpoint_term: _Optional[int] = ..., checkpoint_time_tick: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
+
+class WalAlterChannelDone(_message.Message):
+    __slots__ = ("pchannel", "epoch")
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    pchannel: str
+    epoch: int
+    def __init__(self, pchannel: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class WalAlterFinished(_message.Message):
+    __slots__ = ("epoch", "target")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    target: str
+    def __init__(self, epoch: _Optional[int] = ..., target: _Optional[str] = ...) -> None: ...
+
 class PChannelCreated(_message.Message):
-    __slots__ = ("name", "owner", "replica_count")
+    __slots__ = ("name", "owner", "replica_count", "wal", "wal_config")
+    class WalConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     REPLICA_COUNT_FIELD_NUMBER: _ClassVar[int]
+    WAL_FIELD_NUMBER: _ClassVar[int]
+    WAL_CONFIG_FIELD_NUMBER: _ClassVar[int]
     name: str
     owner: OwnerDescription
     replica_count: int
-    def __init__(self, name: _Optional[str] = ..., owner: _Optional[_Union[OwnerDescription, _Mapping]] = ..., replica_count: _Optional[int] = ...) -> None: ...
+    wal: str
+    wal_config: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., owner: _Optional[_Union[OwnerDescription, _Mapping]] = ..., replica_count: _Optional[int] = ..., wal: _Optional[str] = ..., wal_config: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class PChannelAssigned(_message.Message):
     __slots__ = ("pchannel", "term", "node_id", "replica_node_ids", "access_mode")
@@ -1433,7 +1630,7 @@ class ReplicateConfigurationUpdated(_message.Message):
     def __init__(self, configuration: _Optional[_Union[ReplicateConfiguration, _Mapping]] = ..., local_cluster_id: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("revision", "raft_index", "time_ms", "node_registered", "node_marked_down", "node_marked_up", "node_frozen", "node_unfrozen", "node_removed", "pchannel_created", "pchannel_assigned", "pchannel_became_ready", "pchannel_marked_unavailable", "pchannel_dropped", "vchannel_created", "vchannel_dropped", "segment_committed", "segments_deleted", "broadcast_created", "broadcast_appended", "broadcast_acked", "broadcast_tombstoned", "broadcast_cleared", "lease_granted", "lease_renewed", "lease_revoked", "lease_expired", "lock_acquired", "lock_released", "consumer_position_committed", "consumer_fence_bumped", "subscription_created", "subscription_dropped", "subscription_position_committed", "subscription_member_joined", "subscription_member_left", "subscription_member_assigned", "state_restored", "balance_policy_set", "replicate_configuration_updated", "replicate_checkpoint_recorded")
+    __slots__ = ("revision", "raft_index", "time_ms", "node_registered", "node_marked_down", "node_marked_up", "node_frozen", "node_unfrozen", "node_removed", "pchannel_created", "pchannel_assigned", "pchannel_became_ready", "pchannel_marked_unavailable", "pchannel_dropped", "vchannel_created", "vchannel_dropped", "segment_committed", "segments_deleted", "broadcast_created", "broadcast_appended", "broadcast_acked", "broadcast_tombstoned", "broadcast_cleared", "lease_granted", "lease_renewed", "lease_revoked", "lease_expired", "lock_acquired", "lock_released", "consumer_position_committed", "consumer_fence_bumped", "subscription_created", "subscription_dropped", "subscription_position_committed", "subscription_member_joined", "subscription_member_left", "subscription_member_assigned", "state_restored", "balance_policy_set", "replicate_configuration_updated", "replicate_checkpoint_recorded", "wal_alter_started", "wal_checkpoint_advanced", "wal_alter_channel_done", "wal_alter_finished")
     REVISION_FIELD_NUMBER: _ClassVar[int]
     RAFT_INDEX_FIELD_NUMBER: _ClassVar[int]
     TIME_MS_FIELD_NUMBER: _ClassVar[int]
@@ -1475,6 +1672,10 @@ class Event(_message.Message):
     BALANCE_POLICY_SET_FIELD_NUMBER: _ClassVar[int]
     REPLICATE_CONFIGURATION_UPDATED_FIELD_NUMBER: _ClassVar[int]
     REPLICATE_CHECKPOINT_RECORDED_FIELD_NUMBER: _ClassVar[int]
+    WAL_ALTER_STARTED_FIELD_NUMBER: _ClassVar[int]
+    WAL_CHECKPOINT_ADVANCED_FIELD_NUMBER: _ClassVar[int]
+    WAL_ALTER_CHANNEL_DONE_FIELD_NUMBER: _ClassVar[int]
+    WAL_ALTER_FINISHED_FIELD_NUMBER: _ClassVar[int]
     revision: int
     raft_index: int
     time_ms: int
@@ -1516,7 +1717,11 @@ class Event(_message.Message):
     balance_policy_set: BalancePolicySet
     replicate_configuration_updated: ReplicateConfigurationUpdated
     replicate_checkpoint_recorded: ReplicateCheckpointRecorded
-    def __init__(self, revision: _Optional[int] = ..., raft_index: _Optional[int] = ..., time_ms: _Optional[int] = ..., node_registered: _Optional[_Union[NodeRegistered, _Mapping]] = ..., node_marked_down: _Optional[_Union[NodeMarkedDown, _Mapping]] = ..., node_marked_up: _Optional[_Union[NodeMarkedUp, _Mapping]] = ..., node_frozen: _Optional[_Union[NodeFrozen, _Mapping]] = ..., node_unfrozen: _Optional[_Union[NodeUnfrozen, _Mapping]] = ..., node_removed: _Optional[_Union[NodeRemoved, _Mapping]] = ..., pchannel_created: _Optional[_Union[PChannelCreated, _Mapping]] = ..., pchannel_assigned: _Optional[_Union[PChannelAssigned, _Mapping]] = ..., pchannel_became_ready: _Optional[_Union[PChannelBecameReady, _Mapping]] = ..., pchannel_marked_unavailable: _Optional[_Union[PChannelMarkedUnavailable, _Mapping]] = ..., pchannel_dropped: _Optional[_Union[PChannelDropped, _Mapping]] = ..., vchannel_created: _Optional[_Union[VChannelCreated, _Mapping]] = ..., vchannel_dropped: _Optional[_Union[VChannelDropped, _Mapping]] = ..., segment_committed: _Optional[_Union[SegmentCommitted, _Mapping]] = ..., segments_deleted: _Optional[_Union[SegmentsDeleted, _Mapping]] = ..., broadcast_created: _Optional[_Union[BroadcastCreated, _Mapping]] = ..., broadcast_appended: _Optional[_Union[BroadcastAppended, _Mapping]] = ..., broadcast_acked: _Optional[_Union[BroadcastAcked, _Mapping]] = ..., broadcast_tombstoned: _Optional[_Union[BroadcastTombstoned, _Mapping]] = ..., broadcast_cleared: _Optional[_Union[BroadcastCleared, _Mapping]] = ..., lease_granted: _Optional[_Union[LeaseGranted, _Mapping]] = ..., lease_renewed: _Optional[_Union[LeaseRenewed, _Mapping]] = ..., lease_revoked: _Optional[_Union[LeaseRevoked, _Mapping]] = ..., lease_expired: _Optional[_Union[LeaseExpired, _Mapping]] = ..., lock_acquired: _Optional[_Union[LockAcquired, _Mapping]] = ..., lock_released: _Optional[_Union[LockReleased, _Mapping]] = ..., consumer_position_committed: _Optional[_Union[ConsumerPositionCommitted, _Mapping]] = ..., consumer_fence_bumped: _Optional[_Union[ConsumerFenceBumped, _Mapping]] = ..., subscription_created: _Optional[_Union[SubscriptionCreated, _Mapping]] = ..., subscription_dropped: _Optional[_Union[SubscriptionDropped, _Mapping]] = ..., subscription_position_committed: _Optional[_Union[SubscriptionPositionCommitted, _Mapping]] = ..., subscription_member_joined: _Optional[_Union[SubscriptionMemberJoined, _Mapping]] = ..., subscription_member_left: _Optional[_Union[SubscriptionMemberLeft, _Mapping]] = ..., subscription_member_assigned: _Optional[_Union[SubscriptionMemberAssigned, _Mapping]] = ..., state_restored: _Optional[_Union[StateRestored, _Mapping]] = ..., balance_policy_set: _Optional[_Union[BalancePolicySet, _Mapping]] = ..., replicate_configuration_updated: _Optional[_Union[ReplicateConfigurationUpdated, _Mapping]] = ..., replicate_checkpoint_recorded: _Optional[_Union[ReplicateCheckpointRecorded, _Mapping]] = ...) -> None: ...
+    wal_alter_started: WalAlterStarted
+    wal_checkpoint_advanced: WalCheckpointAdvanced
+    wal_alter_channel_done: WalAlterChannelDone
+    wal_alter_finished: WalAlterFinished
+    def __init__(self, revision: _Optional[int] = ..., raft_index: _Optional[int] = ..., time_ms: _Optional[int] = ..., node_registered: _Optional[_Union[NodeRegistered, _Mapping]] = ..., node_marked_down: _Optional[_Union[NodeMarkedDown, _Mapping]] = ..., node_marked_up: _Optional[_Union[NodeMarkedUp, _Mapping]] = ..., node_frozen: _Optional[_Union[NodeFrozen, _Mapping]] = ..., node_unfrozen: _Optional[_Union[NodeUnfrozen, _Mapping]] = ..., node_removed: _Optional[_Union[NodeRemoved, _Mapping]] = ..., pchannel_created: _Optional[_Union[PChannelCreated, _Mapping]] = ..., pchannel_assigned: _Optional[_Union[PChannelAssigned, _Mapping]] = ..., pchannel_became_ready: _Optional[_Union[PChannelBecameReady, _Mapping]] = ..., pchannel_marked_unavailable: _Optional[_Union[PChannelMarkedUnavailable, _Mapping]] = ..., pchannel_dropped: _Optional[_Union[PChannelDropped, _Mapping]] = ..., vchannel_created: _Optional[_Union[VChannelCreated, _Mapping]] = ..., vchannel_dropped: _Optional[_Union[VChannelDropped, _Mapping]] = ..., segment_committed: _Optional[_Union[SegmentCommitted, _Mapping]] = ..., segments_deleted: _Optional[_Union[SegmentsDeleted, _Mapping]] = ..., broadcast_created: _Optional[_Union[BroadcastCreated, _Mapping]] = ..., broadcast_appended: _Optional[_Union[BroadcastAppended, _Mapping]] = ..., broadcast_acked: _Optional[_Union[BroadcastAcked, _Mapping]] = ..., broadcast_tombstoned: _Optional[_Union[BroadcastTombstoned, _Mapping]] = ..., broadcast_cleared: _Optional[_Union[BroadcastCleared, _Mapping]] = ..., lease_granted: _Optional[_Union[LeaseGranted, _Mapping]] = ..., lease_renewed: _Optional[_Union[LeaseRenewed, _Mapping]] = ..., lease_revoked: _Optional[_Union[LeaseRevoked, _Mapping]] = ..., lease_expired: _Optional[_Union[LeaseExpired, _Mapping]] = ..., lock_acquired: _Optional[_Union[LockAcquired, _Mapping]] = ..., lock_released: _Optional[_Union[LockReleased, _Mapping]] = ..., consumer_position_committed: _Optional[_Union[ConsumerPositionCommitted, _Mapping]] = ..., consumer_fence_bumped: _Optional[_Union[ConsumerFenceBumped, _Mapping]] = ..., subscription_created: _Optional[_Union[SubscriptionCreated, _Mapping]] = ..., subscription_dropped: _Optional[_Union[SubscriptionDropped, _Mapping]] = ..., subscription_position_committed: _Optional[_Union[SubscriptionPositionCommitted, _Mapping]] = ..., subscription_member_joined: _Optional[_Union[SubscriptionMemberJoined, _Mapping]] = ..., subscription_member_left: _Optional[_Union[SubscriptionMemberLeft, _Mapping]] = ..., subscription_member_assigned: _Optional[_Union[SubscriptionMemberAssigned, _Mapping]] = ..., state_restored: _Optional[_Union[StateRestored, _Mapping]] = ..., balance_policy_set: _Optional[_Union[BalancePolicySet, _Mapping]] = ..., replicate_configuration_updated: _Optional[_Union[ReplicateConfigurationUpdated, _Mapping]] = ..., replicate_checkpoint_recorded: _Optional[_Union[ReplicateCheckpointRecorded, _Mapping]] = ..., wal_alter_started: _Optional[_Union[WalAlterStarted, _Mapping]] = ..., wal_checkpoint_advanced: _Optional[_Union[WalCheckpointAdvanced, _Mapping]] = ..., wal_alter_channel_done: _Optional[_Union[WalAlterChannelDone, _Mapping]] = ..., wal_alter_finished: _Optional[_Union[WalAlterFinished, _Mapping]] = ...) -> None: ...
 
 class CommandResult(_message.Message):
     __slots__ = ("rejection", "events", "revision", "raft_index", "deduplicated", "broadcast_id", "lease_id", "fencing_token", "consumer_fence", "pchannel_names", "lease_deadline_ms")

@@ -48,20 +48,31 @@ MEMBERSHIP_ACTION_REMOVE: MembershipAction
 MEMBERSHIP_ACTION_FORGET: MembershipAction
 
 class CreateChannelsRequest(_message.Message):
-    __slots__ = ("request_id", "names", "prefix", "count", "owner", "replica_count")
+    __slots__ = ("request_id", "names", "prefix", "count", "owner", "replica_count", "wal", "wal_config")
+    class WalConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NAMES_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     REPLICA_COUNT_FIELD_NUMBER: _ClassVar[int]
+    WAL_FIELD_NUMBER: _ClassVar[int]
+    WAL_CONFIG_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     names: _containers.RepeatedScalarFieldContainer[str]
     prefix: str
     count: int
     owner: _coordination_pb2.OwnerDescription
     replica_count: int
-    def __init__(self, request_id: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., prefix: _Optional[str] = ..., count: _Optional[int] = ..., owner: _Optional[_Union[_coordination_pb2.OwnerDescription, _Mapping]] = ..., replica_count: _Optional[int] = ...) -> None: ...
+    wal: str
+    wal_config: _containers.ScalarMap[str, str]
+    def __init__(self, request_id: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., prefix: _Optional[str] = ..., count: _Optional[int] = ..., owner: _Optional[_Union[_coordination_pb2.OwnerDescription, _Mapping]] = ..., replica_count: _Optional[int] = ..., wal: _Optional[str] = ..., wal_config: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class CreateChannelsResponse(_message.Message):
     __slots__ = ("pchannels", "revision")
@@ -560,7 +571,7 @@ class ReplicaPosition(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., durable_lsn: _Optional[int] = ..., lag_ms: _Optional[int] = ..., lagging: _Optional[bool] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("leader_node_id", "leader_address", "members", "nodes", "pchannels", "revision", "balance_policy", "warnings", "leases", "locks", "pending_broadcasts", "retention", "under_replicated")
+    __slots__ = ("leader_node_id", "leader_address", "members", "nodes", "pchannels", "revision", "balance_policy", "warnings", "leases", "locks", "pending_broadcasts", "retention", "under_replicated", "wal_alter")
     LEADER_NODE_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
@@ -574,6 +585,7 @@ class ClusterStatusResponse(_message.Message):
     PENDING_BROADCASTS_FIELD_NUMBER: _ClassVar[int]
     RETENTION_FIELD_NUMBER: _ClassVar[int]
     UNDER_REPLICATED_FIELD_NUMBER: _ClassVar[int]
+    WAL_ALTER_FIELD_NUMBER: _ClassVar[int]
     leader_node_id: str
     leader_address: str
     members: _containers.RepeatedCompositeFieldContainer[MemberStatus]
@@ -587,7 +599,35 @@ class ClusterStatusResponse(_message.Message):
     pending_broadcasts: int
     retention: _containers.RepeatedCompositeFieldContainer[RetentionStatus]
     under_replicated: _containers.RepeatedCompositeFieldContainer[UnderReplicated]
-    def __init__(self, leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[_coordination_pb2.Node, _Mapping]]] = ..., pchannels: _Optional[_Iterable[_Union[_coordination_pb2.PChannel, _Mapping]]] = ..., revision: _Optional[int] = ..., balance_policy: _Optional[_Union[_coordination_pb2.BalancePolicy, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., leases: _Optional[int] = ..., locks: _Optional[int] = ..., pending_broadcasts: _Optional[int] = ..., retention: _Optional[_Iterable[_Union[RetentionStatus, _Mapping]]] = ..., under_replicated: _Optional[_Iterable[_Union[UnderReplicated, _Mapping]]] = ...) -> None: ...
+    wal_alter: _coordination_pb2.WalAlter
+    def __init__(self, leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[_coordination_pb2.Node, _Mapping]]] = ..., pchannels: _Optional[_Iterable[_Union[_coordination_pb2.PChannel, _Mapping]]] = ..., revision: _Optional[int] = ..., balance_policy: _Optional[_Union[_coordination_pb2.BalancePolicy, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ..., leases: _Optional[int] = ..., locks: _Optional[int] = ..., pending_broadcasts: _Optional[int] = ..., retention: _Optional[_Iterable[_Union[RetentionStatus, _Mapping]]] = ..., under_replicated: _Optional[_Iterable[_Union[UnderReplicated, _Mapping]]] = ..., wal_alter: _Optional[_Union[_coordination_pb2.WalAlter, _Mapping]] = ...) -> None: ...
+
+class AlterWalRequest(_message.Message):
+    __slots__ = ("request_id", "target", "config")
+    class ConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    target: str
+    config: _containers.ScalarMap[str, str]
+    def __init__(self, request_id: _Optional[str] = ..., target: _Optional[str] = ..., config: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class AlterWalResponse(_message.Message):
+    __slots__ = ("epoch", "pchannels", "revision")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    pchannels: _containers.RepeatedScalarFieldContainer[str]
+    revision: int
+    def __init__(self, epoch: _Optional[int] = ..., pchannels: _Optional[_Iterable[str]] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class ListSegmentsRequest(_message.Message):
     __slots__ = ("pchannels", "as_of_revision")

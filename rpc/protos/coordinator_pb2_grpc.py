@@ -129,6 +129,11 @@ class CoordinatorStub:
                 request_serializer=rpc_dot_protos_dot_coordinator__pb2.ListSegmentsRequest.SerializeToString,
                 response_deserializer=rpc_dot_protos_dot_coordinator__pb2.ListSegmentsResponse.FromString,
                 _registered_method=True)
+        self.AlterWal = channel.unary_unary(
+                '/raftwal.v1.Coordinator/AlterWal',
+                request_serializer=rpc_dot_protos_dot_coordinator__pb2.AlterWalRequest.SerializeToString,
+                response_deserializer=rpc_dot_protos_dot_coordinator__pb2.AlterWalResponse.FromString,
+                _registered_method=True)
         self.CreateSubscription = channel.unary_unary(
                 '/raftwal.v1.Coordinator/CreateSubscription',
                 request_serializer=rpc_dot_protos_dot_coordinator__pb2.CreateSubscriptionRequest.SerializeToString,
@@ -313,6 +318,12 @@ class CoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListSegments(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterWal(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -505,6 +516,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ListSegments,
                     request_deserializer=rpc_dot_protos_dot_coordinator__pb2.ListSegmentsRequest.FromString,
                     response_serializer=rpc_dot_protos_dot_coordinator__pb2.ListSegmentsResponse.SerializeToString,
+            ),
+            'AlterWal': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterWal,
+                    request_deserializer=rpc_dot_protos_dot_coordinator__pb2.AlterWalRequest.FromString,
+                    response_serializer=rpc_dot_protos_dot_coordinator__pb2.AlterWalResponse.SerializeToString,
             ),
             'CreateSubscription': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateSubscription,
@@ -1090,6 +1106,33 @@ class Coordinator:
             '/raftwal.v1.Coordinator/ListSegments',
             rpc_dot_protos_dot_coordinator__pb2.ListSegmentsRequest.SerializeToString,
             rpc_dot_protos_dot_coordinator__pb2.ListSegmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterWal(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftwal.v1.Coordinator/AlterWal',
+            rpc_dot_protos_dot_coordinator__pb2.AlterWalRequest.SerializeToString,
+            rpc_dot_protos_dot_coordinator__pb2.AlterWalResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -187,3 +187,43 @@ def test_chaos_disk_faults(tmp_path: Path) -> None:
     _assert_clean(report)
     assert set(report.faults) == {"disk-full", "slow-disk", "fsync-error"}, report.faults
     assert set(report.fault_cost_s) == set(report.faults)
+
+
+@pytest.mark.timeout(400)
+def test_chaos_jetstream_backend_with_nats_server_kills(tmp_path: Path) -> None:
+    """Every pchannel on the ``jetstream`` WAL, on a nats-server of the run's own that the
+    nemesis kills (SIGKILL, started again on the same store) and pauses (SIGSTOP), beside
+    node kills and pauses: nothing acknowledged lost or duplicated, fencing holds (an old
+    owner's publish after a new owner's fence is refused), and the final logs, segments and
+    consumers agree."""
+    from raftwal.cli.dev import nats_binary
+
+    if nats_binary() is None:
+        pytest.skip("nats-server is not installed (scripts/install-nats.sh)")
+    options = ChaosOptions(
+        seed=int(os.environ.get("RAFTWAL_CHAOS_NATS_SEED", "51")),
+        duration_s=float(os.environ.get("RAFTWAL_CHAOS_NATS_DURATION_S", "40")),
+        faults=("kill", "pause", "nats-kill", "nats-pause"),
+        wal="jetstream",
+        spark=False,
+        directory=tmp_path / "chaos",
+    )
+    report = run_chaos(options, progress=print)
+    _assert_clean(report)
+    assert {"nats-kill", "nats-pause"} <= set(report.faults), report.faults
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_chaos_jetstream_backend_five_minutes(tmp_path: Path) -> None:
+    seed = int(os.environ.get("RAFTWAL_CHAOS_NATS_SEED", "5151"))
+    options = ChaosOptions(
+        seed=seed,
+        duration_s=300,
+        faults=("kill", "pause", "partition", "restart", "nats-kill", "nats-pause"),
+        wal="jetstream",
+        directory=tmp_path / "chaos",
+    )
+    report = run_chaos(options, progress=print)
+    _assert_clean(report)
+    assert report.checked["spark_rows"] > 0

@@ -281,9 +281,28 @@ def replicate_clear() -> pb.Command:
     )
 
 
+def alter(target: str, **config: str) -> pb.Command:
+    return cmd(alter_wal=pb.AlterWal(target=target, target_config=config))
+
+
+def flushed(epoch: int, term: int, lsn: int) -> pb.Command:
+    return cmd(
+        wal_flushed=pb.WalFlushed(
+            pchannel="p1",
+            epoch=epoch,
+            term=term,
+            node_id="n1",
+            checkpoint_lsn=lsn,
+            checkpoint_term=1,
+            checkpoint_time_tick=lsn,
+        )
+    )
+
+
 # Setups used by several rows.
 ASSIGNING: list[Step] = [*PCHANNEL, assign("p1", 1, "n1", ["n2"])]
 SEGMENTS: list[Step] = [*VCHANNELS, segment(1, 10), segment(11, 20), segment(21, 30)]
+ALTERING: list[Step] = [*ASSIGNED, segment(1, 10), alter("local")]
 BCAST: list[Step] = [*VCHANNELS, broadcast("v1", "v2", keys=[("k1", EXCLUSIVE)])]
 TOMB: list[Step] = [*BCAST, ack("v1"), ack("v2")]
 LEASED: list[Step] = [grant(10_000)]
@@ -309,6 +328,8 @@ SAVED = _saved(*SEGMENTS, subscribe("s1", "v1"), grant(10_000))
 
 
 INVALID = E.INVALID_ARGUMENT
+RESOURCE_ACQUIRED = E.RESOURCE_ACQUIRED
+UNMATCHED = E.UNMATCHED_CHANNEL_TERM
 NAMES_1025 = [f"c{k}" for k in range(1025)]
 
 
@@ -903,6 +924,28 @@ ROWS = [
         record("p1", "west", 0, claims=-1), INVALID, "invalid target_claims_lsn (-1;"),
     # ---- barrier
     row("barrier/accept", VCHANNELS, barrier(), []),
+    # ---- alter_wal (p1 is assigned: it goes through FLUSHING; p2 never was: it moves at once)
+    row("alter_wal/accept", ASSIGNED, alter("jetstream", url="nats://h:1"),
+        ["wal_alter_started", "wal_checkpoint_advanced"]),
+    row("alter_wal/all-there-already", ASSIGNED, alter("segments"), []),
+    row("alter_wal/in-progress", [*ASSIGNED, alter("local")], alter("jetstream", url="nats://h:1"),
+        RESOURCE_ACQUIRED, "an AlterWAL to local is in progress (epoch 8"),
+    row("alter_wal/unknown", ASSIGNED, alter("kafka"), INVALID, "invalid wal ('kafka';"),
+    row("alter_wal/no-target", ASSIGNED, alter(""), INVALID, "invalid target (got ''"),
+    row("alter_wal/config-for-local", ASSIGNED, alter("local", a="b"), INVALID,
+        "expected none for local"),
+    # ---- wal_flushed (ALTERING: p1's manifest ends at 10, the alter's epoch is 9)
+    row("wal_flushed/accept", ALTERING, flushed(9, 1, 10),
+        ["wal_checkpoint_advanced", "pchannel_assigned"]),
+    row("wal_flushed/repeat", [*ALTERING, flushed(9, 1, 10)], flushed(9, 1, 10), []),
+    row("wal_flushed/wrong-epoch", ALTERING, flushed(7, 1, 10), UNMATCHED,
+        "no AlterWAL of epoch 7 is in progress (epoch 9 is)"),
+    row("wal_flushed/wrong-term", ALTERING, flushed(9, 2, 10), UNMATCHED, "at term 2 by 'n1'"),
+    row("wal_flushed/not-the-manifest-end", ALTERING, flushed(9, 1, 9), INVALID,
+        "expected the manifest's end, 10"),
+    row("wal_flushed/no-checkpoint", ALTERING, flushed(9, 1, 0), INVALID, "invalid checkpoint"),
+    row("wal_flushed/no-alter", [*ASSIGNED, segment(1, 10)], flushed(9, 1, 10), UNMATCHED,
+        "no AlterWAL of epoch 9 is in progress"),
 ]
 
 # fmt: on

@@ -36,6 +36,7 @@ def _full_state() -> pb.CoordinationState:
     state.replicate_cluster_id = "east"
     state.replicate_checkpoints["p1"].source_lsns["west"] = 3
     state.removed_nodes["n9"].removed_revision = 2
+    state.wal_alter.epoch = 4
     state.format_version = state.format_version or 1
     state.recent_cursor = 3
     return state

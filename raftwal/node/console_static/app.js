@@ -126,8 +126,9 @@ function renderPChannels(s) {
     const replication = p.under_replicated
       ? badge("under-replicated " + p.live_replicas + "/" + p.wanted_replicas, "bad")
       : badge("ok", "ok");
+    const wal = p.wal_alter_stage ? p.wal + " (" + p.wal_alter_stage + ")" : p.wal;
     const tr = row([
-      p.name, p.state, { text: p.owner_node_id, className: "owner" }, p.term, replicas,
+      p.name, p.state, { text: p.owner_node_id, className: "owner" }, p.term, wal, replicas,
       p.last_lsn, p.committed_lsn, p.retention_floor_lsn,
       p.committed_segments + " (" + bytes(p.committed_bytes) + ")", bytes(p.disk_bytes),
       { node: replication },
