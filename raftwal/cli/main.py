@@ -67,8 +67,8 @@ def configure_logging(level: str, log_format: str, node_id: str | None = None) -
 #: against each module's register()).
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "raftwal.cli.client": (
-        "status", "channel", "vchannel", "events", "lock", "produce", "consume", "balance",
-        "subscription", "seal", "segments",
+        "status", "wal", "channel", "vchannel", "events", "lock", "produce", "consume",
+        "balance", "subscription", "seal", "segments",
     ),
     "raftwal.cli.spark": ("spark-read", "export"),
     "raftwal.chaos.runner": ("chaos",),
