@@ -69,7 +69,6 @@ from _harness import (
     Latencies,
     Throughput,
     closed_loop,
-    cpu_seconds,
     first_success,
     kill9,
     median,
@@ -77,6 +76,7 @@ from _harness import (
     percentile,
     sequential,
     stop_process,
+    tree_cpu_seconds,
     wait_until,
 )
 from rich.console import Console
@@ -654,10 +654,10 @@ async def sample_cpu(system: System, warmup_s: float, duration_s: float) -> CpuU
     pids = system.pids()
     start = time.perf_counter()
     client0 = own_cpu_seconds()
-    members0 = {m: cpu_seconds(pid) for m, pid in pids.items()}
+    members0 = {m: tree_cpu_seconds(pid) for m, pid in pids.items()}
     await asyncio.sleep(duration_s)
     client1 = own_cpu_seconds()
-    members1 = {m: cpu_seconds(pid) for m, pid in pids.items()}
+    members1 = {m: tree_cpu_seconds(pid) for m, pid in pids.items()}
     return CpuUse(
         time.perf_counter() - start,
         client1 - client0,

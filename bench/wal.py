@@ -85,7 +85,6 @@ from _harness import (
     ErrorTypes,
     FirstSuccess,
     Latencies,
-    cpu_seconds,
     error_name,
     first_success,
     kill9,
@@ -93,6 +92,7 @@ from _harness import (
     own_cpu_seconds,
     percentile,
     stop_process,
+    tree_cpu_seconds,
     wait_until,
 )
 from nats.js.api import StorageType, StreamConfig
@@ -284,10 +284,10 @@ async def _cpu_window(
     """(client, servers) CPU seconds spent during the measured window."""
     await asyncio.sleep(warmup_s)
     client0 = own_cpu_seconds()
-    servers0 = {n: cpu_seconds(pid) for n, pid in pids.items()}
+    servers0 = {n: tree_cpu_seconds(pid) for n, pid in pids.items()}
     await asyncio.sleep(duration_s)
     client = own_cpu_seconds() - client0
-    servers = sum(cpu_seconds(pid) - servers0[n] for n, pid in pids.items())
+    servers = sum(tree_cpu_seconds(pid) - servers0[n] for n, pid in pids.items())
     return client, servers
 
 

@@ -113,6 +113,15 @@ def powered_cluster(
             mount.close()
 
 
+def _print_log_tail(cluster: dev.LocalCluster, node_id: str, needle: str, lines: int = 60) -> None:
+    """Print the last `lines` lines of `node_id`'s log that mention `needle` (a failing
+    test's evidence of what the node did)."""
+    path = cluster.directory / f"{node_id}.log"
+    found = [line for line in path.read_text(errors="replace").splitlines() if needle in line]
+    print(f"--- {path.name}, lines with {needle!r} (last {lines}):")
+    print("\n".join(found[-lines:]))
+
+
 def _env(**settings: int) -> dict[str, str]:
     env = {**os.environ, "RAFTWAL_SEGMENT_MAX_BYTES": str(64 * 1024)}
     env.update({f"RAFTWAL_{name.upper()}": str(value) for name, value in settings.items()})
@@ -665,7 +674,7 @@ def test_slow_follower_fsync_costs_no_election(tmp_path: Path) -> None:
         assert all(found == {terms_before[n]} for n, found in terms.items()), terms
         # Nothing failed: every batch was taken (the majority without the slow replica),
         # every lease renewal passed.
-        assert set(writes.since(0)) == {"ok"}, set(writes.since(0))
+        assert set(writes.since(0)) == {"ok"}, (set(writes.since(0)), history.failed[:5])
         assert not history.failed, history.failed[:3]
         assert set(kept.since(0)) == {"ok"}, set(kept.since(0))
         # The slow replica was reported: status, warning, metric.
@@ -706,7 +715,12 @@ def test_failed_fsyncs_never_acknowledge_what_they_covered(tmp_path: Path) -> No
                 disks.mounts[owner].set_faults(
                     budget_bytes=BUDGET_BYTES, fsync_errors=1, match=f"/wal/{pchannel}/"
                 )
-                new_owner, new_term, _ = wait_assigned(client, pchannel, min_term=term + 1)
+                try:
+                    new_owner, new_term, _ = wait_assigned(client, pchannel, min_term=term + 1)
+                except AssertionError:
+                    _print_log_tail(cluster, owner, pchannel)
+                    print(f"failed sends: {history.failed[:5]}; status {client.status()}")
+                    raise
                 acked = len(history.acked)
                 wait_for("writes at the new owner", lambda: len(history.acked) > acked + 200)
                 # A replica's (neither the old nor the new owner's) next two fail.
