@@ -49,6 +49,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -1151,6 +1152,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix=f"coord-bench-{uuid.uuid4().hex[:6]}-"))
     say(f"data dirs and logs under {root}")
+    # SIGTERM as Ctrl-C: the run is cancelled and stops the clusters it started (their
+    # nodes run in sessions of their own, so nothing else would).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         report = asyncio.run(run(args, root))
     finally:
