@@ -411,6 +411,32 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of process `pid` and every process under it (a raftwal node is a
+    supervisor whose control process and data workers do the work); NaN if `pid` is gone.
+    Compare two readings of a tree whose processes lived through the window."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    total, stack = 0.0, [pid]
+    while stack:
+        current = stack.pop()
+        seconds = cpu_seconds(current)
+        if math.isnan(seconds):
+            if current == pid:
+                return math.nan
+            continue  # a child that ended between the scan and its reading
+        total += seconds
+        stack.extend(children.get(current, ()))
+    return total
+
+
 def own_cpu_seconds() -> float:
     """CPU seconds of this process (all threads)."""
     return time.process_time()

@@ -49,6 +49,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -69,7 +70,6 @@ from _harness import (
     Latencies,
     Throughput,
     closed_loop,
-    cpu_seconds,
     first_success,
     kill9,
     median,
@@ -77,6 +77,7 @@ from _harness import (
     percentile,
     sequential,
     stop_process,
+    tree_cpu_seconds,
     wait_until,
 )
 from rich.console import Console
@@ -654,10 +655,10 @@ async def sample_cpu(system: System, warmup_s: float, duration_s: float) -> CpuU
     pids = system.pids()
     start = time.perf_counter()
     client0 = own_cpu_seconds()
-    members0 = {m: cpu_seconds(pid) for m, pid in pids.items()}
+    members0 = {m: tree_cpu_seconds(pid) for m, pid in pids.items()}
     await asyncio.sleep(duration_s)
     client1 = own_cpu_seconds()
-    members1 = {m: cpu_seconds(pid) for m, pid in pids.items()}
+    members1 = {m: tree_cpu_seconds(pid) for m, pid in pids.items()}
     return CpuUse(
         time.perf_counter() - start,
         client1 - client0,
@@ -1151,6 +1152,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix=f"coord-bench-{uuid.uuid4().hex[:6]}-"))
     say(f"data dirs and logs under {root}")
+    # SIGTERM as Ctrl-C: the run is cancelled and stops the clusters it started (their
+    # nodes run in sessions of their own, so nothing else would).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         report = asyncio.run(run(args, root))
     finally:

@@ -66,6 +66,7 @@ import platform
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -85,7 +86,6 @@ from _harness import (
     ErrorTypes,
     FirstSuccess,
     Latencies,
-    cpu_seconds,
     error_name,
     first_success,
     kill9,
@@ -93,6 +93,7 @@ from _harness import (
     own_cpu_seconds,
     percentile,
     stop_process,
+    tree_cpu_seconds,
     wait_until,
 )
 from nats.js.api import StorageType, StreamConfig
@@ -284,10 +285,10 @@ async def _cpu_window(
     """(client, servers) CPU seconds spent during the measured window."""
     await asyncio.sleep(warmup_s)
     client0 = own_cpu_seconds()
-    servers0 = {n: cpu_seconds(pid) for n, pid in pids.items()}
+    servers0 = {n: tree_cpu_seconds(pid) for n, pid in pids.items()}
     await asyncio.sleep(duration_s)
     client = own_cpu_seconds() - client0
-    servers = sum(cpu_seconds(pid) - servers0[n] for n, pid in pids.items())
+    servers = sum(tree_cpu_seconds(pid) - servers0[n] for n, pid in pids.items())
     return client, servers
 
 
@@ -2172,6 +2173,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix=f"wal-bench-{uuid.uuid4().hex[:6]}-"))
     say(f"data dirs and logs under {root}")
+    # SIGTERM as Ctrl-C: the run is cancelled and stops the clusters it started (their
+    # nodes run in sessions of their own, so nothing else would).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         report = asyncio.run(run(args, root))
     finally:

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _harness import cpu_seconds, own_cpu_seconds, percentile
+from _harness import own_cpu_seconds, percentile, tree_cpu_seconds
 from stallwatch.sitecustomize import install as install_stall_watch
 from wal import SIZES, RaftwalWal, close_all, paced_load, say
 
@@ -108,14 +108,16 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             for rate in args.rates:
                 started = time.time()
                 pids = system.pids()
-                cpu_before = {node: cpu_seconds(pid) for node, pid in pids.items()}
+                cpu_before = {node: tree_cpu_seconds(pid) for node, pid in pids.items()}
                 own_before, clock_before = own_cpu_seconds(), time.monotonic()
                 result = await paced_load(producers, rate, args.duration_s)
                 elapsed_s = time.monotonic() - clock_before
                 samples = result.latencies.samples_s
                 # CPU per node over the phase, busiest first (the busiest is the owner of
                 # the pchannel under load), in cores and in ms per 100-message batch.
-                cpu_s = {node: cpu_seconds(pid) - cpu_before[node] for node, pid in pids.items()}
+                cpu_s = {
+                    node: tree_cpu_seconds(pid) - cpu_before[node] for node, pid in pids.items()
+                }
                 cpu_s["load generator"] = own_cpu_seconds() - own_before
                 cpu = {
                     node: {

@@ -113,6 +113,20 @@ def powered_cluster(
             mount.close()
 
 
+def _term(client: Api, pchannel: str) -> int:
+    """`pchannel`'s term in the cluster's status (0 when it is not listed)."""
+    return max((c.term for c in client.status().pchannels if c.name == pchannel), default=0)
+
+
+def _print_log_tail(cluster: dev.LocalCluster, node_id: str, needle: str, lines: int = 60) -> None:
+    """Print the last `lines` lines of `node_id`'s log that mention `needle` (a failing
+    test's evidence of what the node did)."""
+    path = cluster.directory / f"{node_id}.log"
+    found = [line for line in path.read_text(errors="replace").splitlines() if needle in line]
+    print(f"--- {path.name}, lines with {needle!r} (last {lines}):")
+    print("\n".join(found[-lines:]))
+
+
 def _env(**settings: int) -> dict[str, str]:
     env = {**os.environ, "RAFTWAL_SEGMENT_MAX_BYTES": str(64 * 1024)}
     env.update({f"RAFTWAL_{name.upper()}": str(value) for name, value in settings.items()})
@@ -612,7 +626,9 @@ def test_slow_follower_fsync_costs_no_election(tmp_path: Path) -> None:
 
         def produce() -> str:
             index = next(counter)
-            payloads = [b"s-%06d-%d-" % (index, i) + b"x" * 1000 for i in range(10)]
+            # 100-byte messages: the fault is in the fsyncs, whose number the batches set;
+            # 60 s of 10 KiB batches at full speed would fill the mount past its hard mark.
+            payloads = [b"s-%06d-%d-" % (index, i) + b"x" * 100 for i in range(10)]
             started = time.monotonic()
             taken = producer.send("sd_v", payloads, history, budget_s=30)
             latencies.append(time.monotonic() - started)
@@ -665,7 +681,7 @@ def test_slow_follower_fsync_costs_no_election(tmp_path: Path) -> None:
         assert all(found == {terms_before[n]} for n, found in terms.items()), terms
         # Nothing failed: every batch was taken (the majority without the slow replica),
         # every lease renewal passed.
-        assert set(writes.since(0)) == {"ok"}, set(writes.since(0))
+        assert set(writes.since(0)) == {"ok"}, (set(writes.since(0)), history.failed[:5])
         assert not history.failed, history.failed[:3]
         assert set(kept.since(0)) == {"ok"}, set(kept.since(0))
         # The slow replica was reported: status, warning, metric.
@@ -702,11 +718,40 @@ def test_failed_fsyncs_never_acknowledge_what_they_covered(tmp_path: Path) -> No
         try:
             with _Flow("produce", produce, 0.01) as writes:
                 wait_for("writes flowing", lambda: len(history.acked) >= 200, timeout_s=30)
-                # The owner's next segment fsync fails.
-                disks.mounts[owner].set_faults(
-                    budget_bytes=BUDGET_BYTES, fsync_errors=1, match=f"/wal/{pchannel}/"
-                )
-                new_owner, new_term, _ = wait_assigned(client, pchannel, min_term=term + 1)
+                # The owner's next segment fsync fails. One that hits the creation of a
+                # segment file (its header, fsynced under a temporary name before the file
+                # is linked in) fails that write cleanly: nothing of it was acknowledged,
+                # the owner goes on and the next write creates the file again. Only a
+                # failed fsync of appended entries stops the owner, so the fault is armed
+                # again until one does (most of a pchannel's fsyncs are of entries).
+                for _ in range(6):
+                    failed_before = disks.mounts[owner].usage()["failed_fsyncs"]
+                    disks.mounts[owner].set_faults(
+                        budget_bytes=BUDGET_BYTES, fsync_errors=1, match=f"/wal/{pchannel}/"
+                    )
+                    wait_for(
+                        "the owner's fsync failed",
+                        lambda before=failed_before: (
+                            disks.mounts[owner].usage()["failed_fsyncs"] > before
+                        ),
+                        timeout_s=30,
+                    )
+                    acked = len(history.acked)
+                    wait_for(
+                        "a new term, or writes going on at the old one",
+                        lambda acked=acked: (
+                            _term(client, pchannel) > term or len(history.acked) > acked + 100
+                        ),
+                        timeout_s=40,
+                    )
+                    if _term(client, pchannel) > term:
+                        break
+                try:
+                    new_owner, new_term, _ = wait_assigned(client, pchannel, min_term=term + 1)
+                except AssertionError:
+                    _print_log_tail(cluster, owner, pchannel)
+                    print(f"failed sends: {history.failed[:5]}; status {client.status()}")
+                    raise
                 acked = len(history.acked)
                 wait_for("writes at the new owner", lambda: len(history.acked) > acked + 200)
                 # A replica's (neither the old nor the new owner's) next two fail.
@@ -730,7 +775,7 @@ def test_failed_fsyncs_never_acknowledge_what_they_covered(tmp_path: Path) -> No
             f"owner {owner} term {term} -> {new_owner} term {new_term}; replica {replica}; "
             f"failed fsyncs {failed}; {len(history.acked)} acknowledged"
         )
-        assert failed[owner] == 1 and failed[replica] == 2, failed
+        assert failed[owner] >= 1 and failed[replica] == 2, failed
         assert set(writes.since(0)) == {"ok"}, set(writes.since(0))
         # Each failed fsync stopped the log it hit ("must be reopened"), never retried.
         for node_id in (owner, replica):
