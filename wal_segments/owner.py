@@ -863,6 +863,16 @@ class ChannelOwner:
             restart = self.log.last_lsn != prev or (
                 prev >= self.log.first_lsn and self.log.term_at(prev) != record.prev_term
             )
+            if restart and (self.log.last_lsn > 0 or prev > 0):
+                # A stored record that does not continue this log (a gap in the stream or
+                # a fence that named an older end than what follows it). Starting the log
+                # over at the record would drop every entry before it here, acknowledged
+                # ones included: stop instead (the recovery is retried) and say so.
+                raise Corrupt(
+                    f"{self.pchannel}: the {self.wal_name} record at lsn {record.first_lsn} "
+                    f"(prev term {record.prev_term}) does not continue this log, which ends "
+                    f"at ({self.log.last_lsn}, {self.log.last_term}); not adopted"
+                )
             result = await self.log.append(
                 self.term, prev, record.prev_term, record.frames, from_log_start=restart
             )

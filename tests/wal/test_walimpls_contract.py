@@ -349,3 +349,65 @@ async def _all_there_mixed(log: PChannelLog, acked: list[tuple[int, int]]) -> No
     kept = dict(payloads(log))
     expected = [f"{t}{k}-{j}".encode() for t in "sj" for k in range(5) for j in range(3)]
     assert [kept.get(lsn) for lsn, _ in acked] == expected
+
+
+async def test_a_pipelined_writer_stores_nothing_after_a_newer_owners_fence(nats_server, tmp_path):
+    """Found by `raftwal chaos --wal jetstream --seed 5101` (a record of term 9 stored after
+    term 10's records; the next owner then dropped its log up to it). An owner pipelines
+    its publishes, each expecting the sequence before it. When a newer owner's fence lands
+    between two of them, the first is refused, but the next one expects exactly the
+    fence's sequence: with the sequence check alone it is stored after the fence. Here the
+    old writer keeps a pipeline of records going while the new one fences, several times
+    over; nothing of the old term may follow the new term's fence in the stream."""
+    prefix = "".join(c if c.isalnum() else "_" for c in f"Race{tmp_path.name[-8:]}")
+    config = {"url": nats_server.url, "stream_prefix": prefix}
+    openers = [registry.builder("jetstream").build(config) for _ in range(2)]
+    try:
+        for round_ in range(8):
+            await _fence_under_a_pipeline(openers, f"race{round_}")
+    finally:
+        for opener in openers:
+            await opener.close()
+
+
+async def _fence_under_a_pipeline(openers, pchannel: str) -> None:
+    from wal_segments.walimpls.api import Record
+
+    old = await openers[0].open(pchannel, 0)
+    new = await openers[1].open(pchannel, 0)
+    old_term, new_term = 1, 2
+    await old.fence(old_term, await old.tail())
+    stopped = asyncio.Event()
+    old.on_durable(lambda value: stopped.set() if isinstance(value, Exception) else None)
+    lsn = 0
+
+    def push(count: int) -> None:
+        nonlocal lsn
+        for _ in range(count):
+            lsn += 1
+            old.append(Record(lsn, lsn, old_term, old_term, b"x" * 64))
+
+    push(50)
+    # The new owner fences while the old one's pipeline runs (retrying, as recovery does,
+    # while the stream grows under it).
+    after = await new.tail()
+    for _ in range(200):
+        push(5)
+        fenced = await new.fence(new_term, after)
+        if fenced is after:
+            break
+        after = fenced
+    else:
+        pytest.fail("the new owner's fence never landed")
+    push(50)
+    await asyncio.wait_for(stopped.wait(), scaled(10))
+    # The stream in order: no record of the old term after the new term's fence.
+    seen_fence = False
+    async for record, _ in new.scan(1, await new.last_sequence()):
+        if record.fence and record.term == new_term:
+            seen_fence = True
+        elif seen_fence:
+            assert record.term >= new_term, (pchannel, record)
+    assert seen_fence, pchannel
+    await old.close()
+    await new.close()

@@ -67,6 +67,11 @@ logger = logging.getLogger(__name__)
 
 NAME = "jetstream"
 EXPECTED_LAST_SEQ = "Nats-Expected-Last-Sequence"
+#: every message of a writer names itself and the message it expects last in the stream:
+#: a sequence check alone lets a pipelined publish through after a foreign message (see
+#: `_publish`)
+MSG_ID = "Nats-Msg-Id"
+EXPECTED_LAST_MSG_ID = "Nats-Expected-Last-Msg-Id"
 H_FIRST = "Rw-First"
 H_LAST = "Rw-Last"
 H_TERM = "Rw-Term"
@@ -74,8 +79,10 @@ H_PREV_TERM = "Rw-Prev-Term"
 H_PART = "Rw-Part"
 H_FENCE = "Rw-Fence"
 H_LAST_TERM = "Rw-Last-Term"
-#: JetStream's error code for a failed Nats-Expected-Last-Sequence check
+#: JetStream's error codes for a failed Nats-Expected-Last-Sequence and
+#: Nats-Expected-Last-Msg-Id check
 WRONG_LAST_SEQUENCE = 10071
+WRONG_LAST_MSG_ID = 10070
 
 DEFAULTS = {
     "url": "",
@@ -259,6 +266,8 @@ class JetStreamWAL:
         self._wake = asyncio.Event()
         #: the stream sequence this writer's next message expects before it (set by fence)
         self._expected = -1
+        #: the Nats-Msg-Id of this writer's last message (its fence, then each publish)
+        self._last_id = ""
         #: (last stream sequence of a record, its last LSN, publish time), oldest first
         self._pending: deque[tuple[int, int, float]] = deque()
         self._inbox = f"_RWACK.{uuid.uuid4().hex}"
@@ -398,6 +407,7 @@ class JetStreamWAL:
             H_FENCE: str(term),
             H_LAST: str(after.last_lsn),
             H_LAST_TERM: str(after.last_term),
+            MSG_ID: f"rw-fence-t{term}-s{after.records + 1}",
         }
         reply = await self._call(
             self._nc.request(self.subject, b"", timeout=self._opener.timeout_s, headers=headers)
@@ -406,6 +416,7 @@ class JetStreamWAL:
         if refused is None:
             seq = int(json.loads(reply.data)["seq"])
             self._expected = seq
+            self._last_id = headers[MSG_ID]
             return after
         code, text = refused
         if code == WRONG_LAST_SEQUENCE:
@@ -477,8 +488,20 @@ class JetStreamWAL:
             H_PREV_TERM: str(record.prev_term),
         }
         for index in range(total):
+            # Publishes are pipelined, so the sequence check alone is not a fence: when a
+            # new owner's fence lands between two of them, the first (expecting the
+            # sequence before the fence) is refused but the next one expects exactly the
+            # fence's sequence and would be stored after it. Naming the message expected
+            # last refuses it and every later one: the fence's id is not this writer's.
             self._expected += 1
-            headers = {**base, EXPECTED_LAST_SEQ: str(self._expected - 1)}
+            message_id = f"rw-t{record.term}-s{self._expected}"
+            headers = {
+                **base,
+                EXPECTED_LAST_SEQ: str(self._expected - 1),
+                EXPECTED_LAST_MSG_ID: self._last_id,
+                MSG_ID: message_id,
+            }
+            self._last_id = message_id
             if total > 1:
                 headers[H_PART] = f"{index + 1}/{total}"
             seq = self._expected
@@ -495,7 +518,7 @@ class JetStreamWAL:
         refused = _ack_error(message.data)
         if refused is not None:
             code, text = refused
-            if code == WRONG_LAST_SEQUENCE:
+            if code in (WRONG_LAST_SEQUENCE, WRONG_LAST_MSG_ID):
                 self.broken(
                     FencedByTerm(f"jetstream {self.stream}: another writer appended ({text})", 0)
                 )
