@@ -445,7 +445,9 @@ class AssignmentCache:
         hint = info.owner_hint if info is not None else ""
         if hint and hint != address and info is not None and info.current_term >= term:
             self._hints[pchannel] = (hint, info.current_term)
-        elif self._hints.get(pchannel, ("", 0))[0] == address:
+        elif address and self._hints.get(pchannel, ("", 0))[0] == address:
+            # The hinted owner failed too: forget the hint. (No address: no owner was
+            # known, so there is no hint of it to drop.)
             del self._hints[pchannel]
 
     def _candidate(self, pchannel: str) -> tuple[Route | None, float]:
