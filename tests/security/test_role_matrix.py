@@ -65,6 +65,7 @@ _ADMIN_ONLY = {
     "Coordinator/ChangeMembership",
     "Coordinator/UpdateReplicateConfiguration",
     "Coordinator/GetReplicateConfiguration",
+    "Coordinator/AlterWal",
 }
 _PRODUCE = {
     "StreamingNode/Produce",
