@@ -411,3 +411,68 @@ async def _fence_under_a_pipeline(openers, pchannel: str) -> None:
     assert seen_fence, pchannel
     await old.close()
     await new.close()
+
+
+async def test_a_stored_record_that_does_not_continue_the_log_is_not_adopted(nats_server, tmp_path):
+    """The second half of what `raftwal chaos --wal jetstream --seed 5101` found: a new
+    owner met a stored record that did not continue the log it had adopted, started its
+    log over at that record, and so dropped every entry before it (acknowledged ones
+    included). Here a record with a gap is put in the stream after acknowledged batches;
+    the next owner must refuse it (its recovery is retried, it never becomes ready on that
+    stream) and keep every acknowledged entry."""
+    from wal_segments.format import Entry, MsgType, encode_batch
+    from wal_segments.walimpls.api import Record
+
+    cluster = Cluster("jetstream", tmp_path, nats_server.url)
+    await cluster.open()
+    try:
+        first = await cluster.owner("n1", 1)
+        acked = []
+        for k in range(3):
+            acked.extend((await first.write(batch(f"a{k}")))[0])
+        await first.close()
+        last = cluster.logs["n1"].last_lsn
+        # A writer at term 1 leaves a record at last + 2: lsn last + 1 is missing.
+        stray = await cluster.openers["n3"].open(cluster.pchannel, 0)
+        await stray.fence(1, await stray.tail())
+        stored = asyncio.Event()
+        stray.on_durable(lambda value: None if isinstance(value, Exception) else stored.set())
+        gap = encode_batch(
+            [
+                Entry(
+                    lsn=last + 2,
+                    term=1,
+                    time_tick=acked[-1][1] + 1_000_000,
+                    msg_type=int(MsgType.MESSAGE),
+                    vchannel_id=1,
+                    payload=b"stray",
+                )
+            ]
+        )
+        stray.append(Record(last + 2, last + 2, 1, 1, gap.data))
+        await asyncio.wait_for(stored.wait(), scaled(10))
+        await stray.close()
+
+        wal = await cluster.openers["n2"].open(cluster.pchannel, 0)
+        second = ChannelOwner(
+            pchannel=cluster.pchannel,
+            term=2,
+            node_id="n2",
+            replica_node_ids=[],
+            log=cluster.logs["n2"],
+            transport=cluster.transport,
+            proposer=cluster.transport,
+            config=OwnerConfig(retry_min_s=0.01, retry_max_s=0.05, rpc_timeout_s=2.0),
+            wal=wal,
+        )
+        cluster.owners.append(second)
+        second.start()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(second.ready.wait(), scaled(3))
+        kept = dict(payloads(cluster.logs["n2"]))
+        assert [kept.get(lsn) for lsn, _ in acked] == [
+            f"a{k}-{j}".encode() for k in range(3) for j in range(3)
+        ]
+        assert b"stray" not in kept.values()
+    finally:
+        await cluster.close()
