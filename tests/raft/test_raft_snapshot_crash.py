@@ -85,14 +85,10 @@ def test_crash_point_during_snapshot_then_restart(tmp_path: Path, crash_point: s
         if crash_point != "snapshot_tmp_written":
             # The snapshot was renamed into place before the crash.
             assert status["snapshot_index"] > 0, status
-        if crash_point == "snapshot_renamed":
-            # The crash left a journal that still starts before the snapshot and, in most
-            # runs, holds acknowledged entries after it, which align_journal_with_snapshot
-            # must keep (checked above with every acknowledged entry). On a busy host the
-            # crash may come before any entry past the snapshot was acknowledged (seen:
-            # 210 and 210); nothing acknowledged may be beyond what the restart holds.
-            last_acked_index = max(index for _payload, index in peer.stream_acks)
-            assert last_acked_index >= status["snapshot_index"], (last_acked_index, status)
+        # (With snapshot_renamed the journal still starts before the snapshot and often
+        # holds acknowledged entries past it, which align_journal_with_snapshot must keep:
+        # `_check_restart_keeps` checked every acknowledged entry. Whether any entry past
+        # the snapshot was acknowledged before the crash depends on the host's timing.)
 
         # And it keeps working: more writes, a clean snapshot, a clean restart.
         more = peer.request("propose_stream", prefix="t-", count=100, concurrency=8)
