@@ -23,6 +23,13 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from wal_segments import mutations
+
+# Deliberate bugs for the simulation's mutation suite (`wal_segments.mutations`).
+CATALOG_NO_SYNC = mutations.declare(
+    "catalog-no-sync", "the catalog commits without syncing (a power cut loses its last commits)"
+)
+
 SEGMENT_STATES = ("open", "sealed", "committed")
 
 
@@ -121,7 +128,9 @@ class Catalog:
         self._lock = threading.Lock()
         connection = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
         connection.execute("PRAGMA journal_mode=WAL")
-        connection.execute("PRAGMA synchronous=FULL")
+        connection.execute(
+            "PRAGMA synchronous=" + ("OFF" if mutations.active(CATALOG_NO_SYNC) else "FULL")
+        )
         connection.executescript(_SCHEMA)
         self._conn = connection
 

@@ -65,7 +65,9 @@ def _command(args: argparse.Namespace) -> int:
         environment = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
         argv = [sys.executable, "-m", "raftwal.cli", *sys.argv[1:]]
         os.execve(sys.executable, argv, environment)
-    from raftwal.sim.world import MUTATIONS, SimOptions, run_seed
+    from raftwal.sim.world import SimOptions, known_mutations, run_seed
+
+    MUTATIONS = known_mutations()
 
     if args.seeds < 1:
         print(f"invalid --seeds ({args.seeds}; expected >= 1)", file=sys.stderr)

@@ -38,7 +38,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,7 @@ from rpc.protos import streaming_pb2 as wire
 from statemachine import balancer
 from statemachine.apply import apply_command
 from statemachine.state import copy_state, new_state
+from wal_segments import mutations
 from wal_segments import plane as plane_module
 from wal_segments.catalog import Catalog
 from wal_segments.format import MsgType, check_frame, iter_batch
@@ -1168,33 +1169,12 @@ def _identity(frame: bytes | None) -> tuple[Any, ...] | None:
 # -- running seeds --------------------------------------------------------------------------------
 
 
-def _apply_mutations(mutations: Sequence[str]) -> Callable[[], None]:
-    """Put back known bugs, to show the simulation finds them; returns the undo."""
-    undo: list[Callable[[], None]] = []
-    for mutation in mutations:
-        if mutation == "same-term-recovery":
-            # The attributes as stored (a staticmethod stays one when it is put back).
-            plane_original = DataPlane.__dict__["_recovered_here_before"]
-            owner_original = ChannelOwner.__dict__["_recovery_ran_here"]
-            DataPlane._recovered_here_before = lambda self, log, assignment: False  # type: ignore[method-assign]
-            ChannelOwner._recovery_ran_here = lambda self: False  # type: ignore[method-assign]
-
-            def restore(p: Any = plane_original, o: Any = owner_original) -> None:
-                DataPlane._recovered_here_before = p  # type: ignore[method-assign]
-                ChannelOwner._recovery_ran_here = o  # type: ignore[method-assign]
-
-            undo.append(restore)
-        else:
-            raise ValueError(f"unknown mutation {mutation!r} (expected same-term-recovery)")
-
-    def undo_all() -> None:
-        for step in reversed(undo):
-            step()
-
-    return undo_all
-
-
-MUTATIONS = ("same-term-recovery",)
+def known_mutations() -> dict[str, str]:
+    """Every mutation the simulation can switch on: name -> what it breaks (declared beside
+    the code it breaks, in the modules imported above)."""
+    return {
+        m.name: m.description for m in sorted(mutations.declared().values(), key=lambda m: m.name)
+    }
 
 
 def run_seed(seed: int, options: SimOptions, scratch: Path | None = None) -> SeedResult:
@@ -1218,7 +1198,8 @@ def run_seed(seed: int, options: SimOptions, scratch: Path | None = None) -> See
     handler = _TraceHandler(world)
     loggers = [logging.getLogger(name) for name in _TRACED_LOGGERS]
     saved_loggers = [(lg.level, lg.propagate) for lg in loggers]
-    undo_mutations = _apply_mutations(options.mutations)
+    switched = mutations.enabled(options.mutations)
+    switched.__enter__()
     world.disk.install()
     time.monotonic = world.clock.monotonic  # type: ignore[assignment]
     time.perf_counter = world.clock.monotonic  # type: ignore[assignment]
@@ -1256,7 +1237,7 @@ def run_seed(seed: int, options: SimOptions, scratch: Path | None = None) -> See
         plane_module.Catalog = saved_catalog  # type: ignore[misc]
         time.monotonic, time.time, time.perf_counter = saved_time  # type: ignore[assignment]
         world.disk.uninstall()
-        undo_mutations()
+        switched.__exit__(None, None, None)
         for node in world.nodes.values():
             node.catalog.close()
         shutil.rmtree(root, ignore_errors=True)
