@@ -409,7 +409,8 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                         durable_lsn = result.last_lsn
                     else:
                         durable_lsn = matched
-                    if wal.fenced_term > request.term:
+                    # (The mutation declared beside PChannelLog.append breaks this too.)
+                    if wal.fenced_term > request.term and not mutations.active("accept-stale-term"):
                         # A newer owner fenced this log meanwhile: never confirm to the old.
                         _settle(
                             future,
