@@ -843,6 +843,11 @@ class World:
         self.client_loss_rate = rng.choice([0.0, 0.02, 0.1])
         self.late_rate = rng.choice([0.0, 0.03, 0.1])
         self.fault_interval_s = rng.choice(list(options.fault_intervals_s))
+        # What the nemesis does, cumulative: crash, partition nodes, cut a client off,
+        # change a replica set; else retention. Crash-heavy seeds, and seeds of mostly
+        # partitions (where Raft stays up and judges a cut-off owner down while its
+        # clients still reach it).
+        self.fault_mix = rng.choice([(0.45, 0.7, 0.8, 0.93), (0.1, 0.65, 0.8, 0.93)])
         self.power_rate = rng.choice([0.5, 0.8, 1.0])
         self.torn_rate = rng.choice([0.0, 0.3, 0.7])
         self.keep_entries_rate = rng.choice([0.0, 0.3, 0.7])
@@ -1152,13 +1157,14 @@ class World:
                 break
             await asyncio.sleep(pause)
             roll = rng.random()
-            if roll < 0.45:
+            crash, partition, client, replicas = self.fault_mix
+            if roll < crash:
                 self._crash_some()
-            elif roll < 0.7:
+            elif roll < partition:
                 self._partition()
-            elif roll < 0.8:
+            elif roll < client:
                 self._partition_client()
-            elif roll < 0.93:
+            elif roll < replicas:
                 self._change_replicas()
             else:
                 self._retention()
@@ -1252,26 +1258,36 @@ class World:
         rng = self.rng
         names = sorted(self.nodes)
         isolated = rng.choice(names)
-        if rng.random() < 0.5:
-            # Often the owner of a pchannel: its clients may still reach it.
-            owners = sorted({self.state.pchannels[p].owner_node_id for p in self.pchannels} - {""})
+        leader = self.raft.leader
+        if rng.random() < 0.7:
+            # Often the owner of a pchannel (and not the Raft leader): its clients may
+            # still reach it when Raft no longer does.
+            owners = sorted(
+                {self.state.pchannels[p].owner_node_id for p in self.pchannels} - {"", leader}
+            )
             if owners:
                 isolated = rng.choice(owners)
         links = {frozenset((isolated, other)) for other in names if other != isolated}
         roll = rng.random()
-        leader = self.raft.leader
-        if roll < 0.3 and leader is not None and leader != isolated:
+        hold = rng.uniform(0.1, 2.0)
+        if roll < 0.25 and leader is not None and leader != isolated:
             # Cut off from the Raft leader only: it stops hearing of new assignments and
             # is judged down, while its replicas and clients still reach it.
             links = {frozenset((isolated, leader))}
+            hold = rng.uniform(0.9, 2.0)
         elif roll < 0.5:
-            # One link only (a bridge: both still see the others).
+            # Cut off from everyone but one peer (a bridge): a new owner may fence that
+            # peer while the old one, still serving its clients, writes to it.
+            bridge = rng.choice([n for n in names if n != isolated])
+            links = {link for link in links if bridge not in link}
+            hold = rng.uniform(0.9, 2.0)
+        elif roll < 0.65:
+            # One link only (both still see the others).
             links = {rng.choice(sorted(links, key=sorted))}
         self.partitions |= links
         for stream in sorted(self.streams, key=lambda s: s.serial):
             if frozenset((stream.source, stream.target)) in links:
                 stream.break_()
-        hold = rng.uniform(0.1, 2.0)
         self.trace_line(
             "sim", f"partition {sorted(sorted(link) for link in links)} for {hold:.2f} s"
         )
@@ -1383,10 +1399,13 @@ class World:
                 vchannels[vchannel] = name
         for node in self.nodes.values():
             node.apply_up_to(len(self.states) - 1)
-        if rng.random() < 0.5:
-            self.apply_lag[rng.choice(sorted(self.nodes))] = rng.uniform(0.1, 0.6)
+        if rng.random() < 0.7:
+            # Followers that apply late (a busy process): their owners serve a term
+            # Raft has moved on from, and the clients routed by them write there.
+            for node_id in sorted(self.nodes):
+                self.apply_lag[node_id] = rng.choice([0.0, 0.0, 0.05, 0.2, 0.5])
         self.raft = SimRaft(self)
-        self.raft._elect(self.raft.voters[0])  # noqa: SLF001
+        self.raft._elect(rng.choice(self.raft.voters))  # noqa: SLF001
         for node in self.nodes.values():
             node.start()
         background = [
