@@ -903,6 +903,8 @@ class World:
             del self.trace[: -self.options.trace_lines]
 
     def violation(self, text: str) -> None:
+        if text in self.result.violations:
+            return  # found again by a later pass
         self.trace_line("CHECK", f"VIOLATION {text}")
         self.result.violations.append(text)
 
