@@ -1294,8 +1294,24 @@ class World:
             "sim", f"partition {sorted(sorted(link) for link in links)} for {hold:.2f} s"
         )
 
+        owned = {
+            p: self.state.pchannels[p].term
+            for p in self.pchannels
+            if self.state.pchannels[p].owner_node_id == isolated
+        }
+        successor_fails = rng.random() < 0.4
+
         def heal() -> None:
             self.partitions -= links
+            if not successor_fails or not self.faulting:
+                return
+            # The new owner fails just as the old one comes back, with its log of the old
+            # term (maybe longer, never committed) not yet cut back: the next recovery
+            # meets both.
+            for name, term in sorted(owned.items()):
+                channel = self.state.pchannels[name]
+                if channel.term > term and channel.owner_node_id != isolated:
+                    self._crash(channel.owner_node_id, self.rng.random() < self.power_rate)
 
         self.loop.call_later(hold, heal, context=self.driver_context)
 
