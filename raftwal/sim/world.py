@@ -888,6 +888,9 @@ class World:
         #: (pchannel, first lsn) -> (last lsn, frames) of every segment Raft committed
         self.committed_segments: dict[tuple[str, int], tuple[int, bytes]] = {}
         self._segments_verified: set[tuple[str, int]] = set()
+        #: (pchannel, lsn) -> the frame an owner had committed there (seen by a check, or
+        #: a term start when its PChannelReady committed)
+        self.committed_frames: dict[tuple[str, int], bytes] = {}
         #: (pchannel, payload) -> lsn where a serving owner's committed log holds it
         self._payload_at: dict[tuple[str, bytes], int] = {}
         self._payload_checked: dict[str, tuple[int, int]] = {}
@@ -1052,6 +1055,8 @@ class World:
                     )
             if kind == "commit_segment" and accepted:
                 self._check_committed_segment(who.split("+")[0], command.commit_segment)
+            if kind == "pchannel_ready" and accepted:
+                self._record_term_start(who.split("+")[0], command.pchannel_ready)
             if kind == "assign_pchannel" and accepted:
                 self.result.failovers += 1
                 if not self.stopping and self.faulting:
@@ -1071,6 +1076,26 @@ class World:
             others = [n for n in assign.replica_node_ids if n != owner]
             if others:
                 self._cut(owner, self.rng.choice(others), self.rng.uniform(0.002, 0.05))
+
+    def _record_term_start(self, who: str, ready: pb.PChannelReady) -> None:
+        """A new term's start entry is committed when its owner proposes PChannelReady:
+        remember it (a later owner must hold the same entry there)."""
+        node = self.nodes.get(who)
+        log = node.plane.logs.get(ready.pchannel) if node is not None and node.plane else None
+        if log is None or not log.first_lsn <= ready.start_lsn <= log.last_lsn:
+            return
+        try:
+            frame = log.read_frames(ready.start_lsn, 1 << 20, ready.start_lsn)
+        except (KeyError, OSError):
+            return
+        key = (ready.pchannel, ready.start_lsn)
+        before = self.committed_frames.setdefault(key, frame)
+        if before != frame:
+            self.violation(
+                f"{ready.pchannel}: committed lsn {ready.start_lsn} changed: "
+                f"{_identity(before)} was committed there, {who}'s term start is "
+                f"{_identity(frame)}"
+            )
 
     def _check_committed_segment(self, who: str, segment: pb.CommitSegment) -> None:
         node = self.nodes.get(who)
@@ -1669,8 +1694,10 @@ class World:
     def _check_committed_prefix(
         self, name: str, node_id: str, reference: _Mirror, top: int
     ) -> bool:
-        """The owner's committed entries read since the last pass: no message twice, and
-        each committed segment equal to what Raft's CommitSegment was given."""
+        """The owner's committed entries read since the last pass: each is what any owner
+        had committed at its LSN before (a committed entry never changes, whoever owns the
+        pchannel later), no message is there twice, and each committed segment is equal to
+        what Raft's CommitSegment was given."""
         serial, checked = self._payload_checked.get(name, (0, 0))
         if serial != reference.serial:
             checked = 0
@@ -1679,6 +1706,13 @@ class World:
             frame = reference.frames.get(lsn)
             if frame is None:
                 continue
+            before = self.committed_frames.setdefault((name, lsn), frame)
+            if before != frame:
+                self.violation(
+                    f"{name}: committed lsn {lsn} changed: {_identity(before)} was committed "
+                    f"there, the owner {node_id} now holds {_identity(frame)}"
+                )
+                return False
             payload = _decode(frame).payload
             if not payload:
                 continue
