@@ -33,7 +33,9 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from google.rpc import status_pb2
 
 from raftwal.services import consume_wire
 from rpc.aio import Signal, wait_event
@@ -41,8 +43,9 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
 
-if TYPE_CHECKING:
-    from raftwal.sim.world import World
+#: The simulated world (``raftwal.sim.world.World``; not imported: the world imports this
+#: module, and the layering allows no cycle, not even for type checking).
+World = Any
 
 E = errors_pb2
 RETRYABLE = frozenset({E.NOT_OWNER, E.CHANNEL_FENCED, E.ON_SHUTDOWN, E.NOT_LEADER, E.UNKNOWN})
@@ -79,9 +82,18 @@ class ClientContext:
         return False
 
     async def abort_with_status(self, status: Any) -> None:
-        from raftwal.sim.world import abort_info
-
         raise CallFailed(abort_info(status))
+
+
+def abort_info(status: Any) -> errors_pb2.ErrorInfo:
+    """The ErrorInfo of a status a servicer aborted with."""
+    info = errors_pb2.ErrorInfo(code=E.UNKNOWN, message="aborted")
+    for key, value in status.trailing_metadata or ():
+        if key == "grpc-status-details-bin":
+            for detail in status_pb2.Status.FromString(value).details:
+                if detail.Is(errors_pb2.ErrorInfo.DESCRIPTOR):
+                    detail.Unpack(info)
+    return info
 
 
 # -- routing ----------------------------------------------------------------------------------

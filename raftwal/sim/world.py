@@ -62,8 +62,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from google.rpc import status_pb2
-
 from raftwal.node.data_plane import NodeDataView, reconcile_loop
 from raftwal.services import streaming_node
 from raftwal.services.replication import ReplicationServicer
@@ -74,6 +72,7 @@ from raftwal.sim.clients import (
     ProducerLane,
     Router,
     TxnClient,
+    abort_info,
 )
 from raftwal.sim.runtime import NODE, Incarnation, SimClock, SimDisk, SimLoop
 from rpc.aio import Signal, wait_event
@@ -152,17 +151,6 @@ class _Abort(Exception):
     def __init__(self, info: errors_pb2.ErrorInfo) -> None:
         super().__init__(info.message)
         self.info = info
-
-
-def abort_info(status: Any) -> errors_pb2.ErrorInfo:
-    """The ErrorInfo of a status a servicer aborted with."""
-    info = errors_pb2.ErrorInfo(code=E.UNKNOWN, message="aborted")
-    for key, value in status.trailing_metadata or ():
-        if key == "grpc-status-details-bin":
-            for detail in status_pb2.Status.FromString(value).details:
-                if detail.Is(errors_pb2.ErrorInfo.DESCRIPTOR):
-                    detail.Unpack(info)
-    return info
 
 
 class _Context:
