@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rpc.aio import wait_event
-from wal_segments import faults
+from wal_segments import buggify, faults, mutations
 from wal_segments.catalog import Catalog, SegmentRow
 from wal_segments.format import (
     ENTRY_HEADER,
@@ -80,6 +80,20 @@ ORPHAN_SUFFIX = ".orphaned"
 
 SEAL_FLAG = int(EntryFlags.SEAL_MARKER)
 _FLAGS_WORD = 10  # index of `flags` in ENTRY_HEADER's fields
+
+# Deliberate bugs for the simulation's mutation suite (`wal_segments.mutations`).
+ACCEPT_STALE_TERM = mutations.declare(
+    "accept-stale-term", "a replica accepts appends from a term older than its fence"
+)
+SKIP_LOG_MATCHING = mutations.declare(
+    "skip-log-matching", "a replica appends without checking the previous (lsn, term)"
+)
+FENCE_IN_MEMORY = mutations.declare(
+    "fence-in-memory", "a replica's fenced term is kept in memory only, not in the catalog"
+)
+RESEND_DURABLE_TO_END = mutations.declare(
+    "resend-durable-to-end", "a resent batch already held is reported durable to the log's end"
+)
 
 
 class LogError(Exception):
@@ -611,6 +625,8 @@ class PChannelLog:
         async with self._lock:
             if term < self.fenced_term:
                 raise Fenced(term, self.fenced_term)
+            if term > self.fenced_term and mutations.active(FENCE_IN_MEMORY):
+                self.fenced_term = term
             if term > self.fenced_term:
                 self.fenced_term = await asyncio.to_thread(
                     self.catalog.raise_fenced_term, self.pchannel, term
@@ -618,6 +634,8 @@ class PChannelLog:
             return self.position()
 
     async def _raise_fence(self, term: int) -> None:
+        if term > self.fenced_term and mutations.active(FENCE_IN_MEMORY):
+            self.fenced_term = term
         if term > self.fenced_term:
             self.fenced_term = await asyncio.to_thread(
                 self.catalog.raise_fenced_term, self.pchannel, term
@@ -648,7 +666,7 @@ class PChannelLog:
         committed) and starts at prev_lsn + 1."""
         async with self._lock:
             self._check_usable()
-            if term < self.fenced_term:
+            if term < self.fenced_term and not mutations.active(ACCEPT_STALE_TERM):
                 raise Fenced(term, self.fenced_term)
             await self._raise_fence(term)
             if meta is None:
@@ -672,7 +690,7 @@ class PChannelLog:
                         frames, expected_first_lsn=prev_lsn + 1, batch_crc=crc32c(frames)
                     )
                 prev_term = 0  # verified by the batch (or the log starts here)
-            else:
+            elif not mutations.active(SKIP_LOG_MATCHING) or prev_lsn > self.last_lsn:
                 self.check_match(prev_lsn, prev_term)
             if meta.last_term > term:
                 raise BadBatch(f"frames of term {meta.last_term} above the sender's term {term}")
@@ -697,7 +715,9 @@ class PChannelLog:
                 # durable once the open segment is synced up to where it is written now.
                 writer = self._writer
                 return AppendResult(
-                    prev_lsn + meta.count,
+                    self.last_lsn
+                    if mutations.active(RESEND_DURABLE_TO_END)
+                    else prev_lsn + meta.count,
                     writer,
                     writer.end_offset if writer is not None else 0,
                     generation=self._generation,
@@ -852,6 +872,7 @@ class PChannelLog:
             return
         seal.durable.set_result(None)
         try:
+            await buggify.point("log.seal")
             sealed = await asyncio.to_thread(seal.writer.seal)
             await asyncio.to_thread(
                 self.catalog.upsert_segment, _segment_row(self.pchannel, sealed)
@@ -952,6 +973,7 @@ class PChannelLog:
                 f"{self.committed_lsn})"
             )
         logger.warning("%s: truncating divergent suffix after lsn %d", self.pchannel, lsn)
+        await buggify.point("log.truncate")
         await self._close_writer_locked()
         while self._segments and self._segments[-1].first_lsn > lsn:
             segment = self._segments.pop()

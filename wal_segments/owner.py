@@ -52,7 +52,7 @@ from typing import NamedTuple, Protocol
 from rpc.aio import Signal, wait_event, wait_within
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
-from wal_segments import mutations
+from wal_segments import buggify, mutations
 from wal_segments.format import (
     BATCH_CONTINUES_FLAG,
     ENTRY_HEADER,
@@ -127,6 +127,42 @@ COMMIT_TIMES_KEPT = 4096
 #: In the message of a RESOURCE_EXHAUSTED for a write the disk refused (ENOSPC, EDQUOT).
 DISK_FULL_MARK = "disk full"
 _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+# Deliberate bugs for the simulation's mutation suite (`wal_segments.mutations`).
+SELF_FENCE_MAJORITY = mutations.declare(
+    "self-fence-majority", "the owner takes its own fence answer as a majority"
+)
+NO_STABLE_QUORUM = mutations.declare(
+    "no-stable-quorum", "recovery no longer needs a quorum of the last ready replica set"
+)
+ADOPT_SHORTEST_LOG = mutations.declare(
+    "adopt-shortest-log", "recovery adopts the shortest log of the fence quorum"
+)
+BEST_LOG_BY_LSN = mutations.declare(
+    "best-log-by-lsn", "recovery picks the best log by LSN before term"
+)
+SAME_TERM_RECOVERY = mutations.declare(
+    "same-term-recovery", "a tail recovery runs twice at one term on one node"
+)
+ACK_ONE_REPLICA = mutations.declare(
+    "ack-one-replica", "a write is acknowledged once 1 of the replica set holds it"
+)
+OWNER_EARLY_DURABLE = mutations.declare(
+    "owner-early-durable", "the owner counts its own write as durable before its fsync"
+)
+COUNT_OLD_TERM = mutations.declare(
+    "count-old-term",
+    "entries of an older term are committed by counting replicas (Raft's figure 8)",
+)
+MATCH_BY_LAST_LSN = mutations.declare(
+    "match-by-last-lsn", "the owner counts a replica up to its log's end, not its durable LSN"
+)
+SKIP_PRODUCER_REBUILD = mutations.declare(
+    "skip-producer-rebuild", "a new owner forgets the producer sequences its log holds"
+)
+KEEP_PARTIAL_TXN = mutations.declare(
+    "keep-partial-txn", "recovery keeps a transaction tail that has no commit entry"
+)
 
 
 class WalError(Exception):
@@ -561,7 +597,7 @@ class ChannelOwner:
         already means a recovery at this term ran here before (see
         `DataPlane._recovered_here_before`); running another could write different entries
         at the same (lsn, term)."""
-        return self.log.fenced_term >= self.term
+        return self.log.fenced_term >= self.term and not mutations.active(SAME_TERM_RECOVERY)
 
     async def _recover(self) -> None:
         if self._recovery_ran_here():
@@ -590,8 +626,12 @@ class ChannelOwner:
         pending = {asyncio.create_task(self._fence_replica(n)): n for n in to_fence}
 
         def enough() -> bool:
+            if mutations.active(SELF_FENCE_MAJORITY):
+                return True
             if sum(1 for n in positions if n in self.replica_ids) < self.majority:
                 return False
+            if mutations.active(NO_STABLE_QUORUM):
+                return True
             return sum(1 for n in positions if n in self.stable_ids) >= self.stable_quorum
 
         try:
@@ -611,12 +651,18 @@ class ChannelOwner:
         for node, reply in positions.items():
             if node in self._replicas:
                 self._replicas[node].next_lsn = reply.last_lsn + 1
+        await buggify.point("owner.recovery.fenced")
         best = max(positions.values(), key=lambda r: (r.last_term, r.last_lsn))
+        if mutations.active(ADOPT_SHORTEST_LOG):
+            best = min(positions.values(), key=lambda r: (r.last_term, r.last_lsn))
+        if mutations.active(BEST_LOG_BY_LSN):
+            best = max(positions.values(), key=lambda r: (r.last_lsn, r.last_term))
         if best.node_id != self.node_id and (best.last_term, best.last_lsn) > (
             self.log.last_term,
             self.log.last_lsn,
         ):
             await self._adopt(best.node_id, best.last_lsn, best.last_term)
+        await buggify.point("owner.recovery.adopted")
         self._check_current()
         # Replicas of an older version refuse flagged frames (a rolling upgrade): flag only
         # when every replica heard from says it takes them. A replica that did not answer
@@ -624,8 +670,11 @@ class ChannelOwner:
         self._batch_flags = all(reply.batch_frames for reply in positions.values())
         if not mutations.active(NON_ATOMIC_BATCH):
             await self._drop_partial_batch()
-        await self._drop_partial_txn()
-        await self._rebuild_producers()
+        if not mutations.active(KEEP_PARTIAL_TXN):
+            await self._drop_partial_txn()
+        if not mutations.active(SKIP_PRODUCER_REBUILD):
+            await self._rebuild_producers()
+        await buggify.point("owner.recovery.trimmed")
         # Seal the inherited open segment, then start this term's segment.
         async with self._write_lock:
             if self.log.open_segment_first_lsn() is not None:
@@ -639,7 +688,9 @@ class ChannelOwner:
         self._segment_opened_at = time.monotonic()
         for replica in self._replicas.values():
             replica.task = asyncio.create_task(self._replicate(replica))
+        await buggify.point("owner.recovery.term_start")
         await self._wait_committed(self.start_lsn, recovering=True)
+        await buggify.point("owner.recovery.ready")
         attempt = 0
         while True:
             self._check_current()
@@ -1149,6 +1200,8 @@ class ChannelOwner:
         if result.sealed:
             self._segment_opened_at = time.monotonic()
         self._last_append_at = time.monotonic()
+        if mutations.active(OWNER_EARLY_DURABLE):
+            self._self_durable = max(self._self_durable, result.last_lsn)
         task = asyncio.create_task(self._local_durable(result))
         task.add_done_callback(_log_failure)
 
@@ -1175,17 +1228,21 @@ class ChannelOwner:
         matches = sorted(
             [self._self_durable, *(r.match_lsn for r in self._replicas.values())], reverse=True
         )
-        point = matches[self.majority - 1]
+        point = matches[0 if mutations.active(ACK_ONE_REPLICA) else self.majority - 1]
         # Only entries of this term commit by counting (Raft): the term start comes first.
-        if point < self.start_lsn or self.start_lsn <= 0 or point <= self.committed_lsn:
+        if point <= self.committed_lsn:
+            return
+        old_term = point < self.start_lsn or self.start_lsn <= 0
+        if old_term and not mutations.active(COUNT_OLD_TERM):
             return
         # Only to the end of a batch: a majority may hold a prefix of one (a catch-up
         # chunk ends inside it), and a prefix must never be committed, or a new owner
         # could neither drop it nor tell a producer's retry of the batch from a new one.
+        # (The mutations put the old rules back: any counted point commits.)
         ends = self._batch_ends
-        end = 0
+        end = point if old_term or mutations.active(NON_ATOMIC_BATCH) else 0
         while ends and ends[0] <= point:
-            end = ends.popleft()
+            end = max(end, ends.popleft())
         if end > self.committed_lsn:
             point = end
             self.committed_lsn = point
@@ -1571,8 +1628,11 @@ class ChannelOwner:
                 for _ in range(covered):
                     sent.release()
                 if response.status == wire.APPEND_STATUS_OK:
-                    if response.durable_lsn > replica.match_lsn:
-                        replica.match_lsn = response.durable_lsn
+                    durable_lsn = response.durable_lsn
+                    if mutations.active(MATCH_BY_LAST_LSN):
+                        durable_lsn = response.last_lsn
+                    if durable_lsn > replica.match_lsn:
+                        replica.match_lsn = durable_lsn
                         self._update_commit()
                     replica.last_error = ""
                 elif response.status == wire.APPEND_STATUS_FENCED:
@@ -1668,6 +1728,7 @@ class ChannelOwner:
                 "digest": summary.digest,  # type: ignore[attr-defined]
                 "replica_node_ids": sorted(replicas),
             }
+            await buggify.point("owner.commit_segment")
             code = await self.proposer.commit_segment(self.pchannel, self.term, fields)
             if code == E.UNMATCHED_CHANNEL_TERM:
                 self._fence(self.term + 1)

@@ -15,14 +15,22 @@ What lives here:
   truncate, create, link, unlink, rename and mkdir is applied to the real (tmpfs) file
   and recorded in an undo log until what makes it durable: ``fsync``/``fdatasync`` of the
   file for its data, ``fsync`` of the directory for its entries. `crash` reverts a node's
-  unrecorded-as-durable changes in reverse order (optionally keeping a prefix of a file's
-  unsynced writes, as a kernel that flushed some pages before the power went), counts
-  the bytes dropped, and `sync_failure_rate` makes an fsync fail now and then.
+  unrecorded-as-durable changes in reverse order, counts the bytes dropped, and
+  `sync_failure_rate` makes an fsync fail now and then. What a power cut keeps of the
+  unsynced changes is drawn per crash, as a disk and a journaling file system may leave
+  them: for each file independently a prefix of its unsynced writes (pages the kernel
+  had written back), the last of them possibly **torn** (only its first bytes reached
+  the disk, or the file grew but the new bytes read as zeros); and a prefix, in journal
+  order, of the unsynced directory changes (creates, renames, unlinks), independently
+  of the data. So writes to different files, and a file's data and its directory entry,
+  reach the disk in any order before a sync. A **failed fsync** is Linux's: the pages it
+  failed to write are marked clean, so a later successful fsync does not make them
+  durable, and a power cut loses them (only code that never retries a failed fsync over
+  the same pages is safe).
 
-What it does not model: SQLite (``catalog.db`` runs in memory and counts as durable at
-each commit, which ``synchronous=FULL`` gives on a real disk), torn pages inside one
-write, and reordering of writes between files before a sync (only the order of syncs
-matters here).
+What it does not model: SQLite's own files (the simulation keeps each node's catalog in
+memory with the durability its ``synchronous`` setting gives: ``raftwal.sim.world``),
+and reordering inside one file beyond the prefix rule.
 
 Must never: touch a path outside the run's root, read the real clock inside a run, or
 use a thread.
@@ -287,6 +295,8 @@ class _Undo:
     source: str = ""
     stash: str = ""
     replaced_stash: str = ""
+    #: a failed fsync of its file marked its pages clean: no later sync makes it durable
+    doomed: bool = False
 
 
 def _eio(what: str) -> OSError:
@@ -451,6 +461,14 @@ class SimDisk:
                 )
             )
         _REAL["ftruncate"](fd, length)
+        if opened is not None:
+            # Pages a failed fsync doomed are gone once the file is cut below them: what
+            # is written there later is new data, made durable by the next sync.
+            self._undo = [
+                u
+                for u in self._undo
+                if not (u.doomed and u.inode == opened.inode and u.offset >= length)
+            ]
 
     def _truncate(self, path: Any, length: int) -> None:
         self._check_alive("truncate")
@@ -484,8 +502,12 @@ class SimDisk:
             and self.sync_failure_rate
             and (self._rng.random() < self.sync_failure_rate)
         ):
-            # What the page cache held may or may not reach the disk: left as unsynced.
+            # Linux marks the pages it failed to write clean: what they held is lost at
+            # the next power cut, whatever later fsyncs say.
             self.sync_failures += 1
+            for undo in self._undo:
+                if undo.kind == "data" and undo.inode == opened.inode:
+                    undo.doomed = True
             raise OSError(errno.EIO, f"simulated: {what} failed")
         if opened.is_dir:
             directory = opened.path
@@ -500,7 +522,11 @@ class SimDisk:
             self._undo = kept
         else:
             inode = opened.inode
-            self._undo = [u for u in self._undo if not (u.kind == "data" and u.inode == inode)]
+            self._undo = [
+                u
+                for u in self._undo
+                if not (u.kind == "data" and u.inode == inode and not u.doomed)
+            ]
 
     def _fsync(self, fd: int) -> None:
         self._sync(fd, "fsync")
@@ -581,27 +607,52 @@ class SimDisk:
     def unsynced_bytes(self, node: str) -> int:
         return sum(u.written for u in self._undo if u.node == node and u.kind == "data")
 
-    def crash(self, node: str, keep_prefix_rate: float = 0.0) -> int:
+    def crash(
+        self,
+        node: str,
+        keep_prefix_rate: float = 0.0,
+        torn_rate: float = 0.0,
+        keep_entries_rate: float = 0.0,
+    ) -> int:
         """Revert what `node` had not made durable; returns the bytes of file data dropped.
         With probability `keep_prefix_rate` per file, a random prefix of its unsynced
-        writes survives (the kernel had written those pages back). The node's incarnation
-        must be dead already (its fds are closed by the caller)."""
+        writes survives (the kernel had written those pages back), and with `torn_rate`
+        the last write of that prefix is torn; with `keep_entries_rate`, a prefix of the
+        node's unsynced directory changes survives (in the order they were made). The
+        node's incarnation must be dead already (its fds are closed by the caller)."""
+        rng = self._rng
         mine = [u for u in self._undo if u.node == node]
         self._undo = [u for u in self._undo if u.node != node]
         kept: set[int] = set()
+        torn: dict[int, int] = {}
         by_inode: dict[int, list[int]] = {}
+        entries: list[int] = []
         for index, undo in enumerate(mine):
             if undo.kind == "data":
-                by_inode.setdefault(undo.inode, []).append(index)
+                if not undo.doomed:
+                    by_inode.setdefault(undo.inode, []).append(index)
+            else:
+                entries.append(index)
         for inode in sorted(by_inode):
             indexes = by_inode[inode]
-            if keep_prefix_rate and self._rng.random() < keep_prefix_rate:
-                kept.update(indexes[: self._rng.randint(0, len(indexes))])
+            if keep_prefix_rate and rng.random() < keep_prefix_rate:
+                count = rng.randint(0, len(indexes))
+                kept.update(indexes[:count])
+                if count and torn_rate and rng.random() < torn_rate:
+                    last = mine[indexes[count - 1]]
+                    if last.written > 1:
+                        torn[indexes[count - 1]] = rng.randint(1, last.written - 1)
+        if entries and keep_entries_rate and rng.random() < keep_entries_rate:
+            kept.update(entries[: rng.randint(0, len(entries))])
         dropped = 0
         for index in range(len(mine) - 1, -1, -1):
+            undo = mine[index]
+            if index in torn:
+                dropped += undo.written - torn[index]
+                self._tear(undo, torn[index], zeros=rng.random() < 0.5)
+                continue
             if index in kept:
                 continue
-            undo = mine[index]
             if undo.kind == "data":
                 dropped += undo.written
                 self._undo_data(undo)
@@ -621,6 +672,28 @@ class SimDisk:
             elif undo.kind == "mkdir":
                 shutil.rmtree(undo.path, ignore_errors=True)
         return dropped
+
+    def _tear(self, undo: _Undo, keep: int, zeros: bool) -> None:
+        """Keep only the first `keep` bytes of a write: the rest reads as before it, or
+        (`zeros`, a file that grew) as zeros."""
+        path = self._paths.get(undo.inode)
+        if path is None or not os.path.lexists(path) or os.lstat(path).st_ino != undo.inode:
+            return
+        fd = _REAL["open"](path, os.O_RDWR)
+        try:
+            start = undo.offset + keep
+            end = undo.offset + undo.written
+            old_tail = undo.old[keep:]
+            if old_tail:
+                _REAL["pwrite"](fd, old_tail, start)
+            grown_from = undo.offset + len(undo.old)
+            if end > grown_from:
+                if zeros:
+                    _REAL["pwrite"](fd, bytes(end - max(start, grown_from)), max(start, grown_from))
+                elif os.fstat(fd).st_size <= end:
+                    _REAL["ftruncate"](fd, max(undo.old_size, start))
+        finally:
+            _REAL["close"](fd)
 
     def _undo_data(self, undo: _Undo) -> None:
         path = self._paths.get(undo.inode)
