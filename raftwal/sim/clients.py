@@ -14,7 +14,7 @@ What lives here:
   batch is sent again, in sequence order, with the same sequences, to the owner the
   router names now; a batch out of time or attempts fails with the later ones (its
   outcome unknown). Each request is served by the node's real
-  ``StreamingNodeServicer._produce_one``.
+  ``StreamingNodeServicer.Produce`` stream handler.
 - `TxnClient`: BeginTxn, AppendTxn, then CommitTxn (retried after an unknown outcome,
   which the real servicer answers from its memory or a new owner's log) or RollbackTxn.
 - `Consumer`: the real ``StreamingNodeServicer.Consume`` stream, from the owner or from a
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -270,6 +270,7 @@ class ProducerLane:
         self.wake = Signal()
         self.serial = 0
         self.connection: Connection | None = None
+        self.context = ClientContext(client)
         #: every payload submitted, in submission order (the checker's order check)
         self.submitted: list[bytes] = []
 
@@ -349,13 +350,15 @@ class ProducerLane:
             sequence=batch.sequence,
         )
 
+        context = self.context
+
         async def attempt() -> wire.ProduceResult:
             try:
                 return await call(
                     self.world,
                     self.client,
                     node,
-                    lambda servicer: servicer._produce_one(request),  # noqa: SLF001
+                    lambda servicer: produce(servicer, request, context),
                     self.options.attempt_timeout_s,
                     connection,
                 )
@@ -471,6 +474,24 @@ class ProducerLane:
             )
         for batch in list(self.inflight):
             self._send(batch)
+
+
+async def produce(
+    servicer: Any, request: wire.ProduceRequest, context: ClientContext
+) -> wire.ProduceResult:
+    """One request on the node's public Produce stream handler, and its result (the SDK
+    pipelines requests on one stream; each is served the same way, in arrival order)."""
+
+    async def requests() -> AsyncIterator[wire.ProduceRequest]:
+        yield request
+
+    results = servicer.Produce(requests(), context)
+    try:
+        async for result in results:
+            return result
+    finally:
+        await results.aclose()
+    raise CallFailed(errors_pb2.ErrorInfo(code=E.UNKNOWN, message="Produce stream ended"))
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:

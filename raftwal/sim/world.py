@@ -86,7 +86,14 @@ from statemachine.state import copy_state, new_state
 from wal_segments import buggify, mutations
 from wal_segments import plane as plane_module
 from wal_segments.catalog import Catalog
-from wal_segments.format import TXN_FLAGS, EntryFlags, check_frame, decode_properties, iter_batch
+from wal_segments.format import (
+    BATCH_CONTINUES_FLAG,
+    TXN_FLAGS,
+    EntryFlags,
+    check_frame,
+    decode_properties,
+    iter_batch,
+)
 from wal_segments.fsync_policy import parse_fsync_policy
 from wal_segments.log import PChannelLog
 from wal_segments.owner import TXN_COUNT_PROPERTY, OwnerConfig, WalError
@@ -356,32 +363,6 @@ class _Transport:
             raise ConnectionError(error.info.message) from None
 
 
-class _Transport:
-    """The owner's ReplicaTransport on one node incarnation."""
-
-    def __init__(self, world: World, node_id: str) -> None:
-        self.world, self.node_id = world, node_id
-
-    def open_append(self, node_id: str) -> _Stream:
-        return _Stream(self.world, self.node_id, node_id)
-
-    async def fence(self, node_id: str, request: wire.FenceRequest) -> wire.FenceResponse:
-        try:
-            return await self.world.call(self.node_id, node_id, "Fence", request)
-        except _Abort as error:
-            if error.info.code == E.CHANNEL_FENCED:
-                raise WalError(
-                    E.CHANNEL_FENCED, error.info.message, current_term=error.info.current_term
-                ) from None
-            raise ConnectionError(error.info.message) from None
-
-    async def fetch(self, node_id: str, request: wire.FetchRequest) -> wire.FetchResponse:
-        try:
-            return await self.world.call(self.node_id, node_id, "Fetch", request)
-        except _Abort as error:
-            raise ConnectionError(error.info.message) from None
-
-
 # -- nodes ----------------------------------------------------------------------------------------
 
 
@@ -389,6 +370,7 @@ class _Transport:
 class _Budgets:
     txn_buffer_budget_bytes: int = 64 << 20
     txn_buffer_producer_budget_bytes: int = 16 << 20
+    txn_buffer_identity_budget_bytes: int = 32 << 20
 
 
 class SimNode:
@@ -955,9 +937,8 @@ class World:
         stream.served_by(node.incarnation)
 
         async def serve() -> None:
-            owner_ids: set[str] = set()
             try:
-                async for response in servicer._answer(stream.requests(), owner_ids):  # noqa: SLF001
+                async for response in servicer.Append(stream.requests(), _Context()):
                     stream.answer(response)
             finally:
                 stream.break_()
@@ -1887,7 +1868,8 @@ def _decode(frame: bytes) -> Any:
 
 
 def _identity(frame: bytes | None) -> tuple[Any, ...] | None:
-    """What a consumer sees of an entry (`History.read`)."""
+    """What a consumer sees of an entry (`History.read`): BATCH_CONTINUES is the WAL's
+    own bookkeeping, which Consume does not show."""
     if frame is None:
         return None
     entry = _decode(frame)
@@ -1895,7 +1877,7 @@ def _identity(frame: bytes | None) -> tuple[Any, ...] | None:
         entry.lsn,
         entry.term,
         entry.time_tick,
-        entry.flags,
+        entry.flags & ~BATCH_CONTINUES_FLAG,
         entry.txn_id,
         entry.key,
         entry.payload,
