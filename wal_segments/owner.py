@@ -444,6 +444,18 @@ class ChannelOwner:
     def serving(self) -> bool:
         return self.state == "serving"
 
+    @property
+    def announced_commit_lsn(self) -> int:
+        """The commit point this owner tells others (its log's readers, its replicas): 0
+        until its term is ready (PChannelReady committed), then `committed_lsn`.
+
+        Before that, what a majority of this term's replica set holds is not yet safe: a
+        later assignment that changes the set fences a quorum of the last *ready* set only
+        (`stable_replica_node_ids`), which this term is not, so a term that never becomes
+        ready may lose what it counted (its term start, an adopted suffix). Recovery still
+        counts it, to know when to propose PChannelReady; nobody reads it as committed."""
+        return self.committed_lsn if self.ready.is_set() else 0
+
     def replica_positions(self) -> dict[str, int]:
         positions = {self.node_id: self._self_durable}
         positions.update({r.node_id: r.match_lsn for r in self._replicas.values()})
@@ -706,6 +718,10 @@ class ChannelOwner:
             break
         self.state = "serving"
         self.ready.set()
+        # The term is ready: what it counted is committed now, for readers and replicas.
+        self.log.advance_committed(self.committed_lsn)
+        for replica in self._replicas.values():
+            replica.wake.set()
         logger.info(
             "%s: serving at term %d from lsn %d (committed %d)",
             self.pchannel,
@@ -1247,7 +1263,9 @@ class ChannelOwner:
             point = end
             self.committed_lsn = point
             self._commit_times.append((point, time.monotonic()))
-            self.log.committed_lsn = max(self.log.committed_lsn, point)
+            if self.ready.is_set():
+                # (Before the term is ready, nothing is announced: `announced_commit_lsn`.)
+                self.log.committed_lsn = max(self.log.committed_lsn, point)
             self._notify_progress()
             # An idle sender passes the new commit point on (see COMMIT_NOTICE_DELAY_S).
             for replica in self._replicas.values():
@@ -1573,7 +1591,7 @@ class ChannelOwner:
                     replica.wake.clear()
                     if (
                         replica.next_lsn > self.log.last_lsn
-                        and sent_committed >= self.committed_lsn
+                        and sent_committed >= self.announced_commit_lsn
                     ):
                         await wait_event(replica.wake, 1.0)
                     # Only the commit point moved: a write sent within the delay carries
@@ -1581,7 +1599,7 @@ class ChannelOwner:
                     deadline = time.monotonic() + COMMIT_NOTICE_DELAY_S
                     while (
                         replica.next_lsn > self.log.last_lsn
-                        and sent_committed < self.committed_lsn
+                        and sent_committed < self.announced_commit_lsn
                         and (left := deadline - time.monotonic()) > 0
                     ):
                         replica.wake.clear()
@@ -1598,7 +1616,7 @@ class ChannelOwner:
                     prev_term = self.log.term_at(lsn - 1) if lsn - 1 >= self.log.first_lsn else 0
                     frames, last = b"", lsn - 1
                 request_id += 1
-                sent_committed = self.committed_lsn
+                sent_committed = self.announced_commit_lsn
                 await stream.write(
                     wire.AppendRequest(
                         pchannel=self.pchannel,
