@@ -233,6 +233,9 @@ class PChannelLog:
         #: seals running in the background, oldest first (a failed one stays until close)
         self._seals: list[_Seal] = []
         self._seal_failure: BaseException | None = None
+        #: why a truncation (or a restart at a new first LSN) stopped part-way, after it
+        #: began changing the files: the log no longer says what they hold (`_cut_failed`)
+        self._cut_failure: BaseException | None = None
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -395,9 +398,12 @@ class PChannelLog:
 
     @property
     def failure(self) -> BaseException | None:
-        """The local I/O error (a failed fdatasync, seal, or cut-back of a failed append)
-        after which this log takes no more appends: it must be closed and opened again,
-        which recovers the files from what is on disk. None while the log works."""
+        """The local I/O error (a failed fdatasync, seal, or cut-back of a failed append, a
+        truncation cut short) after which this log takes no more appends: it must be closed
+        and opened again, which recovers the files from what is on disk. None while the log
+        works."""
+        if self._cut_failure is not None:
+            return self._cut_failure
         if self._seal_failure is not None:
             return self._seal_failure
         writer, group = self._writer, self._group
@@ -483,6 +489,11 @@ class PChannelLog:
         return LogPosition(self.last_lsn, self.last_term, self.last_time_tick)
 
     def _segment_of(self, lsn: int) -> _Segment:
+        if self._cut_failure is not None:
+            # The segments and their indexes may disagree with the files (and each other).
+            raise LogError(
+                f"{self.pchannel}: log failed ({self._cut_failure!r}); it must be reopened"
+            )
         index = bisect.bisect_right(self._firsts, lsn) - 1
         if index < 0 or lsn > self._segments[index].last_lsn:
             raise KeyError(f"{self.pchannel}: lsn {lsn} is not in the log")
@@ -974,6 +985,30 @@ class PChannelLog:
             )
         logger.warning("%s: truncating divergent suffix after lsn %d", self.pchannel, lsn)
         await buggify.point("log.truncate")
+        try:
+            await self._cut_after_locked(lsn)
+        except BaseException as error:
+            self._cut_failed("truncation", error)
+            raise
+
+    def _cut_failed(self, what: str, error: BaseException) -> None:
+        """A truncation or restart failed (an fdatasync, the catalog) or was cancelled (its
+        caller's stream went away) after it began changing the files: the segments, their
+        indexes and `last_lsn` may no longer say what the files hold. Stop the log as after
+        a failed fdatasync: it refuses appends and reads (`failure`) until it is closed and
+        opened again from its files (``DataPlane.log`` does that)."""
+        if self._cut_failure is None:
+            self._cut_failure = error
+        logger.error(
+            "%s: %s stopped part-way (%r); the log refuses appends and reads until it is "
+            "reopened from its files",
+            self.pchannel,
+            what,
+            error,
+        )
+
+    async def _cut_after_locked(self, lsn: int) -> None:
+        """The part of `_truncate_after_locked` that changes the files."""
         await self._close_writer_locked()
         while self._segments and self._segments[-1].first_lsn > lsn:
             segment = self._segments.pop()
@@ -1001,7 +1036,12 @@ class PChannelLog:
             else:
                 writer = None
             if writer is not None:
-                writer.truncate_after(lsn)
+                try:
+                    writer.truncate_after(lsn)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        writer.close()
+                    raise
                 self._writer = writer
                 tail.offsets = None
                 tail.summary = None
@@ -1039,6 +1079,14 @@ class PChannelLog:
         self._generation += 1
         self._truncations.append((self._generation, 0))
         del self._truncations[:-64]
+        try:
+            await self._drop_all_locked(first_lsn)
+        except BaseException as error:
+            self._cut_failed(f"restart at lsn {first_lsn}", error)
+            raise
+
+    async def _drop_all_locked(self, first_lsn: int) -> None:
+        """The part of `_restart_at_locked` that changes the files."""
         await self._close_writer_locked()
         segments, self._segments, self._firsts = self._segments, [], []
         paths = _release(segments)
