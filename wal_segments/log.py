@@ -1051,7 +1051,10 @@ class PChannelLog:
             header = self._header_at(lsn)
             self.last_term, self.last_time_tick = header[3], header[4]
         else:
-            self.last_term, self.last_time_tick = 0, self.last_time_tick
+            # Nothing left: as a reopen finds it. The entries cut were never committed,
+            # so their time ticks bound nothing; keeping the last one refused the best
+            # log's entries when they carried lower ticks (a deposed owner writes late).
+            self.last_term, self.last_time_tick = 0, -1
         self._notify()
 
     async def _close_writer_locked(self) -> None:
