@@ -249,6 +249,10 @@ class OwnerConfig:
     producer_expiry_ms: int = 7 * 24 * 3600 * 1000
     #: producers remembered per pchannel; past it the least recently written is forgotten
     max_producers: int = 8192
+    #: whether the owner flags its batches BATCH_CONTINUES (atomic batches) once every
+    #: replica it recovered with says it takes them; False writes batches as the version
+    #: before them did (the simulation runs a rolling upgrade's older nodes so)
+    batch_frames: bool = True
 
 
 _NO_PROPERTIES: dict[str, str] = {}
@@ -629,7 +633,7 @@ class ChannelOwner:
                 last_term=position.last_term,
                 last_time_tick=position.last_time_tick,
                 node_id=self.node_id,
-                batch_frames=True,
+                batch_frames=self.config.batch_frames,
             )
         }
         to_fence = list(self._replicas) + [

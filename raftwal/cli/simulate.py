@@ -110,6 +110,7 @@ def _command(args: argparse.Namespace) -> int:
         "late_proposals",
         "buggified",
         "sync_failures",
+        "rolling_upgrades",
     )
     totals: dict[str, Any] = {
         "first_seed": first,
@@ -128,6 +129,7 @@ def _command(args: argparse.Namespace) -> int:
         "late_proposals": 0,
         "buggified": 0,
         "fsync_failures": 0,
+        "rolling_upgrades": 0,
         "virtual_s": 0.0,
         "mutations": list(args.mutation),
     }

@@ -5,8 +5,11 @@ What lives here:
 - `SimClock` and `SimLoop`: an asyncio event loop whose ``time()`` is the virtual clock.
   When nothing is ready, the clock jumps to the next timer (no real sleeping), so a run of
   many virtual seconds takes what its callbacks cost. ``run_in_executor`` (and so
-  ``asyncio.to_thread``) runs the function on the loop after a simulated latency drawn
-  from the run's random generator, never on a thread: one seed, one order of events.
+  ``asyncio.to_thread``) runs the function on the loop, never on a thread (one seed, one
+  order of events), somewhere inside a simulated latency drawn from the run's random
+  generator, and hands its result back at the latency's end: as a worker thread does
+  the work as soon as it picks the job and the caller learns of it later. So an
+  fdatasync covers what was written when it began, not what was written while it ran.
 - `Incarnation` and `NODE`: the context variable that says which incarnation of which
   node the running code belongs to (every task a node creates inherits it). A crashed
   incarnation's code can no longer touch the disk: every file call it makes fails with
@@ -146,12 +149,20 @@ def _fd_of(fileobj: Any) -> int:
 
 
 class SimLoop(asyncio.SelectorEventLoop):
-    """An event loop on `clock` whose executor is the loop itself, after `latency_s()`."""
+    """An event loop on `clock` whose executor is the loop itself: a function handed to it
+    runs after `start_fraction()` of `latency_s()` and its result is handed back at the
+    end of that latency."""
 
-    def __init__(self, clock: SimClock, latency_s: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        clock: SimClock,
+        latency_s: Callable[[], float],
+        start_fraction: Callable[[], float] = lambda: 1.0,
+    ) -> None:
         super().__init__(_Selector(clock))
         self._sim_clock = clock
         self._latency_s = latency_s
+        self._start_fraction = start_fraction
         self.set_task_factory(_task_factory)
 
     def time(self) -> float:
@@ -220,20 +231,34 @@ class SimLoop(asyncio.SelectorEventLoop):
 
     def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> Any:
         future = self.create_future()
+        latency = self._latency_s()
+        start = latency * self._start_fraction()
 
         def run() -> None:
+            # A job not yet picked up is dropped when its caller gives up on it; once it
+            # runs, it runs to its end whatever the caller does (a thread cannot be
+            # stopped), and the caller learns its outcome only at the latency's end.
             if future.cancelled():
                 return
             try:
-                result = func(*args)
+                outcome: tuple[bool, Any] = (True, func(*args))
             except BaseException as error:  # noqa: BLE001 - handed to the awaiting task
-                if not future.cancelled():
-                    future.set_exception(error)
-                return
-            if not future.cancelled():
-                future.set_result(result)
+                outcome = (False, error)
+            if latency > start:
+                self.call_later(latency - start, settle, outcome)
+            else:
+                settle(outcome)
 
-        self.call_later(self._latency_s(), run)
+        def settle(outcome: tuple[bool, Any]) -> None:
+            if future.cancelled():
+                return
+            ok, value = outcome
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+        self.call_later(start, run)
         return future
 
 
@@ -297,6 +322,9 @@ class _Undo:
     replaced_stash: str = ""
     #: a failed fsync of its file marked its pages clean: no later sync makes it durable
     doomed: bool = False
+    #: the write a power cut interrupted (`SimDisk.arm_write`): its first bytes reached the
+    #: disk, and so did every unsynced write of its file before it
+    forced: bool = False
 
 
 def _eio(what: str) -> OSError:
@@ -319,14 +347,24 @@ class SimDisk:
         self._installed = False
         #: node -> (syncs to let pass, what to call at the next one instead of syncing)
         self._armed: dict[str, tuple[int, Callable[[], None]]] = {}
+        #: node -> what to call in the middle of its next write to a file (a power cut)
+        self._armed_writes: dict[str, Callable[[], None]] = {}
 
     def arm(self, node: str, crash: Callable[[], None], skip: int = 0) -> None:
         """Call `crash` at `node`'s file sync after the next `skip` ones, before it takes
         effect (a crash in the window between a write and its fsync)."""
         self._armed[node] = (skip, crash)
 
+    def arm_write(self, node: str, crash: Callable[[], None]) -> None:
+        """Cut `node`'s power in the middle of its next write to a file: only the write's
+        first bytes (at least one, never all) reach the disk, with every unsynced write of
+        that file before it; `crash` (which must cut the power) runs then, and the write
+        fails (the process is gone)."""
+        self._armed_writes[node] = crash
+
     def disarm(self) -> None:
         self._armed.clear()
+        self._armed_writes.clear()
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -434,14 +472,35 @@ class SimDisk:
 
     def _pwrite(self, fd: int, data: Any, offset: int) -> int:
         self._check_alive("pwrite")
+        if self._armed_writes and len(data) > 1:
+            self._interrupt_write(fd, bytes(data), offset)
         self._record_write(fd, offset, len(data))
         return _REAL["pwrite"](fd, data, offset)
 
     def _pwritev(self, fd: int, buffers: Any, offset: int, *flags: int) -> int:
         self._check_alive("pwritev")
         buffers = list(buffers)
-        self._record_write(fd, offset, sum(len(memoryview(b)) for b in buffers))
+        size = sum(len(memoryview(b)) for b in buffers)
+        if self._armed_writes and size > 1:
+            self._interrupt_write(fd, b"".join(bytes(b) for b in buffers), offset)
+        self._record_write(fd, offset, size)
         return _REAL["pwritev"](fd, buffers, offset, *flags)
+
+    def _interrupt_write(self, fd: int, data: bytes, offset: int) -> None:
+        """The power cut `arm_write` asked for, if this write is the one: write a prefix of
+        `data`, keep it through the crash, cut the power, and fail the write."""
+        opened = self._fds.get(fd)
+        if opened is None or opened.is_dir:
+            return
+        crash = self._armed_writes.pop(opened.node, None)
+        if crash is None:
+            return
+        cut = self._rng.randint(1, len(data) - 1)
+        self._record_write(fd, offset, cut)
+        self._undo[-1].forced = True
+        _REAL["pwrite"](fd, data[:cut], offset)
+        crash()
+        raise _eio("write")
 
     def _ftruncate(self, fd: int, length: int) -> None:
         self._check_alive("ftruncate")
@@ -635,13 +694,22 @@ class SimDisk:
                 entries.append(index)
         for inode in sorted(by_inode):
             indexes = by_inode[inode]
+            # An interrupted write reached the disk, and so did its file's writes before it.
+            forced = max((n + 1 for n, i in enumerate(indexes) if mine[i].forced), default=0)
             if keep_prefix_rate and rng.random() < keep_prefix_rate:
-                count = rng.randint(0, len(indexes))
+                count = max(forced, rng.randint(0, len(indexes)))
                 kept.update(indexes[:count])
-                if count and torn_rate and rng.random() < torn_rate:
-                    last = mine[indexes[count - 1]]
-                    if last.written > 1:
-                        torn[indexes[count - 1]] = rng.randint(1, last.written - 1)
+                last = mine[indexes[count - 1]] if count else None
+                if (
+                    last is not None
+                    and not last.forced
+                    and torn_rate
+                    and rng.random() < torn_rate
+                    and last.written > 1
+                ):
+                    torn[indexes[count - 1]] = rng.randint(1, last.written - 1)
+            elif forced:
+                kept.update(indexes[:forced])
         if entries and keep_entries_rate and rng.random() < keep_entries_rate:
             kept.update(entries[: rng.randint(0, len(entries))])
         dropped = 0

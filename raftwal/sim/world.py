@@ -90,8 +90,10 @@ from wal_segments.format import (
     BATCH_CONTINUES_FLAG,
     TXN_FLAGS,
     EntryFlags,
+    FormatError,
     check_frame,
     decode_properties,
+    frame_headers,
     iter_batch,
 )
 from wal_segments.fsync_policy import parse_fsync_policy
@@ -146,6 +148,8 @@ class SeedResult:
     late_proposals: int = 0
     buggified: int = 0
     sync_failures: int = 0
+    #: 1 when a node ran the version before atomic batches (a rolling upgrade)
+    rolling_upgrades: int = 0
     virtual_s: float = 0.0
     digest: str = ""
 
@@ -395,6 +399,10 @@ class SimNode:
         self.streaming: StreamingNodeServicer | None = None
         self.down_since: float | None = None
         self.txn_serial = 0
+        #: runs the version before atomic batches (a rolling upgrade) until the restart
+        #: that upgrades it (`World._upgrade`); a crash restarts the same version
+        self.previous_version = False
+        self.upgrade_pending = False
 
     # DataPlaneHost / ReplicationBackend / StreamingBackend
     @property
@@ -453,6 +461,10 @@ class SimNode:
 
     def start(self) -> None:
         number = self.incarnation.number + 1 if self.incarnation else 1
+        if self.upgrade_pending:
+            # The rolling upgrade reaches this node: it restarts at this version.
+            self.previous_version = self.upgrade_pending = False
+            self.world.trace_line(self.node_id, "restarts at this version (upgraded)")
         incarnation = Incarnation(self.node_id, number)
         self.incarnation = incarnation
         self.down_since = None
@@ -478,6 +490,7 @@ class SimNode:
                 retry_min_s=0.02,
                 retry_max_s=0.3,
                 rpc_timeout_s=0.5,
+                batch_frames=not self.previous_version,
             ),
             transport=_Transport(world, self.node_id),
             proposer=self.data_view,
@@ -804,9 +817,15 @@ class World:
         self.rng = random.Random(seed)
         rng = self.rng
         self.clock = SimClock()
-        self.loop = SimLoop(self.clock, self._io_latency)
+        # A job handed to a worker thread (an fdatasync, a catalog write) runs somewhere
+        # inside its latency: an fdatasync covers what was written when it began.
+        self.loop = SimLoop(self.clock, self._io_latency, rng.random)
         self.disk = SimDisk(root, random.Random(rng.random()), rng.choice([0.0, 0.0, 0.002]))
         # This seed's fault and timing profile.
+        #: how slow this seed's disks are (an fdatasync of about 1 ms times this): local
+        #: SSDs, and disks an order of magnitude slower (network volumes, spinning ones),
+        #: where appenders more often arrive while an fdatasync runs
+        self.io_scale = rng.choice([1.0, 1.0, 4.0, 12.0])
         self.break_rate = rng.choice([0.0, 0.002, 0.01])
         self.base_delay_s = rng.choice([0.0005, 0.002, 0.01])
         self.lost_reply_rate = rng.choice([0.0, 0.05])
@@ -885,7 +904,7 @@ class World:
 
     def _io_latency(self) -> float:
         rng = self.rng
-        return 0.0002 + (
+        return 0.0002 + self.io_scale * (
             rng.expovariate(1 / 0.001) if rng.random() < 0.9 else rng.uniform(0.005, 0.03)
         )
 
@@ -935,11 +954,32 @@ class World:
             return
         servicer = node.servicer
         stream.served_by(node.incarnation)
+        previous_version = node.previous_version
+        refused: list[wire.AppendRequest] = []
+
+        async def requests() -> AsyncIterator[wire.AppendRequest]:
+            async for request in stream.requests():
+                if previous_version and _has_batch_flags(request.frames):
+                    # The version before atomic batches refuses a frame with a flag it
+                    # does not know: the request fails, and the stream with it.
+                    refused.append(request)
+                    return
+                yield request
 
         async def serve() -> None:
             try:
-                async for response in servicer.Append(stream.requests(), _Context()):
+                async for response in servicer.Append(requests(), _Context()):
                     stream.answer(response)
+                for request in refused:
+                    stream.answer(
+                        wire.AppendResponse(
+                            request_id=request.request_id,
+                            status=wire.APPEND_STATUS_ERROR,
+                            error=errors_pb2.ErrorInfo(
+                                code=E.INVALID_ARGUMENT, message="unknown entry flags 0x100"
+                            ),
+                        )
+                    )
             finally:
                 stream.break_()
 
@@ -963,6 +1003,12 @@ class World:
             async def handle() -> None:
                 try:
                     outcome: tuple[bool, Any] = (True, await handler(request, _Context()))
+                    if node.previous_version and isinstance(outcome[1], wire.FenceResponse):
+                        # The version before atomic batches does not know the field.
+                        answer = wire.FenceResponse()
+                        answer.CopyFrom(outcome[1])
+                        answer.batch_frames = False
+                        outcome = (True, answer)
                 except _Abort as error:
                     outcome = (False, error)
                 except (OSError, asyncio.CancelledError):
@@ -1195,13 +1241,20 @@ class World:
             others = [n for n in running if n not in victims]
             if others:
                 victims.append(rng.choice(others))
-        if rng.random() < 0.5:
+        how = rng.random()
+        if how < 0.35:
             # At the node's next fsync, before it takes effect: what it wrote since the
             # last one is what a power cut drops.
             for node_id in victims:
                 self.disk.arm(
                     node_id, lambda n=node_id: self._crash(n, rng.random() < self.power_rate)
                 )
+            return
+        if how < 0.55:
+            # A power cut in the middle of the node's next write: the first bytes of a
+            # batch reach the disk (on an owner, often before the batch went out).
+            for node_id in victims:
+                self.disk.arm_write(node_id, lambda n=node_id: self._crash(n, True))
             return
         for node_id in victims:
             self._crash(node_id, rng.random() < self.power_rate)
@@ -1411,6 +1464,21 @@ class World:
                 vchannels[vchannel] = name
         for node in self.nodes.values():
             node.apply_up_to(len(self.states) - 1)
+        upgrades: list[tuple[float, str]] = []
+        if rng.random() < 0.25:
+            # A rolling upgrade in progress: one or two nodes still run the version
+            # before atomic batches. Such a node does not say in its Fence answer that it
+            # takes BATCH_CONTINUES and refuses flagged frames; as an owner it flags
+            # nothing; an owner that recovers with its answer writes unflagged batches
+            # too, and relies on dropping a transaction tail without its commit entry.
+            # A crash restarts it at the same version; the upgrade is a planned restart,
+            # during the faults or at the latest when they end.
+            self.result.rolling_upgrades = 1
+            for node_id in rng.sample(sorted(self.nodes), rng.choice([1, 1, 2])):
+                self.nodes[node_id].previous_version = True
+                at = options.settle_s + rng.uniform(0.2, 1.2) * options.duration_s
+                upgrades.append((at, node_id))
+                self.trace_line(node_id, "runs the version before atomic batches")
         if rng.random() < 0.7:
             # Followers that apply late (a busy process): their owners serve a term
             # Raft has moved on from, and the clients routed by them write there.
@@ -1427,6 +1495,11 @@ class World:
         ]
         clients: list[asyncio.Task[Any]] = []
         max_batch = rng.choice([1, 4, 8, 16])
+        if any(node.previous_version for node in self.nodes.values()):
+            # An unflagged multi-message batch is not atomic: a surviving prefix of it is
+            # written twice on retry, the documented limit of exactly once while a
+            # cluster is upgraded (docs/architecture.md, "A rolling upgrade").
+            max_batch = 1
         for client in self.clients:
             router = Router(self, client)
             background.append(self.loop.create_task(router.watch()))
@@ -1454,6 +1527,10 @@ class World:
                 clients.append(
                     self.loop.create_task(TxnClient(self, client, router, vchannels).run())
                 )
+        for at, node_id in upgrades:
+            self.loop.call_at(
+                self.clock.now + at, self._upgrade, node_id, context=self.driver_context
+            )
         try:
             await asyncio.sleep(self.options.settle_s)
             await self.nemesis()
@@ -1462,7 +1539,20 @@ class World:
             for task in background + clients:
                 task.cancel()
 
+    def _upgrade(self, node_id: str) -> None:
+        """The rolling upgrade reaches `node_id`: a planned restart at this version (or,
+        when it is down, its next start is at this version)."""
+        node = self.nodes[node_id]
+        if not node.previous_version or node.upgrade_pending:
+            return
+        node.upgrade_pending = True
+        if node.running:
+            self.trace_line(node_id, "planned restart to upgrade")
+            self._crash(node_id, power=False)
+
     async def _heal(self, clients: list[asyncio.Task[Any]]) -> None:
+        for node_id in sorted(self.nodes):
+            self._upgrade(node_id)  # the rolling upgrade finishes
         self.partitions.clear()
         for _, node_id in sorted(self._restarts):
             if not self.nodes[node_id].running:
@@ -1861,6 +1951,16 @@ class _Mirror:
         #: reference mirror serial -> the highest LSN found equal in both
         self.verified: dict[int, int] = {}
         self.failed = False
+
+
+def _has_batch_flags(frames: bytes) -> bool:
+    """Whether any frame of an Append carries BATCH_CONTINUES."""
+    if not frames:
+        return False
+    try:
+        return any(fields[10] & BATCH_CONTINUES_FLAG for _, fields in frame_headers(frames))
+    except FormatError:
+        return False  # refused by the replica's own checks anyway
 
 
 def _decode(frame: bytes) -> Any:

@@ -10,12 +10,6 @@ and Raft, with clients that route with stale views and retry.
 - a failure prints its seed, its trace and the command that replays it.
 
 The mutation suite (deliberate bugs the simulation must find) is `test_mutations.py`.
-
-Issue 49 (a surviving prefix of a producer batch is written twice on retry) is a bug of
-the code today: these histories find it (RELIABILITY.md names the seeds). Until the fix
-lands, which declares the mutation ``non-atomic-batch`` beside it, a seed whose only
-violations are that one is tolerated here and nowhere else; once the mutation is
-declared, nothing is.
 """
 
 from __future__ import annotations
@@ -29,9 +23,6 @@ import pytest
 from raftwal.sim.world import SimOptions, known_mutations, run_seed
 from tests.sim.test_mutations import KNOWN_SEEDS
 
-#: Issue 49's fix declares this mutation (the bug it fixes, switched back on).
-ISSUE_49_FIXED = "non-atomic-batch" in known_mutations()
-
 
 def _cli(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -40,16 +31,6 @@ def _cli(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=timeout_s,
         check=False,
-    )
-
-
-def is_issue_49(violation: str) -> bool:
-    """A message twice in the committed log whose first copy is a prefix of its batch
-    without the entry carrying the producer's sequence (issue 49, item 1)."""
-    return (
-        not ISSUE_49_FIXED
-        and "is in the committed log twice" in violation
-        and "is a prefix of batch" in violation
     )
 
 
@@ -95,10 +76,8 @@ def test_a_few_hundred_seeds_find_no_violation_in_histories_worth_checking() -> 
     run = _cli("--seeds", "300", "--seed", "1000", "--json", "--keep-going", timeout_s=1800)
     summary = json.loads(run.stdout)
     assert summary["seeds"] == 300
-    failed = violations_by_seed(run.stderr)
-    assert sorted(failed) == summary["failed_seeds"], run.stderr[-4000:]
-    for seed, violations in failed.items():
-        assert violations and all(is_issue_49(v) for v in violations), (seed, violations)
+    assert summary["failed_seeds"] == [], run.stderr[-4000:]
+    assert violations_by_seed(run.stderr) == {}
     # Histories worth checking: what the issue asked of the world.
     assert summary["power_cuts_dropping_bytes"] > 0 and summary["dropped_bytes"] > 0
     assert summary["acknowledged_writes"] >= 100 * 300
@@ -108,6 +87,7 @@ def test_a_few_hundred_seeds_find_no_violation_in_histories_worth_checking() -> 
     assert summary["late_proposals"] > 0
     assert summary["buggified"] > 0
     assert summary["failovers"] > 3 * 300
+    assert summary["rolling_upgrades"] > 0  # nodes of the version before atomic batches
 
 
 def test_the_cli_prints_the_seed_and_the_trace_of_a_failure() -> None:
@@ -140,6 +120,5 @@ def test_bad_arguments_are_refused_with_what_was_expected() -> None:
 def test_ten_thousand_seeds_find_no_violation() -> None:
     run = _cli("--seeds", "10000", "--seed", "1", "--json", "--keep-going", timeout_s=7200)
     summary = json.loads(run.stdout)
-    for seed, violations in violations_by_seed(run.stderr).items():
-        assert violations and all(is_issue_49(v) for v in violations), (seed, violations)
+    assert summary["failed_seeds"] == [], run.stderr[-4000:]
     assert summary["seeds"] == 10000
