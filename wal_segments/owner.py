@@ -152,7 +152,7 @@ OWNER_EARLY_DURABLE = mutations.declare(
 )
 COUNT_OLD_TERM = mutations.declare(
     "count-old-term",
-    "entries of an older term are committed by counting replicas (Raft's figure 8)",
+    "entries of an older term are committed, and announced, by counting replicas (Raft's figure 8)",
 )
 MATCH_BY_LAST_LSN = mutations.declare(
     "match-by-last-lsn", "the owner counts a replica up to its log's end, not its durable LSN"
@@ -458,7 +458,17 @@ class ChannelOwner:
         (`stable_replica_node_ids`), which this term is not, so a term that never becomes
         ready may lose what it counted (its term start, an adopted suffix). Recovery still
         counts it, to know when to propose PChannelReady; nobody reads it as committed."""
-        return self.committed_lsn if self.ready.is_set() else 0
+        if self.ready.is_set():
+            return self.committed_lsn
+        if mutations.active(COUNT_OLD_TERM):
+            # The mutation puts the old rule back whole: entries of older terms that a
+            # majority holds are committed and announced at once (this term's are not).
+            return (
+                self.committed_lsn
+                if self.start_lsn <= 0
+                else min(self.committed_lsn, self.start_lsn - 1)
+            )
+        return 0
 
     def replica_positions(self) -> dict[str, int]:
         positions = {self.node_id: self._self_durable}
@@ -1267,7 +1277,7 @@ class ChannelOwner:
             point = end
             self.committed_lsn = point
             self._commit_times.append((point, time.monotonic()))
-            if self.ready.is_set():
+            if self.ready.is_set() or (old_term and mutations.active(COUNT_OLD_TERM)):
                 # (Before the term is ready, nothing is announced: `announced_commit_lsn`.)
                 self.log.committed_lsn = max(self.log.committed_lsn, point)
             self._notify_progress()

@@ -820,12 +820,12 @@ class World:
         # A job handed to a worker thread (an fdatasync, a catalog write) runs somewhere
         # inside its latency: an fdatasync covers what was written when it began.
         self.loop = SimLoop(self.clock, self._io_latency, rng.random)
-        self.disk = SimDisk(root, random.Random(rng.random()), rng.choice([0.0, 0.0, 0.002]))
+        self.disk = SimDisk(root, random.Random(rng.random()), rng.choice([0.0, 0.0, 0.01]))
         # This seed's fault and timing profile.
         #: how slow this seed's disks are (an fdatasync of about 1 ms times this): local
         #: SSDs, and disks an order of magnitude slower (network volumes, spinning ones),
         #: where appenders more often arrive while an fdatasync runs
-        self.io_scale = rng.choice([1.0, 1.0, 4.0, 12.0])
+        self.io_scale = rng.choice([1.0, 1.0, 1.0, 12.0])
         self.break_rate = rng.choice([0.0, 0.002, 0.01])
         self.base_delay_s = rng.choice([0.0005, 0.002, 0.01])
         self.lost_reply_rate = rng.choice([0.0, 0.05])
@@ -1005,10 +1005,10 @@ class World:
                     outcome: tuple[bool, Any] = (True, await handler(request, _Context()))
                     if node.previous_version and isinstance(outcome[1], wire.FenceResponse):
                         # The version before atomic batches does not know the field.
-                        answer = wire.FenceResponse()
-                        answer.CopyFrom(outcome[1])
-                        answer.batch_frames = False
-                        outcome = (True, answer)
+                        older = wire.FenceResponse()
+                        older.CopyFrom(outcome[1])
+                        older.batch_frames = False
+                        outcome = (True, older)
                 except _Abort as error:
                     outcome = (False, error)
                 except (OSError, asyncio.CancelledError):
