@@ -327,6 +327,11 @@ class _Undo:
     forced: bool = False
 
 
+#: The page cache's unit: a failed sync's pages are lost unless a later write dirties them
+#: again (and a later sync writes them back whole).
+_PAGE = 4096
+
+
 def _eio(what: str) -> OSError:
     return OSError(errno.EIO, f"simulated: {what} after the node crashed")
 
@@ -581,10 +586,29 @@ class SimDisk:
             self._undo = kept
         else:
             inode = opened.inode
+            # Pages a later write dirtied again are written back whole, the bytes of a
+            # failed sync's write on them included: that write is durable now as well.
+            pages: set[int] = set()
+            for u in self._undo:
+                if u.kind == "data" and u.inode == inode and not u.doomed and u.written:
+                    pages.update(range(u.offset // _PAGE, (u.offset + u.written - 1) // _PAGE + 1))
             self._undo = [
                 u
                 for u in self._undo
-                if not (u.kind == "data" and u.inode == inode and not u.doomed)
+                if not (
+                    u.kind == "data"
+                    and u.inode == inode
+                    and (
+                        not u.doomed
+                        or not u.written
+                        or all(
+                            page in pages
+                            for page in range(
+                                u.offset // _PAGE, (u.offset + u.written - 1) // _PAGE + 1
+                            )
+                        )
+                    )
+                )
             ]
 
     def _fsync(self, fd: int) -> None:
@@ -771,7 +795,16 @@ class SimDisk:
         try:
             if undo.old:
                 _REAL["pwrite"](fd, undo.old, undo.offset)
-            _REAL["ftruncate"](fd, undo.old_size)
+            end = undo.offset + undo.written
+            if undo.doomed and os.fstat(fd).st_size > end:
+                # Pages a failed sync marked clean, below a size later syncs made
+                # durable: the file keeps that size, with what the disk held there (a
+                # hole of zeros where the file had grown).
+                grown_from = max(undo.offset, undo.old_size)
+                if end > grown_from:
+                    _REAL["pwrite"](fd, bytes(end - grown_from), grown_from)
+            else:
+                _REAL["ftruncate"](fd, undo.old_size)
         finally:
             _REAL["close"](fd)
 
