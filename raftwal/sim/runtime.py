@@ -23,13 +23,16 @@ What lives here:
   unsynced changes is drawn per crash, as a disk and a journaling file system may leave
   them: for each file independently a prefix of its unsynced writes (pages the kernel
   had written back), the last of them possibly **torn** (only its first bytes reached
-  the disk, or the file grew but the new bytes read as zeros); and a prefix, in journal
+  the disk, or the file grew but the new bytes read as zeros), or, for a power cut in
+  the middle of a write (`arm_write`), that write's first bytes; and a prefix, in journal
   order, of the unsynced directory changes (creates, renames, unlinks), independently
   of the data. So writes to different files, and a file's data and its directory entry,
   reach the disk in any order before a sync. A **failed fsync** is Linux's: the pages it
   failed to write are marked clean, so a later successful fsync does not make them
   durable, and a power cut loses them (only code that never retries a failed fsync over
-  the same pages is safe).
+  the same pages is safe), unless a later write dirtied the same page again (4 KiB: the
+  page is written back whole). A lost page below a size that later syncs made durable
+  leaves a hole of what the disk held there, not a shorter file.
 
 What it does not model: SQLite's own files (the simulation keeps each node's catalog in
 memory with the durability its ``synchronous`` setting gives: ``raftwal.sim.world``),
