@@ -23,6 +23,13 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from wal_segments import mutations
+
+# Deliberate bugs for the simulation's mutation suite (`wal_segments.mutations`).
+CATALOG_NO_SYNC = mutations.declare(
+    "catalog-no-sync", "the catalog commits without syncing (a power cut loses its last commits)"
+)
+
 SEGMENT_STATES = ("open", "sealed", "committed")
 
 
@@ -128,7 +135,9 @@ class Catalog:
         # pchannels): a writer waits for another's transaction rather than fail at once.
         connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         connection.execute("PRAGMA journal_mode=WAL")
-        connection.execute("PRAGMA synchronous=FULL")
+        connection.execute(
+            "PRAGMA synchronous=" + ("OFF" if mutations.active(CATALOG_NO_SYNC) else "FULL")
+        )
         connection.executescript(_SCHEMA)
         self._conn = connection
 

@@ -32,7 +32,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from wal_segments import mutations
+
 logger = logging.getLogger(__name__)
+
+# Deliberate bugs for the simulation's mutation suite (`wal_segments.mutations`).
+SHARED_SYNC_ONCE = mutations.declare(
+    "shared-sync-once", "an appender returns after an fdatasync that began before its write"
+)
 
 DEFAULT_FSYNC_POLICY = "always"
 MIN_FSYNC_INTERVAL_MS = 1
@@ -151,7 +158,10 @@ class GroupCommit:
             self.sync_count += 1
             return await self._run_blocking(self._target.sync)
         except BaseException as error:
-            if not isinstance(error, asyncio.CancelledError):
+            # (The mutation is declared beside SegmentWriter.sync, which it breaks too.)
+            if not isinstance(error, asyncio.CancelledError) and not mutations.active(
+                "retry-failed-fsync"
+            ):
                 self._failure = error
                 logger.error("fdatasync failed; the segment must be reopened: %r", error)
             raise
@@ -187,6 +197,8 @@ class GroupCommit:
                 )
             await self._sync_shared()
             self._raise_if_failed()
+            if mutations.active(SHARED_SYNC_ONCE):
+                return
 
     def start(self) -> None:
         """Start the background flusher of an ``interval`` policy (no-op otherwise)."""

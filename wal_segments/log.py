@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rpc.aio import wait_event
-from wal_segments import faults
+from wal_segments import buggify, faults, mutations
 from wal_segments.catalog import Catalog, SegmentRow
 from wal_segments.format import (
     ENTRY_HEADER,
@@ -80,6 +80,20 @@ ORPHAN_SUFFIX = ".orphaned"
 
 SEAL_FLAG = int(EntryFlags.SEAL_MARKER)
 _FLAGS_WORD = 10  # index of `flags` in ENTRY_HEADER's fields
+
+# Deliberate bugs for the simulation's mutation suite (`wal_segments.mutations`).
+ACCEPT_STALE_TERM = mutations.declare(
+    "accept-stale-term", "a replica accepts appends from a term older than its fence"
+)
+SKIP_LOG_MATCHING = mutations.declare(
+    "skip-log-matching", "a replica appends without checking the previous (lsn, term)"
+)
+FENCE_IN_MEMORY = mutations.declare(
+    "fence-in-memory", "a replica's fenced term is kept in memory only, not in the catalog"
+)
+RESEND_DURABLE_TO_END = mutations.declare(
+    "resend-durable-to-end", "a resent batch already held is reported durable to the log's end"
+)
 
 
 class LogError(Exception):
@@ -219,6 +233,9 @@ class PChannelLog:
         #: seals running in the background, oldest first (a failed one stays until close)
         self._seals: list[_Seal] = []
         self._seal_failure: BaseException | None = None
+        #: why a truncation (or a restart at a new first LSN) stopped part-way, after it
+        #: began changing the files: the log no longer says what they hold (`_cut_failed`)
+        self._cut_failure: BaseException | None = None
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -381,9 +398,12 @@ class PChannelLog:
 
     @property
     def failure(self) -> BaseException | None:
-        """The local I/O error (a failed fdatasync, seal, or cut-back of a failed append)
-        after which this log takes no more appends: it must be closed and opened again,
-        which recovers the files from what is on disk. None while the log works."""
+        """The local I/O error (a failed fdatasync, seal, or cut-back of a failed append, a
+        truncation cut short) after which this log takes no more appends: it must be closed
+        and opened again, which recovers the files from what is on disk. None while the log
+        works."""
+        if self._cut_failure is not None:
+            return self._cut_failure
         if self._seal_failure is not None:
             return self._seal_failure
         writer, group = self._writer, self._group
@@ -469,6 +489,11 @@ class PChannelLog:
         return LogPosition(self.last_lsn, self.last_term, self.last_time_tick)
 
     def _segment_of(self, lsn: int) -> _Segment:
+        if self._cut_failure is not None:
+            # The segments and their indexes may disagree with the files (and each other).
+            raise LogError(
+                f"{self.pchannel}: log failed ({self._cut_failure!r}); it must be reopened"
+            )
         index = bisect.bisect_right(self._firsts, lsn) - 1
         if index < 0 or lsn > self._segments[index].last_lsn:
             raise KeyError(f"{self.pchannel}: lsn {lsn} is not in the log")
@@ -611,6 +636,8 @@ class PChannelLog:
         async with self._lock:
             if term < self.fenced_term:
                 raise Fenced(term, self.fenced_term)
+            if term > self.fenced_term and mutations.active(FENCE_IN_MEMORY):
+                self.fenced_term = term
             if term > self.fenced_term:
                 self.fenced_term = await asyncio.to_thread(
                     self.catalog.raise_fenced_term, self.pchannel, term
@@ -618,6 +645,8 @@ class PChannelLog:
             return self.position()
 
     async def _raise_fence(self, term: int) -> None:
+        if term > self.fenced_term and mutations.active(FENCE_IN_MEMORY):
+            self.fenced_term = term
         if term > self.fenced_term:
             self.fenced_term = await asyncio.to_thread(
                 self.catalog.raise_fenced_term, self.pchannel, term
@@ -648,7 +677,7 @@ class PChannelLog:
         committed) and starts at prev_lsn + 1."""
         async with self._lock:
             self._check_usable()
-            if term < self.fenced_term:
+            if term < self.fenced_term and not mutations.active(ACCEPT_STALE_TERM):
                 raise Fenced(term, self.fenced_term)
             await self._raise_fence(term)
             if meta is None:
@@ -672,7 +701,7 @@ class PChannelLog:
                         frames, expected_first_lsn=prev_lsn + 1, batch_crc=crc32c(frames)
                     )
                 prev_term = 0  # verified by the batch (or the log starts here)
-            else:
+            elif not mutations.active(SKIP_LOG_MATCHING) or prev_lsn > self.last_lsn:
                 self.check_match(prev_lsn, prev_term)
             if meta.last_term > term:
                 raise BadBatch(f"frames of term {meta.last_term} above the sender's term {term}")
@@ -697,7 +726,9 @@ class PChannelLog:
                 # durable once the open segment is synced up to where it is written now.
                 writer = self._writer
                 return AppendResult(
-                    prev_lsn + meta.count,
+                    self.last_lsn
+                    if mutations.active(RESEND_DURABLE_TO_END)
+                    else prev_lsn + meta.count,
                     writer,
                     writer.end_offset if writer is not None else 0,
                     generation=self._generation,
@@ -852,6 +883,7 @@ class PChannelLog:
             return
         seal.durable.set_result(None)
         try:
+            await buggify.point("log.seal")
             sealed = await asyncio.to_thread(seal.writer.seal)
             await asyncio.to_thread(
                 self.catalog.upsert_segment, _segment_row(self.pchannel, sealed)
@@ -952,6 +984,31 @@ class PChannelLog:
                 f"{self.committed_lsn})"
             )
         logger.warning("%s: truncating divergent suffix after lsn %d", self.pchannel, lsn)
+        await buggify.point("log.truncate")
+        try:
+            await self._cut_after_locked(lsn)
+        except BaseException as error:
+            self._cut_failed("truncation", error)
+            raise
+
+    def _cut_failed(self, what: str, error: BaseException) -> None:
+        """A truncation or restart failed (an fdatasync, the catalog) or was cancelled (its
+        caller's stream went away) after it began changing the files: the segments, their
+        indexes and `last_lsn` may no longer say what the files hold. Stop the log as after
+        a failed fdatasync: it refuses appends and reads (`failure`) until it is closed and
+        opened again from its files (``DataPlane.log`` does that)."""
+        if self._cut_failure is None:
+            self._cut_failure = error
+        logger.error(
+            "%s: %s stopped part-way (%r); the log refuses appends and reads until it is "
+            "reopened from its files",
+            self.pchannel,
+            what,
+            error,
+        )
+
+    async def _cut_after_locked(self, lsn: int) -> None:
+        """The part of `_truncate_after_locked` that changes the files."""
         await self._close_writer_locked()
         while self._segments and self._segments[-1].first_lsn > lsn:
             segment = self._segments.pop()
@@ -979,7 +1036,12 @@ class PChannelLog:
             else:
                 writer = None
             if writer is not None:
-                writer.truncate_after(lsn)
+                try:
+                    writer.truncate_after(lsn)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        writer.close()
+                    raise
                 self._writer = writer
                 tail.offsets = None
                 tail.summary = None
@@ -989,7 +1051,10 @@ class PChannelLog:
             header = self._header_at(lsn)
             self.last_term, self.last_time_tick = header[3], header[4]
         else:
-            self.last_term, self.last_time_tick = 0, self.last_time_tick
+            # Nothing left: as a reopen finds it. The entries cut were never committed,
+            # so their time ticks bound nothing; keeping the last one refused the best
+            # log's entries when they carried lower ticks (a deposed owner writes late).
+            self.last_term, self.last_time_tick = 0, -1
         self._notify()
 
     async def _close_writer_locked(self) -> None:
@@ -1017,6 +1082,14 @@ class PChannelLog:
         self._generation += 1
         self._truncations.append((self._generation, 0))
         del self._truncations[:-64]
+        try:
+            await self._drop_all_locked(first_lsn)
+        except BaseException as error:
+            self._cut_failed(f"restart at lsn {first_lsn}", error)
+            raise
+
+    async def _drop_all_locked(self, first_lsn: int) -> None:
+        """The part of `_restart_at_locked` that changes the files."""
         await self._close_writer_locked()
         segments, self._segments, self._firsts = self._segments, [], []
         paths = _release(segments)

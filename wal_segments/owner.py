@@ -52,7 +52,7 @@ from typing import NamedTuple, Protocol
 from rpc.aio import Signal, wait_event, wait_within
 from rpc.protos import errors_pb2
 from rpc.protos import streaming_pb2 as wire
-from wal_segments import mutations
+from wal_segments import buggify, mutations
 from wal_segments.format import (
     BATCH_CONTINUES_FLAG,
     ENTRY_HEADER,
@@ -128,6 +128,42 @@ COMMIT_TIMES_KEPT = 4096
 #: In the message of a RESOURCE_EXHAUSTED for a write the disk refused (ENOSPC, EDQUOT).
 DISK_FULL_MARK = "disk full"
 _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+# Deliberate bugs for the simulation's mutation suite (`wal_segments.mutations`).
+SELF_FENCE_MAJORITY = mutations.declare(
+    "self-fence-majority", "the owner takes its own fence answer as a majority"
+)
+NO_STABLE_QUORUM = mutations.declare(
+    "no-stable-quorum", "recovery no longer needs a quorum of the last ready replica set"
+)
+ADOPT_SHORTEST_LOG = mutations.declare(
+    "adopt-shortest-log", "recovery adopts the shortest log of the fence quorum"
+)
+BEST_LOG_BY_LSN = mutations.declare(
+    "best-log-by-lsn", "recovery picks the best log by LSN before term"
+)
+SAME_TERM_RECOVERY = mutations.declare(
+    "same-term-recovery", "a tail recovery runs twice at one term on one node"
+)
+ACK_ONE_REPLICA = mutations.declare(
+    "ack-one-replica", "a write is acknowledged once 1 of the replica set holds it"
+)
+OWNER_EARLY_DURABLE = mutations.declare(
+    "owner-early-durable", "the owner counts its own write as durable before its fsync"
+)
+COUNT_OLD_TERM = mutations.declare(
+    "count-old-term",
+    "entries of an older term are committed, and announced, by counting replicas (Raft's figure 8)",
+)
+MATCH_BY_LAST_LSN = mutations.declare(
+    "match-by-last-lsn", "the owner counts a replica up to its log's end, not its durable LSN"
+)
+SKIP_PRODUCER_REBUILD = mutations.declare(
+    "skip-producer-rebuild", "a new owner forgets the producer sequences its log holds"
+)
+KEEP_PARTIAL_TXN = mutations.declare(
+    "keep-partial-txn", "recovery keeps a transaction tail that has no commit entry"
+)
 
 
 class WalError(Exception):
@@ -221,6 +257,10 @@ class OwnerConfig:
     producer_expiry_ms: int = 7 * 24 * 3600 * 1000
     #: producers remembered per pchannel; past it the least recently written is forgotten
     max_producers: int = 8192
+    #: whether the owner flags its batches BATCH_CONTINUES (atomic batches) once every
+    #: replica it recovered with says it takes them; False writes batches as the version
+    #: before them did (the simulation runs a rolling upgrade's older nodes so)
+    batch_frames: bool = True
 
 
 _NO_PROPERTIES: dict[str, str] = {}
@@ -440,6 +480,28 @@ class ChannelOwner:
     def serving(self) -> bool:
         return self.state == "serving"
 
+    @property
+    def announced_commit_lsn(self) -> int:
+        """The commit point this owner tells others (its log's readers, its replicas): 0
+        until its term is ready (PChannelReady committed), then `committed_lsn`.
+
+        Before that, what a majority of this term's replica set holds is not yet safe: a
+        later assignment that changes the set fences a quorum of the last *ready* set only
+        (`stable_replica_node_ids`), which this term is not, so a term that never becomes
+        ready may lose what it counted (its term start, an adopted suffix). Recovery still
+        counts it, to know when to propose PChannelReady; nobody reads it as committed."""
+        if self.ready.is_set():
+            return self.committed_lsn
+        if mutations.active(COUNT_OLD_TERM):
+            # The mutation puts the old rule back whole: entries of older terms that a
+            # majority holds are committed and announced at once (this term's are not).
+            return (
+                self.committed_lsn
+                if self.start_lsn <= 0
+                else min(self.committed_lsn, self.start_lsn - 1)
+            )
+        return 0
+
     def replica_positions(self) -> dict[str, int]:
         positions = {self.node_id: self._self_durable}
         positions.update({r.node_id: r.match_lsn for r in self._replicas.values()})
@@ -614,7 +676,7 @@ class ChannelOwner:
         already means a recovery at this term ran here before (see
         `DataPlane._recovered_here_before`); running another could write different entries
         at the same (lsn, term)."""
-        return self.log.fenced_term >= self.term
+        return self.log.fenced_term >= self.term and not mutations.active(SAME_TERM_RECOVERY)
 
     async def _recover(self) -> None:
         if self._recovery_ran_here():
@@ -677,7 +739,7 @@ class ChannelOwner:
                 last_term=position.last_term,
                 last_time_tick=position.last_time_tick,
                 node_id=self.node_id,
-                batch_frames=True,
+                batch_frames=self.config.batch_frames,
             )
         }
         to_fence = list(self._replicas) + [
@@ -686,8 +748,12 @@ class ChannelOwner:
         pending = {asyncio.create_task(self._fence_replica(n)): n for n in to_fence}
 
         def enough() -> bool:
+            if mutations.active(SELF_FENCE_MAJORITY):
+                return True
             if sum(1 for n in positions if n in self.replica_ids) < self.majority:
                 return False
+            if mutations.active(NO_STABLE_QUORUM):
+                return True
             return sum(1 for n in positions if n in self.stable_ids) >= self.stable_quorum
 
         try:
@@ -707,12 +773,18 @@ class ChannelOwner:
         for node, reply in positions.items():
             if node in self._replicas:
                 self._replicas[node].next_lsn = reply.last_lsn + 1
+        await buggify.point("owner.recovery.fenced")
         best = max(positions.values(), key=lambda r: (r.last_term, r.last_lsn))
+        if mutations.active(ADOPT_SHORTEST_LOG):
+            best = min(positions.values(), key=lambda r: (r.last_term, r.last_lsn))
+        if mutations.active(BEST_LOG_BY_LSN):
+            best = max(positions.values(), key=lambda r: (r.last_lsn, r.last_term))
         if best.node_id != self.node_id and (best.last_term, best.last_lsn) > (
             self.log.last_term,
             self.log.last_lsn,
         ):
             await self._adopt(best.node_id, best.last_lsn, best.last_term)
+        await buggify.point("owner.recovery.adopted")
         self._check_current()
         # Replicas of an older version refuse flagged frames (a rolling upgrade): flag only
         # when every replica heard from says it takes them. A replica that did not answer
@@ -722,8 +794,11 @@ class ChannelOwner:
     async def _recover_rest(self) -> None:
         if not mutations.active(NON_ATOMIC_BATCH):
             await self._drop_partial_batch()
-        await self._drop_partial_txn()
-        await self._rebuild_producers()
+        if not mutations.active(KEEP_PARTIAL_TXN):
+            await self._drop_partial_txn()
+        if not mutations.active(SKIP_PRODUCER_REBUILD):
+            await self._rebuild_producers()
+        await buggify.point("owner.recovery.trimmed")
         # Seal the inherited open segment, then start this term's segment.
         async with self._write_lock:
             if self.log.open_segment_first_lsn() is not None:
@@ -737,7 +812,9 @@ class ChannelOwner:
         self._segment_opened_at = time.monotonic()
         for replica in self._replicas.values():
             replica.task = asyncio.create_task(self._replicate(replica))
+        await buggify.point("owner.recovery.term_start")
         await self._wait_committed(self.start_lsn, recovering=True)
+        await buggify.point("owner.recovery.ready")
         attempt = 0
         while True:
             self._check_current()
@@ -753,6 +830,10 @@ class ChannelOwner:
             break
         self.state = "serving"
         self.ready.set()
+        # The term is ready: what it counted is committed now, for readers and replicas.
+        self.log.advance_committed(self.committed_lsn)
+        for replica in self._replicas.values():
+            replica.wake.set()
         logger.info(
             "%s: serving at term %d from lsn %d (committed %d)",
             self.pchannel,
@@ -1394,6 +1475,8 @@ class ChannelOwner:
         if result.sealed:
             self._segment_opened_at = time.monotonic()
         self._last_append_at = time.monotonic()
+        if mutations.active(OWNER_EARLY_DURABLE):
+            self._self_durable = max(self._self_durable, result.last_lsn)
         task = asyncio.create_task(self._local_durable(result))
         task.add_done_callback(_log_failure)
 
@@ -1425,22 +1508,28 @@ class ChannelOwner:
                 [self._self_durable, *(r.match_lsn for r in self._replicas.values())],
                 reverse=True,
             )
-            point = matches[self.majority - 1]
+            point = matches[0 if mutations.active(ACK_ONE_REPLICA) else self.majority - 1]
         # Only entries of this term commit by counting (Raft): the term start comes first.
-        if point < self.start_lsn or self.start_lsn <= 0 or point <= self.committed_lsn:
+        if point <= self.committed_lsn:
+            return
+        old_term = point < self.start_lsn or self.start_lsn <= 0
+        if old_term and not mutations.active(COUNT_OLD_TERM):
             return
         # Only to the end of a batch: a majority may hold a prefix of one (a catch-up
         # chunk ends inside it), and a prefix must never be committed, or a new owner
         # could neither drop it nor tell a producer's retry of the batch from a new one.
+        # (The mutations put the old rules back: any counted point commits.)
         ends = self._batch_ends
-        end = 0
+        end = point if old_term or mutations.active(NON_ATOMIC_BATCH) else 0
         while ends and ends[0] <= point:
-            end = ends.popleft()
+            end = max(end, ends.popleft())
         if end > self.committed_lsn:
             point = end
             self.committed_lsn = point
             self._commit_times.append((point, time.monotonic()))
-            self.log.committed_lsn = max(self.log.committed_lsn, point)
+            if self.ready.is_set() or (old_term and mutations.active(COUNT_OLD_TERM)):
+                # (Before the term is ready, nothing is announced: `announced_commit_lsn`.)
+                self.log.committed_lsn = max(self.log.committed_lsn, point)
             self._notify_progress()
             # An idle sender passes the new commit point on (see COMMIT_NOTICE_DELAY_S).
             for replica in self._replicas.values():
@@ -1769,7 +1858,7 @@ class ChannelOwner:
                     replica.wake.clear()
                     if (
                         replica.next_lsn > self.log.last_lsn
-                        and sent_committed >= self.committed_lsn
+                        and sent_committed >= self.announced_commit_lsn
                     ):
                         await wait_event(replica.wake, 1.0)
                     # Only the commit point moved: a write sent within the delay carries
@@ -1777,7 +1866,7 @@ class ChannelOwner:
                     deadline = time.monotonic() + COMMIT_NOTICE_DELAY_S
                     while (
                         replica.next_lsn > self.log.last_lsn
-                        and sent_committed < self.committed_lsn
+                        and sent_committed < self.announced_commit_lsn
                         and (left := deadline - time.monotonic()) > 0
                     ):
                         replica.wake.clear()
@@ -1794,7 +1883,7 @@ class ChannelOwner:
                     prev_term = self.log.term_at(lsn - 1) if lsn - 1 >= self.log.first_lsn else 0
                     frames, last = b"", lsn - 1
                 request_id += 1
-                sent_committed = self.committed_lsn
+                sent_committed = self.announced_commit_lsn
                 await stream.write(
                     wire.AppendRequest(
                         pchannel=self.pchannel,
@@ -1824,8 +1913,11 @@ class ChannelOwner:
                 for _ in range(covered):
                     sent.release()
                 if response.status == wire.APPEND_STATUS_OK:
-                    if response.durable_lsn > replica.match_lsn:
-                        replica.match_lsn = response.durable_lsn
+                    durable_lsn = response.durable_lsn
+                    if mutations.active(MATCH_BY_LAST_LSN):
+                        durable_lsn = response.last_lsn
+                    if durable_lsn > replica.match_lsn:
+                        replica.match_lsn = durable_lsn
                         self._update_commit()
                     replica.last_error = ""
                 elif response.status == wire.APPEND_STATUS_FENCED:
@@ -1952,6 +2044,7 @@ class ChannelOwner:
                 "digest": summary.digest,  # type: ignore[attr-defined]
                 "replica_node_ids": sorted(replicas),
             }
+            await buggify.point("owner.commit_segment")
             code = await self.proposer.commit_segment(self.pchannel, self.term, fields)
             if code == E.UNMATCHED_CHANNEL_TERM:
                 self._fence(self.term + 1)

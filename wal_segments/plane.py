@@ -33,10 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from wal_segments import mutations
 from wal_segments.catalog import Catalog
 from wal_segments.fsync_policy import FsyncPolicy
 from wal_segments.log import LogError, PChannelLog
 from wal_segments.owner import (
+    SAME_TERM_RECOVERY,
     ChannelOwner,
     OwnerConfig,
     Proposer,
@@ -460,7 +462,7 @@ class DataPlane:
         (a power cut), so a second recovery at the same term could write different entries
         at the same (lsn, term), which log matching cannot tell apart. Only the assigned
         owner may fence at the assigned term, so such a fence is this node's own."""
-        return log.fenced_term >= assignment.term
+        return log.fenced_term >= assignment.term and not mutations.active(SAME_TERM_RECOVERY)
 
     async def _reassign(self, pchannel: str, term: int) -> None:
         if self._reassigning.get(pchannel) == term:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from wal_segments import mutations
 from wal_segments.faults import fault
 from wal_segments.format import (
     CONTROL_FLAGS,
@@ -73,6 +74,11 @@ if TYPE_CHECKING:
     from wal_segments import columnar
 
 logger = logging.getLogger(__name__)
+
+# A deliberate bug for the simulation's mutation suite (`wal_segments.mutations`).
+RETRY_FAILED_FSYNC = mutations.declare(
+    "retry-failed-fsync", "a failed fdatasync is retried over the same pages"
+)
 
 SEGMENT_SUFFIX = ".seg"
 _TEMPORARY_SUFFIX = ".seg.tmp"
@@ -729,7 +735,8 @@ class SegmentWriter:
             _datasync(self._fdatasync, self._fd, self.path)
         except BaseException as error:
             # After a failed fsync the page cache state is unknown: never retry blindly.
-            self._failure = error
+            if not mutations.active(RETRY_FAILED_FSYNC):
+                self._failure = error
             raise
         self._durable_offset = max(self._durable_offset, target)
         return self._durable_offset

@@ -4,8 +4,9 @@ protocol (``raftwal.sim``) and report what they found.
 ``raftwal simulate --seeds N [--seed S] [--json]`` runs seeds S, S+1, ... S+N-1 (S is
 random, and printed, when not given). A violation prints its seed, what was violated and
 the trace of the events that led to it; ``--seed S --seeds 1`` replays that one history.
-``--mutation same-term-recovery`` puts back a fixed bug (a tail recovery run twice at one
-term after a power cut) to show that the simulation finds it on its own.
+``--mutation NAME`` switches on one of the deliberate bugs declared beside the code they
+break (``wal_segments.mutations``; ``--list-mutations`` names them) to show that the
+simulation finds it on its own.
 
 The run re-executes itself with ``PYTHONHASHSEED=0`` so that a seed gives the same
 history in every process, not only within one.
@@ -28,9 +29,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         "simulate",
         help="deterministic simulation of WAL replication: crashes, power cuts, partitions",
         description=(
-            "Run the real owner, log and replication code on a simulated clock, network and "
-            "disk; each seed is one reproducible history, checked for lost acknowledged "
-            "writes, diverging committed logs and terms going back."
+            "Run the real owner, log, replication and streaming code on a simulated clock, "
+            "network, disk and Raft, with producers that retry, transactions and consumers; "
+            "each seed is one reproducible history, checked for lost or duplicated "
+            "acknowledged writes, torn transactions, reads taken back, diverging committed "
+            "logs, and terms or time ticks going back."
         ),
     )
     parser.add_argument("--seeds", type=int, default=100, help="how many seeds (default: 100)")
@@ -40,7 +43,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--mutation",
         action="append",
         default=[],
-        help="put back a known bug to check the simulation finds it (same-term-recovery)",
+        help="switch on a deliberate bug to check the simulation finds it (see --list-mutations)",
+    )
+    parser.add_argument(
+        "--list-mutations",
+        action="store_true",
+        help="print the mutations --mutation takes, with what each breaks, and exit",
     )
     parser.add_argument("--nodes", type=int, default=4, help="nodes per history (default: 4)")
     parser.add_argument(
@@ -65,7 +73,13 @@ def _command(args: argparse.Namespace) -> int:
         environment = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
         argv = [sys.executable, "-m", "raftwal.cli", *sys.argv[1:]]
         os.execve(sys.executable, argv, environment)
-    from raftwal.sim.world import MUTATIONS, SimOptions, run_seed
+    from raftwal.sim.world import SimOptions, known_mutations, run_seed
+
+    MUTATIONS = known_mutations()
+    if args.list_mutations:
+        for name, description in MUTATIONS.items():
+            print(f"{name:<26} {description}")
+        return 0
 
     if args.seeds < 1:
         print(f"invalid --seeds ({args.seeds}; expected >= 1)", file=sys.stderr)
@@ -83,6 +97,21 @@ def _command(args: argparse.Namespace) -> int:
         options = SimOptions(
             nodes=args.nodes, mutations=tuple(args.mutation), duration_s=args.duration
         )
+    counters = (
+        "crashes",
+        "power_cuts",
+        "power_cuts_dropping",
+        "dropped_bytes",
+        "acknowledged",
+        "duplicates",
+        "read",
+        "failovers",
+        "leader_changes",
+        "late_proposals",
+        "buggified",
+        "sync_failures",
+        "rolling_upgrades",
+    )
     totals: dict[str, Any] = {
         "first_seed": first,
         "seeds": 0,
@@ -93,7 +122,14 @@ def _command(args: argparse.Namespace) -> int:
         "power_cuts_dropping_bytes": 0,
         "dropped_bytes": 0,
         "acknowledged_writes": 0,
+        "duplicate_answers": 0,
+        "entries_read": 0,
+        "failovers": 0,
+        "leader_changes": 0,
+        "late_proposals": 0,
+        "buggified": 0,
         "fsync_failures": 0,
+        "rolling_upgrades": 0,
         "virtual_s": 0.0,
         "mutations": list(args.mutation),
     }
@@ -103,12 +139,15 @@ def _command(args: argparse.Namespace) -> int:
     for seed in range(first, first + args.seeds):
         result = run_seed(seed, options)
         totals["seeds"] += 1
-        totals["crashes"] += result.crashes
-        totals["power_cuts"] += result.power_cuts
-        totals["power_cuts_dropping_bytes"] += result.power_cuts_dropping
-        totals["dropped_bytes"] += result.dropped_bytes
-        totals["acknowledged_writes"] += result.acknowledged
-        totals["fsync_failures"] += result.sync_failures
+        names = {
+            "power_cuts_dropping": "power_cuts_dropping_bytes",
+            "acknowledged": "acknowledged_writes",
+            "duplicates": "duplicate_answers",
+            "read": "entries_read",
+            "sync_failures": "fsync_failures",
+        }
+        for counter in counters:
+            totals[names.get(counter, counter)] += getattr(result, counter)
         totals["virtual_s"] += result.virtual_s
         if not result.ok:
             totals["violations"] += len(result.violations)
@@ -139,7 +178,10 @@ def _command(args: argparse.Namespace) -> int:
             f"{totals['crashes']} crashes ({totals['power_cuts']} power cuts, "
             f"{totals['power_cuts_dropping_bytes']} of them dropping "
             f"{totals['dropped_bytes']} unsynced bytes), "
-            f"{totals['acknowledged_writes']} acknowledged writes, "
+            f"{totals['acknowledged_writes']} acknowledged writes "
+            f"({totals['duplicate_answers']} batches answered as duplicates), "
+            f"{totals['entries_read']} entries read, {totals['failovers']} assignments, "
+            f"{totals['leader_changes']} Raft leaders, "
             f"{totals['virtual_s']:.0f} virtual s in {elapsed:.1f} s "
             f"({totals['seeds_per_minute']:.0f} seeds/min)"
         )

@@ -30,6 +30,7 @@ from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from statemachine.types import DEFAULT_LIMITS as LIMITS
 from statemachine.validation import check_name
+from wal_segments import buggify, mutations
 from wal_segments.format import (
     EntryFlags,
     MsgType,
@@ -45,6 +46,14 @@ E = errors_pb2
 
 #: The gRPC port's default message limit (config `grpc_max_message_bytes`).
 DEFAULT_MAX_FRAME_BYTES = 32 * 1024 * 1024
+
+# Deliberate bugs for the simulation's mutation suite (`wal_segments.mutations`).
+REPLICA_EARLY_DURABLE = mutations.declare(
+    "replica-early-durable", "a replica reports an append durable before its fsync"
+)
+REPLICA_COMMIT_UNMATCHED = mutations.declare(
+    "replica-commit-unmatched", "a replica takes the owner's commit point beyond what it holds"
+)
 
 
 def _settle(future: asyncio.Future[Any], result: Any) -> None:
@@ -148,6 +157,7 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
             self._check_assigned(request.pchannel, request.term, request.owner_node_id)
             wal = await self._plane.log(request.pchannel)
             position = await wal.fence(request.term)
+            await buggify.point("replica.fence_answer")
         except Fenced as error:
             await context.abort_with_status(
                 to_status(error_info(E.CHANNEL_FENCED, str(error), current_term=error.fenced_term))
@@ -415,11 +425,14 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
             async def durable() -> None:
                 try:
                     if result is not None:
-                        await wal.wait_durable(result)
+                        if not mutations.active(REPLICA_EARLY_DURABLE):
+                            await wal.wait_durable(result)
+                        await buggify.point("replica.append_answer")
                         durable_lsn = result.last_lsn
                     else:
                         durable_lsn = matched
-                    if wal.fenced_term > request.term:
+                    # (The mutation declared beside PChannelLog.append breaks this too.)
+                    if wal.fenced_term > request.term and not mutations.active("accept-stale-term"):
                         # A newer owner fenced this log meanwhile: never confirm to the old.
                         _settle(
                             future,
@@ -430,7 +443,11 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                             ),
                         )
                         return
-                    wal.advance_committed(min(request.committed_lsn, durable_lsn))
+                    wal.advance_committed(
+                        request.committed_lsn
+                        if mutations.active(REPLICA_COMMIT_UNMATCHED)
+                        else min(request.committed_lsn, durable_lsn)
+                    )
                     _settle(
                         future,
                         wire.AppendResponse(

@@ -293,6 +293,14 @@ class _ReplicaSource:
                 f"node {me} no longer holds a replica of pchannel {self.pchannel}",
                 owner_hint=servicer._view.owner_hint(self.pchannel)[0],
             )
+        if self.log.failure is not None:
+            # A local I/O failure (a failed fdatasync, a truncation cut short): the log is
+            # reopened from its files by the next call that asks for it (a retry).
+            return fail(
+                E.ON_SHUTDOWN,
+                f"node {me}'s replica of pchannel {self.pchannel} failed and is being "
+                "reopened; retry",
+            )
         return None
 
     async def wait_commit_change(self, timeout_s: float) -> None:

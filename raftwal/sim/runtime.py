@@ -5,8 +5,11 @@ What lives here:
 - `SimClock` and `SimLoop`: an asyncio event loop whose ``time()`` is the virtual clock.
   When nothing is ready, the clock jumps to the next timer (no real sleeping), so a run of
   many virtual seconds takes what its callbacks cost. ``run_in_executor`` (and so
-  ``asyncio.to_thread``) runs the function on the loop after a simulated latency drawn
-  from the run's random generator, never on a thread: one seed, one order of events.
+  ``asyncio.to_thread``) runs the function on the loop, never on a thread (one seed, one
+  order of events), somewhere inside a simulated latency drawn from the run's random
+  generator, and hands its result back at the latency's end: as a worker thread does
+  the work as soon as it picks the job and the caller learns of it later. So an
+  fdatasync covers what was written when it began, not what was written while it ran.
 - `Incarnation` and `NODE`: the context variable that says which incarnation of which
   node the running code belongs to (every task a node creates inherits it). A crashed
   incarnation's code can no longer touch the disk: every file call it makes fails with
@@ -15,14 +18,25 @@ What lives here:
   truncate, create, link, unlink, rename and mkdir is applied to the real (tmpfs) file
   and recorded in an undo log until what makes it durable: ``fsync``/``fdatasync`` of the
   file for its data, ``fsync`` of the directory for its entries. `crash` reverts a node's
-  unrecorded-as-durable changes in reverse order (optionally keeping a prefix of a file's
-  unsynced writes, as a kernel that flushed some pages before the power went), counts
-  the bytes dropped, and `sync_failure_rate` makes an fsync fail now and then.
+  unrecorded-as-durable changes in reverse order, counts the bytes dropped, and
+  `sync_failure_rate` makes an fsync fail now and then. What a power cut keeps of the
+  unsynced changes is drawn per crash, as a disk and a journaling file system may leave
+  them: for each file independently a prefix of its unsynced writes (pages the kernel
+  had written back), the last of them possibly **torn** (only its first bytes reached
+  the disk, or the file grew but the new bytes read as zeros), or, for a power cut in
+  the middle of a write (`arm_write`), that write's first bytes; and a prefix, in journal
+  order, of the unsynced directory changes (creates, renames, unlinks), independently
+  of the data. So writes to different files, and a file's data and its directory entry,
+  reach the disk in any order before a sync. A **failed fsync** is Linux's: the pages it
+  failed to write are marked clean, so a later successful fsync does not make them
+  durable, and a power cut loses them (only code that never retries a failed fsync over
+  the same pages is safe), unless a later write dirtied the same page again (4 KiB: the
+  page is written back whole). A lost page below a size that later syncs made durable
+  leaves a hole of what the disk held there, not a shorter file.
 
-What it does not model: SQLite (``catalog.db`` runs in memory and counts as durable at
-each commit, which ``synchronous=FULL`` gives on a real disk), torn pages inside one
-write, and reordering of writes between files before a sync (only the order of syncs
-matters here).
+What it does not model: SQLite's own files (the simulation keeps each node's catalog in
+memory with the durability its ``synchronous`` setting gives: ``raftwal.sim.world``),
+and reordering inside one file beyond the prefix rule.
 
 Must never: touch a path outside the run's root, read the real clock inside a run, or
 use a thread.
@@ -138,12 +152,20 @@ def _fd_of(fileobj: Any) -> int:
 
 
 class SimLoop(asyncio.SelectorEventLoop):
-    """An event loop on `clock` whose executor is the loop itself, after `latency_s()`."""
+    """An event loop on `clock` whose executor is the loop itself: a function handed to it
+    runs after `start_fraction()` of `latency_s()` and its result is handed back at the
+    end of that latency."""
 
-    def __init__(self, clock: SimClock, latency_s: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        clock: SimClock,
+        latency_s: Callable[[], float],
+        start_fraction: Callable[[], float] = lambda: 1.0,
+    ) -> None:
         super().__init__(_Selector(clock))
         self._sim_clock = clock
         self._latency_s = latency_s
+        self._start_fraction = start_fraction
         self.set_task_factory(_task_factory)
 
     def time(self) -> float:
@@ -212,20 +234,34 @@ class SimLoop(asyncio.SelectorEventLoop):
 
     def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> Any:
         future = self.create_future()
+        latency = self._latency_s()
+        start = latency * self._start_fraction()
 
         def run() -> None:
+            # A job not yet picked up is dropped when its caller gives up on it; once it
+            # runs, it runs to its end whatever the caller does (a thread cannot be
+            # stopped), and the caller learns its outcome only at the latency's end.
             if future.cancelled():
                 return
             try:
-                result = func(*args)
+                outcome: tuple[bool, Any] = (True, func(*args))
             except BaseException as error:  # noqa: BLE001 - handed to the awaiting task
-                if not future.cancelled():
-                    future.set_exception(error)
-                return
-            if not future.cancelled():
-                future.set_result(result)
+                outcome = (False, error)
+            if latency > start:
+                self.call_later(latency - start, settle, outcome)
+            else:
+                settle(outcome)
 
-        self.call_later(self._latency_s(), run)
+        def settle(outcome: tuple[bool, Any]) -> None:
+            if future.cancelled():
+                return
+            ok, value = outcome
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+        self.call_later(start, run)
         return future
 
 
@@ -287,6 +323,16 @@ class _Undo:
     source: str = ""
     stash: str = ""
     replaced_stash: str = ""
+    #: a failed fsync of its file marked its pages clean: no later sync makes it durable
+    doomed: bool = False
+    #: the write a power cut interrupted (`SimDisk.arm_write`): its first bytes reached the
+    #: disk, and so did every unsynced write of its file before it
+    forced: bool = False
+
+
+#: The page cache's unit: a failed sync's pages are lost unless a later write dirties them
+#: again (and a later sync writes them back whole).
+_PAGE = 4096
 
 
 def _eio(what: str) -> OSError:
@@ -309,14 +355,24 @@ class SimDisk:
         self._installed = False
         #: node -> (syncs to let pass, what to call at the next one instead of syncing)
         self._armed: dict[str, tuple[int, Callable[[], None]]] = {}
+        #: node -> what to call in the middle of its next write to a file (a power cut)
+        self._armed_writes: dict[str, Callable[[], None]] = {}
 
     def arm(self, node: str, crash: Callable[[], None], skip: int = 0) -> None:
         """Call `crash` at `node`'s file sync after the next `skip` ones, before it takes
         effect (a crash in the window between a write and its fsync)."""
         self._armed[node] = (skip, crash)
 
+    def arm_write(self, node: str, crash: Callable[[], None]) -> None:
+        """Cut `node`'s power in the middle of its next write to a file: only the write's
+        first bytes (at least one, never all) reach the disk, with every unsynced write of
+        that file before it; `crash` (which must cut the power) runs then, and the write
+        fails (the process is gone)."""
+        self._armed_writes[node] = crash
+
     def disarm(self) -> None:
         self._armed.clear()
+        self._armed_writes.clear()
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -424,14 +480,35 @@ class SimDisk:
 
     def _pwrite(self, fd: int, data: Any, offset: int) -> int:
         self._check_alive("pwrite")
+        if self._armed_writes and len(data) > 1:
+            self._interrupt_write(fd, bytes(data), offset)
         self._record_write(fd, offset, len(data))
         return _REAL["pwrite"](fd, data, offset)
 
     def _pwritev(self, fd: int, buffers: Any, offset: int, *flags: int) -> int:
         self._check_alive("pwritev")
         buffers = list(buffers)
-        self._record_write(fd, offset, sum(len(memoryview(b)) for b in buffers))
+        size = sum(len(memoryview(b)) for b in buffers)
+        if self._armed_writes and size > 1:
+            self._interrupt_write(fd, b"".join(bytes(b) for b in buffers), offset)
+        self._record_write(fd, offset, size)
         return _REAL["pwritev"](fd, buffers, offset, *flags)
+
+    def _interrupt_write(self, fd: int, data: bytes, offset: int) -> None:
+        """The power cut `arm_write` asked for, if this write is the one: write a prefix of
+        `data`, keep it through the crash, cut the power, and fail the write."""
+        opened = self._fds.get(fd)
+        if opened is None or opened.is_dir:
+            return
+        crash = self._armed_writes.pop(opened.node, None)
+        if crash is None:
+            return
+        cut = self._rng.randint(1, len(data) - 1)
+        self._record_write(fd, offset, cut)
+        self._undo[-1].forced = True
+        _REAL["pwrite"](fd, data[:cut], offset)
+        crash()
+        raise _eio("write")
 
     def _ftruncate(self, fd: int, length: int) -> None:
         self._check_alive("ftruncate")
@@ -451,6 +528,14 @@ class SimDisk:
                 )
             )
         _REAL["ftruncate"](fd, length)
+        if opened is not None:
+            # Pages a failed fsync doomed are gone once the file is cut below them: what
+            # is written there later is new data, made durable by the next sync.
+            self._undo = [
+                u
+                for u in self._undo
+                if not (u.doomed and u.inode == opened.inode and u.offset >= length)
+            ]
 
     def _truncate(self, path: Any, length: int) -> None:
         self._check_alive("truncate")
@@ -484,8 +569,12 @@ class SimDisk:
             and self.sync_failure_rate
             and (self._rng.random() < self.sync_failure_rate)
         ):
-            # What the page cache held may or may not reach the disk: left as unsynced.
+            # Linux marks the pages it failed to write clean: what they held is lost at
+            # the next power cut, whatever later fsyncs say.
             self.sync_failures += 1
+            for undo in self._undo:
+                if undo.kind == "data" and undo.inode == opened.inode:
+                    undo.doomed = True
             raise OSError(errno.EIO, f"simulated: {what} failed")
         if opened.is_dir:
             directory = opened.path
@@ -500,7 +589,30 @@ class SimDisk:
             self._undo = kept
         else:
             inode = opened.inode
-            self._undo = [u for u in self._undo if not (u.kind == "data" and u.inode == inode)]
+            # Pages a later write dirtied again are written back whole, the bytes of a
+            # failed sync's write on them included: that write is durable now as well.
+            pages: set[int] = set()
+            for u in self._undo:
+                if u.kind == "data" and u.inode == inode and not u.doomed and u.written:
+                    pages.update(range(u.offset // _PAGE, (u.offset + u.written - 1) // _PAGE + 1))
+            self._undo = [
+                u
+                for u in self._undo
+                if not (
+                    u.kind == "data"
+                    and u.inode == inode
+                    and (
+                        not u.doomed
+                        or not u.written
+                        or all(
+                            page in pages
+                            for page in range(
+                                u.offset // _PAGE, (u.offset + u.written - 1) // _PAGE + 1
+                            )
+                        )
+                    )
+                )
+            ]
 
     def _fsync(self, fd: int) -> None:
         self._sync(fd, "fsync")
@@ -581,27 +693,61 @@ class SimDisk:
     def unsynced_bytes(self, node: str) -> int:
         return sum(u.written for u in self._undo if u.node == node and u.kind == "data")
 
-    def crash(self, node: str, keep_prefix_rate: float = 0.0) -> int:
+    def crash(
+        self,
+        node: str,
+        keep_prefix_rate: float = 0.0,
+        torn_rate: float = 0.0,
+        keep_entries_rate: float = 0.0,
+    ) -> int:
         """Revert what `node` had not made durable; returns the bytes of file data dropped.
         With probability `keep_prefix_rate` per file, a random prefix of its unsynced
-        writes survives (the kernel had written those pages back). The node's incarnation
-        must be dead already (its fds are closed by the caller)."""
+        writes survives (the kernel had written those pages back), and with `torn_rate`
+        the last write of that prefix is torn; with `keep_entries_rate`, a prefix of the
+        node's unsynced directory changes survives (in the order they were made). The
+        node's incarnation must be dead already (its fds are closed by the caller)."""
+        rng = self._rng
         mine = [u for u in self._undo if u.node == node]
         self._undo = [u for u in self._undo if u.node != node]
         kept: set[int] = set()
+        torn: dict[int, int] = {}
         by_inode: dict[int, list[int]] = {}
+        entries: list[int] = []
         for index, undo in enumerate(mine):
             if undo.kind == "data":
-                by_inode.setdefault(undo.inode, []).append(index)
+                if not undo.doomed:
+                    by_inode.setdefault(undo.inode, []).append(index)
+            else:
+                entries.append(index)
         for inode in sorted(by_inode):
             indexes = by_inode[inode]
-            if keep_prefix_rate and self._rng.random() < keep_prefix_rate:
-                kept.update(indexes[: self._rng.randint(0, len(indexes))])
+            # An interrupted write reached the disk, and so did its file's writes before it.
+            forced = max((n + 1 for n, i in enumerate(indexes) if mine[i].forced), default=0)
+            if keep_prefix_rate and rng.random() < keep_prefix_rate:
+                count = max(forced, rng.randint(0, len(indexes)))
+                kept.update(indexes[:count])
+                last = mine[indexes[count - 1]] if count else None
+                if (
+                    last is not None
+                    and not last.forced
+                    and torn_rate
+                    and rng.random() < torn_rate
+                    and last.written > 1
+                ):
+                    torn[indexes[count - 1]] = rng.randint(1, last.written - 1)
+            elif forced:
+                kept.update(indexes[:forced])
+        if entries and keep_entries_rate and rng.random() < keep_entries_rate:
+            kept.update(entries[: rng.randint(0, len(entries))])
         dropped = 0
         for index in range(len(mine) - 1, -1, -1):
+            undo = mine[index]
+            if index in torn:
+                dropped += undo.written - torn[index]
+                self._tear(undo, torn[index], zeros=rng.random() < 0.5)
+                continue
             if index in kept:
                 continue
-            undo = mine[index]
             if undo.kind == "data":
                 dropped += undo.written
                 self._undo_data(undo)
@@ -622,6 +768,28 @@ class SimDisk:
                 shutil.rmtree(undo.path, ignore_errors=True)
         return dropped
 
+    def _tear(self, undo: _Undo, keep: int, zeros: bool) -> None:
+        """Keep only the first `keep` bytes of a write: the rest reads as before it, or
+        (`zeros`, a file that grew) as zeros."""
+        path = self._paths.get(undo.inode)
+        if path is None or not os.path.lexists(path) or os.lstat(path).st_ino != undo.inode:
+            return
+        fd = _REAL["open"](path, os.O_RDWR)
+        try:
+            start = undo.offset + keep
+            end = undo.offset + undo.written
+            old_tail = undo.old[keep:]
+            if old_tail:
+                _REAL["pwrite"](fd, old_tail, start)
+            grown_from = undo.offset + len(undo.old)
+            if end > grown_from:
+                if zeros:
+                    _REAL["pwrite"](fd, bytes(end - max(start, grown_from)), max(start, grown_from))
+                elif os.fstat(fd).st_size <= end:
+                    _REAL["ftruncate"](fd, max(undo.old_size, start))
+        finally:
+            _REAL["close"](fd)
+
     def _undo_data(self, undo: _Undo) -> None:
         path = self._paths.get(undo.inode)
         if path is None or not os.path.lexists(path) or os.lstat(path).st_ino != undo.inode:
@@ -630,7 +798,16 @@ class SimDisk:
         try:
             if undo.old:
                 _REAL["pwrite"](fd, undo.old, undo.offset)
-            _REAL["ftruncate"](fd, undo.old_size)
+            end = undo.offset + undo.written
+            if undo.doomed and os.fstat(fd).st_size > end:
+                # Pages a failed sync marked clean, below a size later syncs made
+                # durable: the file keeps that size, with what the disk held there (a
+                # hole of zeros where the file had grown).
+                grown_from = max(undo.offset, undo.old_size)
+                if end > grown_from:
+                    _REAL["pwrite"](fd, bytes(end - grown_from), grown_from)
+            else:
+                _REAL["ftruncate"](fd, undo.old_size)
         finally:
             _REAL["close"](fd)
 

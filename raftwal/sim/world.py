@@ -3,25 +3,43 @@
 The code under test is the real one: each node runs ``wal_segments``' `DataPlane` (its
 `ChannelOwner`s and `PChannelLog`s, on real segment files in a tmpfs directory), the
 node's `NodeDataView` (the Proposer and the coordination view of ``raftwal.node``), the
-real reconcile loop, and ``raftwal.services``' `ReplicationServicer` answering Fence,
-Fetch and Append. What is simulated (``raftwal.sim.runtime``): the clock, the event loop,
-the disk (a crash can drop every unsynced byte), and here:
+real reconcile loop, ``raftwal.services``' `ReplicationServicer` answering Fence, Fetch
+and Append, and its `StreamingNodeServicer` answering the clients' Produce, transaction
+and Consume calls. What is simulated (``raftwal.sim.runtime``): the clock, the event
+loop, the disk (a power cut drops unsynced bytes, tears writes, keeps directory changes
+in another order than file data, and a failed fsync loses its pages), and here:
 
-- the network between nodes: every message is delayed, an Append stream may break at any
-  message, unary calls and their answers may be lost, and links are cut by partitions;
-- the coordination plane: one `CoordinationState` changed only by the real state machine
-  (``statemachine.apply_command``), each node applying it after its own delay; a leader's
-  coordinator loop (liveness with a node timeout, the real balancer's failovers, repairs
-  and widenings of replica sets) and a nemesis that shrinks and moves replica sets,
-  proposes retention, crashes nodes (a process kill, or a power cut that drops unsynced
-  bytes), partitions them and heals;
-- a producer writing to each pchannel's owner, whose acknowledged writes are the history.
+- the network between nodes and clients: every message is delayed, an Append stream may
+  break at any message, calls and their answers may be lost, and links are cut by
+  partitions (a node, a single link, or a client from a node);
+- the coordination plane behind a simulated Raft (`SimRaft`): three voters elect a
+  leader among those that reach a majority, a leader cut off from the majority steps
+  down and another is elected; proposals travel to the leader and may be lost, time out
+  and still commit later (late proposals), or lose their answer; each node applies the
+  committed commands only while the leader reaches it, so its view (and the clients'
+  views it feeds) lags; the real state machine (``statemachine.apply_command``) applies
+  each command; the leader's coordinator loop judges liveness from heartbeats that
+  travel over the simulated network (a partitioned owner fails over while it still
+  runs and clients still reach it), and runs the real balancer's failovers, repairs
+  and widenings; a nemesis crashes nodes (a kill, or a power cut), partitions them,
+  shrinks and moves replica sets, and proposes retention;
+- each node's ``catalog.db`` with the durability its ``synchronous`` setting gives
+  (`_CatalogDisk`);
+- buggify points (``wal_segments.buggify``): per seed some are on, and slow the code
+  down or crash the node at a rare step (a fence answer, a seal, each step of a tail
+  recovery);
+- clients (``raftwal.sim.clients``): idempotent producers with multi-message batches and
+  retries with the same sequence, transactions, consumers on owners and replicas, all
+  routing with views that may be stale.
 
 After the faults, everything heals and the run waits for every pchannel to serve and
-make progress, then checks: every acknowledged write is in the owner's log at its LSN
-(and was in every segment Raft committed over it), no two nodes' committed entries
-differ, and terms never go back along a log. One seed is one history: the same seed gives
-the same trace, byte for byte.
+make progress, then checks the history (`World._check_final`, and during the run):
+every acknowledged message is at its LSN in the owner's log, exactly once, in its
+producer's order; transactions are whole or absent, and an acknowledged one is present;
+what a consumer read is what the log holds; no two nodes' committed entries differ (byte
+for byte), every segment Raft committed holds what the owner's log holds, and terms never
+go back and time ticks always rise along a log. One seed is one history: the same seed
+gives the same trace, byte for byte.
 
 Must never: read the real clock or real randomness inside a run, or let one seed's state
 leak into the next (each gets a new loop, disk and world).
@@ -36,17 +54,26 @@ import logging
 import os
 import random
 import shutil
+import sqlite3
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from google.rpc import status_pb2
-
 from raftwal.node.data_plane import NodeDataView, reconcile_loop
+from raftwal.services import streaming_node
 from raftwal.services.replication import ReplicationServicer
+from raftwal.services.streaming_node import StreamingNodeServicer
+from raftwal.sim.clients import (
+    Consumer,
+    LaneOptions,
+    ProducerLane,
+    Router,
+    TxnClient,
+    abort_info,
+)
 from raftwal.sim.runtime import NODE, Incarnation, SimClock, SimDisk, SimLoop
 from rpc.aio import Signal, wait_event
 from rpc.errors import code_name
@@ -56,37 +83,47 @@ from rpc.protos import streaming_pb2 as wire
 from statemachine import balancer
 from statemachine.apply import apply_command
 from statemachine.state import copy_state, new_state
+from wal_segments import buggify, mutations
 from wal_segments import plane as plane_module
 from wal_segments.catalog import Catalog
-from wal_segments.format import MsgType, check_frame, iter_batch
+from wal_segments.format import (
+    BATCH_CONTINUES_FLAG,
+    TXN_FLAGS,
+    EntryFlags,
+    FormatError,
+    check_frame,
+    decode_properties,
+    frame_headers,
+    iter_batch,
+)
 from wal_segments.fsync_policy import parse_fsync_policy
 from wal_segments.log import PChannelLog
-from wal_segments.owner import ChannelOwner, Message, OwnerConfig, WalError
+from wal_segments.owner import TXN_COUNT_PROPERTY, OwnerConfig, WalError
 from wal_segments.plane import DataPlane
 
 E = errors_pb2
 PCHANNEL_PREFIX = "p"
 _TRACED_LOGGERS = ("wal_segments", "raftwal.services.replication", "raftwal.node.data_plane")
+#: Raft voters: the first three nodes (the others are learners: they apply, never vote).
+VOTERS = 3
 
 
 @dataclass(frozen=True)
 class SimOptions:
     nodes: int = 4
-    pchannels: int = 1
+    #: a seed's number of pchannels is drawn from 1..pchannels
+    pchannels: int = 3
     replica_count: int = 3
+    clients: int = 2
     #: virtual seconds of faults, then at most `heal_s` for everything to serve again
-    #: (shorter and denser than the first version's histories: they find the
-    #: same-term-recovery bug about as often per seed, and about twice as often per CPU
-    #: second; see RELIABILITY.md)
-    duration_s: float = 1.5
+    duration_s: float = 2.5
     #: a seed's mean time between faults is one of these
     fault_intervals_s: tuple[float, ...] = (0.15, 0.3, 0.6)
     #: virtual seconds from the start to the first fault
-    settle_s: float = 0.3
+    settle_s: float = 0.4
     heal_s: float = 30.0
-    write_interval_s: float = 0.1
     segment_max_bytes: int = 2048
-    #: ``same-term-recovery`` puts back the bug a recovery at one term twice caused
+    #: deliberate bugs to switch on (``wal_segments.mutations``)
     mutations: tuple[str, ...] = ()
     trace_lines: int = 400
 
@@ -100,8 +137,19 @@ class SeedResult:
     power_cuts: int = 0
     power_cuts_dropping: int = 0
     dropped_bytes: int = 0
+    #: acknowledged messages (producers' and transactions')
     acknowledged: int = 0
+    #: producer batches answered as duplicates (a retry of a batch written before)
+    duplicates: int = 0
+    #: entries the consumers read
+    read: int = 0
+    failovers: int = 0
+    leader_changes: int = 0
+    late_proposals: int = 0
+    buggified: int = 0
     sync_failures: int = 0
+    #: 1 when a node ran the version before atomic batches (a rolling upgrade)
+    rolling_upgrades: int = 0
     virtual_s: float = 0.0
     digest: str = ""
 
@@ -117,33 +165,85 @@ class _Abort(Exception):
 
 
 class _Context:
-    """What a servicer handler gets as its grpc context."""
+    """What a Replication handler gets as its grpc context."""
 
     async def abort_with_status(self, status: Any) -> None:
-        info = errors_pb2.ErrorInfo(code=E.UNKNOWN, message="aborted")
-        for key, value in status.trailing_metadata or ():
-            if key == "grpc-status-details-bin":
-                for detail in status_pb2.Status.FromString(value).details:
-                    if detail.Is(errors_pb2.ErrorInfo.DESCRIPTOR):
-                        detail.Unpack(info)
-        raise _Abort(info)
+        raise _Abort(abort_info(status))
+
+
+# -- the catalog ------------------------------------------------------------------------------
+
+#: Catalog methods that commit a change.
+_CATALOG_WRITES = frozenset(
+    {
+        "raise_fenced_term",
+        "upsert_segment",
+        "mark_committed",
+        "delete_segments_from",
+        "delete_segments_before",
+        "raise_retention_floor",
+        "record_replica_positions",
+    }
+)
+
+
+class _CatalogDisk:
+    """A node's ``catalog.db`` across its incarnations: the real `Catalog` on an
+    in-memory SQLite, and what of it is on the disk. At ``synchronous=FULL`` (what the
+    catalog asks for) every commit is durable when it returns; at a weaker setting a
+    commit reaches the disk only when the system happens to write it back (drawn per
+    commit), and a power cut takes the catalog back to what is durable."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+        self.catalog = Catalog(":memory:")
+        self._durable = sqlite3.connect(":memory:")
+        self._sync()
+
+    def _sync(self) -> None:
+        self.catalog._conn.backup(self._durable)  # noqa: SLF001
+
+    def committed(self) -> None:
+        level = self.catalog._conn.execute("PRAGMA synchronous").fetchone()[0]  # noqa: SLF001
+        if level >= 2 or self._rng.random() < 0.3:
+            self._sync()
+
+    def power_cut(self) -> None:
+        restored = Catalog(":memory:")
+        self._durable.backup(restored._conn)  # noqa: SLF001
+        self.catalog.close()
+        self.catalog = restored
+
+    def close(self) -> None:
+        self.catalog.close()
+        self._durable.close()
 
 
 class _GuardedCatalog:
-    """A node's catalog, kept across its incarnations (in memory: durable at each commit,
-    as synchronous=FULL is on a disk). A crashed incarnation can no longer change it."""
+    """What a node's data plane holds as its catalog: the node's `_CatalogDisk`, which a
+    crashed incarnation can no longer change."""
 
-    def __init__(self, catalog: Catalog) -> None:
-        self._catalog = catalog
+    def __init__(self, disk: _CatalogDisk) -> None:
+        self._disk = disk
 
     def __getattr__(self, name: str) -> Any:
         incarnation = NODE.get()
         if incarnation is not None and not incarnation.alive:
             raise OSError(5, f"simulated: catalog.{name} after the node crashed")
-        return getattr(self._catalog, name)
+        attribute = getattr(self._disk.catalog, name)
+        if name not in _CATALOG_WRITES:
+            return attribute
+        disk = self._disk
+
+        def write(*args: Any, **kwargs: Any) -> Any:
+            result = attribute(*args, **kwargs)
+            disk.committed()
+            return result
+
+        return write
 
     def close(self) -> None:
-        """Kept open: the next incarnation finds it as it was."""
+        """Kept open: the next incarnation finds it as the disk has it."""
 
 
 # -- the network --------------------------------------------------------------------------------
@@ -270,27 +370,41 @@ class _Transport:
 # -- nodes ----------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Budgets:
+    txn_buffer_budget_bytes: int = 64 << 20
+    txn_buffer_producer_budget_bytes: int = 16 << 20
+    txn_buffer_identity_budget_bytes: int = 32 << 20
+
+
 class SimNode:
     """One node id across its incarnations; while running, the host the data plane glue
-    and the Replication servicer see (``DataPlaneHost``, ``ReplicationBackend``)."""
+    and the servicers see (``DataPlaneHost``, ``ReplicationBackend``,
+    ``StreamingBackend``)."""
 
     def __init__(self, world: World, node_id: str) -> None:
         self.world = world
         self.node_id = node_id
         self.root = world.root / node_id
         self.root.mkdir(mode=0o700)
-        self.catalog = Catalog(":memory:")
+        self.catalog_disk = _CatalogDisk(random.Random(world.rng.random()))
         self.incarnation: Incarnation | None = None
         self.context: contextvars.Context | None = None
-        self.applied = world.history[-1]
-        self.applied_index = len(world.history) - 1
+        self.applied = world.states[-1]
+        self.applied_index = len(world.states) - 1
         self._changed = Signal()
         self.plane: DataPlane | None = None
         self.data_view: NodeDataView | None = None
         self.servicer: ReplicationServicer | None = None
+        self.streaming: StreamingNodeServicer | None = None
         self.down_since: float | None = None
+        self.txn_serial = 0
+        #: runs the version before atomic batches (a rolling upgrade) until the restart
+        #: that upgrades it (`World._upgrade`); a crash restarts the same version
+        self.previous_version = False
+        self.upgrade_pending = False
 
-    # DataPlaneHost / ReplicationBackend
+    # DataPlaneHost / ReplicationBackend / StreamingBackend
     @property
     def me(self) -> SimNode:
         return self
@@ -302,6 +416,14 @@ class SimNode:
     @property
     def grpc_address(self) -> str:
         return f"{self.node_id}.sim:1"
+
+    @property
+    def raft_address(self) -> str:
+        return f"{self.node_id}.sim:2"
+
+    @property
+    def config(self) -> _Budgets:
+        return _Budgets()
 
     @property
     def replica(self) -> SimNode:
@@ -318,7 +440,7 @@ class SimNode:
         return self.applied.revision
 
     async def propose(self, command: pb.Command) -> pb.CommandResult:
-        return await self.world.propose(self.node_id, command)
+        return await self.world.raft.propose(self.node_id, command)
 
     def suspect(self, node_id: str) -> None:
         pass
@@ -333,17 +455,22 @@ class SimNode:
     def apply_up_to(self, index: int) -> None:
         if self.running and index > self.applied_index:
             self.applied_index = index
-            self.applied = self.world.history[index]
+            self.applied = self.world.states[index]
             event, self._changed = self._changed, Signal()
             event.set()
 
     def start(self) -> None:
         number = self.incarnation.number + 1 if self.incarnation else 1
+        if self.upgrade_pending:
+            # The rolling upgrade reaches this node: it restarts at this version.
+            self.previous_version = self.upgrade_pending = False
+            self.world.trace_line(self.node_id, "restarts at this version (upgraded)")
         incarnation = Incarnation(self.node_id, number)
         self.incarnation = incarnation
         self.down_since = None
-        self.applied_index = len(self.world.history) - 1
-        self.applied = self.world.history[-1]
+        # What it applied before (pysyncobj's journal is durable): the rest comes from
+        # the leader, once it reaches this node.
+        self.applied = self.world.states[self.applied_index]
         context = contextvars.copy_context()
         context.run(NODE.set, incarnation)
         self.context = context
@@ -359,20 +486,30 @@ class SimNode:
             policy=parse_fsync_policy("always"),
             owner_config=OwnerConfig(
                 segment_max_bytes=world.options.segment_max_bytes,
-                replication_chunk_bytes=4096,
+                replication_chunk_bytes=world.chunk_bytes,
                 retry_min_s=0.02,
                 retry_max_s=0.3,
                 rpc_timeout_s=0.5,
+                batch_frames=not self.previous_version,
             ),
             transport=_Transport(world, self.node_id),
             proposer=self.data_view,
             view=self.data_view,
         )
         self.servicer = ReplicationServicer(self, self.plane)
+        self.streaming = StreamingNodeServicer(self, self.plane, self.data_view)
+        # Transaction ids from the seed, not from `secrets` (one seed, one history).
+        self.streaming._new_txn_id = self._new_txn_id  # type: ignore[method-assign]  # noqa: SLF001
         stopping = asyncio.Event()
         asyncio.get_running_loop().create_task(
             reconcile_loop(self, self.plane, self.data_view, stopping)
         )
+
+    def _new_txn_id(self) -> int:
+        self.txn_serial += 1
+        return (
+            int(self.node_id[1:]) * 1_000_000 + self.incarnation.number * 10_000 + self.txn_serial
+        )  # type: ignore[union-attr]
 
     def spawn(self, coroutine: Any) -> asyncio.Task[Any]:
         assert self.context is not None
@@ -396,9 +533,153 @@ class SimNode:
                 stream.break_()
         dropped = 0
         if power:
-            dropped = world.disk.crash(self.node_id, keep_prefix_rate=0.3)
+            dropped = world.disk.crash(
+                self.node_id,
+                keep_prefix_rate=0.3,
+                torn_rate=world.torn_rate,
+                keep_entries_rate=world.keep_entries_rate,
+            )
+            self.catalog_disk.power_cut()
         self.plane = None
+        self.streaming = None
         return dropped
+
+
+# -- Raft ----------------------------------------------------------------------------------------
+
+
+class SimRaft:
+    """The coordination plane's Raft as the data plane sees it (see the module doc):
+    which node leads, which proposals commit (and when), which nodes have applied what,
+    and the leader's heartbeat table. The log itself is the world's list of states:
+    Raft's safety (one committed history, applied in order everywhere) is assumed, not
+    simulated; its liveness and its timing are."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.voters = sorted(world.nodes)[:VOTERS]
+        self.majority = len(self.voters) // 2 + 1
+        self.leader: str | None = None
+        self.term = 0
+        #: node -> when the leader last heard its heartbeat (the leader's memory only)
+        self.heard: dict[str, float] = {}
+        #: commands a leader took without a quorum: committed later or lost
+        self.pending: list[tuple[pb.Command, str]] = []
+        self._no_quorum_since: float | None = None
+        self._elect_at = 0.0
+
+    def reaches_quorum(self, leader: str) -> bool:
+        world = self.world
+        if not world.nodes[leader].running:
+            return False
+        count = sum(1 for v in self.voters if v == leader or world.link_up(leader, v))
+        return count >= self.majority
+
+    def reaches(self, node_id: str) -> bool:
+        """Whether the leader's log reaches `node_id` now."""
+        leader = self.leader
+        return leader is not None and (node_id == leader or self.world.link_up(leader, node_id))
+
+    async def run(self) -> None:
+        world = self.world
+        rng = world.rng
+        while True:
+            await asyncio.sleep(0.05)
+            now = world.clock.now
+            leader = self.leader
+            if leader is not None:
+                if self.reaches_quorum(leader):
+                    self._no_quorum_since = None
+                elif self._no_quorum_since is None:
+                    self._no_quorum_since = now
+                elif now - self._no_quorum_since > 0.3 or not world.nodes[leader].running:
+                    # CheckQuorum: a leader that hears no majority steps down.
+                    world.trace_line("raft", f"leader {leader} steps down (term {self.term})")
+                    self.leader = None
+                    self._elect_at = now + rng.uniform(0.15, 0.4)
+            if self.leader is None and now >= self._elect_at:
+                candidates = [v for v in self.voters if self.reaches_quorum(v)]
+                if candidates:
+                    self._elect(rng.choice(candidates))
+            leader = self.leader
+            if leader is None:
+                continue
+            # Heartbeats to the leader, over the network (a lost one is just late).
+            for node_id, node in world.nodes.items():
+                if node.running and self.reaches(node_id) and rng.random() > 0.1:
+                    self.heard[node_id] = now
+            # Followers the leader reaches catch up with the committed log.
+            latest = len(world.states) - 1
+            for node_id, node in world.nodes.items():
+                if node.running and node.applied_index < latest and self.reaches(node_id):
+                    world.loop.call_at(
+                        now + world.net_delay() + world.apply_lag.get(node_id, 0.0),
+                        node.apply_up_to,
+                        latest,
+                    )
+
+    def _elect(self, leader: str) -> None:
+        world = self.world
+        self.term += 1
+        previous, self.leader = self.leader, leader
+        self._no_quorum_since = None
+        world.result.leader_changes += 1
+        # A new leader grants every node a full timeout before judging it.
+        self.heard = {node_id: world.clock.now for node_id in world.nodes}
+        world.trace_line("raft", f"{leader} leads at raft term {self.term}")
+        pending, self.pending = self.pending, []
+        for command, who in pending:
+            # Taken by the old leader without a quorum: on the new one's log or not.
+            if world.rng.random() < 0.5:
+                world.result.late_proposals += 1
+                world.apply(command, f"{who}+late")
+        del previous
+
+    def commit_local(self, command: pb.Command, who: str = "coord") -> pb.CommandResult | None:
+        """A command of the leader's own (its coordinator loop): committed now if the
+        leader reaches a quorum, else not at all."""
+        leader = self.leader
+        if leader is None or not self.reaches_quorum(leader):
+            return None
+        return self.world.apply(command, who)
+
+    async def propose(self, who: str, command: pb.Command) -> pb.CommandResult:
+        world = self.world
+        rng = world.rng
+        if not command.request_id:
+            world.request_serial += 1
+            command.request_id = f"sim-{world.request_serial}"
+        await asyncio.sleep(world.net_delay())
+        leader = self.leader
+        if leader is None or not world.nodes[who].running or not self.reaches(who):
+            await asyncio.sleep(0.2)
+            raise ConnectionError("raft: no leader reachable")
+        if rng.random() < world.late_rate:
+            # Stuck in a queue somewhere: the proposer gives up, and it commits later.
+            def late(command: pb.Command = command) -> None:
+                if self.leader is not None and self.reaches_quorum(self.leader):
+                    world.result.late_proposals += 1
+                    world.apply(command, f"{who}+late")
+
+            world.loop.call_at(
+                world.clock.now + rng.uniform(0.2, 1.5), late, context=world.driver_context
+            )
+            await asyncio.sleep(0.5)
+            raise ConnectionError("raft: proposal timed out")
+        if not self.reaches_quorum(leader):
+            self.pending.append((command, who))
+            await asyncio.sleep(0.5)
+            raise ConnectionError("raft: no quorum")
+        await asyncio.sleep(world.net_delay())
+        if self.leader != leader or not self.reaches_quorum(leader):
+            if rng.random() < 0.5:
+                world.apply(command, f"{who}+late")
+            raise ConnectionError("raft: leader changed")
+        result = world.apply(command, who)
+        if rng.random() < world.lost_reply_rate / 2:
+            raise ConnectionError("raft: reply lost")
+        await asyncio.sleep(world.net_delay())
+        return result
 
 
 # -- the world -----------------------------------------------------------------------------------
@@ -420,6 +701,113 @@ class _TraceHandler(logging.Handler):
         self._world.trace_line(who, f"{record.levelname.lower()} {message}")
 
 
+class History:
+    """What the clients were told and what they read: the record the checks hold the
+    logs to."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        #: (pchannel, lsn) -> payload of every acknowledged message
+        self.acked: dict[tuple[str, int], bytes] = {}
+        #: payload -> (pchannel, lsn) it was acknowledged at
+        self.acked_at: dict[bytes, tuple[str, int]] = {}
+        #: (pchannel, lsn) -> (node, identity) of what a consumer read there first
+        self.reads: dict[tuple[str, int], tuple[str, tuple[Any, ...]]] = {}
+        #: txn id -> (pchannel, [(lsn, tick)], payloads) of acknowledged commits
+        self.txns: dict[int, tuple[str, list[tuple[int, int]], list[bytes]]] = {}
+        #: txn ids never committed by their client (rolled back or given up before it)
+        self.abandoned: dict[int, list[bytes]] = {}
+        self.lanes: list[ProducerLane] = []
+        #: payload -> (producer id, sequence, index, payloads) of the batch it was sent in
+        self.batch_of: dict[bytes, tuple[str, int, int, list[bytes]]] = {}
+        self.submitted = 0
+        self.unknown = 0
+
+    def _ack(self, pchannel: str, lsn: int, payload: bytes, who: str) -> None:
+        world = self.world
+        key = (pchannel, lsn)
+        previous = self.acked.get(key)
+        if previous is not None and previous != payload:
+            world.violation(
+                f"{pchannel}: lsn {lsn} acknowledged twice, as {previous!r} and {payload!r}"
+            )
+        elsewhere = self.acked_at.get(payload)
+        if elsewhere is not None and elsewhere != key:
+            world.violation(
+                f"{payload!r} acknowledged at two positions: {elsewhere} and {key} ({who})"
+            )
+        self.acked[key] = payload
+        self.acked_at[payload] = key
+        world.result.acknowledged += 1
+
+    def batch_acknowledged(
+        self,
+        lane: ProducerLane,
+        sequence: int,
+        payloads: list[bytes],
+        first_lsn: int,
+        term: int,
+        duplicate: bool,
+    ) -> None:
+        self.world.trace_line(
+            lane.client,
+            f"ack {lane.pchannel} seq {sequence} lsn {first_lsn}..{first_lsn + len(payloads) - 1}"
+            f" (term {term}{', duplicate' if duplicate else ''})",
+        )
+        if duplicate:
+            self.world.result.duplicates += 1
+        for index, payload in enumerate(payloads):
+            self._ack(lane.pchannel, first_lsn + index, payload, f"batch {sequence}")
+
+    def txn_committed(
+        self,
+        client: str,
+        pchannel: str,
+        txn_id: int,
+        payloads: list[bytes],
+        positions: list[tuple[int, int]],
+    ) -> None:
+        self.world.trace_line(
+            client, f"ack {pchannel} txn {txn_id} lsn {positions[0][0]}..{positions[-1][0]}"
+        )
+        if len(positions) != len(payloads) + 2:
+            self.world.violation(
+                f"{pchannel}: txn {txn_id} of {len(payloads)} messages committed at "
+                f"{len(positions)} positions (expected {len(payloads) + 2})"
+            )
+            return
+        self.txns[txn_id] = (pchannel, positions, payloads)
+        for (lsn, _), payload in zip(positions[1:-1], payloads, strict=True):
+            self._ack(pchannel, lsn, payload, f"txn {txn_id}")
+
+    def txn_abandoned(self, txn_id: int, payloads: list[bytes]) -> None:
+        self.abandoned[txn_id] = payloads
+
+    def txn_unknown(self, txn_id: int, payloads: list[bytes]) -> None:
+        self.unknown += len(payloads)
+
+    def read(self, pchannel: str, node_id: str, entry: wire.WalEntry) -> None:
+        identity = (
+            entry.lsn,
+            entry.term,
+            entry.time_tick,
+            entry.flags,
+            entry.txn_id,
+            entry.key,
+            entry.payload,
+        )
+        key = (pchannel, entry.lsn)
+        known = self.reads.get(key)
+        if known is None:
+            self.reads[key] = (node_id, identity)
+            self.world.result.read += 1
+        elif known[1] != identity:
+            self.world.violation(
+                f"{pchannel}: consumers read two entries at committed lsn {entry.lsn}: "
+                f"{known[1]} from {known[0]}, then {identity} from {node_id}"
+            )
+
+
 class World:
     def __init__(self, seed: int, options: SimOptions, root: Path) -> None:
         self.seed = seed
@@ -429,35 +817,73 @@ class World:
         self.rng = random.Random(seed)
         rng = self.rng
         self.clock = SimClock()
-        self.loop = SimLoop(self.clock, self._io_latency)
-        self.disk = SimDisk(root, random.Random(rng.random()), rng.choice([0.0, 0.0, 0.002]))
+        # A job handed to a worker thread (an fdatasync, a catalog write) runs somewhere
+        # inside its latency: an fdatasync covers what was written when it began.
+        self.loop = SimLoop(self.clock, self._io_latency, rng.random)
+        self.disk = SimDisk(root, random.Random(rng.random()), rng.choice([0.0, 0.0, 0.01]))
         # This seed's fault and timing profile.
+        #: how slow this seed's disks are (an fdatasync of about 1 ms times this): local
+        #: SSDs, and disks an order of magnitude slower (network volumes, spinning ones),
+        #: where appenders more often arrive while an fdatasync runs
+        self.io_scale = rng.choice([1.0, 1.0, 1.0, 12.0])
         self.break_rate = rng.choice([0.0, 0.002, 0.01])
         self.base_delay_s = rng.choice([0.0005, 0.002, 0.01])
         self.lost_reply_rate = rng.choice([0.0, 0.05])
+        self.client_loss_rate = rng.choice([0.0, 0.02, 0.1])
+        self.late_rate = rng.choice([0.0, 0.03, 0.1])
         self.fault_interval_s = rng.choice(list(options.fault_intervals_s))
+        # What the nemesis does, cumulative: crash, partition nodes, cut a client off,
+        # change a replica set; else retention. Crash-heavy seeds, and seeds of mostly
+        # partitions (where Raft stays up and judges a cut-off owner down while its
+        # clients still reach it).
+        self.fault_mix = rng.choice([(0.45, 0.7, 0.8, 0.93), (0.1, 0.65, 0.8, 0.93)])
         self.power_rate = rng.choice([0.5, 0.8, 1.0])
-        self.history: list[pb.CoordinationState] = [new_state()]
-        self.state = copy_state(self.history[0])
+        self.torn_rate = rng.choice([0.0, 0.3, 0.7])
+        self.keep_entries_rate = rng.choice([0.0, 0.3, 0.7])
+        self.chunk_bytes = rng.choice([512, 4096])
+        #: extra seconds a node takes to apply what Raft committed (a slow follower)
+        self.apply_lag: dict[str, float] = {}
+        self.pchannel_count = rng.randint(1, options.pchannels)
+        # Buggify points on for this seed: point -> (how often it fires, how often it
+        # crashes the node instead of slowing it down).
+        self.buggify_on: dict[str, tuple[float, float]] = {}
+        for point in sorted(buggify.POINTS):
+            if rng.random() < 0.3:
+                crash = 0.3 if point.startswith("owner.recovery") else 0.05
+                self.buggify_on[point] = (rng.choice([0.1, 0.3, 0.6]), crash)
+        self.states: list[pb.CoordinationState] = [new_state()]
+        self.state = copy_state(self.states[0])
         self.raft_index = 0
+        self.request_serial = 0
         self.partitions: set[frozenset[str]] = set()
         self.streams: set[_Stream] = set()
         self.stream_serial = 0
         self.trace: list[str] = []
         self._digest = hashlib.sha256()
         self.result = SeedResult(seed)
-        self.acked: dict[tuple[str, int], bytes] = {}
+        self.history = History(self)
         self.stopping = False
+        self.clients_stopping = False
         self.faulting = True
         self.assigning_since: dict[tuple[str, int], float] = {}
-        self._request = 0
         self.nodes: dict[str, SimNode] = {}
+        self.clients: list[str] = [f"c{i + 1}" for i in range(options.clients)]
         #: crashed nodes' restarts still to come: (when, node id)
         self._restarts: list[tuple[float, str]] = []
-        self._driver_context = contextvars.Context()
+        self.driver_context = contextvars.Context()
         self._mirrors: dict[tuple[str, str], _Mirror] = {}
         self._mirror_serial = 0
-        self.pchannels = [f"{PCHANNEL_PREFIX}{i}" for i in range(options.pchannels)]
+        self.pchannels: list[str] = []
+        #: (pchannel, first lsn) -> (last lsn, frames) of every segment Raft committed
+        self.committed_segments: dict[tuple[str, int], tuple[int, bytes]] = {}
+        self._segments_verified: set[tuple[str, int]] = set()
+        #: (pchannel, lsn) -> the frame an owner had committed there (seen by a check, or
+        #: a term start when its PChannelReady committed)
+        self.committed_frames: dict[tuple[str, int], bytes] = {}
+        #: (pchannel, payload) -> lsn where a serving owner's committed log holds it
+        self._payload_at: dict[tuple[str, bytes], int] = {}
+        self._payload_checked: dict[str, tuple[int, int]] = {}
+        self.raft: SimRaft
 
     # -- tracing ---------------------------------------------------------------------------
 
@@ -469,6 +895,8 @@ class World:
             del self.trace[: -self.options.trace_lines]
 
     def violation(self, text: str) -> None:
+        if text in self.result.violations:
+            return  # found again by a later pass
         self.trace_line("CHECK", f"VIOLATION {text}")
         self.result.violations.append(text)
 
@@ -476,7 +904,7 @@ class World:
 
     def _io_latency(self) -> float:
         rng = self.rng
-        return 0.0002 + (
+        return 0.0002 + self.io_scale * (
             rng.expovariate(1 / 0.001) if rng.random() < 0.9 else rng.uniform(0.005, 0.03)
         )
 
@@ -485,10 +913,37 @@ class World:
             self.rng.uniform(0.01, 0.08) if self.rng.random() < 0.03 else 0.0
         )
 
+    def _up(self, endpoint: str) -> bool:
+        node = self.nodes.get(endpoint)
+        return node is None or node.running  # clients are always up
+
     def link_up(self, a: str, b: str) -> bool:
         if frozenset((a, b)) in self.partitions:
             return False
-        return self.nodes[a].running and self.nodes[b].running
+        return self._up(a) and self._up(b)
+
+    # -- buggify -----------------------------------------------------------------------------
+
+    async def buggify(self, name: str) -> None:
+        spec = self.buggify_on.get(name)
+        if spec is None or not self.faulting:
+            return
+        rate, crash_rate = spec
+        rng = self.rng
+        if rng.random() >= rate:
+            return
+        incarnation = NODE.get()
+        if incarnation is None or not incarnation.alive:
+            return
+        self.result.buggified += 1
+        if rng.random() < crash_rate:
+            self.trace_line(incarnation.node_id, f"buggify {name}: crash")
+            self._crash(incarnation.node_id, rng.random() < self.power_rate)
+            await asyncio.sleep(0)  # the crash cancelled this task: it ends here
+            return
+        delay = rng.uniform(0.01, 0.6)
+        self.trace_line(incarnation.node_id, f"buggify {name}: {delay * 1000:.0f} ms")
+        await asyncio.sleep(delay)
 
     # -- network calls -----------------------------------------------------------------------
 
@@ -499,12 +954,32 @@ class World:
             return
         servicer = node.servicer
         stream.served_by(node.incarnation)
+        previous_version = node.previous_version
+        refused: list[wire.AppendRequest] = []
+
+        async def requests() -> AsyncIterator[wire.AppendRequest]:
+            async for request in stream.requests():
+                if previous_version and _has_batch_flags(request.frames):
+                    # The version before atomic batches refuses a frame with a flag it
+                    # does not know: the request fails, and the stream with it.
+                    refused.append(request)
+                    return
+                yield request
 
         async def serve() -> None:
-            owner_ids: set[str] = set()
             try:
-                async for response in servicer._answer(stream.requests(), owner_ids):  # noqa: SLF001
+                async for response in servicer.Append(requests(), _Context()):
                     stream.answer(response)
+                for request in refused:
+                    stream.answer(
+                        wire.AppendResponse(
+                            request_id=request.request_id,
+                            status=wire.APPEND_STATUS_ERROR,
+                            error=errors_pb2.ErrorInfo(
+                                code=E.INVALID_ARGUMENT, message="unknown entry flags 0x100"
+                            ),
+                        )
+                    )
             finally:
                 stream.break_()
 
@@ -528,6 +1003,12 @@ class World:
             async def handle() -> None:
                 try:
                     outcome: tuple[bool, Any] = (True, await handler(request, _Context()))
+                    if node.previous_version and isinstance(outcome[1], wire.FenceResponse):
+                        # The version before atomic batches does not know the field.
+                        older = wire.FenceResponse()
+                        older.CopyFrom(outcome[1])
+                        older.batch_frames = False
+                        outcome = (True, older)
                 except _Abort as error:
                     outcome = (False, error)
                 except (OSError, asyncio.CancelledError):
@@ -553,9 +1034,10 @@ class World:
     # -- coordination ------------------------------------------------------------------------
 
     def apply(self, command: pb.Command, who: str = "coord") -> pb.CommandResult:
+        """Commit `command` to the Raft log (the real state machine applies it)."""
         if not command.request_id:
-            self._request += 1
-            command.request_id = f"sim-{self._request}"
+            self.request_serial += 1
+            command.request_id = f"sim-{self.request_serial}"
         command.proposed_at_ms = int(self.clock.wall() * 1000)
         self.raft_index += 1
         result = apply_command(self.state, command.SerializeToString(), self.raft_index)
@@ -574,38 +1056,61 @@ class World:
             if not result.deduplicated:
                 self.trace_line(who, f"raft {kind} {summary} -> {outcome}")
         if result.events:
-            self.history.append(copy_state(self.state))
-            index = len(self.history) - 1
-            for node in self.nodes.values():
-                self.loop.call_at(self.clock.now + self.net_delay() * 2, node.apply_up_to, index)
-            if kind == "commit_segment" and accepted:
-                self._check_committed_segment(who, command.commit_segment)
-            if kind == "assign_pchannel" and accepted and not self.stopping and self.faulting:
-                # Tail recovery is short: faults at random times rarely land in it. Now and
-                # then the new owner crashes at one of its next syncs, mid-recovery.
-                owner = command.assign_pchannel.node_id
-                if self.rng.random() < 0.3:
-                    power = self.rng.random() < self.power_rate
-                    self.disk.arm(
-                        owner, lambda n=owner, p=power: self._crash(n, p), self.rng.randint(0, 3)
+            self.states.append(copy_state(self.state))
+            index = len(self.states) - 1
+            raft = getattr(self, "raft", None)
+            for node_id, node in self.nodes.items():
+                if raft is None or node_id == raft.leader:
+                    node.apply_up_to(index)
+                elif raft.reaches(node_id):
+                    self.loop.call_at(
+                        self.clock.now + self.net_delay() * 2 + self.apply_lag.get(node_id, 0.0),
+                        node.apply_up_to,
+                        index,
                     )
-                if self.rng.random() < 0.3:
-                    # ... and one of its replicas is briefly out of reach, so that what it
-                    # writes reaches some replicas and not others.
-                    others = [n for n in command.assign_pchannel.replica_node_ids if n != owner]
-                    if others:
-                        self._cut(owner, self.rng.choice(others), self.rng.uniform(0.002, 0.05))
+            if kind == "commit_segment" and accepted:
+                self._check_committed_segment(who.split("+")[0], command.commit_segment)
+            if kind == "pchannel_ready" and accepted:
+                self._record_term_start(who.split("+")[0], command.pchannel_ready)
+            if kind == "assign_pchannel" and accepted:
+                self.result.failovers += 1
+                if not self.stopping and self.faulting:
+                    self._arm_recovery_faults(command.assign_pchannel)
         return result
 
-    async def propose(self, who: str, command: pb.Command) -> pb.CommandResult:
-        await asyncio.sleep(self.net_delay() * 2)
-        if self.rng.random() < self.lost_reply_rate / 2:
-            raise ConnectionError("raft: no leader reachable")
-        result = self.apply(command, who)
-        if self.rng.random() < self.lost_reply_rate / 2:
-            raise ConnectionError("raft: reply lost")
-        await asyncio.sleep(self.net_delay())
-        return result
+    def _arm_recovery_faults(self, assign: pb.AssignPChannel) -> None:
+        # Tail recovery is short: faults at random times rarely land in it. Now and
+        # then the new owner crashes at one of its next syncs, mid-recovery.
+        owner = assign.node_id
+        if self.rng.random() < 0.3:
+            power = self.rng.random() < self.power_rate
+            self.disk.arm(owner, lambda n=owner, p=power: self._crash(n, p), self.rng.randint(0, 3))
+        if self.rng.random() < 0.3:
+            # ... and one of its replicas is briefly out of reach, so that what it
+            # writes reaches some replicas and not others.
+            others = [n for n in assign.replica_node_ids if n != owner]
+            if others:
+                self._cut(owner, self.rng.choice(others), self.rng.uniform(0.002, 0.05))
+
+    def _record_term_start(self, who: str, ready: pb.PChannelReady) -> None:
+        """A new term's start entry is committed when its owner proposes PChannelReady:
+        remember it (a later owner must hold the same entry there)."""
+        node = self.nodes.get(who)
+        log = node.plane.logs.get(ready.pchannel) if node is not None and node.plane else None
+        if log is None or not log.first_lsn <= ready.start_lsn <= log.last_lsn:
+            return
+        try:
+            frame = log.read_frames(ready.start_lsn, 1 << 20, ready.start_lsn)
+        except (KeyError, OSError):
+            return
+        key = (ready.pchannel, ready.start_lsn)
+        before = self.committed_frames.setdefault(key, frame)
+        if before != frame:
+            self.violation(
+                f"{ready.pchannel}: committed lsn {ready.start_lsn} changed: "
+                f"{_identity(before)} was committed there, {who}'s term start is "
+                f"{_identity(frame)}"
+            )
 
     def _check_committed_segment(self, who: str, segment: pb.CommitSegment) -> None:
         node = self.nodes.get(who)
@@ -615,56 +1120,57 @@ class World:
         if log is None:
             return
         try:
-            entries = {
-                e.lsn: e.payload for e in log.iter_entries(segment.first_lsn, segment.last_lsn)
-            }
+            entries = list(log.iter_entries(segment.first_lsn, segment.last_lsn))
+            frames = log.read_frames(segment.first_lsn, 1 << 24, segment.last_lsn)
         except (KeyError, OSError):
             self.violation(
                 f"{who} committed segment [{segment.first_lsn}, {segment.last_lsn}] "
                 "that its own log cannot read"
             )
             return
-        for (pchannel, lsn), payload in sorted(self.acked.items()):
+        payloads = {e.lsn: e.payload for e in entries}
+        key = (segment.pchannel, segment.first_lsn)
+        known = self.committed_segments.get(key)
+        if known is not None and known != (segment.last_lsn, frames):
+            self.violation(
+                f"{segment.pchannel}: segment [{segment.first_lsn}, {segment.last_lsn}] "
+                f"committed twice with other contents (by {who})"
+            )
+        self.committed_segments[key] = (segment.last_lsn, frames)
+        for (pchannel, lsn), payload in sorted(self.history.acked.items()):
             if (
                 pchannel == segment.pchannel
                 and segment.first_lsn <= lsn <= segment.last_lsn
-                and entries.get(lsn) != payload
+                and payloads.get(lsn) != payload
             ):
                 self.violation(
                     f"{pchannel}: committed segment [{segment.first_lsn}, "
                     f"{segment.last_lsn}] (term {segment.term}, by {who}) holds "
-                    f"{entries.get(lsn)!r} at lsn {lsn}, acknowledged as {payload!r}"
+                    f"{payloads.get(lsn)!r} at lsn {lsn}, acknowledged as {payload!r}"
                 )
 
     async def coordinator(self) -> None:
-        """The Raft leader's loop: liveness, failover, repair (the real balancer)."""
+        """The Raft leader's loop: liveness from heartbeats, failover, repair (the real
+        balancer). It runs wherever Raft has a leader, with that leader's heartbeats."""
         node_timeout_s, replace_after_s, assign_timeout_s = 0.8, 2.5, 3.0
         last_situation: tuple[Any, ...] = ()
+        raft = self.raft
         while True:
             await asyncio.sleep(0.1)
+            leader = raft.leader
+            if leader is None or not raft.reaches_quorum(leader):
+                continue
             now = self.clock.now
-            for node_id, node in sorted(self.nodes.items()):
+            heard = raft.heard
+            live = [n for n in sorted(self.nodes) if now - heard.get(n, -1e9) <= node_timeout_s]
+            for node_id in sorted(self.nodes):
                 recorded = self.state.nodes[node_id].state
-                if node.running and recorded == pb.NODE_STATE_DOWN:
-                    self.apply(pb.Command(mark_node_up=pb.MarkNodeUp(node_id=node_id)))
-                elif (
-                    not node.running
-                    and recorded == pb.NODE_STATE_UP
-                    and node.down_since is not None
-                    and now - node.down_since > node_timeout_s
-                ):
-                    self.apply(pb.Command(mark_node_down=pb.MarkNodeDown(node_id=node_id)))
-            # Live as the leader sees it: heartbeats within the node timeout.
-            live = [
-                n
-                for n, node in sorted(self.nodes.items())
-                if node.running
-                or (node.down_since is not None and now - node.down_since <= node_timeout_s)
-            ]
+                if node_id in live and recorded == pb.NODE_STATE_DOWN:
+                    raft.commit_local(pb.Command(mark_node_up=pb.MarkNodeUp(node_id=node_id)))
+                elif node_id not in live and recorded == pb.NODE_STATE_UP:
+                    raft.commit_local(pb.Command(mark_node_down=pb.MarkNodeDown(node_id=node_id)))
             long_down = [
-                n
-                for n, node in sorted(self.nodes.items())
-                if node.down_since is not None and now - node.down_since > replace_after_s
+                n for n in sorted(self.nodes) if now - heard.get(n, -1e9) > replace_after_s
             ]
             stuck = []
             for name in self.pchannels:
@@ -673,49 +1179,12 @@ class World:
                     since = self.assigning_since.setdefault((name, channel.term), now)
                     if now - since > assign_timeout_s:
                         stuck.append(name)
-            situation = (self.state.revision, tuple(live), tuple(stuck), tuple(long_down))
+            situation = (self.state.revision, tuple(live), tuple(stuck), tuple(long_down), leader)
             if situation == last_situation:
                 continue  # the plan is a pure function of these: nothing new to propose
             last_situation = situation
             for command in balancer.plan(self.state, live, stuck, replace_nodes=long_down):
-                self.apply(command)
-
-    # -- workload ----------------------------------------------------------------------------
-
-    async def producer(self) -> None:
-        sequence = 0
-        while True:
-            await asyncio.sleep(self.options.write_interval_s * (0.5 + self.rng.random()))
-            if self.stopping:
-                continue
-            pchannel = self.rng.choice(self.pchannels)
-            channel = self.state.pchannels[pchannel]
-            node = self.nodes.get(channel.owner_node_id)
-            if node is None or not node.running or node.plane is None:
-                continue
-            owner = node.plane.owner(pchannel)
-            if owner is None or not owner.serving:
-                continue
-            sequence += 1
-            node.spawn(self._write(node.node_id, owner, pchannel, f"w{sequence}".encode()))
-
-    async def _write(self, who: str, owner: ChannelOwner, pchannel: str, payload: bytes) -> None:
-        message = Message(vchannel_id=1, msg_type=int(MsgType.MESSAGE), payload=payload)
-        try:
-            positions, _ = await owner.write([message])
-        except (WalError, OSError, AssertionError) as error:
-            del error
-            return
-        lsn = positions[0][0]
-        key = (pchannel, lsn)
-        self.trace_line(who, f"ack {pchannel} lsn {lsn} {payload.decode()} (term {owner.term})")
-        self.result.acknowledged += 1
-        previous = self.acked.get(key)
-        if previous is not None and previous != payload:
-            self.violation(
-                f"{pchannel}: lsn {lsn} acknowledged twice, as {previous!r} and {payload!r}"
-            )
-        self.acked[key] = payload
+                raft.commit_local(command)
 
     # -- nemesis -----------------------------------------------------------------------------
 
@@ -730,11 +1199,14 @@ class World:
                 break
             await asyncio.sleep(pause)
             roll = rng.random()
-            if roll < 0.55:
+            crash, partition, client, replicas = self.fault_mix
+            if roll < crash:
                 self._crash_some()
-            elif roll < 0.7:
+            elif roll < partition:
                 self._partition()
-            elif roll < 0.9:
+            elif roll < client:
+                self._partition_client()
+            elif roll < replicas:
                 self._change_replicas()
             else:
                 self._retention()
@@ -769,13 +1241,20 @@ class World:
             others = [n for n in running if n not in victims]
             if others:
                 victims.append(rng.choice(others))
-        if rng.random() < 0.5:
+        how = rng.random()
+        if how < 0.35:
             # At the node's next fsync, before it takes effect: what it wrote since the
             # last one is what a power cut drops.
             for node_id in victims:
                 self.disk.arm(
                     node_id, lambda n=node_id: self._crash(n, rng.random() < self.power_rate)
                 )
+            return
+        if how < 0.55:
+            # A power cut in the middle of the node's next write: the first bytes of a
+            # batch reach the disk (on an owner, often before the batch went out).
+            for node_id in victims:
+                self.disk.arm_write(node_id, lambda n=node_id: self._crash(n, True))
             return
         for node_id in victims:
             self._crash(node_id, rng.random() < self.power_rate)
@@ -790,7 +1269,8 @@ class World:
                 if owner.state == "recovering" and owner.start_lsn:
                     self.trace_line(
                         node_id,
-                        f"{name}: crash mid-recovery at term {owner.term} after its term start at lsn {owner.start_lsn}",
+                        f"{name}: crash mid-recovery at term {owner.term} after its term "
+                        f"start at lsn {owner.start_lsn}",
                     )
         dropped = node.crash(power)
         self.result.crashes += 1
@@ -810,7 +1290,7 @@ class World:
         restart = (self.clock.now + back, node_id)
         self._restarts.append(restart)
         # A timer of the driver's (the crash may run in the crashed incarnation's context).
-        self.loop.call_at(restart[0], self._restart, restart, context=self._driver_context)
+        self.loop.call_at(restart[0], self._restart, restart, context=self.driver_context)
 
     def _restart(self, restart: tuple[float, str]) -> None:
         if restart not in self._restarts:
@@ -827,23 +1307,66 @@ class World:
         rng = self.rng
         names = sorted(self.nodes)
         isolated = rng.choice(names)
+        leader = self.raft.leader
+        if rng.random() < 0.7:
+            # Often the owner of a pchannel (and not the Raft leader): its clients may
+            # still reach it when Raft no longer does.
+            owners = sorted(
+                {self.state.pchannels[p].owner_node_id for p in self.pchannels} - {"", leader}
+            )
+            if owners:
+                isolated = rng.choice(owners)
         links = {frozenset((isolated, other)) for other in names if other != isolated}
-        if rng.random() < 0.3:
-            # One link only (a bridge: both still see the others).
+        roll = rng.random()
+        hold = rng.uniform(0.1, 2.0)
+        if roll < 0.25 and leader is not None and leader != isolated:
+            # Cut off from the Raft leader only: it stops hearing of new assignments and
+            # is judged down, while its replicas and clients still reach it.
+            links = {frozenset((isolated, leader))}
+            hold = rng.uniform(0.9, 2.0)
+        elif roll < 0.5:
+            # Cut off from everyone but one peer (a bridge): a new owner may fence that
+            # peer while the old one, still serving its clients, writes to it.
+            bridge = rng.choice([n for n in names if n != isolated])
+            links = {link for link in links if bridge not in link}
+            hold = rng.uniform(0.9, 2.0)
+        elif roll < 0.65:
+            # One link only (both still see the others).
             links = {rng.choice(sorted(links, key=sorted))}
         self.partitions |= links
         for stream in sorted(self.streams, key=lambda s: s.serial):
             if frozenset((stream.source, stream.target)) in links:
                 stream.break_()
-        hold = rng.uniform(0.1, 1.5)
         self.trace_line(
             "sim", f"partition {sorted(sorted(link) for link in links)} for {hold:.2f} s"
         )
 
+        owned = {
+            p: self.state.pchannels[p].term
+            for p in self.pchannels
+            if self.state.pchannels[p].owner_node_id == isolated
+        }
+        successor_fails = rng.random() < 0.4
+
         def heal() -> None:
             self.partitions -= links
+            if not successor_fails or not self.faulting:
+                return
+            # The new owner fails just as the old one comes back, with its log of the old
+            # term (maybe longer, never committed) not yet cut back: the next recovery
+            # meets both.
+            for name, term in sorted(owned.items()):
+                channel = self.state.pchannels[name]
+                if channel.term > term and channel.owner_node_id != isolated:
+                    self._crash(channel.owner_node_id, self.rng.random() < self.power_rate)
 
-        self.loop.call_later(hold, heal)
+        self.loop.call_later(hold, heal, context=self.driver_context)
+
+    def _partition_client(self) -> None:
+        rng = self.rng
+        client = rng.choice(self.clients)
+        node = rng.choice(sorted(self.nodes))
+        self._cut(client, node, rng.uniform(0.1, 1.5))
 
     def _cut(self, a: str, b: str, hold_s: float) -> None:
         link = frozenset((a, b))
@@ -858,7 +1381,7 @@ class World:
         def heal() -> None:
             self.partitions.discard(link)
 
-        self.loop.call_later(hold_s, heal)
+        self.loop.call_later(hold_s, heal, context=self.driver_context)
 
     def _change_replicas(self) -> None:
         rng = self.rng
@@ -881,12 +1404,13 @@ class World:
             outside = [n for n in up if n not in members]
             if not outside or len(members) < 2:
                 return
-            members[members.index(rng.choice([m for m in members if m != owner]))] = rng.choice(
-                outside
-            )
+            incoming = rng.choice(outside)
+            members[members.index(rng.choice([m for m in members if m != owner]))] = incoming
+            if rng.random() < 0.5:
+                owner = incoming  # the pchannel moves to the new member (an empty log)
         if owner not in up:
             return
-        self.apply(
+        self.raft.commit_local(
             pb.Command(
                 assign_pchannel=pb.AssignPChannel(
                     pchannel=name, term=channel.term + 1, node_id=owner, replica_node_ids=members
@@ -900,7 +1424,7 @@ class World:
         manifest = self.state.manifests[name]
         if manifest.committed_through_lsn > 1:
             before = self.rng.randint(1, manifest.committed_through_lsn)
-            self.apply(
+            self.raft.commit_local(
                 pb.Command(
                     delete_segments_before=pb.DeleteSegmentsBefore(pchannel=name, before_lsn=before)
                 ),
@@ -911,6 +1435,7 @@ class World:
 
     async def run(self) -> None:
         options = self.options
+        rng = self.rng
         for index in range(options.nodes):
             node_id = f"n{index + 1}"
             self.nodes[node_id] = SimNode(self, node_id)
@@ -922,29 +1447,112 @@ class World:
         self.apply(
             pb.Command(
                 create_pchannels=pb.CreatePChannels(
-                    prefix=PCHANNEL_PREFIX.rstrip("_") or "p",
-                    count=options.pchannels,
+                    prefix=PCHANNEL_PREFIX,
+                    count=self.pchannel_count,
                     replica_count=options.replica_count,
                 )
             )
         )
         self.pchannels = sorted(self.state.pchannels)
+        vchannels: dict[str, str] = {}
+        for name in self.pchannels:
+            for number in range(2):
+                vchannel = f"v-{name}-{number}"
+                self.apply(
+                    pb.Command(create_vchannel=pb.CreateVChannel(name=vchannel, pchannel=name))
+                )
+                vchannels[vchannel] = name
+        for node in self.nodes.values():
+            node.apply_up_to(len(self.states) - 1)
+        upgrades: list[tuple[float, str]] = []
+        if rng.random() < 0.25:
+            # A rolling upgrade in progress: one or two nodes still run the version
+            # before atomic batches. Such a node does not say in its Fence answer that it
+            # takes BATCH_CONTINUES and refuses flagged frames; as an owner it flags
+            # nothing; an owner that recovers with its answer writes unflagged batches
+            # too, and relies on dropping a transaction tail without its commit entry.
+            # A crash restarts it at the same version; the upgrade is a planned restart,
+            # during the faults or at the latest when they end.
+            self.result.rolling_upgrades = 1
+            for node_id in rng.sample(sorted(self.nodes), rng.choice([1, 1, 2])):
+                self.nodes[node_id].previous_version = True
+                at = options.settle_s + rng.uniform(0.2, 1.2) * options.duration_s
+                upgrades.append((at, node_id))
+                self.trace_line(node_id, "runs the version before atomic batches")
+        if rng.random() < 0.7:
+            # Followers that apply late (a busy process): their owners serve a term
+            # Raft has moved on from, and the clients routed by them write there.
+            for node_id in sorted(self.nodes):
+                self.apply_lag[node_id] = rng.choice([0.0, 0.0, 0.05, 0.2, 0.5])
+        self.raft = SimRaft(self)
+        self.raft._elect(rng.choice(self.raft.voters))  # noqa: SLF001
         for node in self.nodes.values():
             node.start()
         background = [
+            self.loop.create_task(self.raft.run()),
             self.loop.create_task(self.coordinator()),
-            self.loop.create_task(self.producer()),
             self.loop.create_task(self.checker()),
         ]
+        clients: list[asyncio.Task[Any]] = []
+        max_batch = rng.choice([1, 4, 8, 16])
+        if any(node.previous_version for node in self.nodes.values()):
+            # An unflagged multi-message batch is not atomic: a surviving prefix of it is
+            # written twice on retry, the documented limit of exactly once while a
+            # cluster is upgraded (docs/architecture.md, "A rolling upgrade").
+            max_batch = 1
+        for client in self.clients:
+            router = Router(self, client)
+            background.append(self.loop.create_task(router.watch()))
+            for name in self.pchannels:
+                lane = ProducerLane(
+                    self,
+                    client,
+                    router,
+                    name,
+                    f"v-{name}-{rng.randint(0, 1)}",
+                    LaneOptions(
+                        max_batch=max_batch,
+                        max_in_flight=rng.choice([1, 2, 4]),
+                        interval_s=rng.choice([0.05, 0.1, 0.2]),
+                    ),
+                    first_sequence=rng.randint(1, 1000),
+                )
+                self.history.lanes.append(lane)
+                clients.append(self.loop.create_task(lane.run()))
+                if rng.random() < 0.5:
+                    background.append(
+                        self.loop.create_task(Consumer(self, client, router, name).run())
+                    )
+            if rng.random() < 0.7:
+                clients.append(
+                    self.loop.create_task(TxnClient(self, client, router, vchannels).run())
+                )
+        for at, node_id in upgrades:
+            self.loop.call_at(
+                self.clock.now + at, self._upgrade, node_id, context=self.driver_context
+            )
         try:
             await asyncio.sleep(self.options.settle_s)
             await self.nemesis()
-            await self._heal()
+            await self._heal(clients)
         finally:
-            for task in background:
+            for task in background + clients:
                 task.cancel()
 
-    async def _heal(self) -> None:
+    def _upgrade(self, node_id: str) -> None:
+        """The rolling upgrade reaches `node_id`: a planned restart at this version (or,
+        when it is down, its next start is at this version)."""
+        node = self.nodes[node_id]
+        if not node.previous_version or node.upgrade_pending:
+            return
+        node.upgrade_pending = True
+        if node.running:
+            self.trace_line(node_id, "planned restart to upgrade")
+            self._crash(node_id, power=False)
+
+    async def _heal(self, clients: list[asyncio.Task[Any]]) -> None:
+        for node_id in sorted(self.nodes):
+            self._upgrade(node_id)  # the rolling upgrade finishes
         self.partitions.clear()
         for _, node_id in sorted(self._restarts):
             if not self.nodes[node_id].running:
@@ -969,8 +1577,20 @@ class World:
                 for p in self.pchannels
             }
             self.violation(f"no progress {self.options.heal_s:g} s after healing: {stuck}")
+        self.clients_stopping = True
         self.stopping = True
-        await asyncio.sleep(0.3)  # writes in flight finish or fail
+        # Writes in flight finish or fail (their outcome is then unknown).
+        await asyncio.wait(clients, timeout=8.0)
+        await asyncio.sleep(0.3)
+        # A late change (a widening, a late proposal) may have moved a pchannel since.
+        deadline = self.clock.now + self.options.heal_s
+        while not self._all_serving():
+            if self.clock.now > deadline:
+                self.violation(
+                    f"no owner serves every pchannel {self.options.heal_s:g} s after the clients stopped"
+                )
+                return
+            await asyncio.sleep(0.1)
         for _ in range(100):  # the checker reads a log between its appends (`_mirror`)
             if not self._any_log_busy():
                 break
@@ -994,16 +1614,19 @@ class World:
                 return False
         return True
 
+    # -- checks ------------------------------------------------------------------------------
+
     def _check_final(self) -> None:
         for name in self.pchannels:
-            self._check_agreement(name, final=True)
+            if self._check_agreement(name, final=True):
+                self._check_history(name)
 
     def _mirror(self, node_id: str, name: str, log: PChannelLog) -> _Mirror | None:
         """The checker's copy of `node_id`'s log of `name`, brought up to the log's end
-        (`failed` once it found a violation: a term going back, an unreadable frame).
-        None while the log is busy: a truncation bumps the generation before it truncates,
-        so what a log holds matches its generation only when no append or truncation holds
-        its lock; it is read then."""
+        (`failed` once it found a violation: a term going back, a time tick not rising,
+        an unreadable frame). None while the log is busy: a truncation bumps the
+        generation before it truncates, so what a log holds matches its generation only
+        when no append or truncation holds its lock; it is read then."""
         busy = log._lock.locked()  # noqa: SLF001
         key = (node_id, name)
         mirror = self._mirrors.get(key)
@@ -1035,7 +1658,7 @@ class World:
                     self.violation(f"{name}: {node_id}'s log is unreadable at lsn {lsn}: {checked}")
                     return mirror
                 fields, end = checked
-                term = fields[3]
+                term, tick = fields[3], fields[4]
                 if term < mirror.term:
                     mirror.failed = True
                     self.violation(
@@ -1043,8 +1666,15 @@ class World:
                         f"({mirror.term} -> {term})"
                     )
                     return mirror
+                if tick <= mirror.tick:
+                    mirror.failed = True
+                    self.violation(
+                        f"{name}: time tick does not rise on {node_id} at lsn {lsn} "
+                        f"({mirror.tick} -> {tick})"
+                    )
+                    return mirror
                 mirror.frames[lsn] = bytes(view[offset:end])
-                mirror.term, mirror.through = term, lsn
+                mirror.term, mirror.tick, mirror.through = term, tick, lsn
                 offset = end
                 lsn += 1
         return mirror
@@ -1052,10 +1682,12 @@ class World:
     def _check_agreement(self, name: str, final: bool) -> bool:
         """Against the serving owner's log: every acknowledged write still retained is at
         its LSN (final check only: meanwhile the owner may not have adopted it yet), no
-        node's committed entry differs from the owner's (the whole frame, byte for byte: a
-        committed segment is the same bytes everywhere), and terms never go back along a
-        log. Each log is read once (`_Mirror`) and each pair of logs compared once up to
-        what both had committed. Returns False when it found a violation."""
+        message is in the committed log twice, every segment Raft committed holds what
+        the log holds, no node's committed entry differs from the owner's (the whole
+        frame, byte for byte: a committed segment is the same bytes everywhere), and
+        terms never go back along a log. Each log is read once (`_Mirror`) and each pair
+        of logs compared once up to what both had committed. Returns False when it found
+        a violation."""
         channel = self.state.pchannels[name]
         node = self.nodes.get(channel.owner_node_id)
         if node is None or node.plane is None:
@@ -1073,10 +1705,11 @@ class World:
         if reference.failed:
             return False
         reference_top = min(owner.committed_lsn, reference.through)
-        found = False
+        found = not self._check_committed_prefix(name, node.node_id, reference, reference_top)
         if final:
-            for (pchannel, lsn), payload in sorted(self.acked.items()):
-                if pchannel != name or lsn < log.first_lsn:
+            floor = self.state.manifests[name].deleted_before_lsn
+            for (pchannel, lsn), payload in sorted(self.history.acked.items()):
+                if pchannel != name or lsn < floor:
                     continue
                 frame = reference.frames.get(lsn) if lsn <= reference_top else None
                 held = _decode(frame).payload if frame is not None else None
@@ -1086,6 +1719,7 @@ class World:
                         f"{name}: acknowledged {payload!r} at lsn {lsn} is lost: the owner "
                         f"{node.node_id} (term {owner.term}) holds {held!r} there"
                     )
+                    break
         for other_id, other in sorted(self.nodes.items()):
             if other.plane is None or name not in other.plane.logs or not other.running:
                 continue
@@ -1116,6 +1750,179 @@ class World:
                     mirror.verified[reference.serial] = top
         return not found
 
+    def _check_committed_prefix(
+        self, name: str, node_id: str, reference: _Mirror, top: int
+    ) -> bool:
+        """The owner's committed entries read since the last pass: each is what any owner
+        had committed at its LSN before (a committed entry never changes, whoever owns the
+        pchannel later), no message is there twice, and each committed segment is equal to
+        what Raft's CommitSegment was given."""
+        serial, checked = self._payload_checked.get(name, (0, 0))
+        if serial != reference.serial:
+            checked = 0
+        start = max(checked + 1, reference.log.first_lsn)
+        for lsn in range(start, top + 1):
+            frame = reference.frames.get(lsn)
+            if frame is None:
+                continue
+            before = self.committed_frames.setdefault((name, lsn), frame)
+            if before != frame:
+                self.violation(
+                    f"{name}: committed lsn {lsn} changed: {_identity(before)} was committed "
+                    f"there, the owner {node_id} now holds {_identity(frame)}"
+                )
+                return False
+            payload = _decode(frame).payload
+            if not payload:
+                continue
+            known = self._payload_at.setdefault((name, payload), lsn)
+            if known != lsn:
+                self.violation(
+                    f"{name}: {payload!r} is in the committed log twice, at lsn {known} and "
+                    f"{lsn} (owner {node_id}){self._batch_story(name, payload, known)}"
+                )
+                return False
+        self._payload_checked[name] = (reference.serial, max(checked, top))
+        for (pchannel, first), (last, frames) in sorted(self.committed_segments.items()):
+            if pchannel != name or (pchannel, first) in self._segments_verified:
+                continue
+            if last > top or first < reference.log.first_lsn:
+                continue
+            held = b"".join(reference.frames.get(lsn, b"") for lsn in range(first, last + 1))
+            if held != frames:
+                self.violation(
+                    f"{name}: committed segment [{first}, {last}] differs from the owner "
+                    f"{node_id}'s log"
+                )
+                return False
+            self._segments_verified.add((pchannel, first))
+        return True
+
+    def _batch_story(self, name: str, payload: bytes, lsn: int) -> str:
+        """What the first copy of a message written twice was part of: a whole batch, or
+        a prefix of one without its last entry (which carries the producer's sequence)."""
+        batch = self.history.batch_of.get(payload)
+        if batch is None:
+            return ""
+        producer, sequence, index, payloads = batch
+        start = lsn - index
+        held = [self._payload_at.get((name, p)) for p in payloads]
+        if held == [start + i for i in range(len(payloads))]:
+            return f"; its first copy is all of batch {sequence} of {producer}"
+        kept = 0
+        while kept < len(held) and held[kept] == start + kept:
+            kept += 1
+        return (
+            f"; its first copy is a prefix of batch {sequence} of {producer} ({kept} of "
+            f"{len(payloads)} messages, without the last, which carries the sequence)"
+        )
+
+    def _check_history(self, name: str) -> None:
+        """At the end, against the owner's final log: each producer's messages are in its
+        order; transactions are whole, written once, present when acknowledged and never
+        when abandoned; what consumers read is what the log holds."""
+        channel = self.state.pchannels[name]
+        owner = self.nodes[channel.owner_node_id].plane.owner(name)  # type: ignore[union-attr]
+        assert owner is not None
+        reference = self._mirrors[(channel.owner_node_id, name)]
+        top = min(owner.committed_lsn, reference.through)
+        entries = {lsn: _decode(reference.frames[lsn]) for lsn in sorted(reference.frames)}
+        where = {e.payload: lsn for lsn, e in entries.items() if e.payload and lsn <= top}
+        for lane in self.history.lanes:
+            if lane.pchannel != name:
+                continue
+            last = 0
+            for payload in lane.submitted:
+                lsn = where.get(payload)
+                if lsn is None:
+                    continue
+                if lsn < last:
+                    self.violation(
+                        f"{name}: {lane.producer_id}'s {payload!r} is at lsn {lsn}, before an "
+                        f"earlier message of its at lsn {last}"
+                    )
+                    break
+                last = lsn
+        seen_txns: set[int] = set()
+        open_txn: tuple[int, int, int] | None = None  # (txn id, begin lsn, entries)
+        for lsn, entry in entries.items():
+            flags = entry.flags
+            if open_txn is not None:
+                txn_id, begin, count = open_txn
+                if entry.txn_id != txn_id or not flags & TXN_FLAGS:
+                    self.violation(
+                        f"{name}: transaction {txn_id} begun at lsn {begin} is cut at lsn "
+                        f"{lsn} by another entry (flags {flags:#x}, txn {entry.txn_id})"
+                    )
+                    return
+                count += 1
+                if flags & EntryFlags.TXN_COMMIT:
+                    size = (
+                        decode_properties(entry.properties).get(TXN_COUNT_PROPERTY)
+                        if isinstance(entry.properties, (bytes, memoryview))
+                        else entry.properties.get(TXN_COUNT_PROPERTY)
+                    )
+                    if size is not None and int(size) != count:
+                        self.violation(
+                            f"{name}: transaction {txn_id} at lsn {begin}..{lsn} holds {count} "
+                            f"entries; its commit entry says {size}"
+                        )
+                    open_txn = None
+                else:
+                    open_txn = (txn_id, begin, count)
+            elif flags & EntryFlags.TXN_BEGIN:
+                if entry.txn_id in seen_txns:
+                    self.violation(f"{name}: transaction {entry.txn_id} is in the log twice")
+                    return
+                seen_txns.add(entry.txn_id)
+                if entry.txn_id in self.history.abandoned:
+                    self.violation(
+                        f"{name}: transaction {entry.txn_id}, never committed by its client, "
+                        f"is in the log at lsn {lsn}"
+                    )
+                    return
+                open_txn = (entry.txn_id, lsn, 1)
+            elif flags & TXN_FLAGS:
+                self.violation(
+                    f"{name}: a transaction entry (flags {flags:#x}, txn {entry.txn_id}) "
+                    f"without its begin at lsn {lsn}"
+                )
+                return
+        if open_txn is not None and open_txn[1] <= top:
+            self.violation(
+                f"{name}: transaction {open_txn[0]} begun at committed lsn {open_txn[1]} "
+                "never commits"
+            )
+        floor = self.state.manifests[name].deleted_before_lsn
+        for txn_id, (pchannel, positions, _) in sorted(self.history.txns.items()):
+            if pchannel != name or positions[0][0] < max(floor, reference.log.first_lsn):
+                continue
+            begin = entries.get(positions[0][0])
+            end = entries.get(positions[-1][0])
+            if (
+                begin is None
+                or end is None
+                or begin.txn_id != txn_id
+                or end.txn_id != txn_id
+                or not begin.flags & EntryFlags.TXN_BEGIN
+                or not end.flags & EntryFlags.TXN_COMMIT
+            ):
+                self.violation(
+                    f"{name}: acknowledged transaction {txn_id} at lsn {positions[0][0]}.."
+                    f"{positions[-1][0]} is not there"
+                )
+        for (pchannel, lsn), (node_id, identity) in sorted(self.history.reads.items()):
+            if pchannel != name or lsn < reference.log.first_lsn:
+                continue
+            entry = entries.get(lsn)
+            held = _identity(reference.frames[lsn]) if entry is not None else None
+            if held != identity:
+                self.violation(
+                    f"{name}: a consumer read {identity} at lsn {lsn} from {node_id}; the "
+                    f"owner's log holds {held}"
+                )
+                return
+
     async def checker(self) -> None:
         """Compare committed logs now and then during the run: retention may delete the
         evidence of a divergence before the final check."""
@@ -1137,12 +1944,23 @@ class _Mirror:
         self.serial = serial
         self.generation = log._generation  # noqa: SLF001
         self.frames: dict[int, bytes] = {}
-        #: the highest LSN read, and its entry's term
+        #: the highest LSN read, and its entry's term and time tick
         self.through = log.first_lsn - 1
         self.term = 0
+        self.tick = -1
         #: reference mirror serial -> the highest LSN found equal in both
         self.verified: dict[int, int] = {}
         self.failed = False
+
+
+def _has_batch_flags(frames: bytes) -> bool:
+    """Whether any frame of an Append carries BATCH_CONTINUES."""
+    if not frames:
+        return False
+    try:
+        return any(fields[10] & BATCH_CONTINUES_FLAG for _, fields in frame_headers(frames))
+    except FormatError:
+        return False  # refused by the replica's own checks anyway
 
 
 def _decode(frame: bytes) -> Any:
@@ -1150,6 +1968,8 @@ def _decode(frame: bytes) -> Any:
 
 
 def _identity(frame: bytes | None) -> tuple[Any, ...] | None:
+    """What a consumer sees of an entry (`History.read`): BATCH_CONTINUES is the WAL's
+    own bookkeeping, which Consume does not show."""
     if frame is None:
         return None
     entry = _decode(frame)
@@ -1157,9 +1977,8 @@ def _identity(frame: bytes | None) -> tuple[Any, ...] | None:
         entry.lsn,
         entry.term,
         entry.time_tick,
-        entry.msg_type,
-        entry.flags,
-        entry.vchannel_id,
+        entry.flags & ~BATCH_CONTINUES_FLAG,
+        entry.txn_id,
         entry.key,
         entry.payload,
     )
@@ -1168,33 +1987,12 @@ def _identity(frame: bytes | None) -> tuple[Any, ...] | None:
 # -- running seeds --------------------------------------------------------------------------------
 
 
-def _apply_mutations(mutations: Sequence[str]) -> Callable[[], None]:
-    """Put back known bugs, to show the simulation finds them; returns the undo."""
-    undo: list[Callable[[], None]] = []
-    for mutation in mutations:
-        if mutation == "same-term-recovery":
-            # The attributes as stored (a staticmethod stays one when it is put back).
-            plane_original = DataPlane.__dict__["_recovered_here_before"]
-            owner_original = ChannelOwner.__dict__["_recovery_ran_here"]
-            DataPlane._recovered_here_before = lambda self, log, assignment: False  # type: ignore[method-assign]
-            ChannelOwner._recovery_ran_here = lambda self: False  # type: ignore[method-assign]
-
-            def restore(p: Any = plane_original, o: Any = owner_original) -> None:
-                DataPlane._recovered_here_before = p  # type: ignore[method-assign]
-                ChannelOwner._recovery_ran_here = o  # type: ignore[method-assign]
-
-            undo.append(restore)
-        else:
-            raise ValueError(f"unknown mutation {mutation!r} (expected same-term-recovery)")
-
-    def undo_all() -> None:
-        for step in reversed(undo):
-            step()
-
-    return undo_all
-
-
-MUTATIONS = ("same-term-recovery",)
+def known_mutations() -> dict[str, str]:
+    """Every mutation the simulation can switch on: name -> what it breaks (declared beside
+    the code it breaks, in the modules imported above)."""
+    return {
+        m.name: m.description for m in sorted(mutations.declared().values(), key=lambda m: m.name)
+    }
 
 
 def run_seed(seed: int, options: SimOptions, scratch: Path | None = None) -> SeedResult:
@@ -1204,6 +2002,8 @@ def run_seed(seed: int, options: SimOptions, scratch: Path | None = None) -> See
         shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
     )
     root = Path(tempfile.mkdtemp(prefix=f"raftwal-sim-{seed}-", dir=base))
+    switched = mutations.enabled(options.mutations)
+    switched.__enter__()
     world = World(seed, options, root)
     saved_time = (time.monotonic, time.time, time.perf_counter)
     saved_catalog = plane_module.Catalog
@@ -1212,18 +2012,21 @@ def run_seed(seed: int, options: SimOptions, scratch: Path | None = None) -> See
     def catalog_for(path: Any) -> _GuardedCatalog:
         node_id = Path(path).parent.name
         if node_id not in catalogs:
-            catalogs[node_id] = _GuardedCatalog(world.nodes[node_id].catalog)
+            catalogs[node_id] = _GuardedCatalog(world.nodes[node_id].catalog_disk)
         return catalogs[node_id]
 
     handler = _TraceHandler(world)
     loggers = [logging.getLogger(name) for name in _TRACED_LOGGERS]
     saved_loggers = [(lg.level, lg.propagate) for lg in loggers]
-    undo_mutations = _apply_mutations(options.mutations)
     world.disk.install()
     time.monotonic = world.clock.monotonic  # type: ignore[assignment]
     time.perf_counter = world.clock.monotonic  # type: ignore[assignment]
     time.time = world.clock.wall  # type: ignore[assignment]
     plane_module.Catalog = catalog_for  # type: ignore[assignment,misc]
+    buggify.install(world.buggify)
+    silenced = logging.getLogger(streaming_node.__name__)
+    saved_silenced = silenced.level
+    silenced.setLevel(logging.CRITICAL)
     for lg in loggers:
         lg.addHandler(handler)
         lg.setLevel(logging.INFO)
@@ -1253,12 +2056,14 @@ def run_seed(seed: int, options: SimOptions, scratch: Path | None = None) -> See
             lg.removeHandler(handler)
             lg.setLevel(level)
             lg.propagate = propagate
+        silenced.setLevel(saved_silenced)
+        buggify.install(None)
         plane_module.Catalog = saved_catalog  # type: ignore[misc]
         time.monotonic, time.time, time.perf_counter = saved_time  # type: ignore[assignment]
         world.disk.uninstall()
-        undo_mutations()
+        switched.__exit__(None, None, None)
         for node in world.nodes.values():
-            node.catalog.close()
+            node.catalog_disk.close()
         shutil.rmtree(root, ignore_errors=True)
     result = world.result
     result.sync_failures = world.disk.sync_failures

@@ -1,29 +1,27 @@
-"""``raftwal simulate``: the WAL replication protocol on a simulated clock, network and disk.
+"""``raftwal simulate``: the WAL replication protocol on a simulated clock, network, disk
+and Raft, with clients that route with stale views and retry.
 
 - one seed is one history: the same seed gives the same trace, byte for byte, within a
   process (whatever ran before it) and across processes;
-- a few hundred seeds (what CI runs) find no violation, and their power cuts do drop
-  unsynced bytes (a simulation whose crashes never lose anything proves nothing);
-- with the fix for a tail recovery run twice at one term reverted (``--mutation
-  same-term-recovery``), the simulation finds the divergence it causes on its own, and the
-  same seed is clean with the fix.
+- a few hundred seeds (what CI runs) find no violation, and the histories are what they
+  must be to mean anything: power cuts drop unsynced bytes, hundreds of messages are
+  acknowledged per seed, producers' retries are answered as duplicates, consumers read,
+  Raft changes leaders, pchannels fail over;
+- a failure prints its seed, its trace and the command that replays it.
+
+The mutation suite (deliberate bugs the simulation must find) is `test_mutations.py`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from raftwal.sim.world import SimOptions, run_seed
-
-#: A seed on which the reverted fix shows (found by `raftwal simulate --seed 1 --seeds 3000
-#: --mutation same-term-recovery`, see RELIABILITY.md). Any change to the simulation
-#: changes its histories: if this stops failing with the mutation, search again and update.
-SAME_TERM_SEED = int(os.environ.get("RAFTWAL_SIM_MUTATION_SEED", "0")) or None
+from raftwal.sim.world import SimOptions, known_mutations, run_seed
+from tests.sim.test_mutations import KNOWN_SEEDS
 
 
 def _cli(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
@@ -36,20 +34,37 @@ def _cli(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
     )
 
 
+def violations_by_seed(stdout_or_stderr: str) -> dict[int, list[str]]:
+    """Seed -> its violations, from what the CLI printed about failed seeds."""
+    found: dict[int, list[str]] = {}
+    seed = None
+    for line in stdout_or_stderr.splitlines():
+        if line.startswith("seed ") and "violation" in line:
+            seed = int(line.split()[1].rstrip(":"))
+            found[seed] = []
+        elif seed is not None and line.startswith("  - "):
+            found[seed].append(line[4:])
+    return found
+
+
 def test_a_seed_is_one_history() -> None:
     first = run_seed(11, SimOptions())
     run_seed(12, SimOptions())  # whatever ran in between
     again = run_seed(11, SimOptions())
     assert first.digest == again.digest
     assert first.trace == again.trace
-    assert (first.crashes, first.acknowledged) == (again.crashes, again.acknowledged)
+    assert (first.crashes, first.acknowledged, first.read) == (
+        again.crashes,
+        again.acknowledged,
+        again.read,
+    )
     assert first.acknowledged > 0 and first.crashes > 0
 
 
 def test_a_seed_is_one_history_across_processes() -> None:
-    runs = [_cli("--seed", "21", "--seeds", "3", "--json", timeout_s=300) for _ in range(2)]
+    runs = [_cli("--seed", "21", "--seeds", "3", "--json", timeout_s=600) for _ in range(2)]
     for run in runs:
-        assert run.returncode == 0, run.stdout + run.stderr
+        assert run.returncode in (0, 1), run.stdout + run.stderr
     summaries = [json.loads(run.stdout) for run in runs]
     for summary in summaries:
         summary.pop("elapsed_s")
@@ -57,27 +72,26 @@ def test_a_seed_is_one_history_across_processes() -> None:
     assert summaries[0] == summaries[1]
 
 
-def test_a_few_hundred_seeds_find_no_violation_and_drop_unsynced_bytes() -> None:
-    run = _cli("--seeds", "300", "--seed", "1000", "--json", timeout_s=900)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+def test_a_few_hundred_seeds_find_no_violation_in_histories_worth_checking() -> None:
+    run = _cli("--seeds", "300", "--seed", "1000", "--json", "--keep-going", timeout_s=1800)
     summary = json.loads(run.stdout)
     assert summary["seeds"] == 300
-    assert summary["violations"] == 0
+    assert summary["failed_seeds"] == [], run.stderr[-4000:]
+    assert violations_by_seed(run.stderr) == {}
+    # Histories worth checking: what the issue asked of the world.
     assert summary["power_cuts_dropping_bytes"] > 0 and summary["dropped_bytes"] > 0
-    assert summary["acknowledged_writes"] > 1000
-
-
-def test_the_simulation_finds_a_recovery_run_twice_at_one_term() -> None:
-    seed = SAME_TERM_SEED or MUTATION_SEED
-    broken = run_seed(seed, SimOptions(mutations=("same-term-recovery",)))
-    assert not broken.ok, "the reverted fix no longer shows on this seed: search again"
-    assert any("differs" in v or "lost" in v for v in broken.violations), broken.violations
-    fixed = run_seed(seed, SimOptions())
-    assert fixed.ok, fixed.violations
+    assert summary["acknowledged_writes"] >= 100 * 300
+    assert summary["duplicate_answers"] > 0  # retries after an unknown outcome
+    assert summary["entries_read"] > 0
+    assert summary["leader_changes"] > 300  # the first election, and more
+    assert summary["late_proposals"] > 0
+    assert summary["buggified"] > 0
+    assert summary["failovers"] > 3 * 300
+    assert summary["rolling_upgrades"] > 0  # nodes of the version before atomic batches
 
 
 def test_the_cli_prints_the_seed_and_the_trace_of_a_failure() -> None:
-    seed = SAME_TERM_SEED or MUTATION_SEED
+    seed = KNOWN_SEEDS["same-term-recovery"]
     run = _cli(
         "--seed", str(seed), "--seeds", "1", "--mutation", "same-term-recovery", timeout_s=300
     )
@@ -85,6 +99,13 @@ def test_the_cli_prints_the_seed_and_the_trace_of_a_failure() -> None:
     assert f"seed {seed}:" in run.stdout
     assert "VIOLATION" in run.stdout
     assert f"raftwal simulate --seed {seed} --seeds 1 --mutation same-term-recovery" in run.stdout
+
+
+def test_the_cli_lists_its_mutations() -> None:
+    run = _cli("--list-mutations", timeout_s=120)
+    assert run.returncode == 0
+    for name, description in known_mutations().items():
+        assert f"{name}" in run.stdout and description in run.stdout
 
 
 def test_bad_arguments_are_refused_with_what_was_expected() -> None:
@@ -95,10 +116,9 @@ def test_bad_arguments_are_refused_with_what_was_expected() -> None:
 
 
 @pytest.mark.slow
-def test_a_long_run_finds_no_violation() -> None:
-    run = _cli("--seeds", "5000", "--seed", "100000", "--json", timeout_s=7200)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    assert json.loads(run.stdout)["violations"] == 0
-
-
-MUTATION_SEED = 365
+@pytest.mark.timeout(7200)
+def test_ten_thousand_seeds_find_no_violation() -> None:
+    run = _cli("--seeds", "10000", "--seed", "1", "--json", "--keep-going", timeout_s=7200)
+    summary = json.loads(run.stdout)
+    assert summary["failed_seeds"] == [], run.stderr[-4000:]
+    assert summary["seeds"] == 10000

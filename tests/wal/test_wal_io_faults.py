@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.wal.test_wal_log import Node, append, disk_view, frames_of, run, view
+from tests.wal.test_wal_log import Node, append, disk_view, frames_of, log_view, run, view
 from wal_segments import faults
 from wal_segments.log import LogError
 from wal_segments.segment import list_segment_files, open_segment
@@ -125,3 +125,50 @@ async def test_failed_segment_creation_leaves_no_file_behind(tmp_path: Path, hoo
         assert open_segment(path, repair=False).truncated is None
     finally:
         await node.close()
+
+
+@pytest.mark.parametrize("sealed", [False, True], ids=["open-segment", "sealed-segment"])
+async def test_a_truncation_whose_fdatasync_fails_stops_the_log_until_it_is_reopened(
+    node: Node, hook, sealed: bool
+) -> None:
+    """A replica truncating a divergent suffix (log matching found term 2 where it holds
+    term 1) whose fdatasync of the cut fails. Found by ``raftwal simulate`` (seeds 1585
+    and 2686 of the issue 50 run): the truncation had closed the segment's writer and cut
+    the file, then the failed sync left the log without a writer, its last LSN still the
+    old one and the segment's frame index shorter than that. `failure` said nothing, so
+    the log went on: every later read of its tail (Consume, Fetch) raised IndexError.
+
+    Now a truncation that fails or is cut short once it began changing the files stops
+    the log like a failed fdatasync of an append: it refuses appends and reads until it is
+    reopened, and the reopened log holds what the files hold."""
+    log = node.log
+    assert log is not None
+    if sealed:
+        await append(log, 1, 0, 0, run(1, 7, 1, seal_at=(7,)))
+    else:
+        await append(log, 1, 0, 0, run(1, 7, 1))
+
+    def broken_disk(point: str, subject: str) -> None:
+        hook.append((point, subject))
+        if point == "wal.fsync":
+            raise OSError(errno.EIO, "Input/output error (test)", subject)
+
+    faults.install(broken_disk)
+    with pytest.raises(OSError) as raised:
+        await append(log, 2, 3, 1, run(4, 5, 2))
+    assert raised.value.errno == errno.EIO
+    assert isinstance(log.failure, OSError)
+    with pytest.raises(LogError, match="must be reopened"):
+        await log.append(2, 3, 1, frames_of(run(4, 5, 2)))
+    with pytest.raises(LogError, match="must be reopened"):
+        log.read_frames_range(1, 1 << 20)
+
+    faults.install(None)
+    log = await node.reopen()
+    assert log.failure is None
+    # Whatever the failed cut left in the files, the reopened log is what they hold, and it
+    # takes the owner's entries from lsn 4 on.
+    assert log_view(log) == disk_view(node.directory)
+    assert log.read_frames_range(1, 1 << 20)[1] == log.last_lsn
+    await append(log, 2, 3, 1, run(4, 5, 2))
+    assert disk_view(node.directory) == view(run(1, 3, 1) + run(4, 5, 2))

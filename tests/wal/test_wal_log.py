@@ -487,6 +487,35 @@ async def test_truncation_never_drops_committed_entries(
     assert (log.last_lsn, log.last_term) == (expected_after[-1].lsn, expected_after[-1].term)
 
 
+@pytest.mark.parametrize("how", ["append", "truncate_after"])
+async def test_a_log_cut_back_to_empty_takes_entries_of_any_time_tick(node: Node, how: str):
+    """A log whose every entry is a divergent suffix, cut back to nothing: it must then
+    take the best log's entries whatever their time ticks, as it would after a reopen.
+    Found by ``raftwal simulate`` (seed 5979 of the issue 50 run): a deposed owner's
+    uncommitted entry at lsn 1 was written after the new owner's (a higher time tick at a
+    lower term); the cut kept the removed entry's tick as the log's last, so the best log's
+    lsn 1 was refused ("time tick ... not above the log's"), at every new term: the
+    pchannel stayed ASSIGNING for good."""
+    log = node.log
+    assert log is not None
+    stale = dataclasses.replace(entry(1, 2), time_tick=tick_of(9, 2))
+    await append(log, 2, 0, 0, [stale])
+    await log.fence(3)
+    best = run(1, 2, 3)
+    assert best[0].time_tick < stale.time_tick
+    if how == "append":
+        # Log matching finds the conflict at lsn 1 and cuts it.
+        await append(log, 3, 0, 0, best)
+    else:
+        # A recovering owner cuts its own log back first, then fetches (`_adopt`).
+        await log.truncate_after(0)
+        await append(log, 3, 0, 0, best)
+    assert log_view(log) == view(best)
+    assert disk_view(node.directory) == view(best)
+    assert log.position().last_time_tick == best[-1].time_tick
+    assert log.position() == (await node.reopen()).position()
+
+
 async def test_committed_segment_from_the_catalog_bounds_truncation_after_reopen(node: Node):
     log = node.log
     assert log is not None
