@@ -74,8 +74,18 @@ class NatsServer:
         raise RuntimeError("nats-server did not listen in time")
 
     def pause(self) -> None:
+        """SIGSTOP the server and return once every thread of it is stopped: kill() only
+        queues the signal, and a thread running on another core goes on for a moment,
+        long enough to acknowledge a publish sent right after (seen: a write acknowledged
+        "while paused")."""
         assert self.process is not None
         os.kill(self.process.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + scaled(10)
+        while time.monotonic() < deadline:
+            if all(state in ("T", "t") for state in _thread_states(self.process.pid)):
+                return
+            time.sleep(0.001)
+        raise RuntimeError(f"nats-server {self.process.pid} did not stop on SIGSTOP")
 
     def resume(self) -> None:
         assert self.process is not None
@@ -98,3 +108,18 @@ class NatsServer:
                 self.process.kill()
                 self.process.wait(timeout=10)
         self.process = None
+
+
+def _thread_states(pid: int) -> list[str]:
+    """The scheduler state letter of every thread of `pid` (empty when it is gone)."""
+    states = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except (OSError, IndexError):
+            continue
+    return states
