@@ -413,28 +413,17 @@ def cpu_seconds(pid: int) -> float:
 
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds of process `pid` and every process under it (a raftwal node is a
-    supervisor whose control process and data workers do the work); NaN if `pid` is gone.
-    Compare two readings of a tree whose processes lived through the window."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    total, stack = 0.0, [pid]
-    while stack:
-        current = stack.pop()
-        seconds = cpu_seconds(current)
-        if math.isnan(seconds):
-            if current == pid:
-                return math.nan
-            continue  # a child that ended between the scan and its reading
-        total += seconds
-        stack.extend(children.get(current, ()))
-    return total
+    supervisor whose control process and data workers do the work; `dev.node_processes`
+    finds them); NaN if `pid` is gone. Compare two readings of a tree whose processes
+    lived through the window."""
+    from raftwal.cli.dev import node_processes
+
+    if math.isnan(cpu_seconds(pid)):
+        return math.nan
+    # A child that ended between the scan and its reading counts for nothing.
+    return sum(
+        seconds for child in node_processes(pid) if not math.isnan(seconds := cpu_seconds(child))
+    )
 
 
 def own_cpu_seconds() -> float:
