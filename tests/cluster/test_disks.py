@@ -754,16 +754,31 @@ def test_failed_fsyncs_never_acknowledge_what_they_covered(tmp_path: Path) -> No
                     raise
                 acked = len(history.acked)
                 wait_for("writes at the new owner", lambda: len(history.acked) > acked + 200)
-                # A replica's (neither the old nor the new owner's) next two fail.
+                # A replica's (neither the old nor the new owner's) next two fail. As on the
+                # owner, two that hit the creation of a segment file (its header, then the
+                # retried creation) fail those appends cleanly and leave the log usable; the
+                # fault is armed again until one hits appended entries and stops the log.
                 replica = next(n.id for n in cluster.config.nodes if n.id not in (owner, new_owner))
-                disks.mounts[replica].set_faults(
-                    budget_bytes=BUDGET_BYTES, fsync_errors=2, match=f"/wal/{pchannel}/"
-                )
-                wait_for(
-                    "the replica's fsyncs failed",
-                    lambda: disks.mounts[replica].usage()["failed_fsyncs"] >= 2,
-                    timeout_s=30,
-                )
+                replica_log = cluster.directory / f"{replica}.log"
+                for _ in range(6):
+                    failed_before = disks.mounts[replica].usage()["failed_fsyncs"]
+                    disks.mounts[replica].set_faults(
+                        budget_bytes=BUDGET_BYTES, fsync_errors=2, match=f"/wal/{pchannel}/"
+                    )
+                    wait_for(
+                        "the replica's fsyncs failed",
+                        lambda before=failed_before: (
+                            disks.mounts[replica].usage()["failed_fsyncs"] >= before + 2
+                        ),
+                        timeout_s=30,
+                    )
+                    acked = len(history.acked)
+                    wait_for(
+                        "writes after the replica's failure",
+                        lambda acked=acked: len(history.acked) > acked + 50,
+                    )
+                    if "must be reopened" in replica_log.read_text(errors="replace"):
+                        break
                 acked = len(history.acked)
                 wait_for(
                     "writes after the replica's failure", lambda: len(history.acked) > acked + 200
@@ -775,7 +790,7 @@ def test_failed_fsyncs_never_acknowledge_what_they_covered(tmp_path: Path) -> No
             f"owner {owner} term {term} -> {new_owner} term {new_term}; replica {replica}; "
             f"failed fsyncs {failed}; {len(history.acked)} acknowledged"
         )
-        assert failed[owner] >= 1 and failed[replica] == 2, failed
+        assert failed[owner] >= 1 and failed[replica] >= 2, failed
         assert set(writes.since(0)) == {"ok"}, set(writes.since(0))
         # Each failed fsync stopped the log it hit ("must be reopened"), never retried.
         for node_id in (owner, replica):
