@@ -15,10 +15,12 @@ bytes), each system runs:
 - a **paced phase** at each load of `--loads` (default 50% and 90%) of raftwal's maximum
   at that size and round trip, the same rate for both systems: the replication lag of
   each message, from its send on the source to a consumer of the target receiving it
-  (end to end), p50 and p99; the source's ack latency; the produce rate (messages the
-  source acknowledged within the phase, per second) and the apply rate (messages of the
-  phase the target delivered within it, per second) and their ratio; the catch-up after
-  the phase; for raftwal, also the largest lag its replicator reported meanwhile (the age
+  (end to end), p50 and p99; the source's ack latency; the produce rate (the phase's
+  acknowledged messages over the span from the first ack to the last) and the apply rate
+  (the same messages over the span from the target's first delivery of them to its last)
+  and their ratio; `delivered_in_phase`, the share of what the source acknowledged within
+  the phase that the target delivered within it too (which a steady lag lowers by
+  lag/phase length, so it is not a rate); the catch-up after the phase; for raftwal, also the largest lag its replicator reported meanwhile (the age
   of the oldest entry the target had not acknowledged, sampled twice a second from
   ClusterStatus): the standby's own view, apart from the measuring consumer.
 
@@ -28,7 +30,8 @@ netem; raftwal/chaos/net.py `SiteLink`): the target cluster's nodes advertise 12
 and its gRPC and transfer ports are reached there, through a proxy that delays each way
 by RTT/2; JetStream's leaf node connection from B to A goes through the same kind of
 proxy. The consumers measuring the lag read the target directly (they sit at the target's
-site), as the subscriber of M does on B.
+site), as the subscriber of M does on B; each runs in a process of its own (`_Watcher`),
+so that its delivery never waits for the producer's share of this process's GIL.
 
     .venv/bin/python bench/replicate.py [--seconds 10] [--sizes 200,10240]
         [--rtts 0,10,50] [--loads 0.5,0.9] [--skip-nats] [--json]
@@ -44,9 +47,11 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -117,6 +122,101 @@ def _serve_link(address: str, ports: list[int], pipe: Any) -> None:
         link.close()
 
 
+class _Watcher:
+    """The consumer that measures the lag, in a process of its own (spawned): it records
+    when each message of the target reaches it (``time.perf_counter``, CLOCK_MONOTONIC,
+    which every process of the machine shares) and sends (key, time) pairs up a pipe in
+    batches, which a thread of this process folds into `seen`. In this process it would
+    share one GIL with the producer: at the higher rates its delivery waited for the
+    producer's work, and the lag measured the bench's own process, not the standby.
+
+    `kind` "raftwal": an SDK Consumer of vchannel rb_v on the target's nodes (`where`:
+    their endpoints, reached directly at the target's site); "jetstream": an ordered push
+    consumer of mirror M on server B (`where`: its port)."""
+
+    def __init__(self, kind: str, where: list[str] | int, seen: dict[str, float]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._pipe, child = context.Pipe(duplex=False)
+        self._process = context.Process(
+            target=_watch, args=(kind, where, child), name=f"watch-{kind}", daemon=True
+        )
+        self._process.start()
+        child.close()
+        self._seen = seen
+        self._thread = threading.Thread(target=self._fold, name="watch-fold", daemon=True)
+        self._thread.start()
+
+    def _fold(self) -> None:
+        with contextlib.suppress(EOFError, OSError):
+            while True:
+                for key, at in json.loads(self._pipe.recv_bytes()):
+                    self._seen[key] = at
+
+    def close(self) -> None:
+        if self._process.is_alive():
+            self._process.terminate()
+        self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
+        self._thread.join(5)
+        self._pipe.close()
+
+
+#: how often the watcher process sends what it saw
+WATCH_FLUSH_S = 0.01
+
+
+def _watch(kind: str, where: list[str] | int, pipe: Any) -> None:
+    batch: list[tuple[str, float]] = []
+
+    def key_of(data: bytes) -> str:
+        return bytes(data[:40]).split(b"|", 1)[0].decode()
+
+    async def flush() -> None:
+        while True:
+            await asyncio.sleep(WATCH_FLUSH_S)
+            if batch:
+                pipe.send_bytes(json.dumps(batch).encode())
+                batch.clear()
+
+    async def raftwal(endpoints: list[str]) -> None:
+        reader = _SiteReader(CoordinatorClient(endpoints, timeout_s=30.0))
+        while True:
+            try:
+                consumer = Consumer(reader, "rb_v", retry_timeout_s=60.0)
+                async for entry in consumer:
+                    batch.append((key_of(entry.payload), time.perf_counter()))
+            except (RaftwalError, RuntimeError, OSError):
+                await asyncio.sleep(0.2)  # the vchannel appears once replicated
+
+    async def jetstream(port: int) -> None:
+        import nats
+
+        client = await nats.connect(f"nats://127.0.0.1:{port}", error_cb=_ignore_nats_error)
+
+        async def on_message(received: Any) -> None:
+            batch.append((key_of(received.data), time.perf_counter()))
+
+        await client.jetstream().subscribe("rb.x", stream="M", cb=on_message, ordered_consumer=True)
+        await asyncio.Event().wait()
+
+    async def main() -> None:
+        flusher = asyncio.create_task(flush())
+        try:
+            if kind == "raftwal":
+                assert isinstance(where, list)
+                await raftwal(where)
+            else:
+                assert isinstance(where, int)
+                await jetstream(where)
+        finally:
+            flusher.cancel()
+
+    with contextlib.suppress(KeyboardInterrupt, BrokenPipeError, OSError):
+        asyncio.run(main())
+
+
 def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -154,6 +254,10 @@ async def max_rate(
     if outstanding:
         await asyncio.wait(list(outstanding), timeout=60)
     return len(acks) / (time.perf_counter() - started), acks
+
+
+async def _ignore_nats_error(error: Exception) -> None:
+    """nats-py's error callback; the caller sees and handles every error itself."""
 
 
 async def paced(
@@ -206,6 +310,16 @@ def figures(
     lag_ms = [(seen[k] - sent) * 1000 for k, (sent, _) in acks.items() if k in seen]
     produced = sum(1 for _, acked in acks.values() if acked <= end)
     applied = sum(1 for k in acks if seen.get(k, end + 1) <= end)
+    # The rates proper: messages over the span from the first to the last of them, on each
+    # side. A standby that keeps pace behind a steady lag applies at the source's rate (a
+    # ratio near 1) however long the lag; one that falls further behind, or catches up
+    # only after the phase, stretches its span and shows a lower rate.
+    ack_times = [acked for _, acked in acks.values()]
+    seen_times = [seen[k] for k in acks if k in seen]
+    produce_span = max(ack_times) - min(ack_times) if len(ack_times) > 1 else 0.0
+    apply_span = max(seen_times) - min(seen_times) if len(seen_times) > 1 else 0.0
+    produce_rate = len(ack_times) / produce_span if produce_span > 0 else None
+    apply_rate = len(seen_times) / apply_span if apply_span > 0 else None
 
     def pct(values: list[float], q: float) -> float | None:
         return round(percentile(values, q), 1) if values else None
@@ -217,9 +331,14 @@ def figures(
         "ack_p99_ms": pct(ack_ms, 0.99),
         "lag_p50_ms": pct(lag_ms, 0.5),
         "lag_p99_ms": pct(lag_ms, 0.99),
-        "produce_rate_msgs_s": round(produced / seconds, 1),
-        "apply_rate_msgs_s": round(applied / seconds, 1),
-        "apply_over_produce": round(applied / produced, 3) if produced else None,
+        "produce_rate_msgs_s": round(produce_rate, 1) if produce_rate else None,
+        "apply_rate_msgs_s": round(apply_rate, 1) if apply_rate else None,
+        "apply_over_produce": (
+            round(apply_rate / produce_rate, 3) if apply_rate and produce_rate else None
+        ),
+        # The earlier figure: of the messages the source acknowledged within the phase, the
+        # share the target delivered within it too (1 minus the lag over the phase's length).
+        "delivered_in_phase": round(applied / produced, 3) if produced else None,
     }
 
 
@@ -306,6 +425,7 @@ async def _raftwal_group(
     wan = group[0] > 0
     clusters: list[dev.LocalCluster] = []
     link: _LinkProcess | None = None
+    watcher: _Watcher | None = None
     try:
         source = await asyncio.to_thread(dev.up, sub / "source", 3, 120.0, cluster_id="source")
         clusters.append(source)
@@ -355,23 +475,8 @@ async def _raftwal_group(
             async with CoordinatorClient(cluster.endpoints, timeout_s=30.0) as client:
                 await client.update_replicate_configuration(configuration)
         direct = [e.replace(TARGET_SITE + ":", "127.0.0.1:") for e in target.endpoints]
-        reader_client = _SiteReader(CoordinatorClient(direct, timeout_s=30.0))
         seen: dict[str, float] = {}
-
-        async def consume() -> None:
-            while True:
-                try:
-                    consumer = Consumer(reader_client, "rb_v", retry_timeout_s=60.0)
-                    async for entry in consumer:
-                        seen[bytes(entry.payload[:40]).split(b"|", 1)[0].decode()] = (
-                            time.perf_counter()
-                        )
-                except asyncio.CancelledError:
-                    raise
-                except (RaftwalError, RuntimeError, OSError):
-                    await asyncio.sleep(0.2)  # the vchannel appears once replicated
-
-        reader = asyncio.create_task(consume())
+        watcher = _Watcher("raftwal", direct, seen)
         replicator_lags: list[tuple[float, float]] = []
 
         async def sample() -> None:
@@ -400,12 +505,12 @@ async def _raftwal_group(
                         "raftwal", submit, seen, seconds, size, rtt, loads, None, replicator_lags
                     )
                 )
-        reader.cancel()
         sampler.cancel()
         await producer.close(timeout_s=2.0)
         await streaming.close()
-        await reader_client.close()
     finally:
+        if watcher is not None:
+            watcher.close()
         for cluster in clusters:
             await asyncio.to_thread(cluster.stop_all)
         if link is not None:
@@ -441,6 +546,7 @@ async def run_nats(
         f'leafnodes {{ remotes: [{{ url: "nats-leaf://{leaf}" }}] }}\n',
     }
     processes: list[subprocess.Popen[bytes]] = []
+    watcher: _Watcher | None = None
     try:
         for name, text in configs.items():
             (directory / f"{name}.conf").write_text(text)
@@ -456,7 +562,11 @@ async def run_nats(
             while True:
                 try:
                     return await nats.connect(
-                        f"nats://127.0.0.1:{port}", connect_timeout=2, allow_reconnect=False
+                        f"nats://127.0.0.1:{port}",
+                        connect_timeout=2,
+                        allow_reconnect=False,
+                        # A server not up yet is retried here: no traceback per attempt.
+                        error_cb=_ignore_nats_error,
                     )
                 except (OSError, TimeoutError, NatsError) as error:
                     if time.monotonic() > deadline:
@@ -487,11 +597,7 @@ async def run_nats(
             )
         )
         seen: dict[str, float] = {}
-
-        async def on_message(received: Any) -> None:
-            seen[bytes(received.data[:40]).split(b"|", 1)[0].decode()] = time.perf_counter()
-
-        await jb.subscribe("rb.x", stream="M", cb=on_message, ordered_consumer=True)
+        watcher = _Watcher("jetstream", ports[1], seen)
         for rtt in rtts:
             if link is not None:
                 link.set_latency(rtt / 2)
@@ -505,6 +611,8 @@ async def run_nats(
         await b.close()
         return out
     finally:
+        if watcher is not None:
+            watcher.close()
         for process in processes:
             stop_process(process)
         if link is not None:
@@ -612,6 +720,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.seconds <= 0:
         parser.error(f"invalid --seconds (got {args.seconds}; expected > 0)")
+    # SIGTERM as Ctrl-C: the run is cancelled and stops the clusters and servers it started
+    # (the nodes run in sessions of their own, so nothing else would).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     report = asyncio.run(main_async(args))
     if args.json:
         print(json.dumps(report))
