@@ -255,8 +255,12 @@ class _OwnerSource:
         await self.owner.wait_commit_change(timeout_s)
 
     async def wait_beyond(self, lsn: int, timeout_s: float) -> None:
-        """Wait (bounded) for `lsn` to be appended and then committed."""
-        await self.log.wait_appended(timeout_s)
+        """Wait (bounded) for `lsn` to be appended and then committed. An entry appended
+        already waits for the commit point only: the owner's commit point moves without
+        waking the log's append waiters, and at the end of a burst no later append comes,
+        so a wait for one held the burst's last entries back for the whole timeout."""
+        if self.log.last_lsn < lsn:
+            await self.log.wait_appended(timeout_s)
         # The commit point moves after the append: give it a moment.
         if self.owner.committed_lsn < lsn:
             await self.owner.wait_commit_change(timeout_s)
@@ -847,6 +851,10 @@ class StreamingNodeServicer(streaming_pb2_grpc.StreamingNodeServicer):
                 yield wire.ConsumeResponse(
                     committed_lsn=committed, term=source.term, committed_time_tick=watermark
                 )
+            if committed < next_lsn <= source.committed:
+                # The commit point moved while this stream was sending (a yield): read on
+                # rather than wait for a later change that may not come.
+                continue
             if next_lsn > committed and isinstance(source, _OwnerSource) and ticking:
                 # Idle: keep time moving with a committed time-tick entry once the pchannel
                 # has had no write for the interval (shared by every stream of it).
