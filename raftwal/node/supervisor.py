@@ -7,10 +7,10 @@ The supervisor owns no state and serves nothing. It forks:
   the Coordinator/Cluster/NodeManager services on ``grpc_port``, metrics and the console;
 - ``data_workers`` **data workers** (``raftwal.node.worker.run_worker``): the WAL of the
   pchannels placed on each, on ports of their own. Each runs with its niceness raised by
-  ``data_worker_nice``, in the node's session (and so its scheduling group, where the
-  kernel groups sessions), so that the control process is scheduled ahead of them: a
-  lease keep-alive or a lock never waits behind WAL work, while the node as a whole keeps
-  its share of a shared host.
+  ``data_worker_nice`` and as a batch process (SCHED_BATCH: no preemption on wakeup), in
+  the node's session (and so its scheduling group, where the kernel groups sessions), so
+  that the control process is scheduled ahead of them: a lease keep-alive or a lock never
+  waits behind WAL work, while the node as a whole keeps its share of a shared host.
 
 Each worker gets a stream socketpair to the control process (``raftwal.node.planes``):
 the supervisor keeps neither end, and hands the control process its end over a
@@ -117,6 +117,15 @@ def _raise_niceness(by: int) -> None:
         os.nice(by)
     except OSError as error:
         log.warning("cannot lower the data worker's priority: %s", error)
+    # SCHED_BATCH (same niceness): a worker woken by a WAL packet or an fsync's end does
+    # not preempt the running process; it waits for that one's slice. Niceness weighs
+    # the workers' share of the CPU; this keeps their wakeups from cutting into the
+    # control process's (docs/architecture.md, "Priorities"). Any user may ask it.
+    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_BATCH"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        except OSError as error:
+            log.warning("cannot make the data worker a batch process: %s", error)
 
 
 class Supervisor:

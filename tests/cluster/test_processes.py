@@ -95,6 +95,8 @@ def test_every_node_runs_a_control_process_and_its_workers(env) -> None:
             # Scheduled behind the control process, in the node's session (its share of
             # the host is the node's), in a process group of its own.
             assert _niceness(worker.pid) > _niceness(control.pid)
+            assert os.sched_getscheduler(worker.pid) == os.SCHED_BATCH
+            assert os.sched_getscheduler(control.pid) == os.SCHED_OTHER
             assert os.getsid(worker.pid) == os.getsid(control.pid) == os.getsid(supervisor)
             assert os.getpgid(worker.pid) == worker.pid
             assert worker.grpc_address == f"{node.host}:{node.worker_grpc_ports[index]}"
