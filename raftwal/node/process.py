@@ -39,7 +39,6 @@ import contextlib
 import gc
 import logging
 import os
-import signal
 import socket
 import stat
 import sys
@@ -54,7 +53,7 @@ from grpc_reflection.v1alpha import reflection
 from raft.peer import RaftPeer, RaftTuning, loop_mailbox
 from raft.replica import CoordinationReplica
 from raft.reserve import RESERVE_FILE_NAME, DiskReserve
-from raftwal.node import faults
+from raftwal.node import faults, stop_signals
 from raftwal.node.cluster_view import ClusterView, removed_node
 from raftwal.node.config import (
     ClusterConfig,
@@ -463,8 +462,13 @@ class Node(ProposingMixin, ReportingMixin, LivenessMixin, HandoverMixin, VotersM
 
     async def run_until_stopped(self) -> None:
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self._on_stop_signal)
+        stop_signals.install(loop, self._on_stop_signal)
+        try:
+            await self._run_until_stopped()
+        finally:
+            stop_signals.release(loop, ignore=False)
+
+    async def _run_until_stopped(self) -> None:
         await self.start()
         # What exists now (modules, functions, protobuf descriptors, the recovered state)
         # lives as long as the process: keep it out of the cyclic GC's full collections.

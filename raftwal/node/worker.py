@@ -26,7 +26,6 @@ import contextlib
 import gc
 import logging
 import os
-import signal
 import socket
 import time
 from dataclasses import replace
@@ -34,7 +33,7 @@ from dataclasses import replace
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from raftwal.node import faults
+from raftwal.node import faults, stop_signals
 from raftwal.node.cluster_view import ClusterView
 from raftwal.node.config import ClusterConfig, NodeConfig
 from raftwal.node.data_plane import GrpcReplicaTransport, NodeDataView, dial_address, reconcile_loop
@@ -450,8 +449,13 @@ class WorkerNode:
 
     async def run_until_stopped(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self._stop_requested.set)
+        stop_signals.install(loop, self._stop_requested.set)
+        try:
+            await self._run_until_stopped(sock)
+        finally:
+            stop_signals.release(loop, ignore=True)
+
+    async def _run_until_stopped(self, sock: socket.socket) -> None:
         try:
             await self.start(sock)
         except ControlGone as error:
