@@ -33,7 +33,13 @@ is an SDK `CoordinatorClient` over every endpoint, the Raft leader's first (a fo
 forwards a write it gets to the leader: one more hop), with a lease of its own, and
 alternates Lock and Unlock of its own key. etcd: each writer is one
 keep-alive connection to the leader's JSON gateway (etcd's best case: no forwarding), and
-puts its own key. Every write's latency is recorded, from its send to its answer.
+puts its own key. Every write's latency is recorded, from its send to its answer. The
+writers run in a process of their own (`--coord-writers process`, the default), as an
+application that takes locks runs apart from one that produces: in the bench's own
+process, beside the WAL's load generator, their latencies would include its event loop
+and GIL (`--coord-writers inline` measures that way; the JetStream client's CPU, three
+times raftwal's batch client's, then lands in etcd's figures most). Their CPU is reported
+as `writers_cpu_s`, apart from the bench client's `client_cpu_s`.
 
 WAL stream: an open loop. Unit k of `--batch` 100-byte messages is due at t0 + k x batch /
 rate, round-robin over `--producers` producers, whether or not earlier ones were
@@ -66,6 +72,7 @@ other work shares, workers at nice 10 get little CPU, and raftwal's WAL figures 
 
     .venv/bin/python bench/isolation.py [--runs 3] [--phase-s 30] [--quick] [--json]
         [--wal-fractions 0.5,0.9] [--max-rate R] [--wal-client batch|sdk]
+        [--coord-writers process|inline]
         [--skip-etcd] [--skip-nats]
 
 (or `./run bench isolation ...`). etcd comes from `scripts/install-etcd.sh`, nats-server
@@ -84,6 +91,7 @@ import dataclasses
 import datetime
 import json
 import math
+import multiprocessing
 import os
 import platform
 import shlex
@@ -94,6 +102,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -503,6 +513,315 @@ async def paced_wal(
 # -- a system under test ----------------------------------------------------------------------
 
 
+# -- raftwal's own latency histograms ---------------------------------------------------------
+
+#: (metric, label filter) of the server-side histograms read around each raftwal phase:
+#: the proposals of the writers' Lock and Unlock on the node they call (the Raft leader),
+#: and every node's Raft journal fdatasyncs.
+SERVER_HISTOGRAMS = {
+    "proposal": ("raftwal_proposal_duration_seconds", ("lock", "unlock")),
+    "journal_fsync": ("raftwal_raft_journal_fsync_seconds", None),
+}
+
+
+def scrape_buckets(port: int) -> dict[str, dict[float, float]]:
+    """name -> {upper bound: cumulative count} of `SERVER_HISTOGRAMS` on one node's
+    metrics page (label values summed)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{port}/metrics", timeout=STATUS_TIMEOUT_S
+    ) as answer:
+        text = answer.read().decode()
+    out: dict[str, dict[float, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for key, (name, kinds) in SERVER_HISTOGRAMS.items():
+            if family.name != name:
+                continue
+            buckets = out.setdefault(key, {})
+            for sample in family.samples:
+                if not sample.name.endswith("_bucket"):
+                    continue
+                if kinds is not None and sample.labels.get("kind") not in kinds:
+                    continue
+                bound = float(sample.labels["le"])
+                buckets[bound] = buckets.get(bound, 0.0) + sample.value
+    return out
+
+
+def bucket_summary(
+    before: dict[float, float], after: dict[float, float]
+) -> dict[str, float | None]:
+    """Count, and the p50 / p99 as the upper bound of the bucket they fall in, of what a
+    histogram took between two scrapes."""
+    bounds = sorted(after)
+    delta = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = delta[-1] if delta else 0.0
+
+    def quantile(q: float) -> float | None:
+        for bound, cumulative in zip(bounds, delta, strict=True):
+            if total and cumulative >= q * total:
+                return None if math.isinf(bound) else _round(bound * 1000, 1)
+        return None
+
+    return {"count": total, "p50_le_ms": quantile(0.5), "p99_le_ms": quantile(0.99)}
+
+
+# -- coordination writers --------------------------------------------------------------------
+
+
+class RaftwalWriters:
+    """raftwal's coordination writers: one SDK client (its own TCP connection) and lease
+    each, alternating Lock and Unlock of its own key."""
+
+    def __init__(self, endpoints: list[str], clients: int) -> None:
+        self._endpoints = endpoints
+        self._clients = clients
+        self._writers: list[tuple[CoordinatorClient, int]] = []
+        self._held: list[bool] = []
+
+    async def open(self) -> None:
+        for k in range(self._clients):
+            sdk = CoordinatorClient(
+                self._endpoints,
+                timeout_s=WRITE_DEADLINE_S,
+                # Its own TCP connection, as an independent application would have.
+                channel_options=[("grpc.use_local_subchannel_pool", 1)],
+            )
+            self._writers.append((sdk, 0))
+            lease = await sdk.grant_lease(LEASE_TTL_MS, holder=f"isolation-{k}")
+            self._writers[k] = (sdk, lease.lease_id)
+            self._held.append(False)
+        for k in range(len(self._writers)):
+            await self.write(k, 0)
+
+    async def write(self, client: int, index: int) -> None:
+        # Lock is idempotent for its holder and Unlock of a key not held is a no-op: after
+        # an error the same write is simply tried again next time.
+        sdk, lease_id = self._writers[client]
+        key = f"isolation/k{client}"
+        if self._held[client]:
+            await asyncio.wait_for(sdk.unlock(key, lease_id), WRITE_DEADLINE_S)
+        else:
+            await asyncio.wait_for(sdk.lock(key, lease_id), WRITE_DEADLINE_S)
+        self._held[client] = not self._held[client]
+
+    async def close(self) -> None:
+        writers, self._writers = self._writers, []
+        for sdk, _lease in writers:
+            with contextlib.suppress(*ERRORS):
+                await asyncio.wait_for(sdk.close(), WRITE_DEADLINE_S)
+
+
+@dataclass(frozen=True)
+class EtcdPort:
+    """What `EtcdBenchClient` needs of a member."""
+
+    client_port: int
+
+
+class EtcdWriters:
+    """etcd's coordination writers: one keep-alive connection each to the leader's JSON
+    gateway (etcd's best case: no forwarding), each putting its own key."""
+
+    def __init__(self, client_port: int, clients: int) -> None:
+        member: Any = EtcdPort(client_port)
+        self._member = member
+        self._writers = [EtcdBenchClient(self._member, k) for k in range(clients)]
+
+    async def open(self) -> None:
+        for k in range(len(self._writers)):
+            await self.write(k, 0)
+
+    async def write(self, client: int, index: int) -> None:
+        try:
+            await asyncio.wait_for(
+                self._writers[client].put(f"isolation/k{client}", str(index)), WRITE_DEADLINE_S
+            )
+        except BaseException:
+            # A timed-out request leaves its connection mid-answer: start a new one.
+            await self._writers[client].close()
+            self._writers[client] = EtcdBenchClient(self._member, client)
+            raise
+
+    async def close(self) -> None:
+        writers, self._writers = self._writers, []
+        for writer in writers:
+            with contextlib.suppress(*ERRORS):
+                await writer.close()
+
+
+Writers = RaftwalWriters | EtcdWriters
+
+
+@dataclass(frozen=True)
+class WriterSpec:
+    """How a writer process reaches its system (picklable: it crosses a spawn)."""
+
+    kind: str  # "raftwal" or "etcd"
+    clients: int
+    endpoints: tuple[str, ...] = ()
+    etcd_port: int = 0
+
+    def writers(self) -> Writers:
+        if self.kind == "raftwal":
+            return RaftwalWriters(list(self.endpoints), self.clients)
+        return EtcdWriters(self.etcd_port, self.clients)
+
+
+@dataclass
+class PhaseWrites:
+    """What a phase's coordination writes gave: latencies of those sent in its counted
+    window, errors by name, and the CPU seconds the writers took over that window."""
+
+    latencies_s: list[float]
+    errors: dict[str, int]
+    cpu_s: float | None
+
+
+async def timed_writes(
+    writers: Writers, rate: float, clients: int, warmup_s: float, phase_s: float
+) -> PhaseWrites:
+    """`rate` writes/s over `clients` paced writers (stability.py's `paced`) for
+    `warmup_s`, not counted, then `phase_s`."""
+    latencies: list[float] = []
+    errors: Counter[str] = Counter()
+    window = time.perf_counter() + warmup_s
+    cpu_at_window = math.nan
+
+    async def one(client: int, index: int) -> None:
+        nonlocal cpu_at_window
+        sent = time.perf_counter()
+        if sent >= window and math.isnan(cpu_at_window):
+            cpu_at_window = own_cpu_seconds()
+        try:
+            await writers.write(client, index)
+        except ERRORS as error:
+            if sent >= window:
+                errors[error_name(error)] += 1
+        else:
+            if sent >= window:
+                latencies.append(time.perf_counter() - sent)
+
+    await paced(rate, clients, warmup_s + phase_s, one)
+    cpu = own_cpu_seconds() - cpu_at_window
+    return PhaseWrites(latencies, dict(errors), None if math.isnan(cpu) else cpu)
+
+
+def _writer_process_main(connection: Any, spec: WriterSpec) -> None:
+    """A writer process: the coordination writers in an interpreter of their own, so that
+    the WAL's load generator (this bench's event loop and GIL) adds nothing to their
+    latencies; an application taking locks runs apart from one that produces."""
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve_writes(connection, spec))
+
+
+async def _serve_writes(connection: Any, spec: WriterSpec) -> None:
+    writers = spec.writers()
+    try:
+        try:
+            await writers.open()
+        except Exception as error:  # noqa: BLE001 (reported to the bench, which stops)
+            connection.send(("error", f"{type(error).__name__}: {error}"))
+            return
+        connection.send(("ready",))
+        while True:
+            try:
+                # The bench gone (its end of the pipe closed) ends this process.
+                message = await asyncio.to_thread(connection.recv)
+            except (EOFError, OSError):
+                return
+            if message[0] != "phase":
+                return
+            _, rate, clients, warmup_s, phase_s = message
+            try:
+                result = await asyncio.wait_for(
+                    timed_writes(writers, rate, clients, warmup_s, phase_s),
+                    warmup_s + phase_s + PHASE_GRACE_S,
+                )
+            except Exception as error:  # noqa: BLE001 (reported to the bench, which stops)
+                connection.send(("error", f"{type(error).__name__}: {error}"))
+                return
+            connection.send(("result", result.latencies_s, result.errors, result.cpu_s))
+    finally:
+        await writers.close()
+
+
+class WriterProcess:
+    """The bench's end of a writer process (`_writer_process_main`)."""
+
+    def __init__(self, spec: WriterSpec) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._connection, self._child_end = context.Pipe()
+        # Daemonic: stopped with the bench at its exit; if the bench is killed, the pipe's
+        # EOF ends it.
+        self._process = context.Process(
+            target=_writer_process_main,
+            args=(self._child_end, spec),
+            daemon=True,
+            name="coord-writers",
+        )
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    async def _receive(self, timeout_s: float) -> tuple[Any, ...]:
+        ready = await asyncio.to_thread(self._connection.poll, timeout_s)
+        if not ready:
+            raise RuntimeError(f"the coordination writers' process said nothing in {timeout_s:g} s")
+        try:
+            message = self._connection.recv()
+        except (EOFError, OSError) as error:
+            raise RuntimeError(
+                f"the coordination writers' process ended (exit code {self._process.exitcode})"
+            ) from error
+        if message[0] == "error":
+            raise RuntimeError(f"coordination writers: {message[1]}")
+        return tuple(message)
+
+    async def start(self) -> None:
+        self._process.start()
+        self._child_end.close()
+        await self._receive(START_TIMEOUT_S)
+
+    async def phase(
+        self, rate: float, clients: int, warmup_s: float, phase_s: float
+    ) -> PhaseWrites:
+        self._connection.send(("phase", rate, clients, warmup_s, phase_s))
+        _, latencies, errors, cpu = await self._receive(warmup_s + phase_s + PHASE_GRACE_S + 5)
+        return PhaseWrites(latencies, errors, cpu)
+
+    async def stop(self) -> None:
+        if self._process.pid is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            self._connection.send(("stop",))
+        await asyncio.to_thread(self._process.join, WRITE_DEADLINE_S + 5)
+        if self._process.is_alive():
+            self._process.kill()
+            await asyncio.to_thread(self._process.join, 5)
+        self._connection.close()
+
+
+async def open_writers(
+    inline: Writers, spec: WriterSpec, settings: Settings
+) -> WriterProcess | None:
+    """Start a system's coordination writers: in a process of their own (`--coord-writers
+    process`, the default), or `inline` in this bench's event loop (`inline`: their
+    latencies then include the WAL load generator's)."""
+    if settings.coord_writers == "inline":
+        await inline.open()
+        return None
+    process = WriterProcess(spec)
+    try:
+        await process.start()
+    except BaseException:
+        await process.stop()
+        raise
+    return process
+
+
 class Stack(Protocol):
     name: str
     label: str
@@ -519,8 +838,10 @@ class Stack(Protocol):
     async def observe(self) -> dict[str, Any]:
         """What the system says of itself now (leaders, terms, warnings) for the report."""
 
-    async def write(self, client: int, index: int) -> None:
-        """One coordination write of writer `client`."""
+    #: the coordination writers in the bench's loop (`--coord-writers inline`)
+    writers: Writers | None
+    #: the coordination writers' own process (`--coord-writers process`)
+    writer_process: WriterProcess | None
 
     async def wal_senders(self, settings: Settings) -> list[WalSender]: ...
 
@@ -545,8 +866,8 @@ class RaftwalStack:
         self.vchannels = [f"{p}_v0" for p in self.pchannels]
         self._payload = os.urandom(MESSAGE_BYTES)
         self._status: CoordinatorClient | None = None
-        self._writers: list[tuple[CoordinatorClient, int]] = []
-        self._held: list[bool] = []
+        self.writers: Writers | None = None
+        self.writer_process: WriterProcess | None = None
         #: pid -> "control", "worker 0", ... from MemberStatus.processes
         self._kinds: dict[int, str] = {}
         #: every node process seen during the run (pid -> its start time): none may
@@ -556,6 +877,8 @@ class RaftwalStack:
         self._sdk_producers: list[Producer] = []
         self.leftovers: list[int] = []
         self.writers_endpoints: list[str] = []
+        #: the node the coordination writers call (the Raft leader when they started)
+        self.writers_node = ""
         self._abort = threading.Event()
         self._starting: concurrent.futures.Future[dev.LocalCluster] | None = None
 
@@ -596,21 +919,15 @@ class RaftwalStack:
         # write to its first endpoint that answers, and a follower forwards it to the
         # leader (one more hop, and that follower's CPU) without telling the client.
         leader = (await self._cluster_status()).leader_node_id
+        self.writers_node = leader
         self.writers_endpoints = sorted(
             endpoints, key=lambda e: e != self._cluster.node(leader).grpc_address
         )
-        for k in range(self._settings.coord_clients):
-            sdk = CoordinatorClient(
-                self.writers_endpoints,
-                timeout_s=WRITE_DEADLINE_S,
-                # Its own TCP connection, as an independent application would have.
-                channel_options=[("grpc.use_local_subchannel_pool", 1)],
-            )
-            lease = await sdk.grant_lease(LEASE_TTL_MS, holder=f"isolation-{k}")
-            self._writers.append((sdk, lease.lease_id))
-            self._held.append(False)
-        for k in range(len(self._writers)):
-            await self.write(k, 0)
+        self.writers = RaftwalWriters(self.writers_endpoints, self._settings.coord_clients)
+        spec = WriterSpec(
+            "raftwal", self._settings.coord_clients, endpoints=tuple(self.writers_endpoints)
+        )
+        self.writer_process = await open_writers(self.writers, spec, self._settings)
         # One batch on every pchannel: the data plane is served at all.
         senders = await self._batch_senders(len(self.pchannels), 1)
         try:
@@ -650,6 +967,17 @@ class RaftwalStack:
                 out[channel.name] = serving_address(
                     status.nodes, channel.owner_node_id, channel.name
                 )
+        return out
+
+    def server_buckets(self) -> dict[str, dict[str, dict[float, float]]]:
+        """node -> `scrape_buckets` of its metrics page (a node that does not answer is
+        left out)."""
+        out = {}
+        for node in self._cluster.config.nodes:
+            port = self._cluster.node(node.id).metrics_port
+            if port:
+                with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
+                    out[node.id] = scrape_buckets(port)
         return out
 
     def _remember_pids(self) -> None:
@@ -707,17 +1035,6 @@ class RaftwalStack:
             "worker_restarts": restarts,
             "warnings": list(status.warnings),
         }
-
-    async def write(self, client: int, index: int) -> None:
-        # Lock is idempotent for its holder and Unlock of a key not held is a no-op: after
-        # an error the same write is simply tried again next time.
-        sdk, lease_id = self._writers[client]
-        key = f"isolation/k{client}"
-        if self._held[client]:
-            await asyncio.wait_for(sdk.unlock(key, lease_id), WRITE_DEADLINE_S)
-        else:
-            await asyncio.wait_for(sdk.lock(key, lease_id), WRITE_DEADLINE_S)
-        self._held[client] = not self._held[client]
 
     async def _batch_senders(self, count: int, batch: int) -> list[WalSender]:
         addresses = await self._addresses()
@@ -783,10 +1100,11 @@ class RaftwalStack:
                 await asyncio.wait_for(streaming.close(), WRITE_DEADLINE_S)
 
     async def stop(self) -> None:
-        for sdk, _lease in self._writers:
-            with contextlib.suppress(*ERRORS):
-                await asyncio.wait_for(sdk.close(), WRITE_DEADLINE_S)
-        self._writers.clear()
+        if self.writer_process is not None:
+            await self.writer_process.stop()
+            self.writer_process = None
+        if self.writers is not None:
+            await self.writers.close()
         if self._status is not None:
             with contextlib.suppress(*ERRORS):
                 await asyncio.wait_for(self._status.close(), WRITE_DEADLINE_S)
@@ -875,26 +1193,27 @@ class AnchorStack:
         if self.nats is not None:
             parts.append("JetStream")
         self.label = " + ".join(parts)
-        self._writers: list[EtcdBenchClient] = []
+        self.writers: Writers | None = None
+        self.writer_process: WriterProcess | None = None
         self._etcd_leader = ""
 
     async def start(self) -> None:
         if self.etcd is not None:
             await self.etcd.start()
             self._etcd_leader = await self.etcd.leader()
-            member = self.etcd.member(self._etcd_leader)
-            self._writers = [
-                EtcdBenchClient(member, k) for k in range(self._settings.coord_clients)
-            ]
-            for k in range(len(self._writers)):
-                await self.write(k, 0)
+            port = self.etcd.member(self._etcd_leader).client_port
+            self.writers = EtcdWriters(port, self._settings.coord_clients)
+            spec = WriterSpec("etcd", self._settings.coord_clients, etcd_port=port)
+            self.writer_process = await open_writers(self.writers, spec, self._settings)
         if self.nats is not None:
             await self.nats.start()
 
     async def stop(self) -> None:
-        for writer in self._writers:
-            await writer.close()
-        self._writers.clear()
+        if self.writer_process is not None:
+            await self.writer_process.stop()
+            self.writer_process = None
+        if self.writers is not None:
+            await self.writers.close()
         try:
             if self.nats is not None:
                 await self.nats.stop()
@@ -925,19 +1244,6 @@ class AnchorStack:
             except ERRORS as error:
                 seen["stream_leader"] = error_name(error)
         return seen
-
-    async def write(self, client: int, index: int) -> None:
-        assert self.etcd is not None
-        try:
-            await asyncio.wait_for(
-                self._writers[client].put(f"isolation/k{client}", str(index)), WRITE_DEADLINE_S
-            )
-        except BaseException:
-            # A timed-out request leaves its connection mid-answer: start a new one.
-            await self._writers[client].close()
-            member = self.etcd.member(self._etcd_leader)
-            self._writers[client] = EtcdBenchClient(member, client)
-            raise
 
     async def wal_senders(self, settings: Settings) -> list[WalSender]:
         assert self.nats is not None
@@ -978,6 +1284,7 @@ class Settings:
     in_flight: int
     pchannels: int
     wal_client: str
+    coord_writers: str = "process"
 
     def phase_name(self, fraction: float) -> str:
         return f"wal{round(fraction * 100)}"
@@ -997,29 +1304,38 @@ async def run_phase(stack: Stack, rate: float, settings: Settings) -> dict[str, 
     began = time.perf_counter()
     window = began + settings.warmup_s
 
+    scrape = getattr(stack, "server_buckets", None)
+    buckets_before: dict[str, dict[str, dict[float, float]]] = {}
+
     async def cpu_at_window() -> None:
         nonlocal own_before
         await asyncio.sleep(max(0.0, window - time.perf_counter()))
+        if scrape is not None:
+            buckets_before.update(await asyncio.to_thread(scrape))
         processes.update(stack.processes())
         cpu_before.update({label: cpu_seconds(pid) for label, pid in processes.items()})
         own_before = own_cpu_seconds()
 
-    async def one(client: int, index: int) -> None:
-        sent = time.perf_counter()
-        try:
-            await stack.write(client, index)
-        except ERRORS as error:
-            if sent >= window:
-                coord.errors[error_name(error)] += 1
+    writes: list[PhaseWrites] = []
+
+    async def coordination() -> None:
+        args = (
+            settings.coord_writes_per_s,
+            settings.coord_clients,
+            settings.warmup_s,
+            settings.phase_s,
+        )
+        if stack.writer_process is not None:
+            writes.append(await stack.writer_process.phase(*args))
         else:
-            if sent >= window:
-                coord.latencies_s.append(time.perf_counter() - sent)
+            assert stack.writers is not None
+            writes.append(await timed_writes(stack.writers, *args))
 
     total_s = settings.warmup_s + settings.phase_s
     try:
         work: list[Awaitable[None]] = [cpu_at_window()]
         if stack.coordination:
-            work.append(paced(settings.coord_writes_per_s, settings.coord_clients, total_s, one))
+            work.append(coordination())
         if wal is not None:
             work.append(paced_wal(senders, wal, settings.warmup_s, settings.phase_s))
         try:
@@ -1028,6 +1344,12 @@ async def run_phase(stack: Stack, rate: float, settings: Settings) -> dict[str, 
             notes.append(f"the phase had not ended {PHASE_GRACE_S:.0f} s after its schedule")
         wall_s = time.perf_counter() - window
         own_s = own_cpu_seconds() - own_before
+        writers_cpu_s = None
+        for done in writes:
+            coord.latencies_s.extend(done.latencies_s)
+            coord.errors.update(done.errors)
+            if stack.writer_process is not None:
+                writers_cpu_s = done.cpu_s
         now = stack.processes()
         cpu_s: dict[str, float | None] = {}
         for label, pid in processes.items():
@@ -1039,6 +1361,23 @@ async def run_phase(stack: Stack, rate: float, settings: Settings) -> dict[str, 
                 notes.append(f"{label} (pid {pid}) started during the phase")
     finally:
         await stack.close_senders(senders)
+    server: dict[str, Any] = {}
+    if scrape is not None:
+        # What the nodes measured of themselves over the phase (bucket bounds, not exact):
+        # the writers' proposals where they were received, every journal fsync.
+        buckets_after = await asyncio.to_thread(scrape)
+        writers_node = getattr(stack, "writers_node", "")
+        for node_id, now in sorted(buckets_after.items()):
+            then = buckets_before.get(node_id, {})
+            if node_id == writers_node and "proposal" in now:
+                server["proposal"] = {
+                    "node": node_id,
+                    **bucket_summary(then.get("proposal", {}), now["proposal"]),
+                }
+            if "journal_fsync" in now:
+                server.setdefault("journal_fsync", {})[node_id] = bucket_summary(
+                    then.get("journal_fsync", {}), now["journal_fsync"]
+                )
     after = await stack.observe()
     servers = sum(v for v in cpu_s.values() if v is not None)
     return {
@@ -1048,6 +1387,9 @@ async def run_phase(stack: Stack, rate: float, settings: Settings) -> dict[str, 
         "cpu_s": cpu_s,
         "servers_cpu_s": _round(servers),
         "client_cpu_s": _round(own_s),
+        # The coordination writers' process (`--coord-writers process`), apart.
+        "writers_cpu_s": _round(writers_cpu_s) if writers_cpu_s is not None else None,
+        "server": server or None,
         "before": before,
         "after": after,
         "notes": notes,
@@ -1069,7 +1411,21 @@ def _progress(stack: Stack, phase: str, result: dict[str, Any]) -> None:
             f"p50 {wal['p50_ms']} p99 {wal['p99_ms']} ms, {wal['failed']} failed;"
         )
     parts.append(f"servers {result['servers_cpu_s']} CPU s, client {result['client_cpu_s']}")
+    if result.get("writers_cpu_s") is not None:
+        parts.append(f"(writers {result['writers_cpu_s']})")
     say(" ".join(parts))
+    server = result.get("server") or {}
+    if server.get("proposal"):
+        proposal = server["proposal"]
+        fsyncs = ", ".join(
+            f"{node} {v['p50_le_ms']}/{v['p99_le_ms']}"
+            for node, v in (server.get("journal_fsync") or {}).items()
+        )
+        say(
+            f"  {stack.label} itself: proposals on {proposal['node']} p50/p99 <= "
+            f"{proposal['p50_le_ms']}/{proposal['p99_le_ms']} ms; journal fsync p50/p99 <= "
+            f"{fsyncs} ms"
+        )
     for note in result["notes"]:
         say(f"  note: {note}")
     coord_errors = coord["errors"] if coord else {}
@@ -1570,6 +1926,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="raftwal's WAL producers: wal.py's pre-encoded batches, or SDK Producers "
         "(default batch)",
     )
+    parser.add_argument(
+        "--coord-writers",
+        choices=("process", "inline"),
+        default="process",
+        help="the coordination writers in a process of their own, or in the bench's event "
+        "loop beside the WAL's load generator (default process)",
+    )
     parser.add_argument("--skip-etcd", action="store_true", help="no etcd")
     parser.add_argument("--skip-nats", action="store_true", help="no JetStream")
     parser.add_argument("--nats-server", help="nats-server binary (default: newest installed)")
@@ -1617,6 +1980,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         in_flight=args.in_flight,
         pchannels=args.pchannels,
         wal_client=args.wal_client,
+        coord_writers=args.coord_writers,
     )
 
 

@@ -1338,6 +1338,11 @@ class RaftPeer:
         reachable.add(self._self_address)
         return len(voters & reachable) * 2 > len(voters)
 
+    def journal_sync_times(self) -> tuple[list[int], float]:
+        """How long this peer's journal fdatasyncs took: (count per bucket of
+        `raft.journal.SYNC_BUCKETS_S`, the last past every bound; sum of seconds)."""
+        return self._journal.sync_times.snapshot()
+
     def status(self) -> dict[str, Any]:
         """A point-in-time view for health checks and tests (plain JSON-able values)."""
         syncobj = self._syncobj

@@ -8,14 +8,16 @@ Two kinds of metrics:
 
 - **Read at scrape time** (``_NodeCollector``): the Raft peer's term and indexes, the
   applied coordination state (nodes, pchannels, leases, locks, pending broadcasts,
-  committed segments from the manifests), the event store's size, for every pchannel
+  committed segments from the manifests), the durations of the Raft journal's fdatasyncs
+  (``raft.journal.SyncTimes``), the event store's size, for every pchannel
   this node owns its committed LSN and each replica's durable LSN and the lag of every
   subscription on it, which pchannels are under-replicated (the rule ClusterStatus uses,
   ``raftwal.node.health``), the data directory's free and total disk, and the number of
   unfinished asyncio tasks (a leak shows as a climb). Nothing has to keep
   these up to date, so they cannot drift from what ClusterStatus reports.
-- **Counted when they happen** (counters and a histogram): proposals and their rejections
-  by code (``observe_proposal``, wrapped around ``Node.propose``), acknowledged WAL write
+- **Counted when they happen** (counters and histograms): proposals, their time to an
+  outcome and their rejections by code (``observe_proposal``, wrapped around
+  ``Node.propose``), acknowledged WAL write
   batches with their latency (``batch_acknowledged``, the owner's ``WriteObserver``), and
   broadcast delivery failures (the leader's coordinator), and the disk probe: a thread
   that times a small write + fdatasync in the data directory every few seconds
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import shutil
 import threading
@@ -46,10 +49,15 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from raft.journal import SYNC_BUCKETS_S
 from raft.peer import RaftPeer
 from raftwal import __version__
 from raftwal.node.config import ClusterConfig, NodeConfig
@@ -89,6 +97,27 @@ WAL_LATENCY_BUCKETS_S = (
     2.5,
     5.0,
     10.0,
+)
+
+# Coordination proposal latency buckets (seconds): etcd's write p50 on an idle SSD is about
+# 1-2 ms, a loaded or remote quorum tens to hundreds.
+PROPOSAL_LATENCY_BUCKETS_S = (
+    0.001,
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.012,
+    0.016,
+    0.024,
+    0.032,
+    0.064,
+    0.128,
+    0.256,
+    0.512,
+    1.024,
+    2.048,
+    5.0,
 )
 
 # fdatasync latency buckets (seconds) of the disk probe; etcd alerts when its WAL fsync p99
@@ -210,6 +239,16 @@ class NodeMetrics:
             ["method", "code"],
             registry=self.registry,
         )
+        self.proposal_latency = Histogram(
+            "raftwal_proposal_duration_seconds",
+            "Time from this node proposing a coordination command (a client request it "
+            "received, its coordinator loop) to the command's outcome: forwarding to the "
+            "leader, Raft replication to a majority and their journal fsyncs, and the "
+            "apply; by command kind. Proposals that got no outcome are not counted.",
+            ["kind"],
+            buckets=PROPOSAL_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
         self.proposal_rejections = Counter(
             "raftwal_proposal_rejections",
             "Proposed commands the state machine rejected (committed, not applied), by kind "
@@ -280,11 +319,13 @@ class NodeMetrics:
     ) -> pb.CommandResult:
         """Await a proposal's `outcome`, counting it, its rejection or its failure."""
         self.proposals.labels(kind).inc()
+        began = time.monotonic()
         try:
             result = await outcome
         except RaftwalError as error:
             self.proposal_failures.labels(kind, error_code_name(error.info.code)).inc()
             raise
+        self.proposal_latency.labels(kind).observe(time.monotonic() - began)
         if result.rejection.code != E.OK:
             self.proposal_rejections.labels(kind, error_code_name(result.rejection.code)).inc()
         return result
@@ -295,12 +336,16 @@ class NodeMetrics:
         """``observe_proposal`` for the commands of one batch (one entry), kind by kind."""
         for kind in kinds:
             self.proposals.labels(kind).inc()
+        began = time.monotonic()
         try:
             results = await outcome
         except RaftwalError as error:
             for kind in kinds:
                 self.proposal_failures.labels(kind, error_code_name(error.info.code)).inc()
             raise
+        took_s = time.monotonic() - began
+        for kind in kinds:
+            self.proposal_latency.labels(kind).observe(took_s)
         for kind, result in zip(kinds, results, strict=False):
             if result.rejection.code != E.OK:
                 self.proposal_rejections.labels(kind, error_code_name(result.rejection.code)).inc()
@@ -568,6 +613,20 @@ class _NodeCollector(Collector):
             "raftwal_raft_journal_syncs",
             "Syncs (fdatasync when durable) of this node's Raft journal.",
             value=float(status["journal_syncs"]),
+        )
+        counts, total_s = peer.journal_sync_times()
+        buckets: list[tuple[str, float]] = []
+        running = 0
+        for bound, count in zip((*SYNC_BUCKETS_S, math.inf), counts, strict=True):
+            running += count
+            buckets.append(("+Inf" if bound == math.inf else repr(bound), float(running)))
+        yield HistogramMetricFamily(
+            "raftwal_raft_journal_fsync_seconds",
+            "Time each group-commit fdatasync of this node's Raft journal took (etcd's "
+            "etcd_disk_wal_fsync_duration_seconds): a coordination write waits for one on "
+            "the leader and on a majority.",
+            buckets=buckets,
+            sum_value=total_s,
         )
         partners = GaugeMetricFamily(
             "raftwal_raft_partner_connected",

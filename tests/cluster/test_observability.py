@@ -143,6 +143,9 @@ def test_raft_and_state_gauges_follow_what_happened(obs: tuple[dev.LocalCluster,
     assert all((p.get("raftwal_raft_term") or 0) >= 1 for p in pages.values())
     commit_before = {n: p.get("raftwal_raft_commit_index") or 0 for n, p in pages.items()}
     proposed_before = sum(p.sum("raftwal_proposals_total", kind="lock") for p in pages.values())
+    timed_before = sum(
+        p.sum("raftwal_proposal_duration_seconds_count", kind="lock") for p in pages.values()
+    )
     rejected_before = sum(
         p.sum("raftwal_proposal_rejections_total", kind="lock", code="RESOURCE_ACQUIRED")
         for p in pages.values()
@@ -182,6 +185,16 @@ def test_raft_and_state_gauges_follow_what_happened(obs: tuple[dev.LocalCluster,
         )
         == rejected_before + 1
     )
+    # Both got an outcome (an acceptance, a rejection), each timed once.
+    assert sum(
+        p.sum("raftwal_proposal_duration_seconds_count", kind="lock") for p in pages.values()
+    ) == (timed_before + 2)
+    for page in pages.values():
+        # Every member fsynced its journal for those entries, and timed every fsync.
+        fsyncs = page.get("raftwal_raft_journal_fsync_seconds_count") or 0
+        assert 0 < fsyncs <= (page.get("raftwal_raft_journal_syncs_total") or 0)
+        assert page.get("raftwal_raft_journal_fsync_seconds_bucket", le="+Inf") == fsyncs
+        assert (page.get("raftwal_raft_journal_fsync_seconds_sum") or 0) > 0
     status = converged(client)
     assert (status.leases, status.locks) == (2, 1)
     for page in pages.values():
