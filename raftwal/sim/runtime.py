@@ -19,7 +19,8 @@ What lives here:
   and recorded in an undo log until what makes it durable: ``fsync``/``fdatasync`` of the
   file for its data, ``fsync`` of the directory for its entries. `crash` reverts a node's
   unrecorded-as-durable changes in reverse order, counts the bytes dropped, and
-  `sync_failure_rate` makes an fsync fail now and then. What a power cut keeps of the
+  `sync_failure_rate` makes an fsync fail now and then (`fail_syncs`: one node's, at its
+  own rate for a while, a brown-out). What a power cut keeps of the
   unsynced changes is drawn per crash, as a disk and a journaling file system may leave
   them: for each file independently a prefix of its unsynced writes (pages the kernel
   had written back), the last of them possibly **torn** (only its first bytes reached
@@ -357,6 +358,17 @@ class SimDisk:
         self._armed: dict[str, tuple[int, Callable[[], None]]] = {}
         #: node -> what to call in the middle of its next write to a file (a power cut)
         self._armed_writes: dict[str, Callable[[], None]] = {}
+        #: node -> the rate its file syncs fail at for now (a brown-out), instead of
+        #: `sync_failure_rate`
+        self._failing: dict[str, float] = {}
+
+    def fail_syncs(self, node: str, rate: float) -> None:
+        """Make `node`'s file syncs fail (EIO) at `rate` until `heal_syncs(node)`: a disk
+        whose power sags, or that is failing."""
+        self._failing[node] = rate
+
+    def heal_syncs(self, node: str) -> None:
+        self._failing.pop(node, None)
 
     def arm(self, node: str, crash: Callable[[], None], skip: int = 0) -> None:
         """Call `crash` at `node`'s file sync after the next `skip` ones, before it takes
@@ -371,8 +383,11 @@ class SimDisk:
         self._armed_writes[node] = crash
 
     def disarm(self) -> None:
+        """The faults stop: nothing armed, and no sync fails any more."""
         self._armed.clear()
         self._armed_writes.clear()
+        self._failing.clear()
+        self.sync_failure_rate = 0.0
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -564,11 +579,8 @@ class SimDisk:
                 del self._armed[opened.node]
                 crash()  # the node crashes now: this sync never happens
                 raise _eio(what)
-        if (
-            not opened.is_dir
-            and self.sync_failure_rate
-            and (self._rng.random() < self.sync_failure_rate)
-        ):
+        failure_rate = self._failing.get(opened.node, self.sync_failure_rate)
+        if not opened.is_dir and failure_rate and (self._rng.random() < failure_rate):
             # Linux marks the pages it failed to write clean: what they held is lost at
             # the next power cut, whatever later fsyncs say.
             self.sync_failures += 1
