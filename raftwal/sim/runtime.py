@@ -336,6 +336,29 @@ class _Undo:
 _PAGE = 4096
 
 
+def _durable_view(data: bytes, base: int, size: int, doomed: list[_Undo]) -> tuple[bytes, int]:
+    """The bytes from `base` of a file of `size` whose page cache holds `data` there, as
+    the disk holds them once the `doomed` writes (a failed sync's, all at or above `base`,
+    oldest first) are lost: `SimDisk._undo_data` applied to them, newest first."""
+    buf = bytearray(data)
+    for undo in reversed(doomed):
+        start = undo.offset - base
+        if undo.old:
+            if start + len(undo.old) > len(buf):
+                buf.extend(bytes(start + len(undo.old) - len(buf)))
+            buf[start : start + len(undo.old)] = undo.old
+            size = max(size, undo.offset + len(undo.old))
+        end = undo.offset + undo.written
+        if size > end:
+            grown_from = max(undo.offset, undo.old_size)
+            if end > grown_from:
+                buf[grown_from - base : end - base] = bytes(end - grown_from)
+        else:
+            size = undo.old_size
+            del buf[max(0, size - base) :]
+    return bytes(buf[: max(0, size - base)]), size
+
+
 def _eio(what: str) -> OSError:
     return OSError(errno.EIO, f"simulated: {what} after the node crashed")
 
@@ -531,6 +554,18 @@ class SimDisk:
         if opened is not None:
             size = os.fstat(fd).st_size
             old = os.pread(fd, size - length, length) if length < size else b""
+            # Pages a failed fsync doomed are gone once the file is cut below them: what
+            # is written there later is new data, made durable by the next sync. So their
+            # undos go; but a power cut that undoes this cut must not bring their bytes
+            # back (the page cache's, in `old`): it restores what the disk holds there.
+            cut = [
+                u
+                for u in self._undo
+                if u.doomed and u.kind == "data" and u.inode == opened.inode and u.offset >= length
+            ]
+            if cut:
+                old, size = _durable_view(old, length, size, cut)
+            self._undo = [u for u in self._undo if not any(u is c for c in cut)]
             self._undo.append(
                 _Undo(
                     "data",
@@ -543,14 +578,6 @@ class SimDisk:
                 )
             )
         _REAL["ftruncate"](fd, length)
-        if opened is not None:
-            # Pages a failed fsync doomed are gone once the file is cut below them: what
-            # is written there later is new data, made durable by the next sync.
-            self._undo = [
-                u
-                for u in self._undo
-                if not (u.doomed and u.inode == opened.inode and u.offset >= length)
-            ]
 
     def _truncate(self, path: Any, length: int) -> None:
         self._check_alive("truncate")
