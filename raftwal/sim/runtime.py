@@ -681,7 +681,10 @@ class SimDisk:
             return
         inode = os.lstat(full).st_ino
         stash = self._stash(full)
-        self._paths[inode] = stash
+        if self._paths.get(inode, full) == full:
+            # The data is found through the stash now; a file that keeps another name
+            # (a hard link: a sealed segment's final name) is still found through that.
+            self._paths[inode] = stash
         self._undo.append(
             _Undo("unlink", node, full, inode, directory=os.path.dirname(full), stash=stash)
         )
