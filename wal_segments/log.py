@@ -826,9 +826,14 @@ class PChannelLog:
 
     def _after(self) -> asyncio.Future[None] | None:
         """What an append made now waits for besides its own segment's sync: the newest
-        seal's durability (which includes every earlier seal's)."""
-        if self._seals and not self._seals[-1].durable.done():
-            return self._seals[-1].durable
+        seal's durability (which includes every earlier seal's), also when it has failed
+        already. A seal may fail while an append that passed `_check_usable` awaits its
+        write: that append's entries follow entries that are not durable, and must never
+        be reported durable (durability is a prefix of the log)."""
+        if self._seals:
+            durable = self._seals[-1].durable
+            if not durable.done() or durable.cancelled() or durable.exception() is not None:
+                return durable
         return None
 
     def _create_writer(self, first_lsn: int, first_term: int) -> SegmentWriter:
