@@ -288,8 +288,13 @@ class DurableJournal(Journal):
                 len(self._entries),
             )
             os.ftruncate(fd, offset)
-            if self._durable:
-                os.fsync(fd)
+        if self._durable:
+            # What this file and the metadata next to it hold may be in the page cache
+            # only: a peer killed between a write and its fdatasync (or a meta rename and
+            # its directory fsync) reads them back after a restart. They are taken as
+            # durable below (acknowledged to a leader, a vote kept), so make them so.
+            os.fsync(fd)
+            fsync_directory(self._directory)
         self._file_size = offset
         self._synced_size = offset
         self._durable_count = len(self._entries)

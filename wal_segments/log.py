@@ -72,6 +72,7 @@ from wal_segments.segment import (
     make_durable_directory,
     open_segment,
     segment_file_name,
+    sync_file,
 )
 
 logger = logging.getLogger(__name__)
@@ -315,7 +316,9 @@ class PChannelLog:
                 continue
             if recovered.sealed and recovered.summary is not None and first_lsn not in listed:
                 # Sealed, but the row never made it (a crash between the footer and the
-                # catalog, or a seal finished just above).
+                # catalog, or a seal finished just above); its footer, and entries a
+                # killed writer never synced, may be in the page cache only.
+                sync_file(path, self._fdatasync)
                 self.catalog.upsert_segment(
                     _segment_row(
                         self.pchannel,
@@ -355,6 +358,9 @@ class PChannelLog:
         self.committed_lsn = max(
             (s.last_lsn for s in self._segments if s.first_lsn in committed), default=0
         )
+        # The files' names too: a segment created just before its writer was killed may
+        # have a directory entry only the page cache holds.
+        fsync_directory(self.directory)
 
     def _finish_retention(
         self, files: list[tuple[int, Path]], floor: int
@@ -820,9 +826,14 @@ class PChannelLog:
 
     def _after(self) -> asyncio.Future[None] | None:
         """What an append made now waits for besides its own segment's sync: the newest
-        seal's durability (which includes every earlier seal's)."""
-        if self._seals and not self._seals[-1].durable.done():
-            return self._seals[-1].durable
+        seal's durability (which includes every earlier seal's), also when it has failed
+        already. A seal may fail while an append that passed `_check_usable` awaits its
+        write: that append's entries follow entries that are not durable, and must never
+        be reported durable (durability is a prefix of the log)."""
+        if self._seals:
+            durable = self._seals[-1].durable
+            if not durable.done() or durable.cancelled() or durable.exception() is not None:
+                return durable
         return None
 
     def _create_writer(self, first_lsn: int, first_term: int) -> SegmentWriter:

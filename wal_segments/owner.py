@@ -1844,6 +1844,8 @@ class ChannelOwner:
         if replica.next_lsn <= 0 or replica.next_lsn > self.log.last_lsn + 1:
             replica.next_lsn = self.log.last_lsn + 1
         replica.next_lsn = max(replica.next_lsn, replica.match_lsn + 1, self.log.first_lsn)
+        # Where the next stream resumes unless answers say more: where this one starts.
+        resume = replica.next_lsn
         inflight: asyncio.Queue[int] = asyncio.Queue()
         window = 64
         sent = asyncio.Semaphore(window)
@@ -1929,6 +1931,7 @@ class ChannelOwner:
                     )
                     replica.next_lsn = min(keep, response.last_lsn) + 1
                     replica.match_lsn = min(replica.match_lsn, keep)
+                    resume = replica.next_lsn
                     raise _Resync()
                 else:
                     replica.last_error = response.error.message
@@ -1937,8 +1940,12 @@ class ChannelOwner:
                     sender.result()
         finally:
             await _stop_sender(sender)
-            # Whatever was in flight is resent from the last match.
-            replica.next_lsn = replica.match_lsn + 1
+            # Whatever was in flight is resent from the last match, or from where this
+            # stream started (or a MISMATCH's back-up point) when that is further on: a
+            # stream that ends before its first answer says nothing about the replica's
+            # log, and the match of a replica not yet heard from at this term is 0, which
+            # would send it the whole log again from its start.
+            replica.next_lsn = max(replica.match_lsn + 1, resume)
         raise ConnectionError(f"append stream to {replica.node_id} ended")
 
     # -- sealing and committing segments ------------------------------------------------------

@@ -183,6 +183,10 @@ class DataPlane:
         self._opening: dict[str, asyncio.Future[PChannelLog]] = {}
         self.owners: dict[str, ChannelOwner] = {}
         self.broken: dict[str, str] = {}
+        # Those of `broken` whose open failed on an I/O error (an fsync's EIO): the disk
+        # may work again, so an assignment here tries the open again; a malformed log
+        # does not heal by itself and is left alone.
+        self._io_broken: set[str] = set()
         self._reassigning: dict[str, int] = {}
         # pchannel -> the retention floor already applied to its log here
         self._retained: dict[str, int] = {}
@@ -249,8 +253,13 @@ class DataPlane:
             if self.broken.get(pchannel) != str(error):
                 logger.error("%s: cannot open the log: %r", pchannel, error)
             self.broken[pchannel] = str(error)
+            if isinstance(error, OSError):
+                self._io_broken.add(pchannel)
+            else:
+                self._io_broken.discard(pchannel)
             raise
         self.broken.pop(pchannel, None)
+        self._io_broken.discard(pchannel)
         self.logs[pchannel] = log
         return log
 
@@ -325,7 +334,9 @@ class DataPlane:
                 del self.owners[pchannel]
                 await owner.close("closed")
         for pchannel, assignment in sorted(assignments.items()):
-            if assignment.owner_node_id != self.node_id or pchannel in self.broken:
+            if assignment.owner_node_id != self.node_id or (
+                pchannel in self.broken and pchannel not in self._io_broken
+            ):
                 continue
             existing = self.owners.get(pchannel)
             if existing is not None and existing.term == assignment.term:

@@ -186,6 +186,17 @@ def _datasync(fdatasync: Fdatasync, fd: int, path: Path) -> None:
     fdatasync(fd)
 
 
+def sync_file(path: str | os.PathLike[str], fdatasync: Fdatasync = _default_fdatasync) -> None:
+    """fdatasync the file at `path` (through the ``wal.fsync`` fault point): what a
+    process killed before its own fdatasync left in the page cache is on the disk after
+    this."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _datasync(fdatasync, fd, Path(path))
+    finally:
+        os.close(fd)
+
+
 def _pread_exact(fd: int, size: int, offset: int) -> bytes:
     chunks = []
     while size > 0:
@@ -578,7 +589,11 @@ class SegmentWriter:
         try:
             if recovered.sealed:
                 os.ftruncate(fd, recovered.data_end)
-                fdatasync(fd)
+            # What the file holds may never have been synced: its writer was killed
+            # between a write and its fdatasync, and the page cache kept the bytes for
+            # this process to read. Whatever this writer reports durable from here on
+            # (an append already held, a fence answer) must be on the disk.
+            _datasync(fdatasync, fd, Path(recovered.path))
             first_term, first_tick = 0, -1
             if recovered.entry_count:
                 first = ENTRY_HEADER.unpack(

@@ -111,6 +111,8 @@ def _command(args: argparse.Namespace) -> int:
         "buggified",
         "sync_failures",
         "rolling_upgrades",
+        "brownouts",
+        "split_brains",
     )
     totals: dict[str, Any] = {
         "first_seed": first,
@@ -130,6 +132,8 @@ def _command(args: argparse.Namespace) -> int:
         "buggified": 0,
         "fsync_failures": 0,
         "rolling_upgrades": 0,
+        "brownouts": 0,
+        "split_brains": 0,
         "virtual_s": 0.0,
         "mutations": list(args.mutation),
     }

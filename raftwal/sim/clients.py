@@ -315,7 +315,7 @@ class ProducerLane:
         payloads = []
         for _ in range(count):
             self.serial += 1
-            payload = f"{self.client}:{self.pchannel}:{self.serial}".encode()
+            payload = f"{self.client}:{self.pchannel}:{self.serial}".encode() + world.padding()
             payloads.append(payload)
             self.submitted.append(payload)
         sequence = self.next_sequence
@@ -561,7 +561,7 @@ class TxnClient:
         payloads: list[bytes] = []
         for _ in range(rng.randint(1, 3)):
             self.serial += 1
-            payload = f"{self.client}:txn:{self.serial}".encode()
+            payload = f"{self.client}:txn:{self.serial}".encode() + world.padding()
             try:
                 await self._call(
                     pchannel,

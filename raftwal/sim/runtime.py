@@ -19,7 +19,8 @@ What lives here:
   and recorded in an undo log until what makes it durable: ``fsync``/``fdatasync`` of the
   file for its data, ``fsync`` of the directory for its entries. `crash` reverts a node's
   unrecorded-as-durable changes in reverse order, counts the bytes dropped, and
-  `sync_failure_rate` makes an fsync fail now and then. What a power cut keeps of the
+  `sync_failure_rate` makes an fsync fail now and then (`fail_syncs`: one node's, at its
+  own rate for a while, a brown-out). What a power cut keeps of the
   unsynced changes is drawn per crash, as a disk and a journaling file system may leave
   them: for each file independently a prefix of its unsynced writes (pages the kernel
   had written back), the last of them possibly **torn** (only its first bytes reached
@@ -335,6 +336,29 @@ class _Undo:
 _PAGE = 4096
 
 
+def _durable_view(data: bytes, base: int, size: int, doomed: list[_Undo]) -> tuple[bytes, int]:
+    """The bytes from `base` of a file of `size` whose page cache holds `data` there, as
+    the disk holds them once the `doomed` writes (a failed sync's, all at or above `base`,
+    oldest first) are lost: `SimDisk._undo_data` applied to them, newest first."""
+    buf = bytearray(data)
+    for undo in reversed(doomed):
+        start = undo.offset - base
+        if undo.old:
+            if start + len(undo.old) > len(buf):
+                buf.extend(bytes(start + len(undo.old) - len(buf)))
+            buf[start : start + len(undo.old)] = undo.old
+            size = max(size, undo.offset + len(undo.old))
+        end = undo.offset + undo.written
+        if size > end:
+            grown_from = max(undo.offset, undo.old_size)
+            if end > grown_from:
+                buf[grown_from - base : end - base] = bytes(end - grown_from)
+        else:
+            size = undo.old_size
+            del buf[max(0, size - base) :]
+    return bytes(buf[: max(0, size - base)]), size
+
+
 def _eio(what: str) -> OSError:
     return OSError(errno.EIO, f"simulated: {what} after the node crashed")
 
@@ -357,6 +381,17 @@ class SimDisk:
         self._armed: dict[str, tuple[int, Callable[[], None]]] = {}
         #: node -> what to call in the middle of its next write to a file (a power cut)
         self._armed_writes: dict[str, Callable[[], None]] = {}
+        #: node -> the rate its file syncs fail at for now (a brown-out), instead of
+        #: `sync_failure_rate`
+        self._failing: dict[str, float] = {}
+
+    def fail_syncs(self, node: str, rate: float) -> None:
+        """Make `node`'s file syncs fail (EIO) at `rate` until `heal_syncs(node)`: a disk
+        whose power sags, or that is failing."""
+        self._failing[node] = rate
+
+    def heal_syncs(self, node: str) -> None:
+        self._failing.pop(node, None)
 
     def arm(self, node: str, crash: Callable[[], None], skip: int = 0) -> None:
         """Call `crash` at `node`'s file sync after the next `skip` ones, before it takes
@@ -371,8 +406,11 @@ class SimDisk:
         self._armed_writes[node] = crash
 
     def disarm(self) -> None:
+        """The faults stop: nothing armed, and no sync fails any more."""
         self._armed.clear()
         self._armed_writes.clear()
+        self._failing.clear()
+        self.sync_failure_rate = 0.0
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -516,6 +554,18 @@ class SimDisk:
         if opened is not None:
             size = os.fstat(fd).st_size
             old = os.pread(fd, size - length, length) if length < size else b""
+            # Pages a failed fsync doomed are gone once the file is cut below them: what
+            # is written there later is new data, made durable by the next sync. So their
+            # undos go; but a power cut that undoes this cut must not bring their bytes
+            # back (the page cache's, in `old`): it restores what the disk holds there.
+            cut = [
+                u
+                for u in self._undo
+                if u.doomed and u.kind == "data" and u.inode == opened.inode and u.offset >= length
+            ]
+            if cut:
+                old, size = _durable_view(old, length, size, cut)
+            self._undo = [u for u in self._undo if not any(u is c for c in cut)]
             self._undo.append(
                 _Undo(
                     "data",
@@ -528,14 +578,6 @@ class SimDisk:
                 )
             )
         _REAL["ftruncate"](fd, length)
-        if opened is not None:
-            # Pages a failed fsync doomed are gone once the file is cut below them: what
-            # is written there later is new data, made durable by the next sync.
-            self._undo = [
-                u
-                for u in self._undo
-                if not (u.doomed and u.inode == opened.inode and u.offset >= length)
-            ]
 
     def _truncate(self, path: Any, length: int) -> None:
         self._check_alive("truncate")
@@ -564,11 +606,8 @@ class SimDisk:
                 del self._armed[opened.node]
                 crash()  # the node crashes now: this sync never happens
                 raise _eio(what)
-        if (
-            not opened.is_dir
-            and self.sync_failure_rate
-            and (self._rng.random() < self.sync_failure_rate)
-        ):
+        failure_rate = self._failing.get(opened.node, self.sync_failure_rate)
+        if not opened.is_dir and failure_rate and (self._rng.random() < failure_rate):
             # Linux marks the pages it failed to write clean: what they held is lost at
             # the next power cut, whatever later fsyncs say.
             self.sync_failures += 1
@@ -642,7 +681,10 @@ class SimDisk:
             return
         inode = os.lstat(full).st_ino
         stash = self._stash(full)
-        self._paths[inode] = stash
+        if self._paths.get(inode, full) == full:
+            # The data is found through the stash now; a file that keeps another name
+            # (a hard link: a sealed segment's final name) is still found through that.
+            self._paths[inode] = stash
         self._undo.append(
             _Undo("unlink", node, full, inode, directory=os.path.dirname(full), stash=stash)
         )

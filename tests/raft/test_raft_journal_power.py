@@ -237,3 +237,26 @@ def test_a_torn_last_record_is_cut_and_the_journal_goes_on(tmp_path: Path, tear:
     reopened.sync()
     reopened.close()
     assert _indexes(DurableJournal(tmp_path)) == list(range(1, 9))
+
+
+@needs_fuse
+def test_a_journal_reopened_after_a_kill_syncs_what_its_writer_never_synced(
+    power: tuple[PowerMount, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer killed between a write and its fdatasync reads the records back from the
+    page cache when it restarts, and takes them as durable: it acknowledges them to a
+    leader. They used to stay unsynced, so a power cut soon after lost records this peer
+    had acknowledged. Reopening now syncs them."""
+    mount, data_dir = power
+    (data_dir / "raft").mkdir(mode=0o700)
+    journal = DurableJournal(data_dir / "raft")
+    _fill(journal, 1, 10)
+    journal.sync()
+    _written_not_synced(journal, 11, 20, monkeypatch)
+    _kill(journal)
+    reopened = _reopen(data_dir / "raft")  # the page cache still holds 11..20
+    assert _indexes(reopened) == list(range(1, 21))
+    assert reopened.synced_index == 20  # what it would acknowledge
+    _kill(reopened)
+    mount.crash()
+    assert _indexes_after_reopen(data_dir / "raft") == list(range(1, 21))

@@ -31,23 +31,22 @@ SEED_BUDGET = 1000
 #: The first seed from 1 on which each mutation shows (`raftwal simulate --seed 1 --seeds
 #: 1000 --mutation NAME`); see RELIABILITY.md for how often each shows.
 KNOWN_SEEDS: dict[str, int] = {
-    "accept-stale-term": 94,
-    "ack-one-replica": 12,
-    "adopt-shortest-log": 44,
-    "catalog-no-sync": 77,
-    "count-old-term": 405,
-    "fence-in-memory": 651,
-    "keep-partial-txn": 592,
-    "no-stable-quorum": 851,
-    "non-atomic-batch": 133,
-    "owner-early-durable": 99,
-    "replica-commit-unmatched": 86,
-    "replica-early-durable": 9,
-    "resend-durable-to-end": 86,
-    "same-term-recovery": 65,
-    "self-fence-majority": 19,
-    "shared-sync-once": 386,
-    "skip-log-matching": 76,
+    "accept-stale-term": 2,
+    "ack-one-replica": 5,
+    "adopt-shortest-log": 30,
+    "best-log-by-lsn": 30,
+    "catalog-no-sync": 67,
+    "fence-in-memory": 151,
+    "keep-partial-txn": 876,
+    "match-by-last-lsn": 267,
+    "no-stable-quorum": 598,
+    "non-atomic-batch": 8,
+    "owner-early-durable": 50,
+    "replica-early-durable": 36,
+    "retry-failed-fsync": 81,
+    "same-term-recovery": 67,
+    "self-fence-majority": 2,
+    "skip-log-matching": 2,
     "skip-producer-rebuild": 2,
 }
 
@@ -55,13 +54,14 @@ KNOWN_SEEDS: dict[str, int] = {
 #: the world, named here so that they stay visible (RELIABILITY.md, "The mutation
 #: suite"). A mutation leaves this list once a seed finds it.
 KNOWN_GAPS: dict[str, str] = {
-    "best-log-by-lsn": "not found in seeds 1-1000 (found at 604 by the world before issue 50's "
-    "last changes and the fixes of 706c470, 64ec428, 03b4472)",
-    "match-by-last-lsn": "not found in seeds 1-1000 since the Consume wait of e2a5a12 (it runs in "
-    "the simulated consumers) changed every history; found at 226 before it, and at 2092 now",
-    "retry-failed-fsync": "not found in seeds 1-1000 (found at 621 by the world before; an owner "
-    "stops at its first failed fdatasync whether or not it is recorded, so only a replica that "
-    "takes another append after one, then loses power, shows it)",
+    "count-old-term": "not found in seeds 1-1000 since streams deliver in order and a new "
+    "owner resumes a cut stream where it started (found at 405 before both)",
+    "replica-commit-unmatched": "not found in seeds 1-1000 since streams deliver in order and "
+    "a new owner resumes a cut stream where it started (found at 86 before both)",
+    "resend-durable-to-end": "not found in seeds 1-1000 since streams deliver in order and a "
+    "new owner resumes a cut stream where it started (found at 86 before both)",
+    "shared-sync-once": "not found in seeds 1-1000 since streams deliver in order and a new "
+    "owner resumes a cut stream where it started (found at 386 before both)",
 }
 
 

@@ -80,7 +80,8 @@ def test_a_few_hundred_seeds_find_no_violation_in_histories_worth_checking() -> 
     assert violations_by_seed(run.stderr) == {}
     # Histories worth checking: what the issue asked of the world.
     assert summary["power_cuts_dropping_bytes"] > 0 and summary["dropped_bytes"] > 0
-    assert summary["acknowledged_writes"] >= 100 * 300
+    # Hundreds a seed in the rich world (odd seeds), about a hundred in the plain one.
+    assert summary["acknowledged_writes"] >= 150 * 300
     assert summary["duplicate_answers"] > 0  # retries after an unknown outcome
     assert summary["entries_read"] > 0
     assert summary["leader_changes"] > 300  # the first election, and more
@@ -88,6 +89,9 @@ def test_a_few_hundred_seeds_find_no_violation_in_histories_worth_checking() -> 
     assert summary["buggified"] > 0
     assert summary["failovers"] > 3 * 300
     assert summary["rolling_upgrades"] > 0  # nodes of the version before atomic batches
+    assert summary["fsync_failures"] > 0
+    assert summary["brownouts"] > 0  # disks failing fsyncs, then a power cut
+    assert summary["split_brains"] > 0  # a cut-off owner writing while it is replaced
 
 
 def test_the_cli_prints_the_seed_and_the_trace_of_a_failure() -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import pytest
 from tests.wal.test_wal_log import Node, append, disk_view, frames_of, log_view, run, view
 from wal_segments import faults
 from wal_segments.log import LogError
-from wal_segments.segment import list_segment_files, open_segment
+from wal_segments.segment import list_segment_files, open_segment, segment_file_name
 
 
 @pytest.fixture
@@ -172,3 +174,36 @@ async def test_a_truncation_whose_fdatasync_fails_stops_the_log_until_it_is_reop
     assert log.read_frames_range(1, 1 << 20)[1] == log.last_lsn
     await append(log, 2, 3, 1, run(4, 5, 2))
     assert disk_view(node.directory) == view(run(1, 3, 1) + run(4, 5, 2))
+
+
+async def test_an_append_that_a_failing_seal_overtakes_is_never_durable(node: Node, hook) -> None:
+    """A background seal's fdatasync fails (EIO) while an append into the next segment is
+    being written: that append passed the log's usability check before the failure, and
+    its entries follow the seal's, which are not durable. It used to wait for nothing
+    (the failed seal was already done) and be reported durable after its own segment's
+    sync: an owner counted itself durable past a hole, and an entry committed that way
+    was lost (the simulation's seed 841). It now fails with the seal."""
+    log = node.log
+    assert log is not None
+    sealing = threading.Event()
+
+    def faulty(point: str, subject: str) -> None:
+        hook.append((point, subject))
+        if point == "wal.fsync" and subject.endswith(segment_file_name(1)):
+            # The seal's sync of segment 1 fails, once the next append is under way.
+            sealing.wait(10)
+            raise OSError(errno.EIO, "Input/output error")
+        if point == "wal.append" and segment_file_name(6) in subject and not sealing.is_set():
+            # The append creates segment 6 (a worker thread writes its header): the seal
+            # fails meanwhile.
+            sealing.set()
+            time.sleep(0.3)
+
+    faults.install(faulty)
+    sealed = await log.append(1, 0, 0, frames_of(run(1, 5, 1, seal_at=(5,))))
+    after = await log.append(1, 5, 1, frames_of(run(6, 8, 1)))
+    with pytest.raises(LogError):
+        await log.wait_durable(sealed)
+    with pytest.raises(LogError):
+        await log.wait_durable(after)
+    assert log.failure is not None

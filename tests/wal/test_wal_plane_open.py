@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from rpc.protos import errors_pb2 as E
+from tests.timing import scaled
 from wal_segments.fsync_policy import parse_fsync_policy
+from wal_segments.log import PChannelLog
 from wal_segments.owner import OwnerConfig
 from wal_segments.plane import Assignment, DataPlane
+from wal_segments.segment import SegmentCorrupted
 
 
 class _View:
@@ -55,5 +62,104 @@ async def test_a_cancelled_caller_leaves_the_log_opening_and_not_broken(tmp_path
         assert plane.broken == {}
         log = plane.logs["p"]
         assert await plane.log("p") is log  # opened once
+    finally:
+        await plane.close()
+
+
+class _Assigned:
+    """A view with one pchannel assigned to n1 alone, recovering at term 1, and the
+    proposer its owner asks to be ready."""
+
+    def __init__(self) -> None:
+        self.ready: list[int] = []
+
+    def assignments(self) -> dict[str, Assignment]:
+        return {"p": Assignment("p", 1, "n1", "ASSIGNING", ("n1",))}
+
+    async def reassign_to_self(self, pchannel: str, term: int) -> None:
+        return None
+
+    async def pchannel_ready(self, pchannel: str, term: int, start_lsn: int) -> int:
+        self.ready.append(term)
+        return E.OK
+
+    async def commit_segment(self, pchannel: str, term: int, fields: dict[str, object]) -> int:
+        return E.OK
+
+    def committed_through(self, pchannel: str) -> int:
+        return 0
+
+    def still_assigned(self, pchannel: str, term: int) -> bool:
+        return True
+
+
+def _assigned_plane(tmp_path: Path, view: _Assigned) -> DataPlane:
+    nothing: Any = None
+    proposer: Any = view
+    return DataPlane(
+        node_id="n1",
+        data_dir=tmp_path,
+        policy=parse_fsync_policy("always"),
+        owner_config=OwnerConfig(),
+        transport=nothing,
+        proposer=proposer,
+        view=view,
+    )
+
+
+def _failing_opens(monkeypatch: pytest.MonkeyPatch, error: Exception, times: int) -> list[str]:
+    """`PChannelLog.open` raises `error` for its first `times` calls (a disk answering
+    EIO for a while, or a malformed log), then opens; returns the pchannels it was
+    called for."""
+    calls: list[str] = []
+    real = PChannelLog.open.__func__  # type: ignore[attr-defined]
+
+    async def open_(cls: type[PChannelLog], directory: Path, pchannel: str, *args: Any) -> Any:
+        calls.append(pchannel)
+        if len(calls) <= times:
+            raise error
+        return await real(cls, directory, pchannel, *args)
+
+    monkeypatch.setattr(PChannelLog, "open", classmethod(open_))
+    return calls
+
+
+async def test_a_log_whose_open_failed_on_an_io_error_is_opened_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk that failed with EIO for a moment (a brown-out) works again: the next
+    reconcile opens the log and the assignment here is served. It used to stay broken for
+    the process's life, and an owner assigned to this node never started (the coordinator
+    moved the pchannel away on its assign timeout, and back again when the balancer
+    picked this node: the simulation's seed 8517 stalled that way)."""
+    calls = _failing_opens(monkeypatch, OSError(errno.EIO, "Input/output error"), times=1)
+    view = _Assigned()
+    plane = _assigned_plane(tmp_path, view)
+    try:
+        await plane.reconcile()
+        assert "p" in plane.broken and "p" not in plane.owners
+        await plane.reconcile()
+        assert calls == ["p", "p"]
+        assert plane.broken == {}
+        owner = plane.owners["p"]
+        await asyncio.wait_for(owner.ready.wait(), scaled(10))
+        assert view.ready == [1]
+    finally:
+        await plane.close()
+
+
+async def test_a_malformed_log_is_not_opened_again_by_every_reconcile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A malformed segment does not heal by itself: the pchannel stays reported broken
+    and is not opened again at every reconcile."""
+    corrupted = SegmentCorrupted(tmp_path / "p" / "x.seg", 0, "block 0 crc mismatch")
+    calls = _failing_opens(monkeypatch, corrupted, times=5)
+    plane = _assigned_plane(tmp_path, _Assigned())
+    try:
+        for _ in range(3):
+            await plane.reconcile()
+        assert calls == ["p"]
+        assert "p" in plane.broken and "p" not in plane.owners
     finally:
         await plane.close()

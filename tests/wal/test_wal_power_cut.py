@@ -256,3 +256,36 @@ async def test_an_append_below_the_retained_start_is_checked_by_its_entries(tmp_
     finally:
         await log.close()
         catalog.close()
+
+
+async def test_a_log_reopened_after_a_kill_syncs_what_its_writer_never_synced(tmp_path: Path):
+    """A node killed between a write and its fdatasync leaves the bytes in the page cache;
+    restarted, it reads them back. The log used to take them as durable as it found them:
+    a replica then answered a resent append it already held as durable, the owner counted
+    it, and a power cut before the kernel wrote the pages back lost an acknowledged entry
+    (the simulation's seed 5405). Reopening now syncs them first."""
+    root = tmp_path / "disk"
+    node = root / "n1"
+    node.mkdir(parents=True)
+    disk = SimDisk(root, random.Random(3))
+    catalog = Catalog(tmp_path / "catalog.db")
+    disk.install()
+    try:
+        # The writer's fdatasyncs never happen: it is killed before each.
+        unsynced = await PChannelLog.open(
+            node / "wal" / PCHANNEL, PCHANNEL, catalog, parse_fsync_policy("never")
+        )
+        await write(unsynced, 1, [entry(1, 1), entry(2, 1), entry(3, 1)])
+        assert disk.unsynced_bytes("n1") > 0
+        # Restarted: the page cache still holds the entries, and the log reads them.
+        log = await open_log(node / "wal", catalog)
+        assert terms(log) == [(1, 1), (2, 1), (3, 1)]
+        disk.crash("n1")  # the power goes before any later sync
+    finally:
+        disk.uninstall()
+    log = await open_log(node / "wal", catalog)
+    try:
+        assert terms(log) == [(1, 1), (2, 1), (3, 1)]
+    finally:
+        await log.close()
+        catalog.close()
