@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from rpc.protos import errors_pb2 as E
 from tests.timing import scaled
+from tests.wal.test_wal_owner_recovery import Loopback
 from wal_segments.fsync_policy import parse_fsync_policy
 from wal_segments.log import PChannelLog
 from wal_segments.owner import OwnerConfig
@@ -33,16 +33,18 @@ class _View:
         return None
 
 
-def _plane(tmp_path: Path) -> DataPlane:
+def _plane(tmp_path: Path, view: Any = None) -> DataPlane:
+    """A data plane of node n1 whose coordination view (and proposer) is `view`."""
     nothing: Any = None
+    view = view if view is not None else _View()
     return DataPlane(
         node_id="n1",
         data_dir=tmp_path,
         policy=parse_fsync_policy("always"),
         owner_config=OwnerConfig(),
         transport=nothing,
-        proposer=nothing,
-        view=_View(),
+        proposer=view,
+        view=view,
     )
 
 
@@ -66,45 +68,18 @@ async def test_a_cancelled_caller_leaves_the_log_opening_and_not_broken(tmp_path
         await plane.close()
 
 
-class _Assigned:
-    """A view with one pchannel assigned to n1 alone, recovering at term 1, and the
-    proposer its owner asks to be ready."""
+class _Assigned(Loopback):
+    """A view with one pchannel assigned to n1 alone, recovering at term 1; the proposer
+    its owner asks to be ready records (term, start_lsn) in `ready`."""
 
     def __init__(self) -> None:
-        self.ready: list[int] = []
+        super().__init__({})
 
     def assignments(self) -> dict[str, Assignment]:
         return {"p": Assignment("p", 1, "n1", "ASSIGNING", ("n1",))}
 
     async def reassign_to_self(self, pchannel: str, term: int) -> None:
         return None
-
-    async def pchannel_ready(self, pchannel: str, term: int, start_lsn: int) -> int:
-        self.ready.append(term)
-        return E.OK
-
-    async def commit_segment(self, pchannel: str, term: int, fields: dict[str, object]) -> int:
-        return E.OK
-
-    def committed_through(self, pchannel: str) -> int:
-        return 0
-
-    def still_assigned(self, pchannel: str, term: int) -> bool:
-        return True
-
-
-def _assigned_plane(tmp_path: Path, view: _Assigned) -> DataPlane:
-    nothing: Any = None
-    proposer: Any = view
-    return DataPlane(
-        node_id="n1",
-        data_dir=tmp_path,
-        policy=parse_fsync_policy("always"),
-        owner_config=OwnerConfig(),
-        transport=nothing,
-        proposer=proposer,
-        view=view,
-    )
 
 
 def _failing_opens(monkeypatch: pytest.MonkeyPatch, error: Exception, times: int) -> list[str]:
@@ -134,7 +109,7 @@ async def test_a_log_whose_open_failed_on_an_io_error_is_opened_again(
     picked this node: the simulation's seed 8517 stalled that way)."""
     calls = _failing_opens(monkeypatch, OSError(errno.EIO, "Input/output error"), times=1)
     view = _Assigned()
-    plane = _assigned_plane(tmp_path, view)
+    plane = _plane(tmp_path, view)
     try:
         await plane.reconcile()
         assert "p" in plane.broken and "p" not in plane.owners
@@ -143,7 +118,7 @@ async def test_a_log_whose_open_failed_on_an_io_error_is_opened_again(
         assert plane.broken == {}
         owner = plane.owners["p"]
         await asyncio.wait_for(owner.ready.wait(), scaled(10))
-        assert view.ready == [1]
+        assert [term for term, _ in view.ready] == [1]
     finally:
         await plane.close()
 
@@ -155,7 +130,7 @@ async def test_a_malformed_log_is_not_opened_again_by_every_reconcile(
     and is not opened again at every reconcile."""
     corrupted = SegmentCorrupted(tmp_path / "p" / "x.seg", 0, "block 0 crc mismatch")
     calls = _failing_opens(monkeypatch, corrupted, times=5)
-    plane = _assigned_plane(tmp_path, _Assigned())
+    plane = _plane(tmp_path, _Assigned())
     try:
         for _ in range(3):
             await plane.reconcile()
