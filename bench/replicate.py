@@ -293,7 +293,16 @@ async def caught_up(acks: dict[str, Any], seen: dict[str, float], since: float) 
     """Seconds from `since` until every key of `acks` was seen on the target (None: not
     within CATCH_UP_BUDGET_S)."""
     deadline = time.monotonic() + CATCH_UP_BUDGET_S
-    while not all(k in seen for k in acks):
+    # `seen` only grows: a cursor over the keys in order checks each key about once. (A
+    # scan from the first key at every poll took half a core of this 2-core machine while
+    # a backlog of 75,000 messages drained: the bench slowed the catch-up it measured.)
+    keys = list(acks)
+    done = 0
+    while True:
+        while done < len(keys) and keys[done] in seen:
+            done += 1
+        if done == len(keys):
+            break
         if time.monotonic() > deadline:
             return None
         await asyncio.sleep(0.02)
