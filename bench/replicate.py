@@ -34,7 +34,7 @@ site), as the subscriber of M does on B; each runs in a process of its own (`_Wa
 so that its delivery never waits for the producer's share of this process's GIL.
 
     .venv/bin/python bench/replicate.py [--seconds 10] [--sizes 200,10240]
-        [--rtts 0,10,50] [--loads 0.5,0.9] [--skip-nats] [--json]
+        [--rtts 0,10,50] [--loads 0.5,0.9] [--max-lag-ms 0] [--skip-nats] [--json]
 """
 
 from __future__ import annotations
@@ -409,7 +409,12 @@ class _SiteReader(StreamingClient):
 
 
 async def run_raftwal(
-    directory: Path, rtts: list[float], sizes: list[int], loads: list[float], seconds: float
+    directory: Path,
+    rtts: list[float],
+    sizes: list[int],
+    loads: list[float],
+    seconds: float,
+    max_lag_ms: int = 0,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"alone": {}, "runs": []}
     groups = [[0.0]] if 0 in rtts else []
@@ -417,7 +422,7 @@ async def run_raftwal(
         groups.append([r for r in rtts if r > 0])
     for group in groups:
         await _raftwal_group(directory / ("wan" if group[0] > 0 else "lan"), group, sizes,
-                             loads, seconds, out)  # fmt: skip
+                             loads, seconds, out, max_lag_ms)  # fmt: skip
     return out
 
 
@@ -428,6 +433,7 @@ async def _raftwal_group(
     loads: list[float],
     seconds: float,
     out: dict[str, Any],
+    max_lag_ms: int = 0,
 ) -> None:
     """Two clusters for `group`'s round trips (linked directly, or through the delaying
     proxy when they are > 0), every size and load at each; results added to `out`."""
@@ -436,7 +442,13 @@ async def _raftwal_group(
     link: _LinkProcess | None = None
     watcher: _Watcher | None = None
     try:
-        source = await asyncio.to_thread(dev.up, sub / "source", 3, 120.0, cluster_id="source")
+        # The source's flow control (ClusterConfig.replicate_max_lag_ms), when asked for.
+        source_config = replace(dev.make_config(sub / "source", 3), replicate_max_lag_ms=max_lag_ms)
+        source = await asyncio.to_thread(
+            functools.partial(
+                dev.up, sub / "source", 3, 120.0, config=source_config, cluster_id="source"
+            )
+        )
         clusters.append(source)
         config = None
         if wan:
@@ -651,12 +663,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "rtts_ms": args.rtts,
         "sizes": args.sizes,
         "loads": args.loads,
+        "max_lag_ms": args.max_lag_ms,
         "loadavg_start": os.getloadavg()[0],
     }
     try:
         report["raftwal"] = await run_raftwal(
-            directory / "raftwal", args.rtts, args.sizes, args.loads, args.seconds
-        )
+            directory / "raftwal", args.rtts, args.sizes, args.loads, args.seconds,
+            args.max_lag_ms,
+        )  # fmt: skip
         # JetStream at raftwal's rates: the same load on both.
         rates = {
             (run["rtt_ms"], run["size"]): {
@@ -723,12 +737,20 @@ def main() -> int:
         default=[0.5, 0.9],
         help="paced phases as fractions of raftwal's maximum (default 0.5,0.9)",
     )
+    parser.add_argument(
+        "--max-lag-ms",
+        type=int,
+        default=0,
+        help="the source's replicate_max_lag_ms, flow control (default 0: off)",
+    )
     parser.add_argument("--nats-server", default=None, help="nats-server binary")
     parser.add_argument("--skip-nats", action="store_true", help="raftwal only")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.seconds <= 0:
         parser.error(f"invalid --seconds (got {args.seconds}; expected > 0)")
+    if args.max_lag_ms < 0:
+        parser.error(f"invalid --max-lag-ms (got {args.max_lag_ms}; expected >= 0)")
     # SIGTERM as Ctrl-C: the run is cancelled and stops the clusters and servers it started
     # (the nodes run in sessions of their own, so nothing else would).
     signal.signal(signal.SIGTERM, signal.default_int_handler)

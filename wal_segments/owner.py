@@ -37,6 +37,7 @@ durably; acknowledging anything after a higher term was seen.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import errno
 import heapq
@@ -45,7 +46,7 @@ import json
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -453,6 +454,9 @@ class ChannelOwner:
         #: (committed lsn, monotonic time it committed), oldest first: how long a replica
         #: has been behind (`replica_lags_s`)
         self._commit_times: deque[tuple[int, float]] = deque(maxlen=COMMIT_TIMES_KEPT)
+        #: Admission checks a client write passes in its turn, before it takes its LSNs
+        #: (`add_admission`): flow control of cross-cluster replication.
+        self._admissions: dict[object, Callable[[], Awaitable[None]]] = {}
         if self._external:
             assert wal is not None
             wal.on_durable(self._external_reported)
@@ -501,6 +505,28 @@ class ChannelOwner:
                 else min(self.committed_lsn, self.start_lsn - 1)
             )
         return 0
+
+    def commit_age_s(self, after_lsn: int) -> float:
+        """How long ago the oldest committed entry after `after_lsn` was committed: 0 when
+        none is; past the COMMIT_TIMES_KEPT newest commit points, the oldest kept one's
+        age (a lower bound)."""
+        times = self._commit_times
+        if self.committed_lsn <= after_lsn or not times:
+            return 0.0
+        index = bisect.bisect_right(times, after_lsn, key=lambda point: point[0])
+        at = times[min(index, len(times) - 1)][1]
+        return max(0.0, time.monotonic() - at)
+
+    def add_admission(self, key: object, admit: Callable[[], Awaitable[None]]) -> None:
+        """Make every client write await `admit()` in its turn, before it takes its LSNs
+        (its wait holds the writers behind it, in order: a producer's pipelined batches
+        still reach the log in sequence). `admit` decides when to let writes go on and
+        must not wait for this owner's own writes. A retried batch already written is
+        answered without waiting."""
+        self._admissions[key] = admit
+
+    def remove_admission(self, key: object) -> None:
+        self._admissions.pop(key, None)
 
     def replica_positions(self) -> dict[str, int]:
         positions = {self.node_id: self._self_durable}
@@ -1732,6 +1758,8 @@ class ChannelOwner:
         # under the write lock, where the producer table cannot change: a retry that
         # raced its own first attempt is answered as a duplicate, never written twice.
         async with self._write_turn:
+            for admission in list(self._admissions.values()):
+                await admission()
             await self._wait_room()
             await self._write_lock.acquire()
         try:

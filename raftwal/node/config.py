@@ -305,6 +305,13 @@ class ClusterConfig:
     # ClusterStatus flags a replication target (docs/replication.md) whose recorded
     # checkpoint is this many LSNs behind its source pchannel's committed LSN.
     replicate_lag_warn_entries: int = 10_000
+    # Flow control for cross-cluster replication (docs/replication.md, "Flow control"): an
+    # owner holds its clients' writes while a replication target that is acknowledging
+    # lags this pchannel by more than this (the age of the oldest committed entry it does
+    # not hold), so a standby that cannot keep up slows the source instead of falling
+    # behind without bound (a bounded RPO, at the source's cost). A target that stopped
+    # acknowledging is not waited for. 0: off.
+    replicate_max_lag_ms: int = 0
     # How much less CPU priority a node's data workers get than its control process
     # (the niceness added to theirs, 0..19): a coordination write or a lease keep-alive
     # never queues behind the WAL (docs/architecture.md, "Processes of a node").
@@ -397,6 +404,7 @@ _ZERO_MEANS_OFF = frozenset(
         "disk_soft_min_free_bytes",
         "disk_hard_min_free_bytes",
         "raft_reserve_bytes",
+        "replicate_max_lag_ms",
     }
 )
 

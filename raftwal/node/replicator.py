@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -62,6 +63,7 @@ import grpc
 
 from raftwal.services.backend import DataViewSnapshot
 from raftwal.services.replicated import RESERVED_PREFIX, producer_id
+from rpc.aio import Signal
 from rpc.credentials import ClientSecurity, CredentialsError
 from rpc.errors import RaftwalError, from_rpc_error
 from rpc.protos import coordination_pb2 as pb
@@ -116,6 +118,11 @@ RATE_WINDOW_S = 30.0
 #: it) cannot keep up: its status says so in one line, logged at most every WARN_EVERY_S.
 BEHIND_LAG_S = 5.0
 WARN_EVERY_S = 60.0
+#: Flow control (ClusterConfig.replicate_max_lag_ms): a write held because the target lags
+#: looks again at least this often, and a target that acknowledged nothing for
+#: FLOW_STALLED_S is not waited for (a standby that is down must not stop the source).
+FLOW_POLL_S = 0.05
+FLOW_STALLED_S = 2.0
 #: How often a replicator reads the replication configuration again (a switchover's
 #: pause is seen within this).
 CONFIGURATION_EVERY_S = 0.1
@@ -153,6 +160,11 @@ class ReplicatorHost(Protocol):
 
     @property
     def cluster_id(self) -> str: ...
+
+    @property
+    def max_lag_s(self) -> float:
+        """Flow control's bound (ClusterConfig.replicate_max_lag_ms; 0: off)."""
+        ...
 
     def replicate_configuration(self) -> pb.ReplicateConfiguration:
         """The applied replication configuration (a copy)."""
@@ -500,6 +512,12 @@ class _Replicator:
         self.warned_at = float("-inf")
         # When the target last acknowledged a batch (or the replicator started).
         self.acked_at = time.monotonic()
+        # Flow control (`admit`): set whenever `confirmed` moves; writes held, and for how
+        # long in all (seconds), since the replicator started.
+        self.moved = Signal()
+        self.held_writes = 0
+        self.held_s = 0.0
+        self.flow_logged_at = float("-inf")
         self.published = api.ReplicatorStatus(
             pchannel=edge.pchannel,
             term=edge.term,
@@ -550,12 +568,20 @@ class _Replicator:
         )
         backoff = RETRY_MIN_S
         stream: ProduceStream | None = None
+        # The owner whose writes this replicator's flow control holds (None: none).
+        gated: ChannelOwner | None = None
         async with StreamingClientBase(list(edge.target.endpoints), security=security) as client:
             try:
                 while True:
                     owner = self.host.serving_owner(edge.pchannel)
                     if owner is None or not owner.serving or owner.term != edge.term:
                         return  # no longer the owner at this term: the next round decides
+                    bound_s = self.host.max_lag_s
+                    if bound_s > 0 and owner is not gated:
+                        if gated is not None:
+                            gated.remove_admission(self)
+                        owner.add_admission(self, functools.partial(self.admit, owner, bound_s))
+                        gated = owner
                     address, term = "", 0
                     try:
                         route = await client.router.owner(edge.target_pchannel, CALL_TIMEOUT_S)
@@ -681,10 +707,51 @@ class _Replicator:
                         await asyncio.sleep(backoff)
                         backoff = min(RETRY_MAX_S, backoff * 2)
             finally:
+                if gated is not None:
+                    gated.remove_admission(self)
                 if stream is not None:
                     await stream.close()
                 if self.recording is not None:
                     self.recording.cancel()
+
+    def flowing(self) -> bool:
+        """Whether the target takes batches now: flow control waits only for such a one."""
+        return (
+            not self.retrying
+            and self.gap is None
+            and not self.claimed
+            and time.monotonic() - self.acked_at < FLOW_STALLED_S
+        )
+
+    async def admit(self, owner: ChannelOwner, bound_s: float) -> None:
+        """Flow control (an owner's admission check, `ChannelOwner.add_admission`): hold a
+        client write while the oldest committed entry the target does not hold is older
+        than `bound_s`, as long as the target keeps acknowledging. What it waits for is
+        the target's answers, never this owner's writes."""
+        started = None
+        try:
+            while owner.commit_age_s(self.confirmed) > bound_s and self.flowing():
+                if started is None:
+                    started = time.monotonic()
+                    self.held_writes += 1
+                    if started - self.flow_logged_at >= WARN_EVERY_S:
+                        self.flow_logged_at = started
+                        log.info(
+                            "replicate %s -> %s/%s: holding client writes while the target "
+                            "lags %.1f s behind (replicate_max_lag_ms: %.0f ms; %d writes held "
+                            "so far, %.1f s in all)",
+                            self.edge.pchannel,
+                            self.edge.target.cluster_id,
+                            self.edge.target_pchannel,
+                            owner.commit_age_s(self.confirmed),
+                            bound_s * 1000,
+                            self.held_writes,
+                            self.held_s,
+                        )
+                await self.moved.wait_within(FLOW_POLL_S)
+        finally:
+            if started is not None:
+                self.held_s += time.monotonic() - started
 
     def _reset(self) -> None:
         """Forget the pipeline: what it sent may or may not be on the target, which the
@@ -946,6 +1013,8 @@ class _Replicator:
                 self.applied_bytes += head.batch.size
             self.confirmed = head.batch.scanned_through
             self.inflight.popleft()
+            self.moved.set()
+            self.moved.clear()
 
     def _measure(self, owner: ChannelOwner, force: bool = False) -> None:
         """Publish the status (at most every STATUS_EVERY_S unless `force`) and, when the

@@ -90,6 +90,10 @@ class _ReplicatorHost:
     def cluster_id(self) -> str:
         return self._worker.cluster_id
 
+    @property
+    def max_lag_s(self) -> float:
+        return self._worker.config.replicate_max_lag_ms / 1000
+
     def replicate_configuration(self) -> pb.ReplicateConfiguration:
         def reader(state: pb.CoordinationState) -> pb.ReplicateConfiguration:
             copy = pb.ReplicateConfiguration()

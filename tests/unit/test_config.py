@@ -65,11 +65,23 @@ def test_secret_from_file_and_environment(tmp_path: Path) -> None:
         ({"nodes": [{**n, "role": "data"} for n in NODES]}, "no voting node"),
         ({"nodes": NODES, "cluster": {"cluster_id": "../east"}}, "cluster.cluster_id \\('../east'"),
         ({"nodes": NODES, "cluster": {"cluster_id": 7}}, "cluster.cluster_id \\(7; expected"),
+        (
+            {"nodes": NODES, "cluster": {"replicate_max_lag_ms": -1}},
+            "cluster.replicate_max_lag_ms \\(-1",
+        ),
     ],
 )
 def test_invalid_configs_say_what_was_expected(tmp_path: Path, data, message) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_config(data, tmp_path, environ={})
+
+
+def test_replication_flow_control_is_off_by_default_and_takes_a_bound(tmp_path: Path) -> None:
+    assert parse_config({"nodes": NODES}, tmp_path, environ={}).replicate_max_lag_ms == 0
+    data = {"nodes": NODES, "cluster": {"replicate_max_lag_ms": 1500}}
+    assert parse_config(data, tmp_path, environ={}).replicate_max_lag_ms == 1500
+    data = {"nodes": NODES, "cluster": {"replicate_max_lag_ms": 0}}
+    assert parse_config(data, tmp_path, environ={}).replicate_max_lag_ms == 0
 
 
 def test_bad_environment_value(tmp_path: Path) -> None:
