@@ -33,7 +33,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -584,7 +584,7 @@ class _Nemesis:
 
 async def _run(
     seed: int, duration_s: float, directory: Path, pchannel_count: int, rate_per_s: float,
-    progress: Callable[[str], None], kinds: tuple[str, ...] = FAULTS,
+    progress: Callable[[str], None], kinds: tuple[str, ...] = FAULTS, max_lag_ms: int = 0,
 ) -> ReplicateReport:  # fmt: skip
     report = ReplicateReport(seed, duration_s, str(directory))
     rng = random.Random(seed)
@@ -593,6 +593,10 @@ async def _run(
     try:
         for side in (SOURCE, TARGET):
             config = dev.make_config(directory / side, 3)
+            if side == SOURCE:
+                # The source's flow control (docs/replication.md), when asked for: writes
+                # held while the target catches up after a fault.
+                config = replace(config, replicate_max_lag_ms=max_lag_ms)
             if any(kind.startswith("power") for kind in kinds):
                 # FUSE only for power cuts (raftwal.chaos.powerfs): every data dir of
                 # both clusters on a PowerFS mount for the whole run.
@@ -715,10 +719,12 @@ def run_replicate_chaos(
     rate_per_s: float = 50.0, progress: Callable[[str], None] | None = None,
     faults: tuple[str, ...] | None = None,
     kinds: tuple[str, ...] | None = None,
+    max_lag_ms: int = 0,
 ) -> ReplicateReport:  # fmt: skip
     """One run; `faults` are `raftwal chaos --faults` names (None: every kind but power),
-    or `kinds` the fault kinds themselves (FAULTS, the power ones). Raises ValueError for
-    a fault this mode does not have."""
+    or `kinds` the fault kinds themselves (FAULTS, the power ones); `max_lag_ms`: the
+    source's replicate_max_lag_ms (0: no flow control). Raises ValueError for a fault
+    this mode does not have."""
     if kinds is None:
         kinds = fault_kinds(faults)
     unknown = sorted(set(kinds) - set(FAULTS) - {"power-source", "power-target"})
@@ -728,7 +734,9 @@ def run_replicate_chaos(
     if directory is None:
         directory = Path(tempfile.mkdtemp(prefix="raftwal-chaos-rp-"))
     directory.mkdir(parents=True, exist_ok=True)
-    return asyncio.run(_run(seed, duration_s, directory, pchannels, rate_per_s, say, kinds))
+    return asyncio.run(
+        _run(seed, duration_s, directory, pchannels, rate_per_s, say, kinds, max_lag_ms)
+    )
 
 
 __all__ = ["NOT_DONE_CODES", "ReplicateReport", "check_logs", "run_replicate_chaos"]
