@@ -377,8 +377,10 @@ class SimDisk:
         self._stash_count = 0
         self.sync_failures = 0
         self._installed = False
-        #: node -> (syncs to let pass, what to call at the next one instead of syncing)
-        self._armed: dict[str, tuple[int, Callable[[], None]]] = {}
+        #: node -> (syncs to let pass, what to call at the next one, whether that sync
+        #: still happens: False for a crash, True for a fault that leaves the node up,
+        #: and what the path of a file whose syncs count holds: `arm`)
+        self._armed: dict[str, tuple[int, Callable[[], None], bool, str]] = {}
         #: node -> what to call in the middle of its next write to a file (a power cut)
         self._armed_writes: dict[str, Callable[[], None]] = {}
         #: node -> the rate its file syncs fail at for now (a brown-out), instead of
@@ -393,10 +395,21 @@ class SimDisk:
     def heal_syncs(self, node: str) -> None:
         self._failing.pop(node, None)
 
-    def arm(self, node: str, crash: Callable[[], None], skip: int = 0) -> None:
+    def arm(
+        self,
+        node: str,
+        crash: Callable[[], None],
+        skip: int = 0,
+        *,
+        sync: bool = False,
+        under: str = "",
+    ) -> None:
         """Call `crash` at `node`'s file sync after the next `skip` ones, before it takes
-        effect (a crash in the window between a write and its fsync)."""
-        self._armed[node] = (skip, crash)
+        effect (a crash in the window between a write and its fsync). With `sync`, the
+        call is a fault that leaves the node running (a partition, say) and the sync then
+        happens as usual; with `under`, only the syncs of files whose path holds it count
+        (one pchannel's log)."""
+        self._armed[node] = (skip, crash, sync, under)
 
     def arm_write(self, node: str, crash: Callable[[], None]) -> None:
         """Cut `node`'s power in the middle of its next write to a file: only the write's
@@ -598,14 +611,15 @@ class SimDisk:
             _REAL[what](fd)
             return
         armed = None if opened.is_dir else self._armed.get(opened.node)
-        if armed is not None:
-            skip, crash = armed
+        if armed is not None and armed[3] in opened.path:
+            skip, crash, goes_on, under = armed
             if skip > 0:
-                self._armed[opened.node] = (skip - 1, crash)
+                self._armed[opened.node] = (skip - 1, crash, goes_on, under)
             else:
                 del self._armed[opened.node]
-                crash()  # the node crashes now: this sync never happens
-                raise _eio(what)
+                crash()
+                if not goes_on:
+                    raise _eio(what)  # the node crashed: this sync never happens
         failure_rate = self._failing.get(opened.node, self.sync_failure_rate)
         if not opened.is_dir and failure_rate and (self._rng.random() < failure_rate):
             # Linux marks the pages it failed to write clean: what they held is lost at

@@ -120,6 +120,8 @@ VOTERS = 3
 #: Virtual seconds of faults of a seed of each profile (`World.rich`).
 PLAIN_DURATION_S = 2.5
 RICH_DURATION_S = 4.0
+#: Virtual seconds of faults the isolation ring adds to its seeds (`World._isolation_ring`)
+RING_EXTRA_S = 3.0
 
 
 def rich_profile(seed: int) -> bool:
@@ -971,6 +973,13 @@ class World:
         self._churn_left = 0
         #: no random fault before this time (a scenario plays out: `_plan_scenario`)
         self._quiet_until = 0.0
+        #: the isolation ring (`_isolation_ring`): its pchannel, how many of its next
+        #: owners it still takes on, the links it holds cut, and a serial per isolation
+        self._ring_pchannel = ""
+        self._ring_rounds = 0
+        self._ring_links: set[frozenset[str]] = set()
+        self._ring_isolated = ""
+        self._ring_serial = 0
         self.raft: SimRaft
 
     # -- tracing ---------------------------------------------------------------------------
@@ -1175,6 +1184,9 @@ class World:
         # Tail recovery is short: faults at random times rarely land in it. Now and
         # then the new owner crashes at one of its next syncs, mid-recovery.
         owner = assign.node_id
+        if self._ring_rounds > 0 and assign.pchannel == self._ring_pchannel:
+            self._ring_round(assign)
+            return
         if self._churn_left > 0:
             # Owner churn (`_plan_scenario`): the next owners each fail a moment into
             # their tail recovery, or at one of its first syncs, each leaving it half
@@ -1391,6 +1403,129 @@ class World:
                     self._churn_left = churn
 
                 self.loop.call_later(at, begin, context=self.driver_context)
+        elif roll < 0.65:
+            # Early in the faults, and with more of them: each round of the ring takes a
+            # failover (the node timeout), and its story is the rounds after the first.
+            at = self.options.settle_s + rng.uniform(0.0, 0.2) * self.duration_s
+            self.duration_s += RING_EXTRA_S
+            self.loop.call_later(at, self._isolation_ring, context=self.driver_context)
+            self._quiet_until = self.clock.now + self.options.settle_s + self.duration_s
+
+    def _isolation_ring(self) -> None:
+        """Jepsen's "isolate the primary", over and over: a pchannel's serving owner is cut
+        off from every node (its clients still reach it, and it goes on writing their
+        batches into its own log, never acknowledged); it is judged down and replaced,
+        and each of the next owners meets a failure of its own early in its tail
+        recovery (`_ring_round`), while the node cut off before is reachable again. One
+        node is cut off at a time, so a majority always remains and the pchannel keeps
+        failing over: each recovery meets the half-done work of the ones before."""
+        rng = self.rng
+        serving = [
+            p
+            for p in self.pchannels
+            if self.state.pchannels[p].state == pb.PCHANNEL_STATE_ASSIGNED
+            and self.nodes[self.state.pchannels[p].owner_node_id].running
+        ]
+        if not self.faulting or not serving:
+            return
+        name = rng.choice(serving)
+        self._ring_pchannel = name
+        self._ring_rounds = rng.randint(4, 8)
+        self.trace_line("sim", f"isolation ring on {name}: {self._ring_rounds} owners")
+        self._ring_isolate(self.state.pchannels[name].owner_node_id)
+
+    def _ring_round(self, assign: pb.AssignPChannel) -> None:
+        """A new owner of the ring's pchannel fails early in its recovery, in one of two
+        ways, drawn:
+
+        - its own link flaps: it is cut off at one of its first syncs of the pchannel's
+          log, so what it writes then (its term start) may be on its disk only;
+        - its rack's power feed fails: a replica on that feed sees its disk's fsyncs
+          fail from one of its next syncs of the pchannel's log on (a brown-out: what it
+          took and acknowledged before is durable, what came after is not), then loses
+          power; the owner, on its second power supply, stays up, and is cut off a
+          moment later, when the rack's switch, on the failed feed, goes dark. A replica
+          the owner was catching up keeps the acknowledged part of the catch-up only.
+
+        Either way the node the ring cut off before is reachable again from that moment
+        on, so the next owner is drawn among the nodes that just took part."""
+        rng = self.rng
+        self._ring_rounds -= 1
+        owner = assign.node_id
+        others = [
+            n
+            for n in assign.replica_node_ids
+            if n not in (owner, self._ring_isolated) and self.nodes[n].running
+        ]
+        if rng.random() < 0.5 or not others:
+            self.trace_line("sim", f"isolation ring: {owner} is cut off at one of its syncs")
+            self.disk.arm(
+                owner,
+                functools.partial(self._ring_isolate, owner),
+                rng.randint(0, 2),
+                sync=True,
+                under=f"/wal/{assign.pchannel}/",
+            )
+            return
+        victim = rng.choice(others)
+        back = rng.uniform(0.2, 2.0)
+        sag_s = rng.uniform(0.01, 0.3)
+        rate = rng.choice([0.5, 1.0])
+        switch_s = rng.uniform(0.02, 0.25)
+        self.trace_line(
+            "sim",
+            f"isolation ring: {owner}'s rack loses power, from one of {victim}'s syncs on",
+        )
+
+        def sags() -> None:
+            self.result.brownouts += 1
+            self.trace_line(
+                "sim",
+                f"brown-out: fsyncs fail on {victim} {rate:.0%} for {sag_s * 1000:.0f} ms, "
+                f"then the power goes; {owner} is cut off {switch_s * 1000:.0f} ms later",
+            )
+            self.disk.fail_syncs(victim, rate)
+            self.loop.call_later(sag_s, fails, context=self.driver_context)
+
+        def fails() -> None:
+            self.disk.heal_syncs(victim)
+            if self.faulting:
+                self._crash(victim, True, back=back)
+            self.loop.call_later(switch_s, self._ring_isolate, owner, context=self.driver_context)
+
+        self.disk.arm(victim, sags, rng.randint(1, 4), sync=True, under=f"/wal/{assign.pchannel}/")
+
+    def _ring_isolate(self, node_id: str) -> None:
+        """Reconnect the node the ring cut off last, and cut `node_id` off from every
+        node, for long enough to be replaced (the next owner's failure, or at most a few
+        seconds, ends it)."""
+        self.partitions -= self._ring_links
+        self._ring_links = set()
+        self._ring_isolated = ""
+        if not self.faulting:
+            return
+        links = {frozenset((node_id, other)) for other in sorted(self.nodes) if other != node_id}
+        self._ring_links = links
+        self._ring_isolated = node_id
+        self._ring_serial += 1
+        serial = self._ring_serial
+        self.partitions |= links
+        for stream in sorted(self.streams, key=lambda s: s.serial):
+            if frozenset((stream.source, stream.target)) in links:
+                stream.break_()
+        self.trace_line("sim", f"isolation ring: {node_id} cut off from every node")
+
+        def heal() -> None:
+            if self._ring_serial == serial:
+                self.partitions -= self._ring_links
+                self._ring_links = set()
+                self._ring_isolated = ""
+
+        self.loop.call_later(
+            self.rng.uniform(1.5, 3.0) if self._ring_rounds > 0 else self.rng.uniform(1.0, 2.0),
+            heal,
+            context=self.driver_context,
+        )
 
     def _split_brain(self) -> None:
         """A pchannel's owner is cut off from every node, long enough to be replaced,
