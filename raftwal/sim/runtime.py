@@ -164,6 +164,8 @@ class SimLoop(asyncio.SelectorEventLoop):
         start_fraction: Callable[[], float] = lambda: 1.0,
     ) -> None:
         super().__init__(_Selector(clock))
+        #: paused incarnations (`pause`) -> their callbacks that became ready meanwhile
+        self._held: dict[Incarnation, list[asyncio.Handle]] = {}
         self._sim_clock = clock
         self._latency_s = latency_s
         self._start_fraction = start_fraction
@@ -227,11 +229,32 @@ class SimLoop(asyncio.SelectorEventLoop):
             handle = heapq.heappop(scheduled)[1]
             handle._scheduled = False  # type: ignore[attr-defined]
             ready.append(handle)
+        held = self._held
         for _ in range(len(ready)):
             handle = ready.popleft()
             if not handle._cancelled:
+                if held:
+                    incarnation = handle._context.get(NODE)  # type: ignore[attr-defined]
+                    if incarnation is not None and incarnation in held:
+                        held[incarnation].append(handle)
+                        continue
                 handle._run()
         handle = None  # breaks a reference cycle when a callback raised
+
+    def pause(self, incarnation: Incarnation) -> None:
+        """Stop running `incarnation`'s code (SIGSTOP, a VM frozen, a long garbage
+        collection): its callbacks wait, in the order they became ready, until `resume`.
+        The clock goes on; what others send it waits in its socket buffers."""
+        self._held.setdefault(incarnation, [])
+
+    def resume(self, incarnation: Incarnation) -> None:
+        """Run `incarnation`'s code again, from what became ready first."""
+        handles = self._held.pop(incarnation, None)
+        if handles:
+            self._ready.extend(handles)  # type: ignore[attr-defined]
+
+    def paused(self, incarnation: Incarnation | None) -> bool:
+        return incarnation is not None and incarnation in self._held
 
     def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> Any:
         future = self.create_future()

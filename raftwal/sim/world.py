@@ -303,6 +303,9 @@ class _Stream:
             deque(),
         )
         self._ends: list[Incarnation | None] = [world.nodes[source].incarnation, None]
+        #: per direction: (when the sender retransmits, when that arrives) of the last
+        #: segment a retransmission timeout held back (`World.stall_s`)
+        self._held = [(0.0, 0.0), (0.0, 0.0)]
         self._started = False
         #: per direction: what was sent after this is lost (a power cut of the sender
         #: loses what was still in its socket buffers)
@@ -315,12 +318,23 @@ class _Stream:
         delay = world.net_delay()
         if direction == 0 and not self._sent_at[0]:
             delay += world.net_delay() * 2  # the first message waits for the connection
+        if item is not None:
+            stall = world.stall_s()
+            if stall:
+                # A lost segment: the sender's kernel retransmits it after the RTO, and
+                # the receiver's delivers nothing after it on this connection meanwhile
+                # (head-of-line blocking); other connections are not held back.
+                self._held[direction] = (sent + stall, sent + stall + delay)
+                delay += stall
         at = max(sent + delay, self._sent_at[direction])
         self._sent_at[direction] = at
         queue = self._requests if direction == 0 else self._responses
         receiver = self._ends[1 - direction]
         in_flight = self._in_flight[direction]
-        in_flight.append((sent, item))
+        resent_at, held_until = self._held[direction]
+        # What waits behind a retransmission is still the sender's to send then: a power
+        # cut of the sender before that loses it (`lost_after`).
+        in_flight.append((max(sent, resent_at) if at <= held_until else sent, item))
 
         def arrive() -> None:
             # In order, as on a TCP connection: arrivals are due in the order sent, but
@@ -564,6 +578,9 @@ class SimNode:
         incarnation = self.incarnation
         assert incarnation is not None and incarnation.alive
         incarnation.alive = False
+        # A paused process dies too: what it had pending runs now, and finds it dead.
+        self.world.paused_nodes.discard(self.node_id)
+        self.world.loop.resume(incarnation)
         self.down_since = self.world.clock.now
         for task in list(incarnation.tasks):
             task.cancel()
@@ -615,15 +632,23 @@ class SimRaft:
 
     def reaches_quorum(self, leader: str) -> bool:
         world = self.world
-        if not world.nodes[leader].running:
+        if not world.nodes[leader].running or leader in world.paused_nodes:
             return False
-        count = sum(1 for v in self.voters if v == leader or world.link_up(leader, v))
+        count = sum(
+            1
+            for v in self.voters
+            if v == leader or (world.link_up(leader, v) and v not in world.paused_nodes)
+        )
         return count >= self.majority
 
     def reaches(self, node_id: str) -> bool:
-        """Whether the leader's log reaches `node_id` now."""
+        """Whether the leader's log reaches `node_id` now (a paused node answers nothing)."""
         leader = self.leader
-        return leader is not None and (node_id == leader or self.world.link_up(leader, node_id))
+        return (
+            leader is not None
+            and node_id not in self.world.paused_nodes
+            and (node_id == leader or self.world.link_up(leader, node_id))
+        )
 
     async def run(self) -> None:
         world = self.world
@@ -981,6 +1006,20 @@ class World:
         self._ring_isolated = ""
         self._ring_serial = 0
         self.raft: SimRaft
+        # TCP retransmission timeouts (`stall_s`), drawn from a generator of their own:
+        # a seed where none fires plays the history it played without them.
+        self._net_rng = random.Random(f"tcp-stall:{seed}")
+        self.stall_rate = self._net_rng.choice([0.0, 0.003, 0.01, 0.03])
+        # Disk stalls (`disk_stalls`), likewise from a generator of their own: the mean
+        # time between two (0: none in this seed), and node -> when its stall ends.
+        self._disk_stall_rng = random.Random(f"disk-stall:{seed}")
+        self.disk_stall_every_s = self._disk_stall_rng.choice([0.0, 0.0, 0.5, 1.5])
+        self.disk_stalled_until: dict[str, float] = {}
+        # Process pauses (`pauses`), from a generator of their own: the mean time between
+        # two (0: none in this seed), and the nodes paused now.
+        self._pause_rng = random.Random(f"pause:{seed}")
+        self.pause_every_s = self._pause_rng.choice([0.0, 0.0, 0.7, 2.0])
+        self.paused_nodes: set[str] = set()
 
     # -- tracing ---------------------------------------------------------------------------
 
@@ -1006,14 +1045,35 @@ class World:
 
     def _io_latency(self) -> float:
         rng = self.rng
-        return 0.0002 + self.io_scale * (
+        latency = 0.0002 + self.io_scale * (
             rng.expovariate(1 / 0.001) if rng.random() < 0.9 else rng.uniform(0.005, 0.03)
         )
+        if self.disk_stalled_until:
+            incarnation = NODE.get()
+            until = self.disk_stalled_until.get(incarnation.node_id) if incarnation else None
+            if until is not None and until > self.clock.now:
+                # The disk completes nothing until the stall ends (`disk_stalls`).
+                latency += until - self.clock.now
+        return latency
 
     def net_delay(self) -> float:
         return self.base_delay_s * (0.5 + self.rng.random()) + (
             self.rng.uniform(0.01, 0.08) if self.rng.random() < 0.03 else 0.0
         )
+
+    def stall_s(self) -> float:
+        """How long a message sent now waits for a retransmission (0: not at all). A
+        segment lost on the wire is sent again after the retransmission timeout (Linux:
+        200 ms at least, doubled at each further loss), and TCP delivers nothing after
+        it on that connection meanwhile; a message on another connection (a new stream,
+        a unary call) is not held back, so it may overtake the held one. This is how a
+        stream an owner has given up on still delivers requests after the stream that
+        replaced it, and how an owner of an older term still reaches a replica after the
+        newer owner's first messages."""
+        rng = self._net_rng
+        if not self.faulting or not self.stall_rate or rng.random() >= self.stall_rate:
+            return 0.0
+        return 0.2 * 2 ** rng.choice([0, 0, 1, 1, 2, 3])
 
     def _up(self, endpoint: str) -> bool:
         node = self.nodes.get(endpoint)
@@ -1095,11 +1155,15 @@ class World:
         if not self.link_up(source, target) or self.rng.random() < self.lost_reply_rate / 2:
             return await answer  # lost: never answered
         lose_answer = self.rng.random() < self.lost_reply_rate / 2
+        sender = self.nodes[source].incarnation if source in self.nodes else None
+        request_stall = self.stall_s()
 
         def arrive() -> None:
             node = self.nodes[target]
             if not node.running or node.servicer is None or not self.link_up(source, target):
                 return
+            if request_stall and sender is not None and not sender.alive:
+                return  # its sender died before it retransmitted the request
             handler = getattr(node.servicer, method)
 
             async def handle() -> None:
@@ -1117,7 +1181,9 @@ class World:
                     return  # the node crashed while handling it: no answer
                 if lose_answer or not self.link_up(source, target):
                     return
-                self.loop.call_at(self.clock.now + self.net_delay(), settle, outcome)
+                self.loop.call_at(
+                    self.clock.now + self.net_delay() + self.stall_s(), settle, outcome
+                )
 
             node.spawn(handle())
 
@@ -1130,7 +1196,7 @@ class World:
             else:
                 answer.set_exception(value)
 
-        loop.call_at(self.clock.now + self.net_delay(), arrive)
+        loop.call_at(self.clock.now + self.net_delay() + request_stall, arrive)
         return await answer
 
     # -- coordination ------------------------------------------------------------------------
@@ -1344,6 +1410,80 @@ class World:
                 raft.commit_local(command)
 
     # -- nemesis -----------------------------------------------------------------------------
+
+    async def pauses(self) -> None:
+        """A node's processes stop for 0.2-2 s and then go on where they were (Jepsen's
+        pause nemesis: SIGSTOP and SIGCONT; a virtual machine frozen by its host, a long
+        garbage collection or swap storm). Nothing it runs makes progress meanwhile,
+        neither its Raft peer (the leader stops hearing it, and may judge it down and
+        move its pchannels) nor its data plane; what others send it waits in its socket
+        buffers, and connections stay up. When it resumes, it handles what became ready
+        in the order it did, with the clock moved on: an owner deposed meanwhile still
+        acts on what it knew, and a replica takes requests of owners that may have
+        died or been replaced since they sent them. The Raft leader is never the one
+        paused (the simulated Raft does not model a paused leader's successor)."""
+        rng = self._pause_rng
+        if not self.pause_every_s:
+            return
+        while self.faulting:
+            await asyncio.sleep(rng.expovariate(1 / self.pause_every_s))
+            leader = self.raft.leader
+            candidates = [
+                n
+                for n, node in sorted(self.nodes.items())
+                if node.running and n != leader and n not in self.paused_nodes
+            ]
+            if not self.faulting or not candidates:
+                continue
+            node_id = rng.choice(candidates)
+            node = self.nodes[node_id]
+            incarnation = node.incarnation
+            assert incarnation is not None
+            hold = rng.uniform(0.2, 2.0)
+            self.paused_nodes.add(node_id)
+            self.loop.pause(incarnation)
+            self.trace_line(node_id, f"paused for {hold:.2f} s")
+
+            def resume(node_id: str = node_id, incarnation: Incarnation = incarnation) -> None:
+                self._resume(node_id, incarnation)
+
+            self.loop.call_later(hold, resume, context=self.driver_context)
+
+    def _resume(self, node_id: str, incarnation: Incarnation | None = None) -> None:
+        node = self.nodes[node_id]
+        if node_id not in self.paused_nodes:
+            return
+        if incarnation is not None and node.incarnation is not incarnation:
+            return  # it crashed meanwhile (the crash resumed it)
+        self.paused_nodes.discard(node_id)
+        if node.incarnation is not None:
+            self.loop.resume(node.incarnation)
+        self.trace_line(node_id, "resumes")
+
+    async def disk_stalls(self) -> None:
+        """A node's disk stops completing I/O for 0.3-2.5 s and then goes on: a storage
+        path failing over (multipath, a network volume), a controller reset, an SSD's
+        garbage collection or a saturated device; every job its code hands to a worker
+        thread (an fdatasync, a segment file created, a catalog commit) ends only after
+        it. The process runs on meanwhile: code that holds a log's lock across such a job
+        keeps every append waiting behind it, while what needs no lock (a heartbeat's log
+        matching, reads) is answered at once. Drawn from a generator of its own, in a
+        third of the seeds (`disk_stall_every_s`)."""
+        rng = self._disk_stall_rng
+        if not self.disk_stall_every_s:
+            return
+        while self.faulting:
+            await asyncio.sleep(rng.expovariate(1 / self.disk_stall_every_s))
+            running = [n for n, node in sorted(self.nodes.items()) if node.running]
+            if not self.faulting or not running:
+                break
+            node_id = rng.choice(running)
+            hold = rng.uniform(0.3, 2.5)
+            self.disk_stalled_until[node_id] = max(
+                self.disk_stalled_until.get(node_id, 0.0), self.clock.now + hold
+            )
+            self.trace_line(node_id, f"disk stalls for {hold:.2f} s")
+        self.disk_stalled_until.clear()
 
     async def nemesis(self) -> None:
         rng = self.rng
@@ -1898,6 +2038,8 @@ class World:
             self.loop.create_task(self.raft.run()),
             self.loop.create_task(self.coordinator()),
             self.loop.create_task(self.checker()),
+            self.loop.create_task(self.disk_stalls()),
+            self.loop.create_task(self.pauses()),
         ]
         clients: list[asyncio.Task[Any]] = []
         max_batch = rng.choice([1, 8, 16, 32] if self.rich else [1, 4, 8, 16])
@@ -1959,6 +2101,8 @@ class World:
             self._crash(node_id, power=False)
 
     async def _heal(self, clients: list[asyncio.Task[Any]]) -> None:
+        for node_id in sorted(self.paused_nodes):
+            self._resume(node_id)
         for node_id in sorted(self.nodes):
             self._upgrade(node_id)  # the rolling upgrade finishes
         self.partitions.clear()

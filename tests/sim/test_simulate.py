@@ -80,8 +80,10 @@ def test_a_few_hundred_seeds_find_no_violation_in_histories_worth_checking() -> 
     assert violations_by_seed(run.stderr) == {}
     # Histories worth checking: what the issue asked of the world.
     assert summary["power_cuts_dropping_bytes"] > 0 and summary["dropped_bytes"] > 0
-    # Hundreds a seed in the rich world (odd seeds), about a hundred in the plain one.
-    assert summary["acknowledged_writes"] >= 150 * 300
+    # Hundreds a seed in the rich world (odd seeds), about a hundred in the plain one
+    # (130 a seed on average since process pauses and retransmission stalls take their
+    # time from the clients: 131 in this range when they came; 180 before).
+    assert summary["acknowledged_writes"] >= 120 * 300
     assert summary["duplicate_answers"] > 0  # retries after an unknown outcome
     assert summary["entries_read"] > 0
     assert summary["leader_changes"] > 300  # the first election, and more
