@@ -1560,12 +1560,7 @@ class World:
         node is cut off at a time, so a majority always remains and the pchannel keeps
         failing over: each recovery meets the half-done work of the ones before."""
         rng = self.rng
-        serving = [
-            p
-            for p in self.pchannels
-            if self.state.pchannels[p].state == pb.PCHANNEL_STATE_ASSIGNED
-            and self.nodes[self.state.pchannels[p].owner_node_id].running
-        ]
+        serving = self._serving_pchannels()
         if not self.faulting or not serving:
             return
         name = rng.choice(serving)
@@ -1667,6 +1662,15 @@ class World:
             context=self.driver_context,
         )
 
+    def _serving_pchannels(self) -> list[str]:
+        """The pchannels assigned to an owner whose process runs, in their order."""
+        return [
+            p
+            for p in self.pchannels
+            if self.state.pchannels[p].state == pb.PCHANNEL_STATE_ASSIGNED
+            and self.nodes[self.state.pchannels[p].owner_node_id].running
+        ]
+
     def _split_brain(self) -> None:
         """A pchannel's owner is cut off from every node, long enough to be replaced,
         while its clients still reach it with routes that name it: it goes on taking
@@ -1675,12 +1679,7 @@ class World:
         cause they share), so a later recovery meets the deposed owner's longer log of the
         older term beside the newer term's short one."""
         rng = self.rng
-        serving = [
-            p
-            for p in self.pchannels
-            if self.state.pchannels[p].state == pb.PCHANNEL_STATE_ASSIGNED
-            and self.nodes[self.state.pchannels[p].owner_node_id].running
-        ]
+        serving = self._serving_pchannels()
         if not self.faulting or not serving:
             return
         name = rng.choice(serving)

@@ -23,6 +23,7 @@ from tests.timing import scaled
 from tests.unit.test_replicator_pipeline import _replicator
 from tests.wal.test_wal_owner_producer_order import _batch, _owner, _until, _written_sequences
 from tests.wal.test_wal_owner_recovery import NODES, _open_logs
+from wal_segments.owner import ChannelOwner
 
 TIMEOUT_S = scaled(20.0)
 BOUND_S = 0.2
@@ -34,14 +35,24 @@ async def logs(tmp_path):
         yield opened
 
 
-async def test_writes_wait_while_an_acknowledging_target_lags_and_resume_in_order(logs) -> None:
+async def _lagging(logs) -> tuple[ChannelOwner, r._Replicator]:  # type: ignore[no-untyped-def]
+    """An owner holding batch 1, with a replicator's flow control whose target holds
+    nothing, once batch 1 is older than the bound."""
     owner, _ = await _owner(logs)
     replicator = _replicator(checkpoint=0)
     try:
         await asyncio.wait_for(owner.write(_batch(1), producer_id="p", sequence=1), TIMEOUT_S)
         owner.add_admission(replicator, functools.partial(replicator.admit, owner, BOUND_S))
-        # Nothing is on the target yet; once batch 1 is older than the bound, writes wait.
         await _until(lambda: owner.commit_age_s(replicator.confirmed) > BOUND_S, "a lag")
+    except BaseException:
+        await owner.close()
+        raise
+    return owner, replicator
+
+
+async def test_writes_wait_while_an_acknowledging_target_lags_and_resume_in_order(logs) -> None:
+    owner, replicator = await _lagging(logs)
+    try:
         replicator.acked_at = time.monotonic()
         second = asyncio.create_task(owner.write(_batch(2), producer_id="p", sequence=2))
         third = asyncio.create_task(owner.write(_batch(3), producer_id="p", sequence=3))
@@ -69,12 +80,8 @@ async def test_writes_wait_while_an_acknowledging_target_lags_and_resume_in_orde
 
 
 async def test_a_target_that_stopped_acknowledging_is_not_waited_for(logs) -> None:
-    owner, _ = await _owner(logs)
-    replicator = _replicator(checkpoint=0)
+    owner, replicator = await _lagging(logs)
     try:
-        await asyncio.wait_for(owner.write(_batch(1), producer_id="p", sequence=1), TIMEOUT_S)
-        owner.add_admission(replicator, functools.partial(replicator.admit, owner, BOUND_S))
-        await _until(lambda: owner.commit_age_s(replicator.confirmed) > BOUND_S, "a lag")
         # The target answered nothing for longer than FLOW_STALLED_S: writes go on.
         replicator.acked_at = time.monotonic() - r.FLOW_STALLED_S - 1
         await asyncio.wait_for(owner.write(_batch(2), producer_id="p", sequence=2), TIMEOUT_S)
