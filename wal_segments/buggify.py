@@ -23,7 +23,11 @@ The points (`POINTS`), and what they stand for:
   (or slowed) after each of its steps: the fence quorum, the adoption of the best log,
   the drop of a partial transaction, the term-start entry, and right before
   PChannelReady;
-- ``owner.commit_segment``: a segment's CommitSegment proposal is late.
+- ``owner.commit_segment``: a segment's CommitSegment proposal is late;
+- ``owner.catchup``: an owner catching a replica up from its log (entries it no longer
+  holds in memory: an older term's tail after a failover, a replica far behind) is slow
+  between two requests, so the replica makes the older entries durable before the
+  owner's newer ones (its term start) reach it: the state Raft's figure 8 needs.
 
 Must never: import anything of ours, do anything when no hook is installed.
 """
@@ -47,6 +51,7 @@ POINTS = frozenset(
         "owner.recovery.term_start",
         "owner.recovery.ready",
         "owner.commit_segment",
+        "owner.catchup",
     }
 )
 

@@ -92,6 +92,9 @@ SKIP_LOG_MATCHING = mutations.declare(
 FENCE_IN_MEMORY = mutations.declare(
     "fence-in-memory", "a replica's fenced term is kept in memory only, not in the catalog"
 )
+HEARTBEAT_NO_FENCE = mutations.declare(
+    "heartbeat-no-fence", "an owner's heartbeat checks log matching without raising the fence"
+)
 RESEND_DURABLE_TO_END = mutations.declare(
     "resend-durable-to-end", "a resent batch already held is reported durable to the log's end"
 )
@@ -637,8 +640,17 @@ class PChannelLog:
     # -- fencing -----------------------------------------------------------------------------
 
     async def fence(self, term: int) -> LogPosition:
-        """Promise to refuse appends below `term` (durably), then report the log's end.
-        Raises Fenced when `term` is below the fenced term already."""
+        """Promise to refuse appends below `term` (durably), then report the log's end once
+        every entry up to it is durable. Raises Fenced when `term` is below the fenced
+        term already, and LogError or OSError when the entries it would report cannot be
+        made durable (a failed fdatasync).
+
+        Only durable entries may be reported: the new owner adopts the longest log of its
+        fence quorum and cuts its own log to match it. An end that counted entries still
+        in the page cache (a replica's append whose group commit had not synced yet) could
+        vanish after the answer, to a failed fdatasync or a power cut, and the new owner,
+        copying this log, would then cut committed entries of its own down to what this
+        log still holds (RELIABILITY.md, "Found by the closing round": seed 2513)."""
         async with self._lock:
             if term < self.fenced_term:
                 raise Fenced(term, self.fenced_term)
@@ -648,7 +660,17 @@ class PChannelLog:
                 self.fenced_term = await asyncio.to_thread(
                     self.catalog.raise_fenced_term, self.pchannel, term
                 )
-            return self.position()
+            position = self.position()
+            writer = self._writer
+            written = AppendResult(
+                position.last_lsn,
+                writer,
+                writer.end_offset if writer is not None else 0,
+                generation=self._generation,
+                after=self._after(),
+            )
+        await self.wait_durable(written)
+        return position
 
     async def _raise_fence(self, term: int) -> None:
         if term > self.fenced_term and mutations.active(FENCE_IN_MEMORY):
@@ -657,6 +679,28 @@ class PChannelLog:
             self.fenced_term = await asyncio.to_thread(
                 self.catalog.raise_fenced_term, self.pchannel, term
             )
+
+    async def heartbeat(self, term: int, prev_lsn: int, prev_term: int) -> None:
+        """An owner's Append without frames: raise the fence to `term`, as any append does,
+        then check that this log holds (prev_lsn, prev_term) (Raft: any AppendEntries of a
+        newer term makes the follower take that term, matching or not). Raises Fenced or
+        Mismatch.
+
+        Raising the fence here too is what makes every answer an owner gets from this log
+        hold until its next request: once a newer owner has heard where this log stands,
+        no older owner can extend it behind its back (a deposed owner's request held up in
+        the network, delivered after the newer owner's fence call was lost). Without it,
+        such a request landing between a heartbeat's answer and the next append could
+        leave a divergent tail beyond what the newer owner then sends, and only the
+        resend and commit rules (`append`, the replica's `min(committed, durable)`) kept
+        that tail from being counted (RELIABILITY.md, "Masked mutations")."""
+        async with self._lock:
+            self._check_usable()
+            if term < self.fenced_term:
+                raise Fenced(term, self.fenced_term)
+            if not mutations.active(HEARTBEAT_NO_FENCE):
+                await self._raise_fence(term)
+            self.check_match(prev_lsn, prev_term)
 
     # -- appending ---------------------------------------------------------------------------
 

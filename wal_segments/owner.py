@@ -1907,6 +1907,10 @@ class ChannelOwner:
                 await sent.acquire()
                 lsn = replica.next_lsn
                 crc = None
+                if lsn <= self.log.last_lsn and lsn not in self._recent:
+                    # A catch-up from the log (entries no longer in memory) is slow.
+                    await buggify.point("owner.catchup")
+                    lsn = replica.next_lsn
                 if lsn <= self.log.last_lsn:
                     prev_term, frames, last, crc = self._frames_from(lsn)
                 else:

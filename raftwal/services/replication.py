@@ -363,11 +363,9 @@ class ReplicationServicer(streaming_pb2_grpc.ReplicationServicer):
                         from_log_start=request.from_log_start,
                     )
                 else:
-                    # A heartbeat: log matching only.
-                    if request.term < wal.fenced_term:
-                        raise Fenced(request.term, wal.fenced_term)
+                    # A heartbeat: the fence and log matching.
                     prev = request.prev_lsn
-                    wal.check_match(prev, request.prev_term)
+                    await wal.heartbeat(request.term, prev, request.prev_term)
                     result = None
                     matched = prev
             except Fenced as error:

@@ -588,6 +588,9 @@ class TxnClient:
                 )
             world.history.txn_abandoned(txn_id, payloads)
             return
+        route = self.router.route(pchannel)
+        if route is not None:
+            world.power_cut_at_commit(pchannel, route[0])
         deadline = world.clock.now + 3.0
         while world.clock.now < deadline:
             try:

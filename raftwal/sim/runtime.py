@@ -404,8 +404,9 @@ class SimDisk:
         #: still happens: False for a crash, True for a fault that leaves the node up,
         #: and what the path of a file whose syncs count holds: `arm`)
         self._armed: dict[str, tuple[int, Callable[[], None], bool, str]] = {}
-        #: node -> what to call in the middle of its next write to a file (a power cut)
-        self._armed_writes: dict[str, Callable[[], None]] = {}
+        #: node -> what to call in the middle of its next write to a file (a power cut),
+        #: and what the file's path must hold for its writes to count (`arm_write`)
+        self._armed_writes: dict[str, tuple[Callable[[], None], str]] = {}
         #: node -> the rate its file syncs fail at for now (a brown-out), instead of
         #: `sync_failure_rate`
         self._failing: dict[str, float] = {}
@@ -434,12 +435,13 @@ class SimDisk:
         (one pchannel's log)."""
         self._armed[node] = (skip, crash, sync, under)
 
-    def arm_write(self, node: str, crash: Callable[[], None]) -> None:
+    def arm_write(self, node: str, crash: Callable[[], None], *, under: str = "") -> None:
         """Cut `node`'s power in the middle of its next write to a file: only the write's
         first bytes (at least one, never all) reach the disk, with every unsynced write of
         that file before it; `crash` (which must cut the power) runs then, and the write
-        fails (the process is gone)."""
-        self._armed_writes[node] = crash
+        fails (the process is gone). With `under`, only writes to files whose path holds
+        it count (one pchannel's log)."""
+        self._armed_writes[node] = (crash, under)
 
     def disarm(self) -> None:
         """The faults stop: nothing armed, and no sync fails any more."""
@@ -574,9 +576,11 @@ class SimDisk:
         opened = self._fds.get(fd)
         if opened is None or opened.is_dir:
             return
-        crash = self._armed_writes.pop(opened.node, None)
-        if crash is None:
+        armed = self._armed_writes.get(opened.node)
+        if armed is None or armed[1] not in opened.path:
             return
+        crash = armed[0]
+        del self._armed_writes[opened.node]
         cut = self._rng.randint(1, len(data) - 1)
         self._record_write(fd, offset, cut)
         self._undo[-1].forced = True

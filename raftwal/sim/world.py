@@ -1020,6 +1020,10 @@ class World:
         self._pause_rng = random.Random(f"pause:{seed}")
         self.pause_every_s = self._pause_rng.choice([0.0, 0.0, 0.7, 2.0])
         self.paused_nodes: set[str] = set()
+        # Power cuts while a transaction commits (`power_cut_at_commit`), from a generator
+        # of their own: how often a commit arms one (0: never in this seed).
+        self._commit_cut_rng = random.Random(f"commit-cut:{seed}")
+        self.commit_cut_rate = self._commit_cut_rng.choice([0.0, 0.0, 0.1, 0.3])
 
     # -- tracing ---------------------------------------------------------------------------
 
@@ -1253,6 +1257,8 @@ class World:
         if self._ring_rounds > 0 and assign.pchannel == self._ring_pchannel:
             self._ring_round(assign)
             return
+        if self.clock.now < self._quiet_until:
+            return  # a scenario plays out (`_plan_scenario`): no random fault breaks it
         if self._churn_left > 0:
             # Owner churn (`_plan_scenario`): the next owners each fail a moment into
             # their tail recovery, or at one of its first syncs, each leaving it half
@@ -1543,7 +1549,7 @@ class World:
                     self._churn_left = churn
 
                 self.loop.call_later(at, begin, context=self.driver_context)
-        elif roll < 0.65:
+        elif roll < 0.85:
             # Early in the faults, and with more of them: each round of the ring takes a
             # failover (the node timeout), and its story is the rounds after the first.
             at = self.options.settle_s + rng.uniform(0.0, 0.2) * self.duration_s
@@ -1770,6 +1776,28 @@ class World:
         for node_id in victims:
             self._crash(node_id, rng.random() < self.power_rate)
 
+    def power_cut_at_commit(self, pchannel: str, node_id: str) -> None:
+        """A transaction about to commit on `node_id`: in some seeds (`commit_cut_rate`)
+        that node's power fails in the middle of its next write to the pchannel's log,
+        most often the transaction's own batch (its begin, messages and commit entry in
+        one write), so that the disk keeps the first entries of it and not the commit
+        entry. Random crashes rarely land inside one particular write; this is the
+        transaction's torn tail that recovery must drop (`_drop_partial_txn`, where
+        batches carry no BATCH_CONTINUES flag: a rolling upgrade)."""
+        rng = self._commit_cut_rng
+        if not self.faulting or not self.commit_cut_rate or rng.random() >= self.commit_cut_rate:
+            return
+        if self.clock.now < self._quiet_until:
+            return  # a scenario plays out (`_plan_scenario`): no random fault breaks it
+        node = self.nodes.get(node_id)
+        if node is None or not node.running:
+            return
+        self.trace_line(
+            "sim",
+            f"power cut armed in {node_id}'s next write to {pchannel} (a transaction commits)",
+        )
+        self.disk.arm_write(node_id, lambda: self._crash(node_id, True), under=f"/wal/{pchannel}/")
+
     def _brownout(self, victims: list[str], boot: bool = False) -> None:
         """The power feed of `victims` sags, then fails: for a moment their disks fail
         some of their fsyncs (EIO, each disk at its own rate: some ride it out) while the
@@ -1938,9 +1966,9 @@ class World:
         up = [n for n, node in sorted(self.nodes.items()) if node.running]
         choice = rng.random()
         owner = channel.owner_node_id
-        if choice < 0.5 and len(members) > 2:
+        if choice < 0.4 and len(members) > 2:
             members.remove(rng.choice([m for m in members if m != owner]))  # shrink
-        elif choice < 0.8:
+        elif choice < 0.6:
             candidates = [m for m in members if m != owner and m in up]
             if not candidates:
                 return
@@ -2169,11 +2197,19 @@ class World:
 
     def committed_raised(self, log: PChannelLog, old: int, new: int) -> None:
         """A node's log now holds (old, new] committed: each of those entries must be the
-        one every node ever held committed at its LSN (a committed entry never changes)."""
+        one every node ever held committed at its LSN (a committed entry never changes),
+        and the log must hold them: a commit point is only ever learnt for entries held
+        (Raft's follower rule, commitIndex = min(leaderCommit, index of last new entry));
+        one beyond the log's end would cover whatever reaches it later unchecked."""
         try:
             node_id = Path(log.directory).relative_to(self.root).parts[0]
         except (ValueError, IndexError):
             return
+        if new > log.last_lsn:
+            self.violation(
+                f"{log.pchannel}: {node_id} holds lsn {log.first_lsn}..{log.last_lsn} "
+                f"committed up to {new}, beyond its end"
+            )
         seen = self._committed_terms.setdefault(log.pchannel, {})
         for lsn in range(max(old + 1, log.first_lsn), min(new, log.last_lsn) + 1):
             try:

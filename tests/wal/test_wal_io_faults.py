@@ -207,3 +207,38 @@ async def test_an_append_that_a_failing_seal_overtakes_is_never_durable(node: No
     with pytest.raises(LogError):
         await log.wait_durable(after)
     assert log.failure is not None
+
+
+async def test_a_fence_answer_reports_only_durable_entries(node: Node, hook) -> None:
+    """A new owner adopts the longest log its fence quorum reports and cuts its own to
+    match: an end that counted entries not yet durable could vanish after the answer
+    (simulation seed 2513: a replica's fsyncs failed after its answer, the new owner
+    fetched from it and cut committed entries of its own)."""
+    log = node.log
+    assert log is not None
+    await append(log, 1, 0, 0, run(1, 5, 1))
+
+    def recording(point: str, subject: str) -> None:
+        hook.append((point, subject))
+
+    # The entries of an append still in its group commit are synced before the answer.
+    faults.install(recording)
+    await log.append(1, 5, 1, frames_of(run(6, 8, 1)))
+    syncs = sum(1 for point, _ in hook if point == "wal.fsync")
+    position = await log.fence(2)
+    assert position.last_lsn == 8
+    assert sum(1 for point, _ in hook if point == "wal.fsync") > syncs
+
+    # When they cannot be made durable, there is no answer at all.
+    def broken_disk(point: str, subject: str) -> None:
+        if point == "wal.fsync":
+            raise OSError(errno.EIO, "Input/output error (test)", subject)
+
+    faults.install(broken_disk)
+    await log.append(2, 8, 1, frames_of(run(9, 11, 2)))
+    with pytest.raises(OSError):
+        await log.fence(3)
+    faults.install(None)
+    log = await node.reopen()
+    assert log.last_lsn == 8
+    assert disk_view(node.directory) == view(run(1, 8, 1))

@@ -420,6 +420,52 @@ async def test_resend_is_skipped(node: Node, name, prev_lsn, resent, log_after):
     assert log_view(log) == expected
 
 
+async def check_resend_reports_its_batch_end(node: Node) -> None:
+    """A resend of entries this log holds is durable up to the resent batch's end, not
+    to this log's end: what lies beyond may be a suffix the sender never wrote. (With the
+    fence a heartbeat raises, no such suffix can appear behind a newer owner's back:
+    `check_heartbeat_fences`; this rule is the other layer.)"""
+    log = node.log
+    assert log is not None
+    await fill(log, MATCHING_LOG)
+    result = await append(log, 4, 3, 1, run(4, 6, 2))
+    assert (result.last_lsn, log.last_lsn) == (6, 8)
+
+
+async def test_a_resend_is_durable_to_its_own_end(node: Node):
+    await check_resend_reports_its_batch_end(node)
+
+
+async def check_heartbeat_fences(node: Node) -> None:
+    """A newer owner's heartbeat raises the fence whether the log matches or not (Raft's
+    term rule), durably: once the newer owner has an answer from this log, a deposed
+    owner's request held up in the network cannot extend it behind the newer owner's
+    back."""
+    log = node.log
+    assert log is not None
+    await fill(log, [run(1, 3, 1)])
+    # The newer owner's first probe, past this log's end: a mismatch, and fenced.
+    with pytest.raises(Mismatch):
+        await log.heartbeat(2, 9, 2)
+    assert (log.fenced_term, log.catalog.fenced_term(PCHANNEL)) == (2, 2)
+    # The deposed owner's append, sent before and delivered now, is refused.
+    with pytest.raises(Fenced) as raised:
+        await append(log, 1, 3, 1, run(4, 6, 1))
+    assert (raised.value.term, raised.value.fenced_term) == (1, 2)
+    # A matching heartbeat of a newer term still raises it; an older one is refused.
+    await log.heartbeat(3, 3, 1)
+    assert log.fenced_term == 3
+    with pytest.raises(Fenced):
+        await log.heartbeat(2, 3, 1)
+    log = await node.reopen()
+    assert log.fenced_term == 3
+    assert log_view(log) == view(run(1, 3, 1))
+
+
+async def test_a_heartbeat_raises_the_fence(node: Node):
+    await check_heartbeat_fences(node)
+
+
 # -- divergent suffix -------------------------------------------------------------------------
 
 
