@@ -1051,6 +1051,22 @@ class ChannelOwner:
                 self._fence(reply.fenced_term)
                 raise fenced_error(self.pchannel, self.term, reply.fenced_term)
             if reply.status == wire.APPEND_STATUS_MISMATCH:
+                changed = (reply.last_lsn, reply.last_term) != (source_last_lsn, source_last_term)
+                if reply.last_lsn < source_last_lsn or (changed and not stop_at):
+                    # The source's log is no longer what its fence answer said (fenced at
+                    # this term, it can only have lost entries: a disk that gave back
+                    # durable data). Backing up to it could cut committed entries of our
+                    # own; this recovery stops and the next term's fences again. (A copy
+                    # up to a WAL switch's checkpoint, `stop_at`, names the checkpoint,
+                    # not the source's end, which may lie past it.)
+                    raise WalError(
+                        E.INNER,
+                        f"pchannel {self.pchannel}: the log of {source} ends at lsn "
+                        f"{reply.last_lsn} of term {reply.last_term}, not at lsn "
+                        f"{source_last_lsn} of term {source_last_term} as it answered the "
+                        "fence; not adopting it",
+                        current_term=self.term,
+                    )
                 keep = self._backup_point(
                     reply.conflict_term, reply.conflict_first_lsn, reply.last_lsn
                 )

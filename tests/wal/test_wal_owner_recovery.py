@@ -445,3 +445,52 @@ async def test_adopting_from_a_log_whose_retained_start_is_past_our_end_complete
         assert owner.start_lsn > 100
     finally:
         await owner.close()
+
+
+class _ShrinkingSource(Loopback):
+    """n2 answers the fence with its whole log, then loses its tail (a disk that gave back
+    data it had reported durable)."""
+
+    async def fence(self, node_id: str, request: wire.FenceRequest) -> wire.FenceResponse:
+        reply = await super().fence(node_id, request)
+        if node_id == "n2":
+            await self.logs["n2"].truncate_after(5)
+        return reply
+
+
+async def test_a_source_shorter_than_its_fence_answer_is_not_adopted(logs):
+    """n1 holds 1..8 (committed with n3, down now), n2 answered term 2's fence with 1..12
+    and then lost 6..12. Backing up to n2's log would cut n1's committed 6..8: the recovery
+    must stop instead, with n1's log intact, and leave it to the next term."""
+    n1, n2, _ = (logs[n] for n in NODES)
+    for log in logs.values():
+        await log.fence(1)
+    await write(n1, 1, [entry(lsn, 1) for lsn in range(1, 9)])
+    await write(n2, 1, [entry(lsn, 1) for lsn in range(1, 13)])
+    before = terms(n1)
+    transport = _ShrinkingSource(logs, frozenset({"n3"}))
+    owner = ChannelOwner(
+        pchannel=PCHANNEL,
+        term=2,
+        node_id="n1",
+        replica_node_ids=["n2", "n3"],
+        log=n1,
+        transport=transport,
+        proposer=transport,
+        config=OwnerConfig(retry_min_s=0.01, retry_max_s=0.05, rpc_timeout_s=2.0),
+    )
+    owner.start()
+    try:
+
+        async def stopped() -> None:
+            while owner.state == "recovering":
+                await asyncio.sleep(0.02)
+
+        await asyncio.wait_for(stopped(), 20)
+        assert owner.state == "closed"
+        assert "not adopting it" in (owner.failure or "")
+        assert not owner.ready.is_set()
+        assert terms(n1) == before
+        assert terms(n2)[-1] == (5, 1)
+    finally:
+        await owner.close()
