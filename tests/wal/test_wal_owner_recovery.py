@@ -210,10 +210,10 @@ async def logs(tmp_path: Path):
         yield opened
 
 
-async def recover(
-    logs: dict[str, PChannelLog], node: str, term: int, down: frozenset[str] = frozenset()
+def start_owner(
+    logs: dict[str, PChannelLog], node: str, term: int, transport: Loopback
 ) -> ChannelOwner:
-    transport = Loopback(logs, down)
+    """`node`'s owner at `term` over the other nodes of NODES, started (recovering)."""
     owner = ChannelOwner(
         pchannel=PCHANNEL,
         term=term,
@@ -225,6 +225,13 @@ async def recover(
         config=OwnerConfig(retry_min_s=0.01, retry_max_s=0.05, rpc_timeout_s=2.0),
     )
     owner.start()
+    return owner
+
+
+async def recover(
+    logs: dict[str, PChannelLog], node: str, term: int, down: frozenset[str] = frozenset()
+) -> ChannelOwner:
+    owner = start_owner(logs, node, term, Loopback(logs, down))
     await asyncio.wait_for(owner.ready.wait(), 20)
     return owner
 
@@ -468,18 +475,7 @@ async def test_a_source_shorter_than_its_fence_answer_is_not_adopted(logs):
     await write(n1, 1, [entry(lsn, 1) for lsn in range(1, 9)])
     await write(n2, 1, [entry(lsn, 1) for lsn in range(1, 13)])
     before = terms(n1)
-    transport = _ShrinkingSource(logs, frozenset({"n3"}))
-    owner = ChannelOwner(
-        pchannel=PCHANNEL,
-        term=2,
-        node_id="n1",
-        replica_node_ids=["n2", "n3"],
-        log=n1,
-        transport=transport,
-        proposer=transport,
-        config=OwnerConfig(retry_min_s=0.01, retry_max_s=0.05, rpc_timeout_s=2.0),
-    )
-    owner.start()
+    owner = start_owner(logs, "n1", 2, _ShrinkingSource(logs, frozenset({"n3"})))
     try:
 
         async def stopped() -> None:
