@@ -963,6 +963,9 @@ class World:
         self.streams: set[_Stream] = set()
         self.stream_serial = 0
         self.trace: list[str] = []
+        #: False once the run is over: what its teardown logs (cancelled tasks, in an
+        #: order that depends on memory addresses) is not part of the history.
+        self.tracing = True
         self._digest = hashlib.sha256()
         self.result = SeedResult(seed)
         self.history = History(self)
@@ -1028,6 +1031,8 @@ class World:
     # -- tracing ---------------------------------------------------------------------------
 
     def trace_line(self, who: str, text: str) -> None:
+        if not self.tracing:
+            return
         line = f"{self.clock.now - 1_000_000.0:9.4f} {who:<6} {text}"
         self._digest.update(line.encode())
         self.trace.append(line)
@@ -2669,6 +2674,7 @@ def run_seed(seed: int, options: SimOptions, scratch: Path | None = None) -> See
         world.violation(f"the simulation itself failed: {error!r}")
     finally:
         world.result.virtual_s = world.clock.now - 1_000_000.0
+        world.tracing = False
         try:
             for task in asyncio.all_tasks(loop):
                 task.cancel()
