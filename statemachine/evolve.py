@@ -390,9 +390,15 @@ def _replicate_checkpoint_recorded(
 
 
 def _state_restored(state, e: pb.StateRestored, revision, limits: Limits) -> None:
-    """Replace the (fresh) state with the saved one: its nodes stay, as DOWN, unless this
-    cluster registered them (which keeps their address here); apply metadata (raft index,
-    clock) stays this cluster's, and the revision continues from the saved one."""
+    """Replace the (fresh) state with the saved one: its nodes stay, as DOWN and with no
+    address, unless this cluster registered them (which keeps their address here); apply
+    metadata (raft index, clock) stays this cluster's, and the revision continues from the
+    saved one.
+
+    The saved addresses are the source cluster's, which may still run: a new owner would
+    fence and adopt its replicas' logs through them, and the node view would dial its
+    nodes. A saved node gets an address again when a node of this cluster registers under
+    its id."""
     restored = pb.CoordinationState.FromString(e.state)
     current_nodes = {name: pb.Node() for name in state.nodes}
     for name in state.nodes:
@@ -400,7 +406,11 @@ def _state_restored(state, e: pb.StateRestored, revision, limits: Limits) -> Non
     raft_index, time_ms = state.last_raft_index, state.last_time_ms
     state.CopyFrom(restored)
     for name in sorted(state.nodes):
-        state.nodes[name].state = pb.NODE_STATE_DOWN
+        saved_node = state.nodes[name]
+        saved_node.state = pb.NODE_STATE_DOWN
+        saved_node.address = ""
+        saved_node.raft_address = ""
+        del saved_node.worker_addresses[:]
     for name, node in sorted(current_nodes.items()):
         state.nodes[name].CopyFrom(node)
     state.last_raft_index = raft_index

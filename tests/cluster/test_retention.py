@@ -19,9 +19,12 @@ what was acknowledged (`History`) and against the files on every node's disk:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -34,7 +37,8 @@ import grpc
 import pytest
 
 from raftwal.cli import dev
-from raftwal.node.backup import read_backup
+from raftwal.node.backup import read_backup, write_backup
+from raftwal.node.config import render_config
 from rpc.errors import from_rpc_error
 from rpc.protos import coordination_pb2 as pb
 from rpc.protos import coordinator_pb2 as api
@@ -511,3 +515,118 @@ def test_snapshot_save_then_restore_into_a_fresh_cluster(
     finally:
         client.close()
         restored_cluster.stop_all()
+
+
+def _logged(directory: Path, *parts: str) -> bool:
+    """A node log under `directory` has a line with every one of `parts`."""
+    for log_file in directory.glob("*.log"):
+        for line in log_file.read_text(errors="replace").splitlines():
+            if all(part in line for part in parts):
+                return True
+    return False
+
+
+def test_a_restored_cluster_never_reaches_into_the_cluster_it_was_saved_from(
+    retention_cluster: RetentionCluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A backup restored while its source still runs, into nodes with the same ids. The
+    saved state holds the source's node addresses, and a saved node that the restored
+    cluster has not registered yet keeps them. A backup taken while a pchannel's owner X
+    recovered (ASSIGNING at term T) has the restored X recover at the same T, a term the
+    source's replicas accept from X. Through a saved address, X would fence the source's
+    replica Z and adopt its log (CI saw a restored pchannel commit the source's tail this
+    way, and X would then append at T to a log that the source's owner also writes at T).
+
+    Here Z never starts in the restored cluster and Y's data worker is paused, so X has no
+    quorum of its own. Nothing signals that something did not happen: a window of 10 s
+    (scaled) from X's recovery start shows no restored owner that became ready; then Y
+    resumes and X's recovery ends as a restore without segment files must (ready refused).
+    Without the fix, X adopted the source's log and was serving within a second."""
+    source_client = retention_cluster.client
+    source = retention_cluster.cluster
+    (pchannel,) = setup_channels(source_client, "iso", {"iso_v": 0})
+    producer = Producer(source_client, pchannel, "iso-producer")
+    history = History()
+    _produce(producer, "iso_v", 12, history, "before")
+    _wait_committed_bytes(source_client, pchannel, 0)
+    directory = tmp_path_factory.mktemp("restored-iso")
+    saved_file = directory / "backup.snap"
+    done = _cli("snapshot", "save", str(saved_file), "--endpoints", ",".join(source.endpoints))
+    assert done.returncode == 0, done.stderr
+    saved = read_backup(saved_file)
+    # The backup as if taken while the owner recovered: ASSIGNING at its term.
+    state = pb.CoordinationState.FromString(saved.state)
+    saved_channel = state.pchannels[pchannel]
+    saved_channel.state = pb.PCHANNEL_STATE_ASSIGNING
+    saved_channel.history[-1].start_lsn = 0
+    data = state.SerializeToString(deterministic=True)
+    saved = dataclasses.replace(saved, state=data, state_digest=hashlib.sha256(data).hexdigest())
+    write_backup(saved_file, saved)
+    owner, term = saved_channel.owner_node_id, saved_channel.term
+    paused_id, missing_id = sorted({"n1", "n2", "n3"} - {owner})
+    assert sorted(saved_channel.replica_node_ids) == ["n1", "n2", "n3"]
+    assert state.nodes[missing_id].address  # the source's, in the backup
+    committed = state.manifests[pchannel].committed_through_lsn
+    assert committed > 0
+    # The source writes on: its replicas hold entries the backup's manifest has not.
+    _produce(producer, "iso_v", 2, history, "after")
+    cluster_dir = directory / "cluster"
+    config = dev.make_config(cluster_dir, 3)
+    done = _cli(
+        "snapshot",
+        "restore",
+        str(saved_file),
+        *[f"--data-dir={node.data_dir}" for node in config.nodes],
+    )
+    assert done.returncode == 0, done.stderr
+    secret = cluster_dir / dev.SECRET_FILE
+    secret.touch(mode=0o600)
+    secret.write_text(os.urandom(32).hex())
+    (cluster_dir / dev.CONFIG_FILE).write_text(render_config(config, secret_file=dev.SECRET_FILE))
+    restored = dev.LocalCluster(cluster_dir, config, {}, dict(os.environ))
+    client = Api([restored.node(owner).grpc_address, restored.node(paused_id).grpc_address])
+    paused_worker = 0
+    try:
+        restored.start_node(paused_id)
+        deadline = time.monotonic() + scaled(60)
+        while time.monotonic() < deadline and not paused_worker:
+            found = re.search(
+                r"data worker 0 up \(pid (\d+)",
+                (cluster_dir / f"{paused_id}.log").read_text(errors="replace"),
+            )
+            paused_worker = int(found.group(1)) if found else 0
+            time.sleep(0.1)
+        assert paused_worker, f"{paused_id}'s data worker did not start"
+        os.kill(paused_worker, signal.SIGSTOP)
+        restored.start_node(owner)
+        started = f"{pchannel}: recovering as owner at term {term}"
+        deadline = time.monotonic() + scaled(90)
+        while time.monotonic() < deadline and not _logged(cluster_dir, started):
+            time.sleep(0.2)
+        assert _logged(cluster_dir, started), "the restored owner did not start its recovery"
+        window_ends = time.monotonic() + scaled(10)
+        while time.monotonic() < window_ends:
+            _produce(producer, "iso_v", 1, history, "during")
+            channel = next(c for c in client.status().pchannels if c.name == pchannel)
+            assert channel.state != pb.PCHANNEL_STATE_ASSIGNED, channel
+            time.sleep(0.5)
+        os.kill(paused_worker, signal.SIGCONT)
+        paused_worker = 0
+        refused = (f"PChannelReady({pchannel},", ") rejected")
+        deadline = time.monotonic() + scaled(90)
+        while time.monotonic() < deadline and not _logged(cluster_dir, *refused):
+            time.sleep(0.3)
+        assert _logged(cluster_dir, *refused), "the restored owner's recovery did not end"
+        status = client.status()
+        row = next((r for r in status.retention if r.pchannel == pchannel), None)
+        assert row is None or row.committed_through_lsn == committed, row
+        # The saved node the restored cluster never registered keeps no source address.
+        node = next(n for n in status.nodes if n.node_id == missing_id)
+        assert node.address == node.raft_address == "" and list(node.worker_addresses) == []
+        # The source was not disturbed: it takes writes on the same pchannel.
+        _produce(producer, "iso_v", 2, history, "later")
+    finally:
+        if paused_worker:
+            os.kill(paused_worker, signal.SIGCONT)
+        client.close()
+        restored.stop_all()

@@ -1717,6 +1717,12 @@ def test_restore_keeps_the_saved_content_and_continues_its_revisions() -> None:
         "n2": pb.NODE_STATE_DOWN,
         "n3": pb.NODE_STATE_DOWN,
     }
+    # ... and with no address: the saved ones are the source cluster's, which may still
+    # run (a new owner here would fence its replicas and adopt their logs).
+    assert all(source.state.nodes[n].address for n in ("n2", "n3"))
+    for n in ("n2", "n3"):
+        assert state.nodes[n].address == state.nodes[n].raft_address == ""
+        assert list(state.nodes[n].worker_addresses) == []
     # The next revision (a lease id, a fencing token) is above every saved one.
     lease = h.ok(grant(10_000))
     assert lease.lease_id == source.state.revision + 1
