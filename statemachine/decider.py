@@ -426,6 +426,23 @@ def _assign_pchannel(state, cmd: pb.AssignPChannel, ctx, limits) -> Outcome:
     return emitter.events
 
 
+def ready_floor(state: pb.CoordinationState, pchannel: str) -> int:
+    """The last LSN that earlier terms of `pchannel` are known to have written and
+    committed: the highest committed segment's end, and each earlier term's start and end
+    (a ready term's start entry is committed; entries up to a term's end were in the log
+    the next ready term adopted). A new term's log must hold it, and its start entry comes
+    after it (`PChannelReady`)."""
+    floor = 0
+    manifest = state.manifests.get(pchannel)
+    if manifest is not None:
+        floor = manifest.committed_through_lsn
+    channel = state.pchannels.get(pchannel)
+    if channel is not None:
+        for entry in channel.history[:-1]:
+            floor = max(floor, entry.start_lsn, entry.end_lsn)
+    return floor
+
+
 def _pchannel_ready(state, cmd: pb.PChannelReady, ctx, limits) -> Outcome:
     bad = first_error(
         check_name("pchannel", cmd.pchannel, limits),
@@ -461,12 +478,7 @@ def _pchannel_ready(state, cmd: pb.PChannelReady, ctx, limits) -> Outcome:
         )
     # A new term's log starts after everything earlier terms wrote: after the previous
     # ready term's start and after every committed segment.
-    floor = 0
-    manifest = state.manifests.get(cmd.pchannel)
-    if manifest is not None:
-        floor = manifest.committed_through_lsn
-    for entry in channel.history[:-1]:
-        floor = max(floor, entry.start_lsn, entry.end_lsn)
+    floor = ready_floor(state, cmd.pchannel)
     if cmd.start_lsn <= floor:
         return invalid(
             f"invalid start_lsn for {cmd.pchannel} at term {cmd.term} ({cmd.start_lsn}; "

@@ -369,6 +369,7 @@ class ChannelOwner:
         wal: WAL | None = None,
         checkpoint: tuple[int, int] = (0, 0),
         previous_owner_node_id: str = "",
+        ready_floor: int = 0,
     ) -> None:
         self.pchannel = pchannel
         self.term = term
@@ -389,6 +390,9 @@ class ChannelOwner:
         # the last ready owner, who holds the log up to there when this node does not.
         self.checkpoint = checkpoint
         self.previous_owner_node_id = previous_owner_node_id
+        # The last LSN earlier terms are known to have written and committed: the log
+        # this owner recovers must hold it before it writes anything of its own term.
+        self.ready_floor = ready_floor
         #: why writes are refused for now (an AlterWAL's FLUSHING), "" when they are not
         self.paused = ""
         self.replica_ids = list(dict.fromkeys([node_id, *replica_node_ids]))
@@ -724,6 +728,24 @@ class ChannelOwner:
             await self._adopt_checkpoint()
         await self._recover_rest()
 
+    def _check_holds_floor(self) -> None:
+        """Refuse, before writing anything of this term, a recovered log that ends before
+        what earlier terms wrote and committed (`ready_floor`). `PChannelReady` refuses
+        its start entry anyway, but each attempt that wrote one would leave its entries
+        behind, and enough attempts would carry a later term's start past the floor over
+        a log that lacks the committed entries (a restore without the segment files, or a
+        majority of replicas that lost their logs)."""
+        if self._external or self.log.last_lsn >= self.ready_floor:
+            return
+        raise WalError(
+            E.UNRECOVERABLE,
+            f"pchannel {self.pchannel}: the log recovered at term {self.term} ends at lsn "
+            f"{self.log.last_lsn}, before lsn {self.ready_floor} that earlier terms wrote "
+            "and committed (expected a log holding it: were the segment files restored, "
+            "and do a majority of the replicas still have their logs?)",
+            current_term=self.term,
+        )
+
     async def _adopt_checkpoint(self) -> None:
         """After an AlterWAL, the log up to the checkpoint was written under the previous
         implementation: every entry up to it is committed and held by the owner that
@@ -825,6 +847,7 @@ class ChannelOwner:
         if not mutations.active(SKIP_PRODUCER_REBUILD):
             await self._rebuild_producers()
         await buggify.point("owner.recovery.trimmed")
+        self._check_holds_floor()
         # Seal the inherited open segment, then start this term's segment.
         async with self._write_lock:
             if self.log.open_segment_first_lsn() is not None:

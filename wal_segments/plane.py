@@ -130,6 +130,9 @@ class Assignment:
     # Where `wal` took over the log (an AlterWAL's checkpoint: (lsn, term); (0, 0) when the
     # pchannel was created on it).
     wal_checkpoint: tuple[int, int] = (0, 0)
+    # The last LSN earlier terms are known to have written and committed
+    # (`statemachine.decider.ready_floor`): a new owner's log must hold it.
+    ready_floor: int = 0
     # An AlterWAL in FLUSHING for this pchannel: its epoch and target (0 and "" otherwise).
     flushing_epoch: int = 0
     flushing_target: str = ""
@@ -389,6 +392,7 @@ class DataPlane:
             wal=wal,
             checkpoint=assignment.wal_checkpoint,
             previous_owner_node_id=assignment.previous_owner_node_id,
+            ready_floor=assignment.ready_floor,
             log=log,
             transport=self.transport,
             proposer=self.proposer,

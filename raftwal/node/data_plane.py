@@ -38,6 +38,7 @@ from rpc.protos import coordination_pb2 as pb
 from rpc.protos import errors_pb2, streaming_pb2_grpc
 from rpc.protos import streaming_pb2 as wire
 from rpc.segment_transfer import transfer_host
+from statemachine.decider import ready_floor
 from statemachine.replicate import replication_sources
 from wal_segments.owner import WalError
 from wal_segments.plane import Assignment, DataPlane
@@ -120,6 +121,7 @@ class NodeDataView:
                         wal_epoch=channel.wal_epoch,
                         previous_owner_node_id=_previous_owner(channel),
                         wal_checkpoint=(channel.wal_checkpoint_lsn, channel.wal_checkpoint_term),
+                        ready_floor=ready_floor(state, name),
                         **_flushing(state, name),
                     )
             for name, vchannel in state.vchannels.items():

@@ -105,7 +105,7 @@ from wal_segments.format import (
 )
 from wal_segments.fsync_policy import parse_fsync_policy
 from wal_segments.log import PChannelLog
-from wal_segments.owner import TXN_COUNT_PROPERTY, OwnerConfig, WalError
+from wal_segments.owner import TXN_COUNT_PROPERTY, ChannelOwner, OwnerConfig, WalError
 from wal_segments.plane import DataPlane
 
 E = errors_pb2
@@ -898,6 +898,27 @@ class _CommittedWatch:
         log.__dict__["committed_lsn"] = value
         if value > old:
             self.world.committed_raised(log, old, value)
+
+
+def _floor_watch(world: World, check: Callable[[ChannelOwner], None]) -> Callable[..., None]:
+    """`ChannelOwner._check_holds_floor` while a seed runs: a recovered log below what
+    earlier terms wrote and committed is refused there, and is a violation here. This
+    world's disks never give back what they reported durable (no backup is restored
+    either), so a fenced quorum whose best log lacks committed entries means the protocol
+    lost them, even though the owner stops before it could do more harm."""
+
+    def watched(owner: ChannelOwner) -> None:
+        try:
+            check(owner)
+        except WalError:
+            world.violation(
+                f"{owner.pchannel}: committed entries lost: the log {owner.node_id} "
+                f"recovered at term {owner.term} ends at lsn {owner.log.last_lsn}, below "
+                f"lsn {owner.ready_floor} that earlier terms committed"
+            )
+            raise
+
+    return watched
 
 
 class World:
@@ -2654,6 +2675,8 @@ def run_seed(seed: int, options: SimOptions, scratch: Path | None = None) -> See
     saved_loggers = [(lg.level, lg.propagate) for lg in loggers]
     world.disk.install()
     setattr(PChannelLog, "committed_lsn", _CommittedWatch(world))  # noqa: B010
+    saved_floor_check = ChannelOwner._check_holds_floor  # noqa: SLF001
+    ChannelOwner._check_holds_floor = _floor_watch(world, saved_floor_check)  # type: ignore[method-assign]  # noqa: SLF001
     time.monotonic = world.clock.monotonic  # type: ignore[assignment]
     time.perf_counter = world.clock.monotonic  # type: ignore[assignment]
     time.time = world.clock.wall  # type: ignore[assignment]
@@ -2698,6 +2721,7 @@ def run_seed(seed: int, options: SimOptions, scratch: Path | None = None) -> See
         time.monotonic, time.time, time.perf_counter = saved_time  # type: ignore[assignment]
         world.disk.uninstall()
         delattr(PChannelLog, "committed_lsn")
+        ChannelOwner._check_holds_floor = saved_floor_check  # type: ignore[method-assign]  # noqa: SLF001
         switched.__exit__(None, None, None)
         for node in world.nodes.values():
             node.catalog_disk.close()

@@ -211,10 +211,15 @@ async def logs(tmp_path: Path):
 
 
 def start_owner(
-    logs: dict[str, PChannelLog], node: str, term: int, transport: Loopback
+    logs: dict[str, PChannelLog],
+    node: str,
+    term: int,
+    transport: Loopback,
+    ready_floor: int = 0,
 ) -> ChannelOwner:
     """`node`'s owner at `term` over the other nodes of NODES, started (recovering)."""
     owner = ChannelOwner(
+        ready_floor=ready_floor,
         pchannel=PCHANNEL,
         term=term,
         node_id=node,
@@ -490,3 +495,32 @@ async def test_a_source_shorter_than_its_fence_answer_is_not_adopted(logs):
         assert terms(n2)[-1] == (5, 1)
     finally:
         await owner.close()
+
+
+async def test_a_log_below_what_earlier_terms_committed_gets_nothing_of_the_new_term(logs):
+    """Every replica holds 1..4 at term 1, but earlier terms committed through lsn 10 (a
+    restore without the segment files: the manifest lists 1..10). `PChannelReady` would
+    refuse a term starting at 5, but writing it first leaves entries behind: after a few
+    such terms a start entry lies past 10 over a log without 5..10, and is accepted (the
+    proposer here accepts every ready, as that one would be). The recovery must stop
+    before writing anything, every time."""
+    for log in logs.values():
+        await log.fence(1)
+        await write(log, 1, [entry(lsn, 1) for lsn in range(1, 5)])
+    before = {node: terms(log) for node, log in logs.items()}
+    transport = Loopback(logs)
+    for term in (2, 3, 4, 5):
+        owner = start_owner(logs, "n1", term, transport, ready_floor=10)
+        try:
+
+            async def stopped(owner: ChannelOwner = owner) -> None:
+                while owner.state == "recovering":
+                    await asyncio.sleep(0.02)
+
+            await asyncio.wait_for(stopped(), 20)
+            assert owner.state == "closed"
+            assert "before lsn 10 that earlier terms wrote and committed" in (owner.failure or "")
+        finally:
+            await owner.close()
+    assert transport.ready == []
+    assert {node: terms(log) for node, log in logs.items()} == before
