@@ -540,7 +540,8 @@ def test_a_restored_cluster_never_reaches_into_the_cluster_it_was_saved_from(
     Here Z never starts in the restored cluster and Y's data worker is paused, so X has no
     quorum of its own. Nothing signals that something did not happen: a window of 10 s
     (scaled) from X's recovery start shows no restored owner that became ready; then Y
-    resumes and X's recovery ends as a restore without segment files must (ready refused).
+    resumes and X's recovery stops as a restore without segment files must: its log ends
+    below what earlier terms committed.
     Without the fix, X adopted the source's log and was serving within a second."""
     source_client = retention_cluster.client
     source = retention_cluster.cluster
@@ -612,7 +613,7 @@ def test_a_restored_cluster_never_reaches_into_the_cluster_it_was_saved_from(
             time.sleep(0.5)
         os.kill(paused_worker, signal.SIGCONT)
         paused_worker = 0
-        refused = (f"PChannelReady({pchannel},", ") rejected")
+        refused = (f"{pchannel}: recovery at term", "that earlier terms wrote and committed")
         deadline = time.monotonic() + scaled(90)
         while time.monotonic() < deadline and not _logged(cluster_dir, *refused):
             time.sleep(0.3)
