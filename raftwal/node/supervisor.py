@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import faulthandler
 import logging
 import os
 import secrets
@@ -234,6 +235,10 @@ class Supervisor:
         signal.set_wakeup_fd(wake_w)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGCONT):
             signal.signal(signum, self._on_signal)
+        # `kill -USR1 <pid>` writes every thread's stack of that process to the node's log
+        # (stderr), without stopping it: what a hung process is doing. The control process
+        # and the data workers inherit it through fork.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         self._start_control()
         for index in range(self._count):
             self._start_worker(index)

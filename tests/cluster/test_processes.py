@@ -118,6 +118,28 @@ def test_every_node_runs_a_control_process_and_its_workers(env) -> None:
     assert len({worker_index(f"pr_{k}", WORKERS) for k in range(PCHANNELS)}) == WORKERS
 
 
+def test_sigusr1_writes_a_process_stacks_to_the_node_log_and_it_goes_on(env) -> None:
+    """`kill -USR1` on any process of a node (supervisor, control, worker) dumps every
+    thread's stack to the node's log, and the process keeps serving: what an operator (or
+    a test that saw a node hang) asks of a stuck process."""
+    cluster, client = env
+    node = cluster.config.nodes[0]
+    supervisor = cluster.pid(node.id)
+    assert supervisor is not None
+    log_path = cluster.directory / f"{node.id}.log"
+    pids = dev.node_processes(supervisor)
+    assert len(pids) == 2 + WORKERS
+    for pid in pids:
+        before = log_path.read_text(errors="replace").count("Current thread")
+        os.kill(pid, signal.SIGUSR1)
+        deadline = time.monotonic() + scaled(30)
+        while log_path.read_text(errors="replace").count("Current thread") <= before:
+            assert time.monotonic() < deadline, f"no stack dump from pid {pid}"
+            time.sleep(0.1)
+    assert dev.node_processes(supervisor) == pids
+    converged(client)
+
+
 def test_a_killed_worker_restarts_and_loses_no_acknowledged_message(env) -> None:
     cluster, client = env
     converged(client)
