@@ -274,14 +274,30 @@ def test_a_node_joins_is_promoted_and_an_original_voter_leaves(three, tmp_path: 
             env=os.environ,
             log_path=tmp_path / "n1-rejoined.log",
         )
-        _wait(
-            lambda: (
-                {m.node_id: m.role for m in client.status().members if m.reachable}.get("n1")
-                == "data"
-                and any(n.node_id == "n1" and n.state == 1 for n in client.status().nodes)
-            ),
-            "n1 back as a data node after --join",
-        )
+        try:
+            _wait(
+                lambda: (
+                    {m.node_id: m.role for m in client.status().members if m.reachable}.get("n1")
+                    == "data"
+                    and any(n.node_id == "n1" and n.state == 1 for n in client.status().nodes)
+                ),
+                "n1 back as a data node after --join",
+            )
+        except AssertionError:
+            # Once seen in a full run: its control process never served gRPC. Where each
+            # of its processes waits goes to its log (SIGUSR1: faulthandler).
+            pids = dev.node_processes(rejoined.pid)
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGUSR1)
+            rejoined_log = tmp_path / "n1-rejoined.log"
+            deadline = time.monotonic() + scaled(5)
+            while (
+                rejoined_log.read_text(errors="replace").count("Current thread") < len(pids)
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.1)
+            raise
         assert rejoined.poll() is None
         acked = [a.payload for a in history.acked]
         entries = consume_all(client, f"{pchannel}_v", pchannel, expect=len(acked), timeout_s=60)
