@@ -21,7 +21,7 @@ from tests.wal.test_wal_owner_recovery import Loopback
 from wal_segments.fsync_policy import parse_fsync_policy
 from wal_segments.log import PChannelLog
 from wal_segments.owner import OwnerConfig
-from wal_segments.plane import Assignment, DataPlane
+from wal_segments.plane import REASSIGN_BACKOFF_S, Assignment, DataPlane
 from wal_segments.segment import SegmentCorrupted
 
 
@@ -136,5 +136,66 @@ async def test_a_malformed_log_is_not_opened_again_by_every_reconcile(
             await plane.reconcile()
         assert calls == ["p"]
         assert "p" in plane.broken and "p" not in plane.owners
+    finally:
+        await plane.close()
+
+
+class _RecordedOwnerDown:
+    """A view whose state names n1 the ready (ASSIGNED) owner of "p" at `term`, which n1
+    does not serve (it restarted): the plane asks for the next term, and the state
+    rejects the first `rejections` requests (n1 still DOWN in it)."""
+
+    def __init__(self, rejections: int) -> None:
+        self.term = 3
+        self.rejections = rejections
+        self.asked: list[tuple[int, float]] = []
+
+    def assignments(self) -> dict[str, Assignment]:
+        return {"p": Assignment("p", self.term, "n1", "ASSIGNED", ("n1",))}
+
+    async def reassign_to_self(self, pchannel: str, term: int) -> None:
+        self.asked.append((term, asyncio.get_running_loop().time()))
+        if len(self.asked) <= self.rejections:
+            raise RuntimeError("FAILED_PRECONDITION: node n1 is DOWN")
+
+
+async def _reconcile_until(plane: DataPlane, done: Any, within_s: float) -> None:
+    """Reconcile back to back, as the reconcile loop does when every rejection's apply
+    wakes it, until `done()` or `within_s` (scaled) has passed."""
+    deadline = asyncio.get_running_loop().time() + scaled(within_s)
+    while not done():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await plane.reconcile()
+        await asyncio.sleep(0.002)
+
+
+async def test_a_rejected_reassign_is_asked_again_after_a_backoff_not_at_every_reconcile(
+    tmp_path: Path,
+) -> None:
+    """Each rejected request for the next term is a Raft entry whose apply wakes the
+    reconcile loop, which asked again at once: "reassign failed: node n1 is DOWN" came 19
+    times in about 150 ms after a restore, a Raft proposal each. Now a rejection is asked
+    again after a backoff that doubles (REASSIGN_BACKOFF_S), and a new term starts over."""
+    view = _RecordedOwnerDown(rejections=3)
+    plane = _plane(tmp_path, view)
+    try:
+        for _ in range(50):  # a storm of wake-ups right after the first rejection
+            await plane.reconcile()
+        assert [term for term, _ in view.asked] == [3]
+        await _reconcile_until(plane, lambda: len(view.asked) == 4, within_s=10)
+        gaps = [b - a for (_, a), (_, b) in zip(view.asked, view.asked[1:], strict=False)]
+        first, _last = REASSIGN_BACKOFF_S
+        assert gaps[0] >= first and gaps[1] >= 2 * first and gaps[2] >= 4 * first, gaps
+        # Accepted: nothing more is asked at that term.
+        for _ in range(20):
+            await plane.reconcile()
+        assert len(view.asked) == 4
+        # A new term (the state moved on) is asked at once, whatever the last backoff.
+        view.term, view.rejections = 7, 10
+        await plane.reconcile()
+        assert view.asked[-1][0] == 7
+        for _ in range(20):
+            await plane.reconcile()
+        assert [term for term, _ in view.asked].count(7) == 1
     finally:
         await plane.close()
