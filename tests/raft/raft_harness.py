@@ -33,6 +33,23 @@ START_TIMEOUT_S = 20.0
 TEST_SECRET = "raftwal-test-cluster-secret-7f3c9a"
 
 
+def _all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of `pid` is in the stopped state (T, or t under a tracer)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            continue  # a thread that ended
+        if state not in ("T", "t"):
+            return False
+    return True
+
+
 class PeerDied(RuntimeError):
     """The peer process exited (or closed stdout) while a request was in flight."""
 
@@ -172,8 +189,17 @@ class PeerProcess:
             self.process.wait(timeout=scaled(10))
 
     def pause(self) -> None:
+        """SIGSTOP the peer and wait until every one of its threads is stopped: kill()
+        returns once the signal is queued, and a thread that is running or waiting for a
+        CPU on a loaded host may still be on its way to the stop when the caller's next
+        step (a proposal that must not commit) goes out."""
         assert self.process is not None
-        os.kill(self.process.pid, signal.SIGSTOP)
+        pid = self.process.pid
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + scaled(10)
+        while not _all_threads_stopped(pid):
+            assert time.monotonic() < deadline, f"{self.name} (pid {pid}) did not stop"
+            time.sleep(0.001)
 
     def resume(self) -> None:
         assert self.process is not None
