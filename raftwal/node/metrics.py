@@ -392,7 +392,9 @@ class NodeMetrics:
 
 class _FsyncProbe:
     """One daemon thread that times a small write + fdatasync in the data directory every
-    ``FSYNC_PROBE_INTERVAL_S`` (raft/ and wal_segments/ do not time their own fsyncs).
+    ``FSYNC_PROBE_INTERVAL_S``: the disk's latency whether or not anything else writes
+    (the Raft journal times its own fdatasyncs, ``raftwal_raft_journal_fsync_seconds``,
+    but only when there is something to sync; wal_segments/ does not time its own).
     One probe at a time, one block rewritten in place: bounded in I/O and in space."""
 
     def __init__(self, path: os.PathLike[str], metrics: NodeMetrics) -> None:
