@@ -19,8 +19,12 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from raftwal import __version__
+
+if TYPE_CHECKING:
+    from raftwal.node.config import ClusterConfig
 
 LOG_FORMATS = ("text", "json")
 LOG_FORMAT_ENV = "RAFTWAL_LOG_FORMAT"
@@ -321,23 +325,32 @@ def _run_demo(args: argparse.Namespace) -> int:
     return run_cluster_demo()
 
 
-def _run_node(args: argparse.Namespace) -> int:
+def node_config(path: Path, node_id: str, join: str | None) -> ClusterConfig:
+    """The config `raftwal node` runs `node_id` with: the file at `path`, plus, with a
+    join (`join`: --join's comma-separated endpoints, else the file's), the members the
+    cluster reports. The discovery runs in a child process of its own (`discover_apart`):
+    the process that forks the node's processes must not have started gRPC. Raises
+    ConfigError."""
+    from raftwal.node.config import load_config, with_join
 
-    from raftwal.node.config import ConfigError, load_config, with_join
+    config = load_config(path)
+    if join:
+        config = with_join(config, join)
+    config.node(node_id)
+    if config.join:
+        from raftwal.node.join import discover_apart
+
+        config = discover_apart(config, node_id, config.join)
+    return config
+
+
+def _run_node(args: argparse.Namespace) -> int:
+    from raftwal.node.config import ConfigError
     from raftwal.node.membership import RoleFileError
     from raftwal.node.supervisor import run_node
 
     try:
-        config = load_config(args.config)
-        if args.join:
-            config = with_join(config, args.join)
-        config.node(args.id)
-        if config.join:
-            from raftwal.node.join import discover
-            from raftwal.node.security import NodeSecurity
-
-            security = NodeSecurity.load(config, config.node(args.id)).client
-            config = discover(config, args.id, config.join, security)
+        config = node_config(args.config, args.id, args.join)
         # A supervisor of the node's processes (raftwal/node/supervisor.py). Its status:
         # EXIT_NODE_REMOVED (3) when the cluster forgot the node, not a failure to restart
         # from (the unit's RestartPreventExitStatus). A change of Raft role restarts the

@@ -2,7 +2,8 @@
 
 A new node's config names only itself, plus the gRPC endpoints of an existing cluster
 (``[cluster] join = ["10.0.0.1:7201", ...]`` or ``raftwal node --join``). Before it
-starts, ``discover`` asks one of them for ``ClusterStatus`` (with the node's own
+starts, ``discover`` (in a child process, ``discover_apart``: the supervisor never
+starts gRPC before it forks) asks one of them for ``ClusterStatus`` (with the node's own
 credentials: its certificate and the node token), adds every member it reports to the
 config (their gRPC and Raft addresses and roles) and keeps them in ``peers.json`` in the
 data directory, so that a restart finds the cluster even when the endpoints it was given
@@ -17,6 +18,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -165,3 +168,57 @@ def discover(
     # then says so at its next start).
     nodes = tuple(replace(n, role="data") if n.id == node_id else n for n in config.nodes)
     return replace(config, nodes=nodes + added)
+
+
+def discover_apart(config: ClusterConfig, node_id: str, endpoints: Sequence[str]) -> ClusterConfig:
+    """`discover` with the node's own client credentials, in a child process of its own.
+
+    The first gRPC channel starts gRPC's threads (its event engine, its timer), which
+    outlive the channel. `raftwal node` forks the node's control process and data workers
+    right after discovery, and a lock one of those threads held at the fork stays held in
+    the child: a joining node's control process logged "raft peer started" and never
+    served, stuck in its own gRPC server's start (twice in full test runs). The child here
+    exits before the node forks anything, so the supervisor never runs gRPC itself.
+
+    The answer comes back pickled over a pipe made here, from this process's own fork: no
+    byte of it comes from the network (the child parsed the cluster's answer).
+    """
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the discovery child: never returns
+        status = 1
+        try:
+            os.close(read_end)
+            from raftwal.node.security import NodeSecurity
+
+            result: tuple[str, object]
+            try:
+                security = NodeSecurity.load(config, config.node(node_id)).client
+                result = ("config", discover(config, node_id, endpoints, security))
+            except ConfigError as error:
+                result = ("error", str(error))
+            except Exception as error:  # noqa: BLE001 - one line for the operator
+                result = ("error", f"cannot join: {type(error).__name__}: {error}")
+            with os.fdopen(write_end, "wb") as out:
+                out.write(pickle.dumps(result))
+            status = 0
+        except BaseException:  # noqa: BLE001 - the parent reports a child without answer
+            log.exception("the join discovery process failed")
+        finally:
+            logging.shutdown()
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as answers:
+        data = answers.read()
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        raise ConfigError(
+            f"cannot join: the discovery process ended without an answer (wait status {status})"
+        )
+    kind, value = pickle.loads(data)  # noqa: S301 - our own child's answer, see above
+    if kind == "error":
+        raise ConfigError(str(value))
+    assert isinstance(value, ClusterConfig)
+    return value

@@ -34,7 +34,8 @@ Process life:
   the data directory.
 
 What must never happen here: a thread before a fork (a lock held by another thread at
-fork time stays held in the child), a child outliving the supervisor, or an import of the
+fork time stays held in the child; gRPC's threads are one: a join's discovery therefore
+runs in a process of its own, ``raftwal.node.join.discover_apart``), a child outliving the supervisor, or an import of the
 node's heavy modules after the first fork (they are imported once, before it, and shared).
 """
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -163,3 +164,37 @@ def test_a_process_under_a_registered_id_that_skipped_the_join_stops(three, tmp_
     finally:
         _stop(second)
         _stop(first)
+
+
+#: Run in a fresh interpreter: what `raftwal node --config C --id n4` computes before its
+#: supervisor forks the node's processes, then how many threads that process has.
+_DISCOVERY_PROBE = """
+import os, sys
+from pathlib import Path
+from raftwal.cli.main import node_config
+config = node_config(Path(sys.argv[1]), "n4", None)
+print(len(os.listdir("/proc/self/task")), sorted(n.id for n in config.nodes))
+"""
+
+
+def test_a_join_discovery_leaves_the_supervisor_without_a_grpc_thread(three, tmp_path: Path):
+    """`raftwal node` forks its control process and data workers after the join
+    discovery. The discovery's gRPC channel started gRPC's threads, which outlive it, and a
+    lock one of them held at the fork stayed held in the child: a joining node's control
+    process logged "raft peer started" and never served (twice in full test runs, in
+    test_join and in the test above). The discovery now runs in a child of its own, and
+    the process that forks the node has one thread, as the supervisor requires."""
+    cluster, _client = three
+    _node, config = _joiner_config(cluster, tmp_path, "n4")
+    answer = subprocess.run(
+        [sys.executable, "-c", _DISCOVERY_PROBE, str(config)],
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+        cwd=tmp_path,
+        check=False,
+    )
+    assert answer.returncode == 0, answer.stderr[-2000:]
+    threads, nodes = answer.stdout.split(" ", 1)
+    assert nodes.strip() == "['n1', 'n2', 'n3', 'n4']", answer.stdout
+    assert int(threads) == 1, answer.stdout
